@@ -1,0 +1,69 @@
+//! The `opentinker` command line: argument parsing and dispatch to one module per subcommand.
+
+mod plugin;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::plugin::HostConfig;
+
+#[derive(Debug, Parser)]
+#[command(name = "opentinker", version, about = "Train LLM agents with sandboxed WebAssembly environments")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Build, inspect and run plugin components.
+    Plugin {
+        #[command(subcommand)]
+        command: plugin::PluginCommand,
+    },
+}
+
+/// Options shared by the commands that load plugins.
+#[derive(Debug, clap::Args)]
+pub struct HostArgs {
+    /// Where compiled components are cached (default: $XDG_CACHE_HOME/opentinker or
+    /// ~/.cache/opentinker).
+    #[arg(long, env = "OPENTINKER_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Compile every time; read and write no cache.
+    #[arg(long)]
+    no_cache: bool,
+    /// Meter fuel, so that jobs may set `fuel` limits (slows guests by about a third).
+    #[arg(long)]
+    fuel: bool,
+}
+
+impl HostArgs {
+    fn host_config(&self) -> HostConfig {
+        let cache_dir = if self.no_cache {
+            None
+        } else {
+            self.cache_dir.clone().or_else(default_cache_dir)
+        };
+        HostConfig {
+            cache_dir,
+            fuel: self.fuel,
+            ..Default::default()
+        }
+    }
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    Some(base.join("opentinker").join("components"))
+}
+
+/// Run a parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Plugin { command } => plugin::run(command),
+    }
+}

@@ -1,0 +1,143 @@
+//! `opentinker plugin build | inspect | run`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Subcommand;
+
+use super::HostArgs;
+use crate::plugin::random_play::{PlayOptions, PlaySummary, play_random};
+use crate::plugin::{Limits, PluginHost, build::build_plugin};
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Build a plugin crate into a component; prints the path of the .wasm as its last line.
+    Build {
+        /// The plugin crate's directory.
+        dir: PathBuf,
+    },
+    /// Print what a component is: digest, WIT version, plugin kinds, exports, imports, size.
+    Inspect {
+        file: PathBuf,
+        #[command(flatten)]
+        host: HostArgs,
+    },
+    /// Play episodes of an environment with a random policy and summarise them.
+    Run {
+        file: PathBuf,
+        /// How many episodes to play.
+        #[arg(long, default_value_t = 100)]
+        episodes: u32,
+        /// Episode i uses seed SEED + i.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The environment config, as JSON.
+        #[arg(long, default_value = "{}")]
+        config: String,
+        /// A fixed task for every episode (default: the environment generates one each).
+        #[arg(long)]
+        task: Option<String>,
+        /// Episodes alive at once.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Limits as JSON, for example '{"memory_bytes": 33554432, "call_timeout_ms": 500}'.
+        #[arg(long)]
+        limits: Option<String>,
+        /// Print one JSON object instead of a human summary.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        host: HostArgs,
+    },
+}
+
+pub fn run(command: PluginCommand) -> anyhow::Result<()> {
+    match command {
+        PluginCommand::Build { dir } => {
+            let wasm = build_plugin(&dir)?;
+            println!("{}", wasm.display());
+            Ok(())
+        }
+        PluginCommand::Inspect { file, host } => runtime()?.block_on(async {
+            let host = PluginHost::new(host.host_config())?;
+            let description = host.inspect_file(&file).await?;
+            println!("{}", serde_json::to_string_pretty(&description)?);
+            Ok(())
+        }),
+        PluginCommand::Run {
+            file,
+            episodes,
+            seed,
+            config,
+            task,
+            concurrency,
+            limits,
+            json,
+            host,
+        } => {
+            let limits: Limits = match limits {
+                Some(text) => serde_json::from_str(&text).context("--limits")?,
+                None => Limits::default(),
+            };
+            runtime()?.block_on(async {
+                let host = PluginHost::new(host.host_config())?;
+                let plugin = host.load_file(&file).await?;
+                plugin.check_limits(&limits).context("--limits")?;
+                let options = PlayOptions {
+                    episodes,
+                    seed,
+                    config,
+                    task,
+                    concurrency,
+                    limits,
+                };
+                let (summary, _) = play_random(&plugin, &options)
+                    .await
+                    .context("asking the environment for its info")?;
+                if json {
+                    println!("{}", serde_json::to_string(&summary)?);
+                } else {
+                    print_summary(&summary);
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn print_summary(summary: &PlaySummary) {
+    let bold = |s: &str| {
+        if std::io::stdout().is_terminal() {
+            format!("\x1b[1m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    };
+    println!("{} ({})", bold(&summary.plugin), &summary.digest[..12]);
+    println!(
+        "  episodes   {} played, {} completed, {} failed",
+        summary.episodes,
+        summary.completed,
+        summary.episodes - summary.completed
+    );
+    println!("  reward     {:.3} mean (player 0)", summary.mean_reward);
+    println!("  length     {:.2} steps mean", summary.mean_steps);
+    for (kind, count) in &summary.errors {
+        println!("  error      {kind}: {count}");
+    }
+    if summary.log_bytes_dropped > 0 {
+        println!("  log        {} bytes dropped", summary.log_bytes_dropped);
+    }
+    println!(
+        "  speed      {:.0} episodes/s, {:.0} steps/s, {} alive at most, {:.2} s",
+        summary.episodes_per_s, summary.steps_per_s, summary.max_live_episodes, summary.elapsed_s
+    );
+}

@@ -1,0 +1,50 @@
+//! Agent plugins: one instance per episode, so an agent may keep state between turns.
+
+use super::bindings::exports::opentinker::plugin::agent;
+use super::error::{CallError, ErrorKind};
+use super::limits::Limits;
+use super::loader::Plugin;
+use super::sandbox::{Sandbox, guarded_call};
+use super::types::{Message, message_bytes};
+
+/// An agent instance serving one episode.
+pub struct AgentSession {
+    sandbox: Sandbox,
+    guest: agent::Guest,
+}
+
+impl Plugin {
+    /// A fresh agent instance for one episode.
+    pub async fn start_agent(&self, limits: &Limits, seed: u64) -> Result<AgentSession, CallError> {
+        let indices = self.0.agent.as_ref().ok_or_else(|| {
+            CallError::new(ErrorKind::InvalidRequest, "the plugin is not an agent")
+        })?;
+        let mut sandbox = Sandbox::new(&self.0, limits, seed).await?;
+        let guest = indices
+            .load(&mut sandbox.store, &sandbox.instance)
+            .map_err(|e| CallError::new(ErrorKind::InvalidRequest, format!("{e:#}")))?;
+        Ok(AgentSession { sandbox, guest })
+    }
+}
+
+impl AgentSession {
+    /// The messages the policy sees, given the conversation so far.
+    pub async fn prompt(&mut self, history: &[Message]) -> Result<Vec<Message>, CallError> {
+        let guest = &self.guest;
+        let messages = guarded_call!(&mut self.sandbox, message_bytes(history), |store| guest
+            .call_prompt(store, history))?
+        .map_err(|e| self.sandbox.fail(CallError::new(ErrorKind::PluginError, e.message)))?;
+        self.sandbox.check_output(message_bytes(&messages))?;
+        Ok(messages)
+    }
+
+    /// The action in a sampled completion.
+    pub async fn act(&mut self, completion: &str) -> Result<String, CallError> {
+        let guest = &self.guest;
+        let action = guarded_call!(&mut self.sandbox, completion.len(), |store| guest
+            .call_act(store, completion))?
+        .map_err(|e| self.sandbox.fail(CallError::new(ErrorKind::PluginError, e.message)))?;
+        self.sandbox.check_output(action.len())?;
+        Ok(action)
+    }
+}

@@ -1,0 +1,97 @@
+//! The errors of loading a plugin and of calling one.
+
+use serde::Serialize;
+
+/// Why a plugin call (and so its episode) failed. Every kind ends only that episode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The guest trapped (`unreachable`, a panic, a stack overflow, an out-of-bounds access).
+    Trap,
+    /// A call ran past its wall-time limit.
+    Timeout,
+    /// A call used up its fuel.
+    OutOfFuel,
+    /// The guest hit its memory cap (also when it aborted after a refused `memory.grow`).
+    MemoryLimit,
+    /// A call returned more bytes than allowed.
+    OutputTooLarge,
+    /// The host was about to pass more bytes than allowed.
+    InputTooLarge,
+    /// The guest returned something that breaks the contract (a NaN reward, a wrong-length
+    /// reward list, a player out of range).
+    InvalidOutput,
+    /// The guest reported its own fault through the WIT `plugin-error`.
+    PluginError,
+    /// The host asked what the plugin cannot answer: a kind it does not export, a player out of
+    /// range, a step after the episode ended.
+    InvalidRequest,
+}
+
+impl ErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Trap => "trap",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::OutOfFuel => "out_of_fuel",
+            ErrorKind::MemoryLimit => "memory_limit",
+            ErrorKind::OutputTooLarge => "output_too_large",
+            ErrorKind::InputTooLarge => "input_too_large",
+            ErrorKind::InvalidOutput => "invalid_output",
+            ErrorKind::PluginError => "plugin_error",
+            ErrorKind::InvalidRequest => "invalid_request",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failed plugin call: what kind of failure, and the details for the log.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct CallError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl CallError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        CallError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// Why a component could not be loaded as a plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("the component is {size} bytes, above this host's limit of {max} bytes")]
+    TooLarge { size: usize, max: usize },
+    #[error("not a WebAssembly component: {0}")]
+    NotAComponent(String),
+    #[error(
+        "the component exports no supported opentinker:plugin version (this host supports {supported}); it exports: {found}"
+    )]
+    UnsupportedVersion { supported: String, found: String },
+    #[error(
+        "the component imports what this host does not provide: {forbidden} (the host provides opentinker:plugin/host and a neutered WASI 0.2)"
+    )]
+    ForbiddenImports { forbidden: String },
+    #[error("the component cannot be instantiated by this host: {0}")]
+    Link(String),
+    #[error("compile cache at {path}: {source}")]
+    Cache {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,108 @@
+//! What a component imports and exports, which plugin kinds and WIT version it implements, and
+//! whether this host can run it.
+
+use serde::Serialize;
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+use super::error::LoadError;
+
+/// The WIT package version this host implements; components of any `0.1.x` are accepted.
+pub const WIT_VERSION: &str = "0.1.0";
+const SUPPORTED_PREFIX: &str = "0.1.";
+
+/// The kinds of plugin a component can be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PluginKind {
+    Environment,
+    Agent,
+    Reward,
+}
+
+impl PluginKind {
+    fn interface(self) -> &'static str {
+        match self {
+            PluginKind::Environment => "environment",
+            PluginKind::Agent => "agent",
+            PluginKind::Reward => "reward",
+        }
+    }
+}
+
+/// What `opentinker plugin inspect` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct PluginDescription {
+    /// sha256 of the component's bytes, hex: the plugin's identity.
+    pub digest: String,
+    /// The `opentinker:plugin` version it exports, if any.
+    pub wit_version: Option<String>,
+    pub kinds: Vec<PluginKind>,
+    pub exports: Vec<String>,
+    pub imports: Vec<String>,
+    pub size: usize,
+}
+
+/// WASI 0.2 interfaces (linked in neutered form) and the host's own imports.
+const PROVIDED_IMPORT_PREFIXES: &[&str] = &[
+    "wasi:io/",
+    "wasi:clocks/",
+    "wasi:random/",
+    "wasi:cli/",
+    "wasi:filesystem/",
+    "wasi:sockets/",
+    "opentinker:plugin/host@",
+    "opentinker:plugin/types@",
+];
+
+pub(crate) fn describe(engine: &Engine, component: &Component, digest: String, size: usize) -> PluginDescription {
+    let ty = component.component_type();
+    let exports: Vec<String> = ty.exports(engine).map(|(name, _)| name.to_string()).collect();
+    let imports: Vec<String> = ty.imports(engine).map(|(name, _)| name.to_string()).collect();
+    let mut kinds = Vec::new();
+    let mut wit_version = None;
+    for kind in [PluginKind::Environment, PluginKind::Agent, PluginKind::Reward] {
+        let prefix = format!("opentinker:plugin/{}@", kind.interface());
+        if let Some(version) = exports.iter().find_map(|e| e.strip_prefix(&prefix)) {
+            if version.starts_with(SUPPORTED_PREFIX) {
+                kinds.push(kind);
+            }
+            wit_version.get_or_insert_with(|| version.to_string());
+        }
+    }
+    PluginDescription {
+        digest,
+        wit_version,
+        kinds,
+        exports,
+        imports,
+        size,
+    }
+}
+
+/// Refuse a component this host cannot run, naming what it found.
+pub(crate) fn check_supported(description: &PluginDescription) -> Result<(), LoadError> {
+    if description.kinds.is_empty() {
+        let found = if description.exports.is_empty() {
+            "nothing".to_string()
+        } else {
+            description.exports.join(", ")
+        };
+        return Err(LoadError::UnsupportedVersion {
+            supported: format!("opentinker:plugin@{SUPPORTED_PREFIX}x"),
+            found,
+        });
+    }
+    let forbidden: Vec<&str> = description
+        .imports
+        .iter()
+        .filter(|name| !PROVIDED_IMPORT_PREFIXES.iter().any(|p| name.starts_with(p)))
+        .map(String::as_str)
+        .collect();
+    if !forbidden.is_empty() {
+        return Err(LoadError::ForbiddenImports {
+            forbidden: forbidden.join(", "),
+        });
+    }
+    Ok(())
+}

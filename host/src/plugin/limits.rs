@@ -1,0 +1,117 @@
+//! Per-plugin resource limits: safe defaults, overridable by a job up to the host's maxima.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+const MIB: u64 = 1024 * 1024;
+
+/// What one plugin instance may use. Every call of the plugin is bounded by these.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Linear memory, in bytes, across the instance's memories.
+    pub memory_bytes: u64,
+    /// Wall time of one call, in milliseconds (epoch interruption, plus a timeout around the call).
+    pub call_timeout_ms: u64,
+    /// Deterministic instruction budget per call; needs a host started with fuel metering.
+    pub fuel: Option<u64>,
+    /// Bytes of strings passed into one call.
+    pub input_bytes: u64,
+    /// Bytes of strings returned by one call.
+    pub output_bytes: u64,
+    /// Bytes of log (stdout, stderr and the `host.log` import) kept per episode.
+    pub log_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 64 * MIB,
+            call_timeout_ms: 2_000,
+            fuel: None,
+            input_bytes: MIB,
+            output_bytes: MIB,
+            log_bytes: 64 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// The most any job may ask for on a host with default settings.
+    pub fn default_maxima() -> Self {
+        Limits {
+            memory_bytes: 256 * MIB,
+            call_timeout_ms: 60_000,
+            fuel: Some(u64::MAX),
+            input_bytes: 16 * MIB,
+            output_bytes: 16 * MIB,
+            log_bytes: 4 * MIB,
+        }
+    }
+
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.call_timeout_ms)
+    }
+
+    /// Check these limits against the host's maxima, naming the first one that is too high.
+    pub fn check_within(&self, maxima: &Limits) -> Result<(), LimitError> {
+        let pairs = [
+            ("memory_bytes", self.memory_bytes, maxima.memory_bytes),
+            ("call_timeout_ms", self.call_timeout_ms, maxima.call_timeout_ms),
+            ("fuel", self.fuel.unwrap_or(0), maxima.fuel.unwrap_or(0)),
+            ("input_bytes", self.input_bytes, maxima.input_bytes),
+            ("output_bytes", self.output_bytes, maxima.output_bytes),
+            ("log_bytes", self.log_bytes, maxima.log_bytes),
+        ];
+        for (name, asked, max) in pairs {
+            if asked > max {
+                return Err(LimitError::AboveMaximum { name, asked, max });
+            }
+        }
+        if self.call_timeout_ms == 0 {
+            return Err(LimitError::Zero("call_timeout_ms"));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LimitError {
+    #[error("limit `{name}` = {asked} is above this host's maximum of {max}")]
+    AboveMaximum {
+        name: &'static str,
+        asked: u64,
+        max: u64,
+    },
+    #[error("limit `{0}` must be positive")]
+    Zero(&'static str),
+    #[error("limit `fuel` needs a host started with fuel metering")]
+    FuelNotMetered,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fit_the_default_maxima() {
+        assert_eq!(Limits::default().check_within(&Limits::default_maxima()), Ok(()));
+    }
+
+    #[test]
+    fn a_limit_above_the_maximum_is_named() {
+        let limits = Limits {
+            memory_bytes: 1 << 40,
+            ..Limits::default()
+        };
+        let err = limits.check_within(&Limits::default_maxima()).unwrap_err();
+        assert!(err.to_string().contains("memory_bytes"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let err = serde_json::from_str::<Limits>(r#"{"memroy_bytes": 5}"#).unwrap_err();
+        assert!(err.to_string().contains("memroy_bytes"), "{err}");
+    }
+}

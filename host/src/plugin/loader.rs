@@ -1,0 +1,218 @@
+//! The plugin host: one wasmtime engine and linker shared by every plugin, and the loading of a
+//! component into a [`Plugin`]: size cap, compile (or reuse the on-disk cache), check its
+//! imports and exports, pre-instantiate.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use wasmtime::Engine;
+use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
+
+use super::bindings::opentinker::plugin::host;
+use super::bindings::{AgentIndices, EnvironmentIndices, RewardIndices};
+use super::cache::CompileCache;
+use super::engine::{EpochTicker, HostConfig, build_engine};
+use super::error::LoadError;
+use super::inspect::{self, PluginDescription};
+use super::limits::{LimitError, Limits};
+use super::sandbox::StoreState;
+use super::types::EnvInfo;
+use super::wasi;
+
+/// Runs plugins: owns the engine, the linker of what plugins may import, and the compile cache.
+/// Share one per process (it is cheap to clone a [`Plugin`], not to build a host).
+pub struct PluginHost {
+    engine: Engine,
+    linker: Linker<StoreState>,
+    config: HostConfig,
+    cache: Option<CompileCache>,
+    _ticker: EpochTicker,
+}
+
+/// How a load went: whether the compile cache answered, and how long compiling took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadReport {
+    pub cache_hit: bool,
+    pub compile_time: Duration,
+}
+
+impl PluginHost {
+    pub fn new(config: HostConfig) -> anyhow::Result<Self> {
+        let engine = build_engine(&config)?;
+        let mut linker = Linker::new(&engine);
+        wasi::add_to_linker(&mut linker, StoreState::clock)?;
+        host::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state)?;
+        let cache = config
+            .cache_dir
+            .as_deref()
+            .map(|dir| CompileCache::new(dir, &engine));
+        let ticker = EpochTicker::start(engine.clone())?;
+        Ok(PluginHost {
+            engine,
+            linker,
+            config,
+            cache,
+            _ticker: ticker,
+        })
+    }
+
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    /// Where compiled components of this engine are cached, if anywhere.
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache.as_ref().map(CompileCache::dir)
+    }
+
+    /// Read and load a component file.
+    pub async fn load_file(&self, path: &Path) -> Result<Plugin, LoadError> {
+        let bytes = self.read(path)?;
+        self.load(bytes).await
+    }
+
+    /// Describe a component file without requiring it to be a plugin this host can run.
+    pub async fn inspect_file(&self, path: &Path) -> Result<PluginDescription, LoadError> {
+        let bytes = self.read(path)?;
+        let (_, description, _) = self.compile(bytes).await?;
+        Ok(description)
+    }
+
+    /// Load a component: compile it (or take it from the cache), refuse it if it is not a
+    /// plugin this host supports, and pre-instantiate it.
+    pub async fn load(&self, bytes: Vec<u8>) -> Result<Plugin, LoadError> {
+        let (component, description, report) = self.compile(bytes).await?;
+        inspect::check_supported(&description)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Link(format!("{e:#}")))?;
+        let environment = EnvironmentIndices::new(&pre).ok();
+        let agent = AgentIndices::new(&pre).ok();
+        let reward = RewardIndices::new(&pre).ok();
+        Ok(Plugin(Arc::new(PluginInner {
+            engine: self.engine.clone(),
+            pre,
+            fuel_metering: self.config.fuel,
+            maxima: self.config.maxima.clone(),
+            description,
+            environment,
+            agent,
+            reward,
+            env_info: tokio::sync::OnceCell::new(),
+            report,
+        })))
+    }
+
+    fn read(&self, path: &Path) -> Result<Vec<u8>, LoadError> {
+        let read_error = |source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let size = std::fs::metadata(path).map_err(read_error)?.len();
+        let max = self.config.max_component_bytes;
+        if size > max as u64 {
+            return Err(LoadError::TooLarge {
+                size: usize::try_from(size).unwrap_or(usize::MAX),
+                max,
+            });
+        }
+        std::fs::read(path).map_err(read_error)
+    }
+
+    async fn compile(
+        &self,
+        bytes: Vec<u8>,
+    ) -> Result<(Component, PluginDescription, LoadReport), LoadError> {
+        let max = self.config.max_component_bytes;
+        if bytes.len() > max {
+            return Err(LoadError::TooLarge {
+                size: bytes.len(),
+                max,
+            });
+        }
+        let digest = hex::encode(Sha256::digest(&bytes));
+        let size = bytes.len();
+        let cached = self
+            .cache
+            .as_ref()
+            .and_then(|cache| cache.get(&self.engine, &digest));
+        let (component, report) = match cached {
+            Some(component) => (
+                component,
+                LoadReport {
+                    cache_hit: true,
+                    compile_time: Duration::ZERO,
+                },
+            ),
+            None => {
+                let started = Instant::now();
+                let engine = self.engine.clone();
+                let component =
+                    tokio::task::spawn_blocking(move || Component::new(&engine, &bytes))
+                        .await
+                        .map_err(|e| LoadError::NotAComponent(format!("compiler task failed: {e}")))?
+                        .map_err(|e| LoadError::NotAComponent(format!("{e:#}")))?;
+                if let Some(cache) = &self.cache {
+                    cache
+                        .put(&digest, &component)
+                        .map_err(|source| LoadError::Cache {
+                            path: cache.dir().to_path_buf(),
+                            source,
+                        })?;
+                }
+                let report = LoadReport {
+                    cache_hit: false,
+                    compile_time: started.elapsed(),
+                };
+                (component, report)
+            }
+        };
+        let description = inspect::describe(&self.engine, &component, digest, size);
+        Ok((component, description, report))
+    }
+}
+
+/// A loaded, pre-instantiated plugin. Cheap to clone; every episode gets a fresh instance.
+#[derive(Clone)]
+pub struct Plugin(pub(crate) Arc<PluginInner>);
+
+pub(crate) struct PluginInner {
+    pub(crate) engine: Engine,
+    pub(crate) pre: InstancePre<StoreState>,
+    pub(crate) fuel_metering: bool,
+    pub(crate) maxima: Limits,
+    pub(crate) description: PluginDescription,
+    pub(crate) environment: Option<EnvironmentIndices>,
+    pub(crate) agent: Option<AgentIndices>,
+    pub(crate) reward: Option<RewardIndices>,
+    pub(crate) env_info: tokio::sync::OnceCell<EnvInfo>,
+    pub(crate) report: LoadReport,
+}
+
+impl Plugin {
+    pub fn description(&self) -> &PluginDescription {
+        &self.0.description
+    }
+
+    /// sha256 of the component, hex.
+    pub fn digest(&self) -> &str {
+        &self.0.description.digest
+    }
+
+    pub fn load_report(&self) -> LoadReport {
+        self.0.report
+    }
+
+    /// Check a job's limits against this host: each within the host's maxima, and fuel only on
+    /// a host that meters it.
+    pub fn check_limits(&self, limits: &Limits) -> Result<(), LimitError> {
+        limits.check_within(&self.0.maxima)?;
+        if limits.fuel.is_some() && !self.0.fuel_metering {
+            return Err(LimitError::FuelNotMetered);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,32 @@
+//! The plugin host: runs environment, agent and reward components sandboxed.
+//!
+//! Load a component once with [`PluginHost::load`] (compiled once, cached on disk, checked,
+//! pre-instantiated); then every episode gets a fresh instance from the pooling allocator, and
+//! every call runs under the plugin's [`Limits`]. A trap, timeout or limit hit ends only that
+//! episode, as a [`CallError`] of a typed [`ErrorKind`].
+
+mod agent;
+mod bindings;
+pub mod build;
+mod cache;
+mod engine;
+mod environment;
+mod error;
+mod inspect;
+mod limits;
+mod loader;
+pub mod random_play;
+mod reward;
+mod sandbox;
+mod types;
+mod wasi;
+
+pub use agent::AgentSession;
+pub use engine::HostConfig;
+pub use environment::{EnvironmentEpisode, EpisodeRecord, RecordedError};
+pub use error::{CallError, ErrorKind, LoadError};
+pub use inspect::{PluginDescription, PluginKind, WIT_VERSION};
+pub use limits::{LimitError, Limits};
+pub use loader::{LoadReport, Plugin, PluginHost};
+pub use types::{EnvInfo, GuestError, Message, Metric, StepResult, Transcript};
+pub use wasi::LogSink;

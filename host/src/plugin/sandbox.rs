@@ -1,0 +1,284 @@
+//! One sandboxed plugin instance: a fresh store from the pooling allocator, its limits, and the
+//! guard around every call that turns traps, timeouts and limit hits into typed errors. After a
+//! failed call the instance is poisoned: it answers every later call with the same error.
+
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{Instance, ResourceTable};
+use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::opentinker::plugin::host;
+use super::error::{CallError, ErrorKind};
+use super::limits::Limits;
+use super::loader::PluginInner;
+use super::wasi::{self, LogSink, VirtualClock, VirtualClockView};
+
+/// Extra wall time for the timeout around a call, past the epoch deadline: the epoch trap
+/// normally fires first; the timeout catches a guest blocked in a host call.
+const TIMEOUT_GRACE: Duration = Duration::from_millis(250);
+
+/// Caps on tables and instances, far above what a plugin needs.
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+const MAX_RESOURCES: usize = 1 << 16;
+
+/// Everything a plugin's store holds.
+pub(crate) struct StoreState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    clock: VirtualClock,
+    limiter: MemoryLimiter,
+    log: LogSink,
+    /// When the running call's wall time is up.
+    deadline: Instant,
+}
+
+impl WasiView for StoreState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl StoreState {
+    pub(crate) fn clock(&mut self) -> VirtualClockView<'_> {
+        VirtualClockView {
+            clock: &mut self.clock,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl host::Host for StoreState {
+    fn log(&mut self, level: host::LogLevel, message: String) {
+        let line = format!("[{}] {message}\n", level_name(level));
+        self.log.append(line.as_bytes());
+    }
+}
+
+fn level_name(level: host::LogLevel) -> &'static str {
+    match level {
+        host::LogLevel::Trace => "trace",
+        host::LogLevel::Debug => "debug",
+        host::LogLevel::Info => "info",
+        host::LogLevel::Warn => "warn",
+        host::LogLevel::Error => "error",
+    }
+}
+
+/// Refuses memory growth past the cap and remembers that it did, so a guest that then aborts
+/// is reported as `memory_limit` rather than a plain trap.
+struct MemoryLimiter {
+    max_bytes: usize,
+    refused: bool,
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max_bytes {
+            self.refused = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+pub(crate) struct Sandbox {
+    pub(crate) store: Store<StoreState>,
+    pub(crate) instance: Instance,
+    limits: Limits,
+    fuel_metering: bool,
+    failure: Option<CallError>,
+}
+
+impl Sandbox {
+    /// A fresh instance of `plugin` for one episode (or one stateless call).
+    pub(crate) async fn new(plugin: &PluginInner, limits: &Limits, seed: u64) -> Result<Self, CallError> {
+        let log = LogSink::new(usize::try_from(limits.log_bytes).unwrap_or(usize::MAX));
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_RESOURCES);
+        let state = StoreState {
+            wasi: wasi::episode_ctx(seed, &log),
+            table,
+            clock: VirtualClock::default(),
+            limiter: MemoryLimiter {
+                max_bytes: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX),
+                refused: false,
+            },
+            log,
+            deadline: Instant::now(),
+        };
+        let mut store = Store::new(&plugin.engine, state);
+        store.limiter(|state| &mut state.limiter);
+        store.epoch_deadline_callback(|ctx| {
+            Ok(if Instant::now() >= ctx.data().deadline {
+                UpdateDeadline::Interrupt
+            } else {
+                UpdateDeadline::Yield(1)
+            })
+        });
+        arm(&mut store, limits, plugin.fuel_metering);
+        let outcome = tokio::time::timeout(
+            limits.call_timeout() + TIMEOUT_GRACE,
+            plugin.pre.instantiate_async(&mut store),
+        )
+        .await;
+        let instance = match outcome {
+            Ok(Ok(instance)) => instance,
+            Ok(Err(error)) => return Err(classify(store.data(), limits, Some(&error))),
+            Err(_) => return Err(classify(store.data(), limits, None)),
+        };
+        Ok(Sandbox {
+            store,
+            instance,
+            limits: limits.clone(),
+            fuel_metering: plugin.fuel_metering,
+            failure: None,
+        })
+    }
+
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.limits.call_timeout() + TIMEOUT_GRACE
+    }
+
+    /// The episode's log and the number of bytes dropped from it.
+    pub(crate) fn log(&self) -> (String, u64) {
+        self.store.data().log.contents()
+    }
+
+    /// Prepare a call that passes `input_bytes` of strings: refuse it if the instance already
+    /// failed or the input is too large, then arm the wall-time deadline and the fuel.
+    pub(crate) fn begin(&mut self, input_bytes: usize) -> Result<(), CallError> {
+        if let Some(failure) = &self.failure {
+            return Err(failure.clone());
+        }
+        if input_bytes as u64 > self.limits.input_bytes {
+            return Err(CallError::new(
+                ErrorKind::InputTooLarge,
+                format!(
+                    "{input_bytes} bytes of input, above the limit of {}",
+                    self.limits.input_bytes
+                ),
+            ));
+        }
+        arm(&mut self.store, &self.limits, self.fuel_metering);
+        Ok(())
+    }
+
+    /// Turn the outcome of a guarded call into a value or a typed error, poisoning the instance
+    /// on failure.
+    pub(crate) fn finish<R>(
+        &mut self,
+        outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
+    ) -> Result<R, CallError> {
+        let error = match outcome {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(error)) => classify(self.store.data(), &self.limits, Some(&error)),
+            Err(_) => classify(self.store.data(), &self.limits, None),
+        };
+        Err(self.fail(error))
+    }
+
+    /// Refuse (and poison on) an output of more bytes than the limit allows.
+    pub(crate) fn check_output(&mut self, bytes: usize) -> Result<(), CallError> {
+        let max = self.limits.output_bytes;
+        if bytes as u64 > max {
+            return Err(self.fail(CallError::new(
+                ErrorKind::OutputTooLarge,
+                format!("the call returned {bytes} bytes, above the limit of {max}"),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Record a failure found after the call (an output that breaks the contract).
+    pub(crate) fn fail(&mut self, error: CallError) -> CallError {
+        self.failure = Some(error.clone());
+        error
+    }
+
+}
+
+/// Arm a store for one call: the wall-time deadline (checked at each epoch tick) and the fuel.
+fn arm(store: &mut Store<StoreState>, limits: &Limits, fuel_metering: bool) {
+    store.data_mut().deadline = Instant::now() + limits.call_timeout();
+    store.set_epoch_deadline(1);
+    if fuel_metering {
+        // Cannot fail: the engine meters fuel.
+        let _ = store.set_fuel(limits.fuel.unwrap_or(u64::MAX));
+    }
+}
+
+/// The typed error of a failed call: `error` from wasmtime, or `None` when the timeout around the
+/// call fired (the guest was blocked outside its own code).
+fn classify(state: &StoreState, limits: &Limits, error: Option<&wasmtime::Error>) -> CallError {
+    let Some(error) = error else {
+        return CallError::new(
+            ErrorKind::Timeout,
+            format!(
+                "the call ran past {} ms (blocked outside guest code)",
+                limits.call_timeout_ms
+            ),
+        );
+    };
+    let detail = format!("{error:#}");
+    if state.limiter.refused {
+        return CallError::new(
+            ErrorKind::MemoryLimit,
+            format!(
+                "memory growth beyond {} bytes was refused; then: {detail}",
+                limits.memory_bytes
+            ),
+        );
+    }
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => CallError::new(
+            ErrorKind::Timeout,
+            format!("the call ran past {} ms", limits.call_timeout_ms),
+        ),
+        Some(Trap::OutOfFuel) => CallError::new(
+            ErrorKind::OutOfFuel,
+            format!("the call used all of its {} fuel", limits.fuel.unwrap_or(0)),
+        ),
+        Some(Trap::StackOverflow) => {
+            CallError::new(ErrorKind::Trap, format!("stack overflow: {detail}"))
+        }
+        _ => CallError::new(ErrorKind::Trap, detail),
+    }
+}
+
+/// Run one guarded call of a sandbox: check and arm the limits, run `$call` (which may use the
+/// store through `$store`) under the call timeout, classify the outcome.
+macro_rules! guarded_call {
+    ($sandbox:expr, $input_bytes:expr, |$store:ident| $call:expr) => {{
+        let sandbox: &mut $crate::plugin::sandbox::Sandbox = $sandbox;
+        sandbox.begin($input_bytes)?;
+        let timeout = sandbox.call_timeout();
+        let outcome = {
+            let $store = &mut sandbox.store;
+            tokio::time::timeout(timeout, $call).await
+        };
+        sandbox.finish(outcome)
+    }};
+}
+pub(crate) use guarded_call;

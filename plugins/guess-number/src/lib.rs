@@ -1,0 +1,205 @@
+//! Guess the number: a secret in 1..=N; each guess is answered "higher" or "lower" until the
+//! policy finds it or runs out of turns. Finding it on turn t of T gives reward (T - t + 1) / T,
+//! so fewer turns earn more; running out gives 0. A reply with no number is an invalid action:
+//! it costs a turn and is told so.
+//!
+//! Config (JSON): `{"max": 100, "turns": 10}`. Task (JSON): `{"secret": 37}`.
+
+use opentinker_sdk::text::last_number;
+use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, SeededRng, StepResult};
+use serde::{Deserialize, Serialize};
+
+/// The most turns any config may allow (`info().max_turns`).
+const MAX_TURNS: u32 = 32;
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Config {
+    max: u32,
+    turns: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { max: 100, turns: 10 }
+    }
+}
+
+fn parse_config(config: &str) -> Result<Config, PluginError> {
+    let config: Config = if config.trim().is_empty() {
+        Config::default()
+    } else {
+        serde_json::from_str(config).map_err(|e| PluginError::new(format!("guess-number config: {e}")))?
+    };
+    if config.max < 2 {
+        return Err(PluginError::new("guess-number config: `max` must be at least 2"));
+    }
+    if config.turns == 0 || config.turns > MAX_TURNS {
+        return Err(PluginError::new(format!(
+            "guess-number config: `turns` must be in 1..={MAX_TURNS}"
+        )));
+    }
+    Ok(config)
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Task {
+    secret: u32,
+}
+
+pub struct GuessNumber {
+    secret: u32,
+    config: Config,
+    turn: u32,
+    /// What the hints so far allow: the secret is in `low..=high`.
+    low: u32,
+    high: u32,
+}
+
+impl Environment for GuessNumber {
+    fn info() -> EnvInfo {
+        EnvInfo {
+            name: "guess-number".into(),
+            players: 1,
+            max_turns: MAX_TURNS,
+        }
+    }
+
+    fn generate_task(config: &str, seed: u64) -> Result<String, PluginError> {
+        let config = parse_config(config)?;
+        let secret = SeededRng::new(seed).range(1, i64::from(config.max)) as u32;
+        serde_json::to_string(&Task { secret }).map_err(PluginError::new)
+    }
+
+    fn new(config: &str, task: &str, _seed: u64) -> Result<Self, PluginError> {
+        let config = parse_config(config)?;
+        let task: Task = serde_json::from_str(task)
+            .map_err(|e| PluginError::new(format!("guess-number task: {e}")))?;
+        if !(1..=config.max).contains(&task.secret) {
+            return Err(PluginError::new(format!(
+                "guess-number task: secret {} is outside 1..={}",
+                task.secret, config.max
+            )));
+        }
+        let high = config.max;
+        Ok(GuessNumber {
+            secret: task.secret,
+            config,
+            turn: 0,
+            low: 1,
+            high,
+        })
+    }
+
+    fn observe(&mut self, _player: u32) -> Result<Vec<Message>, PluginError> {
+        Ok(vec![
+            Message::system("Find the secret number. Reply with one number per turn."),
+            Message::user(format!(
+                "I am thinking of a number from 1 to {}. You have {} guesses. Your guess?",
+                self.config.max, self.config.turns
+            )),
+        ])
+    }
+
+    fn step(&mut self, action: &str) -> Result<StepResult, PluginError> {
+        self.turn += 1;
+        let turns_left = self.config.turns - self.turn;
+        let guess = last_number(action).filter(|g| g.fract() == 0.0 && *g >= 0.0 && *g <= f64::from(u32::MAX));
+        let metrics = |result: StepResult, invalid: bool| {
+            result
+                .metric("invalid_action", if invalid { 1.0 } else { 0.0 })
+                .metric("turn", f64::from(self.turn))
+        };
+        let Some(guess) = guess.map(|g| g as u32) else {
+            let result = self.continue_or_end("That is not a number.", turns_left);
+            return Ok(metrics(result, true));
+        };
+        if guess == self.secret {
+            let total = f64::from(self.config.turns);
+            let reward = (total - f64::from(self.turn) + 1.0) / total;
+            let result = StepResult::end(vec![reward])
+                .say(0, Message::user(format!("Yes, it is {guess}!")));
+            return Ok(metrics(result.metric("found", 1.0), false));
+        }
+        let hint = if guess < self.secret {
+            self.low = self.low.max(guess + 1);
+            "Higher."
+        } else {
+            self.high = self.high.min(guess.saturating_sub(1));
+            "Lower."
+        };
+        Ok(metrics(self.continue_or_end(hint, turns_left), false))
+    }
+
+    fn demonstration(&mut self) -> Option<String> {
+        Some(((self.low + self.high) / 2).to_string())
+    }
+}
+
+impl GuessNumber {
+    fn continue_or_end(&self, hint: &str, turns_left: u32) -> StepResult {
+        if turns_left == 0 {
+            return StepResult::end(vec![0.0])
+                .say(0, Message::user(format!("{hint} No guesses left: it was {}.", self.secret)))
+                .metric("found", 0.0);
+        }
+        StepResult::next(vec![0.0], 0).say(
+            0,
+            Message::user(format!("{hint} {turns_left} guesses left. Your guess?")),
+        )
+    }
+}
+
+opentinker_sdk::export_environment!(GuessNumber);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_search_demonstrations_find_every_secret_within_seven_turns() {
+        for secret in 1..=100 {
+            let task = format!(r#"{{"secret": {secret}}}"#);
+            let mut env = GuessNumber::new("{}", &task, 0).unwrap();
+            let mut turns = 0;
+            loop {
+                turns += 1;
+                let guess = env.demonstration().unwrap();
+                let result = env.step(&guess).unwrap();
+                if result.next_player.is_none() {
+                    assert!(result.rewards[0] > 0.0, "secret {secret} not found");
+                    break;
+                }
+            }
+            assert!(turns <= 7, "secret {secret} took {turns} turns");
+        }
+    }
+
+    #[test]
+    fn fewer_turns_earn_more_and_running_out_earns_nothing() {
+        let mut env = GuessNumber::new(r#"{"turns": 4}"#, r#"{"secret": 10}"#, 0).unwrap();
+        assert_eq!(env.step("10").unwrap().rewards, vec![1.0]);
+        let mut env = GuessNumber::new(r#"{"turns": 4}"#, r#"{"secret": 10}"#, 0).unwrap();
+        let first = env.step("50").unwrap();
+        assert_eq!(first.next_player, Some(0));
+        assert!(first.messages[0].1[0].content.starts_with("Lower."));
+        assert_eq!(env.step("10").unwrap().rewards, vec![0.75]);
+        let mut env = GuessNumber::new(r#"{"turns": 2}"#, r#"{"secret": 10}"#, 0).unwrap();
+        let invalid = env.step("hmm").unwrap();
+        assert!(invalid.metrics.iter().any(|m| m.name == "invalid_action" && m.value == 1.0));
+        let last = env.step("11").unwrap();
+        assert_eq!((last.rewards[0], last.next_player), (0.0, None));
+    }
+
+    #[test]
+    fn tasks_are_in_range_and_bad_input_is_named() {
+        for seed in 0..100 {
+            let task: Task = serde_json::from_str(&GuessNumber::generate_task(r#"{"max": 20}"#, seed).unwrap()).unwrap();
+            assert!((1..=20).contains(&task.secret));
+        }
+        let err = GuessNumber::new("{}", r#"{"secret": 500}"#, 0).err().unwrap();
+        assert!(err.message.contains("outside"), "{err}");
+        let err = GuessNumber::new(r#"{"turns": 0}"#, r#"{"secret": 5}"#, 0).err().unwrap();
+        assert!(err.message.contains("turns"), "{err}");
+    }
+}

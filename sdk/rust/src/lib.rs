@@ -1,0 +1,193 @@
+//! Write opentinker plugins in plain Rust.
+//!
+//! An opentinker plugin is a WebAssembly component that the host runs sandboxed: an
+//! [`Environment`] (a game, a tool task, a math problem), an [`Agent`] (how a policy's text becomes
+//! an action) or a [`Reward`] function. Implement the trait on your own type and call the matching
+//! export macro once; the WIT bindings stay behind this crate.
+//!
+//! A complete environment, a coin the policy must call:
+//!
+//! ```
+//! use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, StepResult};
+//!
+//! struct CallTheCoin { heads: bool }
+//!
+//! impl Environment for CallTheCoin {
+//!     fn info() -> EnvInfo {
+//!         EnvInfo { name: "call-the-coin".into(), players: 1, max_turns: 1 }
+//!     }
+//!
+//!     fn new(_config: &str, _task: &str, seed: u64) -> Result<Self, PluginError> {
+//!         Ok(CallTheCoin { heads: seed % 2 == 0 })
+//!     }
+//!
+//!     fn observe(&mut self, _player: u32) -> Result<Vec<Message>, PluginError> {
+//!         Ok(vec![Message::user("I flipped a coin. Answer `heads` or `tails`.")])
+//!     }
+//!
+//!     fn step(&mut self, action: &str) -> Result<StepResult, PluginError> {
+//!         let called_heads = action.trim().eq_ignore_ascii_case("heads");
+//!         let reward = if called_heads == self.heads { 1.0 } else { 0.0 };
+//!         Ok(StepResult::end(vec![reward]))
+//!     }
+//!
+//!     fn legal_actions(&self) -> Option<Vec<String>> {
+//!         Some(vec!["heads".into(), "tails".into()])
+//!     }
+//! }
+//!
+//! opentinker_sdk::export_environment!(CallTheCoin);
+//!
+//! # fn main() {
+//! let mut episode = CallTheCoin::new("{}", "", 2).unwrap();
+//! assert_eq!(episode.step("heads").unwrap().rewards, vec![1.0]);
+//! # }
+//! ```
+//!
+//! Build it with `opentinker plugin build DIR` (or `cargo build --release --target
+//! wasm32-wasip2`); the crate must have `crate-type = ["cdylib"]` (add `"rlib"` to unit-test it
+//! natively, as the examples in `plugins/` do).
+
+// The bindings name this crate by its path, from inside and outside it alike.
+extern crate self as opentinker_sdk;
+
+mod adapters;
+#[doc(hidden)]
+pub mod bindings;
+mod rng;
+pub mod text;
+mod types;
+
+pub use rng::SeededRng;
+pub use types::{EnvInfo, Message, Metric, PluginError, StepResult, Transcript};
+
+#[doc(hidden)]
+pub use wit_bindgen::rt as __wit_bindgen_rt;
+
+#[doc(hidden)]
+pub use adapters::{AgentAdapter, EnvironmentAdapter, EpisodeAdapter, RewardAdapter};
+
+/// A task environment. The host makes one value per episode with [`Environment::new`], asks each
+/// player what it sees with [`Environment::observe`], then calls [`Environment::step`] with the
+/// action of the player to move until a step says no one moves next.
+pub trait Environment: Sized + 'static {
+    /// The environment's name, number of players and turn limit.
+    fn info() -> EnvInfo;
+
+    /// Make a task for a data-free environment; the same config and seed must give the same task.
+    /// The default says the environment needs tasks from a dataset.
+    fn generate_task(_config: &str, _seed: u64) -> Result<String, PluginError> {
+        Err(PluginError::new(
+            "this environment does not generate tasks: give the job a task dataset",
+        ))
+    }
+
+    /// Start an episode. An error here is reported by the episode's first call.
+    fn new(config: &str, task: &str, seed: u64) -> Result<Self, PluginError>;
+
+    /// What `player` sees before its first action.
+    fn observe(&mut self, player: u32) -> Result<Vec<Message>, PluginError>;
+
+    /// Apply the action of the player to move. An illegal action is a normal result (a penalty,
+    /// metric `invalid_action`), not an error: errors are for the plugin's own faults.
+    fn step(&mut self, action: &str) -> Result<StepResult, PluginError>;
+
+    /// The legal actions of the player to move, if the environment can list them.
+    fn legal_actions(&self) -> Option<Vec<String>> {
+        None
+    }
+
+    /// A legal, ideally good, action for the player to move.
+    fn demonstration(&mut self) -> Option<String> {
+        None
+    }
+}
+
+/// How a policy talks to an environment: what it is shown, and how its text becomes an action.
+pub trait Agent: 'static {
+    /// The chat messages the policy sees, given the conversation so far.
+    fn prompt(history: Vec<Message>) -> Result<Vec<Message>, PluginError>;
+
+    /// Parse a sampled completion into an action.
+    fn act(completion: &str) -> Result<String, PluginError>;
+}
+
+/// A reward function over finished episodes.
+pub trait Reward: 'static {
+    /// One score per player of a finished episode of `task`.
+    fn score(task: &str, transcripts: &[Transcript]) -> Result<Vec<f64>, PluginError>;
+
+    /// Scores for a group of episodes of one task, one list per episode; `None` (the default)
+    /// when the reward has no group scorer.
+    fn score_group(
+        _task: &str,
+        _episodes: &[Vec<Transcript>],
+    ) -> Result<Option<Vec<Vec<f64>>>, PluginError> {
+        Ok(None)
+    }
+}
+
+/// How important a log line is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// Append a line to the episode's log, kept by the host within a byte budget (lines beyond it are
+/// dropped and counted). Outside a component (native unit tests) the line goes to stderr.
+pub fn log(level: LogLevel, message: &str) {
+    #[cfg(target_arch = "wasm32")]
+    {
+        use bindings::imports::opentinker::plugin::host;
+        let level = match level {
+            LogLevel::Trace => host::LogLevel::Trace,
+            LogLevel::Debug => host::LogLevel::Debug,
+            LogLevel::Info => host::LogLevel::Info,
+            LogLevel::Warn => host::LogLevel::Warn,
+            LogLevel::Error => host::LogLevel::Error,
+        };
+        host::log(level, message);
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    eprintln!("[{level:?}] {message}");
+}
+
+/// Export a type implementing [`Environment`] as this component's environment.
+#[macro_export]
+macro_rules! export_environment {
+    ($environment:ty) => {
+        #[doc(hidden)]
+        type __OpentinkerEnvironment = $crate::EnvironmentAdapter<$environment>;
+        $crate::bindings::environment_plugin::__export_environment_plugin!(
+            __OpentinkerEnvironment with_types_in $crate::bindings::environment_plugin
+        );
+    };
+}
+
+/// Export a type implementing [`Agent`] as this component's agent.
+#[macro_export]
+macro_rules! export_agent {
+    ($agent:ty) => {
+        #[doc(hidden)]
+        type __OpentinkerAgent = $crate::AgentAdapter<$agent>;
+        $crate::bindings::agent_plugin::__export_agent_plugin!(
+            __OpentinkerAgent with_types_in $crate::bindings::agent_plugin
+        );
+    };
+}
+
+/// Export a type implementing [`Reward`] as this component's reward function.
+#[macro_export]
+macro_rules! export_reward {
+    ($reward:ty) => {
+        #[doc(hidden)]
+        type __OpentinkerReward = $crate::RewardAdapter<$reward>;
+        $crate::bindings::reward_plugin::__export_reward_plugin!(
+            __OpentinkerReward with_types_in $crate::bindings::reward_plugin
+        );
+    };
+}

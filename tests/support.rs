@@ -1,0 +1,59 @@
+//! Helpers shared by the integration tests: building the plugin components of this repository
+//! (once per test process) and loading them into a host.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use opentinker::plugin::{HostConfig, Plugin, PluginHost, build::build_plugin};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+
+/// The component of the plugin crate at `plugins/<name>` (for example `tictactoe` or
+/// `adversarial/sleeper`), built on first use.
+pub fn plugin_wasm(name: &str) -> PathBuf {
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    let built = built.get_or_insert_with(HashMap::new);
+    if let Some(path) = built.get(name) {
+        return path.clone();
+    }
+    let path = build_plugin(&repo_root().join("plugins").join(name))
+        .unwrap_or_else(|e| panic!("building plugin {name}: {e:#}"));
+    built.insert(name.to_string(), path.clone());
+    path
+}
+
+/// A host sized for tests (fewer instance slots than a server's), without a compile cache.
+pub fn test_host() -> PluginHost {
+    PluginHost::new(HostConfig {
+        max_instances: 2_500,
+        ..HostConfig::default()
+    })
+    .expect("starting a plugin host")
+}
+
+/// Build (if needed) and load the plugin `name`.
+pub async fn load(host: &PluginHost, name: &str) -> Plugin {
+    host.load_file(&plugin_wasm(name))
+        .await
+        .unwrap_or_else(|e| panic!("loading plugin {name}: {e}"))
+}
+
+/// This process's resident memory, in bytes.
+pub fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
