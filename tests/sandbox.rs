@@ -1,1 +1,151 @@
+//! Untrusted plugins: each adversarial component gives its typed result, a well-behaved episode
+//! running beside it finishes normally, and memory comes back after many limit hits.
 
+use opentinker::plugin::random_play::{PlayOptions, PlaySummary, play_random};
+use opentinker::plugin::{ErrorKind, Limits, Plugin, PluginHost};
+use opentinker_tests::{load, test_host};
+
+/// Short call timeouts keep the timeout cases quick; everything else is the default.
+fn quick_limits() -> Limits {
+    Limits {
+        call_timeout_ms: 300,
+        ..Limits::default()
+    }
+}
+
+async fn play(plugin: &Plugin, episodes: u32, limits: Limits) -> (PlaySummary, Vec<opentinker::plugin::EpisodeRecord>) {
+    let options = PlayOptions {
+        episodes,
+        seed: 7,
+        limits,
+        concurrency: 8,
+        ..PlayOptions::default()
+    };
+    play_random(plugin, &options).await.expect("the environment answers info()")
+}
+
+/// Run `episodes` of the adversarial plugin and, at the same time, tic-tac-toe episodes; check
+/// the tic-tac-toe episodes all finish normally and return the adversarial records.
+async fn beside_a_good_neighbour(
+    host: &PluginHost,
+    adversarial: &str,
+    episodes: u32,
+) -> (PlaySummary, Vec<opentinker::plugin::EpisodeRecord>) {
+    let bad = load(host, adversarial).await;
+    let good = load(host, "tictactoe").await;
+    let ((bad_summary, records), (good_summary, _)) = tokio::join!(
+        play(&bad, episodes, quick_limits()),
+        play(&good, 40, Limits::default()),
+    );
+    assert_eq!(good_summary.completed, 40, "neighbour of {adversarial}: {good_summary:?}");
+    assert!(good_summary.errors.is_empty(), "neighbour of {adversarial}: {good_summary:?}");
+    (bad_summary, records)
+}
+
+fn assert_all_failed_with(summary: &PlaySummary, kind: ErrorKind) {
+    assert_eq!(summary.completed, 0, "{summary:?}");
+    assert_eq!(summary.errors.get(&kind).copied(), Some(summary.episodes), "{summary:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn infinite_loop_times_out() {
+    let host = test_host();
+    let (summary, _) = beside_a_good_neighbour(&host, "adversarial/infinite-loop", 6).await;
+    assert_all_failed_with(&summary, ErrorKind::Timeout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sleeper_times_out() {
+    let host = test_host();
+    let (summary, _) = beside_a_good_neighbour(&host, "adversarial/sleeper", 6).await;
+    assert_all_failed_with(&summary, ErrorKind::Timeout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_hog_hits_the_memory_limit() {
+    let host = test_host();
+    let (summary, records) = beside_a_good_neighbour(&host, "adversarial/memory-hog", 6).await;
+    assert_all_failed_with(&summary, ErrorKind::MemoryLimit);
+    assert!(records[0].error.as_ref().is_some_and(|e| e.message.contains("refused")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_recursion_traps_with_a_stack_overflow() {
+    let host = test_host();
+    let (summary, records) = beside_a_good_neighbour(&host, "adversarial/deep-recursion", 6).await;
+    assert_all_failed_with(&summary, ErrorKind::Trap);
+    let message = &records[0].error.as_ref().map(|e| e.message.clone()).unwrap_or_default();
+    assert!(message.contains("stack overflow"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn giant_output_is_refused() {
+    let host = test_host();
+    let (summary, _) = beside_a_good_neighbour(&host, "adversarial/giant-output", 6).await;
+    assert_all_failed_with(&summary, ErrorKind::OutputTooLarge);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_flood_completes_with_its_log_truncated() {
+    let host = test_host();
+    let (summary, _) = beside_a_good_neighbour(&host, "adversarial/log-flood", 6).await;
+    assert_eq!(summary.completed, 6, "{summary:?}");
+    assert_eq!(summary.mean_reward, 1.0);
+    // Per episode: 2048 lines each of stdout and stderr (1021 bytes) and of `host.log` (1028).
+    let written_per_episode = 2048 * (2 * 1021 + 1028);
+    let kept = Limits::default().log_bytes;
+    let expected_dropped = 6 * (written_per_episode - kept);
+    assert!(
+        summary.log_bytes_dropped.abs_diff(expected_dropped) < 6 * 64,
+        "dropped {} bytes, expected about {expected_dropped}",
+        summary.log_bytes_dropped
+    );
+
+    let plugin = load(&host, "adversarial/log-flood").await;
+    let mut episode = plugin.start_episode("{}", "{}", 1, &Limits::default()).await.unwrap();
+    episode.step("go").await.unwrap();
+    let (log, dropped) = episode.log();
+    assert_eq!(log.len() as u64, kept);
+    assert!(log.starts_with("flood flood"), "{}", &log[..40]);
+    assert!(dropped > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trap_at_step_three_keeps_the_earlier_rewards() {
+    let host = test_host();
+    let (summary, records) = beside_a_good_neighbour(&host, "adversarial/trap-at-step", 6).await;
+    assert_all_failed_with(&summary, ErrorKind::Trap);
+    for record in &records {
+        let error = record.error.as_ref().expect("an error");
+        assert_eq!(error.step, 3);
+        assert!(error.message.contains("deliberate fault at step 3") || error.message.contains("unreachable"), "{}", error.message);
+        assert_eq!(record.step_rewards, vec![vec![0.5], vec![0.5]]);
+        assert_eq!(record.returns, vec![1.0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_finds_nothing_of_the_host() {
+    let host = test_host();
+    let (summary, records) = beside_a_good_neighbour(&host, "adversarial/probe", 6).await;
+    assert_eq!(summary.completed, 6, "{summary:?}");
+    assert_eq!(summary.mean_reward, 1.0, "{:?}", records[0].metrics);
+    let metrics = &records[0].metrics[0];
+    let value = |name: &str| metrics.iter().find(|m| m.name == name).map(|m| m.value);
+    for name in [
+        "readable_paths",
+        "working_directory",
+        "env_vars",
+        "args",
+        "tcp_connections",
+        "udp_sockets",
+        "name_lookups",
+        "wall_clock_secs",
+        "wall_ms_during_sleep",
+        "found",
+    ] {
+        assert_eq!(value(name), Some(0.0), "{name}: {metrics:?}");
+    }
+    // The virtual monotonic clock moved by the sleep, at once.
+    assert!(value("virtual_sleep_ms").is_some_and(|ms| ms >= 200.0), "{metrics:?}");
+}

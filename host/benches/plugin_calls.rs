@@ -1,1 +1,248 @@
-fn main() {}
+//! What a plugin call costs, beside serving the same environment over HTTP.
+//!
+//! With the tic-tac-toe plugin (epochs on, fuel off): one `step` on a live episode, and a fresh
+//! episode (store + instantiate + construct + observe). Beside them, the same game step served
+//! the way the original OpenTinker serves environments: a Python FastAPI + uvicorn server on
+//! loopback, one POST per step over a keep-alive connection (skipped, with a note, when FastAPI
+//! is not installed: `pip install -r bench/python/requirements.txt`), and a Rust hyper server
+//! for reference.
+//!
+//! Run: `cargo bench -p opentinker --bench plugin_calls`
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{Criterion, criterion_group, criterion_main};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use opentinker::plugin::build::build_plugin;
+use opentinker::plugin::{HostConfig, Limits, Plugin, PluginHost};
+use opentinker_sdk::Environment;
+use serde_json::{Value, json};
+use tictactoe::TicTacToe;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+fn load_plugin(rt: &tokio::runtime::Runtime) -> (PluginHost, Plugin) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/tictactoe");
+    let wasm = build_plugin(&dir).expect("building the tic-tac-toe plugin");
+    let host = PluginHost::new(HostConfig::default()).expect("a plugin host");
+    let plugin = rt.block_on(host.load_file(&wasm)).expect("loading the plugin");
+    (host, plugin)
+}
+
+/// A keep-alive HTTP/1.1 connection speaking the reset/step protocol of the Python server.
+struct HttpEnv {
+    sender: SendRequest<Full<Bytes>>,
+    addr: SocketAddr,
+}
+
+impl HttpEnv {
+    async fn connect(addr: SocketAddr) -> Self {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connecting");
+        stream.set_nodelay(true).expect("nodelay");
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("an HTTP handshake");
+        tokio::spawn(connection);
+        HttpEnv { sender, addr }
+    }
+
+    async fn post(&mut self, path: &str, body: Value) -> Value {
+        let request = Request::post(format!("http://{}{path}", self.addr))
+            .header("host", self.addr.to_string())
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .expect("a request");
+        let response = self.sender.send_request(request).await.expect("a response");
+        let bytes = response.into_body().collect().await.expect("a body").to_bytes();
+        serde_json::from_slice(&bytes).expect("JSON")
+    }
+
+    /// Time one step on a fresh episode (the reset is not timed).
+    async fn time_step(&mut self, seed: u64) -> Duration {
+        let reset = self.post("/reset", json!({ "seed": seed })).await;
+        let id = reset["episode_id"].as_u64().expect("an episode id");
+        let started = Instant::now();
+        let step = self.post("/step", json!({ "episode_id": id, "action": "5" })).await;
+        let elapsed = started.elapsed();
+        assert!(step["reward"].is_number(), "{step}");
+        elapsed
+    }
+}
+
+/// The reference server: the same protocol in Rust (hyper), on the plugin's own game logic.
+async fn serve_with_hyper() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding");
+    let addr = listener.local_addr().expect("an address");
+    let episodes: Arc<Mutex<HashMap<u64, TicTacToe>>> = Arc::default();
+    tokio::spawn(async move {
+        let mut next_id = 0u64;
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let _ = stream.set_nodelay(true);
+            let episodes = episodes.clone();
+            let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                let episodes = episodes.clone();
+                next_id += 1_000_000;
+                let base = next_id;
+                async move {
+                    let path = request.uri().path().to_string();
+                    let body = request.into_body().collect().await?.to_bytes();
+                    let body: Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let mut episodes = episodes.lock().unwrap_or_else(|p| p.into_inner());
+                    let reply = if path == "/reset" {
+                        let seed = body["seed"].as_u64().unwrap_or(0);
+                        let id = base + episodes.len() as u64;
+                        let mut game = TicTacToe::new("{}", "{}", seed).expect("a game");
+                        let observation = game.observe(0).expect("an observation");
+                        episodes.insert(id, game);
+                        json!({ "episode_id": id, "observation": observation[1].content })
+                    } else {
+                        let id = body["episode_id"].as_u64().unwrap_or(0);
+                        let action = body["action"].as_str().unwrap_or("");
+                        match episodes.get_mut(&id).map(|game| game.step(action)) {
+                            Some(Ok(result)) => {
+                                let done = result.next_player.is_none();
+                                if done {
+                                    episodes.remove(&id);
+                                }
+                                let text = result.messages.first().map(|(_, m)| m[0].content.clone());
+                                json!({ "observation": text, "reward": result.rewards[0], "done": done })
+                            }
+                            _ => json!({ "error": "no such episode" }),
+                        }
+                    };
+                    Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(reply.to_string()))))
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Start the FastAPI server if Python has FastAPI and uvicorn; `None` (with a note) otherwise.
+fn start_fastapi(port: u16) -> Option<Child> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/python/tictactoe_server.py");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let available = Command::new(&python)
+        .args(["-c", "import fastapi, uvicorn"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !available {
+        eprintln!("python_fastapi/step skipped: pip install -r bench/python/requirements.txt");
+        return None;
+    }
+    let child = Command::new(&python)
+        .arg(script)
+        .args(["--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Some(child);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("python_fastapi/step skipped: the server did not start");
+    None
+}
+
+fn plugin_calls(c: &mut Criterion) {
+    let rt = runtime();
+    let (_host, plugin) = load_plugin(&rt);
+    let limits = Limits::default();
+    let mut group = c.benchmark_group("tictactoe");
+    group.measurement_time(Duration::from_secs(4));
+
+    group.bench_function("wasm_plugin/step", |b| {
+        b.to_async(&rt).iter_custom(|iters| {
+            let (plugin, limits) = (plugin.clone(), limits.clone());
+            async move {
+                let mut total = Duration::ZERO;
+                for i in 0..iters {
+                    let mut episode = plugin.start_episode("{}", "{}", i, &limits).await.expect("an episode");
+                    let started = Instant::now();
+                    episode.step("5").await.expect("a step");
+                    total += started.elapsed();
+                }
+                total
+            }
+        })
+    });
+
+    group.bench_function("wasm_plugin/fresh_episode", |b| {
+        b.to_async(&rt).iter_custom(|iters| {
+            let (plugin, limits) = (plugin.clone(), limits.clone());
+            async move {
+                let mut total = Duration::ZERO;
+                for i in 0..iters {
+                    let started = Instant::now();
+                    let mut episode = plugin.start_episode("{}", "{}", i, &limits).await.expect("an episode");
+                    episode.observe(0).await.expect("an observation");
+                    total += started.elapsed();
+                    drop(episode);
+                }
+                total
+            }
+        })
+    });
+
+    let hyper_addr = rt.block_on(serve_with_hyper());
+    let mut hyper_env = rt.block_on(HttpEnv::connect(hyper_addr));
+    group.bench_function("rust_hyper/step", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let mut total = Duration::ZERO;
+                for i in 0..iters {
+                    total += hyper_env.time_step(i).await;
+                }
+                total
+            })
+        })
+    });
+
+    let port = 18_765;
+    if let Some(mut server) = start_fastapi(port) {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut fastapi = rt.block_on(HttpEnv::connect(addr));
+        group.bench_function("python_fastapi/step", |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let mut total = Duration::ZERO;
+                    for i in 0..iters {
+                        total += fastapi.time_step(i).await;
+                    }
+                    total
+                })
+            })
+        });
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+    group.finish();
+}
+
+criterion_group!(benches, plugin_calls);
+criterion_main!(benches);

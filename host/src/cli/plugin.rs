@@ -19,12 +19,14 @@ pub enum PluginCommand {
     },
     /// Print what a component is: digest, WIT version, plugin kinds, exports, imports, size.
     Inspect {
+        /// A component (.wasm), or a plugin crate directory to build first.
         file: PathBuf,
         #[command(flatten)]
         host: HostArgs,
     },
     /// Play episodes of an environment with a random policy and summarise them.
     Run {
+        /// A component (.wasm), or a plugin crate directory to build first.
         file: PathBuf,
         /// How many episodes to play.
         #[arg(long, default_value_t = 100)]
@@ -61,7 +63,7 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
         }
         PluginCommand::Inspect { file, host } => runtime()?.block_on(async {
             let host = PluginHost::new(host.host_config())?;
-            let description = host.inspect_file(&file).await?;
+            let description = host.inspect_file(&component_path(file)?).await?;
             println!("{}", serde_json::to_string_pretty(&description)?);
             Ok(())
         }),
@@ -82,7 +84,7 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
             };
             runtime()?.block_on(async {
                 let host = PluginHost::new(host.host_config())?;
-                let plugin = host.load_file(&file).await?;
+                let plugin = host.load_file(&component_path(file)?).await?;
                 plugin.check_limits(&limits).context("--limits")?;
                 let options = PlayOptions {
                     episodes,
@@ -103,6 +105,15 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
                 Ok(())
             })
         }
+    }
+}
+
+/// The component at `path`, building it first when `path` is a plugin crate directory.
+fn component_path(path: PathBuf) -> anyhow::Result<PathBuf> {
+    if path.is_dir() {
+        build_plugin(&path)
+    } else {
+        Ok(path)
     }
 }
 

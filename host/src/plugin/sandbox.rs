@@ -153,10 +153,6 @@ impl Sandbox {
         })
     }
 
-    pub(crate) fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     pub(crate) fn call_timeout(&self) -> Duration {
         self.limits.call_timeout() + TIMEOUT_GRACE
     }

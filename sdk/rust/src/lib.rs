@@ -156,38 +156,56 @@ pub fn log(level: LogLevel, message: &str) {
     eprintln!("[{level:?}] {message}");
 }
 
-/// Export a type implementing [`Environment`] as this component's environment.
+/// Export a type implementing [`Environment`] as this component's environment. The
+/// exports exist only in a `wasm32` build; a native build (unit tests) compiles the type alone.
 #[macro_export]
 macro_rules! export_environment {
     ($environment:ty) => {
+        #[cfg(target_arch = "wasm32")]
         #[doc(hidden)]
-        type __OpentinkerEnvironment = $crate::EnvironmentAdapter<$environment>;
-        $crate::bindings::environment_plugin::__export_environment_plugin!(
-            __OpentinkerEnvironment with_types_in $crate::bindings::environment_plugin
-        );
+        mod __opentinker_environment_export {
+            #[allow(unused_imports)]
+            use super::*;
+            type Exported = $crate::EnvironmentAdapter<$environment>;
+            $crate::bindings::environment_plugin::__export_environment_plugin!(
+                Exported with_types_in $crate::bindings::environment_plugin
+            );
+        }
     };
 }
 
-/// Export a type implementing [`Agent`] as this component's agent.
+/// Export a type implementing [`Agent`] as this component's agent. The
+/// exports exist only in a `wasm32` build; a native build (unit tests) compiles the type alone.
 #[macro_export]
 macro_rules! export_agent {
     ($agent:ty) => {
+        #[cfg(target_arch = "wasm32")]
         #[doc(hidden)]
-        type __OpentinkerAgent = $crate::AgentAdapter<$agent>;
-        $crate::bindings::agent_plugin::__export_agent_plugin!(
-            __OpentinkerAgent with_types_in $crate::bindings::agent_plugin
-        );
+        mod __opentinker_agent_export {
+            #[allow(unused_imports)]
+            use super::*;
+            type Exported = $crate::AgentAdapter<$agent>;
+            $crate::bindings::agent_plugin::__export_agent_plugin!(
+                Exported with_types_in $crate::bindings::agent_plugin
+            );
+        }
     };
 }
 
-/// Export a type implementing [`Reward`] as this component's reward function.
+/// Export a type implementing [`Reward`] as this component's reward function. The
+/// exports exist only in a `wasm32` build; a native build (unit tests) compiles the type alone.
 #[macro_export]
 macro_rules! export_reward {
     ($reward:ty) => {
+        #[cfg(target_arch = "wasm32")]
         #[doc(hidden)]
-        type __OpentinkerReward = $crate::RewardAdapter<$reward>;
-        $crate::bindings::reward_plugin::__export_reward_plugin!(
-            __OpentinkerReward with_types_in $crate::bindings::reward_plugin
-        );
+        mod __opentinker_reward_export {
+            #[allow(unused_imports)]
+            use super::*;
+            type Exported = $crate::RewardAdapter<$reward>;
+            $crate::bindings::reward_plugin::__export_reward_plugin!(
+                Exported with_types_in $crate::bindings::reward_plugin
+            );
+        }
     };
 }

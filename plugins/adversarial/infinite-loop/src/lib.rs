@@ -16,6 +16,9 @@ impl Environment for InfiniteLoop {
     fn info() -> EnvInfo {
         info()
     }
+    fn generate_task(_: &str, _: u64) -> Result<String, PluginError> {
+        Ok("{}".into())
+    }
     fn new(_: &str, _: &str, _: u64) -> Result<Self, PluginError> {
         Ok(InfiniteLoop)
     }

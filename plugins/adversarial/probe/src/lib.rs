@@ -59,6 +59,9 @@ impl Environment for Probe {
             max_turns: 1,
         }
     }
+    fn generate_task(_: &str, _: u64) -> Result<String, PluginError> {
+        Ok("{}".into())
+    }
 
     fn new(_: &str, _: &str, _: u64) -> Result<Self, PluginError> {
         // Look once at construction too: the host must hide itself there as well.

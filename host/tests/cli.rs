@@ -1,0 +1,115 @@
+//! The `opentinker plugin` commands, run as a user runs them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+fn opentinker(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_opentinker"))
+        .args(args)
+        .env("OPENTINKER_CACHE_DIR", cache_dir())
+        .output()
+        .expect("running opentinker")
+}
+
+fn cache_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().expect("a temporary directory")).path()
+}
+
+/// `opentinker plugin build` of `plugins/<name>`: the last line of its output is the component.
+fn build(name: &str) -> PathBuf {
+    let dir = repo_root().join("plugins").join(name);
+    let output = opentinker(&["plugin", "build", dir.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let wasm = PathBuf::from(stdout.lines().last().unwrap_or_default());
+    assert!(wasm.extension().is_some_and(|e| e == "wasm") && wasm.is_file(), "{stdout}");
+    wasm
+}
+
+fn json(output: &std::process::Output) -> serde_json::Value {
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&output.stdout))
+    })
+}
+
+#[test]
+fn inspect_prints_what_a_component_is() {
+    let wasm = build("tictactoe");
+    let description = json(&opentinker(&["plugin", "inspect", wasm.to_str().unwrap()]));
+    assert_eq!(description["kinds"], serde_json::json!(["environment"]));
+    assert_eq!(description["wit_version"], "0.1.0");
+    assert_eq!(description["digest"].as_str().map(str::len), Some(64));
+    assert!(description["size"].as_u64().unwrap() > 1000);
+    assert!(description["imports"].as_array().unwrap().len() > 1);
+
+    let not_wasm = repo_root().join("Cargo.toml");
+    let output = opentinker(&["plugin", "inspect", not_wasm.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("not a WebAssembly component"), "{stderr}");
+}
+
+#[test]
+fn run_summarises_random_play_as_json() {
+    let wasm = build("tictactoe");
+    let summary = json(&opentinker(&[
+        "plugin", "run", wasm.to_str().unwrap(), "--episodes", "50", "--seed", "3", "--json",
+    ]));
+    assert_eq!(summary["episodes"], 50);
+    assert_eq!(summary["completed"], 50);
+    assert_eq!(summary["errors"], serde_json::json!({}));
+    assert!(summary["mean_reward"].is_number());
+}
+
+#[test]
+fn run_refuses_a_misspelt_limit_by_name() {
+    let wasm = build("tictactoe");
+    let output = opentinker(&[
+        "plugin", "run", wasm.to_str().unwrap(), "--limits", r#"{"memroy_bytes": 1}"#,
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("memroy_bytes"), "{stderr}");
+}
+
+/// Each adversarial plugin, 20 episodes with default limits: its expected result, exit code 0,
+/// in well under a minute.
+#[test]
+fn adversarial_plugins_give_their_expected_results_with_default_limits() {
+    let cases = [
+        ("infinite-loop", Some("timeout")),
+        ("sleeper", Some("timeout")),
+        ("memory-hog", Some("memory_limit")),
+        ("deep-recursion", Some("trap")),
+        ("giant-output", Some("output_too_large")),
+        ("log-flood", None),
+        ("trap-at-step", Some("trap")),
+        ("probe", None),
+    ];
+    for (name, expected_error) in cases {
+        let wasm = build(&format!("adversarial/{name}"));
+        let started = Instant::now();
+        let summary = json(&opentinker(&["plugin", "run", wasm.to_str().unwrap(), "--episodes", "20", "--json"]));
+        let elapsed = started.elapsed();
+        assert!(elapsed < Duration::from_secs(60), "{name} took {elapsed:?}");
+        assert_eq!(summary["episodes"], 20, "{name}: {summary}");
+        match expected_error {
+            Some(kind) => {
+                assert_eq!(summary["completed"], 0, "{name}: {summary}");
+                assert_eq!(summary["errors"][kind], 20, "{name}: {summary}");
+            }
+            None => {
+                assert_eq!(summary["completed"], 20, "{name}: {summary}");
+                assert_eq!(summary["mean_reward"], 1.0, "{name}: {summary}");
+            }
+        }
+    }
+}
