@@ -1,6 +1,8 @@
 //! Loading components: the compile cache, and clear refusals of what the host cannot run.
 
-use opentinker::plugin::{HostConfig, LimitError, Limits, LoadError, PluginHost, PluginKind, WIT_VERSION};
+use opentinker::plugin::{
+    HostConfig, LimitError, Limits, LoadError, PluginHost, PluginKind, WIT_VERSION,
+};
 use opentinker_tests::{load, plugin_wasm, test_host};
 
 fn host_with_cache(dir: &std::path::Path) -> PluginHost {
@@ -16,7 +18,10 @@ fn host_with_cache(dir: &std::path::Path) -> PluginHost {
 async fn a_second_load_skips_compilation_and_a_damaged_entry_is_rebuilt() {
     let cache = tempfile::tempdir().unwrap();
     let wasm = plugin_wasm("tictactoe");
-    let first = host_with_cache(cache.path()).load_file(&wasm).await.unwrap();
+    let first = host_with_cache(cache.path())
+        .load_file(&wasm)
+        .await
+        .unwrap();
     assert!(!first.load_report().cache_hit);
     assert!(first.load_report().compile_time.as_nanos() > 0);
 
@@ -25,7 +30,10 @@ async fn a_second_load_skips_compilation_and_a_damaged_entry_is_rebuilt() {
     let second = host.load_file(&wasm).await.unwrap();
     assert!(second.load_report().cache_hit);
     assert_eq!(first.digest(), second.digest());
-    let mut episode = second.start_episode("{}", "{}", 1, &Limits::default()).await.unwrap();
+    let mut episode = second
+        .start_episode("{}", "{}", 1, &Limits::default())
+        .await
+        .unwrap();
     episode.observe(0).await.unwrap();
 
     // Damage the entry: it is detected by its checksum, removed, and compiled again.
@@ -35,12 +43,21 @@ async fn a_second_load_skips_compilation_and_a_damaged_entry_is_rebuilt() {
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0xFF;
     std::fs::write(&entry, &bytes).unwrap();
-    let third = host_with_cache(cache.path()).load_file(&wasm).await.unwrap();
+    let third = host_with_cache(cache.path())
+        .load_file(&wasm)
+        .await
+        .unwrap();
     assert!(!third.load_report().cache_hit);
-    let fourth = host_with_cache(cache.path()).load_file(&wasm).await.unwrap();
+    let fourth = host_with_cache(cache.path())
+        .load_file(&wasm)
+        .await
+        .unwrap();
     assert!(fourth.load_report().cache_hit);
     // No temporary files are left behind.
-    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names.len(), 1, "{names:?}");
 }
 
@@ -52,14 +69,31 @@ async fn a_plugin_describes_itself() {
     assert_eq!(description.kinds, vec![PluginKind::Environment]);
     assert_eq!(description.wit_version.as_deref(), Some(WIT_VERSION));
     assert_eq!(description.digest.len(), 64);
-    assert!(description.exports.iter().any(|e| e == "opentinker:plugin/environment@0.1.0"));
-    assert!(description.imports.iter().all(|i| i.starts_with("wasi:") || i.starts_with("opentinker:plugin/")));
+    assert!(
+        description
+            .exports
+            .iter()
+            .any(|e| e == "opentinker:plugin/environment@0.1.0")
+    );
+    assert!(
+        description
+            .imports
+            .iter()
+            .all(|i| i.starts_with("wasi:") || i.starts_with("opentinker:plugin/"))
+    );
     let info = plugin.environment_info(&Limits::default()).await.unwrap();
-    assert_eq!((info.name.as_str(), info.players, info.max_turns), ("tictactoe", 2, 9));
+    assert_eq!(
+        (info.name.as_str(), info.players, info.max_turns),
+        ("tictactoe", 2, 9)
+    );
 }
 
 async fn refusal(bytes: Vec<u8>) -> LoadError {
-    test_host().load(bytes).await.err().expect("the load is refused")
+    test_host()
+        .load(bytes)
+        .await
+        .err()
+        .expect("the load is refused")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,8 +116,16 @@ async fn a_component_without_a_supported_version_is_refused_naming_its_exports()
     )
     .unwrap();
     let error = refusal(future_version).await;
-    assert!(matches!(error, LoadError::UnsupportedVersion { .. }), "{error}");
-    assert!(error.to_string().contains("opentinker:plugin/environment@0.9.0"), "{error}");
+    assert!(
+        matches!(error, LoadError::UnsupportedVersion { .. }),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("opentinker:plugin/environment@0.9.0"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,8 +138,14 @@ async fn a_component_importing_what_the_host_does_not_provide_is_refused_by_name
     )
     .unwrap();
     let error = refusal(greedy).await;
-    assert!(matches!(error, LoadError::ForbiddenImports { .. }), "{error}");
-    assert!(error.to_string().contains("evil:net/raw-socket@1.0.0"), "{error}");
+    assert!(
+        matches!(error, LoadError::ForbiddenImports { .. }),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("evil:net/raw-socket@1.0.0"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,8 +156,15 @@ async fn an_oversized_component_is_refused_before_compiling() {
         ..HostConfig::default()
     })
     .unwrap();
-    let error = host.load_file(&plugin_wasm("tictactoe")).await.err().unwrap();
-    assert!(matches!(error, LoadError::TooLarge { max: 1024, .. }), "{error}");
+    let error = host
+        .load_file(&plugin_wasm("tictactoe"))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(error, LoadError::TooLarge { max: 1024, .. }),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,7 +175,13 @@ async fn limits_above_the_host_maxima_or_needing_fuel_are_refused() {
         memory_bytes: 1 << 40,
         ..Limits::default()
     };
-    assert!(matches!(plugin.check_limits(&too_much), Err(LimitError::AboveMaximum { name: "memory_bytes", .. })));
+    assert!(matches!(
+        plugin.check_limits(&too_much),
+        Err(LimitError::AboveMaximum {
+            name: "memory_bytes",
+            ..
+        })
+    ));
     let fuel = Limits {
         fuel: Some(1_000_000),
         ..Limits::default()
@@ -136,7 +197,10 @@ async fn fuel_budgets_end_a_runaway_call_with_out_of_fuel() {
         ..HostConfig::default()
     })
     .unwrap();
-    let plugin = host.load_file(&plugin_wasm("adversarial/infinite-loop")).await.unwrap();
+    let plugin = host
+        .load_file(&plugin_wasm("adversarial/infinite-loop"))
+        .await
+        .unwrap();
     let limits = Limits {
         fuel: Some(50_000_000),
         ..Limits::default()
@@ -144,7 +208,11 @@ async fn fuel_budgets_end_a_runaway_call_with_out_of_fuel() {
     plugin.check_limits(&limits).unwrap();
     let mut episode = plugin.start_episode("{}", "{}", 0, &limits).await.unwrap();
     let error = episode.step("go").await.unwrap_err();
-    assert_eq!(error.kind, opentinker::plugin::ErrorKind::OutOfFuel, "{error}");
+    assert_eq!(
+        error.kind,
+        opentinker::plugin::ErrorKind::OutOfFuel,
+        "{error}"
+    );
     // The poisoned episode answers every later call with the same error.
     assert_eq!(episode.observe(0).await.unwrap_err(), error);
 }

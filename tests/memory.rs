@@ -13,12 +13,19 @@ async fn play(plugin: &Plugin, episodes: u32, limits: Limits) -> PlaySummary {
         concurrency: 8,
         ..PlayOptions::default()
     };
-    play_random(plugin, &options).await.expect("the environment answers info()").0
+    play_random(plugin, &options)
+        .await
+        .expect("the environment answers info()")
+        .0
 }
 
 fn assert_all_failed_with(summary: &PlaySummary, kind: ErrorKind) {
     assert_eq!(summary.completed, 0, "{summary:?}");
-    assert_eq!(summary.errors.get(&kind).copied(), Some(summary.episodes), "{summary:?}");
+    assert_eq!(
+        summary.errors.get(&kind).copied(),
+        Some(summary.episodes),
+        "{summary:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,11 @@ fn quick_limits() -> Limits {
     }
 }
 
-async fn play(plugin: &Plugin, episodes: u32, limits: Limits) -> (PlaySummary, Vec<opentinker::plugin::EpisodeRecord>) {
+async fn play(
+    plugin: &Plugin,
+    episodes: u32,
+    limits: Limits,
+) -> (PlaySummary, Vec<opentinker::plugin::EpisodeRecord>) {
     let options = PlayOptions {
         episodes,
         seed: 7,
@@ -21,7 +25,9 @@ async fn play(plugin: &Plugin, episodes: u32, limits: Limits) -> (PlaySummary, V
         concurrency: 8,
         ..PlayOptions::default()
     };
-    play_random(plugin, &options).await.expect("the environment answers info()")
+    play_random(plugin, &options)
+        .await
+        .expect("the environment answers info()")
 }
 
 /// Run `episodes` of the adversarial plugin and, at the same time, tic-tac-toe episodes; check
@@ -37,14 +43,24 @@ async fn beside_a_good_neighbour(
         play(&bad, episodes, quick_limits()),
         play(&good, 40, Limits::default()),
     );
-    assert_eq!(good_summary.completed, 40, "neighbour of {adversarial}: {good_summary:?}");
-    assert!(good_summary.errors.is_empty(), "neighbour of {adversarial}: {good_summary:?}");
+    assert_eq!(
+        good_summary.completed, 40,
+        "neighbour of {adversarial}: {good_summary:?}"
+    );
+    assert!(
+        good_summary.errors.is_empty(),
+        "neighbour of {adversarial}: {good_summary:?}"
+    );
     (bad_summary, records)
 }
 
 fn assert_all_failed_with(summary: &PlaySummary, kind: ErrorKind) {
     assert_eq!(summary.completed, 0, "{summary:?}");
-    assert_eq!(summary.errors.get(&kind).copied(), Some(summary.episodes), "{summary:?}");
+    assert_eq!(
+        summary.errors.get(&kind).copied(),
+        Some(summary.episodes),
+        "{summary:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,7 +82,12 @@ async fn memory_hog_hits_the_memory_limit() {
     let host = test_host();
     let (summary, records) = beside_a_good_neighbour(&host, "adversarial/memory-hog", 6).await;
     assert_all_failed_with(&summary, ErrorKind::MemoryLimit);
-    assert!(records[0].error.as_ref().is_some_and(|e| e.message.contains("refused")));
+    assert!(
+        records[0]
+            .error
+            .as_ref()
+            .is_some_and(|e| e.message.contains("refused"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,7 +95,11 @@ async fn deep_recursion_traps_with_a_stack_overflow() {
     let host = test_host();
     let (summary, records) = beside_a_good_neighbour(&host, "adversarial/deep-recursion", 6).await;
     assert_all_failed_with(&summary, ErrorKind::Trap);
-    let message = &records[0].error.as_ref().map(|e| e.message.clone()).unwrap_or_default();
+    let message = &records[0]
+        .error
+        .as_ref()
+        .map(|e| e.message.clone())
+        .unwrap_or_default();
     assert!(message.contains("stack overflow"), "{message}");
 }
 
@@ -102,7 +127,10 @@ async fn log_flood_completes_with_its_log_truncated() {
     );
 
     let plugin = load(&host, "adversarial/log-flood").await;
-    let mut episode = plugin.start_episode("{}", "{}", 1, &Limits::default()).await.unwrap();
+    let mut episode = plugin
+        .start_episode("{}", "{}", 1, &Limits::default())
+        .await
+        .unwrap();
     episode.step("go").await.unwrap();
     let (log, dropped) = episode.log();
     assert_eq!(log.len() as u64, kept);
@@ -118,7 +146,12 @@ async fn trap_at_step_three_keeps_the_earlier_rewards() {
     for record in &records {
         let error = record.error.as_ref().expect("an error");
         assert_eq!(error.step, 3);
-        assert!(error.message.contains("deliberate fault at step 3") || error.message.contains("unreachable"), "{}", error.message);
+        assert!(
+            error.message.contains("deliberate fault at step 3")
+                || error.message.contains("unreachable"),
+            "{}",
+            error.message
+        );
         assert_eq!(record.step_rewards, vec![vec![0.5], vec![0.5]]);
         assert_eq!(record.returns, vec![1.0]);
     }
@@ -147,5 +180,8 @@ async fn probe_finds_nothing_of_the_host() {
         assert_eq!(value(name), Some(0.0), "{name}: {metrics:?}");
     }
     // The virtual monotonic clock moved by the sleep, at once.
-    assert!(value("virtual_sleep_ms").is_some_and(|ms| ms >= 200.0), "{metrics:?}");
+    assert!(
+        value("virtual_sleep_ms").is_some_and(|ms| ms >= 200.0),
+        "{metrics:?}"
+    );
 }

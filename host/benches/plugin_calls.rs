@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,7 +41,9 @@ fn load_plugin(rt: &tokio::runtime::Runtime) -> (PluginHost, Plugin) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/tictactoe");
     let wasm = build_plugin(&dir).expect("building the tic-tac-toe plugin");
     let host = PluginHost::new(HostConfig::default()).expect("a plugin host");
-    let plugin = rt.block_on(host.load_file(&wasm)).expect("loading the plugin");
+    let plugin = rt
+        .block_on(host.load_file(&wasm))
+        .expect("loading the plugin");
     (host, plugin)
 }
 
@@ -52,7 +55,9 @@ struct HttpEnv {
 
 impl HttpEnv {
     async fn connect(addr: SocketAddr) -> Self {
-        let stream = tokio::net::TcpStream::connect(addr).await.expect("connecting");
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connecting");
         stream.set_nodelay(true).expect("nodelay");
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
@@ -68,7 +73,12 @@ impl HttpEnv {
             .body(Full::new(Bytes::from(body.to_string())))
             .expect("a request");
         let response = self.sender.send_request(request).await.expect("a response");
-        let bytes = response.into_body().collect().await.expect("a body").to_bytes();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("a body")
+            .to_bytes();
         serde_json::from_slice(&bytes).expect("JSON")
     }
 
@@ -77,7 +87,9 @@ impl HttpEnv {
         let reset = self.post("/reset", json!({ "seed": seed })).await;
         let id = reset["episode_id"].as_u64().expect("an episode id");
         let started = Instant::now();
-        let step = self.post("/step", json!({ "episode_id": id, "action": "5" })).await;
+        let step = self
+            .post("/step", json!({ "episode_id": id, "action": "5" }))
+            .await;
         let elapsed = started.elapsed();
         assert!(step["reward"].is_number(), "{step}");
         elapsed
@@ -86,49 +98,56 @@ impl HttpEnv {
 
 /// The reference server: the same protocol in Rust (hyper), on the plugin's own game logic.
 async fn serve_with_hyper() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding");
     let addr = listener.local_addr().expect("an address");
     let episodes: Arc<Mutex<HashMap<u64, TicTacToe>>> = Arc::default();
+    let next_id = Arc::new(AtomicU64::new(0));
     tokio::spawn(async move {
-        let mut next_id = 0u64;
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
             let _ = stream.set_nodelay(true);
-            let episodes = episodes.clone();
-            let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                let episodes = episodes.clone();
-                next_id += 1_000_000;
-                let base = next_id;
-                async move {
-                    let path = request.uri().path().to_string();
-                    let body = request.into_body().collect().await?.to_bytes();
-                    let body: Value = serde_json::from_slice(&body).unwrap_or_default();
-                    let mut episodes = episodes.lock().unwrap_or_else(|p| p.into_inner());
-                    let reply = if path == "/reset" {
-                        let seed = body["seed"].as_u64().unwrap_or(0);
-                        let id = base + episodes.len() as u64;
-                        let mut game = TicTacToe::new("{}", "{}", seed).expect("a game");
-                        let observation = game.observe(0).expect("an observation");
-                        episodes.insert(id, game);
-                        json!({ "episode_id": id, "observation": observation[1].content })
-                    } else {
-                        let id = body["episode_id"].as_u64().unwrap_or(0);
-                        let action = body["action"].as_str().unwrap_or("");
-                        match episodes.get_mut(&id).map(|game| game.step(action)) {
-                            Some(Ok(result)) => {
-                                let done = result.next_player.is_none();
-                                if done {
-                                    episodes.remove(&id);
+            let (episodes, next_id) = (episodes.clone(), next_id.clone());
+            let service = hyper::service::service_fn(
+                move |request: Request<hyper::body::Incoming>| {
+                    let (episodes, next_id) = (episodes.clone(), next_id.clone());
+                    async move {
+                        let path = request.uri().path().to_string();
+                        let body = request.into_body().collect().await?.to_bytes();
+                        let body: Value = serde_json::from_slice(&body).unwrap_or_default();
+                        let mut episodes = episodes.lock().unwrap_or_else(|p| p.into_inner());
+                        let reply = if path == "/reset" {
+                            let seed = body["seed"].as_u64().unwrap_or(0);
+                            let id = next_id.fetch_add(1, Ordering::Relaxed);
+                            let mut game = TicTacToe::new("{}", "{}", seed).expect("a game");
+                            let observation = game.observe(0).expect("an observation");
+                            episodes.insert(id, game);
+                            json!({ "episode_id": id, "observation": observation[1].content })
+                        } else {
+                            let id = body["episode_id"].as_u64().unwrap_or(0);
+                            let action = body["action"].as_str().unwrap_or("");
+                            match episodes.get_mut(&id).map(|game| game.step(action)) {
+                                Some(Ok(result)) => {
+                                    let done = result.next_player.is_none();
+                                    if done {
+                                        episodes.remove(&id);
+                                    }
+                                    let text =
+                                        result.messages.first().map(|(_, m)| m[0].content.clone());
+                                    json!({ "observation": text, "reward": result.rewards[0], "done": done })
                                 }
-                                let text = result.messages.first().map(|(_, m)| m[0].content.clone());
-                                json!({ "observation": text, "reward": result.rewards[0], "done": done })
+                                _ => json!({ "error": "no such episode" }),
                             }
-                            _ => json!({ "error": "no such episode" }),
-                        }
-                    };
-                    Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(reply.to_string()))))
-                }
-            });
+                        };
+                        Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(
+                            reply.to_string(),
+                        ))))
+                    }
+                },
+            );
             tokio::spawn(async move {
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -182,7 +201,10 @@ fn plugin_calls(c: &mut Criterion) {
             async move {
                 let mut total = Duration::ZERO;
                 for i in 0..iters {
-                    let mut episode = plugin.start_episode("{}", "{}", i, &limits).await.expect("an episode");
+                    let mut episode = plugin
+                        .start_episode("{}", "{}", i, &limits)
+                        .await
+                        .expect("an episode");
                     let started = Instant::now();
                     episode.step("5").await.expect("a step");
                     total += started.elapsed();
@@ -199,7 +221,10 @@ fn plugin_calls(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for i in 0..iters {
                     let started = Instant::now();
-                    let mut episode = plugin.start_episode("{}", "{}", i, &limits).await.expect("an episode");
+                    let mut episode = plugin
+                        .start_episode("{}", "{}", i, &limits)
+                        .await
+                        .expect("an episode");
                     episode.observe(0).await.expect("an observation");
                     total += started.elapsed();
                     drop(episode);

@@ -6,7 +6,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 fn opentinker(args: &[&str]) -> std::process::Output {
@@ -19,25 +22,36 @@ fn opentinker(args: &[&str]) -> std::process::Output {
 
 fn cache_dir() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().expect("a temporary directory")).path()
+    DIR.get_or_init(|| tempfile::tempdir().expect("a temporary directory"))
+        .path()
 }
 
 /// `opentinker plugin build` of `plugins/<name>`: the last line of its output is the component.
 fn build(name: &str) -> PathBuf {
     let dir = repo_root().join("plugins").join(name);
     let output = opentinker(&["plugin", "build", dir.to_str().unwrap()]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let stdout = String::from_utf8_lossy(&output.stdout);
     let wasm = PathBuf::from(stdout.lines().last().unwrap_or_default());
-    assert!(wasm.extension().is_some_and(|e| e == "wasm") && wasm.is_file(), "{stdout}");
+    assert!(
+        wasm.extension().is_some_and(|e| e == "wasm") && wasm.is_file(),
+        "{stdout}"
+    );
     wasm
 }
 
 fn json(output: &std::process::Output) -> serde_json::Value {
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!("{e}: {}", String::from_utf8_lossy(&output.stdout))
-    })
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
 }
 
 #[test]
@@ -61,7 +75,14 @@ fn inspect_prints_what_a_component_is() {
 fn run_summarises_random_play_as_json() {
     let wasm = build("tictactoe");
     let summary = json(&opentinker(&[
-        "plugin", "run", wasm.to_str().unwrap(), "--episodes", "50", "--seed", "3", "--json",
+        "plugin",
+        "run",
+        wasm.to_str().unwrap(),
+        "--episodes",
+        "50",
+        "--seed",
+        "3",
+        "--json",
     ]));
     assert_eq!(summary["episodes"], 50);
     assert_eq!(summary["completed"], 50);
@@ -73,7 +94,11 @@ fn run_summarises_random_play_as_json() {
 fn run_refuses_a_misspelt_limit_by_name() {
     let wasm = build("tictactoe");
     let output = opentinker(&[
-        "plugin", "run", wasm.to_str().unwrap(), "--limits", r#"{"memroy_bytes": 1}"#,
+        "plugin",
+        "run",
+        wasm.to_str().unwrap(),
+        "--limits",
+        r#"{"memroy_bytes": 1}"#,
     ]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -97,7 +122,14 @@ fn adversarial_plugins_give_their_expected_results_with_default_limits() {
     for (name, expected_error) in cases {
         let wasm = build(&format!("adversarial/{name}"));
         let started = Instant::now();
-        let summary = json(&opentinker(&["plugin", "run", wasm.to_str().unwrap(), "--episodes", "20", "--json"]));
+        let summary = json(&opentinker(&[
+            "plugin",
+            "run",
+            wasm.to_str().unwrap(),
+            "--episodes",
+            "20",
+            "--json",
+        ]));
         let elapsed = started.elapsed();
         assert!(elapsed < Duration::from_secs(60), "{name} took {elapsed:?}");
         assert_eq!(summary["episodes"], 20, "{name}: {summary}");

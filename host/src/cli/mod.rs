@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use crate::plugin::HostConfig;
 
 #[derive(Debug, Parser)]
-#[command(name = "opentinker", version, about = "Train LLM agents with sandboxed WebAssembly environments")]
+#[command(
+    name = "opentinker",
+    version,
+    about = "Train LLM agents with sandboxed WebAssembly environments"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

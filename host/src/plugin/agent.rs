@@ -33,7 +33,10 @@ impl AgentSession {
         let guest = &self.guest;
         let messages = guarded_call!(&mut self.sandbox, message_bytes(history), |store| guest
             .call_prompt(store, history))?
-        .map_err(|e| self.sandbox.fail(CallError::new(ErrorKind::PluginError, e.message)))?;
+        .map_err(|e| {
+            self.sandbox
+                .fail(CallError::new(ErrorKind::PluginError, e.message))
+        })?;
         self.sandbox.check_output(message_bytes(&messages))?;
         Ok(messages)
     }
@@ -43,7 +46,10 @@ impl AgentSession {
         let guest = &self.guest;
         let action = guarded_call!(&mut self.sandbox, completion.len(), |store| guest
             .call_act(store, completion))?
-        .map_err(|e| self.sandbox.fail(CallError::new(ErrorKind::PluginError, e.message)))?;
+        .map_err(|e| {
+            self.sandbox
+                .fail(CallError::new(ErrorKind::PluginError, e.message))
+        })?;
         self.sandbox.check_output(action.len())?;
         Ok(action)
     }

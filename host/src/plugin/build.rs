@@ -20,9 +20,18 @@ pub fn build_plugin(dir: &Path) -> anyhow::Result<PathBuf> {
         .canonicalize()
         .with_context(|| format!("resolving {}", manifest.display()))?;
     ensure_target_installed()?;
-    let target_dir = workspace_root(&manifest)?.join("target").join("wasm-plugins");
+    let target_dir = workspace_root(&manifest)?
+        .join("target")
+        .join("wasm-plugins");
     let output = cargo()
-        .args(["build", "--release", "--target", WASM_TARGET, "--message-format", "json-render-diagnostics"])
+        .args([
+            "build",
+            "--release",
+            "--target",
+            WASM_TARGET,
+            "--message-format",
+            "json-render-diagnostics",
+        ])
         .arg("--manifest-path")
         .arg(&manifest)
         .arg("--target-dir")
@@ -32,10 +41,16 @@ pub fn build_plugin(dir: &Path) -> anyhow::Result<PathBuf> {
         .output()
         .context("running cargo")?;
     if !output.status.success() {
-        bail!("cargo build of {} failed (its errors are above)", dir.display());
+        bail!(
+            "cargo build of {} failed (its errors are above)",
+            dir.display()
+        );
     }
     component_from_messages(&output.stdout, &manifest).with_context(|| {
-        format!("cargo built {} but made no .wasm: is its crate-type \"cdylib\"?", dir.display())
+        format!(
+            "cargo built {} but made no .wasm: is its crate-type \"cdylib\"?",
+            dir.display()
+        )
     })
 }
 
@@ -60,7 +75,13 @@ fn cargo() -> Command {
 
 fn workspace_root(manifest: &Path) -> anyhow::Result<PathBuf> {
     let output = cargo()
-        .args(["locate-project", "--workspace", "--message-format", "plain", "--manifest-path"])
+        .args([
+            "locate-project",
+            "--workspace",
+            "--message-format",
+            "plain",
+            "--manifest-path",
+        ])
         .arg(manifest)
         .output()
         .context("running cargo locate-project")?;
@@ -83,7 +104,11 @@ fn ensure_target_installed() -> anyhow::Result<()> {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == WASM_TARGET))
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l.trim() == WASM_TARGET)
+        })
         .unwrap_or(false);
     if installed {
         return Ok(());

@@ -248,22 +248,25 @@ impl EnvironmentEpisode {
             .episode()
             .call_demonstration(store, episode));
         let action = self.recorded(action)?;
-        let checked = self.sandbox.check_output(action.as_ref().map_or(0, String::len));
+        let checked = self
+            .sandbox
+            .check_output(action.as_ref().map_or(0, String::len));
         self.recorded(checked)?;
         Ok(action)
     }
 
     /// Note a failure in the record (the first one ends the episode).
     fn recorded<T>(&mut self, result: Result<T, CallError>) -> Result<T, CallError> {
-        if let Err(error) = &result {
-            if self.record.error.is_none() && error.kind != ErrorKind::InvalidRequest {
-                self.record.error = Some(RecordedError {
-                    kind: error.kind,
-                    message: error.message.clone(),
-                    step: self.record.steps + 1,
-                });
-                self.to_move = None;
-            }
+        if let Err(error) = &result
+            && self.record.error.is_none()
+            && error.kind != ErrorKind::InvalidRequest
+        {
+            self.record.error = Some(RecordedError {
+                kind: error.kind,
+                message: error.message.clone(),
+                step: self.record.steps + 1,
+            });
+            self.to_move = None;
         }
         result
     }
@@ -291,13 +294,20 @@ impl EnvironmentEpisode {
             return Err(format!("step returned a reward of {bad}"));
         }
         if let Some(next) = result.next_player.filter(|p| *p >= players) {
-            return Err(format!("step named player {next} to move, of {players} players"));
+            return Err(format!(
+                "step named player {next} to move, of {players} players"
+            ));
         }
         if let Some((to, _)) = result.messages.iter().find(|(p, _)| *p >= players) {
-            return Err(format!("step sent messages to player {to}, of {players} players"));
+            return Err(format!(
+                "step sent messages to player {to}, of {players} players"
+            ));
         }
         if let Some(metric) = result.metrics.iter().find(|m| !m.value.is_finite()) {
-            return Err(format!("step reported metric {} = {}", metric.name, metric.value));
+            return Err(format!(
+                "step reported metric {} = {}",
+                metric.name, metric.value
+            ));
         }
         Ok(())
     }

@@ -55,13 +55,28 @@ const PROVIDED_IMPORT_PREFIXES: &[&str] = &[
     "opentinker:plugin/types@",
 ];
 
-pub(crate) fn describe(engine: &Engine, component: &Component, digest: String, size: usize) -> PluginDescription {
+pub(crate) fn describe(
+    engine: &Engine,
+    component: &Component,
+    digest: String,
+    size: usize,
+) -> PluginDescription {
     let ty = component.component_type();
-    let exports: Vec<String> = ty.exports(engine).map(|(name, _)| name.to_string()).collect();
-    let imports: Vec<String> = ty.imports(engine).map(|(name, _)| name.to_string()).collect();
+    let exports: Vec<String> = ty
+        .exports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    let imports: Vec<String> = ty
+        .imports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
     let mut kinds = Vec::new();
     let mut wit_version = None;
-    for kind in [PluginKind::Environment, PluginKind::Agent, PluginKind::Reward] {
+    for kind in [
+        PluginKind::Environment,
+        PluginKind::Agent,
+        PluginKind::Reward,
+    ] {
         let prefix = format!("opentinker:plugin/{}@", kind.interface());
         if let Some(version) = exports.iter().find_map(|e| e.strip_prefix(&prefix)) {
             if version.starts_with(SUPPORTED_PREFIX) {

@@ -58,7 +58,11 @@ impl Limits {
     pub fn check_within(&self, maxima: &Limits) -> Result<(), LimitError> {
         let pairs = [
             ("memory_bytes", self.memory_bytes, maxima.memory_bytes),
-            ("call_timeout_ms", self.call_timeout_ms, maxima.call_timeout_ms),
+            (
+                "call_timeout_ms",
+                self.call_timeout_ms,
+                maxima.call_timeout_ms,
+            ),
             ("fuel", self.fuel.unwrap_or(0), maxima.fuel.unwrap_or(0)),
             ("input_bytes", self.input_bytes, maxima.input_bytes),
             ("output_bytes", self.output_bytes, maxima.output_bytes),
@@ -96,7 +100,10 @@ mod tests {
 
     #[test]
     fn defaults_fit_the_default_maxima() {
-        assert_eq!(Limits::default().check_within(&Limits::default_maxima()), Ok(()));
+        assert_eq!(
+            Limits::default().check_within(&Limits::default_maxima()),
+            Ok(())
+        );
     }
 
     #[test]

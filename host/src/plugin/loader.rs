@@ -153,7 +153,9 @@ impl PluginHost {
                 let component =
                     tokio::task::spawn_blocking(move || Component::new(&engine, &bytes))
                         .await
-                        .map_err(|e| LoadError::NotAComponent(format!("compiler task failed: {e}")))?
+                        .map_err(|e| {
+                            LoadError::NotAComponent(format!("compiler task failed: {e}"))
+                        })?
                         .map_err(|e| LoadError::NotAComponent(format!("{e:#}")))?;
                 if let Some(cache) = &self.cache {
                     cache

@@ -110,7 +110,14 @@ pub async fn play_random(
     }
     records.sort_by_key(|(index, _)| *index);
     let records: Vec<EpisodeRecord> = records.into_iter().map(|(_, r)| r).collect();
-    let summary = summarise(plugin, &info.name, &records, max_live, log_bytes_dropped, started.elapsed());
+    let summary = summarise(
+        plugin,
+        &info.name,
+        &records,
+        max_live,
+        log_bytes_dropped,
+        started.elapsed(),
+    );
     Ok((summary, records))
 }
 
@@ -144,7 +151,11 @@ async fn start(
 
 /// Play one episode to its end (or its first error, or the turn limit); returns its index, its
 /// record and the log bytes it dropped.
-async fn play(index: u64, mut episode: EnvironmentEpisode, max_turns: u32) -> (u64, EpisodeRecord, u64) {
+async fn play(
+    index: u64,
+    mut episode: EnvironmentEpisode,
+    max_turns: u32,
+) -> (u64, EpisodeRecord, u64) {
     let mut rng = StdRng::seed_from_u64(episode.record().seed ^ 0x00C0_FFEE);
     let players = episode.info().players;
     let mut outcome = Ok(());
@@ -170,14 +181,17 @@ async fn play(index: u64, mut episode: EnvironmentEpisode, max_turns: u32) -> (u
     (index, episode.into_record(), dropped)
 }
 
-async fn random_action(episode: &mut EnvironmentEpisode, rng: &mut StdRng) -> Result<String, CallError> {
+async fn random_action(
+    episode: &mut EnvironmentEpisode,
+    rng: &mut StdRng,
+) -> Result<String, CallError> {
     if let Some(actions) = episode.legal_actions().await?.filter(|a| !a.is_empty()) {
         return Ok(actions[rng.random_range(0..actions.len())].clone());
     }
-    if rng.random_bool(0.5) {
-        if let Some(action) = episode.demonstration().await? {
-            return Ok(action);
-        }
+    if rng.random_bool(0.5)
+        && let Some(action) = episode.demonstration().await?
+    {
+        return Ok(action);
     }
     Ok(rng.random_range(0..100).to_string())
 }
@@ -209,7 +223,12 @@ fn summarise(
         digest: plugin.digest().to_string(),
         episodes: records.len() as u32,
         completed: completed.len() as u32,
-        mean_reward: mean(completed.iter().map(|r| r.returns.first().copied().unwrap_or(0.0)).collect()),
+        mean_reward: mean(
+            completed
+                .iter()
+                .map(|r| r.returns.first().copied().unwrap_or(0.0))
+                .collect(),
+        ),
         mean_steps: mean(completed.iter().map(|r| f64::from(r.steps)).collect()),
         errors,
         max_live_episodes,

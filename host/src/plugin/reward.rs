@@ -20,12 +20,14 @@ impl Plugin {
             .load(&mut sandbox.store, &sandbox.instance)
             .map_err(|e| CallError::new(ErrorKind::InvalidRequest, format!("{e:#}")))?;
         let input = task.len() + transcript_bytes(transcripts);
-        let scores = guarded_call!(&mut sandbox, input, |store| guest
-            .call_score(store, task, transcripts))?
+        let scores = guarded_call!(&mut sandbox, input, |store| guest.call_score(
+            store,
+            task,
+            transcripts
+        ))?
         .map_err(|e| sandbox.fail(CallError::new(ErrorKind::PluginError, e.message)))?;
-        check_scores(&scores, transcripts.len()).map_err(|problem| {
-            sandbox.fail(CallError::new(ErrorKind::InvalidOutput, problem))
-        })?;
+        check_scores(&scores, transcripts.len())
+            .map_err(|problem| sandbox.fail(CallError::new(ErrorKind::InvalidOutput, problem)))?;
         Ok(scores)
     }
 
@@ -49,7 +51,11 @@ impl Plugin {
             if groups.len() != episodes.len() {
                 return Err(sandbox.fail(CallError::new(
                     ErrorKind::InvalidOutput,
-                    format!("score-group returned {} lists for {} episodes", groups.len(), episodes.len()),
+                    format!(
+                        "score-group returned {} lists for {} episodes",
+                        groups.len(),
+                        episodes.len()
+                    ),
                 )));
             }
             for (group, episode) in groups.iter().zip(episodes) {
@@ -63,7 +69,10 @@ impl Plugin {
 }
 
 fn not_a_reward() -> CallError {
-    CallError::new(ErrorKind::InvalidRequest, "the plugin is not a reward function")
+    CallError::new(
+        ErrorKind::InvalidRequest,
+        "the plugin is not a reward function",
+    )
 }
 
 fn check_scores(scores: &[f64], players: usize) -> Result<(), String> {

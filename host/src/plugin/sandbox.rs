@@ -109,7 +109,11 @@ pub(crate) struct Sandbox {
 
 impl Sandbox {
     /// A fresh instance of `plugin` for one episode (or one stateless call).
-    pub(crate) async fn new(plugin: &PluginInner, limits: &Limits, seed: u64) -> Result<Self, CallError> {
+    pub(crate) async fn new(
+        plugin: &PluginInner,
+        limits: &Limits,
+        seed: u64,
+    ) -> Result<Self, CallError> {
         let log = LogSink::new(usize::try_from(limits.log_bytes).unwrap_or(usize::MAX));
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
@@ -212,7 +216,6 @@ impl Sandbox {
         self.failure = Some(error.clone());
         error
     }
-
 }
 
 /// Arm a store for one call: the wall-time deadline (checked at each epoch tick) and the fuel.

@@ -17,7 +17,10 @@ impl Message {
 
 /// Bytes of text in messages, the measure of the input and output limits.
 pub(crate) fn message_bytes(messages: &[Message]) -> usize {
-    messages.iter().map(|m| m.role.len() + m.content.len()).sum()
+    messages
+        .iter()
+        .map(|m| m.role.len() + m.content.len())
+        .sum()
 }
 
 pub(crate) fn transcript_bytes(transcripts: &[Transcript]) -> usize {

@@ -147,7 +147,10 @@ impl LogSink {
     }
 
     pub fn append(&self, bytes: &[u8]) {
-        let mut log = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut log = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let room = log.capacity.saturating_sub(log.kept.len());
         let keep = room.min(bytes.len());
         log.kept.extend_from_slice(&bytes[..keep]);
@@ -156,7 +159,10 @@ impl LogSink {
 
     /// The kept text (lossily decoded) and the number of bytes dropped.
     pub fn contents(&self) -> (String, u64) {
-        let log = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let log = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         (String::from_utf8_lossy(&log.kept).into_owned(), log.dropped)
     }
 }
@@ -201,7 +207,11 @@ impl Pollable for LogSink {
 }
 
 impl AsyncWrite for LogSink {
-    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         self.append(buf);
         Poll::Ready(Ok(buf.len()))
     }

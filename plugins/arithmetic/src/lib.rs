@@ -28,10 +28,13 @@ fn parse_config(config: &str) -> Result<Config, PluginError> {
     let config: Config = if config.trim().is_empty() {
         Config::default()
     } else {
-        serde_json::from_str(config).map_err(|e| PluginError::new(format!("arithmetic config: {e}")))?
+        serde_json::from_str(config)
+            .map_err(|e| PluginError::new(format!("arithmetic config: {e}")))?
     };
     if config.max_operand < 1 || config.max_operand > 1_000_000 {
-        return Err(PluginError::new("arithmetic config: `max_operand` must be in 1..=1000000"));
+        return Err(PluginError::new(
+            "arithmetic config: `max_operand` must be in 1..=1000000",
+        ));
     }
     if config.operations.is_empty() || config.operations.iter().any(|op| op != "+" && op != "*") {
         return Err(PluginError::new(
@@ -76,8 +79,8 @@ impl Environment for Arithmetic {
 
     fn new(config: &str, task: &str, _seed: u64) -> Result<Self, PluginError> {
         parse_config(config)?;
-        let task: Task =
-            serde_json::from_str(task).map_err(|e| PluginError::new(format!("arithmetic task: {e}")))?;
+        let task: Task = serde_json::from_str(task)
+            .map_err(|e| PluginError::new(format!("arithmetic task: {e}")))?;
         Ok(Arithmetic { task })
     }
 
@@ -115,7 +118,11 @@ mod tests {
             let text = Arithmetic::generate_task("{}", seed).unwrap();
             assert_eq!(text, Arithmetic::generate_task("{}", seed).unwrap());
             let task: Task = serde_json::from_str(&text).unwrap();
-            let expected = if task.op == "+" { task.a + task.b } else { task.a * task.b };
+            let expected = if task.op == "+" {
+                task.a + task.b
+            } else {
+                task.a * task.b
+            };
             assert_eq!(task.answer, expected);
             assert!((0..=99).contains(&task.a) && (0..=99).contains(&task.b));
         }
@@ -131,7 +138,12 @@ mod tests {
         let mut env = Arithmetic::new("{}", task, 0).unwrap();
         let result = env.step("no idea").unwrap();
         assert_eq!(result.rewards, vec![0.0]);
-        assert!(result.metrics.iter().any(|m| m.name == "invalid_action" && m.value == 1.0));
+        assert!(
+            result
+                .metrics
+                .iter()
+                .any(|m| m.name == "invalid_action" && m.value == 1.0)
+        );
         let mut env = Arithmetic::new("{}", task, 0).unwrap();
         let demo = env.demonstration().unwrap();
         assert_eq!(env.step(&demo).unwrap().rewards, vec![1.0]);

@@ -21,7 +21,10 @@ struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { max: 100, turns: 10 }
+        Config {
+            max: 100,
+            turns: 10,
+        }
     }
 }
 
@@ -29,10 +32,13 @@ fn parse_config(config: &str) -> Result<Config, PluginError> {
     let config: Config = if config.trim().is_empty() {
         Config::default()
     } else {
-        serde_json::from_str(config).map_err(|e| PluginError::new(format!("guess-number config: {e}")))?
+        serde_json::from_str(config)
+            .map_err(|e| PluginError::new(format!("guess-number config: {e}")))?
     };
     if config.max < 2 {
-        return Err(PluginError::new("guess-number config: `max` must be at least 2"));
+        return Err(PluginError::new(
+            "guess-number config: `max` must be at least 2",
+        ));
     }
     if config.turns == 0 || config.turns > MAX_TURNS {
         return Err(PluginError::new(format!(
@@ -104,7 +110,8 @@ impl Environment for GuessNumber {
     fn step(&mut self, action: &str) -> Result<StepResult, PluginError> {
         self.turn += 1;
         let turns_left = self.config.turns - self.turn;
-        let guess = last_number(action).filter(|g| g.fract() == 0.0 && *g >= 0.0 && *g <= f64::from(u32::MAX));
+        let guess = last_number(action)
+            .filter(|g| g.fract() == 0.0 && *g >= 0.0 && *g <= f64::from(u32::MAX));
         let metrics = |result: StepResult, invalid: bool| {
             result
                 .metric("invalid_action", if invalid { 1.0 } else { 0.0 })
@@ -117,8 +124,8 @@ impl Environment for GuessNumber {
         if guess == self.secret {
             let total = f64::from(self.config.turns);
             let reward = (total - f64::from(self.turn) + 1.0) / total;
-            let result = StepResult::end(vec![reward])
-                .say(0, Message::user(format!("Yes, it is {guess}!")));
+            let result =
+                StepResult::end(vec![reward]).say(0, Message::user(format!("Yes, it is {guess}!")));
             return Ok(metrics(result.metric("found", 1.0), false));
         }
         let hint = if guess < self.secret {
@@ -140,7 +147,10 @@ impl GuessNumber {
     fn continue_or_end(&self, hint: &str, turns_left: u32) -> StepResult {
         if turns_left == 0 {
             return StepResult::end(vec![0.0])
-                .say(0, Message::user(format!("{hint} No guesses left: it was {}.", self.secret)))
+                .say(
+                    0,
+                    Message::user(format!("{hint} No guesses left: it was {}.", self.secret)),
+                )
                 .metric("found", 0.0);
         }
         StepResult::next(vec![0.0], 0).say(
@@ -186,7 +196,12 @@ mod tests {
         assert_eq!(env.step("10").unwrap().rewards, vec![0.75]);
         let mut env = GuessNumber::new(r#"{"turns": 2}"#, r#"{"secret": 10}"#, 0).unwrap();
         let invalid = env.step("hmm").unwrap();
-        assert!(invalid.metrics.iter().any(|m| m.name == "invalid_action" && m.value == 1.0));
+        assert!(
+            invalid
+                .metrics
+                .iter()
+                .any(|m| m.name == "invalid_action" && m.value == 1.0)
+        );
         let last = env.step("11").unwrap();
         assert_eq!((last.rewards[0], last.next_player), (0.0, None));
     }
@@ -194,12 +209,18 @@ mod tests {
     #[test]
     fn tasks_are_in_range_and_bad_input_is_named() {
         for seed in 0..100 {
-            let task: Task = serde_json::from_str(&GuessNumber::generate_task(r#"{"max": 20}"#, seed).unwrap()).unwrap();
+            let task: Task =
+                serde_json::from_str(&GuessNumber::generate_task(r#"{"max": 20}"#, seed).unwrap())
+                    .unwrap();
             assert!((1..=20).contains(&task.secret));
         }
-        let err = GuessNumber::new("{}", r#"{"secret": 500}"#, 0).err().unwrap();
+        let err = GuessNumber::new("{}", r#"{"secret": 500}"#, 0)
+            .err()
+            .unwrap();
         assert!(err.message.contains("outside"), "{err}");
-        let err = GuessNumber::new(r#"{"turns": 0}"#, r#"{"secret": 5}"#, 0).err().unwrap();
+        let err = GuessNumber::new(r#"{"turns": 0}"#, r#"{"secret": 5}"#, 0)
+            .err()
+            .unwrap();
         assert!(err.message.contains("turns"), "{err}");
     }
 }

@@ -9,8 +9,8 @@ use opentinker_sdk::{PluginError, Reward, Transcript};
 pub struct MathAnswer;
 
 fn task_answer(task: &str) -> Result<f64, PluginError> {
-    let value: serde_json::Value =
-        serde_json::from_str(task).map_err(|e| PluginError::new(format!("math-answer task: {e}")))?;
+    let value: serde_json::Value = serde_json::from_str(task)
+        .map_err(|e| PluginError::new(format!("math-answer task: {e}")))?;
     value
         .get("answer")
         .and_then(serde_json::Value::as_f64)
@@ -19,7 +19,11 @@ fn task_answer(task: &str) -> Result<f64, PluginError> {
 
 /// The final number of the player's last assistant message.
 pub fn final_answer(transcript: &Transcript) -> Option<f64> {
-    let reply = transcript.messages.iter().rev().find(|m| m.role == "assistant")?;
+    let reply = transcript
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "assistant")?;
     last_number(&reply.content)
 }
 
@@ -47,7 +51,10 @@ mod tests {
     fn transcript(replies: &[&str]) -> Transcript {
         let mut messages = vec![Message::user("What is 6 * 7?")];
         messages.extend(replies.iter().map(|r| Message::assistant(*r)));
-        Transcript { player: 0, messages }
+        Transcript {
+            player: 0,
+            messages,
+        }
     }
 
     #[test]
@@ -55,7 +62,11 @@ mod tests {
         let task = r#"{"a": 6, "b": 7, "op": "*", "answer": 42}"#;
         let scores = MathAnswer::score(
             task,
-            &[transcript(&["41", "so it is 42"]), transcript(&["42", "no: 43"]), transcript(&[])],
+            &[
+                transcript(&["41", "so it is 42"]),
+                transcript(&["42", "no: 43"]),
+                transcript(&[]),
+            ],
         )
         .unwrap();
         assert_eq!(scores, vec![1.0, 0.0, 0.0]);

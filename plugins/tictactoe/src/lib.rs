@@ -51,7 +51,8 @@ fn parse_config(config: &str) -> Result<(Opponent, bool), PluginError> {
     let config: Config = if config.trim().is_empty() {
         Config::default()
     } else {
-        serde_json::from_str(config).map_err(|e| PluginError::new(format!("tictactoe config: {e}")))?
+        serde_json::from_str(config)
+            .map_err(|e| PluginError::new(format!("tictactoe config: {e}")))?
     };
     let opponent = match config.opponent {
         OpponentName::Random => Opponent::Random,
@@ -132,7 +133,10 @@ impl Environment for TicTacToe {
         if player == self.to_act() {
             messages.push(self.prompt_for_move());
         } else {
-            messages.push(Message::user(format!("{}\nWait for your turn.", self.board)));
+            messages.push(Message::user(format!(
+                "{}\nWait for your turn.",
+                self.board
+            )));
         }
         Ok(messages)
     }
@@ -145,7 +149,10 @@ impl Environment for TicTacToe {
             let mut rewards = vec![0.0, 0.0];
             rewards[player as usize] = -1.0;
             return Ok(StepResult::end(rewards)
-                .say(player, Message::user(format!("{action:?} is not a free cell: you lose.")))
+                .say(
+                    player,
+                    Message::user(format!("{action:?} is not a free cell: you lose.")),
+                )
                 .metric("invalid_action", 1.0));
         };
         self.board.play(cell - 1);
@@ -169,7 +176,13 @@ impl Environment for TicTacToe {
     }
 
     fn legal_actions(&self) -> Option<Vec<String>> {
-        Some(self.board.free_cells().iter().map(|c| (c + 1).to_string()).collect())
+        Some(
+            self.board
+                .free_cells()
+                .iter()
+                .map(|c| (c + 1).to_string())
+                .collect(),
+        )
     }
 
     fn demonstration(&mut self) -> Option<String> {
@@ -223,7 +236,11 @@ mod tests {
         let last = results.last().unwrap();
         assert_eq!(last.rewards, vec![0.0, -1.0]);
         assert_eq!(last.next_player, None);
-        assert!(last.metrics.iter().any(|m| m.name == "invalid_action" && m.value == 1.0));
+        assert!(
+            last.metrics
+                .iter()
+                .any(|m| m.name == "invalid_action" && m.value == 1.0)
+        );
         let junk = play("{}", 1, &["hello"]);
         assert_eq!(junk[0].rewards, vec![-1.0, 0.0]);
     }
@@ -237,7 +254,10 @@ mod tests {
                 let legal = game.legal_actions().unwrap();
                 let result = game.step(&legal[rng.index(legal.len())]).unwrap();
                 if result.next_player.is_none() {
-                    assert!(result.rewards[0] <= 0.0, "seed {seed}: random play beat minimax");
+                    assert!(
+                        result.rewards[0] <= 0.0,
+                        "seed {seed}: random play beat minimax"
+                    );
                     break;
                 }
             }
@@ -267,7 +287,9 @@ mod tests {
 
     #[test]
     fn bad_config_names_the_key() {
-        let err = TicTacToe::new(r#"{"opponent": "grandmaster"}"#, "{}", 0).err().unwrap();
+        let err = TicTacToe::new(r#"{"opponent": "grandmaster"}"#, "{}", 0)
+            .err()
+            .unwrap();
         assert!(err.message.contains("grandmaster"), "{}", err.message);
     }
 

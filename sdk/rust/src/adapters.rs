@@ -117,23 +117,24 @@ mod environment_glue {
         }
 
         fn step(&self, action: String) -> Result<wit_env::StepResult, wit::PluginError> {
-            self.with(|e| e.step(&action)).map(|r: StepResult| wit_env::StepResult {
-                messages: r
-                    .messages
-                    .into_iter()
-                    .map(|(player, messages)| (player, messages_into(messages)))
-                    .collect(),
-                rewards: r.rewards,
-                next_player: r.next_player,
-                metrics: r
-                    .metrics
-                    .into_iter()
-                    .map(|m| wit::Metric {
-                        name: m.name,
-                        value: m.value,
-                    })
-                    .collect(),
-            })
+            self.with(|e| e.step(&action))
+                .map(|r: StepResult| wit_env::StepResult {
+                    messages: r
+                        .messages
+                        .into_iter()
+                        .map(|(player, messages)| (player, messages_into(messages)))
+                        .collect(),
+                    rewards: r.rewards,
+                    next_player: r.next_player,
+                    metrics: r
+                        .metrics
+                        .into_iter()
+                        .map(|m| wit::Metric {
+                            name: m.name,
+                            value: m.value,
+                        })
+                        .collect(),
+                })
         }
 
         fn legal_actions(&self) -> Option<Vec<String>> {
@@ -157,9 +158,7 @@ mod agent_glue {
     impl<A: Agent> wit_agent::Guest for AgentAdapter<A> {
         fn prompt(history: Vec<wit::Message>) -> Result<Vec<wit::Message>, wit::PluginError> {
             let history = history.into_iter().map(Message::from).collect();
-            A::prompt(history)
-                .map(messages_into)
-                .map_err(Into::into)
+            A::prompt(history).map(messages_into).map_err(Into::into)
         }
 
         fn act(completion: String) -> Result<String, wit::PluginError> {

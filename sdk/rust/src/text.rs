@@ -27,7 +27,10 @@ pub fn last_number(text: &str) -> Option<f64> {
             }
             i += 1;
         }
-        last = digits.parse::<f64>().ok().map(|v| if negative { -v } else { v });
+        last = digits
+            .parse::<f64>()
+            .ok()
+            .map(|v| if negative { -v } else { v });
     }
     last
 }

@@ -5,7 +5,11 @@ use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, StepResult};
 pub struct DeepRecursion;
 
 fn info() -> EnvInfo {
-    EnvInfo { name: "deep-recursion".into(), players: 1, max_turns: 5 }
+    EnvInfo {
+        name: "deep-recursion".into(),
+        players: 1,
+        max_turns: 5,
+    }
 }
 
 fn observe() -> Result<Vec<Message>, PluginError> {

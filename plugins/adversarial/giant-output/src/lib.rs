@@ -6,7 +6,11 @@ use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, StepResult};
 pub struct GiantOutput;
 
 fn info() -> EnvInfo {
-    EnvInfo { name: "giant-output".into(), players: 1, max_turns: 5 }
+    EnvInfo {
+        name: "giant-output".into(),
+        players: 1,
+        max_turns: 5,
+    }
 }
 
 fn observe() -> Result<Vec<Message>, PluginError> {

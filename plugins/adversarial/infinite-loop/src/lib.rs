@@ -5,7 +5,11 @@ use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, StepResult};
 pub struct InfiniteLoop;
 
 fn info() -> EnvInfo {
-    EnvInfo { name: "infinite-loop".into(), players: 1, max_turns: 5 }
+    EnvInfo {
+        name: "infinite-loop".into(),
+        players: 1,
+        max_turns: 5,
+    }
 }
 
 fn observe() -> Result<Vec<Message>, PluginError> {
@@ -28,7 +32,8 @@ impl Environment for InfiniteLoop {
     fn step(&mut self, action: &str) -> Result<StepResult, PluginError> {
         let mut counter = action.len() as u64;
         loop {
-            counter = std::hint::black_box(counter.wrapping_mul(6364136223846793005).wrapping_add(1));
+            counter =
+                std::hint::black_box(counter.wrapping_mul(6364136223846793005).wrapping_add(1));
         }
     }
 }

@@ -6,7 +6,11 @@ use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, StepResult};
 pub struct MemoryHog;
 
 fn info() -> EnvInfo {
-    EnvInfo { name: "memory-hog".into(), players: 1, max_turns: 5 }
+    EnvInfo {
+        name: "memory-hog".into(),
+        players: 1,
+        max_turns: 5,
+    }
 }
 
 fn observe() -> Result<Vec<Message>, PluginError> {

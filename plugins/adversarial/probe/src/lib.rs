@@ -13,10 +13,17 @@ pub struct Probe;
 
 /// Everything the probe could learn of the host: each entry is (metric, count found).
 fn look_around() -> Vec<(&'static str, f64)> {
-    let readable_paths = ["/", ".", "/etc/passwd", "/proc/self/environ", "/tmp", "/home"]
-        .iter()
-        .filter(|p| std::fs::read_dir(p).is_ok() || std::fs::read(p).is_ok())
-        .count();
+    let readable_paths = [
+        "/",
+        ".",
+        "/etc/passwd",
+        "/proc/self/environ",
+        "/tmp",
+        "/home",
+    ]
+    .iter()
+    .filter(|p| std::fs::read_dir(p).is_ok() || std::fs::read(p).is_ok())
+    .count();
     let cwd = std::env::current_dir()
         .ok()
         .filter(|d| !d.as_os_str().is_empty() && d.as_os_str() != "/")

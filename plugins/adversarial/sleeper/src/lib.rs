@@ -6,7 +6,11 @@ use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, StepResult};
 pub struct Sleeper;
 
 fn info() -> EnvInfo {
-    EnvInfo { name: "sleeper".into(), players: 1, max_turns: 5 }
+    EnvInfo {
+        name: "sleeper".into(),
+        players: 1,
+        max_turns: 5,
+    }
 }
 
 fn observe() -> Result<Vec<Message>, PluginError> {

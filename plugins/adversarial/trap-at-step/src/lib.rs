@@ -8,7 +8,11 @@ pub struct TrapAtStep {
 }
 
 fn info() -> EnvInfo {
-    EnvInfo { name: "trap-at-step".into(), players: 1, max_turns: 5 }
+    EnvInfo {
+        name: "trap-at-step".into(),
+        players: 1,
+        max_turns: 5,
+    }
 }
 
 fn observe() -> Result<Vec<Message>, PluginError> {
