@@ -185,3 +185,43 @@ async fn probe_finds_nothing_of_the_host() {
         "{metrics:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_that_break_the_contract_are_invalid_output() {
+    let host = test_host();
+    let plugin = load(&host, "adversarial/bad-output").await;
+    for (how, problem) in [
+        ("nan", "reward of NaN"),
+        ("infinite", "reward of inf"),
+        ("length", "2 rewards for 1 players"),
+        ("player", "named player 5 to move"),
+        ("recipient", "messages to player 9"),
+    ] {
+        let config = format!(r#"{{"break": "{how}"}}"#);
+        let mut episode = plugin
+            .start_episode(&config, "{}", 0, &Limits::default())
+            .await
+            .unwrap();
+        let error = episode.step("go").await.unwrap_err();
+        assert_eq!(error.kind, ErrorKind::InvalidOutput, "{how}: {error}");
+        assert!(error.message.contains(problem), "{how}: {error}");
+        assert_eq!(episode.record().error.as_ref().map(|e| e.step), Some(1));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_above_the_host_maxima_start_no_episode() {
+    let host = test_host();
+    let plugin = load(&host, "tictactoe").await;
+    let limits = Limits {
+        call_timeout_ms: 10_000_000,
+        ..Limits::default()
+    };
+    let error = plugin
+        .start_episode("{}", "{}", 0, &limits)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(error.kind, ErrorKind::InvalidRequest);
+    assert!(error.message.contains("call_timeout_ms"), "{error}");
+}

@@ -67,11 +67,12 @@ impl HttpEnv {
     }
 
     async fn post(&mut self, path: &str, body: Value) -> Value {
-        let request = Request::post(format!("http://{}{path}", self.addr))
+        let request = Request::post(path)
             .header("host", self.addr.to_string())
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(body.to_string())))
             .expect("a request");
+        self.sender.ready().await.expect("the connection is ready");
         let response = self.sender.send_request(request).await.expect("a response");
         let bytes = response
             .into_body()
@@ -82,18 +83,92 @@ impl HttpEnv {
         serde_json::from_slice(&bytes).expect("JSON")
     }
 
-    /// Time one step on a fresh episode (the reset is not timed).
-    async fn time_step(&mut self, seed: u64) -> Duration {
-        let reset = self.post("/reset", json!({ "seed": seed })).await;
-        let id = reset["episode_id"].as_u64().expect("an episode id");
-        let started = Instant::now();
-        let step = self
-            .post("/step", json!({ "episode_id": id, "action": "5" }))
-            .await;
-        let elapsed = started.elapsed();
-        assert!(step["reward"].is_number(), "{step}");
-        elapsed
+    /// Play whole games (resets not timed) until `steps` steps are timed; their total time.
+    async fn time_steps(&mut self, steps: u64) -> Duration {
+        let mut total = Duration::ZERO;
+        let mut timed = 0;
+        let mut seed = 0;
+        while timed < steps {
+            seed += 1;
+            let reset = self.post("/reset", json!({ "seed": seed })).await;
+            let id = reset["episode_id"].as_u64().expect("an episode id");
+            let mut board = reset["observation"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            while timed < steps {
+                let action = policy_move(&board);
+                let started = Instant::now();
+                let step = self
+                    .post("/step", json!({ "episode_id": id, "action": action }))
+                    .await;
+                total += started.elapsed();
+                timed += 1;
+                if step["done"].as_bool().unwrap_or(true) {
+                    break;
+                }
+                board = step["observation"].as_str().unwrap_or_default().to_string();
+            }
+        }
+        total
     }
+}
+
+/// The benchmark's policy, the same for every server: the first free cell of the board shown
+/// (free cells are drawn as their numbers) in a fixed order of preference.
+fn policy_move(board: &str) -> String {
+    let free: Vec<char> = board
+        .lines()
+        .take(3)
+        .flat_map(str::chars)
+        .filter(char::is_ascii_digit)
+        .collect();
+    ['5', '1', '9', '3', '7', '2', '4', '6', '8']
+        .into_iter()
+        .find(|c| free.contains(c))
+        .unwrap_or('5')
+        .to_string()
+}
+
+/// Play whole games of the Wasm plugin on live episodes (episode start and first observation not
+/// timed) until `steps` steps are timed; their total time.
+async fn time_plugin_steps(plugin: &Plugin, limits: &Limits, steps: u64) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut timed = 0;
+    let mut seed = 0;
+    while timed < steps {
+        seed += 1;
+        let mut episode = plugin
+            .start_episode("{}", "{}", seed, limits)
+            .await
+            .expect("an episode");
+        let mut board = episode
+            .observe(0)
+            .await
+            .expect("an observation")
+            .pop()
+            .expect("a board")
+            .content;
+        while timed < steps {
+            let action = policy_move(&board);
+            let started = Instant::now();
+            let result = episode.step(&action).await.expect("a step");
+            total += started.elapsed();
+            timed += 1;
+            if result.next_player.is_none() {
+                break;
+            }
+            board = result
+                .messages
+                .into_iter()
+                .next()
+                .expect("a board")
+                .1
+                .remove(0)
+                .content;
+        }
+    }
+    total
 }
 
 /// The reference server: the same protocol in Rust (hyper), on the plugin's own game logic.
@@ -158,8 +233,24 @@ async fn serve_with_hyper() -> SocketAddr {
     addr
 }
 
-/// Start the FastAPI server if Python has FastAPI and uvicorn; `None` (with a note) otherwise.
-fn start_fastapi(port: u16) -> Option<Child> {
+/// The FastAPI server process, killed when dropped (also when a benchmark panics).
+struct PythonServer(Child);
+
+impl Drop for PythonServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start the FastAPI server on a free port if Python has FastAPI and uvicorn; `None` (with a
+/// note) otherwise.
+fn start_fastapi() -> Option<(PythonServer, SocketAddr)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/python/tictactoe_server.py");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let available = Command::new(&python)
@@ -171,16 +262,19 @@ fn start_fastapi(port: u16) -> Option<Child> {
         eprintln!("python_fastapi/step skipped: pip install -r bench/python/requirements.txt");
         return None;
     }
-    let child = Command::new(&python)
-        .arg(script)
-        .args(["--port", &port.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .ok()?;
+    let server = PythonServer(
+        Command::new(&python)
+            .arg(script)
+            .args(["--port", &port.to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .ok()?,
+    );
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(child);
+        if std::net::TcpStream::connect(addr).is_ok() {
+            return Some((server, addr));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -198,19 +292,7 @@ fn plugin_calls(c: &mut Criterion) {
     group.bench_function("wasm_plugin/step", |b| {
         b.to_async(&rt).iter_custom(|iters| {
             let (plugin, limits) = (plugin.clone(), limits.clone());
-            async move {
-                let mut total = Duration::ZERO;
-                for i in 0..iters {
-                    let mut episode = plugin
-                        .start_episode("{}", "{}", i, &limits)
-                        .await
-                        .expect("an episode");
-                    let started = Instant::now();
-                    episode.step("5").await.expect("a step");
-                    total += started.elapsed();
-                }
-                total
-            }
+            async move { time_plugin_steps(&plugin, &limits, iters).await }
         })
     });
 
@@ -237,34 +319,15 @@ fn plugin_calls(c: &mut Criterion) {
     let hyper_addr = rt.block_on(serve_with_hyper());
     let mut hyper_env = rt.block_on(HttpEnv::connect(hyper_addr));
     group.bench_function("rust_hyper/step", |b| {
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let mut total = Duration::ZERO;
-                for i in 0..iters {
-                    total += hyper_env.time_step(i).await;
-                }
-                total
-            })
-        })
+        b.iter_custom(|iters| rt.block_on(hyper_env.time_steps(iters)))
     });
 
-    let port = 18_765;
-    if let Some(mut server) = start_fastapi(port) {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    if let Some((server, addr)) = start_fastapi() {
         let mut fastapi = rt.block_on(HttpEnv::connect(addr));
         group.bench_function("python_fastapi/step", |b| {
-            b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let mut total = Duration::ZERO;
-                    for i in 0..iters {
-                        total += fastapi.time_step(i).await;
-                    }
-                    total
-                })
-            })
+            b.iter_custom(|iters| rt.block_on(fastapi.time_steps(iters)))
         });
-        let _ = server.kill();
-        let _ = server.wait();
+        drop(server);
     }
     group.finish();
 }

@@ -73,10 +73,12 @@ impl PluginHost {
         self.load(bytes).await
     }
 
-    /// Describe a component file without requiring it to be a plugin this host can run.
+    /// Describe a component file, refusing it (as `load` would) if it is not a plugin this host
+    /// can run.
     pub async fn inspect_file(&self, path: &Path) -> Result<PluginDescription, LoadError> {
         let bytes = self.read(path)?;
         let (_, description, _) = self.compile(bytes).await?;
+        inspect::check_supported(&description)?;
         Ok(description)
     }
 
@@ -194,6 +196,16 @@ pub(crate) struct PluginInner {
     pub(crate) report: LoadReport,
 }
 
+impl PluginInner {
+    pub(crate) fn check_limits(&self, limits: &Limits) -> Result<(), LimitError> {
+        limits.check_within(&self.maxima)?;
+        if limits.fuel.is_some() && !self.fuel_metering {
+            return Err(LimitError::FuelNotMetered);
+        }
+        Ok(())
+    }
+}
+
 impl Plugin {
     pub fn description(&self) -> &PluginDescription {
         &self.0.description
@@ -211,10 +223,6 @@ impl Plugin {
     /// Check a job's limits against this host: each within the host's maxima, and fuel only on
     /// a host that meters it.
     pub fn check_limits(&self, limits: &Limits) -> Result<(), LimitError> {
-        limits.check_within(&self.0.maxima)?;
-        if limits.fuel.is_some() && !self.0.fuel_metering {
-            return Err(LimitError::FuelNotMetered);
-        }
-        Ok(())
+        self.0.check_limits(limits)
     }
 }
