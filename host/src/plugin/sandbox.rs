@@ -114,6 +114,9 @@ impl Sandbox {
         limits: &Limits,
         seed: u64,
     ) -> Result<Self, CallError> {
+        plugin
+            .check_limits(limits)
+            .map_err(|e| CallError::new(ErrorKind::InvalidRequest, e.to_string()))?;
         let log = LogSink::new(usize::try_from(limits.log_bytes).unwrap_or(usize::MAX));
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
