@@ -1,32 +1,8 @@
 //! Resident memory after many memory-limit hits: the pooling allocator must hand every page
 //! back. Alone in its test binary, so no other test moves the measurement.
 
-use opentinker::plugin::random_play::{PlayOptions, PlaySummary, play_random};
-use opentinker::plugin::{ErrorKind, Limits, Plugin};
-use opentinker_tests::{load, resident_bytes, test_host};
-
-async fn play(plugin: &Plugin, episodes: u32, limits: Limits) -> PlaySummary {
-    let options = PlayOptions {
-        episodes,
-        seed: 7,
-        limits,
-        concurrency: 8,
-        ..PlayOptions::default()
-    };
-    play_random(plugin, &options)
-        .await
-        .expect("the environment answers info()")
-        .0
-}
-
-fn assert_all_failed_with(summary: &PlaySummary, kind: ErrorKind) {
-    assert_eq!(summary.completed, 0, "{summary:?}");
-    assert_eq!(
-        summary.errors.get(&kind).copied(),
-        Some(summary.episodes),
-        "{summary:?}"
-    );
-}
+use opentinker::plugin::{ErrorKind, Limits};
+use opentinker_tests::{assert_all_failed_with, load, play, resident_bytes, test_host};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_comes_back_after_a_thousand_memory_limit_hits() {
@@ -34,10 +10,10 @@ async fn memory_comes_back_after_a_thousand_memory_limit_hits() {
     let hog = load(&host, "adversarial/memory-hog").await;
     let limits = Limits::default();
     assert_eq!(limits.memory_bytes, 64 << 20);
-    let warm_up = play(&hog, 10, limits.clone()).await;
+    let (warm_up, _) = play(&hog, 10, limits.clone()).await;
     assert_all_failed_with(&warm_up, ErrorKind::MemoryLimit);
     let after_warm_up = resident_bytes();
-    let summary = play(&hog, 1_000, limits).await;
+    let (summary, _) = play(&hog, 1_000, limits).await;
     assert_all_failed_with(&summary, ErrorKind::MemoryLimit);
     let after = resident_bytes();
     let growth = after.saturating_sub(after_warm_up);

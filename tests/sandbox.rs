@@ -2,45 +2,30 @@
 //! running beside it finishes normally, and memory comes back after many limit hits.
 
 use opentinker::plugin::random_play::{PlayOptions, PlaySummary, play_random};
-use opentinker::plugin::{ErrorKind, Limits, Plugin, PluginHost};
-use opentinker_tests::{load, test_host};
+use opentinker::plugin::{EpisodeRecord, ErrorKind, HostConfig, Limits, PluginHost};
+use opentinker_tests::{assert_all_failed_with, load, play, test_host};
 
-/// Short call timeouts keep the timeout cases quick; everything else is the default.
-fn quick_limits() -> Limits {
+/// A short call timeout keeps the timeout cases quick; everything else is the default.
+fn quick_timeout() -> Limits {
     Limits {
         call_timeout_ms: 300,
         ..Limits::default()
     }
 }
 
-async fn play(
-    plugin: &Plugin,
-    episodes: u32,
-    limits: Limits,
-) -> (PlaySummary, Vec<opentinker::plugin::EpisodeRecord>) {
-    let options = PlayOptions {
-        episodes,
-        seed: 7,
-        limits,
-        concurrency: 8,
-        ..PlayOptions::default()
-    };
-    play_random(plugin, &options)
-        .await
-        .expect("the environment answers info()")
-}
-
-/// Run `episodes` of the adversarial plugin and, at the same time, tic-tac-toe episodes; check
-/// the tic-tac-toe episodes all finish normally and return the adversarial records.
+/// Run `episodes` of the adversarial plugin under `limits` and, at the same time, tic-tac-toe
+/// episodes; check the tic-tac-toe episodes all finish normally and return the adversarial
+/// records.
 async fn beside_a_good_neighbour(
     host: &PluginHost,
     adversarial: &str,
     episodes: u32,
-) -> (PlaySummary, Vec<opentinker::plugin::EpisodeRecord>) {
+    limits: Limits,
+) -> (PlaySummary, Vec<EpisodeRecord>) {
     let bad = load(host, adversarial).await;
     let good = load(host, "tictactoe").await;
     let ((bad_summary, records), (good_summary, _)) = tokio::join!(
-        play(&bad, episodes, quick_limits()),
+        play(&bad, episodes, limits),
         play(&good, 40, Limits::default()),
     );
     assert_eq!(
@@ -54,33 +39,27 @@ async fn beside_a_good_neighbour(
     (bad_summary, records)
 }
 
-fn assert_all_failed_with(summary: &PlaySummary, kind: ErrorKind) {
-    assert_eq!(summary.completed, 0, "{summary:?}");
-    assert_eq!(
-        summary.errors.get(&kind).copied(),
-        Some(summary.episodes),
-        "{summary:?}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn infinite_loop_times_out() {
     let host = test_host();
-    let (summary, _) = beside_a_good_neighbour(&host, "adversarial/infinite-loop", 6).await;
+    let (summary, _) =
+        beside_a_good_neighbour(&host, "adversarial/infinite-loop", 6, quick_timeout()).await;
     assert_all_failed_with(&summary, ErrorKind::Timeout);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sleeper_times_out() {
     let host = test_host();
-    let (summary, _) = beside_a_good_neighbour(&host, "adversarial/sleeper", 6).await;
+    let (summary, _) =
+        beside_a_good_neighbour(&host, "adversarial/sleeper", 6, quick_timeout()).await;
     assert_all_failed_with(&summary, ErrorKind::Timeout);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_hog_hits_the_memory_limit() {
     let host = test_host();
-    let (summary, records) = beside_a_good_neighbour(&host, "adversarial/memory-hog", 6).await;
+    let (summary, records) =
+        beside_a_good_neighbour(&host, "adversarial/memory-hog", 6, Limits::default()).await;
     assert_all_failed_with(&summary, ErrorKind::MemoryLimit);
     assert!(
         records[0]
@@ -93,7 +72,8 @@ async fn memory_hog_hits_the_memory_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deep_recursion_traps_with_a_stack_overflow() {
     let host = test_host();
-    let (summary, records) = beside_a_good_neighbour(&host, "adversarial/deep-recursion", 6).await;
+    let (summary, records) =
+        beside_a_good_neighbour(&host, "adversarial/deep-recursion", 6, Limits::default()).await;
     assert_all_failed_with(&summary, ErrorKind::Trap);
     let message = &records[0]
         .error
@@ -106,14 +86,16 @@ async fn deep_recursion_traps_with_a_stack_overflow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn giant_output_is_refused() {
     let host = test_host();
-    let (summary, _) = beside_a_good_neighbour(&host, "adversarial/giant-output", 6).await;
+    let (summary, _) =
+        beside_a_good_neighbour(&host, "adversarial/giant-output", 6, Limits::default()).await;
     assert_all_failed_with(&summary, ErrorKind::OutputTooLarge);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_flood_completes_with_its_log_truncated() {
     let host = test_host();
-    let (summary, _) = beside_a_good_neighbour(&host, "adversarial/log-flood", 6).await;
+    let (summary, _) =
+        beside_a_good_neighbour(&host, "adversarial/log-flood", 6, Limits::default()).await;
     assert_eq!(summary.completed, 6, "{summary:?}");
     assert_eq!(summary.mean_reward, 1.0);
     // Per episode: 2048 lines each of stdout and stderr (1021 bytes) and of `host.log` (1028).
@@ -141,7 +123,8 @@ async fn log_flood_completes_with_its_log_truncated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trap_at_step_three_keeps_the_earlier_rewards() {
     let host = test_host();
-    let (summary, records) = beside_a_good_neighbour(&host, "adversarial/trap-at-step", 6).await;
+    let (summary, records) =
+        beside_a_good_neighbour(&host, "adversarial/trap-at-step", 6, Limits::default()).await;
     assert_all_failed_with(&summary, ErrorKind::Trap);
     for record in &records {
         let error = record.error.as_ref().expect("an error");
@@ -160,7 +143,8 @@ async fn trap_at_step_three_keeps_the_earlier_rewards() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_finds_nothing_of_the_host() {
     let host = test_host();
-    let (summary, records) = beside_a_good_neighbour(&host, "adversarial/probe", 6).await;
+    let (summary, records) =
+        beside_a_good_neighbour(&host, "adversarial/probe", 6, Limits::default()).await;
     assert_eq!(summary.completed, 6, "{summary:?}");
     assert_eq!(summary.mean_reward, 1.0, "{:?}", records[0].metrics);
     let metrics = &records[0].metrics[0];
@@ -224,4 +208,55 @@ async fn limits_above_the_host_maxima_start_no_episode() {
         .unwrap();
     assert_eq!(error.kind, ErrorKind::InvalidRequest);
     assert!(error.message.contains("call_timeout_ms"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_episode_waits_for_a_free_instance_slot_instead_of_failing() {
+    let host = PluginHost::new(HostConfig {
+        max_instances: 4,
+        ..Default::default()
+    })
+    .unwrap();
+    let plugin = load(&host, "tictactoe").await;
+    let limits = Limits::default();
+    let mut held = Vec::new();
+    for seed in 0..4 {
+        held.push(
+            plugin
+                .start_episode("{}", "{}", seed, &limits)
+                .await
+                .unwrap(),
+        );
+    }
+    let waiting = tokio::spawn({
+        let (plugin, limits) = (plugin.clone(), limits.clone());
+        async move {
+            plugin
+                .start_episode("{}", "{}", 9, &limits)
+                .await
+                .map(|_| ())
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a fifth instance started with four slots"
+    );
+    held.pop();
+    let started = tokio::time::timeout(std::time::Duration::from_secs(5), waiting).await;
+    assert!(matches!(started, Ok(Ok(Ok(())))), "{started:?}");
+
+    // A random-play batch larger than the slots is cut to fit.
+    drop(held);
+    let options = PlayOptions {
+        episodes: 12,
+        concurrency: 64,
+        ..PlayOptions::default()
+    };
+    let (summary, _) = play_random(&plugin, &options).await.unwrap();
+    assert_eq!(
+        (summary.completed, summary.max_live_episodes),
+        (12, 4),
+        "{summary:?}"
+    );
 }

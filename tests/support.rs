@@ -5,7 +5,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use opentinker::plugin::{HostConfig, Plugin, PluginHost, build::build_plugin};
+use opentinker::plugin::random_play::{PlayOptions, PlaySummary, play_random};
+use opentinker::plugin::{
+    EpisodeRecord, ErrorKind, HostConfig, Limits, Plugin, PluginHost, build::build_plugin,
+};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -56,4 +59,32 @@ pub fn resident_bytes() -> u64 {
         .and_then(|p| p.parse().ok())
         .unwrap_or(0);
     pages * 4096
+}
+
+/// Play `episodes` random-policy episodes (seed 7, 8 at once) under `limits`.
+pub async fn play(
+    plugin: &Plugin,
+    episodes: u32,
+    limits: Limits,
+) -> (PlaySummary, Vec<EpisodeRecord>) {
+    let options = PlayOptions {
+        episodes,
+        seed: 7,
+        limits,
+        concurrency: 8,
+        ..PlayOptions::default()
+    };
+    play_random(plugin, &options)
+        .await
+        .expect("the environment answers info()")
+}
+
+/// Every episode of the run failed, all with `kind`.
+pub fn assert_all_failed_with(summary: &PlaySummary, kind: ErrorKind) {
+    assert_eq!(summary.completed, 0, "{summary:?}");
+    assert_eq!(
+        summary.errors.get(&kind).copied(),
+        Some(summary.episodes),
+        "{summary:?}"
+    );
 }

@@ -23,8 +23,8 @@ pub struct HostConfig {
     pub maxima: Limits,
     /// The largest component accepted, in bytes.
     pub max_component_bytes: usize,
-    /// Plugin instances alive at once (one per live episode); beyond it, instantiation waits
-    /// for a free slot.
+    /// Plugin instances alive at once (one per live episode or call); beyond it, a new instance
+    /// waits for a free slot.
     pub max_instances: u32,
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
 use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 
@@ -25,6 +26,9 @@ use super::wasi;
 /// Share one per process (it is cheap to clone a [`Plugin`], not to build a host).
 pub struct PluginHost {
     engine: Engine,
+    /// One permit per instance slot of the pooling allocator: a new instance waits for a slot
+    /// instead of failing when every slot is in use.
+    instance_slots: Arc<Semaphore>,
     linker: Linker<StoreState>,
     config: HostConfig,
     cache: Option<CompileCache>,
@@ -50,6 +54,7 @@ impl PluginHost {
             .map(|dir| CompileCache::new(dir, &engine));
         let ticker = EpochTicker::start(engine.clone())?;
         Ok(PluginHost {
+            instance_slots: Arc::new(Semaphore::new(config.max_instances as usize)),
             engine,
             linker,
             config,
@@ -96,6 +101,8 @@ impl PluginHost {
         let reward = RewardIndices::new(&pre).ok();
         Ok(Plugin(Arc::new(PluginInner {
             engine: self.engine.clone(),
+            instance_slots: self.instance_slots.clone(),
+            max_instances: self.config.max_instances as usize,
             pre,
             fuel_metering: self.config.fuel,
             maxima: self.config.maxima.clone(),
@@ -185,6 +192,8 @@ pub struct Plugin(pub(crate) Arc<PluginInner>);
 
 pub(crate) struct PluginInner {
     pub(crate) engine: Engine,
+    pub(crate) instance_slots: Arc<Semaphore>,
+    pub(crate) max_instances: usize,
     pub(crate) pre: InstancePre<StoreState>,
     pub(crate) fuel_metering: bool,
     pub(crate) maxima: Limits,
@@ -214,6 +223,11 @@ impl Plugin {
     /// sha256 of the component, hex.
     pub fn digest(&self) -> &str {
         &self.0.description.digest
+    }
+
+    /// The most instances (episodes, calls) of this host's plugins alive at once.
+    pub fn max_instances(&self) -> usize {
+        self.0.max_instances
     }
 
     pub fn load_report(&self) -> LoadReport {

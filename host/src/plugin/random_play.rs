@@ -27,7 +27,7 @@ pub struct PlayOptions {
     pub config: String,
     /// A fixed task for every episode; `None` asks the environment to generate one per episode.
     pub task: Option<String>,
-    /// Episodes alive at once.
+    /// Episodes alive at once (at most the host's instance slots).
     pub concurrency: usize,
     pub limits: Limits,
 }
@@ -78,15 +78,22 @@ pub async fn play_random(
     let mut records = Vec::with_capacity(options.episodes as usize);
     let mut max_live = 0;
     let mut log_bytes_dropped = 0;
-    let batch = options.concurrency.max(1) as u64;
+    // A batch holds all its instances at once, so it must fit in the host's instance slots.
+    let batch = options.concurrency.clamp(1, plugin.max_instances()) as u64;
     let mut first = 0u64;
     while first < u64::from(options.episodes) {
         let last = (first + batch).min(u64::from(options.episodes));
-        // Start the whole batch before playing any of it, so all of it is alive at once.
-        let mut starting = tokio::task::JoinSet::new();
+        // Make the batch's tasks, then start the whole batch before playing any of it, so all
+        // of it is alive at once (and no task generation waits on a slot an episode holds).
+        let mut tasks = tokio::task::JoinSet::new();
         for index in first..last {
             let (plugin, options) = (plugin.clone(), options.clone());
-            starting.spawn(async move { (index, start(&plugin, &options, index).await) });
+            tasks.spawn(async move { (index, task_for(&plugin, &options, index).await) });
+        }
+        let mut starting = tokio::task::JoinSet::new();
+        for (index, task) in tasks.join_all().await {
+            let (plugin, options) = (plugin.clone(), options.clone());
+            starting.spawn(async move { (index, start(&plugin, &options, index, task).await) });
         }
         let mut started_episodes = Vec::new();
         for joined in starting.join_all().await {
@@ -121,10 +128,24 @@ pub async fn play_random(
     Ok((summary, records))
 }
 
+/// The task of episode `index`: the fixed one, or the environment's for the episode's seed.
+async fn task_for(plugin: &Plugin, options: &PlayOptions, index: u64) -> Result<String, CallError> {
+    match &options.task {
+        Some(task) => Ok(task.clone()),
+        None => {
+            let seed = options.seed.wrapping_add(index);
+            plugin
+                .generate_task(&options.config, seed, &options.limits)
+                .await
+        }
+    }
+}
+
 async fn start(
     plugin: &Plugin,
     options: &PlayOptions,
     index: u64,
+    task: Result<String, CallError>,
 ) -> Result<EnvironmentEpisode, EpisodeRecord> {
     let seed = options.seed.wrapping_add(index);
     let failed = |error: CallError| EpisodeRecord {
@@ -136,13 +157,7 @@ async fn start(
         }),
         ..EpisodeRecord::default()
     };
-    let task = match &options.task {
-        Some(task) => task.clone(),
-        None => plugin
-            .generate_task(&options.config, seed, &options.limits)
-            .await
-            .map_err(failed)?,
-    };
+    let task = task.map_err(failed)?;
     plugin
         .start_episode(&options.config, &task, seed, &options.limits)
         .await

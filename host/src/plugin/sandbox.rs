@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use tokio::sync::OwnedSemaphorePermit;
+
 use wasmtime::component::{Instance, ResourceTable};
 use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -102,6 +104,8 @@ impl ResourceLimiter for MemoryLimiter {
 pub(crate) struct Sandbox {
     pub(crate) store: Store<StoreState>,
     pub(crate) instance: Instance,
+    /// The pooling-allocator slot this instance holds until it is dropped.
+    _slot: OwnedSemaphorePermit,
     limits: Limits,
     fuel_metering: bool,
     failure: Option<CallError>,
@@ -117,6 +121,17 @@ impl Sandbox {
         plugin
             .check_limits(limits)
             .map_err(|e| CallError::new(ErrorKind::InvalidRequest, e.to_string()))?;
+        let slot = plugin
+            .instance_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| {
+                CallError::new(
+                    ErrorKind::InvalidRequest,
+                    "the plugin host is shutting down",
+                )
+            })?;
         let log = LogSink::new(usize::try_from(limits.log_bytes).unwrap_or(usize::MAX));
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
@@ -154,6 +169,7 @@ impl Sandbox {
         Ok(Sandbox {
             store,
             instance,
+            _slot: slot,
             limits: limits.clone(),
             fuel_metering: plugin.fuel_metering,
             failure: None,

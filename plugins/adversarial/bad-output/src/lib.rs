@@ -3,35 +3,22 @@
 //! (names player 5 to move), `"recipient"` (messages for player 9). Each must end the episode with
 //! `invalid_output`.
 
-use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, StepResult};
+use adversarial_common::{Adversary, Misbehaviour};
+use opentinker_sdk::{Message, PluginError, StepResult};
 
 pub struct BadOutput {
     how: String,
 }
 
-impl Environment for BadOutput {
-    fn info() -> EnvInfo {
-        EnvInfo {
-            name: "bad-output".into(),
-            players: 1,
-            max_turns: 5,
-        }
-    }
+impl Misbehaviour for BadOutput {
+    const NAME: &'static str = "bad-output";
 
-    fn generate_task(_: &str, _: u64) -> Result<String, PluginError> {
-        Ok("{}".into())
-    }
-
-    fn new(config: &str, _: &str, _: u64) -> Result<Self, PluginError> {
+    fn new(config: &str) -> Self {
         let how = ["nan", "infinite", "length", "player", "recipient"]
             .into_iter()
             .find(|how| config.contains(&format!("\"{how}\"")))
             .unwrap_or("nan");
-        Ok(BadOutput { how: how.into() })
-    }
-
-    fn observe(&mut self, _: u32) -> Result<Vec<Message>, PluginError> {
-        Ok(vec![Message::user("Say anything.")])
+        BadOutput { how: how.into() }
     }
 
     fn step(&mut self, _: &str) -> Result<StepResult, PluginError> {
@@ -45,4 +32,4 @@ impl Environment for BadOutput {
     }
 }
 
-opentinker_sdk::export_environment!(BadOutput);
+opentinker_sdk::export_environment!(Adversary<BadOutput>);

@@ -1,34 +1,17 @@
 //! Loops forever in `step`: the epoch deadline must end the call (`timeout`).
 
-use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, StepResult};
+use adversarial_common::{Adversary, Misbehaviour};
+use opentinker_sdk::{PluginError, StepResult};
 
 pub struct InfiniteLoop;
 
-fn info() -> EnvInfo {
-    EnvInfo {
-        name: "infinite-loop".into(),
-        players: 1,
-        max_turns: 5,
-    }
-}
+impl Misbehaviour for InfiniteLoop {
+    const NAME: &'static str = "infinite-loop";
 
-fn observe() -> Result<Vec<Message>, PluginError> {
-    Ok(vec![Message::user("Say anything.")])
-}
+    fn new(_config: &str) -> Self {
+        InfiniteLoop
+    }
 
-impl Environment for InfiniteLoop {
-    fn info() -> EnvInfo {
-        info()
-    }
-    fn generate_task(_: &str, _: u64) -> Result<String, PluginError> {
-        Ok("{}".into())
-    }
-    fn new(_: &str, _: &str, _: u64) -> Result<Self, PluginError> {
-        Ok(InfiniteLoop)
-    }
-    fn observe(&mut self, _: u32) -> Result<Vec<Message>, PluginError> {
-        observe()
-    }
     fn step(&mut self, action: &str) -> Result<StepResult, PluginError> {
         let mut counter = action.len() as u64;
         loop {
@@ -38,4 +21,4 @@ impl Environment for InfiniteLoop {
     }
 }
 
-opentinker_sdk::export_environment!(InfiniteLoop);
+opentinker_sdk::export_environment!(Adversary<InfiniteLoop>);

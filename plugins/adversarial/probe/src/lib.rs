@@ -7,7 +7,8 @@
 use std::net::{TcpStream, ToSocketAddrs, UdpSocket};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, StepResult};
+use adversarial_common::{Adversary, Misbehaviour};
+use opentinker_sdk::{PluginError, StepResult};
 
 pub struct Probe;
 
@@ -58,26 +59,13 @@ fn look_around() -> Vec<(&'static str, f64)> {
     ]
 }
 
-impl Environment for Probe {
-    fn info() -> EnvInfo {
-        EnvInfo {
-            name: "probe".into(),
-            players: 1,
-            max_turns: 1,
-        }
-    }
-    fn generate_task(_: &str, _: u64) -> Result<String, PluginError> {
-        Ok("{}".into())
-    }
+impl Misbehaviour for Probe {
+    const NAME: &'static str = "probe";
 
-    fn new(_: &str, _: &str, _: u64) -> Result<Self, PluginError> {
+    fn new(_config: &str) -> Self {
         // Look once at construction too: the host must hide itself there as well.
         std::hint::black_box(look_around());
-        Ok(Probe)
-    }
-
-    fn observe(&mut self, _: u32) -> Result<Vec<Message>, PluginError> {
-        Ok(vec![Message::user("Probing the host.")])
+        Probe
     }
 
     fn step(&mut self, _: &str) -> Result<StepResult, PluginError> {
@@ -95,4 +83,4 @@ impl Environment for Probe {
     }
 }
 
-opentinker_sdk::export_environment!(Probe);
+opentinker_sdk::export_environment!(Adversary<Probe>);

@@ -1,0 +1,45 @@
+//! The harmless parts shared by the adversarial plugins: each is a one-player environment whose
+//! `step` (or construction) misbehaves in one way, which the sandbox must contain.
+
+use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, StepResult};
+
+/// One way of misbehaving.
+pub trait Misbehaviour: Sized + 'static {
+    /// The environment's name.
+    const NAME: &'static str;
+
+    /// Start an episode under `config`.
+    fn new(config: &str) -> Self;
+
+    /// The misbehaving step.
+    fn step(&mut self, action: &str) -> Result<StepResult, PluginError>;
+}
+
+/// An environment that asks for anything and then misbehaves as `M` does.
+pub struct Adversary<M>(M);
+
+impl<M: Misbehaviour> Environment for Adversary<M> {
+    fn info() -> EnvInfo {
+        EnvInfo {
+            name: M::NAME.into(),
+            players: 1,
+            max_turns: 5,
+        }
+    }
+
+    fn generate_task(_config: &str, _seed: u64) -> Result<String, PluginError> {
+        Ok("{}".into())
+    }
+
+    fn new(config: &str, _task: &str, _seed: u64) -> Result<Self, PluginError> {
+        Ok(Adversary(M::new(config)))
+    }
+
+    fn observe(&mut self, _player: u32) -> Result<Vec<Message>, PluginError> {
+        Ok(vec![Message::user("Say anything.")])
+    }
+
+    fn step(&mut self, action: &str) -> Result<StepResult, PluginError> {
+        self.0.step(action)
+    }
+}
