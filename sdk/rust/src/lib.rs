@@ -171,6 +171,12 @@ macro_rules! export_environment {
                 Exported with_types_in $crate::bindings::environment_plugin
             );
         }
+        // Natively, check the type at least: a non-environment fails to compile everywhere.
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: () = {
+            const fn implements_environment<T: $crate::Environment>() {}
+            implements_environment::<$environment>();
+        };
     };
 }
 
@@ -189,6 +195,12 @@ macro_rules! export_agent {
                 Exported with_types_in $crate::bindings::agent_plugin
             );
         }
+        // Natively, check the type at least: a non-agent fails to compile everywhere.
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: () = {
+            const fn implements_agent<T: $crate::Agent>() {}
+            implements_agent::<$agent>();
+        };
     };
 }
 
@@ -207,5 +219,11 @@ macro_rules! export_reward {
                 Exported with_types_in $crate::bindings::reward_plugin
             );
         }
+        // Natively, check the type at least: a non-reward fails to compile everywhere.
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: () = {
+            const fn implements_reward<T: $crate::Reward>() {}
+            implements_reward::<$reward>();
+        };
     };
 }
