@@ -1,7 +1,10 @@
 //! opentinker: train LLM agents with many LoRA policies over shared compute, where environments,
 //! agents and reward functions are sandboxed WebAssembly components.
 //!
-//! One module per concern (see `DESIGN.md` in the repository): [`plugin`] runs the components.
+//! One module per concern (see `DESIGN.md` in the repository): [`plugin`] runs the components,
+//! [`model`] loads and runs the base model, [`store`] writes state durably.
 
 pub mod cli;
+pub mod model;
 pub mod plugin;
+pub mod store;

@@ -1,5 +1,6 @@
 //! The `opentinker` command line: argument parsing and dispatch to one module per subcommand.
 
+mod model;
 mod plugin;
 
 use std::path::PathBuf;
@@ -21,6 +22,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Generate models and look at what they compute.
+    Model {
+        #[command(subcommand)]
+        command: model::ModelCommand,
+    },
     /// Build, inspect and run plugin components.
     Plugin {
         #[command(subcommand)]
@@ -68,6 +74,7 @@ fn default_cache_dir() -> Option<PathBuf> {
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Model { command } => model::run(command),
         Command::Plugin { command } => plugin::run(command),
     }
 }

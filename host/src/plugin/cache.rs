@@ -55,16 +55,10 @@ impl CompileCache {
         let artifact = component
             .serialize()
             .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
-        std::fs::create_dir_all(&self.dir)?;
-        let mut file = tempfile::NamedTempFile::new_in(&self.dir)?;
-        file.write_all(&Sha256::digest(&artifact))?;
-        file.write_all(&artifact)?;
-        file.as_file().sync_all()?;
-        file.persist(self.path(digest)).map_err(|e| e.error)?;
-        if let Ok(dir) = std::fs::File::open(&self.dir) {
-            let _ = dir.sync_all();
-        }
-        Ok(())
+        crate::store::write_atomic_with(&self.path(digest), |file| {
+            file.write_all(&Sha256::digest(&artifact))?;
+            file.write_all(&artifact)
+        })
     }
 
     pub(crate) fn dir(&self) -> &Path {

@@ -1,0 +1,356 @@
+//! A Hugging Face `config.json` of the Llama, Qwen2 and Qwen3 families, read into the one shape
+//! our transformer needs; configurations we do not support are refused by name.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The families we run. They differ in biases and norms, not in structure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    /// Llama 2/3: no biases.
+    Llama,
+    /// Qwen2 / Qwen2.5: biases on the q, k and v projections.
+    Qwen2,
+    /// Qwen3: no biases, RMSNorm of each head's queries and keys.
+    Qwen3,
+}
+
+impl Architecture {
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// How RoPE frequencies are scaled for long contexts.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3's frequency-dependent scaling.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+}
+
+/// Everything the transformer needs to know about a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Biases on the q, k, v projections (Qwen2, or `attention_bias` of Llama and Qwen3).
+    pub qkv_bias: bool,
+    /// A bias on the output projection (`attention_bias` of Llama and Qwen3).
+    pub o_bias: bool,
+    pub mlp_bias: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid JSON: {source}")]
+    Json {
+        path: String,
+        source: serde_json::Error,
+    },
+    #[error("config.json: missing or invalid `{0}`")]
+    Missing(&'static str),
+    #[error("config.json: model type {0:?} is not supported (supported: llama, qwen2, qwen3)")]
+    UnsupportedArchitecture(String),
+    #[error("config.json: {0} is not supported")]
+    Unsupported(String),
+}
+
+fn get_usize(config: &Value, key: &'static str) -> Result<usize, ConfigError> {
+    config
+        .get(key)
+        .and_then(Value::as_u64)
+        .map(|v| v as usize)
+        .ok_or(ConfigError::Missing(key))
+}
+
+fn token_ids(value: Option<&Value>) -> Vec<u32> {
+    match value {
+        Some(Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|v| v as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl ModelConfig {
+    /// Read `config.json` of a model directory.
+    pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|source| ConfigError::Json {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_json(&value)
+    }
+
+    /// Interpret a parsed `config.json`.
+    pub fn from_json(config: &Value) -> Result<Self, ConfigError> {
+        let model_type = config
+            .get("model_type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let architecture = match model_type {
+            "llama" => Architecture::Llama,
+            "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
+            other => return Err(ConfigError::UnsupportedArchitecture(other.to_string())),
+        };
+        refuse_unsupported(config)?;
+        let hidden_size = get_usize(config, "hidden_size")?;
+        let num_heads = get_usize(config, "num_attention_heads")?;
+        let num_kv_heads = config
+            .get("num_key_value_heads")
+            .and_then(Value::as_u64)
+            .map_or(num_heads, |v| v as usize);
+        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(ConfigError::Unsupported(format!(
+                "{num_heads} attention heads over {num_kv_heads} key/value heads"
+            )));
+        }
+        let head_dim = match config.get("head_dim").and_then(Value::as_u64) {
+            Some(dim) => dim as usize,
+            None if hidden_size % num_heads == 0 => hidden_size / num_heads,
+            None => return Err(ConfigError::Missing("head_dim")),
+        };
+        let (rope_theta, rope_scaling) = rope(config)?;
+        let attention_bias = config
+            .get("attention_bias")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        Ok(ModelConfig {
+            architecture,
+            vocab_size: get_usize(config, "vocab_size")?,
+            hidden_size,
+            intermediate_size: get_usize(config, "intermediate_size")?,
+            num_layers: get_usize(config, "num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: config
+                .get("rms_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: config
+                .get("max_position_embeddings")
+                .and_then(Value::as_u64)
+                .map_or(4096, |v| v as usize),
+            tie_word_embeddings: config
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
+            o_bias: architecture != Architecture::Qwen2 && attention_bias,
+            mlp_bias: config
+                .get("mlp_bias")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            bos_token_id: config
+                .get("bos_token_id")
+                .and_then(Value::as_u64)
+                .map(|v| v as u32),
+            eos_token_ids: token_ids(config.get("eos_token_id")),
+        })
+    }
+
+    /// Query heads per key/value head.
+    pub fn kv_groups(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+}
+
+/// Refuse the features our transformer does not implement, naming them.
+fn refuse_unsupported(config: &Value) -> Result<(), ConfigError> {
+    if config.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+        return Err(ConfigError::Unsupported(
+            "sliding-window attention (`use_sliding_window`)".into(),
+        ));
+    }
+    if let Some(layers) = config.get("layer_types").and_then(Value::as_array)
+        && layers.iter().any(|l| l.as_str() != Some("full_attention"))
+    {
+        return Err(ConfigError::Unsupported(
+            "sliding-window attention (`layer_types`)".into(),
+        ));
+    }
+    for key in ["num_experts", "num_local_experts", "n_routed_experts"] {
+        if config
+            .get(key)
+            .and_then(Value::as_u64)
+            .is_some_and(|n| n > 0)
+        {
+            return Err(ConfigError::Unsupported(format!(
+                "mixture of experts (`{key}`)"
+            )));
+        }
+    }
+    let act = config
+        .get("hidden_act")
+        .and_then(Value::as_str)
+        .unwrap_or("silu");
+    if act != "silu" {
+        return Err(ConfigError::Unsupported(format!(
+            "activation `hidden_act` = {act:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// RoPE theta and scaling, from `rope_theta` / `rope_scaling` or (newer transformers)
+/// `rope_parameters`.
+fn rope(config: &Value) -> Result<(f64, RopeScaling), ConfigError> {
+    let parameters = config.get("rope_parameters");
+    let theta = config
+        .get("rope_theta")
+        .or_else(|| parameters.and_then(|p| p.get("rope_theta")))
+        .and_then(Value::as_f64)
+        .unwrap_or(10_000.0);
+    let scaling = config
+        .get("rope_scaling")
+        .filter(|s| !s.is_null())
+        .or(parameters);
+    let Some(scaling) = scaling else {
+        return Ok((theta, RopeScaling::None));
+    };
+    let kind = scaling
+        .get("rope_type")
+        .or_else(|| scaling.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let number = |key: &'static str| {
+        scaling
+            .get(key)
+            .and_then(Value::as_f64)
+            .ok_or(ConfigError::Missing(key))
+    };
+    let scaling = match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
+            factor: number("factor")?,
+        },
+        "llama3" => RopeScaling::Llama3 {
+            factor: number("factor")?,
+            low_freq_factor: number("low_freq_factor")?,
+            high_freq_factor: number("high_freq_factor")?,
+            original_max_position_embeddings: number("original_max_position_embeddings")?,
+        },
+        other => {
+            return Err(ConfigError::Unsupported(format!(
+                "rope scaling type {other:?}"
+            )));
+        }
+    };
+    Ok((theta, scaling))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn qwen2() -> Value {
+        json!({
+            "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+            "vocab_size": 300, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+            "tie_word_embeddings": true, "eos_token_id": [1, 2], "use_sliding_window": false
+        })
+    }
+
+    #[test]
+    fn reads_a_qwen2_config() {
+        let config = ModelConfig::from_json(&qwen2()).unwrap();
+        assert_eq!(config.architecture, Architecture::Qwen2);
+        assert_eq!((config.head_dim, config.kv_groups()), (16, 2));
+        assert!(config.qkv_bias && !config.o_bias);
+        assert_eq!(config.eos_token_ids, vec![1, 2]);
+        assert_eq!(config.rope_theta, 1e6);
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_run_by_name() {
+        let mut sliding = qwen2();
+        sliding["use_sliding_window"] = json!(true);
+        let err = ModelConfig::from_json(&sliding).unwrap_err().to_string();
+        assert!(err.contains("sliding"), "{err}");
+        let mut moe = qwen2();
+        moe["num_experts"] = json!(8);
+        assert!(
+            ModelConfig::from_json(&moe)
+                .unwrap_err()
+                .to_string()
+                .contains("mixture of experts")
+        );
+        let mut yarn = qwen2();
+        yarn["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+        assert!(
+            ModelConfig::from_json(&yarn)
+                .unwrap_err()
+                .to_string()
+                .contains("\"yarn\"")
+        );
+        let mut mistral = qwen2();
+        mistral["model_type"] = json!("mistral");
+        assert!(
+            ModelConfig::from_json(&mistral)
+                .unwrap_err()
+                .to_string()
+                .contains("mistral")
+        );
+    }
+
+    #[test]
+    fn reads_rope_parameters_of_newer_transformers() {
+        let mut config = qwen2();
+        config.as_object_mut().unwrap().remove("rope_theta");
+        config["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 5000.0});
+        let config = ModelConfig::from_json(&config).unwrap();
+        assert_eq!(
+            (config.rope_theta, config.rope_scaling),
+            (5000.0, RopeScaling::None)
+        );
+    }
+}

@@ -1,0 +1,130 @@
+//! The base model: a Hugging Face model directory (config, safetensors weights, tokenizer, chat
+//! template) loaded into a candle transformer, and the generated tiny preset.
+
+pub mod chat;
+pub mod config;
+pub mod tiny;
+pub mod tokenizer;
+pub mod transformer;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use config::{Architecture, ModelConfig};
+pub use tokenizer::Tokenizer;
+pub use transformer::Transformer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Weights(#[from] transformer::WeightsError),
+    #[error(transparent)]
+    Tokenizer(#[from] tokenizer::TokenizerError),
+    #[error("chat template of {path}: {message}")]
+    ChatTemplate { path: String, message: String },
+    #[error("{0}")]
+    Input(String),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// A loaded model directory.
+#[derive(Debug)]
+pub struct Model {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub transformer: Transformer,
+    pub tokenizer: Tokenizer,
+    /// `None` when the directory has no chat template.
+    pub chat_template: Option<ChatTemplate>,
+}
+
+impl Model {
+    /// Load `config.json`, the weights, `tokenizer.json` and the chat template of `dir`.
+    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        let config = ModelConfig::from_dir(dir)?;
+        let transformer = Transformer::load(config.clone(), dir)?;
+        let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+        let chat_template = load_chat_template(dir)?;
+        Ok(Model {
+            dir: dir.to_path_buf(),
+            config,
+            transformer,
+            tokenizer,
+            chat_template,
+        })
+    }
+
+    /// The logprob of each token given the ones before it (`None` for the first).
+    pub fn token_logprobs(&self, tokens: &[u32]) -> Result<Vec<Option<f32>>, ModelError> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(ModelError::Input(format!(
+                "token id {bad} is outside the model's vocabulary of {}",
+                self.config.vocab_size
+            )));
+        }
+        if tokens.len() > self.config.max_position_embeddings {
+            return Err(ModelError::Input(format!(
+                "{} tokens exceed the context length of {}",
+                tokens.len(),
+                self.config.max_position_embeddings
+            )));
+        }
+        let input = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
+        let logits = self.transformer.forward(&input)?;
+        let time = tokens.len();
+        let mut out = vec![None];
+        if time > 1 {
+            let logits = logits.narrow(1, 0, time - 1)?;
+            let targets = Tensor::new(&tokens[1..], &Device::Cpu)?.unsqueeze(0)?;
+            let logprobs = transformer::target_logprobs(&logits, &targets)?
+                .squeeze(0)?
+                .to_vec1::<f32>()?;
+            out.extend(logprobs.into_iter().map(Some));
+        }
+        Ok(out)
+    }
+}
+
+/// The chat template of a model directory: `chat_template.jinja`, else `chat_template` of
+/// `tokenizer_config.json` (a string, or a list of named templates of which `default` is used).
+fn load_chat_template(dir: &Path) -> Result<Option<ChatTemplate>, ModelError> {
+    let config_path = dir.join("tokenizer_config.json");
+    let config: serde_json::Value = std::fs::read_to_string(&config_path)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    let jinja_path = dir.join("chat_template.jinja");
+    let source = match std::fs::read_to_string(&jinja_path) {
+        Ok(source) => Some(source),
+        Err(_) => match config.get("chat_template") {
+            Some(serde_json::Value::String(source)) => Some(source.clone()),
+            Some(serde_json::Value::Array(named)) => named
+                .iter()
+                .find(|t| t["name"] == "default")
+                .and_then(|t| t["template"].as_str().map(String::from)),
+            _ => None,
+        },
+    };
+    let Some(source) = source else {
+        return Ok(None);
+    };
+    let bos = tokenizer::special_token(&config, "bos_token").unwrap_or_default();
+    let eos = tokenizer::special_token(&config, "eos_token").unwrap_or_default();
+    ChatTemplate::new(&source, &bos, &eos)
+        .map(Some)
+        .map_err(|e| ModelError::ChatTemplate {
+            path: dir.display().to_string(),
+            message: e.to_string(),
+        })
+}
