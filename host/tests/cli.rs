@@ -145,3 +145,53 @@ fn adversarial_plugins_give_their_expected_results_with_default_limits() {
         }
     }
 }
+
+#[test]
+fn init_tiny_then_logprobs_prints_every_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    let output = opentinker(&[
+        "model",
+        "init-tiny",
+        model.to_str().unwrap(),
+        "--arch",
+        "qwen3",
+        "--seed",
+        "2",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed = json(&opentinker(&[
+        "model",
+        "logprobs",
+        "--model",
+        model.to_str().unwrap(),
+        "--text",
+        "Your move? 5",
+        "--json",
+    ]));
+    let tokens = printed["tokens"].as_array().unwrap();
+    assert!(tokens.len() >= 4, "{printed}");
+    assert!(tokens[0]["logprob"].is_null());
+    assert!(
+        tokens[1..]
+            .iter()
+            .all(|t| t["logprob"].as_f64().is_some_and(|l| l < 0.0))
+    );
+    let text: String = tokens.iter().map(|t| t["text"].as_str().unwrap()).collect();
+    assert_eq!(text, "Your move? 5");
+
+    let missing = opentinker(&[
+        "model",
+        "logprobs",
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--text",
+        "x",
+    ]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("config.json"));
+}

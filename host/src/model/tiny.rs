@@ -11,7 +11,12 @@ use rand::{RngExt, SeedableRng};
 use serde_json::json;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::{AddedToken, NormalizerWrapper, TokenizerBuilder, TokenizerImpl};
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{
+    AddedToken, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior, TokenizerBuilder,
+    TokenizerImpl,
+};
 
 use super::config::Architecture;
 use crate::store::{write_atomic, write_atomic_via_path};
@@ -65,6 +70,10 @@ impl TinyShape {
 /// Tokens of the generated tokenizer: 256 bytes, learned merges and 3 special tokens.
 pub const TOKENIZER_VOCAB: usize = 512;
 const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// Qwen2's pre-tokenizer split (digits one by one, words with their leading space); with it,
+/// `transformers`' Qwen2 tokenizer and ours cut text the same way.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// ChatML, as Qwen2.5 writes it without tools.
 pub const CHATML_TEMPLATE: &str = "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
@@ -165,11 +174,25 @@ fn write_tokenizer(dir: &Path) -> anyhow::Result<HashMap<&'static str, u32>> {
         .special_tokens(specials)
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .build();
-    let mut tokenizer: TokenizerImpl<BPE, NormalizerWrapper, ByteLevel, ByteLevel, ByteLevel> =
+    let split = Split::new(
+        SplitPattern::Regex(QWEN2_SPLIT.into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| anyhow::anyhow!("the pre-tokenizer pattern: {e}"))?;
+    let pre_tokenizer = Sequence::new(vec![
+        PreTokenizerWrapper::Split(split),
+        PreTokenizerWrapper::ByteLevel(
+            ByteLevel::default()
+                .add_prefix_space(false)
+                .use_regex(false),
+        ),
+    ]);
+    let mut tokenizer: TokenizerImpl<BPE, NormalizerWrapper, Sequence, ByteLevel, ByteLevel> =
         TokenizerBuilder::new()
             .with_model(BPE::default())
             .with_normalizer(None)
-            .with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)))
+            .with_pre_tokenizer(Some(pre_tokenizer))
             .with_post_processor(Some(ByteLevel::default().trim_offsets(false)))
             .with_decoder(Some(ByteLevel::default()))
             .build()

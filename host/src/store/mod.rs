@@ -4,6 +4,18 @@
 use std::io::Write;
 use std::path::Path;
 
+/// A temporary file in `dir`, readable by all like any file the process would create (the
+/// default of temporary files is owner-only).
+fn temp_file_in(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    let mut builder = tempfile::Builder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    builder.tempfile_in(dir)
+}
+
 /// Write `path` atomically with what `fill` writes into the temporary file.
 pub fn write_atomic_with(
     path: &Path,
@@ -14,7 +26,7 @@ pub fn write_atomic_with(
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let mut temp = tempfile::NamedTempFile::new_in(dir)?;
+    let mut temp = temp_file_in(dir)?;
     fill(temp.as_file_mut())?;
     temp.as_file().sync_all()?;
     temp.persist(path).map_err(|e| e.error)?;
@@ -35,7 +47,7 @@ pub fn write_atomic_via_path(
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let temp = tempfile::NamedTempFile::new_in(dir)?;
+    let temp = temp_file_in(dir)?;
     fill(temp.path())?;
     std::fs::File::open(temp.path())?.sync_all()?;
     temp.persist(path).map_err(|e| e.error)?;

@@ -1,0 +1,99 @@
+//! `opentinker model init-tiny`: deterministic from its seed, complete, and loadable.
+
+use opentinker::model::tiny::{TOKENIZER_VOCAB, TinyShape, init_tiny};
+use opentinker::model::{Architecture, ChatMessage, Model};
+
+fn files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn the_same_seed_gives_the_same_directory_and_another_seed_other_weights() {
+    let (a, b, c) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    init_tiny(a.path(), TinyShape::Tiny, Architecture::Qwen2, 5).unwrap();
+    init_tiny(b.path(), TinyShape::Tiny, Architecture::Qwen2, 5).unwrap();
+    init_tiny(c.path(), TinyShape::Tiny, Architecture::Qwen2, 6).unwrap();
+    let names: Vec<String> = files(a.path()).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        [
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json"
+        ]
+    );
+    assert_eq!(files(a.path()), files(b.path()));
+    let weights =
+        |d: &tempfile::TempDir| std::fs::read(d.path().join("model.safetensors")).unwrap();
+    assert_ne!(weights(&a), weights(&c));
+    assert_eq!(
+        std::fs::read(a.path().join("tokenizer.json")).unwrap(),
+        std::fs::read(c.path().join("tokenizer.json")).unwrap()
+    );
+}
+
+#[test]
+fn every_architecture_loads_tokenizes_and_chats() {
+    for arch in [
+        Architecture::Qwen2,
+        Architecture::Llama,
+        Architecture::Qwen3,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        init_tiny(dir.path(), TinyShape::Tiny, arch, 1).unwrap();
+        let model = Model::load(dir.path()).unwrap();
+        let c = &model.config;
+        assert_eq!(
+            (c.architecture, c.num_layers, c.hidden_size),
+            (arch, 4, 128)
+        );
+        assert_eq!(
+            (c.num_heads, c.num_kv_heads, c.intermediate_size),
+            (4, 2, 512)
+        );
+        assert_eq!(c.vocab_size, TOKENIZER_VOCAB);
+        assert_eq!(model.tokenizer.vocab_size(), TOKENIZER_VOCAB);
+        let im_end = model.tokenizer.token_id("<|im_end|>").unwrap();
+        assert_eq!(c.eos_token_ids, vec![im_end]);
+        let chat = model.chat_template.as_ref().unwrap();
+        let text = chat
+            .render(
+                &[ChatMessage {
+                    role: "user".into(),
+                    content: "What is 12 + 30?".into(),
+                }],
+                true,
+            )
+            .unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let tokens = model.tokenizer.encode(&text).unwrap();
+        assert_eq!(tokens[0], model.tokenizer.token_id("<|im_start|>").unwrap());
+        assert!(
+            tokens.len() < text.len() / 2,
+            "merges shorten the text: {} tokens",
+            tokens.len()
+        );
+        let logprobs = model.token_logprobs(&tokens).unwrap();
+        assert!(logprobs[1..].iter().all(|l| l.is_some_and(f32::is_finite)));
+    }
+}
