@@ -2,9 +2,10 @@
 //! agents and reward functions are sandboxed WebAssembly components.
 //!
 //! One module per concern (see `DESIGN.md` in the repository): [`plugin`] runs the components,
-//! [`model`] loads and runs the base model, [`store`] writes state durably.
+//! [`model`] loads and runs the base model, [`store`] writes state durably, [`train`] holds the losses.
 
 pub mod cli;
 pub mod model;
 pub mod plugin;
 pub mod store;
+pub mod train;
