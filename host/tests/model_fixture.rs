@@ -129,3 +129,43 @@ fn token_logprobs_agree_with_the_logits() {
     let err = model.token_logprobs(&[1, 99_999]).unwrap_err().to_string();
     assert!(err.contains("99999") && err.contains("vocabulary"), "{err}");
 }
+
+/// Gradients reach the input embeddings through every layer, and no frozen weight gets one.
+#[test]
+fn gradients_flow_to_the_input_and_never_to_frozen_weights() {
+    let model = Model::load(&fixture().join("qwen3")).unwrap();
+    let t = &model.transformer;
+    let tokens = [5u32, 17, 42, 9];
+    let embedded = t
+        .embed_tokens
+        .embedding(&Tensor::new(&tokens[..], &Device::Cpu).unwrap())
+        .unwrap();
+    let input = candle_core::Var::from_tensor(&embedded.unsqueeze(0).unwrap()).unwrap();
+    let logits = t.forward_embeddings(input.as_tensor()).unwrap();
+    let loss = logits.sqr().unwrap().mean_all().unwrap();
+    let grads = loss.backward().unwrap();
+    let input_grad = grads
+        .get(input.as_tensor())
+        .expect("the input has a gradient");
+    let norm = input_grad
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(norm > 0.0 && norm.is_finite());
+    for layer in &t.layers {
+        for weight in [
+            &layer.q_proj.weight,
+            &layer.k_proj.weight,
+            &layer.o_proj.weight,
+            &layer.down_proj.weight,
+        ] {
+            assert!(
+                grads.get(weight).is_none(),
+                "a frozen weight got a gradient"
+            );
+        }
+    }
+}

@@ -3,6 +3,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod frozen;
 pub mod tiny;
 pub mod tokenizer;
 pub mod transformer;

@@ -10,6 +10,7 @@ use std::path::Path;
 use candle_core::{D, DType, Device, Tensor};
 
 use super::config::{ModelConfig, RopeScaling};
+use super::frozen::FrozenLinear;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -35,7 +36,16 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// The projection. The weight is frozen: when `x` is part of a gradient graph (training an
+    /// adapter), the frozen op passes gradients to `x` only, never computing the weight's.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if x.track_op() {
+            let frozen = FrozenLinear {
+                weight: self.weight.clone(),
+                bias: self.bias.clone(),
+            };
+            return x.contiguous()?.apply_op1(frozen);
+        }
         let y = x.broadcast_matmul(&self.weight.t()?)?;
         match &self.bias {
             Some(bias) => y.broadcast_add(bias),
@@ -219,12 +229,19 @@ impl Transformer {
     /// Logits `(batch, time, vocab)` for token ids `(batch, time)` (u32), with causal attention.
     pub fn forward(&self, tokens: &Tensor) -> candle_core::Result<Tensor> {
         let (batch, time) = tokens.dims2()?;
-        let c = &self.config;
-        let mut x = self
+        let embedded = self
             .embed_tokens
             .embedding(&tokens.flatten_all()?)?
-            .reshape((batch, time, c.hidden_size))?;
-        let mask = causal_mask(time, tokens.device())?;
+            .reshape((batch, time, self.config.hidden_size))?;
+        self.forward_embeddings(&embedded)
+    }
+
+    /// Logits `(batch, time, vocab)` for input embeddings `(batch, time, hidden)`.
+    pub fn forward_embeddings(&self, embedded: &Tensor) -> candle_core::Result<Tensor> {
+        let (_, time, _) = embedded.dims3()?;
+        let c = &self.config;
+        let mut x = embedded.clone();
+        let mask = causal_mask(time, embedded.device())?;
         let cos = self.cos.narrow(0, 0, time)?;
         let sin = self.sin.narrow(0, 0, time)?;
         for layer in &self.layers {
