@@ -5,6 +5,7 @@
 //! [`model`] loads and runs the base model, [`store`] writes state durably, [`train`] holds the losses.
 
 pub mod cli;
+pub mod lora;
 pub mod model;
 pub mod plugin;
 pub mod store;

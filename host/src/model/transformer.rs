@@ -11,6 +11,7 @@ use candle_core::{D, DType, Device, Tensor};
 
 use super::config::{ModelConfig, RopeScaling};
 use super::frozen::FrozenLinear;
+use crate::lora::{Adapter, Site, Target};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -78,7 +79,7 @@ pub struct Transformer {
     pub layers: Vec<Layer>,
     pub norm: Tensor,
     /// The unembedding; the embedding matrix itself when the model ties them.
-    pub lm_head: Tensor,
+    pub lm_head: Linear,
     cos: Tensor,
     sin: Tensor,
 }
@@ -203,10 +204,13 @@ impl Transformer {
             });
         }
         let norm = w.get("model.norm.weight", &[h])?;
-        let lm_head = if config.tie_word_embeddings {
-            embed_tokens.clone()
-        } else {
-            w.get("lm_head.weight", &[config.vocab_size, h])?
+        let lm_head = Linear {
+            weight: if config.tie_word_embeddings {
+                embed_tokens.clone()
+            } else {
+                w.get("lm_head.weight", &[config.vocab_size, h])?
+            },
+            bias: None,
         };
         let (cos, sin) = rope_tables(&config)?;
         Ok(Transformer {
@@ -217,6 +221,45 @@ impl Transformer {
             lm_head,
             cos,
             sin,
+        })
+    }
+
+    /// The same model computing in `dtype` (f64 for gradient checks).
+    pub fn to_dtype(&self, dtype: DType) -> candle_core::Result<Self> {
+        let linear = |l: &Linear| -> candle_core::Result<Linear> {
+            Ok(Linear {
+                weight: l.weight.to_dtype(dtype)?,
+                bias: l.bias.as_ref().map(|b| b.to_dtype(dtype)).transpose()?,
+            })
+        };
+        let norm = |t: &Option<Tensor>| t.as_ref().map(|t| t.to_dtype(dtype)).transpose();
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    input_norm: l.input_norm.to_dtype(dtype)?,
+                    q_proj: linear(&l.q_proj)?,
+                    k_proj: linear(&l.k_proj)?,
+                    v_proj: linear(&l.v_proj)?,
+                    o_proj: linear(&l.o_proj)?,
+                    q_norm: norm(&l.q_norm)?,
+                    k_norm: norm(&l.k_norm)?,
+                    post_attention_norm: l.post_attention_norm.to_dtype(dtype)?,
+                    gate_proj: linear(&l.gate_proj)?,
+                    up_proj: linear(&l.up_proj)?,
+                    down_proj: linear(&l.down_proj)?,
+                })
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Transformer {
+            config: self.config.clone(),
+            embed_tokens: self.embed_tokens.to_dtype(dtype)?,
+            layers,
+            norm: self.norm.to_dtype(dtype)?,
+            lm_head: linear(&self.lm_head)?,
+            cos: self.cos.to_dtype(dtype)?,
+            sin: self.sin.to_dtype(dtype)?,
         })
     }
 
@@ -238,25 +281,56 @@ impl Transformer {
 
     /// Logits `(batch, time, vocab)` for input embeddings `(batch, time, hidden)`.
     pub fn forward_embeddings(&self, embedded: &Tensor) -> candle_core::Result<Tensor> {
+        self.run(embedded, None)
+    }
+
+    /// Logits `(batch, time, vocab)` for token ids `(batch, time)`, each run of rows through its
+    /// own adapter (or the base model).
+    pub fn forward_with_adapters(
+        &self,
+        tokens: &Tensor,
+        adapters: &RowAdapters<'_>,
+    ) -> candle_core::Result<Tensor> {
+        let (batch, time) = tokens.dims2()?;
+        if adapters.rows() != batch {
+            return Err(candle_core::Error::Msg(format!(
+                "adapters cover {} rows of a batch of {batch}",
+                adapters.rows()
+            )));
+        }
+        let embedded = self
+            .embed_tokens
+            .embedding(&tokens.flatten_all()?)?
+            .reshape((batch, time, self.config.hidden_size))?;
+        self.run(&embedded, Some(adapters))
+    }
+
+    fn run(
+        &self,
+        embedded: &Tensor,
+        adapters: Option<&RowAdapters<'_>>,
+    ) -> candle_core::Result<Tensor> {
         let (_, time, _) = embedded.dims3()?;
         let c = &self.config;
         let mut x = embedded.clone();
-        let mask = causal_mask(time, embedded.device())?;
+        let mask = causal_mask(time, embedded.device())?.to_dtype(embedded.dtype())?;
         let cos = self.cos.narrow(0, 0, time)?;
         let sin = self.sin.narrow(0, 0, time)?;
-        for layer in &self.layers {
+        for (i, layer) in self.layers.iter().enumerate() {
+            let project = |linear: &Linear, target: Target, input: &Tensor| {
+                project(linear, Site::Layer(i, target), input, adapters)
+            };
             let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
-            let attention = self.attention(layer, &h, &mask, &cos, &sin)?;
+            let attention = self.attention(layer, &h, &mask, &cos, &sin, &project)?;
             x = (x + attention)?;
             let h = rms_norm(&x, &layer.post_attention_norm, c.rms_norm_eps)?;
-            let gate = candle_nn::ops::silu(&layer.gate_proj.forward(&h)?)?;
-            let mlp = layer
-                .down_proj
-                .forward(&(gate * layer.up_proj.forward(&h)?)?)?;
+            let gate = candle_nn::ops::silu(&project(&layer.gate_proj, Target::Gate, &h)?)?;
+            let up = project(&layer.up_proj, Target::Up, &h)?;
+            let mlp = project(&layer.down_proj, Target::Down, &(gate * up)?)?;
             x = (x + mlp)?;
         }
         let x = rms_norm(&x, &self.norm, c.rms_norm_eps)?;
-        x.broadcast_matmul(&self.lm_head.t()?)
+        project(&self.lm_head, Site::Unembed, &x, adapters)
     }
 
     fn attention(
@@ -266,29 +340,38 @@ impl Transformer {
         mask: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
+        project: &dyn Fn(&Linear, Target, &Tensor) -> candle_core::Result<Tensor>,
     ) -> candle_core::Result<Tensor> {
         let c = &self.config;
         let (batch, time, _) = h.dims3()?;
-        let heads =
-            |proj: &Linear, n: usize, norm: Option<&Tensor>| -> candle_core::Result<Tensor> {
-                let x = proj.forward(h)?.reshape((batch, time, n, c.head_dim))?;
-                let x = match norm {
-                    Some(weight) => rms_norm(&x, weight, c.rms_norm_eps)?,
-                    None => x,
-                };
-                x.transpose(1, 2)?.contiguous()
+        let heads = |proj: &Linear,
+                     target: Target,
+                     n: usize,
+                     norm: Option<&Tensor>|
+         -> candle_core::Result<Tensor> {
+            let x = project(proj, target, h)?.reshape((batch, time, n, c.head_dim))?;
+            let x = match norm {
+                Some(weight) => rms_norm(&x, weight, c.rms_norm_eps)?,
+                None => x,
             };
+            x.transpose(1, 2)?.contiguous()
+        };
         let q = apply_rope(
-            &heads(&layer.q_proj, c.num_heads, layer.q_norm.as_ref())?,
+            &heads(&layer.q_proj, Target::Q, c.num_heads, layer.q_norm.as_ref())?,
             cos,
             sin,
         )?;
         let k = apply_rope(
-            &heads(&layer.k_proj, c.num_kv_heads, layer.k_norm.as_ref())?,
+            &heads(
+                &layer.k_proj,
+                Target::K,
+                c.num_kv_heads,
+                layer.k_norm.as_ref(),
+            )?,
             cos,
             sin,
         )?;
-        let v = heads(&layer.v_proj, c.num_kv_heads, None)?;
+        let v = heads(&layer.v_proj, Target::V, c.num_kv_heads, None)?;
         let (k, v) = (repeat_kv(&k, c.kv_groups())?, repeat_kv(&v, c.kv_groups())?);
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(mask)?;
@@ -298,8 +381,53 @@ impl Transformer {
                 .matmul(&v)?
                 .transpose(1, 2)?
                 .reshape((batch, time, c.num_heads * c.head_dim))?;
-        layer.o_proj.forward(&out)
+        project(&layer.o_proj, Target::O, &out)
     }
+}
+
+/// Which adapter serves each run of consecutive batch rows (`None`: the base model).
+#[derive(Clone, Debug, Default)]
+pub struct RowAdapters<'a> {
+    pub runs: Vec<(usize, Option<&'a Adapter>)>,
+}
+
+impl RowAdapters<'_> {
+    pub fn rows(&self) -> usize {
+        self.runs.iter().map(|(rows, _)| rows).sum()
+    }
+}
+
+/// A projection of the base model plus, for each run of rows, its adapter's delta at `site`.
+fn project(
+    linear: &Linear,
+    site: Site,
+    x: &Tensor,
+    adapters: Option<&RowAdapters<'_>>,
+) -> candle_core::Result<Tensor> {
+    let base = linear.forward(x)?;
+    let Some(adapters) = adapters else {
+        return Ok(base);
+    };
+    let targeted = |a: &Option<&Adapter>| a.is_some_and(|a| a.sites.contains_key(&site));
+    if !adapters.runs.iter().any(|(_, a)| targeted(a)) {
+        return Ok(base);
+    }
+    let mut deltas = Vec::with_capacity(adapters.runs.len());
+    let mut start = 0;
+    for (rows, adapter) in &adapters.runs {
+        let rows_x = x.narrow(0, start, *rows)?;
+        let delta = match adapter {
+            Some(adapter) => adapter.delta(site, &rows_x)?,
+            None => None,
+        };
+        let delta = match delta {
+            Some(delta) => delta,
+            None => base.narrow(0, start, *rows)?.zeros_like()?,
+        };
+        deltas.push(delta);
+        start += rows;
+    }
+    base + Tensor::cat(&deltas, 0)?
 }
 
 /// RMSNorm over the last dimension, from differentiable ops.

@@ -1,6 +1,10 @@
-//! Training: the Tinker losses, and (next) forward_backward over mixed-adapter work items,
-//! per-adapter optimizers and checkpoints.
+//! Training: the Tinker losses, and the engine that runs forward / forward_backward over
+//! mixed-adapter work items with a per-adapter AdamW (checkpoints come next).
 
+pub mod engine;
 pub mod loss;
 
+pub use engine::{
+    AdamParams, AdapterId, Datum, ItemOutput, StepReport, TrainError, TrainingEngine, WorkItem,
+};
 pub use loss::{Loss, LossError, LossInputs};

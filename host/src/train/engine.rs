@@ -1,0 +1,509 @@
+//! The training engine: step-level calls with Tinker semantics over many LoRA adapters of one
+//! frozen base model. It runs no loop of its own; one caller (later the scheduler) drives it.
+//!
+//! `forward_backward` fuses work items of different adapters, ranks and losses into one batch
+//! (rows grouped by adapter); each adapter's gradients accumulate in its own slot until its
+//! `optim_step` (AdamW with its own step count, moments and clipping). A non-finite loss or
+//! gradient marks only that adapter, whose next update is skipped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::loss::{Loss, LossInputs, loss};
+use crate::lora::{Adapter, AdapterError, LoraConfig};
+use crate::model::Transformer;
+use crate::model::transformer::{RowAdapters, target_logprobs};
+
+/// The name of an adapter in the engine.
+pub type AdapterId = String;
+
+/// AdamW's first and second moments of each trainable tensor, by PEFT tensor name.
+pub type Moments = BTreeMap<String, (Tensor, Tensor)>;
+
+/// One training example, already shifted: `target_tokens[i]` follows `input_tokens[..=i]`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Datum {
+    pub input_tokens: Vec<u32>,
+    pub target_tokens: Vec<u32>,
+    /// 1 where a target token counts (action tokens), 0 for context and observations.
+    pub mask: Vec<f32>,
+    pub weights: Option<Vec<f32>>,
+    pub advantages: Option<Vec<f32>>,
+    pub sampler_logprobs: Option<Vec<f32>>,
+}
+
+/// The datums of one adapter under one loss.
+#[derive(Clone, Debug)]
+pub struct WorkItem {
+    pub adapter: AdapterId,
+    pub datums: Vec<Datum>,
+    pub loss: Loss,
+}
+
+/// What `forward` / `forward_backward` return for one work item.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ItemOutput {
+    /// Per datum, the learner's logprob of each target token.
+    pub logprobs: Vec<Vec<f32>>,
+    /// The item's summed loss.
+    pub loss: f64,
+}
+
+/// AdamW settings of one `optim_step`, with the Tinker defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamParams {
+    pub learning_rate: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Clip the adapter's gradient to this global L2 norm; 0 means no clipping.
+    pub grad_clip_norm: f64,
+}
+
+impl Default for AdamParams {
+    fn default() -> Self {
+        AdamParams {
+            learning_rate: 1e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-12,
+            weight_decay: 0.0,
+            grad_clip_norm: 0.0,
+        }
+    }
+}
+
+/// What an `optim_step` did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepReport {
+    /// The adapter was updated; its step count and gradient norm before clipping.
+    Updated { step: u64, grad_norm: f64 },
+    /// A non-finite loss or gradient was seen since the last step: nothing changed but the
+    /// accumulated gradients, which are dropped.
+    SkippedNonFinite,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("no adapter named {0:?}")]
+    UnknownAdapter(String),
+    #[error("an adapter named {0:?} exists already")]
+    DuplicateAdapter(String),
+    #[error("work item {item}, datum {datum}: {problem}")]
+    BadDatum {
+        item: usize,
+        datum: usize,
+        problem: String,
+    },
+    #[error(transparent)]
+    Adapter(#[from] AdapterError),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// An adapter with its accumulated gradients and optimizer state.
+struct Slot {
+    adapter: Adapter,
+    /// Per trainable tensor (same order as `Adapter::named_tensors`).
+    gradients: Option<Vec<Tensor>>,
+    first_moments: Vec<Tensor>,
+    second_moments: Vec<Tensor>,
+    step: u64,
+    saw_non_finite: bool,
+}
+
+/// Many adapters over one frozen base model.
+pub struct TrainingEngine {
+    model: Arc<Transformer>,
+    slots: HashMap<AdapterId, Slot>,
+    dtype: DType,
+}
+
+impl TrainingEngine {
+    /// An engine over `model` whose adapters compute in `dtype` (f32; f64 for gradient checks).
+    pub fn new(model: Arc<Transformer>, dtype: DType) -> Self {
+        TrainingEngine {
+            model,
+            slots: HashMap::new(),
+            dtype,
+        }
+    }
+
+    /// Add a fresh adapter; the base weights and every other adapter are untouched.
+    pub fn add_adapter(&mut self, id: &str, config: LoraConfig) -> Result<(), TrainError> {
+        if self.slots.contains_key(id) {
+            return Err(TrainError::DuplicateAdapter(id.to_string()));
+        }
+        let adapter = Adapter::new(&self.model.config, config, self.dtype)?;
+        let zeros = |adapter: &Adapter| -> candle_core::Result<Vec<Tensor>> {
+            adapter
+                .named_tensors()
+                .iter()
+                .map(|(_, v)| v.as_tensor().zeros_like())
+                .collect()
+        };
+        let (first_moments, second_moments) = (zeros(&adapter)?, zeros(&adapter)?);
+        self.slots.insert(
+            id.to_string(),
+            Slot {
+                adapter,
+                gradients: None,
+                first_moments,
+                second_moments,
+                step: 0,
+                saw_non_finite: false,
+            },
+        );
+        Ok(())
+    }
+
+    pub fn remove_adapter(&mut self, id: &str) -> Result<(), TrainError> {
+        self.slots
+            .remove(id)
+            .map(|_| ())
+            .ok_or_else(|| TrainError::UnknownAdapter(id.to_string()))
+    }
+
+    pub fn adapter(&self, id: &str) -> Option<&Adapter> {
+        self.slots.get(id).map(|s| &s.adapter)
+    }
+
+    /// The gradients accumulated for `id` since its last step, by PEFT tensor name.
+    pub fn gradients(&self, id: &str) -> Option<BTreeMap<String, Tensor>> {
+        let slot = self.slots.get(id)?;
+        let gradients = slot.gradients.as_ref()?;
+        Some(
+            slot.adapter
+                .named_tensors()
+                .into_iter()
+                .map(|(name, _)| name)
+                .zip(gradients.iter().cloned())
+                .collect(),
+        )
+    }
+
+    /// Drop the gradients accumulated for `id` (and its non-finite mark) without stepping.
+    pub fn discard_gradients(&mut self, id: &str) -> Result<(), TrainError> {
+        let slot = self
+            .slots
+            .get_mut(id)
+            .ok_or_else(|| TrainError::UnknownAdapter(id.to_string()))?;
+        slot.gradients = None;
+        slot.saw_non_finite = false;
+        Ok(())
+    }
+
+    /// AdamW moments and step count of `id`, by PEFT tensor name.
+    pub fn optimizer_state(&self, id: &str) -> Option<(u64, Moments)> {
+        let slot = self.slots.get(id)?;
+        let names = slot.adapter.named_tensors().into_iter().map(|(n, _)| n);
+        let moments = names
+            .zip(
+                slot.first_moments
+                    .iter()
+                    .cloned()
+                    .zip(slot.second_moments.iter().cloned()),
+            )
+            .collect();
+        Some((slot.step, moments))
+    }
+
+    /// Logprobs and losses of the items, without gradients.
+    pub fn forward(&self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
+        let (outputs, _) = self.run(items)?;
+        Ok(outputs)
+    }
+
+    /// Logprobs and losses of the items; their gradients accumulate in each adapter's slot.
+    pub fn forward_backward(&mut self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
+        let (outputs, total) = self.run(items)?;
+        let gradients = total.backward()?;
+        let mut adapters: Vec<&AdapterId> = items.iter().map(|i| &i.adapter).collect();
+        adapters.sort();
+        adapters.dedup();
+        for id in adapters {
+            let slot = self
+                .slots
+                .get_mut(id)
+                .ok_or_else(|| TrainError::UnknownAdapter(id.clone()))?;
+            let mut fresh = Vec::new();
+            for (_, var) in slot.adapter.named_tensors() {
+                let gradient = match gradients.get(var.as_tensor()) {
+                    Some(g) => g.clone(),
+                    None => var.as_tensor().zeros_like()?,
+                };
+                fresh.push(gradient);
+            }
+            let non_finite = fresh
+                .iter()
+                .map(|g| g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>())
+                .collect::<candle_core::Result<Vec<f64>>>()?
+                .iter()
+                .any(|n| !n.is_finite());
+            slot.saw_non_finite |= non_finite;
+            slot.gradients = Some(match slot.gradients.take() {
+                Some(old) => old
+                    .iter()
+                    .zip(&fresh)
+                    .map(|(a, b)| a + b)
+                    .collect::<candle_core::Result<_>>()?,
+                None => fresh,
+            });
+        }
+        for (item, output) in items.iter().zip(&outputs) {
+            if !output.loss.is_finite()
+                && let Some(slot) = self.slots.get_mut(&item.adapter)
+            {
+                slot.saw_non_finite = true;
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// Apply AdamW to `id` with its accumulated gradients, then clear them. Every other adapter's
+    /// weights, gradients and moments are left as they are.
+    pub fn optim_step(&mut self, id: &str, params: &AdamParams) -> Result<StepReport, TrainError> {
+        let slot = self
+            .slots
+            .get_mut(id)
+            .ok_or_else(|| TrainError::UnknownAdapter(id.to_string()))?;
+        let gradients = slot.gradients.take();
+        if std::mem::take(&mut slot.saw_non_finite) {
+            return Ok(StepReport::SkippedNonFinite);
+        }
+        let vars: Vec<_> = slot
+            .adapter
+            .named_tensors()
+            .into_iter()
+            .map(|(_, v)| v.clone())
+            .collect();
+        let gradients = match gradients {
+            Some(g) => g,
+            None => vars
+                .iter()
+                .map(|v| v.as_tensor().zeros_like())
+                .collect::<candle_core::Result<_>>()?,
+        };
+        let mut square_sum = 0.0;
+        for g in &gradients {
+            square_sum += g
+                .sqr()?
+                .sum_all()?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()?;
+        }
+        let grad_norm = square_sum.sqrt();
+        let clip = if params.grad_clip_norm > 0.0 && grad_norm > params.grad_clip_norm {
+            params.grad_clip_norm / grad_norm
+        } else {
+            1.0
+        };
+        slot.step += 1;
+        let t = slot.step as i32;
+        let (bias1, bias2) = (1.0 - params.beta1.powi(t), 1.0 - params.beta2.powi(t));
+        for (i, (var, g)) in vars.iter().zip(&gradients).enumerate() {
+            let g = (g * clip)?;
+            let m = ((&slot.first_moments[i] * params.beta1)? + (&g * (1.0 - params.beta1))?)?;
+            let v =
+                ((&slot.second_moments[i] * params.beta2)? + (g.sqr()? * (1.0 - params.beta2))?)?;
+            let update = ((&m / bias1)? / ((&v / bias2)?.sqrt()? + params.eps)?)?;
+            let w = var.as_tensor();
+            let decayed = (w * (1.0 - params.learning_rate * params.weight_decay))?;
+            var.set(&(decayed - (update * params.learning_rate)?)?)?;
+            slot.first_moments[i] = m;
+            slot.second_moments[i] = v;
+        }
+        Ok(StepReport::Updated {
+            step: slot.step,
+            grad_norm,
+        })
+    }
+
+    /// One fused forward over every item: rows grouped by adapter, padded to the longest datum.
+    /// Returns the outputs and the summed loss (the root of the backward pass).
+    fn run(&self, items: &[WorkItem]) -> Result<(Vec<ItemOutput>, Tensor), TrainError> {
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by(|&a, &b| items[a].adapter.cmp(&items[b].adapter));
+        let vocab = self.model.config.vocab_size;
+        let mut width = 1;
+        for (i, item) in items.iter().enumerate() {
+            if !self.slots.contains_key(&item.adapter) {
+                return Err(TrainError::UnknownAdapter(item.adapter.clone()));
+            }
+            for (d, datum) in item.datums.iter().enumerate() {
+                check_datum(datum, vocab).map_err(|problem| TrainError::BadDatum {
+                    item: i,
+                    datum: d,
+                    problem,
+                })?;
+                width = width.max(datum.input_tokens.len());
+            }
+        }
+        let rows: Vec<(usize, &Datum)> = order
+            .iter()
+            .flat_map(|&i| items[i].datums.iter().map(move |d| (i, d)))
+            .collect();
+        if rows.is_empty() {
+            let zero = Tensor::zeros((), self.dtype, &Device::Cpu)?;
+            let outputs = items
+                .iter()
+                .map(|_| ItemOutput {
+                    logprobs: Vec::new(),
+                    loss: 0.0,
+                })
+                .collect();
+            return Ok((outputs, zero));
+        }
+        let padded = |values: &dyn Fn(&Datum) -> Vec<f64>| -> candle_core::Result<Tensor> {
+            let mut flat = Vec::with_capacity(rows.len() * width);
+            for (_, datum) in &rows {
+                let mut row = values(datum);
+                row.resize(width, 0.0);
+                flat.extend(row);
+            }
+            Tensor::from_vec(flat, (rows.len(), width), &Device::Cpu)?.to_dtype(self.dtype)
+        };
+        let token_rows = |tokens: &dyn Fn(&Datum) -> &Vec<u32>| -> candle_core::Result<Tensor> {
+            let mut flat = Vec::with_capacity(rows.len() * width);
+            for (_, datum) in &rows {
+                let t = tokens(datum);
+                flat.extend(
+                    t.iter()
+                        .copied()
+                        .chain(std::iter::repeat_n(0, width - t.len())),
+                );
+            }
+            Tensor::from_vec(flat, (rows.len(), width), &Device::Cpu)
+        };
+        let inputs = token_rows(&|d| &d.input_tokens)?;
+        let targets = token_rows(&|d| &d.target_tokens)?;
+        let mut runs: Vec<(usize, Option<&Adapter>)> = Vec::new();
+        let mut run_adapter: Option<&str> = None;
+        for &i in &order {
+            let count = items[i].datums.len();
+            match runs.last_mut() {
+                Some((rows, _)) if run_adapter == Some(items[i].adapter.as_str()) => *rows += count,
+                _ => {
+                    runs.push((count, self.slots.get(&items[i].adapter).map(|s| &s.adapter)));
+                    run_adapter = Some(items[i].adapter.as_str());
+                }
+            }
+        }
+        let logits = self
+            .model
+            .forward_with_adapters(&inputs, &RowAdapters { runs })?;
+        let logits = if self.dtype == DType::F32 {
+            logits
+        } else {
+            logits.to_dtype(self.dtype)?
+        };
+        let logprobs = target_logprobs(&logits, &targets)?;
+        let as_f64 = |v: &Option<Vec<f32>>| {
+            v.as_ref()
+                .map(|v| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>())
+        };
+        let mask = padded(&|d| d.mask.iter().map(|&x| f64::from(x)).collect())?;
+        let weights = padded(&|d| as_f64(&d.weights).unwrap_or_else(|| vec![1.0; d.mask.len()]))?;
+        let advantages =
+            padded(&|d| as_f64(&d.advantages).unwrap_or_else(|| vec![0.0; d.mask.len()]))?;
+        let sampler =
+            padded(&|d| as_f64(&d.sampler_logprobs).unwrap_or_else(|| vec![0.0; d.mask.len()]))?;
+
+        let mut outputs: Vec<Option<ItemOutput>> = vec![None; items.len()];
+        let mut total: Option<Tensor> = None;
+        let mut start = 0;
+        for &i in &order {
+            let count = items[i].datums.len();
+            let rows_of = |t: &Tensor| t.narrow(0, start, count);
+            let item_logprobs = rows_of(&logprobs)?;
+            let (item_mask, item_weights, item_advantages, item_sampler) = (
+                rows_of(&mask)?,
+                rows_of(&weights)?,
+                rows_of(&advantages)?,
+                rows_of(&sampler)?,
+            );
+            let value = loss(
+                &items[i].loss,
+                &LossInputs {
+                    logprobs: &item_logprobs,
+                    mask: &item_mask,
+                    weights: Some(&item_weights),
+                    sampler_logprobs: Some(&item_sampler),
+                    advantages: Some(&item_advantages),
+                },
+            )?;
+            let per_row = item_logprobs.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+            let logprobs = per_row
+                .into_iter()
+                .zip(&items[i].datums)
+                .map(|(mut row, datum)| {
+                    row.truncate(datum.target_tokens.len());
+                    row
+                })
+                .collect();
+            let loss_value = value.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            outputs[i] = Some(ItemOutput {
+                logprobs,
+                loss: loss_value,
+            });
+            total = Some(match total {
+                Some(sum) => (sum + value)?,
+                None => value,
+            });
+            start += count;
+        }
+        let outputs = outputs
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or(ItemOutput {
+                    logprobs: Vec::new(),
+                    loss: 0.0,
+                })
+            })
+            .collect();
+        let total = match total {
+            Some(total) => total,
+            None => Tensor::zeros((), self.dtype, &Device::Cpu)?,
+        };
+        Ok((outputs, total))
+    }
+}
+
+/// Whether a datum is well formed: equal lengths, tokens in the vocabulary.
+fn check_datum(datum: &Datum, vocab: usize) -> Result<(), String> {
+    let n = datum.input_tokens.len();
+    if n == 0 {
+        return Err("no tokens".into());
+    }
+    let lengths = [
+        ("target_tokens", Some(datum.target_tokens.len())),
+        ("mask", Some(datum.mask.len())),
+        ("weights", datum.weights.as_ref().map(Vec::len)),
+        ("advantages", datum.advantages.as_ref().map(Vec::len)),
+        (
+            "sampler_logprobs",
+            datum.sampler_logprobs.as_ref().map(Vec::len),
+        ),
+    ];
+    for (name, len) in lengths {
+        if let Some(len) = len
+            && len != n
+        {
+            return Err(format!("{name} has {len} entries for {n} input tokens"));
+        }
+    }
+    if let Some(bad) = datum
+        .input_tokens
+        .iter()
+        .chain(&datum.target_tokens)
+        .find(|&&t| t as usize >= vocab)
+    {
+        return Err(format!(
+            "token id {bad} is outside the vocabulary of {vocab}"
+        ));
+    }
+    Ok(())
+}

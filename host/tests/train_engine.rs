@@ -1,0 +1,326 @@
+//! The training engine on the tiny shape: gradients against finite differences in f64 through
+//! the production path, adapter isolation in mixed batches, per-adapter steps and NaN handling.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use candle_core::{DType, Tensor};
+use opentinker::lora::LoraConfig;
+use opentinker::model::tiny::{TinyShape, init_tiny};
+use opentinker::model::{Architecture, Model, Transformer};
+use opentinker::train::{AdamParams, Datum, Loss, StepReport, TrainingEngine, WorkItem};
+
+fn tiny_transformer(arch: Architecture) -> Transformer {
+    let dir = tempfile::tempdir().unwrap();
+    init_tiny(dir.path(), TinyShape::Tiny, arch, 11).unwrap();
+    Model::load(dir.path()).unwrap().transformer
+}
+
+fn lora(rank: usize, seed: u64) -> LoraConfig {
+    LoraConfig {
+        rank,
+        alpha: 2.0 * rank as f64,
+        seed,
+        ..LoraConfig::default()
+    }
+}
+
+/// A datum of `n` tokens: the first half context (mask 0), the rest actions.
+fn datum(seed: u32, n: usize, rl: bool) -> Datum {
+    let tokens: Vec<u32> = (0..=n as u32)
+        .map(|i| (i * 37 + seed * 101) % 500 + 3)
+        .collect();
+    let mask: Vec<f32> = (0..n).map(|i| if i < n / 2 { 0.0 } else { 1.0 }).collect();
+    Datum {
+        input_tokens: tokens[..n].to_vec(),
+        target_tokens: tokens[1..].to_vec(),
+        mask,
+        weights: None,
+        advantages: rl.then(|| {
+            (0..n)
+                .map(|i| ((i as f32 + seed as f32) * 0.7).sin())
+                .collect()
+        }),
+        sampler_logprobs: rl.then(|| {
+            (0..n)
+                .map(|i| -6.3 + 0.05 * ((i + seed as usize) % 5) as f32)
+                .collect()
+        }),
+    }
+}
+
+fn item(adapter: &str, loss: Loss, seeds: &[u32], n: usize) -> WorkItem {
+    let rl = loss != Loss::CrossEntropy;
+    WorkItem {
+        adapter: adapter.into(),
+        datums: seeds.iter().map(|&s| datum(s, n, rl)).collect(),
+        loss,
+    }
+}
+
+fn config(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+fn all_losses() -> Vec<Loss> {
+    vec![
+        Loss::from_config("cross_entropy", &config(&[])).unwrap(),
+        Loss::from_config("importance_sampling", &config(&[])).unwrap(),
+        Loss::from_config("ppo", &config(&[])).unwrap(),
+        Loss::from_config("cispo", &config(&[])).unwrap(),
+        Loss::from_config("dro", &config(&[("beta", 0.5)])).unwrap(),
+    ]
+}
+
+/// Move every adapter off its zero-`B` start, so that every tensor has a gradient.
+fn warm_up(engine: &mut TrainingEngine, ids: &[&str]) {
+    for id in ids {
+        engine
+            .forward_backward(&[item(id, Loss::CrossEntropy, &[9], 12)])
+            .unwrap();
+        let params = AdamParams {
+            learning_rate: 0.05,
+            ..AdamParams::default()
+        };
+        assert!(matches!(
+            engine.optim_step(id, &params).unwrap(),
+            StepReport::Updated { .. }
+        ));
+    }
+}
+
+fn l2(t: &Tensor) -> f64 {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap()
+        .sqrt()
+}
+
+/// For every loss, the gradient of a few entries of A and B of two layers against central
+/// differences of the loss that `forward` computes, in f64.
+#[test]
+fn gradients_match_finite_differences_in_f64_for_every_loss() {
+    let model = Arc::new(
+        tiny_transformer(Architecture::Qwen3)
+            .to_dtype(DType::F64)
+            .unwrap(),
+    );
+    let mut engine = TrainingEngine::new(model, DType::F64);
+    engine.add_adapter("a", lora(4, 1)).unwrap();
+    warm_up(&mut engine, &["a"]);
+    for loss in all_losses() {
+        let work = [item("a", loss.clone(), &[1, 2], 10)];
+        engine.discard_gradients("a").unwrap();
+        engine.forward_backward(&work).unwrap();
+        let gradients = engine.gradients("a").unwrap();
+        let adapter = engine.adapter("a").unwrap().clone();
+        let named = adapter.named_tensors();
+        for (name, var) in named.iter().filter(|(n, _)| {
+            n.contains("layers.0.self_attn.q_proj") || n.contains("layers.3.mlp.down_proj")
+        }) {
+            let original = var
+                .as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap();
+            let analytic = gradients[name]
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap();
+            for index in [0, original.len() / 3, original.len() - 1] {
+                let at = |delta: f64| {
+                    let mut values = original.clone();
+                    values[index] += delta;
+                    var.set(
+                        &Tensor::from_vec(
+                            values,
+                            var.as_tensor().shape(),
+                            &candle_core::Device::Cpu,
+                        )
+                        .unwrap(),
+                    )
+                    .unwrap();
+                    let value = engine.forward(&work).unwrap()[0].loss;
+                    var.set(
+                        &Tensor::from_vec(
+                            original.clone(),
+                            var.as_tensor().shape(),
+                            &candle_core::Device::Cpu,
+                        )
+                        .unwrap(),
+                    )
+                    .unwrap();
+                    value
+                };
+                let eps = 1e-5;
+                let numeric = (at(eps) - at(-eps)) / (2.0 * eps);
+                let expected = if matches!(loss, Loss::Cispo { .. }) {
+                    None
+                } else {
+                    Some(numeric)
+                };
+                if let Some(expected) = expected {
+                    assert!(
+                        (analytic[index] - expected).abs() <= 1e-6 * (1.0 + expected.abs()),
+                        "{loss:?} {name}[{index}]: analytic {} vs numeric {expected}",
+                        analytic[index]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mixed_batches_give_each_adapter_the_gradient_of_its_own_items() {
+    let model = Arc::new(tiny_transformer(Architecture::Qwen2));
+    let mut engine = TrainingEngine::new(model, DType::F32);
+    engine.add_adapter("rank4", lora(4, 1)).unwrap();
+    engine.add_adapter("rank16", lora(16, 2)).unwrap();
+    warm_up(&mut engine, &["rank4", "rank16"]);
+    let ppo = Loss::from_config("ppo", &config(&[])).unwrap();
+    let item4 = item("rank4", Loss::CrossEntropy, &[1, 2, 3], 14);
+    let item16 = item("rank16", ppo, &[4, 5], 9);
+
+    engine
+        .forward_backward(std::slice::from_ref(&item4))
+        .unwrap();
+    let alone4 = engine.gradients("rank4").unwrap();
+    engine.discard_gradients("rank4").unwrap();
+    engine
+        .forward_backward(std::slice::from_ref(&item16))
+        .unwrap();
+    let alone16 = engine.gradients("rank16").unwrap();
+    engine.discard_gradients("rank16").unwrap();
+
+    let outputs = engine
+        .forward_backward(&[item16.clone(), item4.clone()])
+        .unwrap();
+    assert_eq!(outputs[0].logprobs.len(), 2);
+    assert_eq!(outputs[1].logprobs.len(), 3);
+    assert_eq!(outputs[1].logprobs[0].len(), 14);
+    for (alone, id) in [(alone4, "rank4"), (alone16, "rank16")] {
+        let mixed = engine.gradients(id).unwrap();
+        assert_eq!(alone.len(), mixed.len());
+        for (name, g) in &alone {
+            let difference = l2(&(g - &mixed[name]).unwrap());
+            let norm = l2(g);
+            assert!(norm > 0.0, "{id} {name} has a zero gradient");
+            assert!(
+                difference <= 1e-5 * norm,
+                "{id} {name}: |mixed - alone| = {difference}, |alone| = {norm}"
+            );
+        }
+    }
+}
+
+fn snapshot(engine: &TrainingEngine, id: &str) -> Vec<Vec<f32>> {
+    let mut values: Vec<Vec<f32>> = engine
+        .adapter(id)
+        .unwrap()
+        .named_tensors()
+        .iter()
+        .map(|(_, v)| {
+            v.as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect();
+    if let Some(gradients) = engine.gradients(id) {
+        values.extend(
+            gradients
+                .values()
+                .map(|g| g.flatten_all().unwrap().to_vec1::<f32>().unwrap()),
+        );
+    }
+    let (step, moments) = engine.optimizer_state(id).unwrap();
+    values.push(vec![step as f32]);
+    for (m, v) in moments.values() {
+        values.push(m.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        values.push(v.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+    }
+    values
+}
+
+#[test]
+fn a_step_touches_only_its_adapter_and_a_nan_skips_only_that_adapter() {
+    let model = Arc::new(tiny_transformer(Architecture::Llama));
+    let mut engine = TrainingEngine::new(model, DType::F32);
+    engine.add_adapter("a", lora(4, 1)).unwrap();
+    engine.add_adapter("b", lora(8, 2)).unwrap();
+    warm_up(&mut engine, &["a", "b"]);
+    let is = Loss::from_config("importance_sampling", &config(&[])).unwrap();
+    engine
+        .forward_backward(&[
+            item("a", is.clone(), &[1], 8),
+            item("b", is.clone(), &[2], 8),
+        ])
+        .unwrap();
+    let b_before = snapshot(&engine, "b");
+    let a_before = snapshot(&engine, "a");
+    assert!(matches!(
+        engine.optim_step("a", &AdamParams::default()).unwrap(),
+        StepReport::Updated { step: 2, .. }
+    ));
+    assert_eq!(snapshot(&engine, "b"), b_before, "stepping a changed b");
+    assert_ne!(snapshot(&engine, "a"), a_before);
+
+    // A NaN advantage in a's item: a's update is skipped, b trains on.
+    let mut poisoned = item("a", is.clone(), &[3], 8);
+    poisoned.datums[0].advantages.as_mut().unwrap()[6] = f32::NAN;
+    let outputs = engine
+        .forward_backward(&[poisoned, item("b", is, &[4], 8)])
+        .unwrap();
+    assert!(outputs[0].loss.is_nan() && outputs[1].loss.is_finite());
+    let a_weights = snapshot(&engine, "a");
+    assert_eq!(
+        engine.optim_step("a", &AdamParams::default()).unwrap(),
+        StepReport::SkippedNonFinite
+    );
+    let after: Vec<Vec<f32>> = snapshot(&engine, "a");
+    // Weights, step and moments unchanged; only the dropped gradients differ.
+    let tensors = engine.adapter("a").unwrap().named_tensors().len();
+    assert_eq!(&after[..tensors], &a_weights[..tensors]);
+    assert_eq!(&after[tensors..], &a_weights[2 * tensors..]);
+    let report = engine.optim_step("b", &AdamParams::default()).unwrap();
+    assert!(
+        matches!(report, StepReport::Updated { step: 2, .. }),
+        "{report:?}"
+    );
+}
+
+#[test]
+fn bad_datums_and_unknown_adapters_are_named() {
+    let model = Arc::new(tiny_transformer(Architecture::Qwen2));
+    let mut engine = TrainingEngine::new(model, DType::F32);
+    engine.add_adapter("a", lora(4, 1)).unwrap();
+    let mut bad = item("a", Loss::CrossEntropy, &[1], 6);
+    bad.datums[0].target_tokens[2] = 10_000;
+    let err = engine.forward_backward(&[bad]).unwrap_err().to_string();
+    assert!(err.contains("10000") && err.contains("vocabulary"), "{err}");
+    let mut short = item("a", Loss::CrossEntropy, &[1], 6);
+    short.datums[0].mask.pop();
+    let err = engine.forward(&[short]).unwrap_err().to_string();
+    assert!(err.contains("mask has 5 entries for 6"), "{err}");
+    let err = engine
+        .forward(&[item("nobody", Loss::CrossEntropy, &[1], 6)])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("nobody"), "{err}");
+    assert!(
+        engine
+            .add_adapter("a", lora(4, 1))
+            .unwrap_err()
+            .to_string()
+            .contains("exists")
+    );
+}
