@@ -4,13 +4,16 @@ Writes host/tests/fixtures/transformers/:
 - llama/, qwen2/, qwen3/: tiny random models (`save_pretrained`, safetensors, f32) with a small
   byte-level BPE tokenizer, and `reference.safetensors` holding, for a few token sequences,
   `tokens.N` (int64) and `logits.N` (float32, [len, vocab]) computed by transformers;
+- qwen2-peft-lora/: a LoRA adapter written by `peft` (rank 4, alpha 8, attention and MLP
+  projections, random A and B) for qwen2/, with `reference.safetensors` holding the adapted
+  model's logits;
 - chat_renders.json: `apply_chat_template` renders (text and token ids) of a few conversations under
   ChatML-, Llama-3- and Qwen3-style templates.
 
 CI only reads the fixture. Regenerate it (rarely: when transformers' behaviour is what changed):
 
     python3 -m venv ~/.cache/opentinker/pyenv
-    ~/.cache/opentinker/pyenv/bin/pip install torch transformers safetensors
+    ~/.cache/opentinker/pyenv/bin/pip install torch transformers peft safetensors
     ~/.cache/opentinker/pyenv/bin/python scripts/make_model_fixture.py
 """
 
@@ -167,14 +170,38 @@ def make_renders(tokenizer):
     tokenizer.save(str(OUT / "tokenizer.json"))
 
 
+def make_peft_adapter():
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(5)
+    base = AutoModelForCausalLM.from_pretrained(OUT / "qwen2", dtype=torch.float32).eval()
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                        "up_proj", "down_proj"])
+    model = get_peft_model(base, config).eval()
+    directory = OUT / "qwen2-peft-lora"
+    model.save_pretrained(directory)
+    adapter_config = json.loads((directory / "adapter_config.json").read_text())
+    adapter_config["base_model_name_or_path"] = "../qwen2"
+    (directory / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+    (directory / "README.md").unlink(missing_ok=True)
+    tokens = torch.tensor([[5, 17, 42, 9, 100, 250, 3]])
+    with torch.no_grad():
+        logits = model(tokens).logits[0].contiguous()
+    save_file({"tokens.0": tokens[0].to(torch.int64), "logits.0": logits},
+              str(directory / "reference.safetensors"))
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer()
     for name, family in FAMILIES.items():
         make_model(name, family, tokenizer)
     make_renders(tokenizer)
+    make_peft_adapter()
     (OUT / "VERSIONS").write_text(
-        f"transformers {transformers.__version__}\ntorch {torch.__version__}\n")
+        f"transformers {transformers.__version__}\ntorch {torch.__version__}\n"
+        f"peft {__import__('peft').__version__}\n")
     print(f"wrote {OUT}")
 
 

@@ -57,6 +57,47 @@ pub fn write_atomic_via_path(
     Ok(())
 }
 
+/// Replace the folder `dir` atomically with one that `fill` writes: `fill` writes into a
+/// temporary sibling folder, every file in it is fsynced, and it is renamed over `dir` (an old
+/// `dir` is moved aside first and removed after), so `dir` is never half written.
+pub fn write_atomic_dir(
+    dir: &Path,
+    fill: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)?;
+    let temp = tempfile::Builder::new()
+        .prefix(".writing-")
+        .tempdir_in(parent)?;
+    fill(temp.path())?;
+    for entry in std::fs::read_dir(temp.path())? {
+        std::fs::File::open(entry?.path())?.sync_all()?;
+    }
+    std::fs::File::open(temp.path())?.sync_all()?;
+    let temp = temp.keep();
+    let old = if dir.exists() {
+        let aside = tempfile::Builder::new()
+            .prefix(".replaced-")
+            .tempdir_in(parent)?
+            .keep();
+        std::fs::rename(dir, aside.join("old"))?;
+        Some(aside)
+    } else {
+        None
+    };
+    std::fs::rename(&temp, dir)?;
+    if let Ok(parent) = std::fs::File::open(parent) {
+        let _ = parent.sync_all();
+    }
+    if let Some(aside) = old {
+        std::fs::remove_dir_all(aside)?;
+    }
+    Ok(())
+}
+
 /// Write `bytes` to `path` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     write_atomic_with(path, |file| file.write_all(bytes))

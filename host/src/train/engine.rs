@@ -101,6 +101,8 @@ pub enum TrainError {
     #[error(transparent)]
     Adapter(#[from] AdapterError),
     #[error(transparent)]
+    Checkpoint(#[from] super::checkpoint::CheckpointError),
+    #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }
 
@@ -209,6 +211,74 @@ impl TrainingEngine {
             )
             .collect();
         Some((slot.step, moments))
+    }
+
+    /// Save adapter `id` (with its optimizer state when `with_optimizer`) as a PEFT checkpoint.
+    pub fn save_adapter(
+        &self,
+        id: &str,
+        dir: &std::path::Path,
+        base_model: &str,
+        with_optimizer: bool,
+    ) -> Result<(), TrainError> {
+        let slot = self
+            .slots
+            .get(id)
+            .ok_or_else(|| TrainError::UnknownAdapter(id.to_string()))?;
+        let state = self.optimizer_state(id);
+        let optimizer = state
+            .as_ref()
+            .filter(|_| with_optimizer)
+            .map(|(step, moments)| (*step, moments));
+        super::checkpoint::save(dir, &slot.adapter, base_model, optimizer)?;
+        Ok(())
+    }
+
+    /// Load a checkpoint as adapter `id` (new, or replacing one of that name); its optimizer
+    /// state too when the checkpoint has one and `with_optimizer`, else a fresh optimizer.
+    pub fn load_adapter(
+        &mut self,
+        id: &str,
+        dir: &std::path::Path,
+        with_optimizer: bool,
+    ) -> Result<(), TrainError> {
+        let loaded = super::checkpoint::load(dir, &self.model.config, self.dtype)?;
+        let zeros = |adapter: &Adapter| -> candle_core::Result<Vec<Tensor>> {
+            adapter
+                .named_tensors()
+                .iter()
+                .map(|(_, v)| v.as_tensor().zeros_like())
+                .collect()
+        };
+        let (step, first_moments, second_moments) =
+            match loaded.optimizer.filter(|_| with_optimizer) {
+                Some((step, mut moments)) => {
+                    // Slots keep moments in the adapter's tensor order, not by name.
+                    let mut ordered = Vec::new();
+                    for (name, _) in loaded.adapter.named_tensors() {
+                        ordered.push(moments.remove(&name).ok_or_else(|| {
+                            candle_core::Error::Msg(format!(
+                                "the optimizer state has no moments of {name}"
+                            ))
+                        })?);
+                    }
+                    let (m, v) = ordered.into_iter().unzip();
+                    (step, m, v)
+                }
+                None => (0, zeros(&loaded.adapter)?, zeros(&loaded.adapter)?),
+            };
+        self.slots.insert(
+            id.to_string(),
+            Slot {
+                adapter: loaded.adapter,
+                gradients: None,
+                first_moments,
+                second_moments,
+                step,
+                saw_non_finite: false,
+            },
+        );
+        Ok(())
     }
 
     /// Logprobs and losses of the items, without gradients.

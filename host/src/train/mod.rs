@@ -1,6 +1,7 @@
 //! Training: the Tinker losses, and the engine that runs forward / forward_backward over
 //! mixed-adapter work items with a per-adapter AdamW (checkpoints come next).
 
+pub mod checkpoint;
 pub mod engine;
 pub mod loss;
 
