@@ -102,7 +102,7 @@ fn chat_template_renders_match_transformers_token_for_token() {
 fn token_logprobs_agree_with_the_logits() {
     let model = Model::load(&fixture().join("qwen2")).unwrap();
     let tokens = model.tokenizer.encode("What is 12 + 30?").unwrap();
-    let logprobs = model.token_logprobs(&tokens).unwrap();
+    let logprobs = model.token_logprobs(&tokens, None).unwrap();
     assert_eq!(logprobs[0], None);
     assert!(
         logprobs[1..]
@@ -126,7 +126,10 @@ fn token_logprobs_agree_with_the_logits() {
         .to_scalar::<f32>()
         .unwrap();
     assert!((logprobs[1].unwrap() - expected).abs() < 1e-6);
-    let err = model.token_logprobs(&[1, 99_999]).unwrap_err().to_string();
+    let err = model
+        .token_logprobs(&[1, 99_999], None)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("99999") && err.contains("vocabulary"), "{err}");
 }
 

@@ -93,7 +93,7 @@ fn every_architecture_loads_tokenizes_and_chats() {
             "merges shorten the text: {} tokens",
             tokens.len()
         );
-        let logprobs = model.token_logprobs(&tokens).unwrap();
+        let logprobs = model.token_logprobs(&tokens, None).unwrap();
         assert!(logprobs[1..].iter().all(|l| l.is_some_and(f32::is_finite)));
     }
 }

@@ -25,6 +25,9 @@ pub enum ModelCommand {
     Logprobs {
         #[arg(long)]
         model: PathBuf,
+        /// A LoRA adapter checkpoint (PEFT format) to apply.
+        #[arg(long)]
+        adapter: Option<PathBuf>,
         #[arg(long)]
         text: String,
         /// Print JSON.
@@ -69,10 +72,21 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             println!("{}", dir.display());
             Ok(())
         }
-        ModelCommand::Logprobs { model, text, json } => {
+        ModelCommand::Logprobs {
+            model,
+            adapter,
+            text,
+            json,
+        } => {
             let model = Model::load(&model)?;
+            let adapter = adapter
+                .map(|dir| {
+                    crate::train::checkpoint::load(&dir, &model.config, candle_core::DType::F32)
+                })
+                .transpose()?
+                .map(|loaded| loaded.adapter);
             let tokens = model.tokenizer.encode(&text)?;
-            let logprobs = model.token_logprobs(&tokens)?;
+            let logprobs = model.token_logprobs(&tokens, adapter.as_ref())?;
             let rows = tokens
                 .iter()
                 .zip(logprobs)

@@ -17,6 +17,8 @@ pub use config::{Architecture, ModelConfig};
 pub use tokenizer::Tokenizer;
 pub use transformer::Transformer;
 
+use crate::lora::Adapter;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
@@ -60,8 +62,13 @@ impl Model {
         })
     }
 
-    /// The logprob of each token given the ones before it (`None` for the first).
-    pub fn token_logprobs(&self, tokens: &[u32]) -> Result<Vec<Option<f32>>, ModelError> {
+    /// The logprob of each token given the ones before it (`None` for the first), under the base
+    /// model or under `adapter`.
+    pub fn token_logprobs(
+        &self,
+        tokens: &[u32],
+        adapter: Option<&Adapter>,
+    ) -> Result<Vec<Option<f32>>, ModelError> {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
@@ -82,7 +89,15 @@ impl Model {
             )));
         }
         let input = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
-        let logits = self.transformer.forward(&input)?;
+        let logits = match adapter {
+            Some(adapter) => {
+                let runs = transformer::RowAdapters {
+                    runs: vec![(1, Some(adapter))],
+                };
+                self.transformer.forward_with_adapters(&input, &runs)?
+            }
+            None => self.transformer.forward(&input)?,
+        };
         let time = tokens.len();
         let mut out = vec![None];
         if time > 1 {
