@@ -206,6 +206,9 @@ fn mixed_batches_give_each_adapter_the_gradient_of_its_own_items() {
     assert_eq!(outputs[0].logprobs.len(), 2);
     assert_eq!(outputs[1].logprobs.len(), 3);
     assert_eq!(outputs[1].logprobs[0].len(), 14);
+    // Half of each datum is context: 7 of 14 tokens count, in 3 datums.
+    assert_eq!(outputs[1].metrics["tokens:sum"], 21.0);
+    assert_eq!(outputs[1].metrics["loss:sum"], outputs[1].loss);
     for (alone, id) in [(alone4, "rank4"), (alone16, "rank16")] {
         let mixed = engine.gradients(id).unwrap();
         assert_eq!(alone.len(), mixed.len());

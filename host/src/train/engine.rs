@@ -43,12 +43,15 @@ pub struct WorkItem {
 }
 
 /// What `forward` / `forward_backward` return for one work item.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Default)]
 pub struct ItemOutput {
     /// Per datum, the learner's logprob of each target token.
     pub logprobs: Vec<Vec<f32>>,
     /// The item's summed loss.
     pub loss: f64,
+    /// Named numbers with Tinker's `name:reduction` keys: `loss:sum`, `tokens:sum` (tokens that
+    /// count), `logprob:sum` (of the tokens that count).
+    pub metrics: BTreeMap<String, f64>,
 }
 
 /// AdamW settings of one `optim_step`, with the Tinker defaults.
@@ -418,13 +421,7 @@ impl TrainingEngine {
             .collect();
         if rows.is_empty() {
             let zero = Tensor::zeros((), self.dtype, &Device::Cpu)?;
-            let outputs = items
-                .iter()
-                .map(|_| ItemOutput {
-                    logprobs: Vec::new(),
-                    loss: 0.0,
-                })
-                .collect();
+            let outputs = items.iter().map(|_| ItemOutput::default()).collect();
             return Ok((outputs, zero));
         }
         let padded = |values: &dyn Fn(&Datum) -> Vec<f64>| -> candle_core::Result<Tensor> {
@@ -515,9 +512,23 @@ impl TrainingEngine {
                 })
                 .collect();
             let loss_value = value.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let counted = item_mask
+                .to_dtype(DType::F64)?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+            let counted_logprob = (item_logprobs.detach() * &item_mask)?
+                .to_dtype(DType::F64)?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+            let metrics = BTreeMap::from([
+                ("loss:sum".to_string(), loss_value),
+                ("tokens:sum".to_string(), counted),
+                ("logprob:sum".to_string(), counted_logprob),
+            ]);
             outputs[i] = Some(ItemOutput {
                 logprobs,
                 loss: loss_value,
+                metrics,
             });
             total = Some(match total {
                 Some(sum) => (sum + value)?,
@@ -525,15 +536,7 @@ impl TrainingEngine {
             });
             start += count;
         }
-        let outputs = outputs
-            .into_iter()
-            .map(|o| {
-                o.unwrap_or(ItemOutput {
-                    logprobs: Vec::new(),
-                    loss: 0.0,
-                })
-            })
-            .collect();
+        let outputs = outputs.into_iter().map(Option::unwrap_or_default).collect();
         let total = match total {
             Some(total) => total,
             None => Tensor::zeros((), self.dtype, &Device::Cpu)?,

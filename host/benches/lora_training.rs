@@ -1,0 +1,116 @@
+//! Tokens per second of a LoRA forward_backward + optim_step (rank 16, alpha 32, all seven
+//! attention and MLP projections, f32, cross-entropy), beside PyTorch + PEFT with the same shapes,
+//! batch and threads (`bench/python/lora_training.py`, run when `PYTHON` has torch and peft).
+//!
+//!     RAYON_NUM_THREADS=2 PYTHON=~/.cache/opentinker/pyenv/bin/python \
+//!         cargo bench -p opentinker --bench lora_training [-- qwen2.5-0.5b]
+//!
+//! The tiny shape runs 16 sequences of 128 tokens; `qwen2.5-0.5b` 4 of 256 (it writes a 2 GB
+//! model to a temporary folder first).
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::DType;
+use opentinker::lora::LoraConfig;
+use opentinker::model::tiny::{TinyShape, init_tiny};
+use opentinker::model::{Architecture, Model};
+use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
+
+fn ours(shape: TinyShape, batch: usize, length: usize, steps: usize) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    init_tiny(dir.path(), shape, Architecture::Qwen2, 0)?;
+    let model = Model::load(dir.path())?;
+    let vocab = model.config.vocab_size as u32;
+    let mut engine = TrainingEngine::new(Arc::new(model.transformer), DType::F32);
+    engine.add_adapter(
+        "bench",
+        LoraConfig {
+            rank: 16,
+            alpha: 32.0,
+            ..LoraConfig::default()
+        },
+    )?;
+    let datums = (0..batch)
+        .map(|row| {
+            let tokens: Vec<u32> = (0..=length as u32)
+                .map(|i| (i * 7919 + row as u32 * 104_729) % vocab)
+                .collect();
+            Datum {
+                input_tokens: tokens[..length].to_vec(),
+                target_tokens: tokens[1..].to_vec(),
+                mask: vec![1.0; length],
+                ..Datum::default()
+            }
+        })
+        .collect();
+    let item = WorkItem {
+        adapter: "bench".into(),
+        datums,
+        loss: Loss::CrossEntropy,
+    };
+    let mut step = || -> anyhow::Result<()> {
+        engine.forward_backward(std::slice::from_ref(&item))?;
+        engine.optim_step("bench", &AdamParams::default())?;
+        Ok(())
+    };
+    step()?;
+    let started = Instant::now();
+    for _ in 0..steps {
+        step()?;
+    }
+    let seconds = started.elapsed().as_secs_f64() / steps as f64;
+    Ok((batch * length) as f64 / seconds)
+}
+
+fn pytorch(shape: &str, steps: usize) -> Option<f64> {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../bench/python/lora_training.py"
+    );
+    let output = Command::new(python)
+        .args([
+            script,
+            "--shape",
+            shape,
+            "--steps",
+            &steps.to_string(),
+            "--threads",
+            "2",
+        ])
+        .output()
+        .ok()?;
+    if !output.status.success() {
+        eprintln!(
+            "PyTorch + PEFT skipped: {}",
+            String::from_utf8_lossy(&output.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+        return None;
+    }
+    let line: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+    line["tokens_per_s"].as_f64()
+}
+
+fn main() -> anyhow::Result<()> {
+    let big = std::env::args().any(|a| a == "qwen2.5-0.5b");
+    let (shape, name, batch, length, steps) = if big {
+        (TinyShape::Qwen05b, "qwen2.5-0.5b", 4, 256, 2)
+    } else {
+        (TinyShape::Tiny, "tiny", 16, 128, 5)
+    };
+    let ours = ours(shape, batch, length, steps)?;
+    println!("{name:<14} {batch}x{length}  opentinker       {ours:>10.0} tokens/s");
+    if let Some(theirs) = pytorch(name, steps) {
+        println!("{name:<14} {batch}x{length}  PyTorch + PEFT   {theirs:>10.0} tokens/s");
+        println!(
+            "{name:<14} ratio (ours / PyTorch + PEFT): {:.2}",
+            ours / theirs
+        );
+    }
+    Ok(())
+}
