@@ -18,6 +18,11 @@ use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model};
 use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
 
+/// Training allocates and frees large tensors at a high rate; glibc's malloc maps and unmaps
+/// each one (page faults, zeroing), mimalloc reuses them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn ours(shape: TinyShape, batch: usize, length: usize, steps: usize) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
     init_tiny(dir.path(), shape, Architecture::Qwen2, 0)?;

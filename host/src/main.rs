@@ -2,6 +2,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// Training allocates and frees large tensors at a high rate; glibc's malloc maps and unmaps each
+/// one (page faults and zeroing every time), mimalloc reuses them: 2.6x the LoRA training speed.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
