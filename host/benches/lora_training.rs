@@ -108,9 +108,11 @@ fn main() -> anyhow::Result<()> {
     } else {
         (TinyShape::Tiny, "tiny", 16, 128, 5)
     };
+    // PyTorch first, so that the two never hold a 0.5B model in memory at the same time.
+    let theirs = pytorch(name, steps);
     let ours = ours(shape, batch, length, steps)?;
     println!("{name:<14} {batch}x{length}  opentinker       {ours:>10.0} tokens/s");
-    if let Some(theirs) = pytorch(name, steps) {
+    if let Some(theirs) = theirs {
         println!("{name:<14} {batch}x{length}  PyTorch + PEFT   {theirs:>10.0} tokens/s");
         println!(
             "{name:<14} ratio (ours / PyTorch + PEFT): {:.2}",
