@@ -120,6 +120,28 @@ struct Slot {
     saw_non_finite: bool,
 }
 
+impl Slot {
+    /// A slot for a new adapter: no gradients, zero moments, step 0.
+    fn fresh(adapter: Adapter) -> candle_core::Result<Self> {
+        let zeros = || -> candle_core::Result<Vec<Tensor>> {
+            adapter
+                .named_tensors()
+                .iter()
+                .map(|(_, v)| v.as_tensor().zeros_like())
+                .collect()
+        };
+        let (first_moments, second_moments) = (zeros()?, zeros()?);
+        Ok(Slot {
+            adapter,
+            gradients: None,
+            first_moments,
+            second_moments,
+            step: 0,
+            saw_non_finite: false,
+        })
+    }
+}
+
 /// Many adapters over one frozen base model.
 pub struct TrainingEngine {
     model: Arc<Transformer>,
@@ -143,25 +165,7 @@ impl TrainingEngine {
             return Err(TrainError::DuplicateAdapter(id.to_string()));
         }
         let adapter = Adapter::new(&self.model.config, config, self.dtype)?;
-        let zeros = |adapter: &Adapter| -> candle_core::Result<Vec<Tensor>> {
-            adapter
-                .named_tensors()
-                .iter()
-                .map(|(_, v)| v.as_tensor().zeros_like())
-                .collect()
-        };
-        let (first_moments, second_moments) = (zeros(&adapter)?, zeros(&adapter)?);
-        self.slots.insert(
-            id.to_string(),
-            Slot {
-                adapter,
-                gradients: None,
-                first_moments,
-                second_moments,
-                step: 0,
-                saw_non_finite: false,
-            },
-        );
+        self.slots.insert(id.to_string(), Slot::fresh(adapter)?);
         Ok(())
     }
 
@@ -246,41 +250,18 @@ impl TrainingEngine {
         with_optimizer: bool,
     ) -> Result<(), TrainError> {
         let loaded = super::checkpoint::load(dir, &self.model.config, self.dtype)?;
-        let zeros = |adapter: &Adapter| -> candle_core::Result<Vec<Tensor>> {
-            adapter
-                .named_tensors()
-                .iter()
-                .map(|(_, v)| v.as_tensor().zeros_like())
-                .collect()
-        };
-        let (step, first_moments, second_moments) =
-            match loaded.optimizer.filter(|_| with_optimizer) {
-                Some((step, mut moments)) => {
-                    // Slots keep moments in the adapter's tensor order, not by name.
-                    let mut ordered = Vec::new();
-                    for (name, _) in loaded.adapter.named_tensors() {
-                        ordered.push(moments.remove(&name).ok_or_else(|| {
-                            candle_core::Error::Msg(format!(
-                                "the optimizer state has no moments of {name}"
-                            ))
-                        })?);
-                    }
-                    let (m, v) = ordered.into_iter().unzip();
-                    (step, m, v)
-                }
-                None => (0, zeros(&loaded.adapter)?, zeros(&loaded.adapter)?),
-            };
-        self.slots.insert(
-            id.to_string(),
-            Slot {
-                adapter: loaded.adapter,
-                gradients: None,
-                first_moments,
-                second_moments,
-                step,
-                saw_non_finite: false,
-            },
-        );
+        let mut slot = Slot::fresh(loaded.adapter)?;
+        if let Some((step, mut moments)) = loaded.optimizer.filter(|_| with_optimizer) {
+            // Slots keep moments in the adapter's tensor order, not by name.
+            for (i, (name, _)) in slot.adapter.named_tensors().into_iter().enumerate() {
+                let (m, v) = moments.remove(&name).ok_or_else(|| {
+                    candle_core::Error::Msg(format!("the optimizer state has no moments of {name}"))
+                })?;
+                (slot.first_moments[i], slot.second_moments[i]) = (m, v);
+            }
+            slot.step = step;
+        }
+        self.slots.insert(id.to_string(), slot);
         Ok(())
     }
 

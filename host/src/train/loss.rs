@@ -115,54 +115,45 @@ pub struct LossInputs<'a> {
 /// The summed, masked loss: a scalar tensor.
 pub fn loss(kind: &Loss, inputs: &LossInputs<'_>) -> candle_core::Result<Tensor> {
     let l = inputs.logprobs;
-    let needed = |t: Option<&Tensor>, what: &str| {
-        t.cloned()
-            .ok_or_else(|| candle_core::Error::Msg(format!("this loss needs {what}")))
+    // The sampler logprobs and advantages that the RL losses need.
+    let rl = || -> candle_core::Result<(&Tensor, &Tensor)> {
+        let missing = |what: &str| candle_core::Error::Msg(format!("this loss needs {what}"));
+        Ok((
+            inputs
+                .sampler_logprobs
+                .ok_or_else(|| missing("sampler logprobs"))?,
+            inputs.advantages.ok_or_else(|| missing("advantages"))?,
+        ))
     };
     let per_token = match kind {
-        Loss::CrossEntropy => {
-            let w = match inputs.weights {
-                Some(w) => w.clone(),
-                None => l.ones_like()?,
-            };
-            (w * l)?
-        }
+        Loss::CrossEntropy => match inputs.weights {
+            Some(w) => (w * l)?,
+            None => l.clone(),
+        },
         Loss::ImportanceSampling => {
-            let (q, a) = (
-                needed(inputs.sampler_logprobs, "sampler logprobs")?,
-                needed(inputs.advantages, "advantages")?,
-            );
+            let (q, a) = rl()?;
             ((l - q)?.exp()? * a)?
         }
         Loss::Ppo {
             clip_low,
             clip_high,
         } => {
-            let (q, a) = (
-                needed(inputs.sampler_logprobs, "sampler logprobs")?,
-                needed(inputs.advantages, "advantages")?,
-            );
+            let (q, a) = rl()?;
             let ratio = (l - q)?.exp()?;
-            let unclipped = (&ratio * &a)?;
-            let clipped = (ratio.clamp(*clip_low, *clip_high)? * &a)?;
+            let unclipped = (&ratio * a)?;
+            let clipped = (ratio.clamp(*clip_low, *clip_high)? * a)?;
             unclipped.minimum(&clipped)?
         }
         Loss::Cispo {
             clip_low,
             clip_high,
         } => {
-            let (q, a) = (
-                needed(inputs.sampler_logprobs, "sampler logprobs")?,
-                needed(inputs.advantages, "advantages")?,
-            );
+            let (q, a) = rl()?;
             let ratio = (l - q)?.exp()?.clamp(*clip_low, *clip_high)?.detach();
             ((ratio * l)? * a)?
         }
         Loss::Dro { beta } => {
-            let (q, a) = (
-                needed(inputs.sampler_logprobs, "sampler logprobs")?,
-                needed(inputs.advantages, "advantages")?,
-            );
+            let (q, a) = rl()?;
             let penalty = ((l - q)?.sqr()? * (beta / 2.0))?;
             ((l * a)? - penalty)?
         }
