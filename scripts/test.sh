@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rustup show active-toolchain >/dev/null          # installs the pinned toolchain if it is missing
-rustup target add wasm32-wasip2 >/dev/null 2>&1 || rustup target add wasm32-wasip2
+rustup toolchain install                        # the toolchain of rust-toolchain.toml, its components and targets
+rustup target add wasm32-wasip2
 
 cargo fmt --all --check
 cargo test --workspace --locked "$@"
