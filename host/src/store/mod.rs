@@ -16,6 +16,23 @@ fn temp_file_in(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
     builder.tempfile_in(dir)
 }
 
+/// The folder that holds `path` (the current one for a bare name), created if missing.
+fn parent_folder(path: &Path) -> std::io::Result<&Path> {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)?;
+    Ok(parent)
+}
+
+/// Make a rename inside `folder` durable (best effort: not every filesystem syncs folders).
+fn sync_folder(folder: &Path) {
+    if let Ok(folder) = std::fs::File::open(folder) {
+        let _ = folder.sync_all();
+    }
+}
+
 /// Write `path` atomically with what `fill` writes into the temporary file.
 pub fn write_atomic_with(
     path: &Path,
@@ -36,18 +53,12 @@ pub fn write_atomic_via_path(
     path: &Path,
     fill: impl FnOnce(&Path) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let temp = temp_file_in(dir)?;
+    let folder = parent_folder(path)?;
+    let temp = temp_file_in(folder)?;
     fill(temp.path())?;
     std::fs::File::open(temp.path())?.sync_all()?;
     temp.persist(path).map_err(|e| e.error)?;
-    if let Ok(dir) = std::fs::File::open(dir) {
-        let _ = dir.sync_all();
-    }
+    sync_folder(folder);
     Ok(())
 }
 
@@ -58,11 +69,7 @@ pub fn write_atomic_dir(
     dir: &Path,
     fill: impl FnOnce(&Path) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)?;
+    let parent = parent_folder(dir)?;
     let temp = tempfile::Builder::new()
         .prefix(".writing-")
         .tempdir_in(parent)?;
@@ -83,9 +90,7 @@ pub fn write_atomic_dir(
         None
     };
     std::fs::rename(&temp, dir)?;
-    if let Ok(parent) = std::fs::File::open(parent) {
-        let _ = parent.sync_all();
-    }
+    sync_folder(parent);
     if let Some(aside) = old {
         std::fs::remove_dir_all(aside)?;
     }
