@@ -1,20 +1,17 @@
 //! PEFT-format adapter checkpoints: a PEFT-written adapter gives PEFT's logits here, our own
 //! round-trip exactly (with optimizer state), and damaged or mismatched ones are refused by name.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device};
+use common::{fixture, max_abs_diff};
 use opentinker::lora::LoraConfig;
 use opentinker::model::Model;
 use opentinker::model::transformer::RowAdapters;
 use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/transformers")
-        .join(name)
-}
 
 fn qwen2_engine() -> TrainingEngine {
     let model = Model::load(&fixture("qwen2")).unwrap();
@@ -49,14 +46,7 @@ fn an_adapter_written_by_peft_gives_peft_logits() {
         .unwrap()
         .squeeze(0)
         .unwrap();
-    let difference = (ours - &reference["logits.0"])
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let difference = max_abs_diff(&ours, &reference["logits.0"]);
     assert!(
         difference <= 1e-4,
         "logits differ from PEFT's by {difference}"
@@ -67,14 +57,7 @@ fn an_adapter_written_by_peft_gives_peft_logits() {
         .unwrap()
         .squeeze(0)
         .unwrap();
-    let moved = (base - &reference["logits.0"])
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let moved = max_abs_diff(&base, &reference["logits.0"]);
     assert!(moved > 1e-3, "the adapter should change the logits");
 }
 

@@ -1,17 +1,14 @@
 //! Our model against the reference implementation: logits and chat-template renders of the
 //! committed `transformers` fixture (see `scripts/make_model_fixture.py`).
 
-use std::path::{Path, PathBuf};
+mod common;
 
 use candle_core::{Device, Tensor};
+use common::{fixture, max_abs_diff};
 use opentinker::model::{ChatMessage, ChatTemplate, Model, Tokenizer};
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transformers")
-}
-
 fn check_logits(family: &str) {
-    let dir = fixture().join(family);
+    let dir = fixture(family);
     let model = Model::load(&dir).unwrap_or_else(|e| panic!("{family}: {e}"));
     let reference =
         candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap();
@@ -32,14 +29,7 @@ fn check_logits(family: &str) {
             .unwrap()
             .squeeze(0)
             .unwrap();
-        let difference = (ours - expected)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let difference = max_abs_diff(&ours, expected);
         assert!(
             difference <= 1e-4,
             "{family} sequence {i}: logits differ by {difference}"
@@ -76,9 +66,9 @@ struct Render {
 
 #[test]
 fn chat_template_renders_match_transformers_token_for_token() {
-    let text = std::fs::read_to_string(fixture().join("chat_renders.json")).unwrap();
+    let text = std::fs::read_to_string(fixture("chat_renders.json")).unwrap();
     let renders: Vec<Render> = serde_json::from_str(&text).unwrap();
-    let tokenizer = Tokenizer::from_file(&fixture().join("tokenizer.json")).unwrap();
+    let tokenizer = Tokenizer::from_file(&fixture("tokenizer.json")).unwrap();
     let mut styles = std::collections::BTreeSet::new();
     for render in &renders {
         let template =
@@ -100,7 +90,7 @@ fn chat_template_renders_match_transformers_token_for_token() {
 
 #[test]
 fn token_logprobs_agree_with_the_logits() {
-    let model = Model::load(&fixture().join("qwen2")).unwrap();
+    let model = Model::load(&fixture("qwen2")).unwrap();
     let tokens = model.tokenizer.encode("What is 12 + 30?").unwrap();
     let logprobs = model.token_logprobs(&tokens, None).unwrap();
     assert_eq!(logprobs[0], None);
@@ -136,7 +126,7 @@ fn token_logprobs_agree_with_the_logits() {
 /// Gradients reach the input embeddings through every layer, and no frozen weight gets one.
 #[test]
 fn gradients_flow_to_the_input_and_never_to_frozen_weights() {
-    let model = Model::load(&fixture().join("qwen3")).unwrap();
+    let model = Model::load(&fixture("qwen3")).unwrap();
     let t = &model.transformer;
     let tokens = [5u32, 17, 42, 9];
     let embedded = t

@@ -70,6 +70,17 @@ mod tests {
     use super::*;
     use candle_core::{DType, Var};
 
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    }
+
     fn random(shape: &[usize], seed: u64) -> Tensor {
         let n: usize = shape.iter().product();
         let values: Vec<f64> = (0..n)
@@ -95,30 +106,14 @@ mod tests {
             .unwrap()
             .broadcast_add(&bias)
             .unwrap();
-        let difference = (&y - &reference)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap();
-        assert!(difference < 1e-12);
+        assert!(max_abs_diff(&y, &reference) < 1e-12);
 
         let loss = (y.sqr().unwrap().sum_all().unwrap() * 0.5).unwrap();
         let grads = loss.backward().unwrap();
         // d/dx of ½‖xWᵀ+b‖² is (xWᵀ+b)W.
         let expected = reference.broadcast_matmul(&weight).unwrap();
         let got = grads.get(x.as_tensor()).unwrap();
-        let difference = (got - expected)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap();
-        assert!(difference < 1e-12);
+        assert!(max_abs_diff(got, &expected) < 1e-12);
         // Even a weight that is a variable gets no gradient through the frozen op.
         assert!(grads.get(weight_var.as_tensor()).is_none());
         assert_eq!(got.dtype(), DType::F64);
