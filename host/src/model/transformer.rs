@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{D, DType, Device, Tensor};
+use candle_core::{D, DType, Device, Tensor, Var};
 
 use super::config::{ModelConfig, RopeScaling};
 use super::frozen::FrozenLinear;
@@ -37,10 +37,11 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// The projection. The weight is frozen: when `x` is part of a gradient graph (training an
-    /// adapter), the frozen op passes gradients to `x` only, never computing the weight's.
+    /// The projection. A base weight is frozen: when `x` is part of a gradient graph (training an
+    /// adapter), the frozen op passes gradients to `x` only, never computing the weight's. A
+    /// weight that is a variable (full-parameter training) gets its gradient.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if x.track_op() {
+        if x.track_op() && !self.weight.is_variable() {
             let frozen = FrozenLinear {
                 weight: self.weight.clone(),
                 bias: self.bias.clone(),
@@ -213,6 +214,10 @@ impl Transformer {
             bias: None,
         };
         let (cos, sin) = rope_tables(&config)?;
+        let (cos, sin) = (
+            cos.to_dtype(embed_tokens.dtype())?,
+            sin.to_dtype(embed_tokens.dtype())?,
+        );
         Ok(Transformer {
             config,
             embed_tokens,
@@ -261,6 +266,78 @@ impl Transformer {
             cos: self.cos.to_dtype(dtype)?,
             sin: self.sin.to_dtype(dtype)?,
         })
+    }
+
+    /// Every weight with its Hugging Face name (the unembedding only when it is not tied).
+    pub fn named_weights(&self) -> Vec<(String, Tensor)> {
+        let mut named = vec![(
+            "model.embed_tokens.weight".to_string(),
+            self.embed_tokens.clone(),
+        )];
+        for (i, layer) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let mut push = |name: String, t: &Tensor| named.push((name, t.clone()));
+            push(format!("{p}.input_layernorm.weight"), &layer.input_norm);
+            push(
+                format!("{p}.post_attention_layernorm.weight"),
+                &layer.post_attention_norm,
+            );
+            if let Some(t) = &layer.q_norm {
+                push(format!("{p}.self_attn.q_norm.weight"), t);
+            }
+            if let Some(t) = &layer.k_norm {
+                push(format!("{p}.self_attn.k_norm.weight"), t);
+            }
+            let linears = [
+                ("self_attn.q_proj", &layer.q_proj),
+                ("self_attn.k_proj", &layer.k_proj),
+                ("self_attn.v_proj", &layer.v_proj),
+                ("self_attn.o_proj", &layer.o_proj),
+                ("mlp.gate_proj", &layer.gate_proj),
+                ("mlp.up_proj", &layer.up_proj),
+                ("mlp.down_proj", &layer.down_proj),
+            ];
+            for (module, linear) in linears {
+                push(format!("{p}.{module}.weight"), &linear.weight);
+                if let Some(bias) = &linear.bias {
+                    push(format!("{p}.{module}.bias"), bias);
+                }
+            }
+        }
+        named.push(("model.norm.weight".to_string(), self.norm.clone()));
+        if !self.config.tie_word_embeddings {
+            named.push(("lm_head.weight".to_string(), self.lm_head.weight.clone()));
+        }
+        named
+    }
+
+    /// The same model with every weight a variable, for full-parameter training (a model that
+    /// is not shared). Returns the variables by Hugging Face name; tied embeddings stay one
+    /// variable. Each weight is copied once and its original dropped as it goes.
+    pub fn into_trainable(self) -> Result<(Self, Vec<(String, Var)>), WeightsError> {
+        let config = self.config.clone();
+        let named = self.named_weights();
+        drop(self);
+        let mut tensors = HashMap::with_capacity(named.len());
+        let mut vars = Vec::with_capacity(named.len());
+        for (name, tensor) in named {
+            let var = Var::from_tensor(&tensor)?;
+            drop(tensor);
+            tensors.insert(name.clone(), var.as_tensor().clone());
+            vars.push((name, var));
+        }
+        let model = Self::from_tensors(config, &tensors)?;
+        Ok((model, vars))
+    }
+
+    /// A copy whose weights are plain tensors again (detached from any training graph).
+    pub fn detached(&self) -> Result<Self, WeightsError> {
+        let tensors = self
+            .named_weights()
+            .into_iter()
+            .map(|(name, t)| Ok((name, t.detach().copy()?)))
+            .collect::<candle_core::Result<HashMap<_, _>>>()?;
+        Self::from_tensors(self.config.clone(), &tensors)
     }
 
     /// Load the weights of a model directory.

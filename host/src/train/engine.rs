@@ -9,15 +9,19 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 
 use super::loss::{Loss, LossInputs, loss};
 use crate::lora::{Adapter, AdapterError, LoraConfig};
 use crate::model::Transformer;
-use crate::model::transformer::{RowAdapters, target_logprobs};
+use crate::model::transformer::{RowAdapters, WeightsError, target_logprobs};
 
 /// The name of an adapter in the engine.
 pub type AdapterId = String;
+
+/// The one trainable of a full-parameter engine: the model itself. Work items name it as their
+/// adapter.
+pub const FULL_PARAMETERS: &str = "full-parameters";
 
 /// AdamW's first and second moments of each trainable tensor, by PEFT tensor name.
 pub type Moments = BTreeMap<String, (Tensor, Tensor)>;
@@ -101,6 +105,12 @@ pub enum TrainError {
         datum: usize,
         problem: String,
     },
+    #[error(
+        "this engine trains every weight of its model (`{FULL_PARAMETERS}`); it holds no adapters"
+    )]
+    FullParameterEngine,
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
     #[error(transparent)]
     Adapter(#[from] AdapterError),
     #[error(transparent)]
@@ -109,11 +119,36 @@ pub enum TrainError {
     Candle(#[from] candle_core::Error),
 }
 
-/// An adapter with its accumulated gradients and optimizer state.
+/// What a slot trains.
+enum Trainable {
+    Lora(Adapter),
+    /// Every weight of an unshared model, by Hugging Face name.
+    Full(Vec<(String, Var)>),
+}
+
+impl Trainable {
+    fn named_tensors(&self) -> Vec<(String, &Var)> {
+        match self {
+            Trainable::Lora(adapter) => adapter.named_tensors(),
+            Trainable::Full(vars) => vars.iter().map(|(n, v)| (n.clone(), v)).collect(),
+        }
+    }
+
+    /// The adapter its rows run through; `None` for the model's own (trainable) weights.
+    fn adapter(&self) -> Option<&Adapter> {
+        match self {
+            Trainable::Lora(adapter) => Some(adapter),
+            Trainable::Full(_) => None,
+        }
+    }
+}
+
+/// A trainable with its accumulated gradients and optimizer state.
 struct Slot {
-    adapter: Adapter,
-    /// Per trainable tensor (same order as `Adapter::named_tensors`).
+    trainable: Trainable,
+    /// Per trainable tensor (same order as `Trainable::named_tensors`).
     gradients: Option<Vec<Tensor>>,
+    /// AdamW's moments, allocated at the first step (empty before: zero).
     first_moments: Vec<Tensor>,
     second_moments: Vec<Tensor>,
     step: u64,
@@ -121,32 +156,41 @@ struct Slot {
 }
 
 impl Slot {
-    /// A slot for a new adapter: no gradients, zero moments, step 0.
-    fn fresh(adapter: Adapter) -> candle_core::Result<Self> {
+    /// A slot with no gradients, zero moments, step 0.
+    fn fresh(trainable: Trainable) -> Self {
+        Slot {
+            trainable,
+            gradients: None,
+            first_moments: Vec::new(),
+            second_moments: Vec::new(),
+            step: 0,
+            saw_non_finite: false,
+        }
+    }
+
+    /// The moments, zero when no step has allocated them yet.
+    fn moments(&self) -> candle_core::Result<(Vec<Tensor>, Vec<Tensor>)> {
+        if !self.first_moments.is_empty() {
+            return Ok((self.first_moments.clone(), self.second_moments.clone()));
+        }
         let zeros = || -> candle_core::Result<Vec<Tensor>> {
-            adapter
+            self.trainable
                 .named_tensors()
                 .iter()
                 .map(|(_, v)| v.as_tensor().zeros_like())
                 .collect()
         };
-        let (first_moments, second_moments) = (zeros()?, zeros()?);
-        Ok(Slot {
-            adapter,
-            gradients: None,
-            first_moments,
-            second_moments,
-            step: 0,
-            saw_non_finite: false,
-        })
+        Ok((zeros()?, zeros()?))
     }
 }
 
-/// Many adapters over one frozen base model.
+/// Many adapters over one frozen base model, or (for a model that is not shared) every weight
+/// of the model itself.
 pub struct TrainingEngine {
     model: Arc<Transformer>,
     slots: HashMap<AdapterId, Slot>,
     dtype: DType,
+    full_parameters: bool,
 }
 
 impl TrainingEngine {
@@ -156,20 +200,47 @@ impl TrainingEngine {
             model,
             slots: HashMap::new(),
             dtype,
+            full_parameters: false,
         }
+    }
+
+    /// An engine that trains every weight of `model` (already in `dtype`), which it owns: work
+    /// items name [`FULL_PARAMETERS`] as their adapter. Used for warm-up before LoRA training.
+    pub fn full_parameters(model: Transformer, dtype: DType) -> Result<Self, TrainError> {
+        let (model, vars) = model.into_trainable()?;
+        let slot = Slot::fresh(Trainable::Full(vars));
+        Ok(TrainingEngine {
+            model: Arc::new(model),
+            slots: HashMap::from([(FULL_PARAMETERS.to_string(), slot)]),
+            dtype,
+            full_parameters: true,
+        })
+    }
+
+    /// The model as trained so far, its weights plain tensors again (a copy: training the
+    /// engine further does not change it).
+    pub fn model_snapshot(&self) -> Result<Transformer, TrainError> {
+        Ok(self.model.detached()?)
     }
 
     /// Add a fresh adapter; the base weights and every other adapter are untouched.
     pub fn add_adapter(&mut self, id: &str, config: LoraConfig) -> Result<(), TrainError> {
+        if self.full_parameters {
+            return Err(TrainError::FullParameterEngine);
+        }
         if self.slots.contains_key(id) {
             return Err(TrainError::DuplicateAdapter(id.to_string()));
         }
         let adapter = Adapter::new(&self.model.config, config, self.dtype)?;
-        self.slots.insert(id.to_string(), Slot::fresh(adapter)?);
+        self.slots
+            .insert(id.to_string(), Slot::fresh(Trainable::Lora(adapter)));
         Ok(())
     }
 
     pub fn remove_adapter(&mut self, id: &str) -> Result<(), TrainError> {
+        if self.full_parameters {
+            return Err(TrainError::FullParameterEngine);
+        }
         self.slots
             .remove(id)
             .map(|_| ())
@@ -177,7 +248,20 @@ impl TrainingEngine {
     }
 
     pub fn adapter(&self, id: &str) -> Option<&Adapter> {
-        self.slots.get(id).map(|s| &s.adapter)
+        self.slots.get(id).and_then(|s| s.trainable.adapter())
+    }
+
+    /// The trainable tensors of `id` (an adapter, or [`FULL_PARAMETERS`]) by name: PEFT names
+    /// for an adapter, Hugging Face names for the model's own weights.
+    pub fn parameters(&self, id: &str) -> Option<Vec<(String, Var)>> {
+        let slot = self.slots.get(id)?;
+        Some(
+            slot.trainable
+                .named_tensors()
+                .into_iter()
+                .map(|(name, var)| (name, var.clone()))
+                .collect(),
+        )
     }
 
     /// The gradients accumulated for `id` since its last step, by PEFT tensor name.
@@ -185,7 +269,7 @@ impl TrainingEngine {
         let slot = self.slots.get(id)?;
         let gradients = slot.gradients.as_ref()?;
         Some(
-            slot.adapter
+            slot.trainable
                 .named_tensors()
                 .into_iter()
                 .map(|(name, _)| name)
@@ -208,15 +292,9 @@ impl TrainingEngine {
     /// AdamW moments and step count of `id`, by PEFT tensor name.
     pub fn optimizer_state(&self, id: &str) -> Option<(u64, Moments)> {
         let slot = self.slots.get(id)?;
-        let names = slot.adapter.named_tensors().into_iter().map(|(n, _)| n);
-        let moments = names
-            .zip(
-                slot.first_moments
-                    .iter()
-                    .cloned()
-                    .zip(slot.second_moments.iter().cloned()),
-            )
-            .collect();
+        let names = slot.trainable.named_tensors().into_iter().map(|(n, _)| n);
+        let (first, second) = slot.moments().ok()?;
+        let moments = names.zip(first.into_iter().zip(second)).collect();
         Some((slot.step, moments))
     }
 
@@ -237,7 +315,11 @@ impl TrainingEngine {
             .as_ref()
             .filter(|_| with_optimizer)
             .map(|(step, moments)| (*step, moments));
-        super::checkpoint::save(dir, &slot.adapter, base_model, optimizer)?;
+        let adapter = slot
+            .trainable
+            .adapter()
+            .ok_or(TrainError::FullParameterEngine)?;
+        super::checkpoint::save(dir, adapter, base_model, optimizer)?;
         Ok(())
     }
 
@@ -249,15 +331,19 @@ impl TrainingEngine {
         dir: &std::path::Path,
         with_optimizer: bool,
     ) -> Result<(), TrainError> {
+        if self.full_parameters {
+            return Err(TrainError::FullParameterEngine);
+        }
         let loaded = super::checkpoint::load(dir, &self.model.config, self.dtype)?;
-        let mut slot = Slot::fresh(loaded.adapter)?;
+        let mut slot = Slot::fresh(Trainable::Lora(loaded.adapter));
         if let Some((step, mut moments)) = loaded.optimizer.filter(|_| with_optimizer) {
             // Slots keep moments in the adapter's tensor order, not by name.
-            for (i, (name, _)) in slot.adapter.named_tensors().into_iter().enumerate() {
+            for (name, _) in slot.trainable.named_tensors() {
                 let (m, v) = moments.remove(&name).ok_or_else(|| {
                     candle_core::Error::Msg(format!("the optimizer state has no moments of {name}"))
                 })?;
-                (slot.first_moments[i], slot.second_moments[i]) = (m, v);
+                slot.first_moments.push(m);
+                slot.second_moments.push(v);
             }
             slot.step = step;
         }
@@ -284,7 +370,7 @@ impl TrainingEngine {
                 .get_mut(id)
                 .ok_or_else(|| TrainError::UnknownAdapter(id.clone()))?;
             let mut fresh = Vec::new();
-            for (_, var) in slot.adapter.named_tensors() {
+            for (_, var) in slot.trainable.named_tensors() {
                 let gradient = match gradients.get(var.as_tensor()) {
                     Some(g) => g.clone(),
                     None => var.as_tensor().zeros_like()?,
@@ -329,7 +415,7 @@ impl TrainingEngine {
             return Ok(StepReport::SkippedNonFinite);
         }
         let vars: Vec<_> = slot
-            .adapter
+            .trainable
             .named_tensors()
             .into_iter()
             .map(|(_, v)| v.clone())
@@ -355,6 +441,9 @@ impl TrainingEngine {
         } else {
             1.0
         };
+        if slot.first_moments.is_empty() {
+            (slot.first_moments, slot.second_moments) = slot.moments()?;
+        }
         slot.step += 1;
         let t = slot.step as i32;
         let (bias1, bias2) = (1.0 - params.beta1.powi(t), 1.0 - params.beta2.powi(t));
@@ -435,7 +524,11 @@ impl TrainingEngine {
             match runs.last_mut() {
                 Some((rows, _)) if run_adapter == Some(items[i].adapter.as_str()) => *rows += count,
                 _ => {
-                    runs.push((count, self.slots.get(&items[i].adapter).map(|s| &s.adapter)));
+                    let adapter = self
+                        .slots
+                        .get(&items[i].adapter)
+                        .and_then(|s| s.trainable.adapter());
+                    runs.push((count, adapter));
                     run_adapter = Some(items[i].adapter.as_str());
                 }
             }

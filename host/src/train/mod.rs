@@ -6,6 +6,7 @@ pub mod engine;
 pub mod loss;
 
 pub use engine::{
-    AdamParams, AdapterId, Datum, ItemOutput, StepReport, TrainError, TrainingEngine, WorkItem,
+    AdamParams, AdapterId, Datum, FULL_PARAMETERS, ItemOutput, StepReport, TrainError,
+    TrainingEngine, WorkItem,
 };
 pub use loss::{Loss, LossError, LossInputs};

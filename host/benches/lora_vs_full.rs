@@ -1,0 +1,145 @@
+//! A LoRA forward_backward against a full-parameter one on the same model and batch: time and
+//! peak resident memory, each mode in a process of its own so that one's memory does not hide
+//! the other's (rank 16, alpha 32, all seven projections, f32, cross-entropy).
+//!
+//!     RAYON_NUM_THREADS=2 cargo bench -p opentinker --bench lora_vs_full [-- tiny]
+//!
+//! The default is the 0.5B shape with 4 sequences of 256 tokens (it writes a 2 GB model to a
+//! temporary folder first). Goals: LoRA at most 0.8 times the full-parameter time, and a peak
+//! lower by at least the size of the base weights.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::DType;
+use opentinker::lora::LoraConfig;
+use opentinker::model::tiny::{TinyShape, init_tiny};
+use opentinker::model::{Architecture, Model};
+use opentinker::train::{Datum, FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The peak resident set of this process so far, in bytes (`VmHWM`).
+fn peak_rss() -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmHWM in /proc/self/status")?;
+    Ok(kib * 1024)
+}
+
+/// One mode, in this (child) process: prints `seconds peak_bytes weight_bytes`.
+fn child(mode: &str, dir: &Path, batch: usize, length: usize) -> anyhow::Result<()> {
+    let model = Model::load(dir)?;
+    let vocab = model.config.vocab_size as u32;
+    let weight_bytes: usize = model
+        .transformer
+        .named_weights()
+        .iter()
+        .map(|(_, t)| t.elem_count() * 4)
+        .sum();
+    let (mut engine, id) = if mode == "full" {
+        let engine = TrainingEngine::full_parameters(model.transformer, DType::F32)?;
+        (engine, FULL_PARAMETERS.to_string())
+    } else {
+        let mut engine = TrainingEngine::new(Arc::new(model.transformer), DType::F32);
+        let config = LoraConfig {
+            rank: 16,
+            alpha: 32.0,
+            ..LoraConfig::default()
+        };
+        engine.add_adapter("bench", config)?;
+        (engine, "bench".to_string())
+    };
+    let datums = (0..batch)
+        .map(|row| {
+            let tokens: Vec<u32> = (0..=length as u32)
+                .map(|i| (i * 7919 + row as u32 * 104_729) % vocab)
+                .collect();
+            Datum {
+                input_tokens: tokens[..length].to_vec(),
+                target_tokens: tokens[1..].to_vec(),
+                mask: vec![1.0; length],
+                ..Datum::default()
+            }
+        })
+        .collect();
+    let item = WorkItem {
+        adapter: id.clone(),
+        datums,
+        loss: Loss::CrossEntropy,
+    };
+    engine.forward_backward(std::slice::from_ref(&item))?;
+    engine.discard_gradients(&id)?;
+    let started = Instant::now();
+    engine.forward_backward(std::slice::from_ref(&item))?;
+    let seconds = started.elapsed().as_secs_f64();
+    println!("{seconds} {} {weight_bytes}", peak_rss()?);
+    Ok(())
+}
+
+fn run_child(
+    mode: &str,
+    dir: &Path,
+    batch: usize,
+    length: usize,
+) -> anyhow::Result<(f64, f64, f64)> {
+    let output = Command::new(std::env::current_exe()?)
+        .args(["--child", mode])
+        .arg(dir)
+        .args([batch.to_string(), length.to_string()])
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "{mode} run failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout)?;
+    let numbers: Vec<f64> = text
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    anyhow::ensure!(numbers.len() == 3, "unexpected child output {text:?}");
+    Ok((numbers[0], numbers[1], numbers[2]))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--child") {
+        let (mode, dir) = (&args[at + 1], Path::new(&args[at + 2]));
+        return child(mode, dir, args[at + 3].parse()?, args[at + 4].parse()?);
+    }
+    let tiny = args.iter().any(|a| a == "tiny");
+    let (shape, name, batch, length) = if tiny {
+        (TinyShape::Tiny, "tiny", 16, 128)
+    } else {
+        (TinyShape::Qwen05b, "qwen2.5-0.5b", 4, 256)
+    };
+    let dir = tempfile::tempdir()?;
+    init_tiny(dir.path(), shape, Architecture::Qwen2, 0)?;
+    let gib = |bytes: f64| bytes / f64::from(1u32 << 30);
+    let (lora_s, lora_peak, weights) = run_child("lora", dir.path(), batch, length)?;
+    let (full_s, full_peak, _) = run_child("full", dir.path(), batch, length)?;
+    println!("{name:<14} {batch}x{length}  forward_backward   time      peak RSS");
+    println!(
+        "  LoRA (rank 16)                   {lora_s:>8.2} s  {:>6.2} GiB",
+        gib(lora_peak)
+    );
+    println!(
+        "  full parameters                  {full_s:>8.2} s  {:>6.2} GiB",
+        gib(full_peak)
+    );
+    println!(
+        "  LoRA / full time: {:.2} (goal <= 0.80); peak saved {:.2} GiB, base weights {:.2} GiB",
+        lora_s / full_s,
+        gib(full_peak - lora_peak),
+        gib(weights)
+    );
+    Ok(())
+}
