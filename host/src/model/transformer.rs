@@ -11,6 +11,7 @@ use candle_core::{D, DType, Device, Tensor, Var};
 
 use super::config::{ModelConfig, RopeScaling};
 use super::frozen::FrozenLinear;
+use crate::lora::linear::LoraLinear;
 use crate::lora::{Adapter, Site, Target};
 
 #[derive(Debug, thiserror::Error)]
@@ -481,30 +482,45 @@ fn project(
     x: &Tensor,
     adapters: Option<&RowAdapters<'_>>,
 ) -> candle_core::Result<Tensor> {
-    let base = linear.forward(x)?;
     let Some(adapters) = adapters else {
-        return Ok(base);
+        return linear.forward(x);
     };
     let targeted = |a: &Option<&Adapter>| a.is_some_and(|a| a.sites.contains_key(&site));
     if !adapters.runs.iter().any(|(_, a)| targeted(a)) {
-        return Ok(base);
+        return linear.forward(x);
     }
-    let mut deltas = Vec::with_capacity(adapters.runs.len());
+    if let [(_, adapter)] = adapters.runs.as_slice() {
+        return project_rows(linear, site, x, *adapter);
+    }
+    let mut outputs = Vec::with_capacity(adapters.runs.len());
     let mut start = 0;
     for (rows, adapter) in &adapters.runs {
-        let rows_x = x.narrow(0, start, *rows)?;
-        let delta = match adapter {
-            Some(adapter) => adapter.delta(site, &rows_x)?,
-            None => None,
-        };
-        let delta = match delta {
-            Some(delta) => delta,
-            None => base.narrow(0, start, *rows)?.zeros_like()?,
-        };
-        deltas.push(delta);
+        outputs.push(project_rows(
+            linear,
+            site,
+            &x.narrow(0, start, *rows)?,
+            *adapter,
+        )?);
         start += rows;
     }
-    base + Tensor::cat(&deltas, 0)?
+    Tensor::cat(&outputs, 0)
+}
+
+/// The projection of rows that share one adapter (or none), fused with the adapter's delta.
+fn project_rows(
+    linear: &Linear,
+    site: Site,
+    x: &Tensor,
+    adapter: Option<&Adapter>,
+) -> candle_core::Result<Tensor> {
+    match adapter.and_then(|a| a.sites.get(&site).map(|pair| (a, pair))) {
+        Some((adapter, pair)) => x.contiguous()?.apply_op3(
+            pair.a.as_tensor(),
+            pair.b.as_tensor(),
+            LoraLinear::new(linear, adapter.config.scale()),
+        ),
+        None => linear.forward(x),
+    }
 }
 
 /// RMSNorm over the last dimension, from differentiable ops.
@@ -600,8 +616,7 @@ fn rope_tables(config: &ModelConfig) -> candle_core::Result<(Tensor, Tensor)> {
 /// Log-probability of each target token: `logits (batch, time, vocab)`, `targets (batch, time)`
 /// u32 → `(batch, time)`.
 pub fn target_logprobs(logits: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
-    let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?;
-    log_probs
-        .gather(&targets.unsqueeze(D::Minus1)?, D::Minus1)?
-        .squeeze(D::Minus1)
+    logits
+        .contiguous()?
+        .apply_op2(&targets.contiguous()?, super::logprobs::TargetLogprobs)
 }
