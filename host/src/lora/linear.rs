@@ -7,7 +7,9 @@
 //! training). The op keeps only its output, and its backward computes the gradients of `x`, `A`
 //! and `B`, never the frozen `W`'s.
 
-use candle_core::{CpuStorage, CustomOp3, D, Device, Layout, Shape, Tensor, WithDType};
+use candle_core::{CpuStorage, CustomOp3, D, Layout, Shape, Tensor};
+
+use crate::model::gemm::{Float, add_bias, matmul_nt, storage, with_slice};
 
 use crate::model::transformer::Linear;
 
@@ -27,36 +29,59 @@ impl LoraLinear {
         }
     }
 
-    /// The projection from plain candle ops (no gradient graph: inputs are copies).
-    fn plain_forward(&self, x: &Tensor, a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
-        let base = x.broadcast_matmul(&self.weight.t()?)?;
-        let base = match &self.bias {
-            Some(bias) => base.broadcast_add(bias)?,
-            None => base,
-        };
-        let down = (x.broadcast_matmul(&a.t()?)? * self.scale)?;
-        base + down.broadcast_matmul(&b.t()?)?
-    }
-
-    fn forward_slices<T: WithDType>(
+    fn forward_slices<T: Float>(
         &self,
-        inputs: [(&[T], &Layout); 3],
+        [(x, x_layout), (a, a_layout), (b, b_layout)]: [(&[T], &Layout); 3],
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let mut tensors = Vec::with_capacity(3);
-        for (data, layout) in inputs {
-            let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
-                candle_core::Error::Msg("lora-linear needs contiguous inputs".into())
-            })?;
-            tensors.push(Tensor::from_slice(
-                &data[start..end],
-                layout.shape(),
-                &Device::Cpu,
-            )?);
+        let part =
+            |data: &'_ [T], layout: &Layout| -> candle_core::Result<std::ops::Range<usize>> {
+                let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
+                    candle_core::Error::Msg("lora-linear needs contiguous inputs".into())
+                })?;
+                if end > data.len() {
+                    return Err(candle_core::Error::Msg(
+                        "lora-linear: an input is short".into(),
+                    ));
+                }
+                Ok(start..end)
+            };
+        let (x, a, b) = (
+            &x[part(x, x_layout)?],
+            &a[part(a, a_layout)?],
+            &b[part(b, b_layout)?],
+        );
+        let (out, inp) = self.weight.dims2()?;
+        let rank = a_layout.dims().first().copied().unwrap_or(0);
+        let mut dims = x_layout.dims().to_vec();
+        if dims.last() != Some(&inp) || a.len() != rank * inp || b.len() != out * rank || rank == 0
+        {
+            return Err(candle_core::Error::Msg(format!(
+                "lora-linear: x {dims:?}, A {:?} and B {:?} do not fit a weight of ({out}, {inp})",
+                a_layout.dims(),
+                b_layout.dims()
+            )));
         }
-        let y = self.plain_forward(&tensors[0], &tensors[1], &tensors[2])?;
-        let shape = y.shape().clone();
-        let values = y.flatten_all()?.to_vec1::<T>()?;
-        Ok((T::to_cpu_storage_owned(values), shape))
+        let rows = x.len() / inp;
+        let mut y = vec![T::zero(); rows * out];
+        with_slice(&self.weight, |w| {
+            matmul_nt(x, w, inp, &mut y, false);
+            Ok(())
+        })?;
+        if let Some(bias) = &self.bias {
+            with_slice(bias, |bias: &[T]| {
+                add_bias(&mut y, bias);
+                Ok(())
+            })?;
+        }
+        let mut down = vec![T::zero(); rows * rank];
+        matmul_nt(x, a, inp, &mut down, false);
+        let scale = T::from_f64(self.scale);
+        for v in &mut down {
+            *v = *v * scale;
+        }
+        matmul_nt(&down, b, rank, &mut y, true);
+        *dims.last_mut().expect("checked above") = out;
+        Ok((storage(y), Shape::from(dims)))
     }
 }
 
@@ -113,7 +138,7 @@ impl CustomOp3 for LoraLinear {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, Var};
+    use candle_core::{DType, Device, Var};
 
     use super::*;
 

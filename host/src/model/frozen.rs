@@ -3,7 +3,9 @@
 //! weight-sized GEMM and its memory per layer) even for a weight that is not trained; LoRA
 //! training never needs it.
 
-use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor, WithDType};
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+
+use super::gemm::{Float, add_bias, matmul_nt, storage, with_slice};
 
 /// The frozen projection, applied with [`Tensor::apply_op1`].
 pub struct FrozenLinear {
@@ -12,15 +14,7 @@ pub struct FrozenLinear {
 }
 
 impl FrozenLinear {
-    fn plain_forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = x.broadcast_matmul(&self.weight.t()?)?;
-        match &self.bias {
-            Some(bias) => y.broadcast_add(bias),
-            None => Ok(y),
-        }
-    }
-
-    fn forward_slice<T: WithDType>(
+    fn forward_slice<T: Float>(
         &self,
         data: &[T],
         layout: &Layout,
@@ -28,11 +22,27 @@ impl FrozenLinear {
         let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
             candle_core::Error::Msg("frozen-linear needs a contiguous input".into())
         })?;
-        let x = Tensor::from_slice(&data[start..end], layout.shape(), &Device::Cpu)?;
-        let y = self.plain_forward(&x)?;
-        let shape = y.shape().clone();
-        let values = y.flatten_all()?.to_vec1::<T>()?;
-        Ok((T::to_cpu_storage_owned(values), shape))
+        let x = &data[start..end];
+        let (out, inp) = self.weight.dims2()?;
+        let mut dims = layout.dims().to_vec();
+        if dims.last() != Some(&inp) {
+            return Err(candle_core::Error::Msg(format!(
+                "frozen-linear: input {dims:?} does not end in the weight's {inp}"
+            )));
+        }
+        let mut y = vec![T::zero(); x.len() / inp * out];
+        with_slice(&self.weight, |w| {
+            matmul_nt(x, w, inp, &mut y, false);
+            Ok(())
+        })?;
+        if let Some(bias) = &self.bias {
+            with_slice(bias, |b: &[T]| {
+                add_bias(&mut y, b);
+                Ok(())
+            })?;
+        }
+        *dims.last_mut().expect("checked above") = out;
+        Ok((storage(y), Shape::from(dims)))
     }
 }
 
@@ -68,7 +78,7 @@ impl CustomOp1 for FrozenLinear {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Var};
+    use candle_core::{DType, Device, Var};
 
     fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
         (a - b)

@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod config;
 pub mod frozen;
+pub mod gemm;
 pub mod logprobs;
 pub mod tiny;
 pub mod tokenizer;

@@ -82,8 +82,9 @@ pub struct Transformer {
     pub norm: Tensor,
     /// The unembedding; the embedding matrix itself when the model ties them.
     pub lm_head: Linear,
-    cos: Tensor,
-    sin: Tensor,
+    /// RoPE tables `(context_length, head_dim)`.
+    pub(crate) cos: Tensor,
+    pub(crate) sin: Tensor,
 }
 
 /// Read every tensor of a model directory: `model.safetensors`, or the shards named by
@@ -228,6 +229,11 @@ impl Transformer {
             cos,
             sin,
         })
+    }
+
+    /// Positions the model can attend over: its `max_position_embeddings` (capped at 65,536).
+    pub fn context_length(&self) -> usize {
+        self.cos.dims().first().copied().unwrap_or(0)
     }
 
     /// The same model computing in `dtype` (f64 for gradient checks).

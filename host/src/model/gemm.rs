@@ -1,0 +1,87 @@
+//! `out = x · Wᵀ` on slices, through the `gemm` crate that candle itself uses, for the custom
+//! ops of the training path: it reads the weight in place and writes the op's output buffer
+//! directly, where going through candle tensors would copy the input and the output once more
+//! (on the 0.5B shape the unembedding's output alone is 600 MB).
+
+use candle_core::{CpuStorage, Storage, Tensor, WithDType};
+
+/// The float types the training ops run in.
+pub trait Float: WithDType + num_traits::Float {}
+impl Float for f32 {}
+impl Float for f64 {}
+
+/// `out (m × n) = x (m × k) · Wᵀ` with `W (n × k)` row-major; `out += ...` when `accumulate`.
+pub fn matmul_nt<T: Float>(x: &[T], w: &[T], k: usize, out: &mut [T], accumulate: bool) {
+    assert!(
+        k > 0 && x.len() % k == 0 && w.len() % k == 0,
+        "x and W must be rows of {k}"
+    );
+    let (m, n) = (x.len() / k, w.len() / k);
+    assert_eq!(out.len(), m * n, "out must be {m} × {n}");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the lengths above make every index gemm forms, `i * rs + j * cs` for `i < rows`
+    // and `j < cols` of each operand, fall inside its slice; `out` is not aliased.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}
+
+/// Run `f` on the contiguous data of `tensor`, read in place, as `T`.
+pub fn with_slice<T: Float, R>(
+    tensor: &Tensor,
+    f: impl FnOnce(&[T]) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    let (storage, layout) = tensor.storage_and_layout();
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("a weight of the model is not contiguous".into()))?;
+    let Storage::Cpu(cpu) = &*storage else {
+        return Err(candle_core::Error::Msg(
+            "the training ops run on the CPU".into(),
+        ));
+    };
+    let data: &[T] = T::cpu_storage_as_slice(cpu)?;
+    f(&data[start..end])
+}
+
+/// Add `bias` to every row of `out`.
+pub fn add_bias<T: Float>(out: &mut [T], bias: &[T]) {
+    for row in out.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v = *v + *b;
+        }
+    }
+}
+
+/// The storage of an op's output.
+pub fn storage<T: Float>(values: Vec<T>) -> CpuStorage {
+    T::to_cpu_storage_owned(values)
+}

@@ -1,0 +1,491 @@
+//! The generation engine: step-level calls over one base model and its adapter versions, with
+//! no loop of its own (`add_request`, `decode_step`, `abort`; one caller, later the scheduler,
+//! drives it).
+//!
+//! Each step admits waiting requests while their KV fits the budget, prefills them (once per
+//! prompt, whatever `num_samples`; from the prefix cache where it can), and decodes one token of
+//! every running sample, all in one forward pass whatever their adapters.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use super::forward::{KvCache, SequenceInput, forward};
+use super::params::{ParamsError, SamplingParams, Stop, choose, sample_rng};
+use super::prefix::{PolicyKey, PrefixCache};
+use crate::lora::{AdapterRegistry, PolicyVersion, RegistryError};
+use crate::model::{ModelConfig, Tokenizer};
+
+pub type RequestId = u64;
+
+/// An adapter by name, at a version (`None`: its latest live version).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyRef {
+    pub name: String,
+    pub version: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SampleRequest {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// `None`: the base model.
+    pub policy: Option<PolicyRef>,
+    /// The logprob of every prompt token given the ones before it.
+    pub prompt_logprobs: bool,
+    /// The `k` most likely tokens (with logprobs) at every prompt position; 0: none.
+    pub topk_prompt_logprobs: usize,
+}
+
+impl SampleRequest {
+    pub fn new(prompt: Vec<u32>, params: SamplingParams) -> Self {
+        SampleRequest {
+            prompt,
+            params,
+            policy: None,
+            prompt_logprobs: false,
+            topk_prompt_logprobs: 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StopReason {
+    /// A stop token or string (or an end-of-sequence id) was sampled; it ends `tokens`.
+    Stop,
+    /// `max_tokens`, or the end of the context.
+    Length,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub stop_reason: StopReason,
+}
+
+/// The top tokens of one prompt position.
+pub type TopLogprobs = Vec<(u32, f32)>;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleOutput {
+    pub id: RequestId,
+    pub samples: Vec<Sample>,
+    /// Per prompt token (`None` for the first), when asked for.
+    pub prompt_logprobs: Option<Vec<Option<f32>>>,
+    pub topk_prompt_logprobs: Option<Vec<Option<TopLogprobs>>>,
+    /// Prompt positions whose KV came from the prefix cache.
+    pub cached_prompt_tokens: usize,
+    /// The adapter version that sampled (`None`: the base model).
+    pub policy_version: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SampleError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("prompt token id {token} is outside the vocabulary of {vocab}")]
+    TokenOutOfVocabulary { token: u32, vocab: usize },
+    #[error("the prompt has {len} tokens; the model's context holds {context}")]
+    PromptTooLong { len: usize, context: usize },
+    #[error("the request needs {needed} KV positions; the sampler's budget is {budget}")]
+    OverBudget { needed: usize, budget: usize },
+    #[error("stop strings need the model's tokenizer, which this sampler was not given")]
+    NoTokenizer,
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    #[error(transparent)]
+    Policy(#[from] RegistryError),
+    #[error("the model failed: {0}")]
+    Model(#[from] candle_core::Error),
+}
+
+/// How much the engine may hold.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// KV positions of running samples; requests beyond it wait.
+    pub kv_budget_positions: usize,
+    /// KV positions kept in the prefix cache (0: no prefix cache).
+    pub prefix_cache_positions: usize,
+}
+
+impl EngineConfig {
+    /// Budgets in bytes of KV memory, for `config`'s model.
+    pub fn from_bytes(config: &ModelConfig, kv_budget: usize, prefix_cache: usize) -> Self {
+        let per = KvCache::bytes_per_position(config).max(1);
+        EngineConfig {
+            kv_budget_positions: kv_budget / per,
+            prefix_cache_positions: prefix_cache / per,
+        }
+    }
+}
+
+/// A validated request with its policy version pinned.
+struct Admitted {
+    request: SampleRequest,
+    seed: u64,
+    policy: Option<Arc<PolicyVersion>>,
+    reserved: usize,
+}
+
+impl Admitted {
+    fn key(&self) -> PolicyKey {
+        self.policy.as_ref().map(|p| (p.name.clone(), p.version))
+    }
+}
+
+struct SampleState {
+    cache: KvCache,
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    rng: StdRng,
+    stop: Option<StopReason>,
+}
+
+struct Running {
+    id: RequestId,
+    admitted: Admitted,
+    samples: Vec<SampleState>,
+    prompt_logprobs: Option<Vec<Option<f32>>>,
+    topk_prompt_logprobs: Option<Vec<Option<TopLogprobs>>>,
+    cached_prompt_tokens: usize,
+}
+
+pub struct SamplingEngine {
+    registry: Arc<AdapterRegistry>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    eos: Vec<u32>,
+    config: EngineConfig,
+    waiting: VecDeque<(RequestId, Admitted)>,
+    running: Vec<Running>,
+    prefix: PrefixCache,
+    reserved: usize,
+    next_id: RequestId,
+    seeds: StdRng,
+}
+
+impl SamplingEngine {
+    /// An engine over `registry`'s base model. `eos` are the ids that end a sample when a request
+    /// names no stop; `tokenizer` is needed for stop strings.
+    pub fn new(
+        registry: Arc<AdapterRegistry>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        eos: Vec<u32>,
+        config: EngineConfig,
+    ) -> Self {
+        let prefix = PrefixCache::new(config.prefix_cache_positions);
+        SamplingEngine {
+            registry,
+            tokenizer,
+            eos,
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            prefix,
+            reserved: 0,
+            next_id: 1,
+            seeds: StdRng::from_rng(&mut rand::rng()),
+        }
+    }
+
+    /// Queue a request; it runs from the next `decode_step` that has room for it. Bad input is
+    /// refused here and changes nothing.
+    pub fn add_request(&mut self, request: SampleRequest) -> Result<RequestId, SampleError> {
+        let model = self.registry.base();
+        let vocab = model.config.vocab_size;
+        let context = model.context_length();
+        request.params.validate(vocab)?;
+        if request.prompt.is_empty() {
+            return Err(SampleError::EmptyPrompt);
+        }
+        if let Some(&token) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(SampleError::TokenOutOfVocabulary { token, vocab });
+        }
+        if request.prompt.len() > context {
+            return Err(SampleError::PromptTooLong {
+                len: request.prompt.len(),
+                context,
+            });
+        }
+        if matches!(request.params.stop, Some(Stop::Strings(_))) && self.tokenizer.is_none() {
+            return Err(SampleError::NoTokenizer);
+        }
+        let policy = match &request.policy {
+            Some(p) => Some(self.registry.get(&p.name, p.version)?),
+            None => None,
+        };
+        let longest = (request.prompt.len() + request.params.max_tokens).min(context);
+        let reserved = longest * request.params.num_samples;
+        if reserved > self.config.kv_budget_positions {
+            return Err(SampleError::OverBudget {
+                needed: reserved,
+                budget: self.config.kv_budget_positions,
+            });
+        }
+        let seed = request.params.seed.unwrap_or_else(|| self.seeds.random());
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back((
+            id,
+            Admitted {
+                request,
+                seed,
+                policy,
+                reserved,
+            },
+        ));
+        Ok(id)
+    }
+
+    /// Drop a waiting or running request; false when there is none of that id.
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        if let Some(at) = self.waiting.iter().position(|(i, _)| *i == id) {
+            self.waiting.remove(at);
+            return true;
+        }
+        if let Some(at) = self.running.iter().position(|r| r.id == id) {
+            let running = self.running.remove(at);
+            self.reserved -= running.admitted.reserved;
+            return true;
+        }
+        false
+    }
+
+    /// Whether any request waits or runs.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Requests waiting for room, and requests running.
+    pub fn load(&self) -> (usize, usize) {
+        (self.waiting.len(), self.running.len())
+    }
+
+    /// One step: admit, prefill the admitted, decode one token of every running sample. Returns
+    /// the requests that finished.
+    pub fn decode_step(&mut self) -> Result<Vec<SampleOutput>, SampleError> {
+        let mut admitted = Vec::new();
+        while let Some((_, next)) = self.waiting.front() {
+            if self.reserved + next.reserved > self.config.kv_budget_positions {
+                break;
+            }
+            let Some((id, next)) = self.waiting.pop_front() else {
+                break;
+            };
+            self.reserved += next.reserved;
+            admitted.push((id, next));
+        }
+        let model = Arc::clone(self.registry.base());
+        let config = &model.config;
+
+        // New prompts: their caches start from the longest cached prefix.
+        let mut prefills: Vec<(RequestId, Admitted, KvCache)> = Vec::new();
+        for (id, a) in admitted {
+            let wants_prompt_rows = a.request.prompt_logprobs || a.request.topk_prompt_logprobs > 0;
+            let cache = if wants_prompt_rows {
+                None
+            } else {
+                let limit = a.request.prompt.len() - 1;
+                self.prefix.lookup(&a.key(), &a.request.prompt, limit, config)
+            };
+            prefills.push((id, a, cache.unwrap_or_else(|| KvCache::new(config))));
+        }
+
+        let mut inputs = Vec::new();
+        for running in &mut self.running {
+            let adapter = running.admitted.policy.as_ref().map(|p| &p.adapter);
+            for sample in running.samples.iter_mut().filter(|s| s.stop.is_none()) {
+                let SampleState { cache, tokens, .. } = sample;
+                inputs.push(SequenceInput {
+                    tokens: std::slice::from_ref(tokens.last().expect("a running sample has a token")),
+                    adapter,
+                    cache,
+                    all_logits: false,
+                });
+            }
+        }
+        let decoding = inputs.len();
+        let cached: Vec<usize> = prefills.iter().map(|(_, _, c)| c.len).collect();
+        for (_, a, cache) in &mut prefills {
+            let start = cache.len;
+            inputs.push(SequenceInput {
+                tokens: &a.request.prompt[start..],
+                adapter: a.policy.as_ref().map(|p| &p.adapter),
+                cache,
+                all_logits: a.request.prompt_logprobs || a.request.topk_prompt_logprobs > 0,
+            });
+        }
+        if inputs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut logits = forward(&model, &mut inputs)?.into_iter();
+        drop(inputs);
+        let vocab = config.vocab_size;
+        let context = model.context_length();
+
+        for running in &mut self.running {
+            let params = &running.admitted.request.params;
+            let prompt_len = running.admitted.request.prompt.len();
+            for sample in running.samples.iter_mut().filter(|s| s.stop.is_none()) {
+                let row = logits.next().expect("one logits row per decoding sample");
+                let uniform = sample.rng.random::<f64>();
+                let (token, logprob) = choose(&row, params, uniform);
+                sample.tokens.push(token);
+                sample.logprobs.push(logprob);
+                sample.stop = stop_reason(
+                    &sample.tokens,
+                    params,
+                    &self.eos,
+                    self.tokenizer.as_deref(),
+                    prompt_len,
+                    context,
+                );
+            }
+        }
+        debug_assert!(decoding <= self.running.iter().map(|r| r.samples.len()).sum());
+
+        for ((id, a, cache), cached) in prefills.into_iter().zip(cached) {
+            let rows = logits.next().expect("logits for every prefilled prompt");
+            let prompt = &a.request.prompt;
+            let (mut prompt_logprobs, mut topk) = (None, None);
+            if a.request.prompt_logprobs || a.request.topk_prompt_logprobs > 0 {
+                let (lp, top) = prompt_statistics(&rows, prompt, vocab, a.request.topk_prompt_logprobs);
+                prompt_logprobs = a.request.prompt_logprobs.then_some(lp);
+                topk = (a.request.topk_prompt_logprobs > 0).then_some(top);
+            }
+            let last = &rows[rows.len() - vocab..];
+            if self.config.prefix_cache_positions > 0 {
+                self.prefix.insert(a.key(), prompt, cache.clone());
+            }
+            let n = a.request.params.num_samples;
+            let mut samples = Vec::with_capacity(n);
+            for i in 0..n {
+                let mut rng = sample_rng(a.seed, i);
+                let (token, logprob) = choose(last, &a.request.params, rng.random::<f64>());
+                let tokens = vec![token];
+                let stop = stop_reason(
+                    &tokens,
+                    &a.request.params,
+                    &self.eos,
+                    self.tokenizer.as_deref(),
+                    prompt.len(),
+                    context,
+                );
+                samples.push(SampleState {
+                    cache: if i + 1 == n { KvCache::default() } else { cache.clone() },
+                    tokens,
+                    logprobs: vec![logprob],
+                    rng,
+                    stop,
+                });
+            }
+            if let Some(last) = samples.last_mut() {
+                last.cache = cache;
+            }
+            self.running.push(Running {
+                id,
+                admitted: a,
+                samples,
+                prompt_logprobs,
+                topk_prompt_logprobs: topk,
+                cached_prompt_tokens: cached,
+            });
+        }
+
+        let mut finished = Vec::new();
+        let mut still = Vec::with_capacity(self.running.len());
+        for running in std::mem::take(&mut self.running) {
+            if running.samples.iter().any(|s| s.stop.is_none()) {
+                still.push(running);
+                continue;
+            }
+            self.reserved -= running.admitted.reserved;
+            finished.push(self.finish(running));
+        }
+        self.running = still;
+        Ok(finished)
+    }
+
+    /// The output of a finished request; its samples' KV goes to the prefix cache.
+    fn finish(&mut self, running: Running) -> SampleOutput {
+        let key = running.admitted.key();
+        let prompt = &running.admitted.request.prompt;
+        let mut samples = Vec::with_capacity(running.samples.len());
+        for state in running.samples {
+            if self.config.prefix_cache_positions > 0 {
+                let mut tokens = prompt.clone();
+                tokens.extend_from_slice(&state.tokens);
+                self.prefix.insert(key.clone(), &tokens, state.cache);
+            }
+            samples.push(Sample {
+                tokens: state.tokens,
+                logprobs: state.logprobs,
+                stop_reason: state.stop.unwrap_or(StopReason::Length),
+            });
+        }
+        SampleOutput {
+            id: running.id,
+            samples,
+            prompt_logprobs: running.prompt_logprobs,
+            topk_prompt_logprobs: running.topk_prompt_logprobs,
+            cached_prompt_tokens: running.cached_prompt_tokens,
+            policy_version: running.admitted.policy.as_ref().map(|p| p.version),
+        }
+    }
+}
+
+/// Why a sample whose tokens so far are `tokens` stops now, if it does.
+fn stop_reason(
+    tokens: &[u32],
+    params: &SamplingParams,
+    eos: &[u32],
+    tokenizer: Option<&Tokenizer>,
+    prompt_len: usize,
+    context: usize,
+) -> Option<StopReason> {
+    let last = *tokens.last()?;
+    let stopped = match &params.stop {
+        None => eos.contains(&last),
+        Some(Stop::Tokens(ids)) => ids.contains(&last),
+        Some(Stop::Strings(strings)) => tokenizer
+            .and_then(|t| t.decode(tokens).ok())
+            .is_some_and(|text| strings.iter().any(|s| text.contains(s.as_str()))),
+    };
+    if stopped {
+        Some(StopReason::Stop)
+    } else if tokens.len() >= params.max_tokens || prompt_len + tokens.len() >= context {
+        Some(StopReason::Length)
+    } else {
+        None
+    }
+}
+
+/// Per prompt token its logprob given the tokens before it, and the `k` most likely tokens at
+/// each position (`None` for the first token), from the logits of every prompt row.
+fn prompt_statistics(
+    rows: &[f32],
+    prompt: &[u32],
+    vocab: usize,
+    k: usize,
+) -> (Vec<Option<f32>>, Vec<Option<TopLogprobs>>) {
+    let mut logprobs = vec![None];
+    let mut top = vec![None];
+    for (row, &next) in rows.chunks_exact(vocab).zip(&prompt[1..]) {
+        let lp = opentinker_kernels::ops::log_softmax(row);
+        logprobs.push(Some(lp[next as usize]));
+        if k > 0 {
+            let mut order: Vec<usize> = (0..vocab).collect();
+            let by = |a: &usize, b: &usize| lp[*b].total_cmp(&lp[*a]).then(a.cmp(b));
+            if k < vocab {
+                order.select_nth_unstable_by(k - 1, by);
+                order.truncate(k);
+            }
+            order.sort_unstable_by(by);
+            top.push(Some(order.into_iter().map(|i| (i as u32, lp[i])).collect()));
+        }
+    }
+    (logprobs, top)
+}

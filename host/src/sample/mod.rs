@@ -1,0 +1,13 @@
+//! Sampling: KV-cached batched generation over many adapter versions of one base model at once,
+//! with per-token logprobs, on the batch-invariant kernels of `opentinker-kernels`.
+
+pub mod engine;
+pub mod forward;
+pub mod params;
+pub mod prefix;
+
+pub use engine::{
+    EngineConfig, PolicyRef, RequestId, Sample, SampleError, SampleOutput, SampleRequest,
+    SamplingEngine, StopReason,
+};
+pub use params::{SamplingParams, Stop};
