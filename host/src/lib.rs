@@ -2,11 +2,13 @@
 //! agents and reward functions are sandboxed WebAssembly components.
 //!
 //! One module per concern (see `DESIGN.md` in the repository): [`plugin`] runs the components,
-//! [`model`] loads and runs the base model, [`store`] writes state durably, [`train`] holds the losses.
+//! [`model`] loads and runs the base model, [`lora`] holds adapters and their published versions, [`train`] the
+//! training engine, [`sample`] the generation engine, [`store`] writes state durably.
 
 pub mod cli;
 pub mod lora;
 pub mod model;
 pub mod plugin;
+pub mod sample;
 pub mod store;
 pub mod train;

@@ -145,7 +145,7 @@ pub fn dot(x: &[f32], w: &[f32]) -> f32 {
 /// do not fit `k`.
 pub fn linear(x: &[f32], w: &[f32], k: usize, out: &mut [f32], accumulate: bool) {
     assert!(
-        k > 0 && x.len() % k == 0 && w.len() % k == 0,
+        k > 0 && x.len().is_multiple_of(k) && w.len().is_multiple_of(k),
         "x and W must be rows of {k}"
     );
     let (m, n) = (x.len() / k, w.len() / k);
@@ -206,7 +206,7 @@ pub fn linear(x: &[f32], w: &[f32], k: usize, out: &mut [f32], accumulate: bool)
 /// Bit-identical to [`linear`].
 pub fn linear_serial(x: &[f32], w: &[f32], k: usize, out: &mut [f32], accumulate: bool) {
     assert!(
-        k > 0 && x.len() % k == 0 && w.len() % k == 0,
+        k > 0 && x.len().is_multiple_of(k) && w.len().is_multiple_of(k),
         "x and W must be rows of {k}"
     );
     let n = w.len() / k;

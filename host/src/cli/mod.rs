@@ -2,6 +2,7 @@
 
 mod model;
 mod plugin;
+mod sample;
 
 use std::path::PathBuf;
 
@@ -27,6 +28,8 @@ enum Command {
         #[command(subcommand)]
         command: model::ModelCommand,
     },
+    /// Generate text from a model (and optionally a LoRA adapter).
+    Sample(sample::SampleArgs),
     /// Build, inspect and run plugin components.
     Plugin {
         #[command(subcommand)]
@@ -76,5 +79,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Model { command } => model::run(command),
         Command::Plugin { command } => plugin::run(command),
+        Command::Sample(args) => sample::run(args),
     }
 }

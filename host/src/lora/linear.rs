@@ -77,7 +77,7 @@ impl LoraLinear {
         matmul_nt(x, a, inp, &mut down, false);
         let scale = T::from_f64(self.scale);
         for v in &mut down {
-            *v = *v * scale;
+            *v *= scale;
         }
         matmul_nt(&down, b, rank, &mut y, true);
         *dims.last_mut().expect("checked above") = out;

@@ -122,7 +122,20 @@ impl ModelConfig {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_json(&value)
+        let mut config = Self::from_json(&value)?;
+        // `generation_config.json`, when present, names the ids that end a generation.
+        let generation = dir.join("generation_config.json");
+        if let Ok(text) = std::fs::read_to_string(&generation) {
+            let value: Value = serde_json::from_str(&text).map_err(|source| ConfigError::Json {
+                path: generation.display().to_string(),
+                source,
+            })?;
+            let eos = token_ids(value.get("eos_token_id"));
+            if !eos.is_empty() {
+                config.eos_token_ids = eos;
+            }
+        }
+        Ok(config)
     }
 
     /// Interpret a parsed `config.json`.

@@ -13,7 +13,7 @@ impl Float for f64 {}
 /// `out (m × n) = x (m × k) · Wᵀ` with `W (n × k)` row-major; `out += ...` when `accumulate`.
 pub fn matmul_nt<T: Float>(x: &[T], w: &[T], k: usize, out: &mut [T], accumulate: bool) {
     assert!(
-        k > 0 && x.len() % k == 0 && w.len() % k == 0,
+        k > 0 && x.len().is_multiple_of(k) && w.len().is_multiple_of(k),
         "x and W must be rows of {k}"
     );
     let (m, n) = (x.len() / k, w.len() / k);
@@ -76,7 +76,7 @@ pub fn with_slice<T: Float, R>(
 pub fn add_bias<T: Float>(out: &mut [T], bias: &[T]) {
     for row in out.chunks_exact_mut(bias.len()) {
         for (v, b) in row.iter_mut().zip(bias) {
-            *v = *v + *b;
+            *v += *b;
         }
     }
 }

@@ -49,11 +49,30 @@ impl Tokenizer {
             .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
 
+    /// Token ids of `text` as they stand, nothing added: for a rendered chat template, which
+    /// writes its own special tokens.
+    pub fn encode_without_special_tokens(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.inner
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+
     /// The text of one token, as it reads in context.
     pub fn piece(&self, id: u32) -> Result<String, TokenizerError> {
         self.check(id)?;
         self.inner
             .decode(&[id], false)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+
+    /// The text of a run of tokens (special tokens kept).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.vocab_size()) {
+            self.check(id)?;
+        }
+        self.inner
+            .decode(ids, false)
             .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
 

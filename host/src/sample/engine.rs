@@ -289,7 +289,8 @@ impl SamplingEngine {
                 None
             } else {
                 let limit = a.request.prompt.len() - 1;
-                self.prefix.lookup(&a.key(), &a.request.prompt, limit, config)
+                self.prefix
+                    .lookup(&a.key(), &a.request.prompt, limit, config)
             };
             prefills.push((id, a, cache.unwrap_or_else(|| KvCache::new(config))));
         }
@@ -300,7 +301,9 @@ impl SamplingEngine {
             for sample in running.samples.iter_mut().filter(|s| s.stop.is_none()) {
                 let SampleState { cache, tokens, .. } = sample;
                 inputs.push(SequenceInput {
-                    tokens: std::slice::from_ref(tokens.last().expect("a running sample has a token")),
+                    tokens: std::slice::from_ref(
+                        tokens.last().expect("a running sample has a token"),
+                    ),
                     adapter,
                     cache,
                     all_logits: false,
@@ -352,7 +355,8 @@ impl SamplingEngine {
             let prompt = &a.request.prompt;
             let (mut prompt_logprobs, mut topk) = (None, None);
             if a.request.prompt_logprobs || a.request.topk_prompt_logprobs > 0 {
-                let (lp, top) = prompt_statistics(&rows, prompt, vocab, a.request.topk_prompt_logprobs);
+                let (lp, top) =
+                    prompt_statistics(&rows, prompt, vocab, a.request.topk_prompt_logprobs);
                 prompt_logprobs = a.request.prompt_logprobs.then_some(lp);
                 topk = (a.request.topk_prompt_logprobs > 0).then_some(top);
             }
@@ -375,7 +379,11 @@ impl SamplingEngine {
                     context,
                 );
                 samples.push(SampleState {
-                    cache: if i + 1 == n { KvCache::default() } else { cache.clone() },
+                    cache: if i + 1 == n {
+                        KvCache::default()
+                    } else {
+                        cache.clone()
+                    },
                     tokens,
                     logprobs: vec![logprob],
                     rng,

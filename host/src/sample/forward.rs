@@ -123,7 +123,12 @@ fn same(a: Option<&Adapter>, b: Option<&Adapter>) -> bool {
 }
 
 /// `x · Wᵀ + b`, plus each run's LoRA delta at `site`.
-fn project(linear_weights: &Linear, site: Site, x: &[f32], rows: &Rows<'_>) -> candle_core::Result<Vec<f32>> {
+fn project(
+    linear_weights: &Linear,
+    site: Site,
+    x: &[f32],
+    rows: &Rows<'_>,
+) -> candle_core::Result<Vec<f32>> {
     let (out, inp) = linear_weights.weight.dims2()?;
     let weight = View::of(&linear_weights.weight)?;
     let mut y = vec![0.0f32; rows.total() * out];
@@ -181,7 +186,10 @@ fn add(x: &mut [f32], y: &[f32]) {
 
 /// Run the new tokens of every sequence through the model, appending to their caches. Returns
 /// per sequence its logits, `rows × vocab` (every new token, or the last).
-pub fn forward(model: &Transformer, inputs: &mut [SequenceInput<'_>]) -> candle_core::Result<Vec<Vec<f32>>> {
+pub fn forward(
+    model: &Transformer,
+    inputs: &mut [SequenceInput<'_>],
+) -> candle_core::Result<Vec<Vec<f32>>> {
     let c = &model.config;
     let (hidden, head_dim, vocab) = (c.hidden_size, c.head_dim, c.vocab_size);
     let eps = c.rms_norm_eps as f32;
@@ -191,7 +199,11 @@ pub fn forward(model: &Transformer, inputs: &mut [SequenceInput<'_>]) -> candle_
         head_dim,
     };
     let (q_width, kv_width) = (c.num_heads * head_dim, c.num_kv_heads * head_dim);
-    if let Some(bad) = inputs.iter().flat_map(|i| i.tokens).find(|&&t| t as usize >= vocab) {
+    if let Some(bad) = inputs
+        .iter()
+        .flat_map(|i| i.tokens)
+        .find(|&&t| t as usize >= vocab)
+    {
         return Err(candle_core::Error::Msg(format!(
             "token id {bad} is outside the vocabulary of {vocab}"
         )));
@@ -200,7 +212,7 @@ pub fn forward(model: &Transformer, inputs: &mut [SequenceInput<'_>]) -> candle_
     let total = rows.total();
     let positions: Vec<usize> = inputs
         .iter()
-        .flat_map(|i| (i.cache.len..i.cache.len + i.tokens.len()))
+        .flat_map(|i| i.cache.len..i.cache.len + i.tokens.len())
         .collect();
     if positions.iter().any(|&p| p >= model.context_length()) {
         return Err(candle_core::Error::Msg(format!(
@@ -260,14 +272,20 @@ pub fn forward(model: &Transformer, inputs: &mut [SequenceInput<'_>]) -> candle_
                     out_seq,
                 );
             });
-        add(&mut x, &project(&layer.o_proj, site(Target::O), &attended, &rows)?);
+        add(
+            &mut x,
+            &project(&layer.o_proj, site(Target::O), &attended, &rows)?,
+        );
 
         let mut h = x.clone();
         ops::rms_norm(&mut h, View::of(&layer.post_attention_norm)?.slice(), eps);
         let mut gate = project(&layer.gate_proj, site(Target::Gate), &h, &rows)?;
         let up = project(&layer.up_proj, site(Target::Up), &h, &rows)?;
         ops::silu_mul(&mut gate, &up);
-        add(&mut x, &project(&layer.down_proj, site(Target::Down), &gate, &rows)?);
+        add(
+            &mut x,
+            &project(&layer.down_proj, site(Target::Down), &gate, &rows)?,
+        );
     }
     for input in inputs.iter_mut() {
         input.cache.len += input.tokens.len();
@@ -278,7 +296,11 @@ pub fn forward(model: &Transformer, inputs: &mut [SequenceInput<'_>]) -> candle_
     let mut start = 0;
     for input in inputs.iter() {
         let n = input.tokens.len();
-        let first = if input.all_logits { start } else { start + n - 1 };
+        let first = if input.all_logits {
+            start
+        } else {
+            start + n - 1
+        };
         kept.extend_from_slice(&x[first * hidden..(start + n) * hidden]);
         start += n;
     }
@@ -292,7 +314,11 @@ pub fn forward(model: &Transformer, inputs: &mut [SequenceInput<'_>]) -> candle_
     let mut per_sequence = Vec::with_capacity(inputs.len());
     let mut rest = &logits[..];
     for input in inputs.iter() {
-        let n = if input.all_logits { input.tokens.len() } else { 1 };
+        let n = if input.all_logits {
+            input.tokens.len()
+        } else {
+            1
+        };
         let (mine, next) = rest.split_at(n * vocab);
         per_sequence.push(mine.to_vec());
         rest = next;

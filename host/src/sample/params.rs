@@ -133,9 +133,16 @@ pub fn choose(logits: &[f32], params: &SamplingParams, uniform: f64) -> (u32, f3
                 break;
             }
         }
-        draw(kept.iter().map(|&i| (i, f64::from(logprobs[i]).exp())), mass, uniform)
+        draw(
+            kept.iter().map(|&i| (i, f64::from(logprobs[i]).exp())),
+            mass,
+            uniform,
+        )
     } else {
-        let probs = logprobs.iter().enumerate().map(|(i, &l)| (i, f64::from(l).exp()));
+        let probs = logprobs
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i, f64::from(l).exp()));
         let mass: f64 = logprobs.iter().map(|&l| f64::from(l).exp()).sum();
         draw(probs, mass, uniform)
     };
@@ -176,28 +183,67 @@ mod tests {
         let vocab = 10;
         let bad = |p: SamplingParams| p.validate(vocab).unwrap_err().to_string();
         let base = SamplingParams::default();
-        assert!(bad(SamplingParams { temperature: f64::NAN, ..base.clone() }).contains("temperature"));
-        assert!(bad(SamplingParams { temperature: -1.0, ..base.clone() }).contains("temperature"));
-        assert!(bad(SamplingParams { top_p: 0.0, ..base.clone() }).contains("top_p"));
-        assert!(bad(SamplingParams { top_p: 1.5, ..base.clone() }).contains("top_p"));
+        assert!(
+            bad(SamplingParams {
+                temperature: f64::NAN,
+                ..base.clone()
+            })
+            .contains("temperature")
+        );
+        assert!(
+            bad(SamplingParams {
+                temperature: -1.0,
+                ..base.clone()
+            })
+            .contains("temperature")
+        );
+        assert!(
+            bad(SamplingParams {
+                top_p: 0.0,
+                ..base.clone()
+            })
+            .contains("top_p")
+        );
+        assert!(
+            bad(SamplingParams {
+                top_p: 1.5,
+                ..base.clone()
+            })
+            .contains("top_p")
+        );
         let stop = Some(Stop::Tokens(vec![10]));
-        assert!(bad(SamplingParams { stop, ..base.clone() }).contains("stop token id 10"));
+        assert!(
+            bad(SamplingParams {
+                stop,
+                ..base.clone()
+            })
+            .contains("stop token id 10")
+        );
         assert!(base.validate(vocab).is_ok());
     }
 
     #[test]
     fn truncation_keeps_the_most_likely_and_logprobs_come_before_it() {
         let logits = [0.0, 3.0, 1.0, 2.0];
-        let greedy = SamplingParams { temperature: 0.0, ..SamplingParams::default() };
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        };
         assert_eq!(choose(&logits, &greedy, 0.99).0, 1);
-        let top1 = SamplingParams { top_k: Some(1), ..SamplingParams::default() };
+        let top1 = SamplingParams {
+            top_k: Some(1),
+            ..SamplingParams::default()
+        };
         for u in [0.0, 0.5, 0.999] {
             let (token, logprob) = choose(&logits, &top1, u);
             assert_eq!(token, 1);
             let full = opentinker_kernels::ops::log_softmax(&logits);
             assert_eq!(logprob, full[1]);
         }
-        let nucleus = SamplingParams { top_p: 0.7, ..SamplingParams::default() };
+        let nucleus = SamplingParams {
+            top_p: 0.7,
+            ..SamplingParams::default()
+        };
         for u in [0.0, 0.3, 0.6, 0.999] {
             let (token, _) = choose(&logits, &nucleus, u);
             assert!(token == 1 || token == 3, "{token}");

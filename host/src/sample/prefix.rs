@@ -71,8 +71,11 @@ impl PrefixCache {
             return;
         }
         // An entry that is a prefix of the new one adds nothing.
-        self.entries
-            .retain(|e| !(e.policy == policy && e.cache.len <= len && tokens.starts_with(&e.tokens[..e.cache.len])));
+        self.entries.retain(|e| {
+            !(e.policy == policy
+                && e.cache.len <= len
+                && tokens.starts_with(&e.tokens[..e.cache.len]))
+        });
         self.clock += 1;
         self.entries.push(Entry {
             policy,

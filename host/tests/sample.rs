@@ -1,0 +1,366 @@
+//! The sampling engine on the tiny shape: determinism whatever else is batched, immutable
+//! policy versions, the prefix cache, agreement with the trainer's logprobs, stops, and bad
+//! input.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Tensor};
+use opentinker::lora::{AdapterRegistry, LoraConfig, PolicyVersion};
+use opentinker::model::tiny::{TinyShape, init_tiny};
+use opentinker::model::{Architecture, Model, ModelConfig};
+use opentinker::sample::{
+    EngineConfig, PolicyRef, Sample, SampleOutput, SampleRequest, SamplingEngine, SamplingParams,
+    Stop, StopReason,
+};
+use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
+
+struct Setup {
+    config: ModelConfig,
+    registry: Arc<AdapterRegistry>,
+    trainer: TrainingEngine,
+}
+
+/// A tiny Qwen3 model with two adapters, `a` (rank 4) and `b` (rank 16), trained a few steps so
+/// that they differ from the base model.
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    init_tiny(dir.path(), TinyShape::Tiny, Architecture::Qwen3, 5).unwrap();
+    let model = Model::load(dir.path()).unwrap();
+    let config = model.config.clone();
+    let base = Arc::new(model.transformer);
+    let registry = AdapterRegistry::new(Arc::clone(&base));
+    let mut trainer = TrainingEngine::new(base, DType::F32);
+    for (id, rank) in [("a", 4), ("b", 16)] {
+        let lora = LoraConfig {
+            rank,
+            alpha: 2.0 * rank as f64,
+            seed: rank as u64,
+            ..LoraConfig::default()
+        };
+        trainer.add_adapter(id, lora).unwrap();
+        train(&mut trainer, id, 3);
+    }
+    Setup {
+        config,
+        registry,
+        trainer,
+    }
+}
+
+fn train(trainer: &mut TrainingEngine, id: &str, steps: usize) {
+    let tokens: Vec<u32> = (0..33).map(|i| (i * 11 + 7) % 500 + 3).collect();
+    let item = WorkItem {
+        adapter: id.into(),
+        datums: vec![Datum {
+            input_tokens: tokens[..32].to_vec(),
+            target_tokens: tokens[1..].to_vec(),
+            mask: vec![1.0; 32],
+            ..Datum::default()
+        }],
+        loss: Loss::CrossEntropy,
+    };
+    for _ in 0..steps {
+        trainer
+            .forward_backward(std::slice::from_ref(&item))
+            .unwrap();
+        let params = AdamParams {
+            learning_rate: 0.02,
+            ..AdamParams::default()
+        };
+        trainer.optim_step(id, &params).unwrap();
+    }
+}
+
+fn publish(setup: &Setup, id: &str) -> Arc<PolicyVersion> {
+    setup
+        .registry
+        .publish(id, setup.trainer.adapter(id).unwrap())
+        .unwrap()
+}
+
+fn engine(setup: &Setup, prefix_cache: bool) -> SamplingEngine {
+    SamplingEngine::new(
+        Arc::clone(&setup.registry),
+        None,
+        setup.config.eos_token_ids.clone(),
+        EngineConfig {
+            kv_budget_positions: 64 * 128,
+            prefix_cache_positions: if prefix_cache { 4096 } else { 0 },
+        },
+    )
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 31 + seed * 17) % 500 + 3)
+        .collect()
+}
+
+fn request(prompt: Vec<u32>, policy: Option<&Arc<PolicyVersion>>, seed: u64) -> SampleRequest {
+    let mut request = SampleRequest::new(
+        prompt,
+        SamplingParams {
+            max_tokens: 10,
+            seed: Some(seed),
+            stop: Some(Stop::Tokens(Vec::new())),
+            ..SamplingParams::default()
+        },
+    );
+    request.policy = policy.map(|p| PolicyRef {
+        name: p.name.clone(),
+        version: Some(p.version),
+    });
+    request
+}
+
+/// Run every request to completion; outputs in the order of the requests.
+fn run(engine: &mut SamplingEngine, requests: Vec<SampleRequest>) -> Vec<SampleOutput> {
+    let ids: Vec<u64> = requests
+        .into_iter()
+        .map(|r| engine.add_request(r).unwrap())
+        .collect();
+    let mut outputs = Vec::new();
+    while engine.has_work() {
+        outputs.extend(engine.decode_step().unwrap());
+    }
+    ids.iter()
+        .map(|id| outputs.iter().find(|o| o.id == *id).unwrap().clone())
+        .collect()
+}
+
+fn bits(samples: &[Sample]) -> Vec<(Vec<u32>, Vec<u32>)> {
+    samples
+        .iter()
+        .map(|s| {
+            (
+                s.tokens.clone(),
+                s.logprobs.iter().map(|l| l.to_bits()).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_request_samples_the_same_bits_whatever_else_is_batched() {
+    let setup = setup();
+    let (a, b) = (publish(&setup, "a"), publish(&setup, "b"));
+    let mut probe = request(prompt(1, 9), Some(&a), 42);
+    probe.params.num_samples = 2;
+    let alone = run(&mut engine(&setup, false), vec![probe.clone()]);
+    assert_eq!(alone[0].samples.len(), 2);
+    assert_ne!(alone[0].samples[0].tokens, alone[0].samples[1].tokens);
+    for batch in [1usize, 7, 64] {
+        for prefix_cache in [false, true] {
+            let mut engine = engine(&setup, prefix_cache);
+            // A request that shares the probe's first tokens, run first, fills the prefix cache.
+            let mut warm = prompt(1, 9);
+            warm.truncate(6);
+            warm.push(9);
+            run(&mut engine, vec![request(warm, Some(&a), 1)]);
+            let mut requests: Vec<SampleRequest> = (1..batch)
+                .map(|i| {
+                    let policy = [None, Some(&a), Some(&b)][i % 3];
+                    request(prompt(i as u32 + 10, 3 + i % 17), policy, i as u64)
+                })
+                .collect();
+            requests.insert(batch / 2, probe.clone());
+            let outputs = run(&mut engine, requests);
+            let mine = &outputs[batch / 2];
+            assert_eq!(
+                bits(&mine.samples),
+                bits(&alone[0].samples),
+                "batch {batch}, prefix cache {prefix_cache}"
+            );
+            assert_eq!(mine.cached_prompt_tokens, if prefix_cache { 6 } else { 0 });
+        }
+    }
+}
+
+#[test]
+fn a_version_samples_the_same_after_its_adapter_trains_on() {
+    let mut setup = setup();
+    let first = publish(&setup, "a");
+    let probe = request(prompt(3, 7), Some(&first), 7);
+    let before = run(&mut engine(&setup, false), vec![probe.clone()]);
+    train(&mut setup.trainer, "a", 2);
+    let second = publish(&setup, "a");
+    let mut engine = engine(&setup, false);
+    let again = run(&mut engine, vec![probe.clone()]);
+    assert_eq!(bits(&again[0].samples), bits(&before[0].samples));
+    assert_eq!(again[0].policy_version, Some(1));
+    let newer = run(&mut engine, vec![request(prompt(3, 7), Some(&second), 7)]);
+    assert_ne!(
+        bits(&newer[0].samples),
+        bits(&before[0].samples),
+        "version 2 should sample from the trained weights"
+    );
+    drop(first);
+    let err = engine.add_request(probe).unwrap_err().to_string();
+    assert!(err.contains("no version 1"), "{err}");
+}
+
+#[test]
+fn sampler_logprobs_agree_with_the_trainer_forward() {
+    let setup = setup();
+    let b = publish(&setup, "b");
+    for policy in [None, Some(&b)] {
+        let mut ask = request(prompt(4, 11), policy, 3);
+        ask.params.max_tokens = 20;
+        ask.prompt_logprobs = true;
+        let output = run(&mut engine(&setup, false), vec![ask.clone()]).remove(0);
+        let sample = &output.samples[0];
+        let mut tokens = ask.prompt.clone();
+        tokens.extend(&sample.tokens);
+        let n = tokens.len() - 1;
+        let datum = Datum {
+            input_tokens: tokens[..n].to_vec(),
+            target_tokens: tokens[1..].to_vec(),
+            mask: vec![1.0; n],
+            ..Datum::default()
+        };
+        let trainer_logprobs = match policy {
+            Some(_) => {
+                let item = WorkItem {
+                    adapter: "b".into(),
+                    datums: vec![datum],
+                    loss: Loss::CrossEntropy,
+                };
+                setup
+                    .trainer
+                    .forward(&[item])
+                    .unwrap()
+                    .remove(0)
+                    .logprobs
+                    .remove(0)
+            }
+            None => {
+                let model = setup.registry.base();
+                let input = Tensor::new(&tokens[..n], &candle_core::Device::Cpu)
+                    .unwrap()
+                    .unsqueeze(0)
+                    .unwrap();
+                let targets = Tensor::new(&tokens[1..], &candle_core::Device::Cpu)
+                    .unwrap()
+                    .unsqueeze(0)
+                    .unwrap();
+                let logits = model.forward(&input).unwrap();
+                opentinker::model::transformer::target_logprobs(&logits, &targets)
+                    .unwrap()
+                    .squeeze(0)
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            }
+        };
+        let prompt_len = ask.prompt.len();
+        for (i, &sampled) in sample.logprobs.iter().enumerate() {
+            let trained = trainer_logprobs[prompt_len - 1 + i];
+            assert!(
+                (sampled - trained).abs() < 1e-4,
+                "token {i}: sampler {sampled} vs trainer {trained}"
+            );
+        }
+        let prompt_logprobs = output.prompt_logprobs.unwrap();
+        assert_eq!(prompt_logprobs[0], None);
+        for (i, lp) in prompt_logprobs.iter().enumerate().skip(1) {
+            assert!((lp.unwrap() - trainer_logprobs[i - 1]).abs() < 1e-4);
+        }
+    }
+}
+
+#[test]
+fn the_next_turn_reuses_the_kv_of_the_turn_before() {
+    let setup = setup();
+    let a = publish(&setup, "a");
+    let mut cached_engine = engine(&setup, true);
+    let first = run(
+        &mut cached_engine,
+        vec![request(prompt(5, 12), Some(&a), 1)],
+    )
+    .remove(0);
+    let mut next_turn = prompt(5, 12);
+    next_turn.extend(&first.samples[0].tokens);
+    next_turn.extend(prompt(6, 5));
+    let second = run(
+        &mut cached_engine,
+        vec![request(next_turn.clone(), Some(&a), 2)],
+    )
+    .remove(0);
+    // The first turn's cache holds its prompt and every sampled token but the last.
+    assert_eq!(
+        second.cached_prompt_tokens,
+        12 + first.samples[0].tokens.len() - 1
+    );
+    let uncached = run(
+        &mut engine(&setup, false),
+        vec![request(next_turn, Some(&a), 2)],
+    )
+    .remove(0);
+    assert_eq!(bits(&second.samples), bits(&uncached.samples));
+}
+
+#[test]
+fn stops_and_lengths_follow_the_request() {
+    let setup = setup();
+    let mut engine = engine(&setup, false);
+    let greedy = |stop| {
+        let mut r = request(prompt(8, 6), None, 0);
+        r.params.temperature = 0.0;
+        r.params.max_tokens = 8;
+        r.params.stop = stop;
+        r
+    };
+    let free = run(&mut engine, vec![greedy(Some(Stop::Tokens(Vec::new())))]).remove(0);
+    let sample = &free.samples[0];
+    assert_eq!(sample.tokens.len(), 8);
+    assert_eq!(sample.stop_reason, StopReason::Length);
+    // Stopping at the third greedy token: the stop token ends the sample.
+    let third = sample.tokens[2];
+    let stopped = run(&mut engine, vec![greedy(Some(Stop::Tokens(vec![third])))]).remove(0);
+    let first_stop = sample.tokens.iter().position(|&t| t == third).unwrap();
+    assert_eq!(
+        stopped.samples[0].tokens,
+        sample.tokens[..=first_stop].to_vec()
+    );
+    assert_eq!(stopped.samples[0].stop_reason, StopReason::Stop);
+}
+
+#[test]
+fn bad_requests_are_refused_by_name_and_change_nothing() {
+    let setup = setup();
+    let a = publish(&setup, "a");
+    let mut engine = engine(&setup, false);
+    let refuse = |engine: &mut SamplingEngine, r: SampleRequest, words: &str| {
+        let err = engine.add_request(r).unwrap_err().to_string();
+        assert!(err.contains(words), "{err} lacks {words}");
+    };
+    refuse(&mut engine, request(vec![3, 9999], None, 0), "9999");
+    refuse(
+        &mut engine,
+        request(vec![3; 40_000], None, 0),
+        "context holds 32768",
+    );
+    refuse(&mut engine, request(vec![], None, 0), "empty");
+    let mut unknown = request(prompt(1, 4), None, 0);
+    unknown.policy = Some(PolicyRef {
+        name: "nobody".into(),
+        version: None,
+    });
+    refuse(&mut engine, unknown, "nobody");
+    let mut version = request(prompt(1, 4), Some(&a), 0);
+    version.policy.as_mut().unwrap().version = Some(9);
+    refuse(&mut engine, version, "no version 9");
+    for (temperature, top_p) in [(f64::NAN, 1.0), (-0.5, 1.0), (1.0, 0.0), (1.0, 1.5)] {
+        let mut r = request(prompt(1, 4), None, 0);
+        r.params.temperature = temperature;
+        r.params.top_p = top_p;
+        refuse(
+            &mut engine,
+            r,
+            if top_p == 1.0 { "temperature" } else { "top_p" },
+        );
+    }
+    assert!(!engine.has_work());
+    let fine = run(&mut engine, vec![request(prompt(1, 4), Some(&a), 0)]);
+    assert_eq!(fine[0].samples[0].tokens.len(), 10);
+}
