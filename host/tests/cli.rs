@@ -195,3 +195,55 @@ fn init_tiny_then_logprobs_prints_every_token() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("config.json"));
 }
+
+#[test]
+fn sample_prints_each_sample_as_json_and_is_reproducible_with_a_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    let output = opentinker(&["model", "init-tiny", model.to_str().unwrap()]);
+    assert!(output.status.success());
+    let sample = |extra: &[&str]| {
+        let mut args = vec![
+            "sample",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "What is 2 + 3?",
+            "--chat",
+            "--n",
+            "3",
+            "--max-tokens",
+            "12",
+            "--seed",
+            "7",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        opentinker(&args)
+    };
+    let printed = json(&sample(&[]));
+    let samples = printed["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 3);
+    for s in samples {
+        let tokens = s["tokens"].as_array().unwrap();
+        let logprobs = s["logprobs"].as_array().unwrap();
+        assert!(!tokens.is_empty() && tokens.len() <= 12);
+        assert_eq!(tokens.len(), logprobs.len());
+        assert!(logprobs.iter().all(|l| l.as_f64().unwrap() <= 0.0));
+        assert!(s["text"].is_string());
+        let reason = s["stop_reason"].as_str().unwrap();
+        assert!(reason == "stop" || reason == "length");
+        if tokens.len() < 12 {
+            assert_eq!(reason, "stop");
+        }
+    }
+    assert_eq!(
+        json(&sample(&[])),
+        printed,
+        "the same seed gave other samples"
+    );
+
+    let bad = sample(&["--top-p", "1.5"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("top_p"));
+}

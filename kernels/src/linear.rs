@@ -14,6 +14,8 @@ const LANES: usize = 16;
 const TILE: usize = 4;
 /// Rows of `x` per parallel task.
 const ROW_BLOCK: usize = 32;
+/// Problems smaller than this many multiply-adds run on the calling thread.
+pub(crate) const SERIAL_BELOW: usize = 1 << 20;
 
 /// Whether this CPU has AVX2 and FMA (then every dot product uses fused multiply-adds).
 static FMA: LazyLock<bool> = LazyLock::new(|| {
@@ -133,14 +135,6 @@ fn block_dispatch(
     block::<false>(x, w, k, cols, out, n, accumulate)
 }
 
-/// The dot product of two rows, as every kernel here computes it.
-pub fn dot(x: &[f32], w: &[f32]) -> f32 {
-    assert_eq!(x.len(), w.len(), "dot of rows of different lengths");
-    let mut out = [0.0];
-    block_dispatch(x, w, x.len(), 0..1, &mut out, 1, false);
-    out[0]
-}
-
 /// `out (m × n) = x (m × k) · Wᵀ`, or `out += x · Wᵀ` when `accumulate`. Panics when the lengths
 /// do not fit `k`.
 pub fn linear(x: &[f32], w: &[f32], k: usize, out: &mut [f32], accumulate: bool) {
@@ -151,6 +145,11 @@ pub fn linear(x: &[f32], w: &[f32], k: usize, out: &mut [f32], accumulate: bool)
     let (m, n) = (x.len() / k, w.len() / k);
     assert_eq!(out.len(), m * n, "out must be {m} × {n}");
     if m == 0 || n == 0 {
+        return;
+    }
+    // Below about a million multiply-adds, waking other threads costs more than it saves.
+    if m * n * k < SERIAL_BELOW {
+        block_dispatch(x, w, k, 0..n, out, n, accumulate);
         return;
     }
     // Column blocks give parallelism at m = 1 (decode); row blocks when m is large (prefill).

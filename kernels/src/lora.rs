@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use crate::linear::linear_serial;
+use crate::linear::{SERIAL_BELOW, linear_serial};
 
 /// One adapter's low-rank pair at one projection.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +31,8 @@ pub fn lora_apply(x: &[f32], inp: usize, y: &mut [f32], out: usize, segments: &[
     let rows: usize = segments.iter().map(|s| s.rows).sum();
     assert_eq!(x.len(), rows * inp, "x must be {rows} × {inp}");
     assert_eq!(y.len(), rows * out, "y must be {rows} × {out}");
+    // Jobs of at most `ROWS_PER_JOB` rows: a segment of many rows is split, so one adapter
+    // alone still uses every thread.
     let mut jobs = Vec::with_capacity(segments.len());
     let (mut x_rest, mut y_rest) = (x, y);
     for segment in segments {
@@ -43,12 +45,33 @@ pub fn lora_apply(x: &[f32], inp: usize, y: &mut [f32], out: usize, segments: &[
             jobs.push((x_seg, y_seg, pair));
         }
     }
-    jobs.into_par_iter().for_each(|(x_seg, y_seg, pair)| {
+    let work: usize = jobs
+        .iter()
+        .map(|(x, _, p)| x.len() / inp * p.rank * (inp + out))
+        .sum();
+    let run = |(x_seg, y_seg, pair): (&[f32], &mut [f32], LoraPair<'_>)| {
         let mut shrunk = vec![0.0; x_seg.len() / inp * pair.rank];
         linear_serial(x_seg, pair.a, inp, &mut shrunk, false);
         for s in &mut shrunk {
             *s *= pair.scale;
         }
         linear_serial(&shrunk, pair.b, pair.rank, y_seg, true);
-    });
+    };
+    if work < SERIAL_BELOW {
+        jobs.into_iter().for_each(run);
+        return;
+    }
+    let split: Vec<_> = jobs
+        .into_iter()
+        .flat_map(|(x_seg, y_seg, pair)| {
+            x_seg
+                .chunks(ROWS_PER_JOB * inp)
+                .zip(y_seg.chunks_mut(ROWS_PER_JOB * out))
+                .map(move |(x, y)| (x, y, pair))
+        })
+        .collect();
+    split.into_par_iter().for_each(run);
 }
+
+/// Rows a parallel job of the apply takes at most.
+const ROWS_PER_JOB: usize = 8;

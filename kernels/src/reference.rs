@@ -51,24 +51,30 @@ pub fn lora_delta(x: &[f32], inp: usize, out: usize, segments: &[Segment<'_>]) -
 }
 
 /// Causal attention in f64, as [`crate::causal_attention`] specifies it.
-pub fn causal_attention(q: &[f32], k: &[f32], v: &[f32], shape: Heads, start: usize) -> Vec<f64> {
+pub fn causal_attention(
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    shape: Heads,
+    start: usize,
+) -> Vec<f64> {
     let Heads {
         heads,
         kv_heads,
         head_dim,
     } = shape;
-    let (row, kv_row, groups) = (heads * head_dim, kv_heads * head_dim, heads / kv_heads);
+    let (row, groups) = (heads * head_dim, heads / kv_heads);
     let mut out = Vec::with_capacity(q.len());
     for (r, q_row) in q.chunks_exact(row).enumerate() {
         for h in 0..heads {
             let query = &q_row[h * head_dim..][..head_dim];
-            let offset = (h / groups) * head_dim;
+            let (key, value) = (keys[h / groups], values[h / groups]);
             let scores: Vec<f64> = (0..=start + r)
                 .map(|j| {
-                    let key = &k[j * kv_row + offset..][..head_dim];
+                    let k = &key[j * head_dim..][..head_dim];
                     query
                         .iter()
-                        .zip(key)
+                        .zip(k)
                         .map(|(a, b)| f64::from(*a) * f64::from(*b))
                         .sum::<f64>()
                         / (head_dim as f64).sqrt()
@@ -82,7 +88,7 @@ pub fn causal_attention(q: &[f32], k: &[f32], v: &[f32], shape: Heads, start: us
                     weights
                         .iter()
                         .enumerate()
-                        .map(|(j, w)| w / total * f64::from(v[j * kv_row + offset + d]))
+                        .map(|(j, w)| w / total * f64::from(value[j * head_dim + d]))
                         .sum(),
                 );
             }

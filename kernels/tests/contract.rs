@@ -21,6 +21,10 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+fn slices(caches: &[Vec<f32>]) -> Vec<&[f32]> {
+    caches.iter().map(Vec::as_slice).collect()
+}
+
 fn assert_close(got: &[f32], want: &[f64], tolerance: f64) {
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -97,15 +101,22 @@ proptest! {
         let shape = Heads { heads: kv_heads * groups, kv_heads, head_dim: 2 * half_dim };
         let row = shape.heads * shape.head_dim;
         let q = values(positions * row, seed);
-        let k = values(positions * kv_heads * shape.head_dim, seed + 1);
-        let v = values(positions * kv_heads * shape.head_dim, seed + 2);
+        let per_head = |salt: u64| -> Vec<Vec<f32>> {
+            (0..kv_heads).map(|h| values(positions * shape.head_dim, seed + salt + h as u64)).collect()
+        };
+        let (k, v) = (per_head(1), per_head(9));
+        let cut = |caches: &[Vec<f32>], n: usize| -> Vec<Vec<f32>> {
+            caches.iter().map(|c| c[..n * shape.head_dim].to_vec()).collect()
+        };
         let mut prefill = vec![0.0; q.len()];
-        causal_attention(&q, &k, &v, shape, 0, &mut prefill);
-        assert_close(&prefill, &reference::causal_attention(&q, &k, &v, shape, 0), 1e-5);
+        causal_attention(&q, &slices(&k), &slices(&v), shape, 0, &mut prefill);
+        let want = reference::causal_attention(&q, &slices(&k), &slices(&v), shape, 0);
+        assert_close(&prefill, &want, 1e-5);
         for p in 0..positions {
             let mut one = vec![0.0; row];
-            let kv = (p + 1) * kv_heads * shape.head_dim;
-            causal_attention(&q[p * row..(p + 1) * row], &k[..kv], &v[..kv], shape, p, &mut one);
+            let (k_p, v_p) = (cut(&k, p + 1), cut(&v, p + 1));
+            let q_p = &q[p * row..(p + 1) * row];
+            causal_attention(q_p, &slices(&k_p), &slices(&v_p), shape, p, &mut one);
             prop_assert_eq!(&one[..], &prefill[p * row..(p + 1) * row]);
         }
     }

@@ -15,33 +15,54 @@ use crate::model::Transformer;
 use crate::model::config::ModelConfig;
 use crate::model::transformer::Linear;
 
-/// Keys and values of one sequence's positions so far, per layer `(positions × kv_heads ×
-/// head_dim)`.
+/// Keys and values of one sequence's positions so far: per layer, per KV head,
+/// `(positions × head_dim)`.
 #[derive(Clone, Debug, Default)]
 pub struct KvCache {
-    pub keys: Vec<Vec<f32>>,
-    pub values: Vec<Vec<f32>>,
+    pub keys: Vec<Vec<Vec<f32>>>,
+    pub values: Vec<Vec<Vec<f32>>>,
     /// Positions held.
     pub len: usize,
 }
 
 impl KvCache {
     pub fn new(config: &ModelConfig) -> Self {
+        let empty = vec![vec![Vec::new(); config.num_kv_heads]; config.num_layers];
         KvCache {
-            keys: vec![Vec::new(); config.num_layers],
-            values: vec![Vec::new(); config.num_layers],
+            keys: empty.clone(),
+            values: empty,
             len: 0,
         }
     }
 
     /// A copy of the first `len` positions.
     pub fn prefix(&self, len: usize, config: &ModelConfig) -> Self {
-        let row = config.num_kv_heads * config.head_dim;
-        let cut = |layers: &[Vec<f32>]| layers.iter().map(|l| l[..len * row].to_vec()).collect();
+        let keep = len * config.head_dim;
+        let cut = |layers: &[Vec<Vec<f32>>]| {
+            layers
+                .iter()
+                .map(|heads| heads.iter().map(|h| h[..keep].to_vec()).collect())
+                .collect()
+        };
         KvCache {
             keys: cut(&self.keys),
             values: cut(&self.values),
             len,
+        }
+    }
+
+    /// Append rows `(rows × kv_heads × head_dim)` of keys and values to layer `layer`.
+    fn append(&mut self, layer: usize, keys: &[f32], values: &[f32], head_dim: usize) {
+        let heads = self.keys[layer].len();
+        for (cache, new) in [
+            (&mut self.keys[layer], keys),
+            (&mut self.values[layer], values),
+        ] {
+            for row in new.chunks_exact(heads * head_dim) {
+                for (head, part) in cache.iter_mut().zip(row.chunks_exact(head_dim)) {
+                    head.extend_from_slice(part);
+                }
+            }
         }
     }
 
@@ -261,16 +282,11 @@ pub fn forward(
             .into_par_iter()
             .for_each(|(input, q_seq, k_seq, v_seq, out_seq)| {
                 let start = input.cache.len;
-                input.cache.keys[li].extend_from_slice(k_seq);
-                input.cache.values[li].extend_from_slice(v_seq);
-                causal_attention(
-                    q_seq,
-                    &input.cache.keys[li],
-                    &input.cache.values[li],
-                    shape,
-                    start,
-                    out_seq,
-                );
+                input.cache.append(li, k_seq, v_seq, head_dim);
+                let keys: Vec<&[f32]> = input.cache.keys[li].iter().map(Vec::as_slice).collect();
+                let values: Vec<&[f32]> =
+                    input.cache.values[li].iter().map(Vec::as_slice).collect();
+                causal_attention(q_seq, &keys, &values, shape, start, out_seq);
             });
         add(
             &mut x,
