@@ -71,7 +71,9 @@ fn every_architecture_loads_tokenizes_and_chats() {
         assert_eq!(c.vocab_size, TOKENIZER_VOCAB);
         assert_eq!(model.tokenizer.vocab_size(), TOKENIZER_VOCAB);
         let im_end = model.tokenizer.token_id("<|im_end|>").unwrap();
-        assert_eq!(c.eos_token_ids, vec![im_end]);
+        // generation_config.json names the ids that end a generation, as Qwen2.5's does.
+        let end_of_text = model.tokenizer.token_id("<|endoftext|>").unwrap();
+        assert_eq!(c.eos_token_ids, vec![im_end, end_of_text]);
         let chat = model.chat_template.as_ref().unwrap();
         let text = chat
             .render(

@@ -85,3 +85,46 @@ pub fn add_bias<T: Float>(out: &mut [T], bias: &[T]) {
 pub fn storage<T: Float>(values: Vec<T>) -> CpuStorage {
     T::to_cpu_storage_owned(values)
 }
+
+/// `out (m × n) = a (m × k) · b (k × n)`, both row-major.
+pub fn matmul_nn<T: Float>(a: &[T], b: &[T], k: usize, out: &mut [T]) {
+    assert!(
+        k > 0 && a.len().is_multiple_of(k) && b.len().is_multiple_of(k),
+        "a must be rows of {k}, b {k} rows"
+    );
+    let (m, n) = (a.len() / k, b.len() / k);
+    assert_eq!(out.len(), m * n, "out must be {m} × {n}");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: as in `matmul_nt`, the lengths checked above bound every index gemm forms.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            1,
+            n as isize,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}

@@ -9,6 +9,7 @@ pub mod logprobs;
 pub mod tiny;
 pub mod tokenizer;
 pub mod transformer;
+pub mod unembed;
 
 use std::path::{Path, PathBuf};
 

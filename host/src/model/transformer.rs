@@ -11,6 +11,7 @@ use candle_core::{D, DType, Device, Tensor, Var};
 
 use super::config::{ModelConfig, RopeScaling};
 use super::frozen::FrozenLinear;
+use super::unembed::UnembedLogprobs;
 use crate::lora::linear::LoraLinear;
 use crate::lora::{Adapter, Site, Target};
 
@@ -389,7 +390,55 @@ impl Transformer {
         self.run(&embedded, Some(adapters))
     }
 
+    /// The logprob of each target token `(batch, time)` after token ids `(batch, time)`, each
+    /// run of rows through its own adapter. With a frozen, unadapted unembedding the logits are
+    /// never materialised ([`UnembedLogprobs`]); `for_backward` says a backward pass follows.
+    pub fn target_logprobs_with_adapters(
+        &self,
+        tokens: &Tensor,
+        targets: &Tensor,
+        adapters: &RowAdapters<'_>,
+        for_backward: bool,
+    ) -> candle_core::Result<Tensor> {
+        let unembed_adapted = adapters
+            .runs
+            .iter()
+            .any(|(_, a)| a.is_some_and(|a| a.sites.contains_key(&Site::Unembed)));
+        if unembed_adapted || self.lm_head.weight.is_variable() || self.lm_head.bias.is_some() {
+            let logits = self.forward_with_adapters(tokens, adapters)?;
+            return target_logprobs(&logits, targets);
+        }
+        let (batch, time) = tokens.dims2()?;
+        if adapters.rows() != batch {
+            return Err(candle_core::Error::Msg(format!(
+                "adapters cover {} rows of a batch of {batch}",
+                adapters.rows()
+            )));
+        }
+        let embedded = self
+            .embed_tokens
+            .embedding(&tokens.flatten_all()?)?
+            .reshape((batch, time, self.config.hidden_size))?;
+        let hidden = self.hidden_states(&embedded, Some(adapters))?;
+        let op = UnembedLogprobs::new(
+            self.lm_head.weight.clone(),
+            targets.flatten_all()?.to_vec1::<u32>()?,
+            for_backward,
+        );
+        hidden.contiguous()?.apply_op1(op)
+    }
+
     fn run(
+        &self,
+        embedded: &Tensor,
+        adapters: Option<&RowAdapters<'_>>,
+    ) -> candle_core::Result<Tensor> {
+        let x = self.hidden_states(embedded, adapters)?;
+        project(&self.lm_head, Site::Unembed, &x, adapters)
+    }
+
+    /// The final hidden states (after the last RMSNorm) `(batch, time, hidden)`.
+    fn hidden_states(
         &self,
         embedded: &Tensor,
         adapters: Option<&RowAdapters<'_>>,
@@ -413,8 +462,7 @@ impl Transformer {
             let mlp = project(&layer.down_proj, Target::Down, &(gate * up)?)?;
             x = (x + mlp)?;
         }
-        let x = rms_norm(&x, &self.norm, c.rms_norm_eps)?;
-        project(&self.lm_head, Site::Unembed, &x, adapters)
+        rms_norm(&x, &self.norm, c.rms_norm_eps)
     }
 
     fn attention(

@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use super::loss::{Loss, LossInputs, loss};
 use crate::lora::{Adapter, AdapterError, LoraConfig};
 use crate::model::Transformer;
-use crate::model::transformer::{RowAdapters, WeightsError, target_logprobs};
+use crate::model::transformer::{RowAdapters, WeightsError};
 
 /// The name of an adapter in the engine.
 pub type AdapterId = String;
@@ -353,13 +353,13 @@ impl TrainingEngine {
 
     /// Logprobs and losses of the items, without gradients.
     pub fn forward(&self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
-        let (outputs, _) = self.run(items)?;
+        let (outputs, _) = self.run(items, false)?;
         Ok(outputs)
     }
 
     /// Logprobs and losses of the items; their gradients accumulate in each adapter's slot.
     pub fn forward_backward(&mut self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
-        let (outputs, total) = self.run(items)?;
+        let (outputs, total) = self.run(items, true)?;
         let gradients = total.backward()?;
         let mut adapters: Vec<&AdapterId> = items.iter().map(|i| &i.adapter).collect();
         adapters.sort();
@@ -467,7 +467,11 @@ impl TrainingEngine {
 
     /// One fused forward over every item: rows grouped by adapter, padded to the longest datum.
     /// Returns the outputs and the summed loss (the root of the backward pass).
-    fn run(&self, items: &[WorkItem]) -> Result<(Vec<ItemOutput>, Tensor), TrainError> {
+    fn run(
+        &self,
+        items: &[WorkItem],
+        for_backward: bool,
+    ) -> Result<(Vec<ItemOutput>, Tensor), TrainError> {
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by(|&a, &b| items[a].adapter.cmp(&items[b].adapter));
         let vocab = self.model.config.vocab_size;
@@ -533,15 +537,17 @@ impl TrainingEngine {
                 }
             }
         }
-        let logits = self
-            .model
-            .forward_with_adapters(&inputs, &RowAdapters { runs })?;
-        let logits = if self.dtype == DType::F32 {
-            logits
+        let logprobs = self.model.target_logprobs_with_adapters(
+            &inputs,
+            &targets,
+            &RowAdapters { runs },
+            for_backward,
+        )?;
+        let logprobs = if logprobs.dtype() == self.dtype {
+            logprobs
         } else {
-            logits.to_dtype(self.dtype)?
+            logprobs.to_dtype(self.dtype)?
         };
-        let logprobs = target_logprobs(&logits, &targets)?;
         let as_f64 = |v: &Option<Vec<f32>>| {
             v.as_ref()
                 .map(|v| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>())
