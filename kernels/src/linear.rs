@@ -3,31 +3,21 @@
 //!
 //! Each dot product runs over 16 lanes in order of `k` and is reduced by one fixed tree, whatever
 //! `m`, the tile it is computed in, or the thread: the batch invariance the sampler's
-//! determinism rests on. Four rows of `W` are read together so that a row of `x` is loaded once
-//! per four outputs; row and column blocks run in parallel.
+//! determinism rests on. Outputs are computed in register tiles (up to 4 rows of `x` by 4 rows
+//! of `W`, so that each load feeds several multiply-adds); row and column blocks run in
+//! parallel.
 
 use std::sync::LazyLock;
 
 use rayon::prelude::*;
 
 const LANES: usize = 16;
+/// Column blocks are a multiple of the widest tile of `W` rows.
 const TILE: usize = 4;
 /// Rows of `x` per parallel task.
 const ROW_BLOCK: usize = 32;
 /// Problems smaller than this many multiply-adds run on the calling thread.
 pub(crate) const SERIAL_BELOW: usize = 1 << 20;
-
-/// Whether this CPU has AVX2 and FMA (then every dot product uses fused multiply-adds).
-static FMA: LazyLock<bool> = LazyLock::new(|| {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-});
 
 #[inline(always)]
 fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
@@ -48,32 +38,53 @@ fn reduce(lanes: [f32; LANES]) -> f32 {
     v[0]
 }
 
-/// The dot products of `x` with four rows of `W`, each exactly as [`dot`] computes it alone.
+/// The dot products of `XR` rows of `x` with `WR` rows of `W`. Every product has its own 16
+/// accumulator lanes and sees the same sequence of multiply-adds whatever the tile, so a tile of
+/// any shape gives each output bit for bit what a 1 × 1 tile would.
 #[inline(always)]
-fn dot_tile<const FUSED: bool>(x: &[f32], w: [&[f32]; TILE]) -> [f32; TILE] {
-    let k = x.len();
-    let mut acc = [[0.0f32; LANES]; TILE];
+fn dot_tile<const FUSED: bool, const XR: usize, const WR: usize>(
+    x: [&[f32]; XR],
+    w: [&[f32]; WR],
+) -> [[f32; WR]; XR] {
+    let k = x[0].len();
+    let mut acc = [[[0.0f32; LANES]; WR]; XR];
     let full = k / LANES * LANES;
     for c in (0..full).step_by(LANES) {
-        let xs: &[f32; LANES] = x[c..c + LANES].try_into().expect("a full chunk");
-        for t in 0..TILE {
-            let ws: &[f32; LANES] = w[t][c..c + LANES].try_into().expect("a full chunk");
-            for l in 0..LANES {
-                acc[t][l] = madd::<FUSED>(xs[l], ws[l], acc[t][l]);
+        let xs: [&[f32; LANES]; XR] =
+            std::array::from_fn(|r| x[r][c..c + LANES].try_into().expect("a full chunk"));
+        let ws: [&[f32; LANES]; WR] =
+            std::array::from_fn(|t| w[t][c..c + LANES].try_into().expect("a full chunk"));
+        for r in 0..XR {
+            for t in 0..WR {
+                for l in 0..LANES {
+                    acc[r][t][l] = madd::<FUSED>(xs[r][l], ws[t][l], acc[r][t][l]);
+                }
             }
         }
     }
     for i in full..k {
-        for t in 0..TILE {
-            acc[t][i - full] = madd::<FUSED>(x[i], w[t][i], acc[t][i - full]);
+        for r in 0..XR {
+            for t in 0..WR {
+                acc[r][t][i - full] = madd::<FUSED>(x[r][i], w[t][i], acc[r][t][i - full]);
+            }
         }
     }
-    acc.map(reduce)
+    acc.map(|row| row.map(reduce))
 }
 
-/// One block of outputs: rows `rows` of `x`, columns `cols` of `W`.
+/// Row `i` of a row-major matrix of rows of `k`.
 #[inline(always)]
-fn block<const FUSED: bool>(
+fn row_of(data: &[f32], k: usize, i: usize) -> &[f32] {
+    &data[i * k..(i + 1) * k]
+}
+
+/// One block of outputs: every row of `x`, columns `cols` of `W`, in tiles of `XR` rows of `x`
+/// by `WR` rows of `W` (`tile`); rows of `x` past the last full tile go one at a time (`single`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn block<const XR: usize, const WR: usize>(
+    tile: impl Fn([&[f32]; XR], [&[f32]; WR]) -> [[f32; WR]; XR],
+    single: impl Fn([&[f32]; 1], [&[f32]; WR]) -> [[f32; WR]; 1],
     x: &[f32],
     w: &[f32],
     k: usize,
@@ -82,29 +93,119 @@ fn block<const FUSED: bool>(
     n: usize,
     accumulate: bool,
 ) {
-    let w_row = |j: usize| &w[j * k..(j + 1) * k];
+    let rows = x.len() / k;
+    let mut store = |i: usize, j: usize, value: f32| {
+        if accumulate {
+            out[i * n + j] += value;
+        } else {
+            out[i * n + j] = value;
+        }
+    };
+    let tiled_rows = rows / XR * XR;
     let mut j = cols.start;
     while j < cols.end {
-        // A short last tile repeats its last row; the repeats are computed and dropped.
-        let tile: [usize; TILE] = std::array::from_fn(|t| (j + t).min(cols.end - 1));
-        let rows_of_w = tile.map(w_row);
-        for (x_row, out_row) in x.chunks_exact(k).zip(out.chunks_exact_mut(n)) {
-            let dots = dot_tile::<FUSED>(x_row, rows_of_w);
-            for t in 0..TILE.min(cols.end - j) {
-                if accumulate {
-                    out_row[j + t] += dots[t];
-                } else {
-                    out_row[j + t] = dots[t];
+        // A short last tile repeats its last row of `W`; the repeats are computed and dropped.
+        let width = WR.min(cols.end - j);
+        let rows_of_w: [&[f32]; WR] =
+            std::array::from_fn(|t| row_of(w, k, (j + t).min(cols.end - 1)));
+        for i in (0..tiled_rows).step_by(XR) {
+            let rows_of_x: [&[f32]; XR] = std::array::from_fn(|r| row_of(x, k, i + r));
+            let dots = tile(rows_of_x, rows_of_w);
+            for (r, dots) in dots.iter().enumerate() {
+                for (t, &value) in dots.iter().enumerate().take(width) {
+                    store(i + r, j + t, value);
                 }
             }
         }
-        j += TILE;
+        for i in tiled_rows..rows {
+            let [dots] = single([row_of(x, k, i)], rows_of_w);
+            for (t, &value) in dots.iter().enumerate().take(width) {
+                store(i, j + t, value);
+            }
+        }
+        j += WR;
     }
+}
+
+/// [`dot_tile`] for 4 × 4 rows with AVX-512: one 16-lane register per product, the same
+/// multiply-adds in the same order, so the same bits.
+///
+/// # Safety
+/// The CPU must have AVX-512F; every row must have the length of `x[0]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn dot_tile_avx512(x: [&[f32]; 4], w: [&[f32]; 4]) -> [[f32; 4]; 4] {
+    use std::arch::x86_64::{
+        __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+    };
+    let k = x[0].len();
+    let full = k / LANES * LANES;
+    let mut acc: [[__m512; 4]; 4] = [[_mm512_setzero_ps(); 4]; 4];
+    let mut c = 0;
+    while c < full {
+        let mut xs = [_mm512_setzero_ps(); 4];
+        let mut ws = [_mm512_setzero_ps(); 4];
+        for r in 0..4 {
+            // SAFETY: c + 16 <= full <= k, the length of every row.
+            unsafe {
+                xs[r] = _mm512_loadu_ps(x[r].as_ptr().add(c));
+                ws[r] = _mm512_loadu_ps(w[r].as_ptr().add(c));
+            }
+        }
+        for r in 0..4 {
+            for t in 0..4 {
+                acc[r][t] = _mm512_fmadd_ps(xs[r], ws[t], acc[r][t]);
+            }
+        }
+        c += LANES;
+    }
+    let mut dots = [[0.0f32; 4]; 4];
+    for r in 0..4 {
+        for t in 0..4 {
+            let mut lanes = [0.0f32; LANES];
+            // SAFETY: `lanes` holds 16 floats.
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[r][t]) };
+            for i in full..k {
+                lanes[i - full] = x[r][i].mul_add(w[t][i], lanes[i - full]);
+            }
+            dots[r][t] = reduce(lanes);
+        }
+    }
+    dots
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn block_avx512(
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+    n: usize,
+    accumulate: bool,
+) {
+    let tile = |x: [&[f32]; 4], w: [&[f32]; 4]| {
+        debug_assert!(x.iter().chain(&w).all(|r| r.len() == k));
+        // SAFETY: this function only runs on CPUs with AVX-512F; rows are `k` long.
+        unsafe { dot_tile_avx512(x, w) }
+    };
+    block::<4, 4>(
+        tile,
+        dot_tile::<true, 1, 4>,
+        x,
+        w,
+        k,
+        cols,
+        out,
+        n,
+        accumulate,
+    )
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn block_fma(
+fn block_avx2(
     x: &[f32],
     w: &[f32],
     k: usize,
@@ -113,8 +214,32 @@ fn block_fma(
     n: usize,
     accumulate: bool,
 ) {
-    block::<true>(x, w, k, cols, out, n, accumulate)
+    let tile = |x: [&[f32]; 1], w: [&[f32]; 4]| dot_tile::<true, 1, 4>(x, w);
+    block::<1, 4>(tile, tile, x, w, k, cols, out, n, accumulate)
 }
+
+/// The instruction sets this CPU offers the kernels. AVX2 and AVX-512 both use fused
+/// multiply-adds in the same order, so they give the same bits; only CPUs without FMA differ.
+#[derive(Clone, Copy, PartialEq)]
+enum Isa {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+static ISA: LazyLock<Isa> = LazyLock::new(|| {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let fma = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        if fma && is_x86_feature_detected!("avx512f") {
+            return Isa::Avx512;
+        }
+        if fma {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Portable
+});
 
 /// One block on this CPU's best path.
 fn block_dispatch(
@@ -126,13 +251,18 @@ fn block_dispatch(
     n: usize,
     accumulate: bool,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if *FMA {
-        // SAFETY: the CPU has AVX2 and FMA (checked at run time above).
-        unsafe { block_fma(x, w, k, cols, out, n, accumulate) };
-        return;
+    match *ISA {
+        // SAFETY: the CPU has the instruction sets these paths are compiled for (checked at run
+        // time when `ISA` was set).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { block_avx512(x, w, k, cols, out, n, accumulate) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { block_avx2(x, w, k, cols, out, n, accumulate) },
+        _ => {
+            let tile = dot_tile::<false, 1, 4>;
+            block::<1, 4>(tile, tile, x, w, k, cols, out, n, accumulate)
+        }
     }
-    block::<false>(x, w, k, cols, out, n, accumulate)
 }
 
 /// `out (m × n) = x (m × k) · Wᵀ`, or `out += x · Wᵀ` when `accumulate`. Panics when the lengths
