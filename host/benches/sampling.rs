@@ -128,7 +128,8 @@ fn mixed_step(model: &Transformer, adapters: &[Adapter], distinct: usize) -> f64
             })
             .collect()
     };
-    let filled = KvCache {
+    // Fresh caches each time, with room to append (as a running sequence's cache has).
+    let filled = || KvCache {
         keys: cache(1),
         values: cache(3),
         len: context,
@@ -136,7 +137,7 @@ fn mixed_step(model: &Transformer, adapters: &[Adapter], distinct: usize) -> f64
     let tokens: Vec<u32> = (0..64).map(|i| i * 5 + 3).collect();
     let mut best = f64::INFINITY;
     for _ in 0..3 {
-        let mut caches: Vec<KvCache> = (0..64).map(|_| filled.clone()).collect();
+        let mut caches: Vec<KvCache> = (0..64).map(|_| filled()).collect();
         let mut inputs: Vec<SequenceInput> = caches
             .iter_mut()
             .enumerate()

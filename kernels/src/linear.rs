@@ -50,14 +50,12 @@ fn dot_tile<const FUSED: bool, const XR: usize, const WR: usize>(
     let mut acc = [[[0.0f32; LANES]; WR]; XR];
     let full = k / LANES * LANES;
     for c in (0..full).step_by(LANES) {
-        let xs: [&[f32; LANES]; XR] =
-            std::array::from_fn(|r| x[r][c..c + LANES].try_into().expect("a full chunk"));
-        let ws: [&[f32; LANES]; WR] =
-            std::array::from_fn(|t| w[t][c..c + LANES].try_into().expect("a full chunk"));
         for r in 0..XR {
+            let xs = &x[r][c..c + LANES];
             for t in 0..WR {
+                let ws = &w[t][c..c + LANES];
                 for l in 0..LANES {
-                    acc[r][t][l] = madd::<FUSED>(xs[r][l], ws[t][l], acc[r][t][l]);
+                    acc[r][t][l] = madd::<FUSED>(xs[l], ws[l], acc[r][t][l]);
                 }
             }
         }

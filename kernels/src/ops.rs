@@ -40,10 +40,10 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// `log_softmax` of one row, in f64 for the normaliser: the logprobs the sampler returns.
+/// `log_softmax` of one row, the normaliser summed in f64: the logprobs the sampler returns.
 pub fn log_softmax(row: &[f32]) -> Vec<f32> {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = row.iter().map(|&x| f64::from(x - max).exp()).sum();
+    let sum: f64 = row.iter().map(|&x| f64::from((x - max).exp())).sum();
     let log_sum = sum.ln() as f32 + max;
     row.iter().map(|&x| x - log_sum).collect()
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use rayon::prelude::*;
 
 use super::forward::{KvCache, SequenceInput, forward};
 use super::params::{ParamsError, SamplingParams, Stop, choose, sample_rng};
@@ -329,25 +330,27 @@ impl SamplingEngine {
         let vocab = config.vocab_size;
         let context = model.context_length();
 
+        // Each sample draws from its own stream, so samples pick their tokens in parallel.
+        let mut picks = Vec::with_capacity(decoding);
         for running in &mut self.running {
             let params = &running.admitted.request.params;
             let prompt_len = running.admitted.request.prompt.len();
             for sample in running.samples.iter_mut().filter(|s| s.stop.is_none()) {
                 let row = logits.next().expect("one logits row per decoding sample");
+                picks.push((sample, params, prompt_len, row));
+            }
+        }
+        let (eos, tokenizer) = (&self.eos, self.tokenizer.as_deref());
+        picks
+            .into_par_iter()
+            .for_each(|(sample, params, prompt_len, row)| {
                 let uniform = sample.rng.random::<f64>();
                 let (token, logprob) = choose(&row, params, uniform);
                 sample.tokens.push(token);
                 sample.logprobs.push(logprob);
-                sample.stop = stop_reason(
-                    &sample.tokens,
-                    params,
-                    &self.eos,
-                    self.tokenizer.as_deref(),
-                    prompt_len,
-                    context,
-                );
-            }
-        }
+                sample.stop =
+                    stop_reason(&sample.tokens, params, eos, tokenizer, prompt_len, context);
+            });
         debug_assert!(decoding <= self.running.iter().map(|r| r.samples.len()).sum());
 
         for ((id, a, cache), cached) in prefills.into_iter().zip(cached) {

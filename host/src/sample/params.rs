@@ -128,7 +128,7 @@ pub fn choose(logits: &[f32], params: &SamplingParams, uniform: f64) -> (u32, f3
         let mut mass = 0.0f64;
         for &i in &order {
             kept.push(i);
-            mass += f64::from(logprobs[i]).exp();
+            mass += f64::from(logprobs[i].exp());
             if mass >= params.top_p {
                 break;
             }
