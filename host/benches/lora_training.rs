@@ -102,6 +102,7 @@ fn pytorch(shape: &str, steps: usize) -> Option<f64> {
 }
 
 fn main() -> anyhow::Result<()> {
+    opentinker::allocator::keep_freed_memory();
     let big = std::env::args().any(|a| a == "qwen2.5-0.5b");
     let (shape, name, batch, length, steps) = if big {
         (TinyShape::Qwen05b, "qwen2.5-0.5b", 4, 256, 2)

@@ -110,6 +110,7 @@ fn run_child(
 }
 
 fn main() -> anyhow::Result<()> {
+    opentinker::allocator::keep_freed_memory();
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--child") {
         let (mode, dir) = (&args[at + 1], Path::new(&args[at + 2]));

@@ -189,6 +189,7 @@ fn python(model: &Path, batch: usize) -> Option<f64> {
 }
 
 fn main() -> anyhow::Result<()> {
+    opentinker::allocator::keep_freed_memory();
     let big = std::env::args().any(|a| a == "qwen2.5-0.5b");
     let (shape, name) = if big {
         (TinyShape::Qwen05b, "qwen2.5-0.5b")

@@ -5,6 +5,7 @@
 //! [`model`] loads and runs the base model, [`lora`] holds adapters and their published versions, [`train`] the
 //! training engine, [`sample`] the generation engine, [`store`] writes state durably.
 
+pub mod allocator;
 pub mod cli;
 pub mod lora;
 pub mod model;
