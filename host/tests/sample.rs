@@ -364,3 +364,40 @@ fn bad_requests_are_refused_by_name_and_change_nothing() {
     let fine = run(&mut engine, vec![request(prompt(1, 4), Some(&a), 0)]);
     assert_eq!(fine[0].samples[0].tokens.len(), 10);
 }
+
+#[test]
+fn requests_beyond_the_kv_budget_wait_and_can_be_aborted() {
+    let setup = setup();
+    // Room for one request of 6 prompt + 10 new tokens at a time.
+    let mut engine = SamplingEngine::new(
+        Arc::clone(&setup.registry),
+        None,
+        setup.config.eos_token_ids.clone(),
+        EngineConfig {
+            kv_budget_positions: 20,
+            prefix_cache_positions: 0,
+        },
+    );
+    let first = engine.add_request(request(prompt(1, 6), None, 1)).unwrap();
+    let second = engine.add_request(request(prompt(2, 6), None, 2)).unwrap();
+    let third = engine.add_request(request(prompt(3, 6), None, 3)).unwrap();
+    engine.decode_step().unwrap();
+    assert_eq!(engine.load(), (2, 1), "one request runs, two wait");
+    assert!(engine.abort(third));
+    assert!(!engine.abort(third), "aborting twice finds nothing");
+    let mut finished = Vec::new();
+    while engine.has_work() {
+        finished.extend(engine.decode_step().unwrap());
+    }
+    let ids: Vec<u64> = finished.iter().map(|o| o.id).collect();
+    assert_eq!(ids, vec![first, second]);
+    // Waiting changed nothing about what the second request samples.
+    let alone = run(
+        &mut self::engine(&setup, false),
+        vec![request(prompt(2, 6), None, 2)],
+    );
+    assert_eq!(bits(&finished[1].samples), bits(&alone[0].samples));
+    let too_big = request(prompt(4, 15), None, 4);
+    let err = engine.add_request(too_big).unwrap_err().to_string();
+    assert!(err.contains("budget is 20"), "{err}");
+}

@@ -188,17 +188,10 @@ fn block_avx512(
         // SAFETY: this function only runs on CPUs with AVX-512F; rows are `k` long.
         unsafe { dot_tile_avx512(x, w) }
     };
-    block::<4, 4>(
-        tile,
-        dot_tile::<true, 1, 4>,
-        x,
-        w,
-        k,
-        cols,
-        out,
-        n,
-        accumulate,
-    )
+    // Closures, not function items: they inherit this function's target features, so the
+    // multiply-adds compile to FMA instructions rather than calls.
+    let single = |x: [&[f32]; 1], w: [&[f32]; 4]| dot_tile::<true, 1, 4>(x, w);
+    block::<4, 4>(tile, single, x, w, k, cols, out, n, accumulate)
 }
 
 #[cfg(target_arch = "x86_64")]
