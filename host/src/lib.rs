@@ -2,14 +2,16 @@
 //! agents and reward functions are sandboxed WebAssembly components.
 //!
 //! One module per concern (see `DESIGN.md` in the repository): [`plugin`] runs the components,
-//! [`model`] loads and runs the base model, [`lora`] holds adapters and their published versions, [`train`] the
-//! training engine, [`sample`] the generation engine, [`store`] writes state durably.
+//! [`model`] loads and runs the base model, [`lora`] holds adapters and their published
+//! versions, [`train`] is the training engine, [`sample`] the generation engine, [`rl`] the data
+//! path from transcripts to datums and the advantages, [`store`] writes state durably.
 
 pub mod allocator;
 pub mod cli;
 pub mod lora;
 pub mod model;
 pub mod plugin;
+pub mod rl;
 pub mod sample;
 pub mod store;
 pub mod train;

@@ -401,3 +401,63 @@ fn requests_beyond_the_kv_budget_wait_and_can_be_aborted() {
     let err = engine.add_request(too_big).unwrap_err().to_string();
     assert!(err.contains("budget is 20"), "{err}");
 }
+
+#[test]
+fn stop_strings_end_a_sample_and_top_prompt_logprobs_are_ranked() {
+    let dir = tempfile::tempdir().unwrap();
+    init_tiny(dir.path(), TinyShape::Tiny, Architecture::Qwen2, 9).unwrap();
+    let model = Model::load(dir.path()).unwrap();
+    let tokenizer = Arc::new(model.tokenizer);
+    let registry = AdapterRegistry::new(Arc::new(model.transformer));
+    let mut engine = SamplingEngine::new(
+        Arc::clone(&registry),
+        Some(Arc::clone(&tokenizer)),
+        Vec::new(),
+        EngineConfig {
+            kv_budget_positions: 4096,
+            prefix_cache_positions: 0,
+        },
+    );
+    let prompt_tokens = tokenizer.encode("The answer is").unwrap();
+    let mut free = SampleRequest::new(
+        prompt_tokens.clone(),
+        SamplingParams {
+            max_tokens: 12,
+            temperature: 0.0,
+            stop: Some(Stop::Tokens(Vec::new())),
+            ..SamplingParams::default()
+        },
+    );
+    free.topk_prompt_logprobs = 3;
+    free.prompt_logprobs = true;
+    let output = run(&mut engine, vec![free.clone()]).remove(0);
+    // Stop at the text of the greedy sample's third token.
+    let tokens = &output.samples[0].tokens;
+    let third = tokenizer.decode(&tokens[2..3]).unwrap();
+    assert!(!third.is_empty());
+    let mut stopping = free.clone();
+    stopping.params.stop = Some(Stop::Strings(vec![third.clone()]));
+    let stopped = run(&mut engine, vec![stopping]).remove(0);
+    let sample = &stopped.samples[0];
+    assert_eq!(sample.stop_reason, StopReason::Stop);
+    assert!(tokenizer.decode(&sample.tokens).unwrap().contains(&third));
+    assert!(sample.tokens.len() <= 3 && tokens.starts_with(&sample.tokens));
+
+    let top = output.topk_prompt_logprobs.unwrap();
+    let prompt_logprobs = output.prompt_logprobs.unwrap();
+    assert_eq!(top.len(), prompt_tokens.len());
+    assert!(top[0].is_none());
+    for (i, position) in top.iter().enumerate().skip(1) {
+        let position = position.as_ref().unwrap();
+        assert_eq!(position.len(), 3);
+        assert!(
+            position.windows(2).all(|w| w[0].1 >= w[1].1),
+            "{position:?}"
+        );
+        let actual = prompt_logprobs[i].unwrap();
+        assert!(actual <= position[0].1);
+        if let Some((_, lp)) = position.iter().find(|(t, _)| *t == prompt_tokens[i]) {
+            assert_eq!(*lp, actual);
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Reinforcement learning on the engines: player transcripts kept token-in, token-out, their
+//! conversion to masked training datums, and the advantage estimators. (Rollouts and the job
+//! driver build on these.)
+
+pub mod advantage;
+pub mod datum;
+pub mod transcript;
+
+pub use advantage::{Estimator, GroupReturns, advantages, fold_kl};
+pub use datum::{rl_datum, sft_datum};
+pub use transcript::{Span, SpanKind, TokenSequence, Transcript};
