@@ -13,5 +13,6 @@ pub mod model;
 pub mod plugin;
 pub mod rl;
 pub mod sample;
+pub mod sched;
 pub mod store;
 pub mod train;

@@ -3,6 +3,7 @@
 mod model;
 mod plugin;
 mod sample;
+mod train;
 
 use std::path::PathBuf;
 
@@ -30,6 +31,8 @@ enum Command {
     },
     /// Generate text from a model (and optionally a LoRA adapter).
     Sample(sample::SampleArgs),
+    /// Train a policy as job files describe (warm-up, then RL with plugin environments).
+    Train(train::TrainArgs),
     /// Build, inspect and run plugin components.
     Plugin {
         #[command(subcommand)]
@@ -80,5 +83,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Model { command } => model::run(command),
         Command::Plugin { command } => plugin::run(command),
         Command::Sample(args) => sample::run(args),
+        Command::Train(args) => train::run(args),
     }
 }

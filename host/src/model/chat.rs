@@ -51,6 +51,11 @@ impl ChatTemplate {
         })
     }
 
+    /// The template's end-of-sequence token text (`eos_token` of `tokenizer_config.json`).
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
     /// Render a conversation; `add_generation_prompt` opens the assistant's turn.
     pub fn render(
         &self,

@@ -4,6 +4,10 @@
 
 pub mod advantage;
 pub mod datum;
+pub mod driver;
+pub mod job;
+pub mod render;
+pub mod rollout;
 pub mod transcript;
 
 pub use advantage::{Estimator, GroupReturns, advantages, fold_kl};

@@ -1,0 +1,330 @@
+//! The job file (TOML) of `opentinker train`: what model, which plugins, how to warm up and how
+//! to train. Unknown keys are refused by name; see `examples/README.md`.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::advantage::Estimator;
+use crate::model::Architecture;
+use crate::model::tiny::TinyShape;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Job {
+    pub model: ModelSection,
+    #[serde(default)]
+    pub lora: LoraSection,
+    pub environment: PluginSection,
+    #[serde(default)]
+    pub warmup: Option<WarmupSection>,
+    pub rl: RlSection,
+    #[serde(default)]
+    pub eval: EvalSection,
+}
+
+/// A model directory, or a tiny model generated into the run's folder.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub dir: Option<PathBuf>,
+    pub init_tiny: Option<InitTiny>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitTiny {
+    #[serde(default = "default_shape")]
+    pub shape: String,
+    #[serde(default = "default_arch")]
+    pub arch: String,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_shape() -> String {
+    "tiny".into()
+}
+
+fn default_arch() -> String {
+    "qwen2".into()
+}
+
+impl InitTiny {
+    pub fn shape(&self) -> Result<TinyShape, String> {
+        match self.shape.as_str() {
+            "tiny" => Ok(TinyShape::Tiny),
+            "qwen2.5-0.5b" => Ok(TinyShape::Qwen05b),
+            other => Err(format!(
+                "model.init_tiny.shape: {other:?} is not one of \"tiny\", \"qwen2.5-0.5b\""
+            )),
+        }
+    }
+
+    pub fn arch(&self) -> Result<Architecture, String> {
+        match self.arch.as_str() {
+            "qwen2" => Ok(Architecture::Qwen2),
+            "llama" => Ok(Architecture::Llama),
+            "qwen3" => Ok(Architecture::Qwen3),
+            other => Err(format!(
+                "model.init_tiny.arch: {other:?} is not one of \"qwen2\", \"llama\", \"qwen3\""
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSection {
+    pub rank: usize,
+    pub alpha: f64,
+    pub rslora: bool,
+    pub train_attention: bool,
+    pub train_mlp: bool,
+    pub train_unembed: bool,
+    pub seed: u64,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        LoraSection {
+            rank: 16,
+            alpha: 32.0,
+            rslora: false,
+            train_attention: true,
+            train_mlp: true,
+            train_unembed: false,
+            seed: 0,
+        }
+    }
+}
+
+/// A plugin crate directory (built as needed) or a `.wasm` file, and its JSON config.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSection {
+    pub plugin: PathBuf,
+    #[serde(default)]
+    pub config: Option<toml::Value>,
+}
+
+impl PluginSection {
+    /// The config as the JSON text the plugin receives (`{}` when absent).
+    pub fn config_json(&self) -> String {
+        match &self.config {
+            Some(value) => serde_json::to_string(value).unwrap_or_else(|_| "{}".into()),
+            None => "{}".into(),
+        }
+    }
+}
+
+/// Supervised warm-up before RL, on the environment's demonstrations.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupSection {
+    /// `"demonstrations"`: play the environment with its demonstration actions.
+    pub source: String,
+    pub steps: usize,
+    #[serde(default = "default_warmup_batch")]
+    pub batch: usize,
+    #[serde(default = "default_warmup_lr")]
+    pub learning_rate: f64,
+}
+
+fn default_warmup_batch() -> usize {
+    32
+}
+
+fn default_warmup_lr() -> f64 {
+    3e-3
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RlSection {
+    pub steps: usize,
+    #[serde(default = "default_groups")]
+    pub groups_per_batch: usize,
+    #[serde(default = "default_group_size")]
+    pub group_size: usize,
+    #[serde(default = "default_rl_lr")]
+    pub learning_rate: f64,
+    #[serde(default = "default_loss")]
+    pub loss: String,
+    #[serde(default)]
+    pub loss_config: std::collections::BTreeMap<String, f64>,
+    #[serde(default = "default_temperature")]
+    pub temperature: f64,
+    #[serde(default = "default_max_turns")]
+    pub max_turns: usize,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    #[serde(default = "default_estimator")]
+    pub estimator: String,
+    #[serde(default = "default_gamma")]
+    pub gamma: f64,
+    #[serde(default = "default_true")]
+    pub skip_equal_groups: bool,
+    #[serde(default)]
+    pub failure_reward: f64,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_groups() -> usize {
+    8
+}
+fn default_group_size() -> usize {
+    8
+}
+fn default_rl_lr() -> f64 {
+    1e-3
+}
+fn default_loss() -> String {
+    "importance_sampling".into()
+}
+fn default_temperature() -> f64 {
+    1.0
+}
+fn default_max_turns() -> usize {
+    16
+}
+fn default_max_tokens() -> usize {
+    32
+}
+fn default_estimator() -> String {
+    "group_mean".into()
+}
+fn default_gamma() -> f64 {
+    1.0
+}
+fn default_true() -> bool {
+    true
+}
+
+impl RlSection {
+    pub fn estimator(&self) -> Result<Estimator, String> {
+        match self.estimator.as_str() {
+            "group_mean" => Ok(Estimator::GroupMean),
+            "group_mean_std" => Ok(Estimator::GroupMeanStd),
+            "per_turn" => Ok(Estimator::PerTurnDiscounted { gamma: self.gamma }),
+            other => Err(format!(
+                "rl.estimator: {other:?} is not one of \"group_mean\", \"group_mean_std\", \"per_turn\""
+            )),
+        }
+    }
+}
+
+/// Greedy evaluation on seeds disjoint from training's.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSection {
+    /// Evaluate every this many RL steps (and before and after training); 0: only before and
+    /// after.
+    pub every: usize,
+    pub episodes: usize,
+}
+
+impl Default for EvalSection {
+    fn default() -> Self {
+        EvalSection {
+            every: 0,
+            episodes: 64,
+        }
+    }
+}
+
+impl Job {
+    /// Read and check a job file; relative paths in it are relative to the file's folder.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let mut job: Job = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let resolve = |p: &PathBuf| {
+            if p.is_relative() {
+                base.join(p)
+            } else {
+                p.clone()
+            }
+        };
+        job.environment.plugin = resolve(&job.environment.plugin);
+        if let Some(dir) = &job.model.dir {
+            job.model.dir = Some(resolve(dir));
+        }
+        job.check()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(job)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        match (&self.model.dir, &self.model.init_tiny) {
+            (Some(_), Some(_)) => return Err("model: give `dir` or `init_tiny`, not both".into()),
+            (None, None) => return Err("model: give `dir` or `init_tiny`".into()),
+            (None, Some(tiny)) => {
+                tiny.shape()?;
+                tiny.arch()?;
+            }
+            _ => {}
+        }
+        self.rl.estimator()?;
+        if self.rl.group_size == 0 || self.rl.groups_per_batch == 0 {
+            return Err("rl: `group_size` and `groups_per_batch` must be at least 1".into());
+        }
+        if let Some(warmup) = &self.warmup
+            && warmup.source != "demonstrations"
+        {
+            return Err(format!(
+                "warmup.source: {:?} is not supported (use \"demonstrations\")",
+                warmup.source
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Job, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.toml");
+        std::fs::write(&path, text).unwrap();
+        Job::load(&path)
+    }
+
+    const MINIMAL: &str = r#"
+        [model]
+        init_tiny = { seed = 1 }
+        [environment]
+        plugin = "plugins/arithmetic"
+        config = { max_operand = 9 }
+        [rl]
+        steps = 3
+    "#;
+
+    #[test]
+    fn a_minimal_job_gets_defaults_and_its_config_as_json() {
+        let job = parse(MINIMAL).unwrap();
+        assert_eq!(job.rl.group_size, 8);
+        assert_eq!(job.lora.rank, 16);
+        assert_eq!(job.environment.config_json(), r#"{"max_operand":9}"#);
+        assert!(job.environment.plugin.ends_with("plugins/arithmetic"));
+    }
+
+    #[test]
+    fn a_misspelt_key_is_refused_by_name() {
+        let err =
+            parse(&MINIMAL.replace("steps = 3", "steps = 3\nlerning_rate = 0.1")).unwrap_err();
+        assert!(err.contains("lerning_rate"), "{err}");
+        let err = parse(&MINIMAL.replace("seed = 1", "seed = 1, shape = \"huge\"")).unwrap_err();
+        assert!(
+            err.contains("model.init_tiny.shape") && err.contains("huge"),
+            "{err}"
+        );
+        let err =
+            parse(&MINIMAL.replace("steps = 3", "steps = 3\nestimator = \"ppo\"")).unwrap_err();
+        assert!(err.contains("rl.estimator"), "{err}");
+    }
+}

@@ -1,0 +1,257 @@
+//! Playing one episode with the policies: each turn, the player to move gets its prompt (its
+//! previous prompt + its sampled tokens + the rendered new messages + the generation prompt),
+//! samples from its policy version, and the environment steps on the completion's text.
+//!
+//! A plugin error, a timeout or a conversation that outgrows the context ends the episode with
+//! the job's failure reward for every player who acted; the kind is kept for the metrics.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::render::Renderer;
+use super::transcript::Transcript;
+use crate::model::ChatMessage;
+use crate::plugin::{CallError, Limits, Message, Plugin};
+use crate::sample::{PolicyRef, SampleRequest, SamplingParams};
+use crate::sched::SamplerService;
+
+/// Where a player's actions come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Actor {
+    /// Sampled from an adapter version (or the base model).
+    Policy(Option<PolicyRef>),
+    /// The environment's demonstration for the player to move (SFT warm-up data).
+    Demonstration,
+}
+
+/// Everything an episode needs besides its task and seed.
+pub struct Rollout<'a> {
+    pub environment: &'a Plugin,
+    pub config: &'a str,
+    pub limits: &'a Limits,
+    pub renderer: &'a Renderer,
+    pub sampler: &'a SamplerService,
+    /// The sampling parameters of every turn (each turn's seed is derived from the episode's).
+    pub params: SamplingParams,
+    /// The job's turn limit (the environment's own limit applies too).
+    pub max_turns: usize,
+    /// The model's context, in tokens.
+    pub context: usize,
+    /// The return of each player who acted in an episode that failed.
+    pub failure_reward: f64,
+}
+
+/// What an episode left: per player its transcript and the reward of each of its turns.
+#[derive(Debug)]
+pub struct EpisodeOutcome {
+    pub seed: u64,
+    pub task: String,
+    pub transcripts: Vec<Option<Transcript>>,
+    pub turn_rewards: Vec<Vec<f64>>,
+    /// Why the episode failed (a plugin error kind, `context_exceeded`, `sampler`), if it did.
+    pub error: Option<String>,
+    /// Environment steps taken.
+    pub steps: usize,
+    /// The environment's metrics, summed over steps.
+    pub metrics: BTreeMap<String, f64>,
+    /// What each player saw and said, as text (for the rollout files).
+    pub messages: Vec<Vec<LoggedMessage>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LoggedMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl EpisodeOutcome {
+    /// Each player's return: the sum of its turn rewards.
+    pub fn returns(&self) -> Vec<f64> {
+        self.turn_rewards.iter().map(|r| r.iter().sum()).collect()
+    }
+}
+
+fn chat(messages: &[Message]) -> Vec<ChatMessage> {
+    messages
+        .iter()
+        .map(|m| ChatMessage {
+            role: m.role.clone(),
+            content: m.content.clone(),
+        })
+        .collect()
+}
+
+fn turn_seed(seed: u64, turn: usize) -> u64 {
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(turn as u64)
+        .rotate_left(17)
+}
+
+/// A failure that ends an episode.
+struct Failure(String);
+
+impl From<CallError> for Failure {
+    fn from(error: CallError) -> Self {
+        Failure(error.kind.as_str().to_string())
+    }
+}
+
+impl Rollout<'_> {
+    /// Play one episode of `task` with seed `seed`; player `p` acts as `actors[p]` (the last
+    /// actor serves any further players).
+    pub async fn play(&self, task: &str, seed: u64, actors: &[Actor]) -> EpisodeOutcome {
+        let mut outcome = EpisodeOutcome {
+            seed,
+            task: task.to_string(),
+            transcripts: Vec::new(),
+            turn_rewards: Vec::new(),
+            error: None,
+            steps: 0,
+            metrics: BTreeMap::new(),
+            messages: Vec::new(),
+        };
+        if let Err(Failure(kind)) = self.run(task, seed, actors, &mut outcome).await {
+            for (player, rewards) in outcome.turn_rewards.iter_mut().enumerate() {
+                let acted = outcome.transcripts.get(player).is_some_and(Option::is_some);
+                if acted && !rewards.is_empty() {
+                    rewards.iter_mut().for_each(|r| *r = 0.0);
+                    if let Some(last) = rewards.last_mut() {
+                        *last = self.failure_reward;
+                    }
+                }
+            }
+            outcome.error = Some(kind);
+        }
+        outcome
+    }
+
+    async fn run(
+        &self,
+        task: &str,
+        seed: u64,
+        actors: &[Actor],
+        outcome: &mut EpisodeOutcome,
+    ) -> Result<(), Failure> {
+        let mut episode = self
+            .environment
+            .start_episode(self.config, task, seed, self.limits)
+            .await?;
+        let players = episode.info().players as usize;
+        let turn_limit = match episode.info().max_turns {
+            0 => self.max_turns,
+            limit => self.max_turns.min(limit as usize),
+        };
+        outcome.transcripts = vec![None; players];
+        outcome.turn_rewards = vec![Vec::new(); players];
+        outcome.messages = vec![Vec::new(); players];
+        let mut unseen: Vec<Vec<Message>> = vec![Vec::new(); players];
+        let mut ended_turn = vec![true; players];
+        // Rewards of a player who has not acted yet wait for its first turn.
+        let mut pending_reward = vec![0.0; players];
+        let mut turns = 0;
+        while let Some(player) = episode.to_move() {
+            let player = player as usize;
+            if turns >= turn_limit {
+                break;
+            }
+            let actor = actors
+                .get(player)
+                .or(actors.last())
+                .ok_or_else(|| Failure("no_policy".into()))?;
+            let transcript = match &mut outcome.transcripts[player] {
+                Some(transcript) => {
+                    let new = std::mem::take(&mut unseen[player]);
+                    log(&mut outcome.messages[player], &new);
+                    let tokens = self
+                        .renderer
+                        .continuation(ended_turn[player], &chat(&new))
+                        .map_err(|e| Failure(format!("render: {e}")))?;
+                    transcript
+                        .push_observation(tokens)
+                        .map_err(|e| Failure(e.to_string()))?;
+                    transcript
+                }
+                slot @ None => {
+                    let first = episode.observe(player as u32).await?;
+                    log(&mut outcome.messages[player], &first);
+                    let prompt = self
+                        .renderer
+                        .first_prompt(&chat(&first))
+                        .map_err(|e| Failure(format!("render: {e}")))?;
+                    slot.insert(Transcript::new(prompt))
+                }
+            };
+            let prompt = transcript.prompt();
+            if prompt.len() + 1 > self.context {
+                return Err(Failure("context_exceeded".into()));
+            }
+            let (tokens, logprobs, text) = match actor {
+                Actor::Policy(policy) => {
+                    let mut params = self.params.clone();
+                    params.seed = Some(turn_seed(seed, turns));
+                    params.max_tokens = params.max_tokens.min(self.context - prompt.len());
+                    let mut request = SampleRequest::new(prompt, params);
+                    request.policy = policy.clone();
+                    let mut output = self
+                        .sampler
+                        .sample(request)
+                        .await
+                        .map_err(|_| Failure("sampler".into()))?;
+                    let sample = output.samples.swap_remove(0);
+                    let text = self
+                        .renderer
+                        .action_text(&sample.tokens)
+                        .map_err(|e| Failure(format!("render: {e}")))?;
+                    ended_turn[player] =
+                        self.renderer.end_of_turn_id() == sample.tokens.last().copied();
+                    (sample.tokens, sample.logprobs, text)
+                }
+                Actor::Demonstration => {
+                    let text = episode
+                        .demonstration()
+                        .await?
+                        .ok_or_else(|| Failure("no_demonstration".into()))?;
+                    let tokens = self
+                        .renderer
+                        .action_tokens(&text)
+                        .map_err(|e| Failure(format!("render: {e}")))?;
+                    ended_turn[player] = true;
+                    let logprobs = vec![0.0; tokens.len()];
+                    (tokens, logprobs, text)
+                }
+            };
+            transcript
+                .push_action(tokens, logprobs)
+                .map_err(|e| Failure(e.to_string()))?;
+            outcome.turn_rewards[player].push(std::mem::take(&mut pending_reward[player]));
+            outcome.messages[player].push(LoggedMessage {
+                role: "assistant".into(),
+                content: text.clone(),
+            });
+            let result = episode.step(&text).await?;
+            turns += 1;
+            outcome.steps += 1;
+            for (to, reward) in result.rewards.iter().enumerate() {
+                match outcome.turn_rewards[to].last_mut() {
+                    Some(last) => *last += reward,
+                    None => pending_reward[to] += reward,
+                }
+            }
+            for (to, messages) in result.messages {
+                unseen[to as usize].extend(messages);
+            }
+            for metric in result.metrics {
+                *outcome.metrics.entry(metric.name).or_default() += metric.value;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn log(logged: &mut Vec<LoggedMessage>, messages: &[Message]) {
+    logged.extend(messages.iter().map(|m| LoggedMessage {
+        role: m.role.clone(),
+        content: m.content.clone(),
+    }));
+}
