@@ -1,4 +1,4 @@
-//! The `opentinker plugin` commands, run as a user runs them.
+//! The `opentinker` commands, run as a user runs them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -246,4 +246,70 @@ fn sample_prints_each_sample_as_json_and_is_reproducible_with_a_seed() {
     let bad = sample(&["--top-p", "1.5"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("top_p"));
+}
+
+#[test]
+fn train_runs_a_short_job_and_writes_its_files() {
+    let wasm = build("arithmetic");
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("short.toml");
+    let text = format!(
+        r#"
+[model]
+init_tiny = {{ seed = 3 }}
+[lora]
+rank = 4
+[environment]
+plugin = {wasm:?}
+config = {{ max_operand = 9 }}
+[warmup]
+source = "demonstrations"
+steps = 2
+batch = 4
+[rl]
+steps = 2
+groups_per_batch = 2
+group_size = 3
+max_turns = 1
+max_tokens = 6
+skip_equal_groups = false
+[eval]
+episodes = 4
+"#
+    );
+    std::fs::write(&job, &text).unwrap();
+    let out = dir.path().join("run");
+    let summary = json(&opentinker(&[
+        "train",
+        job.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(summary["steps"], 2);
+    assert_eq!(summary["initial_eval"]["episodes"], 4);
+    assert!(summary["final_eval"]["reward_mean"].is_number());
+    let checkpoint = PathBuf::from(summary["checkpoint"].as_str().unwrap());
+    assert!(checkpoint.join("adapter_model.safetensors").is_file());
+    assert!(checkpoint.join("adapter_config.json").is_file());
+
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let phases: Vec<&str> = lines.iter().map(|l| l["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, ["warmup", "warmup", "rl", "rl"]);
+    for line in &lines {
+        assert!(line["tokens"].as_u64().unwrap() > 0, "{line}");
+        assert!(line["loss"].as_f64().unwrap().is_finite());
+        assert!(line["errors"].as_object().unwrap().is_empty(), "{line}");
+    }
+    assert!(lines[3]["eval"]["reward_mean"].is_number());
+
+    let misspelt = dir.path().join("misspelt.toml");
+    std::fs::write(&misspelt, text.replace("max_tokens = 6", "max_tokenz = 6")).unwrap();
+    let refused = opentinker(&["train", misspelt.to_str().unwrap()]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("max_tokenz"));
 }

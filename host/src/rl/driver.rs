@@ -16,6 +16,7 @@ use serde::Serialize;
 use super::advantage::{GroupReturns, advantages};
 use super::datum::{rl_datum, sft_datum};
 use super::job::Job;
+use super::job::WarmupSection;
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
 use crate::lora::{AdapterRegistry, LoraConfig, PolicyVersion};
@@ -24,7 +25,7 @@ use crate::model::tiny::init_tiny;
 use crate::plugin::{HostConfig, Limits, Plugin, PluginHost};
 use crate::sample::{EngineConfig, PolicyRef, SamplingEngine, SamplingParams};
 use crate::sched::SamplerService;
-use crate::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
+use crate::train::{AdamParams, Datum, FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
 
 /// The adapter a single-policy job trains.
 const POLICY: &str = "policy";
@@ -74,7 +75,7 @@ struct JobContext {
     config: String,
     limits: Limits,
     renderer: Renderer,
-    sampler: SamplerService,
+    sampler: Option<SamplerService>,
     context: usize,
 }
 
@@ -110,8 +111,49 @@ pub async fn run(
     } = Model::load(&model_dir)?;
     let template = chat_template.context("the model has no chat template")?;
     let renderer = Renderer::new(template, Arc::new(tokenizer))?;
+    let context = transformer.context_length();
+    let host = PluginHost::new(HostConfig::default())?;
+    let wasm = if job.environment.plugin.is_dir() {
+        crate::plugin::build::build_plugin(&job.environment.plugin)?
+    } else {
+        job.environment.plugin.clone()
+    };
+    let environment = host.load_file(&wasm).await?;
+    let mut cx = JobContext {
+        environment,
+        config: job.environment.config_json(),
+        limits: Limits::default(),
+        renderer,
+        sampler: None,
+        context,
+    };
+    let mut metrics_file = std::fs::File::create(out.join("metrics.jsonl"))?;
+    let mut write_line = |line: &StepMetrics| -> anyhow::Result<()> {
+        progress(line);
+        writeln!(metrics_file, "{}", serde_json::to_string(line)?)?;
+        metrics_file.flush()?;
+        Ok(())
+    };
+
+    // A full-parameter warm-up trains the model itself, which then becomes the shared base.
+    let full_warmup = job.warmup.as_ref().filter(|w| w.full_parameters);
+    let transformer = match full_warmup {
+        Some(warmup) => {
+            let mut warm = TrainingEngine::full_parameters(transformer, DType::F32)?;
+            run_warmup(
+                &cx,
+                job,
+                warmup,
+                &mut warm,
+                FULL_PARAMETERS,
+                &mut write_line,
+            )
+            .await?;
+            warm.model_snapshot()?
+        }
+        None => transformer,
+    };
     let registry = AdapterRegistry::new(Arc::new(transformer));
-    let context = registry.base().context_length();
     let mut trainer = TrainingEngine::new(Arc::clone(registry.base()), DType::F32);
     let lora = &job.lora;
     trainer.add_adapter(
@@ -126,11 +168,14 @@ pub async fn run(
             seed: lora.seed,
         },
     )?;
+    if let Some(warmup) = job.warmup.as_ref().filter(|w| !w.full_parameters) {
+        run_warmup(&cx, job, warmup, &mut trainer, POLICY, &mut write_line).await?;
+    }
     let concurrency = job.rl.group_size * job.rl.groups_per_batch.max(1);
     let per_episode = (256 + job.rl.max_tokens) * job.rl.max_turns.max(1);
     let engine = SamplingEngine::new(
         Arc::clone(&registry),
-        Some(Arc::clone(renderer.tokenizer())),
+        Some(Arc::clone(cx.renderer.tokenizer())),
         config.eos_token_ids.clone(),
         EngineConfig {
             kv_budget_positions: concurrency.max(job.eval.episodes) * per_episode.min(context),
@@ -138,80 +183,13 @@ pub async fn run(
         },
     );
     let (sampler, _thread) = SamplerService::start(engine);
-
-    let host = PluginHost::new(HostConfig::default())?;
-    let wasm = if job.environment.plugin.is_dir() {
-        crate::plugin::build::build_plugin(&job.environment.plugin)?
-    } else {
-        job.environment.plugin.clone()
-    };
-    let environment = host.load_file(&wasm).await?;
-    let cx = JobContext {
-        environment,
-        config: job.environment.config_json(),
-        limits: Limits::default(),
-        renderer,
-        sampler,
-        context,
-    };
+    cx.sampler = Some(sampler);
     let loss = Loss::from_config(&job.rl.loss, &job.rl.loss_config)?;
     let estimator = job.rl.estimator().map_err(anyhow::Error::msg)?;
-    let mut metrics_file = std::fs::File::create(out.join("metrics.jsonl"))?;
-    let mut write_line = |line: &StepMetrics| -> anyhow::Result<()> {
-        progress(line);
-        writeln!(metrics_file, "{}", serde_json::to_string(line)?)?;
-        metrics_file.flush()?;
-        Ok(())
-    };
-
     let mut version = registry.publish(
         POLICY,
         trainer.adapter(POLICY).context("the policy adapter")?,
     )?;
-    if let Some(warmup) = &job.warmup {
-        for step in 0..warmup.steps {
-            let started = Instant::now();
-            let seeds: Vec<u64> = (0..warmup.batch as u64)
-                .map(|i| (1 << 32) + (step * warmup.batch) as u64 + i)
-                .collect();
-            let outcomes = play_batch(&cx, job, &seeds, &Actor::Demonstration, None).await?;
-            let datums: Vec<Datum> = outcomes
-                .iter()
-                .filter(|o| o.error.is_none())
-                .flat_map(|o| {
-                    o.transcripts
-                        .iter()
-                        .flatten()
-                        .flat_map(|t| t.clone().into_sequences())
-                })
-                .filter_map(|s| sft_datum(&s))
-                .collect();
-            let (loss_value, tokens) = train_step(
-                &mut trainer,
-                datums,
-                Loss::CrossEntropy,
-                warmup.learning_rate,
-            )?;
-            write_line(&StepMetrics {
-                step,
-                phase: "warmup",
-                reward_mean: 0.0,
-                reward_std: 0.0,
-                episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
-                tokens,
-                loss: loss_value,
-                groups_trained: 0,
-                errors: errors(&outcomes),
-                env_metrics: BTreeMap::new(),
-                eval: None,
-                seconds: started.elapsed().as_secs_f64(),
-            })?;
-        }
-        version = registry.publish(
-            POLICY,
-            trainer.adapter(POLICY).context("the policy adapter")?,
-        )?;
-    }
 
     let initial_eval = evaluate(&cx, job, &version).await?;
     let mut last_eval = initial_eval.clone();
@@ -280,8 +258,13 @@ pub async fn run(
                 }
             }
         }
-        let (loss_value, tokens) =
-            train_step(&mut trainer, datums, loss.clone(), job.rl.learning_rate)?;
+        let (loss_value, tokens) = train_step(
+            &mut trainer,
+            POLICY,
+            datums,
+            loss.clone(),
+            job.rl.learning_rate,
+        )?;
         version = registry.publish(
             POLICY,
             trainer.adapter(POLICY).context("the policy adapter")?,
@@ -347,7 +330,7 @@ fn rollout<'a>(cx: &'a JobContext, job: &Job, params: SamplingParams) -> Rollout
         config: &cx.config,
         limits: &cx.limits,
         renderer: &cx.renderer,
-        sampler: &cx.sampler,
+        sampler: cx.sampler.as_ref(),
         params,
         max_turns: job.rl.max_turns,
         context: cx.context,
@@ -421,6 +404,7 @@ async fn evaluate(
 /// counted tokens.
 fn train_step(
     trainer: &mut TrainingEngine,
+    id: &str,
     datums: Vec<Datum>,
     loss: Loss,
     learning_rate: f64,
@@ -429,7 +413,7 @@ fn train_step(
         return Ok((0.0, 0));
     }
     let outputs = trainer.forward_backward(&[WorkItem {
-        adapter: POLICY.into(),
+        adapter: id.into(),
         datums,
         loss,
     }])?;
@@ -444,7 +428,7 @@ fn train_step(
         grad_clip_norm: 1.0,
         ..AdamParams::default()
     };
-    trainer.optim_step(POLICY, &params)?;
+    trainer.optim_step(id, &params)?;
     Ok((total / tokens.max(1.0), tokens as usize))
 }
 
@@ -470,4 +454,55 @@ fn errors_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, usize> {
         }
     }
     counts
+}
+
+/// Supervised steps on the environment's demonstrations, training `id` of `trainer`.
+async fn run_warmup(
+    cx: &JobContext,
+    job: &Job,
+    warmup: &WarmupSection,
+    trainer: &mut TrainingEngine,
+    id: &str,
+    write_line: &mut dyn FnMut(&StepMetrics) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    for step in 0..warmup.steps {
+        let started = Instant::now();
+        let seeds: Vec<u64> = (0..warmup.batch as u64)
+            .map(|i| (1 << 32) + (step * warmup.batch) as u64 + i)
+            .collect();
+        let outcomes = play_batch(cx, job, &seeds, &Actor::Demonstration, None).await?;
+        let datums: Vec<Datum> = outcomes
+            .iter()
+            .filter(|o| o.error.is_none())
+            .flat_map(|o| {
+                o.transcripts
+                    .iter()
+                    .flatten()
+                    .flat_map(|t| t.clone().into_sequences())
+            })
+            .filter_map(|s| sft_datum(&s))
+            .collect();
+        let (loss_value, tokens) = train_step(
+            trainer,
+            id,
+            datums,
+            Loss::CrossEntropy,
+            warmup.learning_rate,
+        )?;
+        write_line(&StepMetrics {
+            step,
+            phase: "warmup",
+            reward_mean: 0.0,
+            reward_std: 0.0,
+            episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
+            tokens,
+            loss: loss_value,
+            groups_trained: 0,
+            errors: errors(&outcomes),
+            env_metrics: BTreeMap::new(),
+            eval: None,
+            seconds: started.elapsed().as_secs_f64(),
+        })?;
+    }
+    Ok(())
 }

@@ -129,6 +129,9 @@ pub struct WarmupSection {
     pub batch: usize,
     #[serde(default = "default_warmup_lr")]
     pub learning_rate: f64,
+    /// Train every weight of the model (true), or the LoRA adapter that RL trains next (false).
+    #[serde(default = "default_true")]
+    pub full_parameters: bool,
 }
 
 fn default_warmup_batch() -> usize {

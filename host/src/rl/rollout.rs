@@ -31,7 +31,8 @@ pub struct Rollout<'a> {
     pub config: &'a str,
     pub limits: &'a Limits,
     pub renderer: &'a Renderer,
-    pub sampler: &'a SamplerService,
+    /// Serves the policy actors; `None` for a rollout of demonstrations only.
+    pub sampler: Option<&'a SamplerService>,
     /// The sampling parameters of every turn (each turn's seed is derived from the episode's).
     pub params: SamplingParams,
     /// The job's turn limit (the environment's own limit applies too).
@@ -193,8 +194,8 @@ impl Rollout<'_> {
                     params.max_tokens = params.max_tokens.min(self.context - prompt.len());
                     let mut request = SampleRequest::new(prompt, params);
                     request.policy = policy.clone();
-                    let mut output = self
-                        .sampler
+                    let sampler = self.sampler.ok_or_else(|| Failure("sampler".into()))?;
+                    let mut output = sampler
                         .sample(request)
                         .await
                         .map_err(|_| Failure("sampler".into()))?;
