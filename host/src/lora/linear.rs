@@ -9,7 +9,7 @@
 
 use candle_core::{CpuStorage, CustomOp3, D, Layout, Shape, Tensor};
 
-use crate::model::gemm::{Float, add_bias, matmul_nt, storage, with_slice};
+use crate::model::gemm::{Float, matmul_nt, project, storage};
 
 use crate::model::transformer::Linear;
 
@@ -62,17 +62,7 @@ impl LoraLinear {
             )));
         }
         let rows = x.len() / inp;
-        let mut y = vec![T::zero(); rows * out];
-        with_slice(&self.weight, |w| {
-            matmul_nt(x, w, inp, &mut y, false);
-            Ok(())
-        })?;
-        if let Some(bias) = &self.bias {
-            with_slice(bias, |bias: &[T]| {
-                add_bias(&mut y, bias);
-                Ok(())
-            })?;
-        }
+        let mut y = project(x, &self.weight, self.bias.as_ref())?;
         let mut down = vec![T::zero(); rows * rank];
         matmul_nt(x, a, inp, &mut down, false);
         let scale = T::from_f64(self.scale);

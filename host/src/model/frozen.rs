@@ -5,7 +5,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 
-use super::gemm::{Float, add_bias, matmul_nt, storage, with_slice};
+use super::gemm::{Float, project, storage};
 
 /// The frozen projection, applied with [`Tensor::apply_op1`].
 pub struct FrozenLinear {
@@ -30,17 +30,7 @@ impl FrozenLinear {
                 "frozen-linear: input {dims:?} does not end in the weight's {inp}"
             )));
         }
-        let mut y = vec![T::zero(); x.len() / inp * out];
-        with_slice(&self.weight, |w| {
-            matmul_nt(x, w, inp, &mut y, false);
-            Ok(())
-        })?;
-        if let Some(bias) = &self.bias {
-            with_slice(bias, |b: &[T]| {
-                add_bias(&mut y, b);
-                Ok(())
-            })?;
-        }
+        let y = project(x, &self.weight, self.bias.as_ref())?;
         *dims.last_mut().expect("checked above") = out;
         Ok((storage(y), Shape::from(dims)))
     }

@@ -10,6 +10,14 @@ pub trait Float: WithDType + num_traits::Float {}
 impl Float for f32 {}
 impl Float for f64 {}
 
+/// gemm's threads: rayon's pool when it has more than one thread.
+fn parallelism() -> gemm::Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => gemm::Parallelism::None,
+        threads => gemm::Parallelism::Rayon(threads),
+    }
+}
+
 /// `out (m × n) = x (m × k) · Wᵀ` with `W (n × k)` row-major; `out += ...` when `accumulate`.
 pub fn matmul_nt<T: Float>(x: &[T], w: &[T], k: usize, out: &mut [T], accumulate: bool) {
     assert!(
@@ -21,12 +29,7 @@ pub fn matmul_nt<T: Float>(x: &[T], w: &[T], k: usize, out: &mut [T], accumulate
     if m == 0 || n == 0 {
         return;
     }
-    let threads = rayon::current_num_threads();
-    let parallelism = if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
+    let parallelism = parallelism();
     // SAFETY: the lengths above make every index gemm forms, `i * rs + j * cs` for `i < rows`
     // and `j < cols` of each operand, fall inside its slice; `out` is not aliased.
     unsafe {
@@ -72,8 +75,29 @@ pub fn with_slice<T: Float, R>(
     f(&data[start..end])
 }
 
+/// `x Wᵀ + b` of the rows of `x` for a frozen projection stored in candle tensors.
+pub fn project<T: Float>(
+    x: &[T],
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+) -> candle_core::Result<Vec<T>> {
+    let (out, inp) = weight.dims2()?;
+    let mut y = vec![T::zero(); x.len() / inp * out];
+    with_slice(weight, |w| {
+        matmul_nt(x, w, inp, &mut y, false);
+        Ok(())
+    })?;
+    if let Some(bias) = bias {
+        with_slice(bias, |b: &[T]| {
+            add_bias(&mut y, b);
+            Ok(())
+        })?;
+    }
+    Ok(y)
+}
+
 /// Add `bias` to every row of `out`.
-pub fn add_bias<T: Float>(out: &mut [T], bias: &[T]) {
+fn add_bias<T: Float>(out: &mut [T], bias: &[T]) {
     for row in out.chunks_exact_mut(bias.len()) {
         for (v, b) in row.iter_mut().zip(bias) {
             *v += *b;
@@ -97,12 +121,7 @@ pub fn matmul_nn<T: Float>(a: &[T], b: &[T], k: usize, out: &mut [T]) {
     if m == 0 || n == 0 {
         return;
     }
-    let threads = rayon::current_num_threads();
-    let parallelism = if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
+    let parallelism = parallelism();
     // SAFETY: as in `matmul_nt`, the lengths checked above bound every index gemm forms.
     unsafe {
         gemm::gemm(
