@@ -55,6 +55,8 @@ pub struct StepMetrics {
 pub struct Evaluation {
     pub episodes: usize,
     pub reward_mean: f64,
+    /// Environment steps per episode (turns, in a single-player game).
+    pub episode_steps: f64,
     /// The environment's metrics, averaged per episode.
     pub metrics: BTreeMap<String, f64>,
 }
@@ -396,6 +398,7 @@ async fn evaluate(
                 .iter()
                 .map(|o| o.returns().first().copied().unwrap_or(0.0)),
         ),
+        episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
         metrics,
     })
 }
