@@ -1,8 +1,6 @@
 //! Episodes of real plugins played by a model through the sampler: the token-in/token-out
 //! transcripts the RL driver trains on.
 
-mod support;
-
 use std::sync::Arc;
 
 use opentinker::lora::AdapterRegistry;
@@ -37,8 +35,8 @@ async fn a_five_turn_episode_is_one_datum() {
         },
     );
     let (sampler, _thread) = SamplerService::start(engine);
-    let host = support::test_host();
-    let environment = support::load(&host, "guess-number").await;
+    let host = opentinker_tests::test_host();
+    let environment = opentinker_tests::load(&host, "guess-number").await;
     let limits = Limits::default();
     let rollout = Rollout {
         environment: &environment,
@@ -71,7 +69,12 @@ async fn a_five_turn_episode_is_one_datum() {
         .iter()
         .map(|s| matches!(s.kind, SpanKind::Action { .. }))
         .collect();
-    assert_eq!(kinds, [false, true, false, true, false, true, false, true, false, true]);
+    assert_eq!(
+        kinds,
+        [
+            false, true, false, true, false, true, false, true, false, true
+        ]
+    );
     let datum = rl_datum(sequence, |turn| turn as f32 + 1.0).unwrap();
     let action_tokens: usize = sequence
         .spans
@@ -84,5 +87,9 @@ async fn a_five_turn_episode_is_one_datum() {
     let advantages = datum.advantages.unwrap();
     assert_eq!(*advantages.last().unwrap(), 5.0);
     // The last messages the player saw are the environment's, as text.
-    assert!(outcome.messages[0].iter().any(|m| m.content.contains("guesses left")));
+    assert!(
+        outcome.messages[0]
+            .iter()
+            .any(|m| m.content.contains("guesses left"))
+    );
 }

@@ -55,6 +55,8 @@ pub struct StepMetrics {
 pub struct Evaluation {
     pub episodes: usize,
     pub reward_mean: f64,
+    /// The fraction of episodes with a positive return (accuracy, solve rate, win rate).
+    pub success_rate: f64,
     /// Environment steps per episode (turns, in a single-player game).
     pub episode_steps: f64,
     /// The environment's metrics, averaged per episode.
@@ -398,6 +400,10 @@ async fn evaluate(
                 .iter()
                 .map(|o| o.returns().first().copied().unwrap_or(0.0)),
         ),
+        success_rate: mean(outcomes.iter().map(|o| {
+            let won = o.returns().first().is_some_and(|r| *r > 0.0);
+            f64::from(u8::from(won))
+        })),
         episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
         metrics,
     })
