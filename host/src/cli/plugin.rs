@@ -7,8 +7,9 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use super::HostArgs;
+use crate::plugin::build::{build_plugin, component_path};
 use crate::plugin::random_play::{PlayOptions, PlaySummary, play_random};
-use crate::plugin::{Limits, PluginHost, build::build_plugin};
+use crate::plugin::{Limits, PluginHost};
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
@@ -63,7 +64,7 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
         }
         PluginCommand::Inspect { file, host } => runtime()?.block_on(async {
             let host = PluginHost::new(host.host_config())?;
-            let description = host.inspect_file(&component_path(file)?).await?;
+            let description = host.inspect_file(&component_path(&file)?).await?;
             println!("{}", serde_json::to_string_pretty(&description)?);
             Ok(())
         }),
@@ -84,7 +85,7 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
             };
             runtime()?.block_on(async {
                 let host = PluginHost::new(host.host_config())?;
-                let plugin = host.load_file(&component_path(file)?).await?;
+                let plugin = host.load_file(&component_path(&file)?).await?;
                 plugin.check_limits(&limits).context("--limits")?;
                 let options = PlayOptions {
                     episodes,
@@ -105,15 +106,6 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
                 Ok(())
             })
         }
-    }
-}
-
-/// The component at `path`, building it first when `path` is a plugin crate directory.
-fn component_path(path: PathBuf) -> anyhow::Result<PathBuf> {
-    if path.is_dir() {
-        build_plugin(&path)
-    } else {
-        Ok(path)
     }
 }
 

@@ -56,8 +56,9 @@ impl Target {
     }
 }
 
-/// How an adapter is shaped, as the Tinker `lora_config` says it.
-#[derive(Clone, Debug, PartialEq)]
+/// How an adapter is shaped, as the Tinker `lora_config` says it (and a job file's `[lora]`).
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LoraConfig {
     pub rank: usize,
     pub alpha: f64,

@@ -9,7 +9,7 @@
 
 use candle_core::{CpuStorage, CustomOp3, D, Layout, Shape, Tensor};
 
-use crate::model::gemm::{Float, matmul_nt, project, storage};
+use crate::model::gemm::{Float, contiguous, matmul_nt, project, storage};
 
 use crate::model::transformer::Linear;
 
@@ -33,22 +33,10 @@ impl LoraLinear {
         &self,
         [(x, x_layout), (a, a_layout), (b, b_layout)]: [(&[T], &Layout); 3],
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let part =
-            |data: &'_ [T], layout: &Layout| -> candle_core::Result<std::ops::Range<usize>> {
-                let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
-                    candle_core::Error::Msg("lora-linear needs contiguous inputs".into())
-                })?;
-                if end > data.len() {
-                    return Err(candle_core::Error::Msg(
-                        "lora-linear: an input is short".into(),
-                    ));
-                }
-                Ok(start..end)
-            };
         let (x, a, b) = (
-            &x[part(x, x_layout)?],
-            &a[part(a, a_layout)?],
-            &b[part(b, b_layout)?],
+            contiguous(x, x_layout, "lora-linear")?,
+            contiguous(a, a_layout, "lora-linear")?,
+            contiguous(b, b_layout, "lora-linear")?,
         );
         let (out, inp) = self.weight.dims2()?;
         let rank = a_layout.dims().first().copied().unwrap_or(0);

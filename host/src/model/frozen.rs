@@ -5,7 +5,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 
-use super::gemm::{Float, project, storage};
+use super::gemm::{Float, contiguous, project, storage};
 
 /// The frozen projection, applied with [`Tensor::apply_op1`].
 pub struct FrozenLinear {
@@ -19,10 +19,7 @@ impl FrozenLinear {
         data: &[T],
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
-            candle_core::Error::Msg("frozen-linear needs a contiguous input".into())
-        })?;
-        let x = &data[start..end];
+        let x = contiguous(data, layout, "frozen-linear")?;
         let (out, inp) = self.weight.dims2()?;
         let mut dims = layout.dims().to_vec();
         if dims.last() != Some(&inp) {

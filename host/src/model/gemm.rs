@@ -3,7 +3,7 @@
 //! directly, where going through candle tensors would copy the input and the output once more
 //! (on the 0.5B shape the unembedding's output alone is 600 MB).
 
-use candle_core::{CpuStorage, Storage, Tensor, WithDType};
+use candle_core::{CpuStorage, Layout, Storage, Tensor, WithDType};
 
 /// The float types the training ops run in.
 pub trait Float: WithDType + num_traits::Float {}
@@ -24,14 +24,30 @@ pub fn matmul_nt<T: Float>(x: &[T], w: &[T], k: usize, out: &mut [T], accumulate
         k > 0 && x.len().is_multiple_of(k) && w.len().is_multiple_of(k),
         "x and W must be rows of {k}"
     );
-    let (m, n) = (x.len() / k, w.len() / k);
+    // Wᵀ is `k × n` with its columns the rows of W: column stride k, row stride 1.
+    product(x, w, k, w.len() / k, (k, 1), out, accumulate);
+}
+
+/// `out (m × n) (+)= a (m × k) · b (k × n)` with `a` and `out` row-major and `b` read with
+/// `(column stride, row stride)`. Panics when the lengths do not fit.
+fn product<T: Float>(
+    a: &[T],
+    b: &[T],
+    k: usize,
+    n: usize,
+    (b_cs, b_rs): (usize, usize),
+    out: &mut [T],
+    accumulate: bool,
+) {
+    let m = a.len() / k;
+    assert_eq!(b.len(), k * n, "b must hold {k} × {n}");
     assert_eq!(out.len(), m * n, "out must be {m} × {n}");
     if m == 0 || n == 0 {
         return;
     }
-    let parallelism = parallelism();
-    // SAFETY: the lengths above make every index gemm forms, `i * rs + j * cs` for `i < rows`
-    // and `j < cols` of each operand, fall inside its slice; `out` is not aliased.
+    // SAFETY: with the lengths checked above, every index gemm forms, `i * rs + j * cs` for
+    // `i < rows` and `j < cols` of each operand, falls inside its slice (both layouts of `b`
+    // passed here cover exactly `k × n`); `out` is not aliased.
     unsafe {
         gemm::gemm(
             m,
@@ -41,20 +57,30 @@ pub fn matmul_nt<T: Float>(x: &[T], w: &[T], k: usize, out: &mut [T], accumulate
             1,
             n as isize,
             accumulate,
-            x.as_ptr(),
+            a.as_ptr(),
             1,
             k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
             T::one(),
             T::one(),
             false,
             false,
             false,
-            parallelism,
+            parallelism(),
         )
     }
+}
+
+/// The part of an op's input storage that its (contiguous) layout covers.
+pub fn contiguous<'a, T>(data: &'a [T], layout: &Layout, op: &str) -> candle_core::Result<&'a [T]> {
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op} needs contiguous inputs")))?;
+    data.get(start..end).ok_or_else(|| {
+        candle_core::Error::Msg(format!("{op}: an input is shorter than its layout"))
+    })
 }
 
 /// Run `f` on the contiguous data of `tensor`, read in place, as `T`.
@@ -116,34 +142,5 @@ pub fn matmul_nn<T: Float>(a: &[T], b: &[T], k: usize, out: &mut [T]) {
         k > 0 && a.len().is_multiple_of(k) && b.len().is_multiple_of(k),
         "a must be rows of {k}, b {k} rows"
     );
-    let (m, n) = (a.len() / k, b.len() / k);
-    assert_eq!(out.len(), m * n, "out must be {m} × {n}");
-    if m == 0 || n == 0 {
-        return;
-    }
-    let parallelism = parallelism();
-    // SAFETY: as in `matmul_nt`, the lengths checked above bound every index gemm forms.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
-            T::one(),
-            T::one(),
-            false,
-            false,
-            false,
-            parallelism,
-        )
-    }
+    product(a, b, k, b.len() / k, (1, b.len() / k), out, false);
 }

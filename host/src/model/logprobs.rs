@@ -7,6 +7,8 @@
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
+use super::gemm::contiguous;
+
 /// The float types the op computes in.
 trait Real: WithDType + Send + Sync {
     fn exp(self) -> Self;
@@ -41,13 +43,6 @@ fn log_sum_exp<T: Real>(row: &[T]) -> T {
     max + sum.ln()
 }
 
-fn contiguous<'a, T>(data: &'a [T], layout: &Layout, what: &str) -> candle_core::Result<&'a [T]> {
-    let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
-        candle_core::Error::Msg(format!("target-logprobs needs contiguous {what}"))
-    })?;
-    Ok(&data[start..end])
-}
-
 /// The rows of `logits` and their targets, checked.
 fn rows<'a, T>(
     logits: &'a [T],
@@ -55,8 +50,8 @@ fn rows<'a, T>(
     targets: &'a [u32],
     targets_layout: &Layout,
 ) -> candle_core::Result<(&'a [T], &'a [u32], usize)> {
-    let logits = contiguous(logits, logits_layout, "logits")?;
-    let targets = contiguous(targets, targets_layout, "targets")?;
+    let logits = contiguous(logits, logits_layout, "target-logprobs")?;
+    let targets = contiguous(targets, targets_layout, "target-logprobs")?;
     let vocab = *logits_layout.dims().last().unwrap_or(&0);
     if vocab == 0 || logits.len() != targets.len() * vocab {
         return Err(candle_core::Error::Msg(format!(
@@ -149,7 +144,7 @@ impl TargetLogprobsGrad {
         grad_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (logits, targets, vocab) = rows(logits, logits_layout, targets, targets_layout)?;
-        let grad = contiguous(grad, grad_layout, "gradient")?;
+        let grad = contiguous(grad, grad_layout, "target-logprobs")?;
         let mut out = vec![T::zero(); logits.len()];
         out.par_chunks_mut(vocab)
             .zip(logits.par_chunks(vocab))

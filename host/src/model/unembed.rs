@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, D, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::gemm::{Float, matmul_nn, matmul_nt, storage, with_slice};
+use super::gemm::{Float, contiguous, matmul_nn, matmul_nt, storage, with_slice};
 
 /// Rows per block: the block's logits are `ROWS × vocabulary`.
 const ROWS: usize = 64;
@@ -44,10 +44,7 @@ impl UnembedLogprobs {
         data: &[T],
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
-            candle_core::Error::Msg("unembed-logprobs needs contiguous input".into())
-        })?;
-        let x = &data[start..end];
+        let x = contiguous(data, layout, "unembed-logprobs")?;
         let (vocab, hidden) = self.weight.dims2()?;
         let dims = layout.dims();
         let rows = x.len() / hidden;

@@ -7,6 +7,15 @@ use anyhow::{Context, bail};
 
 pub const WASM_TARGET: &str = "wasm32-wasip2";
 
+/// The component at `path`, building it first when `path` is a plugin crate directory.
+pub fn component_path(path: &Path) -> anyhow::Result<PathBuf> {
+    if path.is_dir() {
+        build_plugin(path)
+    } else {
+        Ok(path.to_path_buf())
+    }
+}
+
 /// Build the plugin crate in `dir` (release, `wasm32-wasip2`) and return the path of its
 /// component. Builds go to `target/wasm-plugins` under the crate's workspace root: a target
 /// directory of their own, so a build never waits on the caller's cargo lock, shared by all the

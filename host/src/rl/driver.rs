@@ -19,7 +19,7 @@ use super::job::Job;
 use super::job::WarmupSection;
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
-use crate::lora::{AdapterRegistry, LoraConfig, PolicyVersion};
+use crate::lora::{AdapterRegistry, PolicyVersion};
 use crate::model::Model;
 use crate::model::tiny::init_tiny;
 use crate::plugin::{HostConfig, Limits, Plugin, PluginHost};
@@ -117,11 +117,7 @@ pub async fn run(
     let renderer = Renderer::new(template, Arc::new(tokenizer))?;
     let context = transformer.context_length();
     let host = PluginHost::new(HostConfig::default())?;
-    let wasm = if job.environment.plugin.is_dir() {
-        crate::plugin::build::build_plugin(&job.environment.plugin)?
-    } else {
-        job.environment.plugin.clone()
-    };
+    let wasm = crate::plugin::build::component_path(&job.environment.plugin)?;
     let environment = host.load_file(&wasm).await?;
     let mut cx = JobContext {
         environment,
@@ -159,19 +155,7 @@ pub async fn run(
     };
     let registry = AdapterRegistry::new(Arc::new(transformer));
     let mut trainer = TrainingEngine::new(Arc::clone(registry.base()), DType::F32);
-    let lora = &job.lora;
-    trainer.add_adapter(
-        POLICY,
-        LoraConfig {
-            rank: lora.rank,
-            alpha: lora.alpha,
-            rslora: lora.rslora,
-            train_attention: lora.train_attention,
-            train_mlp: lora.train_mlp,
-            train_unembed: lora.train_unembed,
-            seed: lora.seed,
-        },
-    )?;
+    trainer.add_adapter(POLICY, job.lora.clone())?;
     if let Some(warmup) = job.warmup.as_ref().filter(|w| !w.full_parameters) {
         run_warmup(&cx, job, warmup, &mut trainer, POLICY, &mut write_line).await?;
     }

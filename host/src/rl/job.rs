@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::advantage::Estimator;
+use crate::lora::LoraConfig;
 use crate::model::Architecture;
 use crate::model::tiny::TinyShape;
 
@@ -14,7 +15,7 @@ use crate::model::tiny::TinyShape;
 pub struct Job {
     pub model: ModelSection,
     #[serde(default)]
-    pub lora: LoraSection,
+    pub lora: LoraConfig,
     pub environment: PluginSection,
     #[serde(default)]
     pub warmup: Option<WarmupSection>,
@@ -69,32 +70,6 @@ impl InitTiny {
             other => Err(format!(
                 "model.init_tiny.arch: {other:?} is not one of \"qwen2\", \"llama\", \"qwen3\""
             )),
-        }
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LoraSection {
-    pub rank: usize,
-    pub alpha: f64,
-    pub rslora: bool,
-    pub train_attention: bool,
-    pub train_mlp: bool,
-    pub train_unembed: bool,
-    pub seed: u64,
-}
-
-impl Default for LoraSection {
-    fn default() -> Self {
-        LoraSection {
-            rank: 16,
-            alpha: 32.0,
-            rslora: false,
-            train_attention: true,
-            train_mlp: true,
-            train_unembed: false,
-            seed: 0,
         }
     }
 }
