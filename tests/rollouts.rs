@@ -41,6 +41,7 @@ async fn a_five_turn_episode_is_one_datum() {
     let rollout = Rollout {
         environment: &environment,
         config: r#"{"max": 1000, "turns": 5}"#,
+        agent: None,
         limits: &limits,
         renderer: &renderer,
         sampler: Some(&sampler),

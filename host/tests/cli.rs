@@ -313,3 +313,215 @@ episodes = 4
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("max_tokenz"));
 }
+
+/// The metric lines of a run, without their timings.
+fn metric_lines(out: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    text.lines()
+        .map(|l| {
+            let mut line: serde_json::Value = serde_json::from_str(l).unwrap();
+            line.as_object_mut().unwrap().remove("seconds");
+            line
+        })
+        .collect()
+}
+
+#[test]
+fn a_job_whose_environment_traps_on_some_episodes_finishes_and_reports_them() {
+    let wasm = build("adversarial/trap-at-step");
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("traps.toml");
+    std::fs::write(
+        &job,
+        format!(
+            r#"
+[model]
+init_tiny = {{ seed = 5 }}
+[environment]
+plugin = {wasm:?}
+config = {{ trap_every = 2 }}
+[rl]
+steps = 2
+groups_per_batch = 2
+group_size = 4
+max_turns = 4
+max_tokens = 3
+failure_reward = -1.0
+[eval]
+episodes = 4
+"#
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("run");
+    let summary = json(&opentinker(&[
+        "train",
+        job.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(summary["steps"], 2);
+    let lines = metric_lines(&out);
+    assert_eq!(lines.len(), 2);
+    for line in &lines {
+        // Episode seeds alternate parity within a group: half of the 8 episodes trap.
+        assert_eq!(line["errors"]["trap"], 4, "{line}");
+        assert!(line["tokens"].as_u64().unwrap() > 0, "{line}");
+    }
+    let rollouts = std::fs::read_to_string(out.join("rollouts/step-1.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = rollouts
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 8);
+    for record in &records {
+        let trapped = record["error"] == "trap";
+        assert_eq!(
+            trapped,
+            record["seed"].as_u64().unwrap() % 2 == 0,
+            "{record}"
+        );
+        // A trapped episode gets the failure reward; the others 0.5 for each of 4 steps.
+        let expected = if trapped { -1.0 } else { 2.0 };
+        assert_eq!(record["returns"][0], expected, "{record}");
+    }
+}
+
+/// The metric lines the newest whole checkpoint (or the saved warm-up base) of a run covers.
+fn covered_metric_lines(out: &Path) -> usize {
+    let read = |path: PathBuf| -> Option<usize> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+        value["metric_lines"].as_u64().map(|n| n as usize)
+    };
+    let newest = std::fs::read_dir(out.join("checkpoints"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            let steps: usize = path
+                .file_name()?
+                .to_str()?
+                .strip_prefix("step-")?
+                .parse()
+                .ok()?;
+            Some((steps, read(path.join("cursor.json"))?))
+        })
+        .max();
+    newest
+        .map(|(_, lines)| lines)
+        .or_else(|| read(out.join("base/warmup.json")))
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_run_killed_at_random_moments_resumes_to_the_same_metrics() {
+    let wasm = build("arithmetic");
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("resume.toml");
+    std::fs::write(
+        &job,
+        format!(
+            r#"
+[model]
+init_tiny = {{ seed = 7 }}
+[lora]
+rank = 4
+[environment]
+plugin = {wasm:?}
+config = {{ max_operand = 9 }}
+[warmup]
+source = "demonstrations"
+steps = 3
+batch = 8
+[rl]
+steps = 8
+groups_per_batch = 2
+group_size = 4
+max_turns = 1
+max_tokens = 6
+skip_equal_groups = false
+[eval]
+every = 3
+episodes = 8
+[checkpoint]
+every = 1
+"#
+        ),
+    )
+    .unwrap();
+    let job = job.to_str().unwrap();
+    let whole = dir.path().join("whole");
+    let started = Instant::now();
+    let summary = json(&opentinker(&[
+        "train",
+        job,
+        "--out",
+        whole.to_str().unwrap(),
+        "--json",
+    ]));
+    let run_time = started.elapsed();
+    let expected = metric_lines(&whole);
+    assert_eq!(expected.len(), 3 + 8);
+
+    // Kill the run three times at random moments, resuming after each, then let it finish.
+    let killed = dir.path().join("killed");
+    std::fs::create_dir(&killed).unwrap();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let mut rng = u64::from(seed) | 1;
+    let mut delays = Vec::new();
+    for attempt in 0..3 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let delay = run_time.mul_f64((rng % 1000) as f64 / 1000.0);
+        delays.push(delay);
+        let flag = if attempt == 0 { "--out" } else { "--resume" };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_opentinker"))
+            .args(["train", job, flag, killed.to_str().unwrap()])
+            .env("OPENTINKER_CACHE_DIR", cache_dir())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        // SIGKILL: no chance to clean up.
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let covered = covered_metric_lines(&killed);
+    let last = opentinker(&["train", job, "--resume", killed.to_str().unwrap(), "--json"]);
+    let resumed = json(&last);
+    let progress_lines = String::from_utf8_lossy(&last.stderr)
+        .lines()
+        .filter(|l| l.starts_with("resume "))
+        .count();
+    assert_eq!(
+        progress_lines,
+        expected.len() - covered,
+        "the resumed run redid steps its checkpoint covers"
+    );
+    assert_eq!(
+        metric_lines(&killed),
+        expected,
+        "kills after {delays:?} (of a {run_time:?} run)"
+    );
+    assert_eq!(resumed["final_eval"], summary["final_eval"]);
+    assert_eq!(resumed["initial_eval"], summary["initial_eval"]);
+    let adapter = |out: &Path| {
+        std::fs::read(out.join("checkpoints/final/adapter_model.safetensors")).unwrap()
+    };
+    assert_eq!(adapter(&killed), adapter(&whole), "kills after {delays:?}");
+    for step in 0..8 {
+        let file = format!("rollouts/step-{step}.jsonl");
+        assert_eq!(
+            std::fs::read(killed.join(&file)).unwrap(),
+            std::fs::read(whole.join(&file)).unwrap(),
+            "{file}"
+        );
+    }
+}

@@ -16,6 +16,10 @@ pub struct TrainArgs {
     /// folder per job inside it, named by the job file's stem.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Continue the run in this folder from its last checkpoint (with several jobs, one folder
+    /// per job inside it, as with `--out`).
+    #[arg(long, conflicts_with = "out")]
+    resume: Option<PathBuf>,
     /// Print one JSON summary line per job at the end.
     #[arg(long)]
     json: bool,
@@ -45,7 +49,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "job".into());
-        let out = match (&args.out, jobs.len()) {
+        let out = match (args.resume.as_ref().or(args.out.as_ref()), jobs.len()) {
             (Some(out), 1) => out.clone(),
             (Some(out), _) => out.join(&stem),
             (None, _) => PathBuf::from("runs").join(format!("{stem}-{stamp}")),
@@ -61,7 +65,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
                 line.phase, line.step, line.reward_mean, line.loss, line.tokens, line.seconds
             );
         };
-        let summary = runtime.block_on(driver::run(job, &out, &show))?;
+        let summary = runtime.block_on(driver::run(job, &out, args.resume.is_some(), &show))?;
         if args.json {
             println!("{}", serde_json::to_string(&summary)?);
         } else {

@@ -4,24 +4,24 @@
 //! evaluation on seeds disjoint from training's before, every N steps, and after.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
 use candle_core::DType;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::advantage::{GroupReturns, advantages};
+use super::advantage::{Estimator, GroupReturns, advantages};
 use super::datum::{rl_datum, sft_datum};
-use super::job::Job;
-use super::job::WarmupSection;
+use super::job::{Job, WarmupSection};
 use super::render::Renderer;
-use super::rollout::{Actor, EpisodeOutcome, Rollout};
+use super::rollout::{Actor, EpisodeOutcome, Rollout, RolloutRecord};
+use super::run_folder::{Cursor, MetricsLog, RunFolder};
+use super::transcript::TokenSequence;
 use crate::lora::{AdapterRegistry, PolicyVersion};
-use crate::model::Model;
 use crate::model::tiny::init_tiny;
+use crate::model::{Model, Transformer};
 use crate::plugin::{HostConfig, Limits, Plugin, PluginHost};
 use crate::sample::{EngineConfig, PolicyRef, SamplingEngine, SamplingParams};
 use crate::sched::SamplerService;
@@ -33,7 +33,7 @@ const POLICY: &str = "policy";
 const EVAL_SEEDS: u64 = 1 << 40;
 
 /// One line of `metrics.jsonl`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct StepMetrics {
     pub step: usize,
     pub phase: &'static str,
@@ -51,7 +51,7 @@ pub struct StepMetrics {
 }
 
 /// Greedy evaluation on fixed seeds.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Evaluation {
     pub episodes: usize,
     pub reward_mean: f64,
@@ -76,6 +76,7 @@ pub struct Summary {
 /// What every episode of the job shares.
 struct JobContext {
     environment: Plugin,
+    agent: Option<Plugin>,
     config: String,
     limits: Limits,
     renderer: Renderer,
@@ -83,29 +84,34 @@ struct JobContext {
     context: usize,
 }
 
-/// Run `job` with its outputs in `out`; `progress` is told each metrics line.
+/// Where metric lines go: the log file and the caller's progress display.
+struct Reporter<'a> {
+    log: MetricsLog,
+    progress: &'a dyn Fn(&StepMetrics),
+}
+
+impl Reporter<'_> {
+    fn line(&mut self, line: &StepMetrics) -> anyhow::Result<()> {
+        (self.progress)(line);
+        self.log.append(line)
+    }
+}
+
+/// Run `job` with its outputs in `out`, continuing from the last checkpoint there when
+/// `resume`; `progress` is told each metrics line.
 pub async fn run(
     job: &Job,
     out: &Path,
+    resume: bool,
     progress: &dyn Fn(&StepMetrics),
 ) -> anyhow::Result<Summary> {
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let model_dir = match (&job.model.dir, &job.model.init_tiny) {
-        (Some(dir), _) => dir.clone(),
-        (None, Some(tiny)) => {
-            let dir = out.join("model");
-            if !dir.join("config.json").is_file() {
-                init_tiny(
-                    &dir,
-                    tiny.shape().map_err(anyhow::Error::msg)?,
-                    tiny.arch().map_err(anyhow::Error::msg)?,
-                    tiny.seed,
-                )?;
-            }
-            dir
-        }
-        (None, None) => anyhow::bail!("the job names no model"),
-    };
+    anyhow::ensure!(
+        !resume || out.is_dir(),
+        "--resume {}: no such run folder",
+        out.display()
+    );
+    let folder = RunFolder::create(out)?;
+    let model_dir = model_dir(job, out)?;
     let Model {
         config,
         transformer,
@@ -117,47 +123,79 @@ pub async fn run(
     let renderer = Renderer::new(template, Arc::new(tokenizer))?;
     let context = transformer.context_length();
     let host = PluginHost::new(HostConfig::default())?;
-    let wasm = crate::plugin::build::component_path(&job.environment.plugin)?;
-    let environment = host.load_file(&wasm).await?;
+    let load = async |path: &Path| -> anyhow::Result<Plugin> {
+        let wasm = crate::plugin::build::component_path(path)?;
+        Ok(host.load_file(&wasm).await?)
+    };
+    let environment = load(&job.environment.plugin).await?;
+    let agent = match &job.agent {
+        Some(section) => Some(load(&section.plugin).await?),
+        None => None,
+    };
     let mut cx = JobContext {
         environment,
+        agent,
         config: job.environment.config_json(),
         limits: Limits::default(),
         renderer,
         sampler: None,
         context,
     };
-    let mut metrics_file = std::fs::File::create(out.join("metrics.jsonl"))?;
-    let mut write_line = |line: &StepMetrics| -> anyhow::Result<()> {
-        progress(line);
-        writeln!(metrics_file, "{}", serde_json::to_string(line)?)?;
-        metrics_file.flush()?;
-        Ok(())
-    };
 
-    // A full-parameter warm-up trains the model itself, which then becomes the shared base.
+    // A full-parameter warm-up trains the model itself, which then becomes the shared base
+    // (saved as `base/`, so a resumed run does not warm up again).
     let full_warmup = job.warmup.as_ref().filter(|w| w.full_parameters);
-    let transformer = match full_warmup {
-        Some(warmup) => {
-            let mut warm = TrainingEngine::full_parameters(transformer, DType::F32)?;
-            run_warmup(
-                &cx,
-                job,
-                warmup,
-                &mut warm,
-                FULL_PARAMETERS,
-                &mut write_line,
-            )
-            .await?;
-            warm.model_snapshot()?
-        }
-        None => transformer,
+    let saved_base = if resume && full_warmup.is_some() {
+        folder.saved_base()?
+    } else {
+        None
     };
+    let checkpoint = match resume {
+        true => folder
+            .latest_checkpoint()?
+            .filter(|_| full_warmup.is_none() || saved_base.is_some()),
+        false => None,
+    };
+    let covered = checkpoint.as_ref().map(|(_, c)| c.metric_lines);
+    let (transformer, base_dir, log) = match (full_warmup, saved_base) {
+        (Some(_), Some(base_lines)) => {
+            let base_dir = folder.base_dir();
+            let model = Transformer::load(config.clone(), &base_dir)?;
+            (
+                model,
+                base_dir,
+                folder.metrics(covered.unwrap_or(base_lines))?,
+            )
+        }
+        (Some(warmup), None) => {
+            let mut reporter = Reporter {
+                log: folder.metrics(0)?,
+                progress,
+            };
+            let mut warm = TrainingEngine::full_parameters(transformer, DType::F32)?;
+            run_warmup(&cx, job, warmup, &mut warm, FULL_PARAMETERS, &mut reporter).await?;
+            let model = warm.model_snapshot()?;
+            folder.save_base(&model, &model_dir, reporter.log.lines())?;
+            (model, folder.base_dir(), reporter.log)
+        }
+        (None, _) => (
+            transformer,
+            model_dir,
+            folder.metrics(covered.unwrap_or(0))?,
+        ),
+    };
+    let mut reporter = Reporter { log, progress };
+    let base_name = base_dir.display().to_string();
     let registry = AdapterRegistry::new(Arc::new(transformer));
     let mut trainer = TrainingEngine::new(Arc::clone(registry.base()), DType::F32);
-    trainer.add_adapter(POLICY, job.lora.clone())?;
-    if let Some(warmup) = job.warmup.as_ref().filter(|w| !w.full_parameters) {
-        run_warmup(&cx, job, warmup, &mut trainer, POLICY, &mut write_line).await?;
+    match &checkpoint {
+        Some((dir, _)) => trainer.load_adapter(POLICY, &dir.join(POLICY), true)?,
+        None => {
+            trainer.add_adapter(POLICY, job.lora.clone())?;
+            if let Some(warmup) = job.warmup.as_ref().filter(|w| !w.full_parameters) {
+                run_warmup(&cx, job, warmup, &mut trainer, POLICY, &mut reporter).await?;
+            }
+        }
     }
     let concurrency = job.rl.group_size * job.rl.groups_per_batch.max(1);
     let per_episode = (256 + job.rl.max_tokens) * job.rl.max_turns.max(1);
@@ -174,78 +212,23 @@ pub async fn run(
     cx.sampler = Some(sampler);
     let loss = Loss::from_config(&job.rl.loss, &job.rl.loss_config)?;
     let estimator = job.rl.estimator().map_err(anyhow::Error::msg)?;
-    let mut version = registry.publish(
-        POLICY,
-        trainer.adapter(POLICY).context("the policy adapter")?,
-    )?;
+    let publish = |trainer: &TrainingEngine| -> anyhow::Result<Arc<PolicyVersion>> {
+        let adapter = trainer.adapter(POLICY).context("the policy adapter")?;
+        Ok(registry.publish(POLICY, adapter)?)
+    };
+    let mut version = publish(&trainer)?;
 
-    let initial_eval = evaluate(&cx, job, &version).await?;
-    let mut last_eval = initial_eval.clone();
-    for step in 0..job.rl.steps {
+    let (start, initial_eval, mut last_eval) = match checkpoint {
+        Some((_, cursor)) => (cursor.steps, cursor.initial_eval, cursor.last_eval),
+        None => {
+            let eval = evaluate(&cx, job, &version).await?;
+            (0, eval.clone(), eval)
+        }
+    };
+    for step in start..job.rl.steps {
         let started = Instant::now();
-        let policy = Actor::Policy(Some(PolicyRef {
-            name: version.name.clone(),
-            version: Some(version.version),
-        }));
-        let groups = job.rl.groups_per_batch;
-        let size = job.rl.group_size;
-        // Group g of step s plays one task (seeded) with `size` episode seeds.
-        let task_seeds: Vec<u64> = (0..groups as u64)
-            .map(|g| job.rl.seed.wrapping_mul(1_000_003) + (step * groups) as u64 + g)
-            .collect();
-        let mut tasks = Vec::with_capacity(groups);
-        for &seed in &task_seeds {
-            tasks.push(
-                cx.environment
-                    .generate_task(&cx.config, seed, &cx.limits)
-                    .await?,
-            );
-        }
-        let sampling = SamplingParams {
-            temperature: job.rl.temperature,
-            ..sampling_params(job)
-        };
-        let rollout = rollout(&cx, job, sampling);
-        let task_seeds = &task_seeds;
-        let episodes = tasks.iter().enumerate().flat_map(|(g, task)| {
-            (0..size).map(move |i| (g, task, task_seeds[g] * 1000 + i as u64))
-        });
-        let actors = [policy.clone()];
-        let outcomes: Vec<(usize, EpisodeOutcome)> =
-            futures::future::join_all(episodes.map(|(g, task, seed)| {
-                let (rollout, actors) = (&rollout, &actors);
-                async move { (g, rollout.play(task, seed, actors).await) }
-            }))
-            .await;
-        let mut datums = Vec::new();
-        let mut groups_trained = 0;
-        for g in 0..groups {
-            let group: Vec<&EpisodeOutcome> = outcomes
-                .iter()
-                .filter(|(i, _)| *i == g)
-                .map(|(_, o)| o)
-                .collect();
-            let returns = GroupReturns {
-                turn_rewards: group
-                    .iter()
-                    .map(|o| o.turn_rewards.first().cloned().unwrap_or_default())
-                    .collect(),
-            };
-            let Some(advantage) = advantages(&returns, estimator, job.rl.skip_equal_groups) else {
-                continue;
-            };
-            groups_trained += 1;
-            for (outcome, per_turn) in group.iter().zip(&advantage) {
-                let Some(Some(transcript)) = outcome.transcripts.first() else {
-                    continue;
-                };
-                for sequence in transcript.clone().into_sequences() {
-                    let turn_advantage =
-                        |turn: usize| per_turn.get(turn).copied().unwrap_or(0.0) as f32;
-                    datums.extend(rl_datum(&sequence, turn_advantage));
-                }
-            }
-        }
+        let played = play_step(&cx, job, step, &version).await?;
+        let (datums, records, groups_trained) = datums_of(&played, job, estimator);
         let (loss_value, tokens) = train_step(
             &mut trainer,
             POLICY,
@@ -253,31 +236,21 @@ pub async fn run(
             loss.clone(),
             job.rl.learning_rate,
         )?;
-        version = registry.publish(
-            POLICY,
-            trainer.adapter(POLICY).context("the policy adapter")?,
-        )?;
-        let all: Vec<&EpisodeOutcome> = outcomes.iter().map(|(_, o)| o).collect();
+        version = publish(&trainer)?;
+        folder.write_rollouts(step, &records)?;
+        let last = step + 1 == job.rl.steps;
+        let eval = if last || (job.eval.every > 0 && (step + 1) % job.eval.every == 0) {
+            last_eval = evaluate(&cx, job, &version).await?;
+            Some(last_eval.clone())
+        } else {
+            None
+        };
+        let all: Vec<&EpisodeOutcome> = played.iter().map(|(_, _, o)| o).collect();
         let rewards: Vec<f64> = all
             .iter()
             .map(|o| o.returns().first().copied().unwrap_or(0.0))
             .collect();
-        let eval =
-            if job.eval.every > 0 && (step + 1) % job.eval.every == 0 && step + 1 < job.rl.steps {
-                Some(evaluate(&cx, job, &version).await?)
-            } else if step + 1 == job.rl.steps {
-                last_eval = evaluate(&cx, job, &version).await?;
-                Some(last_eval.clone())
-            } else {
-                None
-            };
-        let mut env_metrics = BTreeMap::new();
-        for outcome in &all {
-            for (name, value) in &outcome.metrics {
-                *env_metrics.entry(name.clone()).or_insert(0.0) += value / all.len() as f64;
-            }
-        }
-        write_line(&StepMetrics {
+        reporter.line(&StepMetrics {
             step,
             phase: "rl",
             reward_mean: mean(rewards.iter().copied()),
@@ -287,13 +260,25 @@ pub async fn run(
             loss: loss_value,
             groups_trained,
             errors: errors_of(&all),
-            env_metrics,
+            env_metrics: metrics_of(&all),
             eval,
             seconds: started.elapsed().as_secs_f64(),
         })?;
+        let every = job.checkpoint.every;
+        if last || (every > 0 && (step + 1) % every == 0) {
+            let cursor = Cursor {
+                steps: step + 1,
+                metric_lines: reporter.log.lines(),
+                initial_eval: initial_eval.clone(),
+                last_eval: last_eval.clone(),
+            };
+            folder.save_checkpoint(&cursor, |temp| {
+                Ok(trainer.save_adapter(POLICY, &temp.join(POLICY), &base_name, true)?)
+            })?;
+        }
     }
-    let checkpoint = out.join("checkpoints").join("final");
-    trainer.save_adapter(POLICY, &checkpoint, &model_dir.display().to_string(), true)?;
+    let checkpoint = folder.checkpoint_dir("final");
+    trainer.save_adapter(POLICY, &checkpoint, &base_name, true)?;
     Ok(Summary {
         steps: job.rl.steps,
         initial_eval,
@@ -301,6 +286,110 @@ pub async fn run(
         checkpoint,
         out: out.to_path_buf(),
     })
+}
+
+/// The job's model directory; a tiny model is generated into the run's folder once.
+fn model_dir(job: &Job, out: &Path) -> anyhow::Result<PathBuf> {
+    match (&job.model.dir, &job.model.init_tiny) {
+        (Some(dir), _) => Ok(dir.clone()),
+        (None, Some(tiny)) => {
+            let dir = out.join("model");
+            if !dir.join("config.json").is_file() {
+                init_tiny(
+                    &dir,
+                    tiny.shape().map_err(anyhow::Error::msg)?,
+                    tiny.arch().map_err(anyhow::Error::msg)?,
+                    tiny.seed,
+                )?;
+            }
+            Ok(dir)
+        }
+        (None, None) => anyhow::bail!("the job names no model"),
+    }
+}
+
+/// Play RL step `step`'s groups with `version`: group g plays one task (seeded by the job's seed,
+/// the step and g) `group_size` times. Returns (group, index in group, outcome) in that order.
+async fn play_step(
+    cx: &JobContext,
+    job: &Job,
+    step: usize,
+    version: &PolicyVersion,
+) -> anyhow::Result<Vec<(usize, usize, EpisodeOutcome)>> {
+    let policy = Actor::Policy(Some(PolicyRef {
+        name: version.name.clone(),
+        version: Some(version.version),
+    }));
+    let (groups, size) = (job.rl.groups_per_batch, job.rl.group_size);
+    let task_seeds: Vec<u64> = (0..groups as u64)
+        .map(|g| job.rl.seed.wrapping_mul(1_000_003) + (step * groups) as u64 + g)
+        .collect();
+    let mut tasks = Vec::with_capacity(groups);
+    for &seed in &task_seeds {
+        tasks.push(
+            cx.environment
+                .generate_task(&cx.config, seed, &cx.limits)
+                .await?,
+        );
+    }
+    let rollout = rollout(cx, job, sampling_params(job));
+    let actors = [policy];
+    let episodes = tasks.iter().enumerate().flat_map(|(g, task)| {
+        let seed = task_seeds[g];
+        (0..size).map(move |i| (g, i, task, seed * 1000 + i as u64))
+    });
+    Ok(
+        futures::future::join_all(episodes.map(|(g, i, task, seed)| {
+            let (rollout, actors) = (&rollout, &actors);
+            async move { (g, i, rollout.play(task, seed, actors).await) }
+        }))
+        .await,
+    )
+}
+
+/// Group advantages and the datums of the played episodes (in group and index order), with the
+/// records of the rollout file, and the number of groups that were not skipped.
+fn datums_of(
+    played: &[(usize, usize, EpisodeOutcome)],
+    job: &Job,
+    estimator: Estimator,
+) -> (Vec<Datum>, Vec<RolloutRecord>, usize) {
+    let mut datums = Vec::new();
+    let mut records = Vec::new();
+    let mut groups_trained = 0;
+    for g in 0..job.rl.groups_per_batch {
+        let group: Vec<&(usize, usize, EpisodeOutcome)> =
+            played.iter().filter(|(i, _, _)| *i == g).collect();
+        let returns = GroupReturns {
+            turn_rewards: group
+                .iter()
+                .map(|(_, _, o)| o.turn_rewards.first().cloned().unwrap_or_default())
+                .collect(),
+        };
+        let advantage = advantages(&returns, estimator, job.rl.skip_equal_groups);
+        groups_trained += usize::from(advantage.is_some());
+        for (n, (group, index, outcome)) in group.iter().enumerate() {
+            let per_turn: &[f64] = advantage.as_ref().map_or(&[], |a| &a[n]);
+            let turn_advantage = |turn: usize| per_turn.get(turn).copied().unwrap_or(0.0) as f32;
+            let sequences: Vec<TokenSequence> = match outcome.transcripts.first() {
+                Some(Some(transcript)) => transcript.clone().into_sequences(),
+                _ => Vec::new(),
+            };
+            if advantage.is_some() {
+                for sequence in &sequences {
+                    datums.extend(rl_datum(sequence, turn_advantage));
+                }
+            }
+            records.push(RolloutRecord::new(
+                *group,
+                *index,
+                outcome,
+                &[(0, sequences)],
+                turn_advantage,
+            ));
+        }
+    }
+    (datums, records, groups_trained)
 }
 
 fn sampling_params(job: &Job) -> SamplingParams {
@@ -316,6 +405,7 @@ fn rollout<'a>(cx: &'a JobContext, job: &Job, params: SamplingParams) -> Rollout
     Rollout {
         environment: &cx.environment,
         config: &cx.config,
+        agent: cx.agent.as_ref(),
         limits: &cx.limits,
         renderer: &cx.renderer,
         sampler: cx.sampler.as_ref(),
@@ -370,13 +460,7 @@ async fn evaluate(
         version: Some(version.version),
     }));
     let outcomes = play_batch(cx, job, &seeds, &actor, Some(greedy)).await?;
-    let n = outcomes.len().max(1) as f64;
-    let mut metrics = BTreeMap::new();
-    for outcome in &outcomes {
-        for (name, value) in &outcome.metrics {
-            *metrics.entry(name.clone()).or_insert(0.0) += value / n;
-        }
-    }
+    let metrics = metrics_of(&outcomes.iter().collect::<Vec<_>>());
     Ok(Evaluation {
         episodes: outcomes.len(),
         reward_mean: mean(
@@ -439,6 +523,17 @@ fn errors(outcomes: &[EpisodeOutcome]) -> BTreeMap<String, usize> {
     errors_of(&outcomes.iter().collect::<Vec<_>>())
 }
 
+/// The environment's metrics, averaged per episode.
+fn metrics_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, f64> {
+    let mut metrics = BTreeMap::new();
+    for outcome in outcomes {
+        for (name, value) in &outcome.metrics {
+            *metrics.entry(name.clone()).or_insert(0.0) += value / outcomes.len() as f64;
+        }
+    }
+    metrics
+}
+
 fn errors_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for outcome in outcomes {
@@ -456,7 +551,7 @@ async fn run_warmup(
     warmup: &WarmupSection,
     trainer: &mut TrainingEngine,
     id: &str,
-    write_line: &mut dyn FnMut(&StepMetrics) -> anyhow::Result<()>,
+    reporter: &mut Reporter<'_>,
 ) -> anyhow::Result<()> {
     for step in 0..warmup.steps {
         let started = Instant::now();
@@ -482,7 +577,7 @@ async fn run_warmup(
             Loss::CrossEntropy,
             warmup.learning_rate,
         )?;
-        write_line(&StepMetrics {
+        reporter.line(&StepMetrics {
             step,
             phase: "warmup",
             reward_mean: 0.0,

@@ -17,11 +17,17 @@ pub struct Job {
     #[serde(default)]
     pub lora: LoraConfig,
     pub environment: PluginSection,
+    /// What the policy is shown and how its text becomes an action; absent: the built-in chat
+    /// agent (the whole conversation, the completion as the action).
+    #[serde(default)]
+    pub agent: Option<AgentSection>,
     #[serde(default)]
     pub warmup: Option<WarmupSection>,
     pub rl: RlSection,
     #[serde(default)]
     pub eval: EvalSection,
+    #[serde(default)]
+    pub checkpoint: CheckpointSection,
 }
 
 /// A model directory, or a tiny model generated into the run's folder.
@@ -91,6 +97,13 @@ impl PluginSection {
             None => "{}".into(),
         }
     }
+}
+
+/// An agent plugin (it takes no config).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSection {
+    pub plugin: PathBuf,
 }
 
 /// Supervised warm-up before RL, on the environment's demonstrations.
@@ -212,6 +225,20 @@ impl Default for EvalSection {
     }
 }
 
+/// How often the run saves what `--resume` continues from.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointSection {
+    /// Save `checkpoints/step-N/` every this many RL steps; 0: only the final adapter.
+    pub every: usize,
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        CheckpointSection { every: 10 }
+    }
+}
+
 impl Job {
     /// Read and check a job file; relative paths in it are relative to the file's folder.
     pub fn load(path: &Path) -> Result<Self, String> {
@@ -227,6 +254,9 @@ impl Job {
             }
         };
         job.environment.plugin = resolve(&job.environment.plugin);
+        if let Some(agent) = &mut job.agent {
+            agent.plugin = resolve(&agent.plugin);
+        }
         if let Some(dir) = &job.model.dir {
             job.model.dir = Some(resolve(dir));
         }

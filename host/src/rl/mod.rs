@@ -8,6 +8,7 @@ pub mod driver;
 pub mod job;
 pub mod render;
 pub mod rollout;
+pub mod run_folder;
 pub mod transcript;
 
 pub use advantage::{Estimator, GroupReturns, advantages, fold_kl};

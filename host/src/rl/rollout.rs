@@ -2,6 +2,10 @@
 //! previous prompt + its sampled tokens + the rendered new messages + the generation prompt),
 //! samples from its policy version, and the environment steps on the completion's text.
 //!
+//! With an agent plugin, the agent decides what the player is shown (`prompt(history)`) and which
+//! action a completion means (`act`); a prompt that does not extend the player's sequence starts
+//! a new one (a new datum).
+//!
 //! A plugin error, a timeout or a conversation that outgrows the context ends the episode with
 //! the job's failure reward for every player who acted; the kind is kept for the metrics.
 
@@ -10,9 +14,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::render::Renderer;
-use super::transcript::Transcript;
+use super::transcript::{SpanKind, TokenSequence, Transcript};
 use crate::model::ChatMessage;
-use crate::plugin::{CallError, Limits, Message, Plugin};
+use crate::plugin::{AgentSession, CallError, Limits, Message, Plugin};
 use crate::sample::{PolicyRef, SampleRequest, SamplingParams};
 use crate::sched::SamplerService;
 
@@ -29,6 +33,8 @@ pub enum Actor {
 pub struct Rollout<'a> {
     pub environment: &'a Plugin,
     pub config: &'a str,
+    /// The agent plugin between policy and environment; `None`: the built-in chat agent.
+    pub agent: Option<&'a Plugin>,
     pub limits: &'a Limits,
     pub renderer: &'a Renderer,
     /// Serves the policy actors; `None` for a rollout of demonstrations only.
@@ -64,6 +70,85 @@ pub struct EpisodeOutcome {
 pub struct LoggedMessage {
     pub role: String,
     pub content: String,
+}
+
+/// One line of `rollouts/step-N.jsonl`: an episode as text and as the tokens trained on.
+#[derive(Debug, Serialize)]
+pub struct RolloutRecord {
+    pub group: usize,
+    pub index: usize,
+    pub seed: u64,
+    pub task: String,
+    pub returns: Vec<f64>,
+    pub turn_rewards: Vec<Vec<f64>>,
+    pub error: Option<String>,
+    pub messages: Vec<Vec<LoggedMessage>>,
+    pub sequences: Vec<SequenceRecord>,
+}
+
+/// A player's token sequence: `mask` is 1 on sampled tokens (the ones trained on), and
+/// `advantages` and `logprobs` hold their advantage and sampler logprob (0 elsewhere).
+#[derive(Debug, Serialize)]
+pub struct SequenceRecord {
+    pub player: usize,
+    pub tokens: Vec<u32>,
+    pub mask: Vec<u8>,
+    pub advantages: Vec<f32>,
+    pub logprobs: Vec<f32>,
+}
+
+impl RolloutRecord {
+    /// The record of `outcome`, with each player's sequences and the advantage of each turn.
+    pub fn new(
+        group: usize,
+        index: usize,
+        outcome: &EpisodeOutcome,
+        sequences: &[(usize, Vec<TokenSequence>)],
+        turn_advantage: impl Fn(usize) -> f32,
+    ) -> Self {
+        let mut records = Vec::new();
+        for (player, player_sequences) in sequences {
+            for sequence in player_sequences {
+                let mut record = SequenceRecord {
+                    player: *player,
+                    tokens: Vec::new(),
+                    mask: Vec::new(),
+                    advantages: Vec::new(),
+                    logprobs: Vec::new(),
+                };
+                for span in &sequence.spans {
+                    let n = span.tokens.len();
+                    record.tokens.extend(&span.tokens);
+                    match span.kind {
+                        SpanKind::Action { turn } => {
+                            record.mask.extend(std::iter::repeat_n(1, n));
+                            record
+                                .advantages
+                                .extend(std::iter::repeat_n(turn_advantage(turn), n));
+                            record.logprobs.extend(&span.logprobs);
+                        }
+                        SpanKind::Context => {
+                            record.mask.extend(std::iter::repeat_n(0, n));
+                            record.advantages.extend(std::iter::repeat_n(0.0, n));
+                            record.logprobs.extend(std::iter::repeat_n(0.0, n));
+                        }
+                    }
+                }
+                records.push(record);
+            }
+        }
+        RolloutRecord {
+            group,
+            index,
+            seed: outcome.seed,
+            task: outcome.task.clone(),
+            returns: outcome.returns(),
+            turn_rewards: outcome.turn_rewards.clone(),
+            error: outcome.error.clone(),
+            messages: outcome.messages.clone(),
+            sequences: records,
+        }
+    }
 }
 
 impl EpisodeOutcome {
@@ -147,6 +232,7 @@ impl Rollout<'_> {
         outcome.turn_rewards = vec![Vec::new(); players];
         outcome.messages = vec![Vec::new(); players];
         let mut unseen: Vec<Vec<Message>> = vec![Vec::new(); players];
+        let mut agents: Vec<Option<AgentSession>> = (0..players).map(|_| None).collect();
         let mut ended_turn = vec![true; players];
         // Rewards of a player who has not acted yet wait for its first turn.
         let mut pending_reward = vec![0.0; players];
@@ -160,10 +246,45 @@ impl Rollout<'_> {
                 .get(player)
                 .or(actors.last())
                 .ok_or_else(|| Failure("no_policy".into()))?;
-            let transcript = match &mut outcome.transcripts[player] {
-                Some(transcript) => {
-                    let new = std::mem::take(&mut unseen[player]);
-                    log(&mut outcome.messages[player], &new);
+            let new = match outcome.transcripts[player] {
+                Some(_) => std::mem::take(&mut unseen[player]),
+                None => episode.observe(player as u32).await?,
+            };
+            log(&mut outcome.messages[player], &new);
+            let mut agent = match self.agent {
+                Some(plugin) => Some(match &mut agents[player] {
+                    Some(session) => session,
+                    slot @ None => slot.insert(
+                        plugin
+                            .start_agent(self.limits, seed ^ ((player as u64) << 56))
+                            .await?,
+                    ),
+                }),
+                None => None,
+            };
+            let transcript = match (agent.as_deref_mut(), &mut outcome.transcripts[player]) {
+                (Some(agent), slot) => {
+                    let history: Vec<Message> = outcome.messages[player]
+                        .iter()
+                        .map(|m| Message::new(m.role.clone(), m.content.clone()))
+                        .collect();
+                    let shown = agent.prompt(&history).await?;
+                    let prompt = self.render_first(&shown)?;
+                    match slot {
+                        Some(transcript) => {
+                            let so_far = transcript.prompt();
+                            match prompt.strip_prefix(so_far.as_slice()) {
+                                Some(rest) => transcript
+                                    .push_observation(rest.to_vec())
+                                    .map_err(|e| Failure(e.to_string()))?,
+                                None => transcript.rewrite(prompt),
+                            }
+                            transcript
+                        }
+                        None => slot.insert(Transcript::new(prompt)),
+                    }
+                }
+                (None, Some(transcript)) => {
                     let tokens = self
                         .renderer
                         .continuation(ended_turn[player], &chat(&new))
@@ -173,15 +294,7 @@ impl Rollout<'_> {
                         .map_err(|e| Failure(e.to_string()))?;
                     transcript
                 }
-                slot @ None => {
-                    let first = episode.observe(player as u32).await?;
-                    log(&mut outcome.messages[player], &first);
-                    let prompt = self
-                        .renderer
-                        .first_prompt(&chat(&first))
-                        .map_err(|e| Failure(format!("render: {e}")))?;
-                    slot.insert(Transcript::new(prompt))
-                }
+                (None, slot @ None) => slot.insert(Transcript::new(self.render_first(&new)?)),
             };
             let prompt = transcript.prompt();
             if prompt.len() + 1 > self.context {
@@ -230,7 +343,11 @@ impl Rollout<'_> {
                 role: "assistant".into(),
                 content: text.clone(),
             });
-            let result = episode.step(&text).await?;
+            let action = match (agent, actor) {
+                (Some(agent), Actor::Policy(_)) => agent.act(&text).await?,
+                _ => text,
+            };
+            let result = episode.step(&action).await?;
             turns += 1;
             outcome.steps += 1;
             for (to, reward) in result.rewards.iter().enumerate() {
@@ -247,6 +364,14 @@ impl Rollout<'_> {
             }
         }
         Ok(())
+    }
+}
+
+impl Rollout<'_> {
+    fn render_first(&self, messages: &[Message]) -> Result<Vec<u32>, Failure> {
+        self.renderer
+            .first_prompt(&chat(messages))
+            .map_err(|e| Failure(format!("render: {e}")))
     }
 }
 

@@ -1,9 +1,12 @@
 //! Tic-tac-toe. Player 0 plays X, player 1 plays O; actions are cell numbers 1-9.
 //!
-//! Config (JSON): `{"opponent": "random" | "minimax" | "none", "first": "player" | "opponent"}`.
+//! Config (JSON): `{"opponent": "random" | "minimax" | "none", "first": "player" | "opponent",
+//! "demonstrations": "minimax" | "random"}`.
 //! With an opponent (default `random`), the built-in opponent plays O and player 0 is the only one
 //! to act; with `"none"` the two players play each other (self-play). Rewards: +1 win, -1 loss,
-//! 0 draw; an illegal move ends the episode with -1 for the player who made it.
+//! 0 draw; an illegal move ends the episode with -1 for the player who made it. Demonstrations
+//! (SFT warm-up data) are perfect moves (`minimax`, default) or random legal moves (`random`:
+//! teaches the rules without the strategy, so RL has something left to learn).
 
 mod board;
 
@@ -27,6 +30,17 @@ struct Config {
     opponent: OpponentName,
     #[serde(default)]
     first: FirstMover,
+    #[serde(default)]
+    demonstrations: Demonstrations,
+}
+
+/// Where demonstration moves come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Demonstrations {
+    #[default]
+    Minimax,
+    Random,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -46,8 +60,9 @@ enum FirstMover {
     Opponent,
 }
 
-/// Parse the config (empty means defaults) into the opponent and whether it opens.
-fn parse_config(config: &str) -> Result<(Opponent, bool), PluginError> {
+/// Parse the config (empty means defaults) into the opponent, whether it opens, and where
+/// demonstrations come from.
+fn parse_config(config: &str) -> Result<(Opponent, bool, Demonstrations), PluginError> {
     let config: Config = if config.trim().is_empty() {
         Config::default()
     } else {
@@ -59,13 +74,20 @@ fn parse_config(config: &str) -> Result<(Opponent, bool), PluginError> {
         OpponentName::Minimax => Opponent::Minimax,
         OpponentName::None => Opponent::SelfPlay,
     };
-    Ok((opponent, config.first == FirstMover::Opponent))
+    Ok((
+        opponent,
+        config.first == FirstMover::Opponent,
+        config.demonstrations,
+    ))
 }
 
 pub struct TicTacToe {
     board: Board,
     opponent: Opponent,
     rng: SeededRng,
+    demonstrations: Demonstrations,
+    /// Its own stream, so asking for demonstrations does not change the opponent's moves.
+    demonstration_rng: SeededRng,
 }
 
 const RULES: &str = "We play tic-tac-toe. Cells are numbered 1-9, left to right, top to bottom. \
@@ -114,11 +136,13 @@ impl Environment for TicTacToe {
     }
 
     fn new(config: &str, _task: &str, seed: u64) -> Result<Self, PluginError> {
-        let (opponent, opponent_first) = parse_config(config)?;
+        let (opponent, opponent_first, demonstrations) = parse_config(config)?;
         let mut game = TicTacToe {
             board: Board::new(),
             opponent,
             rng: SeededRng::new(seed),
+            demonstrations,
+            demonstration_rng: SeededRng::new(seed ^ 0x5EED_DE30),
         };
         if opponent_first && opponent != Opponent::SelfPlay {
             // The opponent opens as X; the policy then plays O but is still player 0.
@@ -186,7 +210,18 @@ impl Environment for TicTacToe {
     }
 
     fn demonstration(&mut self) -> Option<String> {
-        self.board.best_move().map(|c| (c + 1).to_string())
+        let cell = match self.demonstrations {
+            Demonstrations::Minimax => self.board.best_move(),
+            Demonstrations::Random => {
+                let free = self.board.free_cells();
+                if self.board.outcome() != Outcome::Ongoing || free.is_empty() {
+                    None
+                } else {
+                    Some(free[self.demonstration_rng.index(free.len())])
+                }
+            }
+        };
+        cell.map(|c| c + 1).map(|c| c.to_string())
     }
 }
 
@@ -283,6 +318,25 @@ mod tests {
         assert_eq!(game.legal_actions().unwrap().len(), 8);
         let text = &game.observe(0).unwrap()[1].content;
         assert!(text.contains("You play O"), "{text}");
+    }
+
+    #[test]
+    fn random_demonstrations_are_legal_and_leave_the_opponent_alone() {
+        let config = r#"{"demonstrations": "random"}"#;
+        let mut game = TicTacToe::new(config, "{}", 5).unwrap();
+        let mut plain = TicTacToe::new("{}", "{}", 5).unwrap();
+        let mut moves = std::collections::BTreeSet::new();
+        loop {
+            let action = game.demonstration().unwrap();
+            assert!(game.legal_actions().unwrap().contains(&action));
+            moves.insert(action.clone());
+            let (result, same) = (game.step(&action).unwrap(), plain.step(&action).unwrap());
+            assert_eq!(result, same, "the opponent played differently");
+            if result.next_player.is_none() {
+                break;
+            }
+        }
+        assert_eq!(game.demonstration(), None);
     }
 
     #[test]

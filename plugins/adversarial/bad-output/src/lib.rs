@@ -13,7 +13,7 @@ pub struct BadOutput {
 impl Misbehaviour for BadOutput {
     const NAME: &'static str = "bad-output";
 
-    fn new(config: &str) -> Self {
+    fn new(config: &str, _seed: u64) -> Self {
         let how = ["nan", "infinite", "length", "player", "recipient"]
             .into_iter()
             .find(|how| config.contains(&format!("\"{how}\"")))

@@ -8,8 +8,8 @@ pub trait Misbehaviour: Sized + 'static {
     /// The environment's name.
     const NAME: &'static str;
 
-    /// Start an episode under `config`.
-    fn new(config: &str) -> Self;
+    /// Start an episode under `config` with the episode's seed.
+    fn new(config: &str, seed: u64) -> Self;
 
     /// The misbehaving step.
     fn step(&mut self, action: &str) -> Result<StepResult, PluginError>;
@@ -31,8 +31,8 @@ impl<M: Misbehaviour> Environment for Adversary<M> {
         Ok("{}".into())
     }
 
-    fn new(config: &str, _task: &str, _seed: u64) -> Result<Self, PluginError> {
-        Ok(Adversary(M::new(config)))
+    fn new(config: &str, _task: &str, seed: u64) -> Result<Self, PluginError> {
+        Ok(Adversary(M::new(config, seed)))
     }
 
     fn observe(&mut self, _player: u32) -> Result<Vec<Message>, PluginError> {

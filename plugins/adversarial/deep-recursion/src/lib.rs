@@ -18,7 +18,7 @@ fn descend(depth: u64) -> u64 {
 impl Misbehaviour for DeepRecursion {
     const NAME: &'static str = "deep-recursion";
 
-    fn new(_config: &str) -> Self {
+    fn new(_config: &str, _seed: u64) -> Self {
         DeepRecursion
     }
 

@@ -9,7 +9,7 @@ pub struct GiantOutput;
 impl Misbehaviour for GiantOutput {
     const NAME: &'static str = "giant-output";
 
-    fn new(_config: &str) -> Self {
+    fn new(_config: &str, _seed: u64) -> Self {
         GiantOutput
     }
 

@@ -8,7 +8,7 @@ pub struct InfiniteLoop;
 impl Misbehaviour for InfiniteLoop {
     const NAME: &'static str = "infinite-loop";
 
-    fn new(_config: &str) -> Self {
+    fn new(_config: &str, _seed: u64) -> Self {
         InfiniteLoop
     }
 

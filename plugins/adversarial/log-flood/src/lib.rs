@@ -9,7 +9,7 @@ pub struct LogFlood;
 impl Misbehaviour for LogFlood {
     const NAME: &'static str = "log-flood";
 
-    fn new(_config: &str) -> Self {
+    fn new(_config: &str, _seed: u64) -> Self {
         LogFlood
     }
 

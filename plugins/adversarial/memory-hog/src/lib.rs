@@ -9,7 +9,7 @@ pub struct MemoryHog;
 impl Misbehaviour for MemoryHog {
     const NAME: &'static str = "memory-hog";
 
-    fn new(_config: &str) -> Self {
+    fn new(_config: &str, _seed: u64) -> Self {
         MemoryHog
     }
 

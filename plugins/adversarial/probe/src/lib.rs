@@ -62,7 +62,7 @@ fn look_around() -> Vec<(&'static str, f64)> {
 impl Misbehaviour for Probe {
     const NAME: &'static str = "probe";
 
-    fn new(_config: &str) -> Self {
+    fn new(_config: &str, _seed: u64) -> Self {
         // Look once at construction too: the host must hide itself there as well.
         std::hint::black_box(look_around());
         Probe

@@ -9,7 +9,7 @@ pub struct Sleeper;
 impl Misbehaviour for Sleeper {
     const NAME: &'static str = "sleeper";
 
-    fn new(_config: &str) -> Self {
+    fn new(_config: &str, _seed: u64) -> Self {
         Sleeper
     }
 

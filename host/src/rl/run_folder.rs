@@ -1,0 +1,295 @@
+//! The files of a run folder (OUT) and what `--resume` reads back:
+//!
+//! - `metrics.jsonl`: one line per step (warm-up, then RL);
+//! - `rollouts/step-N.jsonl`: the trajectories sampled at RL step N;
+//! - `base/`: the model after a full-parameter warm-up (a model directory of its own), with
+//!   `warmup.json`, the number of metric lines it covers;
+//! - `checkpoints/step-N/`: after N RL steps, one PEFT adapter folder per trained policy (with its
+//!   optimizer state) and `cursor.json` (steps done, metric lines covered, evaluations so far).
+//!
+//! Every folder is written under a temporary name, fsynced and renamed, so a run killed at any
+//! moment leaves whole checkpoints only. No random state needs saving: every episode's seed and
+//! every sampling seed derive from the job's seed, the step and the episode's place in its
+//! group, so the cursor is the RNG state.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use super::driver::{Evaluation, StepMetrics};
+use crate::model::Transformer;
+use crate::store::{write_atomic, write_atomic_dir};
+
+const METRICS: &str = "metrics.jsonl";
+const CURSOR: &str = "cursor.json";
+const WARMUP: &str = "warmup.json";
+
+/// Where training stands after a checkpoint.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Cursor {
+    /// RL steps done.
+    pub steps: usize,
+    /// Lines of `metrics.jsonl` this checkpoint covers.
+    pub metric_lines: usize,
+    pub initial_eval: Evaluation,
+    pub last_eval: Evaluation,
+}
+
+/// `metrics.jsonl`, appended one line at a time.
+pub struct MetricsLog {
+    file: std::fs::File,
+    lines: usize,
+}
+
+impl MetricsLog {
+    pub fn append(&mut self, line: &StepMetrics) -> anyhow::Result<()> {
+        writeln!(self.file, "{}", serde_json::to_string(line)?)?;
+        self.file.flush()?;
+        self.lines += 1;
+        Ok(())
+    }
+
+    /// Lines written so far (kept ones included).
+    pub fn lines(&self) -> usize {
+        self.lines
+    }
+}
+
+/// A run's output folder.
+pub struct RunFolder {
+    root: PathBuf,
+}
+
+impl RunFolder {
+    pub fn create(root: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+        Ok(RunFolder {
+            root: root.to_path_buf(),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Open `metrics.jsonl` keeping its first `keep` lines (a fresh run keeps none): lines past
+    /// the last checkpoint, and a line cut short by a kill, are dropped.
+    pub fn metrics(&self, keep: usize) -> anyhow::Result<MetricsLog> {
+        let path = self.root.join(METRICS);
+        let kept: Vec<String> = match std::fs::read_to_string(&path) {
+            Ok(text) if keep > 0 => text.lines().take(keep).map(str::to_string).collect(),
+            _ => Vec::new(),
+        };
+        anyhow::ensure!(
+            kept.len() == keep,
+            "{} has {} lines but the checkpoint covers {keep}",
+            path.display(),
+            kept.len()
+        );
+        let text: String = kept.iter().map(|l| format!("{l}\n")).collect();
+        write_atomic(&path, text.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(MetricsLog { file, lines: keep })
+    }
+
+    /// Write the trajectories of RL step `step`, one JSON object per line.
+    pub fn write_rollouts<T: Serialize>(&self, step: usize, records: &[T]) -> anyhow::Result<()> {
+        let mut text = Vec::new();
+        for record in records {
+            serde_json::to_writer(&mut text, record)?;
+            text.push(b'\n');
+        }
+        let path = self
+            .root
+            .join("rollouts")
+            .join(format!("step-{step}.jsonl"));
+        write_atomic(&path, &text).with_context(|| format!("writing {}", path.display()))
+    }
+
+    pub fn base_dir(&self) -> PathBuf {
+        self.root.join("base")
+    }
+
+    /// Save the warmed-up model as `base/`: the weights, the other files of `source` (config,
+    /// tokenizer, chat template), and the metric lines of the warm-up.
+    pub fn save_base(
+        &self,
+        model: &Transformer,
+        source: &Path,
+        metric_lines: usize,
+    ) -> anyhow::Result<()> {
+        let dir = self.base_dir();
+        write_atomic_dir(&dir, |temp| {
+            for entry in std::fs::read_dir(source)? {
+                let path = entry?.path();
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                if path.is_file() && !name.starts_with("model.safetensors") {
+                    std::fs::copy(&path, temp.join(&*name))?;
+                }
+            }
+            let tensors: std::collections::HashMap<String, candle_core::Tensor> =
+                model.named_weights().into_iter().collect();
+            candle_core::safetensors::save(&tensors, temp.join("model.safetensors"))
+                .map_err(std::io::Error::other)?;
+            std::fs::write(
+                temp.join(WARMUP),
+                serde_json::to_vec(&serde_json::json!({ "metric_lines": metric_lines }))?,
+            )
+        })
+        .with_context(|| format!("writing {}", dir.display()))
+    }
+
+    /// The metric lines a saved base covers, if a whole one is there.
+    pub fn saved_base(&self) -> anyhow::Result<Option<usize>> {
+        let path = self.base_dir().join(WARMUP);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+        let lines = value["metric_lines"]
+            .as_u64()
+            .with_context(|| format!("{}: no `metric_lines`", path.display()))?;
+        Ok(Some(lines as usize))
+    }
+
+    pub fn checkpoint_dir(&self, name: &str) -> PathBuf {
+        self.root.join("checkpoints").join(name)
+    }
+
+    /// Write `checkpoints/step-N/`: `write_policies` saves each policy into its own subfolder of
+    /// the temporary folder it is given; the cursor goes next to them.
+    pub fn save_checkpoint(
+        &self,
+        cursor: &Cursor,
+        write_policies: impl FnOnce(&Path) -> anyhow::Result<()>,
+    ) -> anyhow::Result<PathBuf> {
+        let dir = self.checkpoint_dir(&format!("step-{}", cursor.steps));
+        let mut failure = None;
+        write_atomic_dir(&dir, |temp| {
+            if let Err(e) = write_policies(temp) {
+                failure = Some(e);
+                return Err(std::io::Error::other("writing the policies failed"));
+            }
+            std::fs::write(temp.join(CURSOR), serde_json::to_vec_pretty(cursor)?)
+        })
+        .map_err(|e| failure.take().unwrap_or_else(|| e.into()))
+        .with_context(|| format!("writing {}", dir.display()))?;
+        Ok(dir)
+    }
+
+    /// The checkpoint with the most steps, and its cursor.
+    pub fn latest_checkpoint(&self) -> anyhow::Result<Option<(PathBuf, Cursor)>> {
+        let Ok(entries) = std::fs::read_dir(self.root.join("checkpoints")) else {
+            return Ok(None);
+        };
+        let mut best: Option<(usize, PathBuf)> = None;
+        for entry in entries {
+            let path = entry?.path();
+            let steps = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("step-"))
+                .and_then(|n| n.parse::<usize>().ok());
+            if let Some(steps) = steps
+                && path.join(CURSOR).is_file()
+                && best.as_ref().is_none_or(|(b, _)| steps > *b)
+            {
+                best = Some((steps, path));
+            }
+        }
+        let Some((_, dir)) = best else {
+            return Ok(None);
+        };
+        let path = dir.join(CURSOR);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let cursor =
+            serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+        Ok(Some((dir, cursor)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(step: usize) -> StepMetrics {
+        StepMetrics {
+            step,
+            phase: "rl",
+            ..StepMetrics::default()
+        }
+    }
+
+    #[test]
+    fn metrics_keep_only_the_lines_a_checkpoint_covers() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunFolder::create(dir.path()).unwrap();
+        let mut log = run.metrics(0).unwrap();
+        for step in 0..3 {
+            log.append(&line(step)).unwrap();
+        }
+        // A kill mid-line leaves a partial last line.
+        let path = dir.path().join(METRICS);
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        file.write_all(b"{\"step\": 3, \"pha").unwrap();
+        let mut log = run.metrics(2).unwrap();
+        log.append(&line(7)).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let steps: Vec<u64> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(steps, vec![0, 1, 7]);
+        assert!(run.metrics(9).is_err(), "more lines than the file has");
+    }
+
+    #[test]
+    fn the_latest_whole_checkpoint_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunFolder::create(dir.path()).unwrap();
+        let eval = Evaluation::default();
+        for steps in [2, 10, 4] {
+            let cursor = Cursor {
+                steps,
+                metric_lines: steps + 1,
+                initial_eval: eval.clone(),
+                last_eval: eval.clone(),
+            };
+            run.save_checkpoint(&cursor, |temp| {
+                std::fs::create_dir(temp.join("policy"))?;
+                Ok(())
+            })
+            .unwrap();
+        }
+        // A checkpoint cut short by a kill has no cursor and is ignored.
+        std::fs::create_dir_all(run.checkpoint_dir("step-12")).unwrap();
+        let (dir, cursor) = run.latest_checkpoint().unwrap().unwrap();
+        assert_eq!(cursor.steps, 10);
+        assert_eq!(cursor.metric_lines, 11);
+        assert!(dir.ends_with("step-10") && dir.join("policy").is_dir());
+        let failed = run.save_checkpoint(
+            &Cursor {
+                steps: 20,
+                ..cursor
+            },
+            |_| anyhow::bail!("disk full"),
+        );
+        assert!(format!("{:#}", failed.unwrap_err()).contains("disk full"));
+        assert_eq!(run.latest_checkpoint().unwrap().unwrap().1.steps, 10);
+    }
+}
