@@ -525,3 +525,125 @@ every = 1
         );
     }
 }
+
+/// `examples/*.toml` cut down to a few steps, with their plugin paths made absolute.
+fn short_examples(into: &Path) -> Vec<PathBuf> {
+    let examples = repo_root().join("examples");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut job: toml::Table = text.parse().unwrap();
+        let mut set = |section: &str, key: &str, value: toml::Value| {
+            if let Some(table) = job.get_mut(section).and_then(|s| s.as_table_mut()) {
+                table.insert(key.into(), value);
+            }
+        };
+        set("warmup", "steps", 2.into());
+        set("warmup", "batch", 4.into());
+        set("rl", "steps", 2.into());
+        set("rl", "groups_per_batch", 2.into());
+        set("rl", "group_size", 2.into());
+        set("eval", "episodes", 4.into());
+        set("eval", "every", 1.into());
+        job.insert("checkpoint".into(), toml::toml! { every = 1 }.into());
+        for section in ["environment", "agent"] {
+            if let Some(table) = job.get_mut(section).and_then(|s| s.as_table_mut()) {
+                let plugin = table["plugin"].as_str().unwrap();
+                let absolute = examples.join(plugin).canonicalize().unwrap();
+                table.insert("plugin".into(), absolute.to_str().unwrap().into());
+            }
+        }
+        let short = into.join(path.file_name().unwrap());
+        std::fs::write(&short, toml::to_string(&job).unwrap()).unwrap();
+        files.push(short);
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn every_example_runs_a_few_steps_in_one_process_and_writes_complete_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs = short_examples(dir.path());
+    assert!(jobs.len() >= 3, "{jobs:?}");
+    let out = dir.path().join("runs");
+    let mut args = vec!["train".to_string()];
+    args.extend(jobs.iter().map(|j| j.to_str().unwrap().to_string()));
+    args.extend([
+        "--out".into(),
+        out.to_str().unwrap().into(),
+        "--json".into(),
+    ]);
+    let output = opentinker(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summaries: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(summaries.len(), jobs.len());
+    for (job, summary) in jobs.iter().zip(&summaries) {
+        let name = job.file_stem().unwrap().to_str().unwrap();
+        let run = out.join(name);
+        assert_eq!(summary["out"], run.to_str().unwrap(), "{name}");
+        assert_eq!(summary["steps"], 2, "{name}");
+        for eval in ["initial_eval", "final_eval"] {
+            assert_eq!(summary[eval]["episodes"], 4, "{name}: {summary}");
+            assert!(summary[eval]["success_rate"].is_number(), "{name}");
+        }
+        let checkpoint = PathBuf::from(summary["checkpoint"].as_str().unwrap());
+        assert!(
+            checkpoint.join("adapter_model.safetensors").is_file(),
+            "{name}"
+        );
+        let lines = metric_lines(&run);
+        let rl: Vec<_> = lines.iter().filter(|l| l["phase"] == "rl").collect();
+        assert_eq!(rl.len(), 2, "{name}");
+        for line in &lines {
+            for key in ["reward_mean", "reward_std", "episode_steps", "loss"] {
+                assert!(line[key].as_f64().unwrap().is_finite(), "{name}: {line}");
+            }
+            assert!(line["errors"].is_object(), "{name}: {line}");
+        }
+        assert!(
+            rl.iter().all(|l| l["eval"]["success_rate"].is_number()),
+            "{name}"
+        );
+        for step in 0..2 {
+            let rollouts =
+                std::fs::read_to_string(run.join(format!("rollouts/step-{step}.jsonl"))).unwrap();
+            let records: Vec<serde_json::Value> = rollouts
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert_eq!(records.len(), 4, "{name}: 2 groups of 2");
+            for record in &records {
+                assert!(
+                    record["messages"][0]
+                        .as_array()
+                        .is_some_and(|m| !m.is_empty())
+                );
+                for sequence in record["sequences"].as_array().unwrap() {
+                    let tokens = sequence["tokens"].as_array().unwrap().len();
+                    assert_eq!(sequence["mask"].as_array().unwrap().len(), tokens);
+                    assert_eq!(sequence["advantages"].as_array().unwrap().len(), tokens);
+                }
+            }
+            let checkpoint = run.join(format!("checkpoints/step-{}", step + 1));
+            assert!(checkpoint.join("cursor.json").is_file(), "{name}");
+            assert!(
+                checkpoint
+                    .join("policy/adapter_model.safetensors")
+                    .is_file()
+            );
+            assert!(checkpoint.join("policy/optimizer.safetensors").is_file());
+        }
+    }
+}

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::rl::driver::{self, StepMetrics};
+use std::sync::Arc;
+
+use crate::rl::driver::{self, JobRun, Progress, StepMetrics};
 use crate::rl::job::Job;
 
 #[derive(Debug, clap::Args)]
@@ -32,7 +34,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         .iter()
         .map(|path| {
             Job::load(path)
-                .map(|job| (path, job))
+                .map(|job| (path.clone(), job))
                 .map_err(anyhow::Error::msg)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -41,36 +43,45 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(jobs.len() + 1)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    for (path, job) in &jobs {
-        let stem = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "job".into());
-        let out = match (args.resume.as_ref().or(args.out.as_ref()), jobs.len()) {
-            (Some(out), 1) => out.clone(),
-            (Some(out), _) => out.join(&stem),
-            (None, _) => PathBuf::from("runs").join(format!("{stem}-{stamp}")),
-        };
-        let show = |line: &StepMetrics| {
-            let eval = line
-                .eval
-                .as_ref()
-                .map(|e| format!("  eval {:.3}", e.reward_mean))
-                .unwrap_or_default();
-            eprintln!(
-                "{stem} {:>6} {:>4}  reward {:.3}  loss {:.4}  tokens {:>6}  {:.1}s{eval}",
-                line.phase, line.step, line.reward_mean, line.loss, line.tokens, line.seconds
-            );
-        };
-        let summary = runtime.block_on(driver::run(job, &out, args.resume.is_some(), &show))?;
+    let folder = args.resume.as_ref().or(args.out.as_ref());
+    let runs: Vec<JobRun> = jobs
+        .into_iter()
+        .map(|(path, job)| {
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "job".into());
+            let out = match (folder, args.jobs.len()) {
+                (Some(out), 1) => out.clone(),
+                (Some(out), _) => out.join(&name),
+                (None, _) => PathBuf::from("runs").join(format!("{name}-{stamp}")),
+            };
+            JobRun { name, job, out }
+        })
+        .collect();
+    let names: Vec<String> = runs.iter().map(|r| r.name.clone()).collect();
+    let show: Progress = Arc::new(|name: &str, line: &StepMetrics| {
+        let eval = line
+            .eval
+            .as_ref()
+            .map(|e| format!("  eval {:.3}", e.reward_mean))
+            .unwrap_or_default();
+        eprintln!(
+            "{name} {:>6} {:>4}  reward {:.3}  loss {:.4}  tokens {:>6}  {:.1}s{eval}",
+            line.phase, line.step, line.reward_mean, line.loss, line.tokens, line.seconds
+        );
+    });
+    let summaries = runtime.block_on(driver::run_jobs(runs, args.resume.is_some(), show))?;
+    for (name, summary) in names.iter().zip(&summaries) {
         if args.json {
-            println!("{}", serde_json::to_string(&summary)?);
+            println!("{}", serde_json::to_string(summary)?);
         } else {
             eprintln!(
-                "{stem}: eval reward {:.3} -> {:.3}; adapter in {}",
+                "{name}: eval reward {:.3} -> {:.3}; adapter in {}",
                 summary.initial_eval.reward_mean,
                 summary.final_eval.reward_mean,
                 summary.checkpoint.display()

@@ -1,7 +1,8 @@
 //! The job driver of `opentinker train`, sync mode: sample a batch of groups with the current
 //! policy version, score them, turn them into datums with group advantages, train one step,
 //! publish the next version. Optional warm-up on the environment's demonstrations first; greedy
-//! evaluation on seeds disjoint from training's before, every N steps, and after.
+//! evaluation on seeds disjoint from training's before, every N steps, and after. Several jobs
+//! run in one process, sharing a loaded base model when theirs is the same.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +22,7 @@ use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::transcript::TokenSequence;
 use crate::lora::{AdapterRegistry, PolicyVersion};
 use crate::model::tiny::init_tiny;
-use crate::model::{Model, Transformer};
+use crate::model::{Model, ModelConfig, Transformer};
 use crate::plugin::{HostConfig, Limits, Plugin, PluginHost};
 use crate::sample::{EngineConfig, PolicyRef, SamplingEngine, SamplingParams};
 use crate::sched::SamplerService;
@@ -73,45 +74,163 @@ pub struct Summary {
     pub out: PathBuf,
 }
 
-/// What every episode of the job shares.
+/// What a loaded model offers every job on it besides its weights.
+struct ModelInfo {
+    config: ModelConfig,
+    renderer: Renderer,
+    context: usize,
+}
+
+/// A base model loaded once for every job that trains on it: its weights (after the warm-up)
+/// in one adapter registry, and the one sampling service that batches all their adapters.
+struct SharedBase {
+    info: Arc<ModelInfo>,
+    registry: Arc<AdapterRegistry>,
+    sampler: SamplerService,
+    /// What the jobs' adapter checkpoints name as their base model.
+    name: String,
+}
+
+/// What every episode of a job shares.
 struct JobContext {
     environment: Plugin,
     agent: Option<Plugin>,
     config: String,
     limits: Limits,
-    renderer: Renderer,
+    model: Arc<ModelInfo>,
     sampler: Option<SamplerService>,
-    context: usize,
 }
 
-/// Where metric lines go: the log file and the caller's progress display.
-struct Reporter<'a> {
-    log: MetricsLog,
-    progress: &'a dyn Fn(&StepMetrics),
-}
-
-impl Reporter<'_> {
-    fn line(&mut self, line: &StepMetrics) -> anyhow::Result<()> {
-        (self.progress)(line);
-        self.log.append(line)
+impl JobContext {
+    async fn load(
+        host: &PluginHost,
+        job: &Job,
+        model: Arc<ModelInfo>,
+        sampler: Option<SamplerService>,
+    ) -> anyhow::Result<Self> {
+        let load = async |path: &Path| -> anyhow::Result<Plugin> {
+            let wasm = crate::plugin::build::component_path(path)?;
+            Ok(host.load_file(&wasm).await?)
+        };
+        let environment = load(&job.environment.plugin).await?;
+        let agent = match &job.agent {
+            Some(section) => Some(load(&section.plugin).await?),
+            None => None,
+        };
+        Ok(JobContext {
+            environment,
+            agent,
+            config: job.environment.config_json(),
+            limits: Limits::default(),
+            model,
+            sampler,
+        })
     }
 }
 
-/// Run `job` with its outputs in `out`, continuing from the last checkpoint there when
-/// `resume`; `progress` is told each metrics line.
-pub async fn run(
-    job: &Job,
-    out: &Path,
+/// Told every metrics line, with the name of the job it belongs to.
+pub type Progress = Arc<dyn Fn(&str, &StepMetrics) + Send + Sync>;
+
+/// Where metric lines go: the log files (a shared warm-up writes into every job's) and the
+/// progress display.
+struct Reporter {
+    name: String,
+    logs: Vec<MetricsLog>,
+    progress: Progress,
+}
+
+impl Reporter {
+    fn line(&mut self, line: &StepMetrics) -> anyhow::Result<()> {
+        (self.progress)(&self.name, line);
+        self.logs.iter_mut().try_for_each(|log| log.append(line))
+    }
+
+    fn lines(&self) -> usize {
+        self.logs.first().map_or(0, MetricsLog::lines)
+    }
+}
+
+/// One job of a `train` command: its name (the job file's stem) and output folder.
+pub struct JobRun {
+    pub name: String,
+    pub job: Job,
+    pub out: PathBuf,
+}
+
+/// Where a job starts training: its run folder, its metrics log (holding the lines kept so
+/// far) and the checkpoint it continues from.
+struct JobStart {
+    index: usize,
+    run: JobRun,
+    folder: RunFolder,
+    log: MetricsLog,
+    checkpoint: Option<(PathBuf, Cursor)>,
+}
+
+/// Run `runs` in one process: jobs with the same base model (the same model and warm-up) share
+/// one loaded base, warmed up once, and one sampling service; each job trains its own adapter
+/// with its own optimizer, metrics and checkpoints, concurrently with the others. With
+/// `resume`, a (single) job continues from the last checkpoint in its folder. Summaries come
+/// back in the order of `runs`.
+pub async fn run_jobs(
+    runs: Vec<JobRun>,
     resume: bool,
-    progress: &dyn Fn(&StepMetrics),
-) -> anyhow::Result<Summary> {
+    progress: Progress,
+) -> anyhow::Result<Vec<Summary>> {
     anyhow::ensure!(
-        !resume || out.is_dir(),
-        "--resume {}: no such run folder",
-        out.display()
+        !resume || runs.len() == 1,
+        "--resume continues one job at a time"
     );
-    let folder = RunFolder::create(out)?;
-    let model_dir = model_dir(job, out)?;
+    let host = Arc::new(PluginHost::new(HostConfig::default())?);
+    let mut groups: Vec<Vec<(usize, JobRun)>> = Vec::new();
+    for (index, run) in runs.into_iter().enumerate() {
+        match groups.iter_mut().find(|g| g[0].1.job.same_base(&run.job)) {
+            Some(group) => group.push((index, run)),
+            None => groups.push(vec![(index, run)]),
+        }
+    }
+    let mut handles = Vec::new();
+    for group in groups {
+        let (base, starts) = prepare_base(&host, group, resume, &progress).await?;
+        for start in starts {
+            let (host, base, progress) = (Arc::clone(&host), Arc::clone(&base), progress.clone());
+            let index = start.index;
+            handles.push((
+                index,
+                tokio::spawn(async move { train_job(&host, &base, start, progress).await }),
+            ));
+        }
+    }
+    let mut summaries = Vec::new();
+    for (index, handle) in handles {
+        summaries.push((index, handle.await??));
+    }
+    summaries.sort_by_key(|(index, _)| *index);
+    Ok(summaries.into_iter().map(|(_, s)| s).collect())
+}
+
+/// Load the base model of a group of jobs, warm it up once (a full-parameter warm-up trains
+/// the model itself, saved as `base/` in every job's folder so a resumed run does not warm up
+/// again), and start its sampling service.
+async fn prepare_base(
+    host: &PluginHost,
+    group: Vec<(usize, JobRun)>,
+    resume: bool,
+    progress: &Progress,
+) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
+    let first = &group[0].1;
+    let folders = group
+        .iter()
+        .map(|(_, run)| {
+            anyhow::ensure!(
+                !resume || run.out.is_dir(),
+                "--resume {}: no such run folder",
+                run.out.display()
+            );
+            RunFolder::create(&run.out)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let model_dir = model_dir(&first.job, &first.out)?;
     let Model {
         config,
         transformer,
@@ -120,74 +239,141 @@ pub async fn run(
         ..
     } = Model::load(&model_dir)?;
     let template = chat_template.context("the model has no chat template")?;
-    let renderer = Renderer::new(template, Arc::new(tokenizer))?;
-    let context = transformer.context_length();
-    let host = PluginHost::new(HostConfig::default())?;
-    let load = async |path: &Path| -> anyhow::Result<Plugin> {
-        let wasm = crate::plugin::build::component_path(path)?;
-        Ok(host.load_file(&wasm).await?)
+    let tokenizer = Arc::new(tokenizer);
+    let info = Arc::new(ModelInfo {
+        renderer: Renderer::new(template, Arc::clone(&tokenizer))?,
+        context: transformer.context_length(),
+        config,
+    });
+    let full_warmup = first.job.warmup.as_ref().filter(|w| w.full_parameters);
+    let saved_base = match (resume, full_warmup) {
+        (true, Some(_)) => folders[0].saved_base()?,
+        _ => None,
     };
-    let environment = load(&job.environment.plugin).await?;
-    let agent = match &job.agent {
-        Some(section) => Some(load(&section.plugin).await?),
-        None => None,
-    };
-    let mut cx = JobContext {
-        environment,
-        agent,
-        config: job.environment.config_json(),
-        limits: Limits::default(),
-        renderer,
-        sampler: None,
-        context,
-    };
-
-    // A full-parameter warm-up trains the model itself, which then becomes the shared base
-    // (saved as `base/`, so a resumed run does not warm up again).
-    let full_warmup = job.warmup.as_ref().filter(|w| w.full_parameters);
-    let saved_base = if resume && full_warmup.is_some() {
-        folder.saved_base()?
-    } else {
-        None
-    };
-    let checkpoint = match resume {
-        true => folder
-            .latest_checkpoint()?
-            .filter(|_| full_warmup.is_none() || saved_base.is_some()),
-        false => None,
-    };
-    let covered = checkpoint.as_ref().map(|(_, c)| c.metric_lines);
-    let (transformer, base_dir, log) = match (full_warmup, saved_base) {
+    let mut checkpoints = Vec::new();
+    for folder in &folders {
+        checkpoints.push(match resume {
+            true => folder
+                .latest_checkpoint()?
+                .filter(|_| full_warmup.is_none() || saved_base.is_some()),
+            false => None,
+        });
+    }
+    let covered = |i: usize| checkpoints[i].as_ref().map(|(_, c)| c.metric_lines);
+    let (transformer, base_dir, logs) = match (full_warmup, saved_base) {
         (Some(_), Some(base_lines)) => {
-            let base_dir = folder.base_dir();
-            let model = Transformer::load(config.clone(), &base_dir)?;
-            (
-                model,
-                base_dir,
-                folder.metrics(covered.unwrap_or(base_lines))?,
-            )
+            let model = Transformer::load(info.config.clone(), &folders[0].base_dir())?;
+            let logs = (0..folders.len())
+                .map(|i| folders[i].metrics(covered(i).unwrap_or(base_lines)))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            (model, folders[0].base_dir(), logs)
         }
         (Some(warmup), None) => {
             let mut reporter = Reporter {
-                log: folder.metrics(0)?,
-                progress,
+                name: first.name.clone(),
+                logs: folders
+                    .iter()
+                    .map(|f| f.metrics(0))
+                    .collect::<anyhow::Result<_>>()?,
+                progress: progress.clone(),
             };
+            let cx = JobContext::load(host, &first.job, Arc::clone(&info), None).await?;
             let mut warm = TrainingEngine::full_parameters(transformer, DType::F32)?;
-            run_warmup(&cx, job, warmup, &mut warm, FULL_PARAMETERS, &mut reporter).await?;
+            run_warmup(
+                &cx,
+                &first.job,
+                warmup,
+                &mut warm,
+                FULL_PARAMETERS,
+                &mut reporter,
+            )
+            .await?;
             let model = warm.model_snapshot()?;
-            folder.save_base(&model, &model_dir, reporter.log.lines())?;
-            (model, folder.base_dir(), reporter.log)
+            for folder in &folders {
+                folder.save_base(&model, &model_dir, reporter.lines())?;
+            }
+            (model, folders[0].base_dir(), reporter.logs)
         }
-        (None, _) => (
-            transformer,
-            model_dir,
-            folder.metrics(covered.unwrap_or(0))?,
-        ),
+        (None, _) => {
+            let logs = (0..folders.len())
+                .map(|i| folders[i].metrics(covered(i).unwrap_or(0)))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            (transformer, model_dir, logs)
+        }
     };
-    let mut reporter = Reporter { log, progress };
-    let base_name = base_dir.display().to_string();
     let registry = AdapterRegistry::new(Arc::new(transformer));
-    let mut trainer = TrainingEngine::new(Arc::clone(registry.base()), DType::F32);
+    let kv_budget_positions = group
+        .iter()
+        .map(|(_, run)| {
+            let rl = &run.job.rl;
+            let concurrency = (rl.group_size * rl.groups_per_batch).max(run.job.eval.episodes);
+            let per_episode = (256 + rl.max_tokens) * rl.max_turns.max(1);
+            concurrency * per_episode.min(info.context)
+        })
+        .sum();
+    let engine = SamplingEngine::new(
+        Arc::clone(&registry),
+        Some(tokenizer),
+        info.config.eos_token_ids.clone(),
+        EngineConfig {
+            kv_budget_positions,
+            prefix_cache_positions: 0,
+        },
+    );
+    // The service's thread ends when the last job drops its handle.
+    let (sampler, _thread) = SamplerService::start(engine);
+    let base = Arc::new(SharedBase {
+        info,
+        registry,
+        sampler,
+        name: base_dir.display().to_string(),
+    });
+    let starts = group
+        .into_iter()
+        .zip(folders)
+        .zip(logs)
+        .zip(checkpoints)
+        .map(|((((index, run), folder), log), checkpoint)| JobStart {
+            index,
+            run,
+            folder,
+            log,
+            checkpoint,
+        })
+        .collect();
+    Ok((base, starts))
+}
+
+/// RL for one job on its shared base: sample a batch of groups with the current policy
+/// version, score, build datums, train one step, publish the next version; evaluate and
+/// checkpoint as the job says.
+async fn train_job(
+    host: &PluginHost,
+    base: &SharedBase,
+    start: JobStart,
+    progress: Progress,
+) -> anyhow::Result<Summary> {
+    let JobStart {
+        run,
+        folder,
+        log,
+        checkpoint,
+        ..
+    } = start;
+    let job = &run.job;
+    let cx = JobContext::load(
+        host,
+        job,
+        Arc::clone(&base.info),
+        Some(base.sampler.clone()),
+    )
+    .await?;
+    let mut reporter = Reporter {
+        name: run.name.clone(),
+        logs: vec![log],
+        progress,
+    };
+    let mut trainer = TrainingEngine::new(Arc::clone(base.registry.base()), DType::F32);
     match &checkpoint {
         Some((dir, _)) => trainer.load_adapter(POLICY, &dir.join(POLICY), true)?,
         None => {
@@ -197,35 +383,23 @@ pub async fn run(
             }
         }
     }
-    let concurrency = job.rl.group_size * job.rl.groups_per_batch.max(1);
-    let per_episode = (256 + job.rl.max_tokens) * job.rl.max_turns.max(1);
-    let engine = SamplingEngine::new(
-        Arc::clone(&registry),
-        Some(Arc::clone(cx.renderer.tokenizer())),
-        config.eos_token_ids.clone(),
-        EngineConfig {
-            kv_budget_positions: concurrency.max(job.eval.episodes) * per_episode.min(context),
-            prefix_cache_positions: 0,
-        },
-    );
-    let (sampler, _thread) = SamplerService::start(engine);
-    cx.sampler = Some(sampler);
     let loss = Loss::from_config(&job.rl.loss, &job.rl.loss_config)?;
     let estimator = job.rl.estimator().map_err(anyhow::Error::msg)?;
+    // Each job publishes its policy under its own name in the shared registry.
     let publish = |trainer: &TrainingEngine| -> anyhow::Result<Arc<PolicyVersion>> {
         let adapter = trainer.adapter(POLICY).context("the policy adapter")?;
-        Ok(registry.publish(POLICY, adapter)?)
+        Ok(base.registry.publish(&run.name, adapter)?)
     };
     let mut version = publish(&trainer)?;
 
-    let (start, initial_eval, mut last_eval) = match checkpoint {
+    let (first_step, initial_eval, mut last_eval) = match checkpoint {
         Some((_, cursor)) => (cursor.steps, cursor.initial_eval, cursor.last_eval),
         None => {
             let eval = evaluate(&cx, job, &version).await?;
             (0, eval.clone(), eval)
         }
     };
-    for step in start..job.rl.steps {
+    for step in first_step..job.rl.steps {
         let started = Instant::now();
         let played = play_step(&cx, job, step, &version).await?;
         let (datums, records, groups_trained) = datums_of(&played, job, estimator);
@@ -268,23 +442,23 @@ pub async fn run(
         if last || (every > 0 && (step + 1) % every == 0) {
             let cursor = Cursor {
                 steps: step + 1,
-                metric_lines: reporter.log.lines(),
+                metric_lines: reporter.lines(),
                 initial_eval: initial_eval.clone(),
                 last_eval: last_eval.clone(),
             };
             folder.save_checkpoint(&cursor, |temp| {
-                Ok(trainer.save_adapter(POLICY, &temp.join(POLICY), &base_name, true)?)
+                Ok(trainer.save_adapter(POLICY, &temp.join(POLICY), &base.name, true)?)
             })?;
         }
     }
     let checkpoint = folder.checkpoint_dir("final");
-    trainer.save_adapter(POLICY, &checkpoint, &base_name, true)?;
+    trainer.save_adapter(POLICY, &checkpoint, &base.name, true)?;
     Ok(Summary {
         steps: job.rl.steps,
         initial_eval,
         final_eval: last_eval,
         checkpoint,
-        out: out.to_path_buf(),
+        out: folder.root().to_path_buf(),
     })
 }
 
@@ -294,13 +468,16 @@ fn model_dir(job: &Job, out: &Path) -> anyhow::Result<PathBuf> {
         (Some(dir), _) => Ok(dir.clone()),
         (None, Some(tiny)) => {
             let dir = out.join("model");
-            if !dir.join("config.json").is_file() {
-                init_tiny(
-                    &dir,
+            if !dir.is_dir() {
+                let (shape, arch) = (
                     tiny.shape().map_err(anyhow::Error::msg)?,
                     tiny.arch().map_err(anyhow::Error::msg)?,
-                    tiny.seed,
-                )?;
+                );
+                // Whole or absent, so a run killed while generating it regenerates it.
+                crate::store::write_atomic_dir(&dir, |temp| {
+                    init_tiny(temp, shape, arch, tiny.seed).map_err(std::io::Error::other)
+                })
+                .with_context(|| format!("generating the tiny model in {}", dir.display()))?;
             }
             Ok(dir)
         }
@@ -407,11 +584,11 @@ fn rollout<'a>(cx: &'a JobContext, job: &Job, params: SamplingParams) -> Rollout
         config: &cx.config,
         agent: cx.agent.as_ref(),
         limits: &cx.limits,
-        renderer: &cx.renderer,
+        renderer: &cx.model.renderer,
         sampler: cx.sampler.as_ref(),
         params,
         max_turns: job.rl.max_turns,
-        context: cx.context,
+        context: cx.model.context,
         failure_reward: job.rl.failure_reward,
     }
 }
@@ -489,6 +666,26 @@ fn train_step(
     if datums.is_empty() {
         return Ok((0.0, 0));
     }
+    blocking(|| train_on(trainer, id, datums, loss, learning_rate))
+}
+
+/// Run CPU-bound `work` without stalling the other tasks of a multi-threaded runtime (the other
+/// jobs of the process, the plugin calls of the sampler's clients).
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
+fn train_on(
+    trainer: &mut TrainingEngine,
+    id: &str,
+    datums: Vec<Datum>,
+    loss: Loss,
+    learning_rate: f64,
+) -> anyhow::Result<(f64, usize)> {
     let outputs = trainer.forward_backward(&[WorkItem {
         adapter: id.into(),
         datums,
@@ -551,7 +748,7 @@ async fn run_warmup(
     warmup: &WarmupSection,
     trainer: &mut TrainingEngine,
     id: &str,
-    reporter: &mut Reporter<'_>,
+    reporter: &mut Reporter,
 ) -> anyhow::Result<()> {
     for step in 0..warmup.steps {
         let started = Instant::now();

@@ -31,14 +31,14 @@ pub struct Job {
 }
 
 /// A model directory, or a tiny model generated into the run's folder.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
     pub dir: Option<PathBuf>,
     pub init_tiny: Option<InitTiny>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InitTiny {
     #[serde(default = "default_shape")]
@@ -81,7 +81,7 @@ impl InitTiny {
 }
 
 /// A plugin crate directory (built as needed) or a `.wasm` file, and its JSON config.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSection {
     pub plugin: PathBuf,
@@ -100,14 +100,14 @@ impl PluginSection {
 }
 
 /// An agent plugin (it takes no config).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSection {
     pub plugin: PathBuf,
 }
 
 /// Supervised warm-up before RL, on the environment's demonstrations.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WarmupSection {
     /// `"demonstrations"`: play the environment with its demonstration actions.
@@ -263,6 +263,18 @@ impl Job {
         job.check()
             .map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(job)
+    }
+
+    /// Whether `other` trains on the same base model as this job: the same model and, when a
+    /// full-parameter warm-up changes it, the same warm-up on the same environment and agent.
+    pub fn same_base(&self, other: &Job) -> bool {
+        fn full(job: &Job) -> Option<&WarmupSection> {
+            job.warmup.as_ref().filter(|w| w.full_parameters)
+        }
+        self.model == other.model
+            && full(self) == full(other)
+            && (full(self).is_none()
+                || (self.environment == other.environment && self.agent == other.agent))
     }
 
     fn check(&self) -> Result<(), String> {
