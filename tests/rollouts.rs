@@ -42,6 +42,7 @@ async fn a_five_turn_episode_is_one_datum() {
         environment: &environment,
         config: r#"{"max": 1000, "turns": 5}"#,
         agent: None,
+        reward: None,
         limits: &limits,
         renderer: &renderer,
         sampler: Some(&sampler),

@@ -262,7 +262,7 @@ rank = 4
 [environment]
 plugin = {wasm:?}
 config = {{ max_operand = 9 }}
-[warmup]
+[sft]
 source = "demonstrations"
 steps = 2
 batch = 4
@@ -299,7 +299,7 @@ episodes = 4
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let phases: Vec<&str> = lines.iter().map(|l| l["phase"].as_str().unwrap()).collect();
-    assert_eq!(phases, ["warmup", "warmup", "rl", "rl"]);
+    assert_eq!(phases, ["sft", "sft", "rl", "rl"]);
     for line in &lines {
         assert!(line["tokens"].as_u64().unwrap() > 0, "{line}");
         assert!(line["loss"].as_f64().unwrap().is_finite());
@@ -431,7 +431,7 @@ rank = 4
 [environment]
 plugin = {wasm:?}
 config = {{ max_operand = 9 }}
-[warmup]
+[sft]
 source = "demonstrations"
 steps = 3
 batch = 8
@@ -542,8 +542,9 @@ fn short_examples(into: &Path) -> Vec<PathBuf> {
                 table.insert(key.into(), value);
             }
         };
-        set("warmup", "steps", 2.into());
-        set("warmup", "batch", 4.into());
+        set("sft", "steps", 2.into());
+        set("sft", "batch", 4.into());
+        set("sft", "eval_every", 1.into());
         set("rl", "steps", 2.into());
         set("rl", "groups_per_batch", 2.into());
         set("rl", "group_size", 2.into());
@@ -555,6 +556,13 @@ fn short_examples(into: &Path) -> Vec<PathBuf> {
                 let plugin = table["plugin"].as_str().unwrap();
                 let absolute = examples.join(plugin).canonicalize().unwrap();
                 table.insert("plugin".into(), absolute.to_str().unwrap().into());
+            }
+        }
+        if let Some(sft) = job.get_mut("sft").and_then(|s| s.as_table_mut()) {
+            let source = sft["source"].as_str().unwrap();
+            if source != "demonstrations" {
+                let absolute = examples.join(source).canonicalize().unwrap();
+                sft.insert("source".into(), absolute.to_str().unwrap().into());
             }
         }
         let short = into.join(path.file_name().unwrap());
@@ -594,28 +602,43 @@ fn every_example_runs_a_few_steps_in_one_process_and_writes_complete_files() {
         let run = out.join(name);
         assert_eq!(summary["out"], run.to_str().unwrap(), "{name}");
         assert_eq!(summary["steps"], 2, "{name}");
-        for eval in ["initial_eval", "final_eval"] {
-            assert_eq!(summary[eval]["episodes"], 4, "{name}: {summary}");
-            assert!(summary[eval]["success_rate"].is_number(), "{name}");
-        }
         let checkpoint = PathBuf::from(summary["checkpoint"].as_str().unwrap());
         assert!(
             checkpoint.join("adapter_model.safetensors").is_file(),
             "{name}"
         );
         let lines = metric_lines(&run);
-        let rl: Vec<_> = lines.iter().filter(|l| l["phase"] == "rl").collect();
-        assert_eq!(rl.len(), 2, "{name}");
         for line in &lines {
             for key in ["reward_mean", "reward_std", "episode_steps", "loss"] {
                 assert!(line[key].as_f64().unwrap().is_finite(), "{name}: {line}");
             }
             assert!(line["errors"].is_object(), "{name}: {line}");
         }
+        let text = std::fs::read_to_string(job).unwrap();
+        if !text.contains("[rl]") {
+            // An SFT job: two steps, each evaluated on the held-out conversations.
+            assert_eq!(lines.len(), 2, "{name}");
+            assert!(
+                lines
+                    .iter()
+                    .all(|l| l["phase"] == "sft" && l["eval"]["loss"].is_number())
+            );
+            assert!(
+                summary["final_eval"]["loss"].as_f64().unwrap() > 0.0,
+                "{name}"
+            );
+            continue;
+        }
+        let rl: Vec<_> = lines.iter().filter(|l| l["phase"] == "rl").collect();
+        assert_eq!(rl.len(), 2, "{name}");
         assert!(
             rl.iter().all(|l| l["eval"]["success_rate"].is_number()),
             "{name}"
         );
+        for eval in ["initial_eval", "final_eval"] {
+            assert_eq!(summary[eval]["episodes"], 4, "{name}: {summary}");
+            assert!(summary[eval]["success_rate"].is_number(), "{name}");
+        }
         for step in 0..2 {
             let rollouts =
                 std::fs::read_to_string(run.join(format!("rollouts/step-{step}.jsonl"))).unwrap();

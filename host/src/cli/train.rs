@@ -65,11 +65,16 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         .collect();
     let names: Vec<String> = runs.iter().map(|r| r.name.clone()).collect();
     let show: Progress = Arc::new(|name: &str, line: &StepMetrics| {
-        let eval = line
-            .eval
-            .as_ref()
-            .map(|e| format!("  eval {:.3}", e.reward_mean))
-            .unwrap_or_default();
+        let eval = match &line.eval {
+            Some(eval) => match eval.loss {
+                Some(loss) => format!("  eval loss {loss:.4}"),
+                None => format!(
+                    "  eval reward {:.3} success {:.3}",
+                    eval.reward_mean, eval.success_rate
+                ),
+            },
+            None => String::new(),
+        };
         eprintln!(
             "{name} {:>6} {:>4}  reward {:.3}  loss {:.4}  tokens {:>6}  {:.1}s{eval}",
             line.phase, line.step, line.reward_mean, line.loss, line.tokens, line.seconds

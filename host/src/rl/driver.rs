@@ -15,10 +15,11 @@ use serde::{Deserialize, Serialize};
 
 use super::advantage::{Estimator, GroupReturns, advantages};
 use super::datum::{rl_datum, sft_datum};
-use super::job::{Job, WarmupSection};
+use super::job::{Job, SftSection};
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout, RolloutRecord};
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
+use super::sft::{conversation_sequence, read_conversations};
 use super::transcript::TokenSequence;
 use crate::lora::{AdapterRegistry, PolicyVersion};
 use crate::model::tiny::init_tiny;
@@ -62,6 +63,9 @@ pub struct Evaluation {
     pub episode_steps: f64,
     /// The environment's metrics, averaged per episode.
     pub metrics: BTreeMap<String, f64>,
+    /// SFT: the loss per token of the held-out conversations (`episodes` of them).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub loss: Option<f64>,
 }
 
 /// What `train --json` prints.
@@ -93,8 +97,10 @@ struct SharedBase {
 
 /// What every episode of a job shares.
 struct JobContext {
-    environment: Plugin,
+    /// `None` for an SFT job on a file.
+    environment: Option<Plugin>,
     agent: Option<Plugin>,
+    reward: Option<Plugin>,
     config: String,
     limits: Limits,
     model: Arc<ModelInfo>,
@@ -102,6 +108,12 @@ struct JobContext {
 }
 
 impl JobContext {
+    fn environment(&self) -> anyhow::Result<&Plugin> {
+        self.environment
+            .as_ref()
+            .context("the job has no [environment] to play")
+    }
+
     async fn load(
         host: &PluginHost,
         job: &Job,
@@ -112,15 +124,27 @@ impl JobContext {
             let wasm = crate::plugin::build::component_path(path)?;
             Ok(host.load_file(&wasm).await?)
         };
-        let environment = load(&job.environment.plugin).await?;
+        let environment = match &job.environment {
+            Some(section) => Some(load(&section.plugin).await?),
+            None => None,
+        };
         let agent = match &job.agent {
+            Some(section) => Some(load(&section.plugin).await?),
+            None => None,
+        };
+        let reward = match &job.reward {
             Some(section) => Some(load(&section.plugin).await?),
             None => None,
         };
         Ok(JobContext {
             environment,
             agent,
-            config: job.environment.config_json(),
+            reward,
+            config: job
+                .environment
+                .as_ref()
+                .map(|e| e.config_json())
+                .unwrap_or_default(),
             limits: Limits::default(),
             model,
             sampler,
@@ -165,6 +189,8 @@ struct JobStart {
     folder: RunFolder,
     log: MetricsLog,
     checkpoint: Option<(PathBuf, Cursor)>,
+    /// The held-out loss before and after a full-parameter SFT that made the base.
+    sft_evals: Option<(Evaluation, Evaluation)>,
 }
 
 /// Run `runs` in one process: jobs with the same base model (the same model and warm-up) share
@@ -245,7 +271,7 @@ async fn prepare_base(
         context: transformer.context_length(),
         config,
     });
-    let full_warmup = first.job.warmup.as_ref().filter(|w| w.full_parameters);
+    let full_warmup = first.job.sft.as_ref().filter(|w| w.full_parameters);
     let saved_base = match (resume, full_warmup) {
         (true, Some(_)) => folders[0].saved_base()?,
         _ => None,
@@ -260,6 +286,7 @@ async fn prepare_base(
         });
     }
     let covered = |i: usize| checkpoints[i].as_ref().map(|(_, c)| c.metric_lines);
+    let mut sft_evals = None;
     let (transformer, base_dir, logs) = match (full_warmup, saved_base) {
         (Some(_), Some(base_lines)) => {
             let model = Transformer::load(info.config.clone(), &folders[0].base_dir())?;
@@ -279,7 +306,7 @@ async fn prepare_base(
             };
             let cx = JobContext::load(host, &first.job, Arc::clone(&info), None).await?;
             let mut warm = TrainingEngine::full_parameters(transformer, DType::F32)?;
-            run_warmup(
+            sft_evals = run_sft(
                 &cx,
                 &first.job,
                 warmup,
@@ -339,6 +366,7 @@ async fn prepare_base(
             folder,
             log,
             checkpoint,
+            sft_evals: sft_evals.clone(),
         })
         .collect();
     Ok((base, starts))
@@ -358,6 +386,7 @@ async fn train_job(
         folder,
         log,
         checkpoint,
+        mut sft_evals,
         ..
     } = start;
     let job = &run.job;
@@ -378,10 +407,29 @@ async fn train_job(
         Some((dir, _)) => trainer.load_adapter(POLICY, &dir.join(POLICY), true)?,
         None => {
             trainer.add_adapter(POLICY, job.lora.clone())?;
-            if let Some(warmup) = job.warmup.as_ref().filter(|w| !w.full_parameters) {
-                run_warmup(&cx, job, warmup, &mut trainer, POLICY, &mut reporter).await?;
+            if let Some(sft) = job.sft.as_ref().filter(|w| !w.full_parameters) {
+                sft_evals = run_sft(&cx, job, sft, &mut trainer, POLICY, &mut reporter).await?;
             }
         }
+    }
+    if job.rl.steps == 0 {
+        // An SFT job: its result is the adapter (or, after a full-parameter SFT, the base).
+        let checkpoint = match job.sft.as_ref().is_some_and(|s| s.full_parameters) {
+            true => PathBuf::from(&base.name),
+            false => {
+                let dir = folder.checkpoint_dir("final");
+                trainer.save_adapter(POLICY, &dir, &base.name, true)?;
+                dir
+            }
+        };
+        let (initial_eval, final_eval) = sft_evals.unwrap_or_default();
+        return Ok(Summary {
+            steps: job.sft.as_ref().map_or(0, |s| s.steps),
+            initial_eval,
+            final_eval,
+            checkpoint,
+            out: folder.root().to_path_buf(),
+        });
     }
     let loss = Loss::from_config(&job.rl.loss, &job.rl.loss_config)?;
     let estimator = job.rl.estimator().map_err(anyhow::Error::msg)?;
@@ -504,24 +552,72 @@ async fn play_step(
     let mut tasks = Vec::with_capacity(groups);
     for &seed in &task_seeds {
         tasks.push(
-            cx.environment
+            cx.environment()?
                 .generate_task(&cx.config, seed, &cx.limits)
                 .await?,
         );
     }
-    let rollout = rollout(cx, job, sampling_params(job));
+    let rollout = rollout(cx, job, sampling_params(job))?;
     let actors = [policy];
     let episodes = tasks.iter().enumerate().flat_map(|(g, task)| {
         let seed = task_seeds[g];
         (0..size).map(move |i| (g, i, task, seed * 1000 + i as u64))
     });
-    Ok(
+    let mut played: Vec<(usize, usize, EpisodeOutcome)> =
         futures::future::join_all(episodes.map(|(g, i, task, seed)| {
             let (rollout, actors) = (&rollout, &actors);
             async move { (g, i, rollout.play(task, seed, actors).await) }
         }))
-        .await,
-    )
+        .await;
+    if let (Some(reward), Some(section)) = (&cx.reward, &job.reward)
+        && section.group
+    {
+        for (g, task) in tasks.iter().enumerate() {
+            score_group(
+                cx,
+                reward,
+                section.weight,
+                job.rl.failure_reward,
+                task,
+                g,
+                &mut played,
+            )
+            .await;
+        }
+    }
+    Ok(played)
+}
+
+/// Let the reward plugin's group scorer replace the scores of group `g`'s whole episodes; when
+/// it fails, those episodes fail with its error kind.
+async fn score_group(
+    cx: &JobContext,
+    reward: &Plugin,
+    weight: f64,
+    failure_reward: f64,
+    task: &str,
+    g: usize,
+    played: &mut [(usize, usize, EpisodeOutcome)],
+) {
+    let mut members: Vec<&mut EpisodeOutcome> = played
+        .iter_mut()
+        .filter(|(group, _, o)| *group == g && o.error.is_none())
+        .map(|(_, _, o)| o)
+        .collect();
+    let transcripts: Vec<_> = members.iter().map(|o| o.plugin_transcripts()).collect();
+    match reward.score_group(task, &transcripts, &cx.limits).await {
+        Ok(Some(scores)) => {
+            for (outcome, scores) in members.iter_mut().zip(scores) {
+                outcome.replace_scores(scores.iter().map(|s| s * weight).collect());
+            }
+        }
+        Ok(None) => {}
+        Err(error) => {
+            for outcome in members {
+                outcome.fail(error.kind.as_str().to_string(), failure_reward);
+            }
+        }
+    }
 }
 
 /// Group advantages and the datums of the played episodes (in group and index order), with the
@@ -578,11 +674,19 @@ fn sampling_params(job: &Job) -> SamplingParams {
     }
 }
 
-fn rollout<'a>(cx: &'a JobContext, job: &Job, params: SamplingParams) -> Rollout<'a> {
-    Rollout {
-        environment: &cx.environment,
+fn rollout<'a>(
+    cx: &'a JobContext,
+    job: &Job,
+    params: SamplingParams,
+) -> anyhow::Result<Rollout<'a>> {
+    Ok(Rollout {
+        environment: cx.environment()?,
         config: &cx.config,
         agent: cx.agent.as_ref(),
+        reward: cx
+            .reward
+            .as_ref()
+            .zip(job.reward.as_ref().map(|r| r.weight)),
         limits: &cx.limits,
         renderer: &cx.model.renderer,
         sampler: cx.sampler.as_ref(),
@@ -590,7 +694,7 @@ fn rollout<'a>(cx: &'a JobContext, job: &Job, params: SamplingParams) -> Rollout
         max_turns: job.rl.max_turns,
         context: cx.model.context,
         failure_reward: job.rl.failure_reward,
-    }
+    })
 }
 
 /// Play one episode per seed, each with a task the environment generates from its seed.
@@ -601,11 +705,11 @@ async fn play_batch(
     actor: &Actor,
     params: Option<SamplingParams>,
 ) -> anyhow::Result<Vec<EpisodeOutcome>> {
-    let rollout = rollout(cx, job, params.unwrap_or_else(|| sampling_params(job)));
+    let rollout = rollout(cx, job, params.unwrap_or_else(|| sampling_params(job)))?;
     let mut tasks = Vec::with_capacity(seeds.len());
     for &seed in seeds {
         tasks.push(
-            cx.environment
+            cx.environment()?
                 .generate_task(&cx.config, seed, &cx.limits)
                 .await?,
         );
@@ -651,6 +755,7 @@ async fn evaluate(
         })),
         episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
         metrics,
+        loss: None,
     })
 }
 
@@ -741,42 +846,127 @@ fn errors_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, usize> {
     counts
 }
 
-/// Supervised steps on the environment's demonstrations, training `id` of `trainer`.
-async fn run_warmup(
+/// Where SFT batches come from.
+enum SftData {
+    /// Episodes played with the environment's demonstration actions.
+    Demonstrations,
+    /// Chat conversations from a file, and the datums of the held-out ones.
+    Conversations {
+        train: Vec<TokenSequence>,
+        held_out: Vec<Datum>,
+    },
+}
+
+impl SftData {
+    fn load(sft: &SftSection, renderer: &Renderer) -> anyhow::Result<Self> {
+        let Some(file) = sft.jsonl() else {
+            return Ok(SftData::Demonstrations);
+        };
+        let conversations = read_conversations(file)?;
+        anyhow::ensure!(
+            sft.held_out < conversations.len(),
+            "sft.held_out: {} of the {} conversations of {} leaves none to train on",
+            sft.held_out,
+            conversations.len(),
+            file.display()
+        );
+        let mut sequences = conversations
+            .iter()
+            .enumerate()
+            .map(|(n, messages)| {
+                conversation_sequence(renderer, messages)
+                    .with_context(|| format!("{} conversation {}", file.display(), n + 1))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let held_out = sequences
+            .split_off(sequences.len() - sft.held_out)
+            .iter()
+            .filter_map(sft_datum)
+            .collect();
+        Ok(SftData::Conversations {
+            train: sequences,
+            held_out,
+        })
+    }
+}
+
+/// Supervised steps (the `[sft]` section: demonstrations or a chat file), training `id` of
+/// `trainer`. Returns the held-out loss before and after, when there is a held-out set.
+async fn run_sft(
     cx: &JobContext,
     job: &Job,
-    warmup: &WarmupSection,
+    sft: &SftSection,
     trainer: &mut TrainingEngine,
     id: &str,
     reporter: &mut Reporter,
-) -> anyhow::Result<()> {
-    for step in 0..warmup.steps {
-        let started = Instant::now();
-        let seeds: Vec<u64> = (0..warmup.batch as u64)
-            .map(|i| (1 << 32) + (step * warmup.batch) as u64 + i)
-            .collect();
-        let outcomes = play_batch(cx, job, &seeds, &Actor::Demonstration, None).await?;
-        let datums: Vec<Datum> = outcomes
+) -> anyhow::Result<Option<(Evaluation, Evaluation)>> {
+    let data = SftData::load(sft, &cx.model.renderer)?;
+    let held_out_loss = |trainer: &TrainingEngine| -> anyhow::Result<Option<Evaluation>> {
+        let SftData::Conversations { held_out, .. } = &data else {
+            return Ok(None);
+        };
+        if held_out.is_empty() {
+            return Ok(None);
+        }
+        let outputs = blocking(|| {
+            trainer.forward(&[WorkItem {
+                adapter: id.into(),
+                datums: held_out.clone(),
+                loss: Loss::CrossEntropy,
+            }])
+        })?;
+        let tokens: f64 = outputs
             .iter()
-            .filter(|o| o.error.is_none())
-            .flat_map(|o| {
-                o.transcripts
+            .map(|o| o.metrics.get("tokens:sum").copied().unwrap_or(0.0))
+            .sum();
+        let loss: f64 = outputs.iter().map(|o| o.loss).sum();
+        Ok(Some(Evaluation {
+            episodes: held_out.len(),
+            loss: Some(loss / tokens.max(1.0)),
+            ..Evaluation::default()
+        }))
+    };
+    let initial = held_out_loss(trainer)?;
+    let mut last = initial.clone();
+    for step in 0..sft.steps {
+        let started = Instant::now();
+        let (datums, outcomes) = match &data {
+            SftData::Demonstrations => {
+                let seeds: Vec<u64> = (0..sft.batch as u64)
+                    .map(|i| (1 << 32) + (step * sft.batch) as u64 + i)
+                    .collect();
+                let outcomes = play_batch(cx, job, &seeds, &Actor::Demonstration, None).await?;
+                let datums: Vec<Datum> = outcomes
                     .iter()
-                    .flatten()
-                    .flat_map(|t| t.clone().into_sequences())
-            })
-            .filter_map(|s| sft_datum(&s))
-            .collect();
-        let (loss_value, tokens) = train_step(
-            trainer,
-            id,
-            datums,
-            Loss::CrossEntropy,
-            warmup.learning_rate,
-        )?;
+                    .filter(|o| o.error.is_none())
+                    .flat_map(|o| {
+                        o.transcripts
+                            .iter()
+                            .flatten()
+                            .flat_map(|t| t.clone().into_sequences())
+                    })
+                    .filter_map(|s| sft_datum(&s))
+                    .collect();
+                (datums, outcomes)
+            }
+            // Batches walk through the file in order, wrapping around.
+            SftData::Conversations { train, .. } => {
+                let datums = (0..sft.batch)
+                    .filter_map(|i| sft_datum(&train[(step * sft.batch + i) % train.len()]))
+                    .collect();
+                (datums, Vec::new())
+            }
+        };
+        let (loss_value, tokens) =
+            train_step(trainer, id, datums, Loss::CrossEntropy, sft.learning_rate)?;
+        let due = step + 1 == sft.steps || (sft.eval_every > 0 && (step + 1) % sft.eval_every == 0);
+        let eval = if due { held_out_loss(trainer)? } else { None };
+        if eval.is_some() {
+            last = eval.clone();
+        }
         reporter.line(&StepMetrics {
             step,
-            phase: "warmup",
+            phase: "sft",
             reward_mean: 0.0,
             reward_std: 0.0,
             episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
@@ -785,9 +975,9 @@ async fn run_warmup(
             groups_trained: 0,
             errors: errors(&outcomes),
             env_metrics: BTreeMap::new(),
-            eval: None,
+            eval,
             seconds: started.elapsed().as_secs_f64(),
         })?;
     }
-    Ok(())
+    Ok(initial.zip(last))
 }

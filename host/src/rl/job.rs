@@ -16,13 +16,20 @@ pub struct Job {
     pub model: ModelSection,
     #[serde(default)]
     pub lora: LoraConfig,
-    pub environment: PluginSection,
+    /// The environment RL (and a demonstration warm-up) plays; an SFT job on a file needs none.
+    #[serde(default)]
+    pub environment: Option<PluginSection>,
     /// What the policy is shown and how its text becomes an action; absent: the built-in chat
     /// agent (the whole conversation, the completion as the action).
     #[serde(default)]
     pub agent: Option<AgentSection>,
+    /// A reward plugin whose score of each finished episode adds to the players' returns.
     #[serde(default)]
-    pub warmup: Option<WarmupSection>,
+    pub reward: Option<RewardSection>,
+    #[serde(default)]
+    pub sft: Option<SftSection>,
+    /// Absent: the job is supervised fine-tuning only.
+    #[serde(default)]
     pub rl: RlSection,
     #[serde(default)]
     pub eval: EvalSection,
@@ -106,33 +113,68 @@ pub struct AgentSection {
     pub plugin: PathBuf,
 }
 
-/// Supervised warm-up before RL, on the environment's demonstrations.
+/// A reward plugin, the weight of its score, and whether its group scorer (when it has one)
+/// replaces the scores of each group's episodes.
 #[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WarmupSection {
-    /// `"demonstrations"`: play the environment with its demonstration actions.
+pub struct RewardSection {
+    pub plugin: PathBuf,
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    #[serde(default)]
+    pub group: bool,
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+/// Supervised fine-tuning: the warm-up of an RL job, or a job of its own (a job without `[rl]`).
+#[derive(Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftSection {
+    /// `"demonstrations"` (play the environment with its demonstration actions) or a chat JSONL
+    /// file (relative to the job file; see `rl::sft`).
     pub source: String,
     pub steps: usize,
-    #[serde(default = "default_warmup_batch")]
+    /// Episodes or conversations per step.
+    #[serde(default = "default_sft_batch")]
     pub batch: usize,
-    #[serde(default = "default_warmup_lr")]
+    #[serde(default = "default_sft_lr")]
     pub learning_rate: f64,
     /// Train every weight of the model (true), or the LoRA adapter that RL trains next (false).
     #[serde(default = "default_true")]
     pub full_parameters: bool,
+    /// With a JSONL source: the last this many conversations are held out of training; their
+    /// loss per token is the evaluation.
+    #[serde(default)]
+    pub held_out: usize,
+    /// Evaluate the held-out loss every this many steps (and before and after); 0: before and
+    /// after only.
+    #[serde(default)]
+    pub eval_every: usize,
 }
 
-fn default_warmup_batch() -> usize {
+impl SftSection {
+    /// The chat JSONL file, when the source is one.
+    pub fn jsonl(&self) -> Option<&Path> {
+        (self.source != "demonstrations").then_some(Path::new(&self.source))
+    }
+}
+
+fn default_sft_batch() -> usize {
     32
 }
 
-fn default_warmup_lr() -> f64 {
+fn default_sft_lr() -> f64 {
     3e-3
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RlSection {
+    /// RL steps; 0 (the default without `[rl]`): none.
+    #[serde(default)]
     pub steps: usize,
     #[serde(default = "default_groups")]
     pub groups_per_batch: usize,
@@ -191,6 +233,27 @@ fn default_gamma() -> f64 {
 }
 fn default_true() -> bool {
     true
+}
+
+impl Default for RlSection {
+    fn default() -> Self {
+        RlSection {
+            steps: 0,
+            groups_per_batch: default_groups(),
+            group_size: default_group_size(),
+            learning_rate: default_rl_lr(),
+            loss: default_loss(),
+            loss_config: Default::default(),
+            temperature: default_temperature(),
+            max_turns: default_max_turns(),
+            max_tokens: default_max_tokens(),
+            estimator: default_estimator(),
+            gamma: default_gamma(),
+            skip_equal_groups: true,
+            failure_reward: 0.0,
+            seed: 0,
+        }
+    }
 }
 
 impl RlSection {
@@ -253,9 +316,19 @@ impl Job {
                 p.clone()
             }
         };
-        job.environment.plugin = resolve(&job.environment.plugin);
+        if let Some(environment) = &mut job.environment {
+            environment.plugin = resolve(&environment.plugin);
+        }
+        if let Some(sft) = &mut job.sft
+            && let Some(file) = sft.jsonl()
+        {
+            sft.source = resolve(&file.to_path_buf()).display().to_string();
+        }
         if let Some(agent) = &mut job.agent {
             agent.plugin = resolve(&agent.plugin);
+        }
+        if let Some(reward) = &mut job.reward {
+            reward.plugin = resolve(&reward.plugin);
         }
         if let Some(dir) = &job.model.dir {
             job.model.dir = Some(resolve(dir));
@@ -268,8 +341,8 @@ impl Job {
     /// Whether `other` trains on the same base model as this job: the same model and, when a
     /// full-parameter warm-up changes it, the same warm-up on the same environment and agent.
     pub fn same_base(&self, other: &Job) -> bool {
-        fn full(job: &Job) -> Option<&WarmupSection> {
-            job.warmup.as_ref().filter(|w| w.full_parameters)
+        fn full(job: &Job) -> Option<&SftSection> {
+            job.sft.as_ref().filter(|w| w.full_parameters)
         }
         self.model == other.model
             && full(self) == full(other)
@@ -291,13 +364,18 @@ impl Job {
         if self.rl.group_size == 0 || self.rl.groups_per_batch == 0 {
             return Err("rl: `group_size` and `groups_per_batch` must be at least 1".into());
         }
-        if let Some(warmup) = &self.warmup
-            && warmup.source != "demonstrations"
+        let demonstrations = self.sft.as_ref().is_some_and(|s| s.jsonl().is_none());
+        if self.environment.is_none() && (self.rl.steps > 0 || demonstrations) {
+            return Err("environment: RL and demonstrations need an `[environment]`".into());
+        }
+        if self.rl.steps == 0 && self.sft.is_none() {
+            return Err("the job trains nothing: give `[rl]` steps or an `[sft]` section".into());
+        }
+        if let Some(sft) = &self.sft
+            && sft.held_out > 0
+            && sft.jsonl().is_none()
         {
-            return Err(format!(
-                "warmup.source: {:?} is not supported (use \"demonstrations\")",
-                warmup.source
-            ));
+            return Err("sft.held_out: only a JSONL source has conversations to hold out".into());
         }
         Ok(())
     }
@@ -329,8 +407,9 @@ mod tests {
         let job = parse(MINIMAL).unwrap();
         assert_eq!(job.rl.group_size, 8);
         assert_eq!(job.lora.rank, 16);
-        assert_eq!(job.environment.config_json(), r#"{"max_operand":9}"#);
-        assert!(job.environment.plugin.ends_with("plugins/arithmetic"));
+        let environment = job.environment.unwrap();
+        assert_eq!(environment.config_json(), r#"{"max_operand":9}"#);
+        assert!(environment.plugin.ends_with("plugins/arithmetic"));
     }
 
     #[test]
@@ -346,5 +425,27 @@ mod tests {
         let err =
             parse(&MINIMAL.replace("steps = 3", "steps = 3\nestimator = \"ppo\"")).unwrap_err();
         assert!(err.contains("rl.estimator"), "{err}");
+    }
+
+    #[test]
+    fn an_sft_job_needs_no_environment_but_rl_does() {
+        let sft = r#"
+            [model]
+            init_tiny = { seed = 1 }
+            [sft]
+            source = "data/chat.jsonl"
+            steps = 4
+            held_out = 2
+        "#;
+        let job = parse(sft).unwrap();
+        assert_eq!(job.rl.steps, 0);
+        let source = job.sft.unwrap();
+        assert!(source.jsonl().unwrap().ends_with("data/chat.jsonl"));
+        let err = parse(&format!("{sft}\n[rl]\nsteps = 2")).unwrap_err();
+        assert!(err.contains("[environment]"), "{err}");
+        let err = parse(&sft.replace("data/chat.jsonl", "demonstrations")).unwrap_err();
+        assert!(err.contains("[environment]"), "{err}");
+        let nothing = "[model]\ninit_tiny = { seed = 1 }\n";
+        assert!(parse(nothing).unwrap_err().contains("trains nothing"));
     }
 }

@@ -9,6 +9,7 @@ pub mod job;
 pub mod render;
 pub mod rollout;
 pub mod run_folder;
+pub mod sft;
 pub mod transcript;
 
 pub use advantage::{Estimator, GroupReturns, advantages, fold_kl};

@@ -16,7 +16,9 @@ use serde::Serialize;
 use super::render::Renderer;
 use super::transcript::{SpanKind, TokenSequence, Transcript};
 use crate::model::ChatMessage;
-use crate::plugin::{AgentSession, CallError, Limits, Message, Plugin};
+use crate::plugin::{
+    AgentSession, CallError, Limits, Message, Plugin, Transcript as PluginTranscript,
+};
 use crate::sample::{PolicyRef, SampleRequest, SamplingParams};
 use crate::sched::SamplerService;
 
@@ -35,6 +37,8 @@ pub struct Rollout<'a> {
     pub config: &'a str,
     /// The agent plugin between policy and environment; `None`: the built-in chat agent.
     pub agent: Option<&'a Plugin>,
+    /// A reward plugin that scores each finished episode, and the weight of its score.
+    pub reward: Option<(&'a Plugin, f64)>,
     pub limits: &'a Limits,
     pub renderer: &'a Renderer,
     /// Serves the policy actors; `None` for a rollout of demonstrations only.
@@ -64,6 +68,8 @@ pub struct EpisodeOutcome {
     pub metrics: BTreeMap<String, f64>,
     /// What each player saw and said, as text (for the rollout files).
     pub messages: Vec<Vec<LoggedMessage>>,
+    /// The reward plugin's weighted score of each player (already in its last turn's reward).
+    pub scores: Vec<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -152,6 +158,55 @@ impl RolloutRecord {
 }
 
 impl EpisodeOutcome {
+    /// Each player's messages, as a reward plugin reads them.
+    pub fn plugin_transcripts(&self) -> Vec<PluginTranscript> {
+        self.messages
+            .iter()
+            .enumerate()
+            .map(|(player, messages)| PluginTranscript {
+                player: player as u32,
+                messages: messages
+                    .iter()
+                    .map(|m| Message::new(m.role.clone(), m.content.clone()))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The episode failed (`kind`): every player who acted gets `failure_reward` as its return.
+    pub fn fail(&mut self, kind: String, failure_reward: f64) {
+        for (player, rewards) in self.turn_rewards.iter_mut().enumerate() {
+            let acted = self.transcripts.get(player).is_some_and(Option::is_some);
+            if acted && !rewards.is_empty() {
+                rewards.iter_mut().for_each(|r| *r = 0.0);
+                if let Some(last) = rewards.last_mut() {
+                    *last = failure_reward;
+                }
+            }
+        }
+        self.error = Some(kind);
+    }
+
+    /// Add `scores[p]` to player p's last turn reward (players who never acted get none).
+    pub fn add_scores(&mut self, scores: &[f64]) {
+        for (rewards, score) in self.turn_rewards.iter_mut().zip(scores) {
+            if let Some(last) = rewards.last_mut() {
+                *last += score;
+            }
+        }
+    }
+
+    /// A group scorer replaced this episode's scores with `weighted`.
+    pub fn replace_scores(&mut self, weighted: Vec<f64>) {
+        let change: Vec<f64> = weighted
+            .iter()
+            .enumerate()
+            .map(|(p, new)| new - self.scores.get(p).copied().unwrap_or(0.0))
+            .collect();
+        self.add_scores(&change);
+        self.scores = weighted;
+    }
+
     /// Each player's return: the sum of its turn rewards.
     pub fn returns(&self) -> Vec<f64> {
         self.turn_rewards.iter().map(|r| r.iter().sum()).collect()
@@ -196,18 +251,16 @@ impl Rollout<'_> {
             steps: 0,
             metrics: BTreeMap::new(),
             messages: Vec::new(),
+            scores: Vec::new(),
         };
-        if let Err(Failure(kind)) = self.run(task, seed, actors, &mut outcome).await {
-            for (player, rewards) in outcome.turn_rewards.iter_mut().enumerate() {
-                let acted = outcome.transcripts.get(player).is_some_and(Option::is_some);
-                if acted && !rewards.is_empty() {
-                    rewards.iter_mut().for_each(|r| *r = 0.0);
-                    if let Some(last) = rewards.last_mut() {
-                        *last = self.failure_reward;
-                    }
-                }
-            }
-            outcome.error = Some(kind);
+        let mut played = self.run(task, seed, actors, &mut outcome).await;
+        if played.is_ok()
+            && let Some((reward, weight)) = self.reward
+        {
+            played = self.score(reward, weight, &mut outcome).await;
+        }
+        if let Err(Failure(kind)) = played {
+            outcome.fail(kind, self.failure_reward);
         }
         outcome
     }
@@ -368,6 +421,21 @@ impl Rollout<'_> {
 }
 
 impl Rollout<'_> {
+    /// Add the reward plugin's score of each player who acted to its last turn's reward.
+    async fn score(
+        &self,
+        reward: &Plugin,
+        weight: f64,
+        outcome: &mut EpisodeOutcome,
+    ) -> Result<(), Failure> {
+        let scores = reward
+            .score(&outcome.task, &outcome.plugin_transcripts(), self.limits)
+            .await?;
+        outcome.scores = scores.iter().map(|s| s * weight).collect();
+        outcome.add_scores(&outcome.scores.clone());
+        Ok(())
+    }
+
     fn render_first(&self, messages: &[Message]) -> Result<Vec<u32>, Failure> {
         self.renderer
             .first_prompt(&chat(messages))

@@ -1,7 +1,9 @@
 //! Arithmetic: one question, `a + b` or `a * b`, one answer. Data-free: tasks are generated from
-//! the seed. Reward 1 for the right number (the last number in the reply), else 0.
+//! the seed. Reward 1 for the right number (the last number in the reply), else 0; with
+//! `"reward": false` the environment gives no reward (a reward plugin such as `math-answer`
+//! scores the answer) but still reports the `correct` metric.
 //!
-//! Config (JSON): `{"max_operand": 99, "operations": ["+", "*"]}`.
+//! Config (JSON): `{"max_operand": 99, "operations": ["+", "*"], "reward": true}`.
 //! Task (JSON): `{"a": 12, "b": 30, "op": "+", "answer": 42}`.
 
 use opentinker_sdk::text::last_number;
@@ -13,6 +15,7 @@ use serde::{Deserialize, Serialize};
 struct Config {
     max_operand: i64,
     operations: Vec<String>,
+    reward: bool,
 }
 
 impl Default for Config {
@@ -20,6 +23,7 @@ impl Default for Config {
         Config {
             max_operand: 99,
             operations: vec!["+".into(), "*".into()],
+            reward: true,
         }
     }
 }
@@ -55,6 +59,8 @@ pub struct Task {
 
 pub struct Arithmetic {
     task: Task,
+    /// Whether the environment rewards the answer itself.
+    rewards: bool,
 }
 
 impl Environment for Arithmetic {
@@ -78,10 +84,13 @@ impl Environment for Arithmetic {
     }
 
     fn new(config: &str, task: &str, _seed: u64) -> Result<Self, PluginError> {
-        parse_config(config)?;
+        let config = parse_config(config)?;
         let task: Task = serde_json::from_str(task)
             .map_err(|e| PluginError::new(format!("arithmetic task: {e}")))?;
-        Ok(Arithmetic { task })
+        Ok(Arithmetic {
+            task,
+            rewards: config.reward,
+        })
     }
 
     fn observe(&mut self, _player: u32) -> Result<Vec<Message>, PluginError> {
@@ -95,9 +104,10 @@ impl Environment for Arithmetic {
     fn step(&mut self, action: &str) -> Result<StepResult, PluginError> {
         let answer = last_number(action);
         let correct = answer == Some(self.task.answer as f64);
-        let reward = if correct { 1.0 } else { 0.0 };
+        let correct = if correct { 1.0 } else { 0.0 };
+        let reward = if self.rewards { correct } else { 0.0 };
         Ok(StepResult::end(vec![reward])
-            .metric("correct", reward)
+            .metric("correct", correct)
             .metric("invalid_action", if answer.is_none() { 1.0 } else { 0.0 }))
     }
 
@@ -111,6 +121,26 @@ opentinker_sdk::export_environment!(Arithmetic);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_its_own_reward_the_answer_is_still_measured() {
+        let task = Arithmetic::generate_task("{}", 3).unwrap();
+        let answer: Task = serde_json::from_str(&task).unwrap();
+        let mut silent = Arithmetic::new(r#"{"reward": false}"#, &task, 0).unwrap();
+        let result = silent.step(&answer.answer.to_string()).unwrap();
+        assert_eq!(result.rewards, vec![0.0]);
+        assert!(
+            result
+                .metrics
+                .iter()
+                .any(|m| m.name == "correct" && m.value == 1.0)
+        );
+        let mut scoring = Arithmetic::new("{}", &task, 0).unwrap();
+        assert_eq!(
+            scoring.step(&answer.answer.to_string()).unwrap().rewards,
+            vec![1.0]
+        );
+    }
 
     #[test]
     fn generated_tasks_are_right_and_reproducible() {
