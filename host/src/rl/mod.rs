@@ -3,10 +3,13 @@
 //! driver build on these.)
 
 pub mod advantage;
+mod context;
 pub mod datum;
 pub mod driver;
 pub mod job;
+pub mod metrics;
 pub mod render;
+mod rl_job;
 pub mod rollout;
 pub mod run_folder;
 pub mod sft;

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use super::driver::{Evaluation, StepMetrics};
+use super::metrics::{Evaluation, StepMetrics};
 use crate::model::Transformer;
 use crate::store::{write_atomic, write_atomic_dir};
 

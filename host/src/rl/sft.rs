@@ -5,13 +5,22 @@
 //! The file format is JSON Lines, one conversation per line: `{"messages": [{"role": "user",
 //! "content": "..."}, {"role": "assistant", "content": "..."}]}`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Instant;
 
+use anyhow::Context;
 use serde::Deserialize;
 
+use super::context::{JobContext, Reporter, blocking, play_batch, train_step};
+use super::datum::sft_datum;
+use super::job::{Job, SftSection};
+use super::metrics::{Evaluation, StepMetrics, errors, mean};
 use super::render::Renderer;
+use super::rollout::Actor;
 use super::transcript::{TokenSequence, Transcript};
 use crate::model::ChatMessage;
+use crate::train::{Datum, Loss, TrainingEngine, WorkItem};
 
 /// One line of a chat JSONL file.
 #[derive(Debug, Deserialize)]
@@ -79,6 +88,142 @@ pub fn conversation_sequence(
         .into_iter()
         .next()
         .ok_or_else(|| anyhow::anyhow!("the conversation has no assistant message"))
+}
+
+/// Where SFT batches come from.
+enum SftData {
+    /// Episodes played with the environment's demonstration actions.
+    Demonstrations,
+    /// Chat conversations from a file, and the datums of the held-out ones.
+    Conversations {
+        train: Vec<TokenSequence>,
+        held_out: Vec<Datum>,
+    },
+}
+
+impl SftData {
+    fn load(sft: &SftSection, renderer: &Renderer) -> anyhow::Result<Self> {
+        let Some(file) = sft.jsonl() else {
+            return Ok(SftData::Demonstrations);
+        };
+        let conversations = read_conversations(file)?;
+        anyhow::ensure!(
+            sft.held_out < conversations.len(),
+            "sft.held_out: {} of the {} conversations of {} leaves none to train on",
+            sft.held_out,
+            conversations.len(),
+            file.display()
+        );
+        let mut sequences = conversations
+            .iter()
+            .enumerate()
+            .map(|(n, messages)| {
+                conversation_sequence(renderer, messages)
+                    .with_context(|| format!("{} conversation {}", file.display(), n + 1))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let held_out = sequences
+            .split_off(sequences.len() - sft.held_out)
+            .iter()
+            .filter_map(sft_datum)
+            .collect();
+        Ok(SftData::Conversations {
+            train: sequences,
+            held_out,
+        })
+    }
+}
+
+/// Supervised steps (the `[sft]` section: demonstrations or a chat file), training `id` of
+/// `trainer`. Returns the held-out loss before and after, when there is a held-out set.
+pub(super) async fn run_sft(
+    cx: &JobContext,
+    job: &Job,
+    sft: &SftSection,
+    trainer: &mut TrainingEngine,
+    id: &str,
+    reporter: &mut Reporter,
+) -> anyhow::Result<Option<(Evaluation, Evaluation)>> {
+    let data = SftData::load(sft, &cx.model.renderer)?;
+    let held_out_loss = |trainer: &TrainingEngine| -> anyhow::Result<Option<Evaluation>> {
+        let SftData::Conversations { held_out, .. } = &data else {
+            return Ok(None);
+        };
+        if held_out.is_empty() {
+            return Ok(None);
+        }
+        let outputs = blocking(|| {
+            trainer.forward(&[WorkItem {
+                adapter: id.into(),
+                datums: held_out.clone(),
+                loss: Loss::CrossEntropy,
+            }])
+        })?;
+        let tokens: f64 = outputs
+            .iter()
+            .map(|o| o.metrics.get("tokens:sum").copied().unwrap_or(0.0))
+            .sum();
+        let loss: f64 = outputs.iter().map(|o| o.loss).sum();
+        Ok(Some(Evaluation {
+            episodes: held_out.len(),
+            loss: Some(loss / tokens.max(1.0)),
+            ..Evaluation::default()
+        }))
+    };
+    let initial = held_out_loss(trainer)?;
+    let mut last = initial.clone();
+    for step in 0..sft.steps {
+        let started = Instant::now();
+        let (datums, outcomes) = match &data {
+            SftData::Demonstrations => {
+                let seeds: Vec<u64> = (0..sft.batch as u64)
+                    .map(|i| (1 << 32) + (step * sft.batch) as u64 + i)
+                    .collect();
+                let outcomes = play_batch(cx, job, &seeds, &Actor::Demonstration, None).await?;
+                let datums: Vec<Datum> = outcomes
+                    .iter()
+                    .filter(|o| o.error.is_none())
+                    .flat_map(|o| {
+                        o.transcripts
+                            .iter()
+                            .flatten()
+                            .flat_map(|t| t.clone().into_sequences())
+                    })
+                    .filter_map(|s| sft_datum(&s))
+                    .collect();
+                (datums, outcomes)
+            }
+            // Batches walk through the file in order, wrapping around.
+            SftData::Conversations { train, .. } => {
+                let datums = (0..sft.batch)
+                    .filter_map(|i| sft_datum(&train[(step * sft.batch + i) % train.len()]))
+                    .collect();
+                (datums, Vec::new())
+            }
+        };
+        let (loss_value, tokens) =
+            train_step(trainer, id, datums, Loss::CrossEntropy, sft.learning_rate)?;
+        let due = step + 1 == sft.steps || (sft.eval_every > 0 && (step + 1) % sft.eval_every == 0);
+        let eval = if due { held_out_loss(trainer)? } else { None };
+        if eval.is_some() {
+            last = eval.clone();
+        }
+        reporter.line(&StepMetrics {
+            step,
+            phase: "sft",
+            reward_mean: 0.0,
+            reward_std: 0.0,
+            episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
+            tokens,
+            loss: loss_value,
+            groups_trained: 0,
+            errors: errors(&outcomes),
+            env_metrics: BTreeMap::new(),
+            eval,
+            seconds: started.elapsed().as_secs_f64(),
+        })?;
+    }
+    Ok(initial.zip(last))
 }
 
 #[cfg(test)]

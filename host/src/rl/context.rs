@@ -1,0 +1,254 @@
+//! What every episode of a job shares (its plugins, the model's renderer, the sampler), and the
+//! steps built on it: playing batches of episodes, greedy evaluation, one training step.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::job::Job;
+use super::metrics::{Evaluation, StepMetrics, mean, metrics_of};
+use super::render::Renderer;
+use super::rollout::{Actor, EpisodeOutcome, Rollout};
+use super::run_folder::MetricsLog;
+use crate::lora::PolicyVersion;
+use crate::model::ModelConfig;
+use crate::plugin::{Limits, Plugin, PluginHost};
+use crate::sample::{PolicyRef, SamplingParams};
+use crate::sched::SamplerService;
+use crate::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
+
+/// Evaluation seeds start here; training seeds stay below.
+const EVAL_SEEDS: u64 = 1 << 40;
+
+/// What a loaded model offers every job on it besides its weights.
+pub(super) struct ModelInfo {
+    pub(super) config: ModelConfig,
+    pub(super) renderer: Renderer,
+    pub(super) context: usize,
+}
+
+/// What every episode of a job shares.
+pub(super) struct JobContext {
+    /// `None` for an SFT job on a file.
+    pub(super) environment: Option<Plugin>,
+    pub(super) agent: Option<Plugin>,
+    pub(super) reward: Option<Plugin>,
+    pub(super) config: String,
+    pub(super) limits: Limits,
+    pub(super) model: Arc<ModelInfo>,
+    pub(super) sampler: Option<SamplerService>,
+}
+
+impl JobContext {
+    pub(super) fn environment(&self) -> anyhow::Result<&Plugin> {
+        self.environment
+            .as_ref()
+            .context("the job has no [environment] to play")
+    }
+
+    pub(super) async fn load(
+        host: &PluginHost,
+        job: &Job,
+        model: Arc<ModelInfo>,
+        sampler: Option<SamplerService>,
+    ) -> anyhow::Result<Self> {
+        let load = async |path: &Path| -> anyhow::Result<Plugin> {
+            let wasm = crate::plugin::build::component_path(path)?;
+            Ok(host.load_file(&wasm).await?)
+        };
+        let environment = match &job.environment {
+            Some(section) => Some(load(&section.plugin).await?),
+            None => None,
+        };
+        let agent = match &job.agent {
+            Some(section) => Some(load(&section.plugin).await?),
+            None => None,
+        };
+        let reward = match &job.reward {
+            Some(section) => Some(load(&section.plugin).await?),
+            None => None,
+        };
+        Ok(JobContext {
+            environment,
+            agent,
+            reward,
+            config: job
+                .environment
+                .as_ref()
+                .map(|e| e.config_json())
+                .unwrap_or_default(),
+            limits: Limits::default(),
+            model,
+            sampler,
+        })
+    }
+}
+
+/// Told every metrics line, with the name of the job it belongs to.
+pub type Progress = Arc<dyn Fn(&str, &StepMetrics) + Send + Sync>;
+
+/// Where metric lines go: the log files (a shared warm-up writes into every job's) and the
+/// progress display.
+pub(super) struct Reporter {
+    pub(super) name: String,
+    pub(super) logs: Vec<MetricsLog>,
+    pub(super) progress: Progress,
+}
+
+impl Reporter {
+    pub(super) fn line(&mut self, line: &StepMetrics) -> anyhow::Result<()> {
+        (self.progress)(&self.name, line);
+        self.logs.iter_mut().try_for_each(|log| log.append(line))
+    }
+
+    pub(super) fn lines(&self) -> usize {
+        self.logs.first().map_or(0, MetricsLog::lines)
+    }
+}
+
+pub(super) fn sampling_params(job: &Job) -> SamplingParams {
+    SamplingParams {
+        max_tokens: job.rl.max_tokens,
+        temperature: job.rl.temperature,
+        stop: None,
+        ..SamplingParams::default()
+    }
+}
+
+pub(super) fn rollout<'a>(
+    cx: &'a JobContext,
+    job: &Job,
+    params: SamplingParams,
+) -> anyhow::Result<Rollout<'a>> {
+    Ok(Rollout {
+        environment: cx.environment()?,
+        config: &cx.config,
+        agent: cx.agent.as_ref(),
+        reward: cx
+            .reward
+            .as_ref()
+            .zip(job.reward.as_ref().map(|r| r.weight)),
+        limits: &cx.limits,
+        renderer: &cx.model.renderer,
+        sampler: cx.sampler.as_ref(),
+        params,
+        max_turns: job.rl.max_turns,
+        context: cx.model.context,
+        failure_reward: job.rl.failure_reward,
+    })
+}
+
+/// Play one episode per seed, each with a task the environment generates from its seed.
+pub(super) async fn play_batch(
+    cx: &JobContext,
+    job: &Job,
+    seeds: &[u64],
+    actor: &Actor,
+    params: Option<SamplingParams>,
+) -> anyhow::Result<Vec<EpisodeOutcome>> {
+    let rollout = rollout(cx, job, params.unwrap_or_else(|| sampling_params(job)))?;
+    let mut tasks = Vec::with_capacity(seeds.len());
+    for &seed in seeds {
+        tasks.push(
+            cx.environment()?
+                .generate_task(&cx.config, seed, &cx.limits)
+                .await?,
+        );
+    }
+    let actors = [actor.clone()];
+    Ok(futures::future::join_all(
+        seeds
+            .iter()
+            .zip(&tasks)
+            .map(|(&seed, task)| rollout.play(task, seed, &actors)),
+    )
+    .await)
+}
+
+pub(super) async fn evaluate(
+    cx: &JobContext,
+    job: &Job,
+    version: &Arc<PolicyVersion>,
+) -> anyhow::Result<Evaluation> {
+    let seeds: Vec<u64> = (0..job.eval.episodes as u64)
+        .map(|i| EVAL_SEEDS + i)
+        .collect();
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..sampling_params(job)
+    };
+    let actor = Actor::Policy(Some(PolicyRef {
+        name: version.name.clone(),
+        version: Some(version.version),
+    }));
+    let outcomes = play_batch(cx, job, &seeds, &actor, Some(greedy)).await?;
+    let metrics = metrics_of(&outcomes.iter().collect::<Vec<_>>());
+    Ok(Evaluation {
+        episodes: outcomes.len(),
+        reward_mean: mean(
+            outcomes
+                .iter()
+                .map(|o| o.returns().first().copied().unwrap_or(0.0)),
+        ),
+        success_rate: mean(outcomes.iter().map(|o| {
+            let won = o.returns().first().is_some_and(|r| *r > 0.0);
+            f64::from(u8::from(won))
+        })),
+        episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
+        metrics,
+        loss: None,
+    })
+}
+
+/// One forward_backward + optim_step on `datums`; returns the loss per counted token and the
+/// counted tokens.
+pub(super) fn train_step(
+    trainer: &mut TrainingEngine,
+    id: &str,
+    datums: Vec<Datum>,
+    loss: Loss,
+    learning_rate: f64,
+) -> anyhow::Result<(f64, usize)> {
+    if datums.is_empty() {
+        return Ok((0.0, 0));
+    }
+    blocking(|| train_on(trainer, id, datums, loss, learning_rate))
+}
+
+/// Run CPU-bound `work` without stalling the other tasks of a multi-threaded runtime (the other
+/// jobs of the process, the plugin calls of the sampler's clients).
+pub(super) fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
+fn train_on(
+    trainer: &mut TrainingEngine,
+    id: &str,
+    datums: Vec<Datum>,
+    loss: Loss,
+    learning_rate: f64,
+) -> anyhow::Result<(f64, usize)> {
+    let outputs = trainer.forward_backward(&[WorkItem {
+        adapter: id.into(),
+        datums,
+        loss,
+    }])?;
+    let tokens = outputs
+        .iter()
+        .map(|o| o.metrics.get("tokens:sum").copied().unwrap_or(0.0))
+        .sum::<f64>();
+    let total: f64 = outputs.iter().map(|o| o.loss).sum();
+    // The losses are sums over tokens; the step normalises by the tokens that count.
+    let params = AdamParams {
+        learning_rate,
+        grad_clip_norm: 1.0,
+        ..AdamParams::default()
+    };
+    trainer.optim_step(id, &params)?;
+    Ok((total / tokens.max(1.0), tokens as usize))
+}

@@ -1,0 +1,88 @@
+//! What a run reports: the lines of `metrics.jsonl`, evaluations, the final summary, and the
+//! per-batch statistics they are made of.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::rollout::EpisodeOutcome;
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Default, Serialize)]
+pub struct StepMetrics {
+    pub step: usize,
+    pub phase: &'static str,
+    pub reward_mean: f64,
+    pub reward_std: f64,
+    pub episode_steps: f64,
+    pub tokens: usize,
+    pub loss: f64,
+    pub groups_trained: usize,
+    pub errors: BTreeMap<String, usize>,
+    pub env_metrics: BTreeMap<String, f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval: Option<Evaluation>,
+    pub seconds: f64,
+}
+
+/// Greedy evaluation on fixed seeds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Evaluation {
+    pub episodes: usize,
+    pub reward_mean: f64,
+    /// The fraction of episodes with a positive return (accuracy, solve rate, win rate).
+    pub success_rate: f64,
+    /// Environment steps per episode (turns, in a single-player game).
+    pub episode_steps: f64,
+    /// The environment's metrics, averaged per episode.
+    pub metrics: BTreeMap<String, f64>,
+    /// SFT: the loss per token of the held-out conversations (`episodes` of them).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub loss: Option<f64>,
+}
+
+/// What `train --json` prints.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub steps: usize,
+    pub initial_eval: Evaluation,
+    pub final_eval: Evaluation,
+    pub checkpoint: PathBuf,
+    pub out: PathBuf,
+}
+
+pub(super) fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    if n == 0 { 0.0 } else { sum / n as f64 }
+}
+
+pub(super) fn std(values: &[f64]) -> f64 {
+    let m = mean(values.iter().copied());
+    mean(values.iter().map(|v| (v - m).powi(2))).sqrt()
+}
+
+pub(super) fn errors(outcomes: &[EpisodeOutcome]) -> BTreeMap<String, usize> {
+    errors_of(&outcomes.iter().collect::<Vec<_>>())
+}
+
+/// The environment's metrics, averaged per episode.
+pub(super) fn metrics_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, f64> {
+    let mut metrics = BTreeMap::new();
+    for outcome in outcomes {
+        for (name, value) in &outcome.metrics {
+            *metrics.entry(name.clone()).or_insert(0.0) += value / outcomes.len() as f64;
+        }
+    }
+    metrics
+}
+
+pub(super) fn errors_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for outcome in outcomes {
+        if let Some(kind) = &outcome.error {
+            *counts.entry(kind.clone()).or_insert(0) += 1;
+        }
+    }
+    counts
+}
