@@ -2,6 +2,7 @@
 
 mod model;
 mod plugin;
+mod progress;
 mod sample;
 mod train;
 

@@ -1,11 +1,11 @@
-//! `opentinker train JOB.toml... [--out OUT] [--json]`: run training jobs.
+//! `opentinker train JOB.toml... [--out OUT | --resume OUT] [--json]`: run training jobs.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 
-use std::sync::Arc;
-
+use super::progress::TrainProgress;
 use crate::rl::driver::{self, JobRun, Progress, StepMetrics};
 use crate::rl::job::Job;
 
@@ -64,23 +64,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         })
         .collect();
     let names: Vec<String> = runs.iter().map(|r| r.name.clone()).collect();
-    let show: Progress = Arc::new(|name: &str, line: &StepMetrics| {
-        let eval = match &line.eval {
-            Some(eval) => match eval.loss {
-                Some(loss) => format!("  eval loss {loss:.4}"),
-                None => format!(
-                    "  eval reward {:.3} success {:.3}",
-                    eval.reward_mean, eval.success_rate
-                ),
-            },
-            None => String::new(),
-        };
-        eprintln!(
-            "{name} {:>6} {:>4}  reward {:.3}  loss {:.4}  tokens {:>6}  {:.1}s{eval}",
-            line.phase, line.step, line.reward_mean, line.loss, line.tokens, line.seconds
-        );
-    });
-    let summaries = runtime.block_on(driver::run_jobs(runs, args.resume.is_some(), show))?;
+    let shown: Vec<(String, &Job)> = runs.iter().map(|r| (r.name.clone(), &r.job)).collect();
+    let display = Arc::new(TrainProgress::new(&shown));
+    let show: Progress = {
+        let display = Arc::clone(&display);
+        Arc::new(move |name: &str, line: &StepMetrics| display.show(name, line))
+    };
+    let summaries = runtime.block_on(driver::run_jobs(runs, args.resume.is_some(), show));
+    display.finish();
+    let summaries = summaries?;
     for (name, summary) in names.iter().zip(&summaries) {
         if args.json {
             println!("{}", serde_json::to_string(summary)?);

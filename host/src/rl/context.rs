@@ -119,11 +119,12 @@ pub(super) fn sampling_params(job: &Job) -> SamplingParams {
 pub(super) fn rollout<'a>(
     cx: &'a JobContext,
     job: &Job,
+    config: &'a str,
     params: SamplingParams,
 ) -> anyhow::Result<Rollout<'a>> {
     Ok(Rollout {
         environment: cx.environment()?,
-        config: &cx.config,
+        config,
         agent: cx.agent.as_ref(),
         reward: cx
             .reward
@@ -139,37 +140,47 @@ pub(super) fn rollout<'a>(
     })
 }
 
-/// Play one episode per seed, each with a task the environment generates from its seed.
+/// Play one episode per seed of the environment under `config`, each with a task generated from
+/// its seed; player p acts as `actors[p]`.
 pub(super) async fn play_batch(
     cx: &JobContext,
     job: &Job,
+    config: &str,
     seeds: &[u64],
-    actor: &Actor,
+    actors: &[Actor],
     params: Option<SamplingParams>,
 ) -> anyhow::Result<Vec<EpisodeOutcome>> {
-    let rollout = rollout(cx, job, params.unwrap_or_else(|| sampling_params(job)))?;
+    let rollout = rollout(
+        cx,
+        job,
+        config,
+        params.unwrap_or_else(|| sampling_params(job)),
+    )?;
     let mut tasks = Vec::with_capacity(seeds.len());
     for &seed in seeds {
         tasks.push(
             cx.environment()?
-                .generate_task(&cx.config, seed, &cx.limits)
+                .generate_task(config, seed, &cx.limits)
                 .await?,
         );
     }
-    let actors = [actor.clone()];
     Ok(futures::future::join_all(
         seeds
             .iter()
             .zip(&tasks)
-            .map(|(&seed, task)| rollout.play(task, seed, &actors)),
+            .map(|(&seed, task)| rollout.play(task, seed, actors)),
     )
     .await)
 }
 
+/// Greedy play on the evaluation seeds of the environment under `config`, scored by the return
+/// of `player` (success: a positive return).
 pub(super) async fn evaluate(
     cx: &JobContext,
     job: &Job,
-    version: &Arc<PolicyVersion>,
+    config: &str,
+    actors: &[Actor],
+    player: usize,
 ) -> anyhow::Result<Evaluation> {
     let seeds: Vec<u64> = (0..job.eval.episodes as u64)
         .map(|i| EVAL_SEEDS + i)
@@ -178,42 +189,51 @@ pub(super) async fn evaluate(
         temperature: 0.0,
         ..sampling_params(job)
     };
-    let actor = Actor::Policy(Some(PolicyRef {
-        name: version.name.clone(),
-        version: Some(version.version),
-    }));
-    let outcomes = play_batch(cx, job, &seeds, &actor, Some(greedy)).await?;
+    let outcomes = play_batch(cx, job, config, &seeds, actors, Some(greedy)).await?;
     let metrics = metrics_of(&outcomes.iter().collect::<Vec<_>>());
+    let returns: Vec<f64> = outcomes
+        .iter()
+        .map(|o| o.returns().get(player).copied().unwrap_or(0.0))
+        .collect();
     Ok(Evaluation {
         episodes: outcomes.len(),
-        reward_mean: mean(
-            outcomes
-                .iter()
-                .map(|o| o.returns().first().copied().unwrap_or(0.0)),
-        ),
-        success_rate: mean(outcomes.iter().map(|o| {
-            let won = o.returns().first().is_some_and(|r| *r > 0.0);
-            f64::from(u8::from(won))
-        })),
+        reward_mean: mean(returns.iter().copied()),
+        success_rate: mean(returns.iter().map(|r| f64::from(u8::from(*r > 0.0)))),
         episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
         metrics,
         loss: None,
     })
 }
 
-/// One forward_backward + optim_step on `datums`; returns the loss per counted token and the
-/// counted tokens.
+/// The actor that samples from `version`.
+pub(super) fn actor_of(version: &PolicyVersion) -> Actor {
+    Actor::Policy(Some(PolicyRef {
+        name: version.name.clone(),
+        version: Some(version.version),
+    }))
+}
+
+/// One fused forward_backward over every adapter's datums, then an optim_step of each adapter
+/// that had some; returns the loss per counted token and the counted tokens.
 pub(super) fn train_step(
     trainer: &mut TrainingEngine,
-    id: &str,
-    datums: Vec<Datum>,
+    batches: Vec<(String, Vec<Datum>)>,
     loss: Loss,
     learning_rate: f64,
 ) -> anyhow::Result<(f64, usize)> {
-    if datums.is_empty() {
+    let items: Vec<WorkItem> = batches
+        .into_iter()
+        .filter(|(_, datums)| !datums.is_empty())
+        .map(|(adapter, datums)| WorkItem {
+            adapter,
+            datums,
+            loss: loss.clone(),
+        })
+        .collect();
+    if items.is_empty() {
         return Ok((0.0, 0));
     }
-    blocking(|| train_on(trainer, id, datums, loss, learning_rate))
+    blocking(|| train_on(trainer, &items, learning_rate))
 }
 
 /// Run CPU-bound `work` without stalling the other tasks of a multi-threaded runtime (the other
@@ -228,27 +248,22 @@ pub(super) fn blocking<T>(work: impl FnOnce() -> T) -> T {
 
 fn train_on(
     trainer: &mut TrainingEngine,
-    id: &str,
-    datums: Vec<Datum>,
-    loss: Loss,
+    items: &[WorkItem],
     learning_rate: f64,
 ) -> anyhow::Result<(f64, usize)> {
-    let outputs = trainer.forward_backward(&[WorkItem {
-        adapter: id.into(),
-        datums,
-        loss,
-    }])?;
+    let outputs = trainer.forward_backward(items)?;
     let tokens = outputs
         .iter()
         .map(|o| o.metrics.get("tokens:sum").copied().unwrap_or(0.0))
         .sum::<f64>();
     let total: f64 = outputs.iter().map(|o| o.loss).sum();
-    // The losses are sums over tokens; the step normalises by the tokens that count.
     let params = AdamParams {
         learning_rate,
         grad_clip_norm: 1.0,
         ..AdamParams::default()
     };
-    trainer.optim_step(id, &params)?;
+    for item in items {
+        trainer.optim_step(&item.adapter, &params)?;
+    }
     Ok((total / tokens.max(1.0), tokens as usize))
 }

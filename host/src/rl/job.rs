@@ -35,6 +35,43 @@ pub struct Job {
     pub eval: EvalSection,
     #[serde(default)]
     pub checkpoint: CheckpointSection,
+    /// Multi-agent jobs: the policies and the players each controls. Absent: one trainable
+    /// policy named `policy` plays every player.
+    #[serde(default)]
+    pub policies: Vec<PolicySection>,
+}
+
+/// A policy of a multi-agent job: a LoRA adapter (or, frozen, the base model as it was when RL
+/// started) and the players it controls; its tokens train only its own adapter, with the
+/// return of the player that sampled them.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySection {
+    /// Names its adapter, its checkpoint folder and its metrics.
+    pub name: String,
+    /// The players it controls (none: every player).
+    #[serde(default)]
+    pub players: Vec<usize>,
+    #[serde(default = "default_true")]
+    pub trainable: bool,
+    /// The environment config its greedy evaluation plays, as player 0 (for a game, against
+    /// the built-in opponent); absent: the job's environment, with every policy in its seat.
+    #[serde(default)]
+    pub eval_config: Option<toml::Value>,
+}
+
+impl PolicySection {
+    /// The evaluation config as the JSON text the plugin receives.
+    pub fn eval_config_json(&self) -> Option<String> {
+        self.eval_config
+            .as_ref()
+            .map(|c| serde_json::to_string(c).unwrap_or_else(|_| "{}".into()))
+    }
+
+    /// Whether it controls `player`.
+    pub fn controls(&self, player: usize) -> bool {
+        self.players.is_empty() || self.players.contains(&player)
+    }
 }
 
 /// A model directory, or a tiny model generated into the run's folder.
@@ -338,6 +375,19 @@ impl Job {
         Ok(job)
     }
 
+    /// The job's policies: those it names, or one trainable `policy` for every player.
+    pub fn policies(&self) -> Vec<PolicySection> {
+        if !self.policies.is_empty() {
+            return self.policies.clone();
+        }
+        vec![PolicySection {
+            name: "policy".into(),
+            players: Vec::new(),
+            trainable: true,
+            eval_config: None,
+        }]
+    }
+
     /// Whether `other` trains on the same base model as this job: the same model and, when a
     /// full-parameter warm-up changes it, the same warm-up on the same environment and agent.
     pub fn same_base(&self, other: &Job) -> bool {
@@ -371,11 +421,56 @@ impl Job {
         if self.rl.steps == 0 && self.sft.is_none() {
             return Err("the job trains nothing: give `[rl]` steps or an `[sft]` section".into());
         }
+        self.check_policies()?;
         if let Some(sft) = &self.sft
             && sft.held_out > 0
             && sft.jsonl().is_none()
         {
             return Err("sft.held_out: only a JSONL source has conversations to hold out".into());
+        }
+        Ok(())
+    }
+}
+
+impl Job {
+    fn check_policies(&self) -> Result<(), String> {
+        if self.policies.is_empty() {
+            return Ok(());
+        }
+        let mut seen_players = std::collections::BTreeSet::new();
+        let mut seen_names = std::collections::BTreeSet::new();
+        for policy in &self.policies {
+            let name = &policy.name;
+            let valid = !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if !valid {
+                return Err(format!(
+                    "policies: name {name:?} must be letters, digits, '-' or '_'"
+                ));
+            }
+            if !seen_names.insert(name.clone()) {
+                return Err(format!("policies: {name:?} is named twice"));
+            }
+            if policy.players.is_empty() && self.policies.len() > 1 {
+                return Err(format!("policies.{name}: name the `players` it controls"));
+            }
+            for player in &policy.players {
+                if !seen_players.insert(*player) {
+                    return Err(format!(
+                        "policies.{name}: player {player} has another policy already"
+                    ));
+                }
+            }
+        }
+        if !self.policies.iter().any(|p| p.trainable) {
+            return Err("policies: none is trainable".into());
+        }
+        if self.policies.len() > 1 && self.sft.as_ref().is_some_and(|s| !s.full_parameters) {
+            return Err(
+                "sft.full_parameters: a job of several policies warms up the shared base".into(),
+            );
         }
         Ok(())
     }
@@ -425,6 +520,32 @@ mod tests {
         let err =
             parse(&MINIMAL.replace("steps = 3", "steps = 3\nestimator = \"ppo\"")).unwrap_err();
         assert!(err.contains("rl.estimator"), "{err}");
+    }
+
+    #[test]
+    fn policies_are_checked_by_name() {
+        let two = |x: &str, o: &str| {
+            format!(
+                "{MINIMAL}\n[[policies]]\nname = \"x\"\nplayers = [{x}]\n\
+                 [[policies]]\nname = \"o\"\nplayers = [{o}]\ntrainable = false\n"
+            )
+        };
+        let job = parse(&two("0", "1")).unwrap();
+        let policies = job.policies();
+        assert_eq!(policies.len(), 2);
+        assert!(policies[0].controls(0) && !policies[0].controls(1));
+        assert!(!policies[1].trainable);
+        let err = parse(&two("0", "0")).unwrap_err();
+        assert!(
+            err.contains("policies.o") && err.contains("player 0"),
+            "{err}"
+        );
+        let err = parse(&two("0", "").replace("players = []\n", "")).unwrap_err();
+        assert!(
+            err.contains("policies.o") && err.contains("players"),
+            "{err}"
+        );
+        assert_eq!(parse(MINIMAL).unwrap().policies()[0].name, "policy");
     }
 
     #[test]

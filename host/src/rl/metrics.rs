@@ -21,8 +21,15 @@ pub struct StepMetrics {
     pub groups_trained: usize,
     pub errors: BTreeMap<String, usize>,
     pub env_metrics: BTreeMap<String, f64>,
+    /// The evaluation of the (first trainable) policy, when one ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval: Option<Evaluation>,
+    /// Multi-agent jobs: the mean return of each policy's players.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub policy_rewards: BTreeMap<String, f64>,
+    /// Multi-agent jobs: each trainable policy's evaluation, when one ran.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub policy_evals: BTreeMap<String, Evaluation>,
     pub seconds: f64,
 }
 
@@ -50,6 +57,16 @@ pub struct Summary {
     pub final_eval: Evaluation,
     pub checkpoint: PathBuf,
     pub out: PathBuf,
+    /// Multi-agent jobs: each trainable policy's first and last evaluation.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub policies: BTreeMap<String, PolicyEvaluations>,
+}
+
+/// A policy's first and last evaluation.
+#[derive(Debug, Serialize)]
+pub struct PolicyEvaluations {
+    pub initial_eval: Evaluation,
+    pub final_eval: Evaluation,
 }
 
 pub(super) fn mean(values: impl Iterator<Item = f64>) -> f64 {

@@ -1,7 +1,10 @@
 //! RL for one job on its shared base (sync mode): sample a batch of groups with the current
-//! policy versions, score them, turn them into datums with group advantages, train one step,
-//! publish the next versions; evaluate and checkpoint as the job says.
+//! policy versions, score them, turn them into datums with group advantages, train one step (all
+//! the job's adapters in one fused pass), publish the next versions; evaluate and checkpoint as
+//! the job says. In a multi-agent job each player acts with its policy's adapter, and its tokens
+//! train only that adapter, with that player's return.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,26 +14,106 @@ use candle_core::DType;
 
 use super::advantage::{Estimator, GroupReturns, advantages};
 use super::context::{
-    JobContext, Progress, Reporter, evaluate, rollout, sampling_params, train_step,
+    JobContext, Progress, Reporter, actor_of, evaluate, rollout, sampling_params, train_step,
 };
 use super::datum::rl_datum;
 use super::driver::{JobStart, SharedBase};
-use super::job::Job;
-use super::metrics::{StepMetrics, Summary, errors_of, mean, metrics_of, std};
+use super::job::{Job, PolicySection};
+use super::metrics::{
+    Evaluation, PolicyEvaluations, StepMetrics, Summary, errors_of, mean, metrics_of, std,
+};
 use super::rollout::{Actor, EpisodeOutcome, RolloutRecord};
 use super::run_folder::Cursor;
 use super::sft::run_sft;
-use super::transcript::TokenSequence;
 use crate::lora::PolicyVersion;
 use crate::plugin::{Plugin, PluginHost};
-use crate::sample::PolicyRef;
 use crate::train::{Datum, Loss, TrainingEngine};
 
-/// The adapter a single-policy job trains.
-const POLICY: &str = "policy";
+/// The current version of each trainable policy of a job.
+struct Versions {
+    policies: Vec<PolicySection>,
+    versions: BTreeMap<String, Arc<PolicyVersion>>,
+}
+
+impl Versions {
+    /// Publish the trainer's adapters as the next versions, under `job/policy` in the shared
+    /// registry.
+    fn publish(
+        &mut self,
+        base: &SharedBase,
+        job: &str,
+        trainer: &TrainingEngine,
+    ) -> anyhow::Result<()> {
+        for policy in self.policies.iter().filter(|p| p.trainable) {
+            let adapter = trainer
+                .adapter(&policy.name)
+                .with_context(|| format!("the adapter of policy {}", policy.name))?;
+            let version = base
+                .registry
+                .publish(&format!("{job}/{}", policy.name), adapter)?;
+            self.versions.insert(policy.name.clone(), version);
+        }
+        Ok(())
+    }
+
+    /// The actor of `policy`: its current version, or the base model when it is frozen.
+    fn actor(&self, policy: &PolicySection) -> Actor {
+        match self.versions.get(&policy.name) {
+            Some(version) => actor_of(version),
+            None => Actor::Policy(None),
+        }
+    }
+
+    /// The actor of each player (the last serves any player beyond).
+    fn actors(&self) -> Vec<Actor> {
+        let seats = self
+            .policies
+            .iter()
+            .flat_map(|p| p.players.iter().map(|s| s + 1))
+            .max()
+            .unwrap_or(1);
+        (0..seats)
+            .map(|seat| {
+                let policy = self.policies.iter().find(|p| p.controls(seat));
+                policy.map_or(Actor::Policy(None), |p| self.actor(p))
+            })
+            .collect()
+    }
+
+    /// Evaluate each trainable policy: greedy, on its own evaluation config as player 0, or on
+    /// the job's environment in its seat with every policy in its own.
+    async fn evaluate(
+        &self,
+        cx: &JobContext,
+        job: &Job,
+    ) -> anyhow::Result<BTreeMap<String, Evaluation>> {
+        let mut evaluations = BTreeMap::new();
+        for policy in self.policies.iter().filter(|p| p.trainable) {
+            let evaluation = match policy.eval_config_json() {
+                Some(config) => evaluate(cx, job, &config, &[self.actor(policy)], 0).await?,
+                None => {
+                    let seat = policy.players.first().copied().unwrap_or(0);
+                    evaluate(cx, job, &cx.config, &self.actors(), seat).await?
+                }
+            };
+            evaluations.insert(policy.name.clone(), evaluation);
+        }
+        Ok(evaluations)
+    }
+}
+
+/// The evaluation that stands for the job: its first trainable policy's.
+fn headline(evaluations: &BTreeMap<String, Evaluation>, policies: &[PolicySection]) -> Evaluation {
+    policies
+        .iter()
+        .find(|p| p.trainable)
+        .and_then(|p| evaluations.get(&p.name))
+        .cloned()
+        .unwrap_or_default()
+}
 
 /// RL for one job on its shared base: sample a batch of groups with the current policy
-/// version, score, build datums, train one step, publish the next version; evaluate and
+/// versions, score, build datums, train one step, publish the next versions; evaluate and
 /// checkpoint as the job says.
 pub(super) async fn train_job(
     host: &PluginHost,
@@ -59,68 +142,60 @@ pub(super) async fn train_job(
         logs: vec![log],
         progress,
     };
+    let policies = job.policies();
+    let trainable: Vec<&PolicySection> = policies.iter().filter(|p| p.trainable).collect();
     let mut trainer = TrainingEngine::new(Arc::clone(base.registry.base()), DType::F32);
     match &checkpoint {
-        Some((dir, _)) => trainer.load_adapter(POLICY, &dir.join(POLICY), true)?,
+        Some((dir, _)) => {
+            for policy in &trainable {
+                trainer.load_adapter(&policy.name, &dir.join(&policy.name), true)?;
+            }
+        }
         None => {
-            trainer.add_adapter(POLICY, job.lora.clone())?;
-            if let Some(sft) = job.sft.as_ref().filter(|w| !w.full_parameters) {
-                sft_evals = run_sft(&cx, job, sft, &mut trainer, POLICY, &mut reporter).await?;
+            for policy in &trainable {
+                trainer.add_adapter(&policy.name, job.lora.clone())?;
+            }
+            // A LoRA SFT trains the single policy's adapter (the job check sees to that).
+            if let (Some(sft), [policy]) = (
+                job.sft.as_ref().filter(|w| !w.full_parameters),
+                trainable.as_slice(),
+            ) {
+                sft_evals =
+                    run_sft(&cx, job, sft, &mut trainer, &policy.name, &mut reporter).await?;
             }
         }
     }
     if job.rl.steps == 0 {
-        // An SFT job: its result is the adapter (or, after a full-parameter SFT, the base).
-        let checkpoint = match job.sft.as_ref().is_some_and(|s| s.full_parameters) {
-            true => PathBuf::from(&base.name),
-            false => {
-                let dir = folder.checkpoint_dir("final");
-                trainer.save_adapter(POLICY, &dir, &base.name, true)?;
-                dir
-            }
-        };
-        let (initial_eval, final_eval) = sft_evals.unwrap_or_default();
-        return Ok(Summary {
-            steps: job.sft.as_ref().map_or(0, |s| s.steps),
-            initial_eval,
-            final_eval,
-            checkpoint,
-            out: folder.root().to_path_buf(),
-        });
+        return sft_summary(job, base, &folder, &trainer, &trainable, sft_evals);
     }
     let loss = Loss::from_config(&job.rl.loss, &job.rl.loss_config)?;
     let estimator = job.rl.estimator().map_err(anyhow::Error::msg)?;
-    // Each job publishes its policy under its own name in the shared registry.
-    let publish = |trainer: &TrainingEngine| -> anyhow::Result<Arc<PolicyVersion>> {
-        let adapter = trainer.adapter(POLICY).context("the policy adapter")?;
-        Ok(base.registry.publish(&run.name, adapter)?)
+    let mut versions = Versions {
+        policies: policies.clone(),
+        versions: BTreeMap::new(),
     };
-    let mut version = publish(&trainer)?;
+    versions.publish(base, &run.name, &trainer)?;
 
-    let (first_step, initial_eval, mut last_eval) = match checkpoint {
-        Some((_, cursor)) => (cursor.steps, cursor.initial_eval, cursor.last_eval),
+    let (first_step, initial_evals, mut last_evals) = match checkpoint {
+        Some((_, cursor)) => (cursor.steps, cursor.initial_evals, cursor.last_evals),
         None => {
-            let eval = evaluate(&cx, job, &version).await?;
-            (0, eval.clone(), eval)
+            let evaluations = versions.evaluate(&cx, job).await?;
+            (0, evaluations.clone(), evaluations)
         }
     };
+    let multi_agent = policies.len() > 1;
     for step in first_step..job.rl.steps {
         let started = Instant::now();
-        let played = play_step(&cx, job, step, &version).await?;
-        let (datums, records, groups_trained) = datums_of(&played, job, estimator);
-        let (loss_value, tokens) = train_step(
-            &mut trainer,
-            POLICY,
-            datums,
-            loss.clone(),
-            job.rl.learning_rate,
-        )?;
-        version = publish(&trainer)?;
+        let played = play_step(&cx, job, step, &versions.actors()).await?;
+        let (batches, records, groups_trained) = datums_of(&played, job, &policies, estimator);
+        let (loss_value, tokens) =
+            train_step(&mut trainer, batches, loss.clone(), job.rl.learning_rate)?;
+        versions.publish(base, &run.name, &trainer)?;
         folder.write_rollouts(step, &records)?;
         let last = step + 1 == job.rl.steps;
-        let eval = if last || (job.eval.every > 0 && (step + 1) % job.eval.every == 0) {
-            last_eval = evaluate(&cx, job, &version).await?;
-            Some(last_eval.clone())
+        let evaluations = if last || (job.eval.every > 0 && (step + 1) % job.eval.every == 0) {
+            last_evals = versions.evaluate(&cx, job).await?;
+            Some(last_evals.clone())
         } else {
             None
         };
@@ -129,6 +204,21 @@ pub(super) async fn train_job(
             .iter()
             .map(|o| o.returns().first().copied().unwrap_or(0.0))
             .collect();
+        let policy_rewards = match multi_agent {
+            true => policies
+                .iter()
+                .map(|p| {
+                    let returns = all.iter().flat_map(|o| {
+                        let returns = o.returns();
+                        (0..returns.len())
+                            .filter(|&seat| p.controls(seat))
+                            .map(move |seat| returns[seat])
+                    });
+                    (p.name.clone(), mean(returns))
+                })
+                .collect(),
+            false => BTreeMap::new(),
+        };
         reporter.line(&StepMetrics {
             step,
             phase: "rl",
@@ -140,7 +230,9 @@ pub(super) async fn train_job(
             groups_trained,
             errors: errors_of(&all),
             env_metrics: metrics_of(&all),
-            eval,
+            eval: evaluations.as_ref().map(|e| headline(e, &policies)),
+            policy_rewards,
+            policy_evals: evaluations.filter(|_| multi_agent).unwrap_or_default(),
             seconds: started.elapsed().as_secs_f64(),
         })?;
         let every = job.checkpoint.every;
@@ -148,37 +240,90 @@ pub(super) async fn train_job(
             let cursor = Cursor {
                 steps: step + 1,
                 metric_lines: reporter.lines(),
-                initial_eval: initial_eval.clone(),
-                last_eval: last_eval.clone(),
+                initial_evals: initial_evals.clone(),
+                last_evals: last_evals.clone(),
             };
             folder.save_checkpoint(&cursor, |temp| {
-                Ok(trainer.save_adapter(POLICY, &temp.join(POLICY), &base.name, true)?)
+                for policy in &trainable {
+                    let dir = temp.join(&policy.name);
+                    trainer.save_adapter(&policy.name, &dir, &base.name, true)?;
+                }
+                Ok(())
             })?;
         }
     }
+    // The final adapter: the single policy's in `final/`, each of several in `final/<name>/`.
     let checkpoint = folder.checkpoint_dir("final");
-    trainer.save_adapter(POLICY, &checkpoint, &base.name, true)?;
+    for policy in &trainable {
+        let dir = match multi_agent {
+            true => checkpoint.join(&policy.name),
+            false => checkpoint.clone(),
+        };
+        trainer.save_adapter(&policy.name, &dir, &base.name, true)?;
+    }
+    let per_policy = match multi_agent {
+        true => trainable
+            .iter()
+            .map(|p| {
+                let evaluations = PolicyEvaluations {
+                    initial_eval: initial_evals.get(&p.name).cloned().unwrap_or_default(),
+                    final_eval: last_evals.get(&p.name).cloned().unwrap_or_default(),
+                };
+                (p.name.clone(), evaluations)
+            })
+            .collect(),
+        false => BTreeMap::new(),
+    };
     Ok(Summary {
         steps: job.rl.steps,
-        initial_eval,
-        final_eval: last_eval,
+        initial_eval: headline(&initial_evals, &policies),
+        final_eval: headline(&last_evals, &policies),
         checkpoint,
         out: folder.root().to_path_buf(),
+        policies: per_policy,
     })
 }
 
-/// Play RL step `step`'s groups with `version`: group g plays one task (seeded by the job's seed,
-/// the step and g) `group_size` times. Returns (group, index in group, outcome) in that order.
+/// The summary of an SFT job: its result is the adapter (or, after a full-parameter SFT, the
+/// base model).
+fn sft_summary(
+    job: &Job,
+    base: &SharedBase,
+    folder: &super::run_folder::RunFolder,
+    trainer: &TrainingEngine,
+    trainable: &[&PolicySection],
+    sft_evals: Option<(Evaluation, Evaluation)>,
+) -> anyhow::Result<Summary> {
+    let checkpoint = match job.sft.as_ref().is_some_and(|s| s.full_parameters) {
+        true => PathBuf::from(&base.name),
+        false => {
+            let dir = folder.checkpoint_dir("final");
+            if let Some(policy) = trainable.first() {
+                trainer.save_adapter(&policy.name, &dir, &base.name, true)?;
+            }
+            dir
+        }
+    };
+    let (initial_eval, final_eval) = sft_evals.unwrap_or_default();
+    Ok(Summary {
+        steps: job.sft.as_ref().map_or(0, |s| s.steps),
+        initial_eval,
+        final_eval,
+        checkpoint,
+        out: folder.root().to_path_buf(),
+        policies: BTreeMap::new(),
+    })
+}
+
+/// Play RL step `step`'s groups: group g plays one task (seeded by the job's seed, the step and
+/// g) `group_size` times, player p acting as `actors[p]`. Returns (group, index in group,
+/// outcome) in that order.
 async fn play_step(
     cx: &JobContext,
     job: &Job,
     step: usize,
-    version: &PolicyVersion,
+    actors: &[Actor],
 ) -> anyhow::Result<Vec<(usize, usize, EpisodeOutcome)>> {
-    let policy = Actor::Policy(Some(PolicyRef {
-        name: version.name.clone(),
-        version: Some(version.version),
-    }));
     let (groups, size) = (job.rl.groups_per_batch, job.rl.group_size);
     let task_seeds: Vec<u64> = (0..groups as u64)
         .map(|g| job.rl.seed.wrapping_mul(1_000_003) + (step * groups) as u64 + g)
@@ -191,15 +336,14 @@ async fn play_step(
                 .await?,
         );
     }
-    let rollout = rollout(cx, job, sampling_params(job))?;
-    let actors = [policy];
+    let rollout = rollout(cx, job, &cx.config, sampling_params(job))?;
     let episodes = tasks.iter().enumerate().flat_map(|(g, task)| {
         let seed = task_seeds[g];
         (0..size).map(move |i| (g, i, task, seed * 1000 + i as u64))
     });
     let mut played: Vec<(usize, usize, EpisodeOutcome)> =
         futures::future::join_all(episodes.map(|(g, i, task, seed)| {
-            let (rollout, actors) = (&rollout, &actors);
+            let rollout = &rollout;
             async move { (g, i, rollout.play(task, seed, actors).await) }
         }))
         .await;
@@ -254,47 +398,69 @@ async fn score_group(
     }
 }
 
-/// Group advantages and the datums of the played episodes (in group and index order), with the
-/// records of the rollout file, and the number of groups that were not skipped.
+/// Group advantages and the datums of the played episodes (in group and index order) for each
+/// trainable policy: each of its players' sequences, with that player's advantages within the
+/// group. Also the records of the rollout file and the number of groups that were not skipped
+/// (for any player).
 fn datums_of(
     played: &[(usize, usize, EpisodeOutcome)],
     job: &Job,
+    policies: &[PolicySection],
     estimator: Estimator,
-) -> (Vec<Datum>, Vec<RolloutRecord>, usize) {
-    let mut datums = Vec::new();
+) -> (Vec<(String, Vec<Datum>)>, Vec<RolloutRecord>, usize) {
+    let mut batches: Vec<(String, Vec<Datum>)> = policies
+        .iter()
+        .filter(|p| p.trainable)
+        .map(|p| (p.name.clone(), Vec::new()))
+        .collect();
     let mut records = Vec::new();
     let mut groups_trained = 0;
+    let seats = played
+        .iter()
+        .map(|(_, _, o)| o.transcripts.len())
+        .max()
+        .unwrap_or(0);
     for g in 0..job.rl.groups_per_batch {
         let group: Vec<&(usize, usize, EpisodeOutcome)> =
             played.iter().filter(|(i, _, _)| *i == g).collect();
-        let returns = GroupReturns {
-            turn_rewards: group
-                .iter()
-                .map(|(_, _, o)| o.turn_rewards.first().cloned().unwrap_or_default())
-                .collect(),
-        };
-        let advantage = advantages(&returns, estimator, job.rl.skip_equal_groups);
-        groups_trained += usize::from(advantage.is_some());
+        // Per seat, the advantages of each episode of the group (None: skipped).
+        let per_seat: Vec<Option<Vec<Vec<f64>>>> = (0..seats)
+            .map(|seat| {
+                let returns = GroupReturns {
+                    turn_rewards: group
+                        .iter()
+                        .map(|(_, _, o)| o.turn_rewards.get(seat).cloned().unwrap_or_default())
+                        .collect(),
+                };
+                advantages(&returns, estimator, job.rl.skip_equal_groups)
+            })
+            .collect();
+        groups_trained += usize::from(per_seat.iter().any(Option::is_some));
         for (n, (group, index, outcome)) in group.iter().enumerate() {
-            let per_turn: &[f64] = advantage.as_ref().map_or(&[], |a| &a[n]);
-            let turn_advantage = |turn: usize| per_turn.get(turn).copied().unwrap_or(0.0) as f32;
-            let sequences: Vec<TokenSequence> = match outcome.transcripts.first() {
-                Some(Some(transcript)) => transcript.clone().into_sequences(),
-                _ => Vec::new(),
-            };
-            if advantage.is_some() {
-                for sequence in &sequences {
-                    datums.extend(rl_datum(sequence, turn_advantage));
+            let mut sequences = Vec::new();
+            for seat in 0..outcome.transcripts.len() {
+                let Some(transcript) = &outcome.transcripts[seat] else {
+                    continue;
+                };
+                let advantage: Vec<f64> = per_seat[seat]
+                    .as_ref()
+                    .map(|a| a[n].clone())
+                    .unwrap_or_default();
+                let player_sequences = transcript.clone().into_sequences();
+                let trains = policies.iter().find(|p| p.trainable && p.controls(seat));
+                if let (Some(policy), Some(_)) = (trains, &per_seat[seat])
+                    && let Some((_, datums)) = batches.iter_mut().find(|(n, _)| *n == policy.name)
+                {
+                    let turn_advantage =
+                        |turn: usize| advantage.get(turn).copied().unwrap_or(0.0) as f32;
+                    for sequence in &player_sequences {
+                        datums.extend(rl_datum(sequence, turn_advantage));
+                    }
                 }
+                sequences.push((seat, player_sequences, advantage));
             }
-            records.push(RolloutRecord::new(
-                *group,
-                *index,
-                outcome,
-                &[(0, sequences)],
-                turn_advantage,
-            ));
+            records.push(RolloutRecord::new(*group, *index, outcome, &sequences));
         }
     }
-    (datums, records, groups_trained)
+    (batches, records, groups_trained)
 }

@@ -104,16 +104,17 @@ pub struct SequenceRecord {
 }
 
 impl RolloutRecord {
-    /// The record of `outcome`, with each player's sequences and the advantage of each turn.
+    /// The record of `outcome`, with each player's sequences and the advantage of each of its
+    /// turns: `(player, sequences, advantage per turn)`.
     pub fn new(
         group: usize,
         index: usize,
         outcome: &EpisodeOutcome,
-        sequences: &[(usize, Vec<TokenSequence>)],
-        turn_advantage: impl Fn(usize) -> f32,
+        sequences: &[(usize, Vec<TokenSequence>, Vec<f64>)],
     ) -> Self {
         let mut records = Vec::new();
-        for (player, player_sequences) in sequences {
+        for (player, player_sequences, advantages) in sequences {
+            let turn_advantage = |turn: usize| advantages.get(turn).copied().unwrap_or(0.0) as f32;
             for sequence in player_sequences {
                 let mut record = SequenceRecord {
                     player: *player,

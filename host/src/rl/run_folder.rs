@@ -12,6 +12,7 @@
 //! every sampling seed derive from the job's seed, the step and the episode's place in its
 //! group, so the cursor is the RNG state.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -33,8 +34,10 @@ pub struct Cursor {
     pub steps: usize,
     /// Lines of `metrics.jsonl` this checkpoint covers.
     pub metric_lines: usize,
-    pub initial_eval: Evaluation,
-    pub last_eval: Evaluation,
+    /// Each trainable policy's first evaluation.
+    pub initial_evals: BTreeMap<String, Evaluation>,
+    /// Each trainable policy's latest evaluation.
+    pub last_evals: BTreeMap<String, Evaluation>,
 }
 
 /// `metrics.jsonl`, appended one line at a time.
@@ -262,13 +265,13 @@ mod tests {
     fn the_latest_whole_checkpoint_wins() {
         let dir = tempfile::tempdir().unwrap();
         let run = RunFolder::create(dir.path()).unwrap();
-        let eval = Evaluation::default();
+        let evals = BTreeMap::from([("policy".to_string(), Evaluation::default())]);
         for steps in [2, 10, 4] {
             let cursor = Cursor {
                 steps,
                 metric_lines: steps + 1,
-                initial_eval: eval.clone(),
-                last_eval: eval.clone(),
+                initial_evals: evals.clone(),
+                last_evals: evals.clone(),
             };
             run.save_checkpoint(&cursor, |temp| {
                 std::fs::create_dir(temp.join("policy"))?;

@@ -5,7 +5,6 @@
 //! The file format is JSON Lines, one conversation per line: `{"messages": [{"role": "user",
 //! "content": "..."}, {"role": "assistant", "content": "..."}]}`.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -179,7 +178,8 @@ pub(super) async fn run_sft(
                 let seeds: Vec<u64> = (0..sft.batch as u64)
                     .map(|i| (1 << 32) + (step * sft.batch) as u64 + i)
                     .collect();
-                let outcomes = play_batch(cx, job, &seeds, &Actor::Demonstration, None).await?;
+                let outcomes =
+                    play_batch(cx, job, &cx.config, &seeds, &[Actor::Demonstration], None).await?;
                 let datums: Vec<Datum> = outcomes
                     .iter()
                     .filter(|o| o.error.is_none())
@@ -201,8 +201,12 @@ pub(super) async fn run_sft(
                 (datums, Vec::new())
             }
         };
-        let (loss_value, tokens) =
-            train_step(trainer, id, datums, Loss::CrossEntropy, sft.learning_rate)?;
+        let (loss_value, tokens) = train_step(
+            trainer,
+            vec![(id.to_string(), datums)],
+            Loss::CrossEntropy,
+            sft.learning_rate,
+        )?;
         let due = step + 1 == sft.steps || (sft.eval_every > 0 && (step + 1) % sft.eval_every == 0);
         let eval = if due { held_out_loss(trainer)? } else { None };
         if eval.is_some() {
@@ -211,16 +215,13 @@ pub(super) async fn run_sft(
         reporter.line(&StepMetrics {
             step,
             phase: "sft",
-            reward_mean: 0.0,
-            reward_std: 0.0,
             episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
             tokens,
             loss: loss_value,
-            groups_trained: 0,
             errors: errors(&outcomes),
-            env_metrics: BTreeMap::new(),
             eval,
             seconds: started.elapsed().as_secs_f64(),
+            ..StepMetrics::default()
         })?;
     }
     Ok(initial.zip(last))

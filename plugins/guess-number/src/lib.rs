@@ -3,7 +3,11 @@
 //! so fewer turns earn more; running out gives 0. A reply with no number is an invalid action:
 //! it costs a turn and is told so.
 //!
-//! Config (JSON): `{"max": 100, "turns": 10}`. Task (JSON): `{"secret": 37}`.
+//! Demonstrations are binary search (`"demonstrations": "binary"`, default) or a random number the
+//! hints still allow (`"random"`: a consistent but slow searcher, so RL has turns to save).
+//!
+//! Config (JSON): `{"max": 100, "turns": 10, "demonstrations": "binary"}`. Task (JSON):
+//! `{"secret": 37}`.
 
 use opentinker_sdk::text::last_number;
 use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, SeededRng, StepResult};
@@ -17,6 +21,16 @@ const MAX_TURNS: u32 = 32;
 struct Config {
     max: u32,
     turns: u32,
+    demonstrations: Demonstrations,
+}
+
+/// Where demonstration guesses come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Demonstrations {
+    #[default]
+    Binary,
+    Random,
 }
 
 impl Default for Config {
@@ -24,6 +38,7 @@ impl Default for Config {
         Config {
             max: 100,
             turns: 10,
+            demonstrations: Demonstrations::Binary,
         }
     }
 }
@@ -60,6 +75,8 @@ pub struct GuessNumber {
     /// What the hints so far allow: the secret is in `low..=high`.
     low: u32,
     high: u32,
+    /// Draws random demonstrations.
+    rng: SeededRng,
 }
 
 impl Environment for GuessNumber {
@@ -77,7 +94,7 @@ impl Environment for GuessNumber {
         serde_json::to_string(&Task { secret }).map_err(PluginError::new)
     }
 
-    fn new(config: &str, task: &str, _seed: u64) -> Result<Self, PluginError> {
+    fn new(config: &str, task: &str, seed: u64) -> Result<Self, PluginError> {
         let config = parse_config(config)?;
         let task: Task = serde_json::from_str(task)
             .map_err(|e| PluginError::new(format!("guess-number task: {e}")))?;
@@ -94,6 +111,7 @@ impl Environment for GuessNumber {
             turn: 0,
             low: 1,
             high,
+            rng: SeededRng::new(seed),
         })
     }
 
@@ -139,7 +157,13 @@ impl Environment for GuessNumber {
     }
 
     fn demonstration(&mut self) -> Option<String> {
-        Some(((self.low + self.high) / 2).to_string())
+        let guess = match self.config.demonstrations {
+            Demonstrations::Binary => (self.low + self.high) / 2,
+            Demonstrations::Random => {
+                self.rng.range(i64::from(self.low), i64::from(self.high)) as u32
+            }
+        };
+        Some(guess.to_string())
     }
 }
 
@@ -183,6 +207,38 @@ mod tests {
             }
             assert!(turns <= 7, "secret {secret} took {turns} turns");
         }
+    }
+
+    #[test]
+    fn random_demonstrations_stay_within_the_hints_and_take_longer() {
+        let (mut binary_turns, mut random_turns) = (0, 0);
+        for secret in 1..=16u32 {
+            let task = format!(r#"{{"secret": {secret}}}"#);
+            for (config, total) in [
+                (r#"{"max": 16, "turns": 32}"#, &mut binary_turns),
+                (
+                    r#"{"max": 16, "turns": 32, "demonstrations": "random"}"#,
+                    &mut random_turns,
+                ),
+            ] {
+                let mut env = GuessNumber::new(config, &task, secret.into()).unwrap();
+                loop {
+                    *total += 1;
+                    let guess: u32 = env.demonstration().unwrap().parse().unwrap();
+                    assert!(
+                        (env.low..=env.high).contains(&guess),
+                        "{guess} outside the hints"
+                    );
+                    if env.step(&guess.to_string()).unwrap().next_player.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(
+            random_turns > binary_turns,
+            "{random_turns} vs {binary_turns}"
+        );
     }
 
     #[test]
