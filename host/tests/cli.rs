@@ -551,7 +551,7 @@ fn short_examples(into: &Path) -> Vec<PathBuf> {
         set("eval", "episodes", 4.into());
         set("eval", "every", 1.into());
         job.insert("checkpoint".into(), toml::toml! { every = 1 }.into());
-        for section in ["environment", "agent"] {
+        for section in ["environment", "agent", "reward"] {
             if let Some(table) = job.get_mut(section).and_then(|s| s.as_table_mut()) {
                 let plugin = table["plugin"].as_str().unwrap();
                 let absolute = examples.join(plugin).canonicalize().unwrap();
@@ -603,10 +603,21 @@ fn every_example_runs_a_few_steps_in_one_process_and_writes_complete_files() {
         assert_eq!(summary["out"], run.to_str().unwrap(), "{name}");
         assert_eq!(summary["steps"], 2, "{name}");
         let checkpoint = PathBuf::from(summary["checkpoint"].as_str().unwrap());
-        assert!(
-            checkpoint.join("adapter_model.safetensors").is_file(),
-            "{name}"
-        );
+        // A multi-agent job has one adapter folder per policy.
+        let policies: Vec<String> = match summary["policies"].as_object() {
+            Some(policies) => policies.keys().cloned().collect(),
+            None => Vec::new(),
+        };
+        let finals: Vec<PathBuf> = match policies.is_empty() {
+            true => vec![checkpoint.clone()],
+            false => policies.iter().map(|p| checkpoint.join(p)).collect(),
+        };
+        for adapter in &finals {
+            assert!(
+                adapter.join("adapter_model.safetensors").is_file(),
+                "{name}"
+            );
+        }
         let lines = metric_lines(&run);
         for line in &lines {
             for key in ["reward_mean", "reward_std", "episode_steps", "loss"] {
@@ -631,6 +642,16 @@ fn every_example_runs_a_few_steps_in_one_process_and_writes_complete_files() {
         }
         let rl: Vec<_> = lines.iter().filter(|l| l["phase"] == "rl").collect();
         assert_eq!(rl.len(), 2, "{name}");
+        for policy in &policies {
+            assert!(
+                rl.iter()
+                    .all(|l| l["policy_evals"][policy]["success_rate"].is_number())
+            );
+            assert!(
+                rl.iter().all(|l| l["policy_rewards"][policy].is_number()),
+                "{name}"
+            );
+        }
         assert!(
             rl.iter().all(|l| l["eval"]["success_rate"].is_number()),
             "{name}"
@@ -661,12 +682,18 @@ fn every_example_runs_a_few_steps_in_one_process_and_writes_complete_files() {
             }
             let checkpoint = run.join(format!("checkpoints/step-{}", step + 1));
             assert!(checkpoint.join("cursor.json").is_file(), "{name}");
-            assert!(
-                checkpoint
-                    .join("policy/adapter_model.safetensors")
-                    .is_file()
-            );
-            assert!(checkpoint.join("policy/optimizer.safetensors").is_file());
+            let adapters = match policies.is_empty() {
+                true => vec!["policy".to_string()],
+                false => policies.clone(),
+            };
+            for adapter in adapters {
+                let adapter = checkpoint.join(adapter);
+                assert!(
+                    adapter.join("adapter_model.safetensors").is_file(),
+                    "{name}"
+                );
+                assert!(adapter.join("optimizer.safetensors").is_file(), "{name}");
+            }
         }
     }
 }

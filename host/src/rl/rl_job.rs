@@ -464,3 +464,75 @@ fn datums_of(
     }
     (batches, records, groups_trained)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::rl::transcript::Transcript;
+
+    fn policy(name: &str, players: Vec<usize>, trainable: bool) -> PolicySection {
+        PolicySection {
+            name: name.into(),
+            players,
+            trainable,
+            eval_config: None,
+        }
+    }
+
+    /// An episode where seat 0 played token 10 + i and seat 1 token 20 + i, with returns
+    /// (r0, -r0).
+    fn episode(i: u32, r0: f64) -> EpisodeOutcome {
+        let seat = |token: u32| {
+            let mut transcript = Transcript::new(vec![1, 2]);
+            transcript
+                .push_action(vec![token, 3], vec![-0.5, -0.1])
+                .unwrap();
+            Some(transcript)
+        };
+        EpisodeOutcome {
+            seed: u64::from(i),
+            task: "{}".into(),
+            transcripts: vec![seat(10 + i), seat(20 + i)],
+            turn_rewards: vec![vec![r0], vec![-r0]],
+            error: None,
+            steps: 2,
+            metrics: BTreeMap::new(),
+            messages: vec![Vec::new(), Vec::new()],
+            scores: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn each_seat_trains_only_its_own_policy_with_its_own_return() {
+        let job: Job = toml::from_str(
+            "[model]\ninit_tiny = {}\n[rl]\nsteps = 1\ngroups_per_batch = 1\ngroup_size = 2\n",
+        )
+        .unwrap();
+        let played = vec![(0, 0, episode(0, 1.0)), (0, 1, episode(1, -1.0))];
+        let policies = [policy("x", vec![0], true), policy("o", vec![1], true)];
+        let (batches, records, groups) = datums_of(&played, &job, &policies, Estimator::GroupMean);
+        assert_eq!(groups, 1);
+        assert_eq!(records.len(), 2);
+        let batch = |name: &str| &batches.iter().find(|(n, _)| n == name).unwrap().1;
+        // Seat 0 won episode 0 and lost episode 1: advantages +1 and -1 on its sampled tokens.
+        let x = batch("x");
+        assert_eq!(x.len(), 2);
+        assert_eq!(x[0].target_tokens, vec![2, 10, 3]);
+        assert_eq!(x[0].advantages, Some(vec![0.0, 1.0, 1.0]));
+        assert_eq!(x[1].target_tokens, vec![2, 11, 3]);
+        assert_eq!(x[1].advantages, Some(vec![0.0, -1.0, -1.0]));
+        // Seat 1 has the opposite returns, and only its own tokens.
+        let o = batch("o");
+        assert_eq!(o[0].target_tokens, vec![2, 20, 3]);
+        assert_eq!(o[0].advantages, Some(vec![0.0, -1.0, -1.0]));
+        assert_eq!(o[1].advantages, Some(vec![0.0, 1.0, 1.0]));
+
+        // A frozen policy's seat trains nothing.
+        let frozen = [policy("x", vec![0], true), policy("o", vec![1], false)];
+        let (batches, _, _) = datums_of(&played, &job, &frozen, Estimator::GroupMean);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].0, "x");
+    }
+}
