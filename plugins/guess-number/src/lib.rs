@@ -111,7 +111,9 @@ impl Environment for GuessNumber {
             turn: 0,
             low: 1,
             high,
-            rng: SeededRng::new(seed),
+            // Not the task's own stream: a job may seed the task and the episode alike, and the
+            // first random guess would then be the secret.
+            rng: SeededRng::new(seed ^ 0xD3E0_5EED_0000_0001),
         })
     }
 
@@ -221,7 +223,8 @@ mod tests {
                     &mut random_turns,
                 ),
             ] {
-                let mut env = GuessNumber::new(config, &task, secret.into()).unwrap();
+                let seed = u64::from(secret);
+                let mut env = GuessNumber::new(config, &task, seed).unwrap();
                 loop {
                     *total += 1;
                     let guess: u32 = env.demonstration().unwrap().parse().unwrap();
@@ -239,6 +242,21 @@ mod tests {
             random_turns > binary_turns,
             "{random_turns} vs {binary_turns}"
         );
+    }
+
+    #[test]
+    fn random_demonstrations_do_not_know_the_secret_when_task_and_episode_share_a_seed() {
+        let config = r#"{"max": 16, "turns": 6, "demonstrations": "random"}"#;
+        let lucky = (0..160u64)
+            .filter(|&seed| {
+                let task = GuessNumber::generate_task(config, seed).unwrap();
+                let secret: Task = serde_json::from_str(&task).unwrap();
+                let mut env = GuessNumber::new(config, &task, seed).unwrap();
+                env.demonstration() == Some(secret.secret.to_string())
+            })
+            .count();
+        // About one in 16 by chance.
+        assert!(lucky < 30, "{lucky} of 160 first guesses were the secret");
     }
 
     #[test]
