@@ -618,6 +618,8 @@ fn every_example_runs_a_few_steps_in_one_process_and_writes_complete_files() {
                 "{name}"
             );
         }
+        let report = std::fs::read(run.join("report.png")).unwrap();
+        assert_eq!(&report[1..4], b"PNG", "{name}");
         let lines = metric_lines(&run);
         for line in &lines {
             for key in ["reward_mean", "reward_std", "episode_steps", "loss"] {

@@ -9,6 +9,7 @@ pub mod driver;
 pub mod job;
 pub mod metrics;
 pub mod render;
+pub mod report;
 mod rl_job;
 pub mod rollout;
 pub mod run_folder;

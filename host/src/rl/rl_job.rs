@@ -250,6 +250,7 @@ pub(super) async fn train_job(
                 }
                 Ok(())
             })?;
+            folder.write_report()?;
         }
     }
     // The final adapter: the single policy's in `final/`, each of several in `final/<name>/`.
@@ -304,6 +305,7 @@ fn sft_summary(
             dir
         }
     };
+    folder.write_report()?;
     let (initial_eval, final_eval) = sft_evals.unwrap_or_default();
     Ok(Summary {
         steps: job.sft.as_ref().map_or(0, |s| s.steps),

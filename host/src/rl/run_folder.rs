@@ -1,6 +1,6 @@
 //! The files of a run folder (OUT) and what `--resume` reads back:
 //!
-//! - `metrics.jsonl`: one line per step (warm-up, then RL);
+//! - `metrics.jsonl`: one line per step (SFT, then RL), and `report.png`, its curves;
 //! - `rollouts/step-N.jsonl`: the trajectories sampled at RL step N;
 //! - `base/`: the model after a full-parameter warm-up (a model directory of its own), with
 //!   `warmup.json`, the number of metric lines it covers;
@@ -113,6 +113,11 @@ impl RunFolder {
             .join("rollouts")
             .join(format!("step-{step}.jsonl"));
         write_atomic(&path, &text).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Draw `report.png` from the metrics so far.
+    pub fn write_report(&self) -> anyhow::Result<()> {
+        super::report::write_report(&self.root.join(METRICS), &self.root.join("report.png"))
     }
 
     pub fn base_dir(&self) -> PathBuf {
