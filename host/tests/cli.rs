@@ -442,6 +442,7 @@ group_size = 4
 max_turns = 1
 max_tokens = 6
 skip_equal_groups = false
+kl_coef = 0.05
 [eval]
 every = 3
 episodes = 8
@@ -464,6 +465,16 @@ every = 1
     let run_time = started.elapsed();
     let expected = metric_lines(&whole);
     assert_eq!(expected.len(), 3 + 8);
+    for line in &expected[3..] {
+        assert!(line["kl"].as_f64().is_some_and(f64::is_finite), "{line}");
+        assert!(line["entropy"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    // The first step samples from the reference itself.
+    assert!(
+        expected[3]["kl"].as_f64().unwrap().abs() < 1e-3,
+        "{}",
+        expected[3]
+    );
 
     // Kill the run three times at random moments, resuming after each, then let it finish.
     let killed = dir.path().join("killed");

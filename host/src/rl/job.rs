@@ -239,6 +239,13 @@ pub struct RlSection {
     pub failure_reward: f64,
     #[serde(default)]
     pub seed: u64,
+    /// The weight of the KL penalty folded into the advantages (0: none).
+    #[serde(default)]
+    pub kl_coef: f64,
+    /// The KL reference: a PEFT adapter folder (one subfolder per policy in a multi-agent job);
+    /// absent: each policy as it was when RL started.
+    #[serde(default)]
+    pub kl_reference: Option<PathBuf>,
 }
 
 fn default_groups() -> usize {
@@ -289,6 +296,8 @@ impl Default for RlSection {
             skip_equal_groups: true,
             failure_reward: 0.0,
             seed: 0,
+            kl_coef: 0.0,
+            kl_reference: None,
         }
     }
 }
@@ -367,6 +376,9 @@ impl Job {
         if let Some(reward) = &mut job.reward {
             reward.plugin = resolve(&reward.plugin);
         }
+        if let Some(reference) = &job.rl.kl_reference {
+            job.rl.kl_reference = Some(resolve(reference));
+        }
         if let Some(dir) = &job.model.dir {
             job.model.dir = Some(resolve(dir));
         }
@@ -417,6 +429,12 @@ impl Job {
         let demonstrations = self.sft.as_ref().is_some_and(|s| s.jsonl().is_none());
         if self.environment.is_none() && (self.rl.steps > 0 || demonstrations) {
             return Err("environment: RL and demonstrations need an `[environment]`".into());
+        }
+        if !(self.rl.kl_coef >= 0.0 && self.rl.kl_coef.is_finite()) {
+            return Err(format!(
+                "rl.kl_coef: {} is not a finite number >= 0",
+                self.rl.kl_coef
+            ));
         }
         if self.rl.steps == 0 && self.sft.is_none() {
             return Err("the job trains nothing: give `[rl]` steps or an `[sft]` section".into());

@@ -19,6 +19,12 @@ pub struct StepMetrics {
     pub tokens: usize,
     pub loss: f64,
     pub groups_trained: usize,
+    /// The mean negative logprob of the sampled tokens trained on (an estimate of the policy's
+    /// entropy on its own samples).
+    pub entropy: f64,
+    /// With a KL penalty: the mean of log π(t) - log π_ref(t) over the sampled tokens trained on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kl: Option<f64>,
     pub errors: BTreeMap<String, usize>,
     pub env_metrics: BTreeMap<String, f64>,
     /// The evaluation of the (first trainable) policy, when one ran.
@@ -30,6 +36,9 @@ pub struct StepMetrics {
     /// Multi-agent jobs: each trainable policy's evaluation, when one ran.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub policy_evals: BTreeMap<String, Evaluation>,
+    /// On the first RL step's line: each trainable policy's evaluation before any RL update.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub initial_evals: BTreeMap<String, Evaluation>,
     pub seconds: f64,
 }
 

@@ -17,6 +17,8 @@ type Curve = (String, Vec<(f64, f64)>);
 struct Panel {
     title: &'static str,
     curves: Vec<Curve>,
+    /// Rates are drawn on 0..1 whatever their values.
+    rates: bool,
 }
 
 /// Read `metrics.jsonl` into the training panel and the evaluation panel. RL steps are counted
@@ -47,6 +49,22 @@ fn panels(metrics: &Path) -> anyhow::Result<[Panel; 2]> {
         if let Some(loss) = line["eval"]["loss"].as_f64() {
             add("held-out loss".into(), x, loss);
         }
+        // The evaluation before RL (or SFT), on the first step's line.
+        if let Some(initial) = line["initial_evals"].as_object() {
+            let several = initial.len() > 1;
+            for (name, eval) in initial {
+                // SFT's first line: the held-out loss before any step.
+                if let Some(loss) = eval["loss"].as_f64() {
+                    add("held-out loss".into(), 0.0, loss);
+                } else if let Some(rate) = eval["success_rate"].as_f64() {
+                    let curve = match several {
+                        true => format!("{name}: success rate"),
+                        false => "success rate".into(),
+                    };
+                    add(curve, sft_steps, rate);
+                }
+            }
+        }
         match line["policy_evals"].as_object() {
             Some(policies) => {
                 for (name, eval) in policies {
@@ -73,9 +91,11 @@ fn panels(metrics: &Path) -> anyhow::Result<[Panel; 2]> {
         Panel {
             title: "training",
             curves: training,
+            rates: false,
         },
         Panel {
             title: "greedy evaluation",
+            rates: evaluations.iter().all(|c| c.0.ends_with("success rate")),
             curves: evaluations,
         },
     ])
@@ -117,7 +137,7 @@ where
         y_min = y_min.min(y);
         y_max = y_max.max(y);
     }
-    if !y_min.is_finite() {
+    if !y_min.is_finite() || panel.rates {
         (y_min, y_max) = (0.0, 1.0);
     }
     let pad = ((y_max - y_min) * 0.05).max(1e-3);
@@ -172,7 +192,7 @@ mod tests {
         let lines = [
             r#"{"step":0,"phase":"sft","loss":2.0,"reward_mean":0.0}"#,
             r#"{"step":1,"phase":"sft","loss":1.0,"reward_mean":0.0}"#,
-            r#"{"step":0,"phase":"rl","loss":0.1,"reward_mean":0.2}"#,
+            r#"{"step":0,"phase":"rl","loss":0.1,"reward_mean":0.2,"initial_evals":{"x":{"success_rate":0.3},"o":{"success_rate":0.1}}}"#,
             r#"{"step":1,"phase":"rl","loss":0.1,"reward_mean":0.5,"eval":{"success_rate":0.7},"policy_evals":{"x":{"success_rate":0.7},"o":{"success_rate":0.4}}}"#,
         ];
         std::fs::write(&metrics, lines.join("\n")).unwrap();
@@ -182,6 +202,9 @@ mod tests {
         assert_eq!(training.curves[1].1, vec![(3.0, 0.2), (4.0, 0.5)]);
         let names: Vec<&str> = evaluation.curves.iter().map(|c| c.0.as_str()).collect();
         assert_eq!(names, ["o: success rate", "x: success rate"]);
+        // Each starts with its evaluation before RL, after the SFT steps.
+        assert_eq!(evaluation.curves[1].1, vec![(2.0, 0.3), (4.0, 0.7)]);
+        assert!(evaluation.rates);
 
         let png = dir.path().join("report.png");
         write_report(&metrics, &png).unwrap();

@@ -12,9 +12,10 @@ use std::time::Instant;
 use anyhow::Context;
 use candle_core::DType;
 
-use super::advantage::{Estimator, GroupReturns, advantages};
+use super::advantage::{Estimator, GroupReturns, advantages, fold_kl};
 use super::context::{
-    JobContext, Progress, Reporter, actor_of, evaluate, rollout, sampling_params, train_step,
+    JobContext, Progress, Reporter, actor_of, blocking, evaluate, rollout, sampling_params,
+    train_step,
 };
 use super::datum::rl_datum;
 use super::driver::{JobStart, SharedBase};
@@ -27,7 +28,10 @@ use super::run_folder::Cursor;
 use super::sft::run_sft;
 use crate::lora::PolicyVersion;
 use crate::plugin::{Plugin, PluginHost};
-use crate::train::{Datum, Loss, TrainingEngine};
+use crate::train::{Datum, Loss, TrainingEngine, WorkItem};
+
+/// The datums of one adapter in a training step.
+type AdapterBatch = (String, Vec<Datum>);
 
 /// The current version of each trainable policy of a job.
 struct Versions {
@@ -175,6 +179,16 @@ pub(super) async fn train_job(
         versions: BTreeMap::new(),
     };
     versions.publish(base, &run.name, &trainer)?;
+    let references = match job.rl.kl_coef > 0.0 {
+        true => Some(load_references(
+            job,
+            &folder,
+            &mut trainer,
+            &trainable,
+            &base.name,
+        )?),
+        false => None,
+    };
 
     let (first_step, initial_evals, mut last_evals) = match checkpoint {
         Some((_, cursor)) => (cursor.steps, cursor.initial_evals, cursor.last_evals),
@@ -187,7 +201,17 @@ pub(super) async fn train_job(
     for step in first_step..job.rl.steps {
         let started = Instant::now();
         let played = play_step(&cx, job, step, &versions.actors()).await?;
-        let (batches, records, groups_trained) = datums_of(&played, job, &policies, estimator);
+        let (mut batches, records, groups_trained) = datums_of(&played, job, &policies, estimator);
+        let entropy = sampled_entropy(&batches);
+        let kl = match &references {
+            Some(references) => Some(fold_kl_penalty(
+                &trainer,
+                references,
+                &mut batches,
+                job.rl.kl_coef,
+            )?),
+            None => None,
+        };
         let (loss_value, tokens) =
             train_step(&mut trainer, batches, loss.clone(), job.rl.learning_rate)?;
         versions.publish(base, &run.name, &trainer)?;
@@ -228,11 +252,17 @@ pub(super) async fn train_job(
             tokens,
             loss: loss_value,
             groups_trained,
+            entropy,
+            kl,
             errors: errors_of(&all),
             env_metrics: metrics_of(&all),
             eval: evaluations.as_ref().map(|e| headline(e, &policies)),
             policy_rewards,
             policy_evals: evaluations.filter(|_| multi_agent).unwrap_or_default(),
+            initial_evals: match step {
+                0 => initial_evals.clone(),
+                _ => BTreeMap::new(),
+            },
             seconds: started.elapsed().as_secs_f64(),
         })?;
         let every = job.checkpoint.every;
@@ -283,6 +313,93 @@ pub(super) async fn train_job(
         out: folder.root().to_path_buf(),
         policies: per_policy,
     })
+}
+
+/// The KL reference of each trainable policy, loaded into the trainer as `<policy>@reference`:
+/// the job's `kl_reference`, or the policy as it is now (RL's start), saved in `reference/` so a
+/// resumed run compares with the same one. Returns (policy, reference adapter) names.
+fn load_references(
+    job: &Job,
+    folder: &super::run_folder::RunFolder,
+    trainer: &mut TrainingEngine,
+    trainable: &[&PolicySection],
+    base_name: &str,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let mut names = Vec::new();
+    for policy in trainable {
+        let dir = match (&job.rl.kl_reference, trainable.len()) {
+            (Some(dir), 1) => dir.clone(),
+            (Some(dir), _) => dir.join(&policy.name),
+            (None, _) => {
+                let dir = folder.root().join("reference").join(&policy.name);
+                if !dir.is_dir() {
+                    trainer.save_adapter(&policy.name, &dir, base_name, false)?;
+                }
+                dir
+            }
+        };
+        let reference = format!("{}@reference", policy.name);
+        trainer
+            .load_adapter(&reference, &dir, false)
+            .with_context(|| format!("the KL reference of policy {}", policy.name))?;
+        names.push((policy.name.clone(), reference));
+    }
+    Ok(names)
+}
+
+/// Fold `coef` times each sampled token's log-ratio to its policy's reference into its
+/// advantage; returns the mean log-ratio over the tokens trained on.
+fn fold_kl_penalty(
+    trainer: &TrainingEngine,
+    references: &[(String, String)],
+    batches: &mut [(String, Vec<Datum>)],
+    coef: f64,
+) -> anyhow::Result<f64> {
+    let (mut total, mut count) = (0.0f64, 0usize);
+    for (policy, datums) in batches.iter_mut() {
+        let Some((_, reference)) = references.iter().find(|(p, _)| p == policy) else {
+            continue;
+        };
+        if datums.is_empty() {
+            continue;
+        }
+        let outputs = blocking(|| {
+            trainer.forward(&[WorkItem {
+                adapter: reference.clone(),
+                datums: datums.clone(),
+                loss: Loss::CrossEntropy,
+            }])
+        })?;
+        let reference_logprobs = outputs.into_iter().flat_map(|o| o.logprobs);
+        for (datum, reference) in datums.iter_mut().zip(reference_logprobs) {
+            let sampled = datum.sampler_logprobs.clone().unwrap_or_default();
+            for ((m, p), r) in datum.mask.iter().zip(&sampled).zip(&reference) {
+                if *m > 0.0 {
+                    total += f64::from(p - r);
+                    count += 1;
+                }
+            }
+            if let Some(advantages) = &mut datum.advantages {
+                fold_kl(advantages, &datum.mask, &sampled, &reference, coef);
+            }
+        }
+    }
+    Ok(total / count.max(1) as f64)
+}
+
+/// The mean negative sampler logprob of the tokens trained on.
+fn sampled_entropy(batches: &[(String, Vec<Datum>)]) -> f64 {
+    let (mut total, mut count) = (0.0f64, 0usize);
+    for datum in batches.iter().flat_map(|(_, d)| d) {
+        let sampled = datum.sampler_logprobs.as_deref().unwrap_or_default();
+        for (m, p) in datum.mask.iter().zip(sampled) {
+            if *m > 0.0 {
+                total -= f64::from(*p);
+                count += 1;
+            }
+        }
+    }
+    total / count.max(1) as f64
 }
 
 /// The summary of an SFT job: its result is the adapter (or, after a full-parameter SFT, the
@@ -409,8 +526,8 @@ fn datums_of(
     job: &Job,
     policies: &[PolicySection],
     estimator: Estimator,
-) -> (Vec<(String, Vec<Datum>)>, Vec<RolloutRecord>, usize) {
-    let mut batches: Vec<(String, Vec<Datum>)> = policies
+) -> (Vec<AdapterBatch>, Vec<RolloutRecord>, usize) {
+    let mut batches: Vec<AdapterBatch> = policies
         .iter()
         .filter(|p| p.trainable)
         .map(|p| (p.name.clone(), Vec::new()))
@@ -440,8 +557,8 @@ fn datums_of(
         groups_trained += usize::from(per_seat.iter().any(Option::is_some));
         for (n, (group, index, outcome)) in group.iter().enumerate() {
             let mut sequences = Vec::new();
-            for seat in 0..outcome.transcripts.len() {
-                let Some(transcript) = &outcome.transcripts[seat] else {
+            for (seat, transcript) in outcome.transcripts.iter().enumerate() {
+                let Some(transcript) = transcript else {
                     continue;
                 };
                 let advantage: Vec<f64> = per_seat[seat]

@@ -5,6 +5,7 @@
 //! The file format is JSON Lines, one conversation per line: `{"messages": [{"role": "user",
 //! "content": "..."}, {"role": "assistant", "content": "..."}]}`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -220,6 +221,10 @@ pub(super) async fn run_sft(
             loss: loss_value,
             errors: errors(&outcomes),
             eval,
+            initial_evals: match (step, &initial) {
+                (0, Some(initial)) => BTreeMap::from([("held-out".to_string(), initial.clone())]),
+                _ => BTreeMap::new(),
+            },
             seconds: started.elapsed().as_secs_f64(),
             ..StepMetrics::default()
         })?;
