@@ -3,11 +3,12 @@
 //! so fewer turns earn more; running out gives 0. A reply with no number is an invalid action:
 //! it costs a turn and is told so.
 //!
-//! Demonstrations are binary search (`"demonstrations": "binary"`, default) or a random number the
-//! hints still allow (`"random"`: a consistent but slow searcher, so RL has turns to save).
+//! Demonstrations split what the hints still allow at `split` (`"demonstrations": "binary"`,
+//! default, with `"split": 0.5`: binary search; a smaller split is a consistent but slower
+//! searcher, so RL has turns to save), or guess a random number the hints allow (`"random"`).
 //!
-//! Config (JSON): `{"max": 100, "turns": 10, "demonstrations": "binary"}`. Task (JSON):
-//! `{"secret": 37}`.
+//! Config (JSON): `{"max": 100, "turns": 10, "demonstrations": "binary", "split": 0.5}`. Task
+//! (JSON): `{"secret": 37}`.
 
 use opentinker_sdk::text::last_number;
 use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, SeededRng, StepResult};
@@ -22,6 +23,7 @@ struct Config {
     max: u32,
     turns: u32,
     demonstrations: Demonstrations,
+    split: f64,
 }
 
 /// Where demonstration guesses come from.
@@ -39,6 +41,7 @@ impl Default for Config {
             max: 100,
             turns: 10,
             demonstrations: Demonstrations::Binary,
+            split: 0.5,
         }
     }
 }
@@ -53,6 +56,11 @@ fn parse_config(config: &str) -> Result<Config, PluginError> {
     if config.max < 2 {
         return Err(PluginError::new(
             "guess-number config: `max` must be at least 2",
+        ));
+    }
+    if !(0.0..=1.0).contains(&config.split) {
+        return Err(PluginError::new(
+            "guess-number config: `split` must be in 0..=1",
         ));
     }
     if config.turns == 0 || config.turns > MAX_TURNS {
@@ -160,7 +168,10 @@ impl Environment for GuessNumber {
 
     fn demonstration(&mut self) -> Option<String> {
         let guess = match self.config.demonstrations {
-            Demonstrations::Binary => (self.low + self.high) / 2,
+            Demonstrations::Binary => {
+                let width = f64::from(self.high - self.low);
+                self.low + (width * self.config.split).floor() as u32
+            }
             Demonstrations::Random => {
                 self.rng.range(i64::from(self.low), i64::from(self.high)) as u32
             }
@@ -209,6 +220,30 @@ mod tests {
             }
             assert!(turns <= 7, "secret {secret} took {turns} turns");
         }
+    }
+
+    #[test]
+    fn a_quarter_split_is_a_slower_search_than_binary() {
+        let total = |config: &str| -> u32 {
+            (1..=16u32)
+                .map(|secret| {
+                    let task = format!(r#"{{"secret": {secret}}}"#);
+                    let mut env = GuessNumber::new(config, &task, 0).unwrap();
+                    let mut turns = 0;
+                    loop {
+                        turns += 1;
+                        let guess = env.demonstration().unwrap();
+                        if env.step(&guess).unwrap().next_player.is_none() {
+                            break turns;
+                        }
+                    }
+                })
+                .sum()
+        };
+        // Binary search over 16 numbers: 54 guesses in all (3.375 each).
+        assert_eq!(total(r#"{"max": 16, "turns": 32}"#), 54);
+        assert!(total(r#"{"max": 16, "turns": 32, "split": 0.25}"#) > 60);
+        assert!(GuessNumber::new(r#"{"split": 2}"#, r#"{"secret": 1}"#, 0).is_err());
     }
 
     #[test]
