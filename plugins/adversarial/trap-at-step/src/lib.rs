@@ -23,7 +23,7 @@ impl Misbehaviour for TrapAtStep {
             .max(1);
         TrapAtStep {
             steps: 0,
-            traps: seed % every == 0,
+            traps: seed.is_multiple_of(every),
         }
     }
 
