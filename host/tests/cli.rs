@@ -327,7 +327,7 @@ fn metric_lines(out: &Path) -> Vec<serde_json::Value> {
 }
 
 #[test]
-fn a_job_whose_environment_traps_on_some_episodes_finishes_and_reports_them() {
+fn an_async_job_whose_environment_traps_on_some_episodes_finishes_and_reports_them() {
     let wasm = build("adversarial/trap-at-step");
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("traps.toml");
@@ -347,6 +347,7 @@ group_size = 4
 max_turns = 4
 max_tokens = 3
 failure_reward = -1.0
+mode = "async"
 [eval]
 episodes = 4
 "#
@@ -364,6 +365,9 @@ episodes = 4
     assert_eq!(summary["steps"], 2);
     let lines = metric_lines(&out);
     assert_eq!(lines.len(), 2);
+    // Async: the second batch was sampled while the first step trained, one version behind.
+    assert_eq!(lines[0]["policy_lag"], 0);
+    assert_eq!(lines[1]["policy_lag"], 1);
     for line in &lines {
         // Episode seeds alternate parity within a group: half of the 8 episodes trap.
         assert_eq!(line["errors"]["trap"], 4, "{line}");

@@ -214,8 +214,19 @@ pub(super) fn actor_of(version: &PolicyVersion) -> Actor {
 }
 
 /// One fused forward_backward over every adapter's datums, then an optim_step of each adapter
-/// that had some; returns the loss per counted token and the counted tokens.
+/// that had some; returns the loss per counted token and the counted tokens. Runs in
+/// `block_in_place` on a multi-threaded runtime.
 pub(super) fn train_step(
+    trainer: &mut TrainingEngine,
+    batches: Vec<(String, Vec<Datum>)>,
+    loss: Loss,
+    learning_rate: f64,
+) -> anyhow::Result<(f64, usize)> {
+    blocking(|| train_now(trainer, batches, loss, learning_rate))
+}
+
+/// `train_step` on the calling thread.
+pub(super) fn train_now(
     trainer: &mut TrainingEngine,
     batches: Vec<(String, Vec<Datum>)>,
     loss: Loss,
@@ -233,7 +244,7 @@ pub(super) fn train_step(
     if items.is_empty() {
         return Ok((0.0, 0));
     }
-    blocking(|| train_on(trainer, &items, learning_rate))
+    train_on(trainer, &items, learning_rate)
 }
 
 /// Run CPU-bound `work` without stalling the other tasks of a multi-threaded runtime (the other

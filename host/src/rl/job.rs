@@ -239,6 +239,11 @@ pub struct RlSection {
     pub failure_reward: f64,
     #[serde(default)]
     pub seed: u64,
+    /// `"sync"` (sample, train, publish) or `"async"` (the next batch samples from version v
+    /// while v trains into v + 1: every batch is one version old, which the importance-sampling
+    /// losses correct for).
+    #[serde(default = "default_mode")]
+    pub mode: String,
     /// The weight of the KL penalty folded into the advantages (0: none).
     #[serde(default)]
     pub kl_coef: f64,
@@ -246,6 +251,10 @@ pub struct RlSection {
     /// absent: each policy as it was when RL started.
     #[serde(default)]
     pub kl_reference: Option<PathBuf>,
+}
+
+fn default_mode() -> String {
+    "sync".into()
 }
 
 fn default_groups() -> usize {
@@ -298,11 +307,23 @@ impl Default for RlSection {
             seed: 0,
             kl_coef: 0.0,
             kl_reference: None,
+            mode: default_mode(),
         }
     }
 }
 
 impl RlSection {
+    /// Whether the job runs in async mode.
+    pub fn asynchronous(&self) -> Result<bool, String> {
+        match self.mode.as_str() {
+            "sync" => Ok(false),
+            "async" => Ok(true),
+            other => Err(format!(
+                "rl.mode: {other:?} is not one of \"sync\", \"async\""
+            )),
+        }
+    }
+
     pub fn estimator(&self) -> Result<Estimator, String> {
         match self.estimator.as_str() {
             "group_mean" => Ok(Estimator::GroupMean),
@@ -423,6 +444,7 @@ impl Job {
             _ => {}
         }
         self.rl.estimator()?;
+        self.rl.asynchronous()?;
         if self.rl.group_size == 0 || self.rl.groups_per_batch == 0 {
             return Err("rl: `group_size` and `groups_per_batch` must be at least 1".into());
         }

@@ -19,6 +19,9 @@ pub struct StepMetrics {
     pub tokens: usize,
     pub loss: f64,
     pub groups_trained: usize,
+    /// How many versions behind the trained policy the batch was sampled (0 in sync mode; 1 in
+    /// async mode, where the batch sampled while the previous step trained).
+    pub policy_lag: usize,
     /// The mean negative logprob of the sampled tokens trained on (an estimate of the policy's
     /// entropy on its own samples).
     pub entropy: f64,

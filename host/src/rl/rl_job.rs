@@ -15,7 +15,7 @@ use candle_core::DType;
 use super::advantage::{Estimator, GroupReturns, advantages, fold_kl};
 use super::context::{
     JobContext, Progress, Reporter, actor_of, blocking, evaluate, rollout, sampling_params,
-    train_step,
+    train_now, train_step,
 };
 use super::datum::rl_datum;
 use super::driver::{JobStart, SharedBase};
@@ -198,9 +198,15 @@ pub(super) async fn train_job(
         }
     };
     let multi_agent = policies.len() > 1;
+    let asynchronous = job.rl.asynchronous().map_err(anyhow::Error::msg)?;
+    // Async mode: the batch of the next step, sampled while this one trained.
+    let mut prefetched = None;
     for step in first_step..job.rl.steps {
         let started = Instant::now();
-        let played = play_step(&cx, job, step, &versions.actors()).await?;
+        let (played, policy_lag) = match prefetched.take() {
+            Some(played) => (played, 1),
+            None => (play_step(&cx, job, step, &versions.actors()).await?, 0),
+        };
         let (mut batches, records, groups_trained) = datums_of(&played, job, &policies, estimator);
         let entropy = sampled_entropy(&batches);
         let kl = match &references {
@@ -212,8 +218,23 @@ pub(super) async fn train_job(
             )?),
             None => None,
         };
-        let (loss_value, tokens) =
-            train_step(&mut trainer, batches, loss.clone(), job.rl.learning_rate)?;
+        let (loss_value, tokens) = if asynchronous && step + 1 < job.rl.steps {
+            // Async: the next batch samples from this version while it trains into the next.
+            let (lr, loss) = (job.rl.learning_rate, loss.clone());
+            let mut moved = trainer;
+            let training = tokio::task::spawn_blocking(move || {
+                let result = train_now(&mut moved, batches, loss, lr);
+                (moved, result)
+            });
+            let actors = versions.actors();
+            let (trained, next) = futures::join!(training, play_step(&cx, job, step + 1, &actors));
+            let (returned, result) = trained.context("the training step panicked")?;
+            trainer = returned;
+            prefetched = Some(next?);
+            result?
+        } else {
+            train_step(&mut trainer, batches, loss.clone(), job.rl.learning_rate)?
+        };
         versions.publish(base, &run.name, &trainer)?;
         folder.write_rollouts(step, &records)?;
         let last = step + 1 == job.rl.steps;
@@ -252,6 +273,7 @@ pub(super) async fn train_job(
             tokens,
             loss: loss_value,
             groups_trained,
+            policy_lag,
             entropy,
             kl,
             errors: errors_of(&all),
