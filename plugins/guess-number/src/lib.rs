@@ -24,6 +24,9 @@ struct Config {
     turns: u32,
     demonstrations: Demonstrations,
     split: f64,
+    /// Restate the range the hints allow after each hint, so the latest message is the whole
+    /// state (an agent may then show the policy that message alone).
+    show_range: bool,
 }
 
 /// Where demonstration guesses come from.
@@ -42,6 +45,7 @@ impl Default for Config {
             turns: 10,
             demonstrations: Demonstrations::Binary,
             split: 0.5,
+            show_range: false,
         }
     }
 }
@@ -190,9 +194,15 @@ impl GuessNumber {
                 )
                 .metric("found", 0.0);
         }
+        let range = match self.config.show_range {
+            true => format!(" It is from {} to {}.", self.low, self.high),
+            false => String::new(),
+        };
         StepResult::next(vec![0.0], 0).say(
             0,
-            Message::user(format!("{hint} {turns_left} guesses left. Your guess?")),
+            Message::user(format!(
+                "{hint}{range} {turns_left} guesses left. Your guess?"
+            )),
         )
     }
 }
@@ -220,6 +230,15 @@ mod tests {
             }
             assert!(turns <= 7, "secret {secret} took {turns} turns");
         }
+    }
+
+    #[test]
+    fn the_range_can_be_restated_after_each_hint() {
+        let config = r#"{"max": 16, "turns": 6, "show_range": true}"#;
+        let mut env = GuessNumber::new(config, r#"{"secret": 11}"#, 0).unwrap();
+        let result = env.step("8").unwrap();
+        let text = &result.messages[0].1[0].content;
+        assert!(text.starts_with("Higher. It is from 9 to 16."), "{text}");
     }
 
     #[test]
