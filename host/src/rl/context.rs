@@ -16,7 +16,7 @@ use crate::model::ModelConfig;
 use crate::plugin::{Limits, Plugin, PluginHost};
 use crate::sample::{PolicyRef, SamplingParams};
 use crate::sched::SamplerService;
-use crate::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
+use crate::train::{AdamParams, Datum, ItemOutput, Loss, TrainingEngine, WorkItem};
 
 /// Evaluation seeds start here; training seeds stay below.
 const EVAL_SEEDS: u64 = 1 << 40;
@@ -263,11 +263,7 @@ fn train_on(
     learning_rate: f64,
 ) -> anyhow::Result<(f64, usize)> {
     let outputs = trainer.forward_backward(items)?;
-    let tokens = outputs
-        .iter()
-        .map(|o| o.metrics.get("tokens:sum").copied().unwrap_or(0.0))
-        .sum::<f64>();
-    let total: f64 = outputs.iter().map(|o| o.loss).sum();
+    let (loss, tokens) = loss_per_token(&outputs);
     let params = AdamParams {
         learning_rate,
         grad_clip_norm: 1.0,
@@ -276,5 +272,31 @@ fn train_on(
     for item in items {
         trainer.optim_step(&item.adapter, &params)?;
     }
-    Ok((total / tokens.max(1.0), tokens as usize))
+    Ok((loss, tokens))
+}
+
+/// The summed losses of `outputs` per token that counts, and those tokens.
+pub(super) fn loss_per_token(outputs: &[ItemOutput]) -> (f64, usize) {
+    let tokens: f64 = outputs
+        .iter()
+        .map(|o| o.metrics.get("tokens:sum").copied().unwrap_or(0.0))
+        .sum();
+    let total: f64 = outputs.iter().map(|o| o.loss).sum();
+    (total / tokens.max(1.0), tokens as usize)
+}
+
+/// `adapter`'s logprobs of `datums` (and its cross-entropy), without gradients, off the async
+/// workers.
+pub(super) fn forward_cross_entropy(
+    trainer: &TrainingEngine,
+    adapter: &str,
+    datums: Vec<Datum>,
+) -> anyhow::Result<Vec<ItemOutput>> {
+    Ok(blocking(|| {
+        trainer.forward(&[WorkItem {
+            adapter: adapter.into(),
+            datums,
+            loss: Loss::CrossEntropy,
+        }])
+    })?)
 }

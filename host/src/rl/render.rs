@@ -157,13 +157,6 @@ mod tests {
     use crate::model::Model;
     use crate::model::tiny::{TinyShape, init_tiny};
 
-    fn message(role: &str, content: &str) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-
     /// Appending turn by turn gives exactly the tokens of rendering the whole conversation at
     /// once (when the completion is what the tokenizer would make of its text).
     #[test]
@@ -194,18 +187,18 @@ mod tests {
         .unwrap();
         let renderer = Renderer::new(template, Arc::clone(&tokenizer)).unwrap();
         let first = [
-            message("system", "Be brief."),
-            message("user", "Guess: 1-16"),
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "Guess: 1-16"),
         ];
         let mut tokens = renderer.first_prompt(&first).unwrap();
         let action = renderer.action_tokens("8").unwrap();
         assert_eq!(renderer.action_text(&action).unwrap(), "8");
         tokens.extend(&action);
-        let reply = [message("user", "Higher.")];
+        let reply = [ChatMessage::new("user", "Higher.")];
         tokens.extend(renderer.continuation(true, &reply).unwrap());
 
         let mut conversation = first.to_vec();
-        conversation.push(message("assistant", "8"));
+        conversation.push(ChatMessage::new("assistant", "8"));
         conversation.extend(reply);
         let whole = whole_template.render(&conversation, true).unwrap();
         let expected = tokenizer.encode_without_special_tokens(&whole).unwrap();

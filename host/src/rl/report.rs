@@ -107,20 +107,19 @@ pub fn write_report(metrics: &Path, out: &Path) -> anyhow::Result<()> {
     // Registering twice is harmless; a bad font would be our bug, not the user's.
     register_font("sans-serif", FontStyle::Normal, FONT)
         .map_err(|_| anyhow::anyhow!("the built-in font does not load"))?;
-    let temp = out.with_extension("png.tmp.png");
-    {
-        let root = BitMapBackend::new(&temp, (1200, 480)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let halves = root.split_evenly((1, 2));
-        for (area, panel) in halves.iter().zip(&panels) {
-            draw_panel(area, panel)?;
-        }
-        root.present()?;
-    }
-    crate::store::write_atomic(out, &std::fs::read(&temp)?)
-        .with_context(|| format!("writing {}", out.display()))?;
-    std::fs::remove_file(&temp)?;
-    Ok(())
+    crate::store::write_atomic_via_path(out, |temp| {
+        let draw = || -> anyhow::Result<()> {
+            let root = BitMapBackend::new(temp, (1200, 480)).into_drawing_area();
+            root.fill(&WHITE)?;
+            for (area, panel) in root.split_evenly((1, 2)).iter().zip(&panels) {
+                draw_panel(area, panel)?;
+            }
+            root.present()?;
+            Ok(())
+        };
+        draw().map_err(std::io::Error::other)
+    })
+    .with_context(|| format!("writing {}", out.display()))
 }
 
 fn draw_panel<DB: DrawingBackend>(

@@ -14,8 +14,8 @@ use candle_core::DType;
 
 use super::advantage::{Estimator, GroupReturns, advantages, fold_kl};
 use super::context::{
-    JobContext, Progress, Reporter, actor_of, blocking, evaluate, rollout, sampling_params,
-    train_now, train_step,
+    JobContext, Progress, Reporter, actor_of, evaluate, forward_cross_entropy, rollout,
+    sampling_params, train_now, train_step,
 };
 use super::datum::rl_datum;
 use super::driver::{JobStart, SharedBase};
@@ -28,7 +28,7 @@ use super::run_folder::Cursor;
 use super::sft::run_sft;
 use crate::lora::PolicyVersion;
 use crate::plugin::{Plugin, PluginHost};
-use crate::train::{Datum, Loss, TrainingEngine, WorkItem};
+use crate::train::{Datum, Loss, TrainingEngine};
 
 /// The datums of one adapter in a training step.
 type AdapterBatch = (String, Vec<Datum>);
@@ -385,13 +385,7 @@ fn fold_kl_penalty(
         if datums.is_empty() {
             continue;
         }
-        let outputs = blocking(|| {
-            trainer.forward(&[WorkItem {
-                adapter: reference.clone(),
-                datums: datums.clone(),
-                loss: Loss::CrossEntropy,
-            }])
-        })?;
+        let outputs = forward_cross_entropy(trainer, reference, datums.clone())?;
         let reference_logprobs = outputs.into_iter().flat_map(|o| o.logprobs);
         for (datum, reference) in datums.iter_mut().zip(reference_logprobs) {
             let sampled = datum.sampler_logprobs.clone().unwrap_or_default();

@@ -66,16 +66,11 @@ pub struct EpisodeOutcome {
     pub steps: usize,
     /// The environment's metrics, summed over steps.
     pub metrics: BTreeMap<String, f64>,
-    /// What each player saw and said, as text (for the rollout files).
-    pub messages: Vec<Vec<LoggedMessage>>,
+    /// What each player saw and said, as text (an agent's history, a reward plugin's
+    /// transcripts, the rollout files).
+    pub messages: Vec<Vec<Message>>,
     /// The reward plugin's weighted score of each player (already in its last turn's reward).
     pub scores: Vec<f64>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct LoggedMessage {
-    pub role: String,
-    pub content: String,
 }
 
 /// One line of `rollouts/step-N.jsonl`: an episode as text and as the tokens trained on.
@@ -88,7 +83,7 @@ pub struct RolloutRecord {
     pub returns: Vec<f64>,
     pub turn_rewards: Vec<Vec<f64>>,
     pub error: Option<String>,
-    pub messages: Vec<Vec<LoggedMessage>>,
+    pub messages: Vec<Vec<Message>>,
     pub sequences: Vec<SequenceRecord>,
 }
 
@@ -166,10 +161,7 @@ impl EpisodeOutcome {
             .enumerate()
             .map(|(player, messages)| PluginTranscript {
                 player: player as u32,
-                messages: messages
-                    .iter()
-                    .map(|m| Message::new(m.role.clone(), m.content.clone()))
-                    .collect(),
+                messages: messages.clone(),
             })
             .collect()
     }
@@ -304,7 +296,7 @@ impl Rollout<'_> {
                 Some(_) => std::mem::take(&mut unseen[player]),
                 None => episode.observe(player as u32).await?,
             };
-            log(&mut outcome.messages[player], &new);
+            outcome.messages[player].extend(new.iter().cloned());
             let mut agent = match self.agent {
                 Some(plugin) => Some(match &mut agents[player] {
                     Some(session) => session,
@@ -318,11 +310,7 @@ impl Rollout<'_> {
             };
             let transcript = match (agent.as_deref_mut(), &mut outcome.transcripts[player]) {
                 (Some(agent), slot) => {
-                    let history: Vec<Message> = outcome.messages[player]
-                        .iter()
-                        .map(|m| Message::new(m.role.clone(), m.content.clone()))
-                        .collect();
-                    let shown = agent.prompt(&history).await?;
+                    let shown = agent.prompt(&outcome.messages[player]).await?;
                     let prompt = self.render_first(&shown)?;
                     match slot {
                         Some(transcript) => {
@@ -393,10 +381,7 @@ impl Rollout<'_> {
                 .push_action(tokens, logprobs)
                 .map_err(|e| Failure(e.to_string()))?;
             outcome.turn_rewards[player].push(std::mem::take(&mut pending_reward[player]));
-            outcome.messages[player].push(LoggedMessage {
-                role: "assistant".into(),
-                content: text.clone(),
-            });
+            outcome.messages[player].push(Message::new("assistant", text.clone()));
             let action = match (agent, actor) {
                 (Some(agent), Actor::Policy(_)) => agent.act(&text).await?,
                 _ => text,
@@ -432,8 +417,9 @@ impl Rollout<'_> {
         let scores = reward
             .score(&outcome.task, &outcome.plugin_transcripts(), self.limits)
             .await?;
-        outcome.scores = scores.iter().map(|s| s * weight).collect();
-        outcome.add_scores(&outcome.scores.clone());
+        let weighted: Vec<f64> = scores.iter().map(|s| s * weight).collect();
+        outcome.add_scores(&weighted);
+        outcome.scores = weighted;
         Ok(())
     }
 
@@ -442,11 +428,4 @@ impl Rollout<'_> {
             .first_prompt(&chat(messages))
             .map_err(|e| Failure(format!("render: {e}")))
     }
-}
-
-fn log(logged: &mut Vec<LoggedMessage>, messages: &[Message]) {
-    logged.extend(messages.iter().map(|m| LoggedMessage {
-        role: m.role.clone(),
-        content: m.content.clone(),
-    }));
 }

@@ -12,7 +12,9 @@ use std::time::Instant;
 use anyhow::Context;
 use serde::Deserialize;
 
-use super::context::{JobContext, Reporter, blocking, play_batch, train_step};
+use super::context::{
+    JobContext, Reporter, forward_cross_entropy, loss_per_token, play_batch, train_step,
+};
 use super::datum::sft_datum;
 use super::job::{Job, SftSection};
 use super::metrics::{Evaluation, StepMetrics, errors, mean};
@@ -20,7 +22,7 @@ use super::render::Renderer;
 use super::rollout::Actor;
 use super::transcript::{TokenSequence, Transcript};
 use crate::model::ChatMessage;
-use crate::train::{Datum, Loss, TrainingEngine, WorkItem};
+use crate::train::{Datum, Loss, TrainingEngine};
 
 /// One line of a chat JSONL file.
 #[derive(Debug, Deserialize)]
@@ -152,21 +154,11 @@ pub(super) async fn run_sft(
         if held_out.is_empty() {
             return Ok(None);
         }
-        let outputs = blocking(|| {
-            trainer.forward(&[WorkItem {
-                adapter: id.into(),
-                datums: held_out.clone(),
-                loss: Loss::CrossEntropy,
-            }])
-        })?;
-        let tokens: f64 = outputs
-            .iter()
-            .map(|o| o.metrics.get("tokens:sum").copied().unwrap_or(0.0))
-            .sum();
-        let loss: f64 = outputs.iter().map(|o| o.loss).sum();
+        let outputs = forward_cross_entropy(trainer, id, held_out.clone())?;
+        let (loss, _) = loss_per_token(&outputs);
         Ok(Some(Evaluation {
             episodes: held_out.len(),
-            loss: Some(loss / tokens.max(1.0)),
+            loss: Some(loss),
             ..Evaluation::default()
         }))
     };
@@ -237,13 +229,6 @@ mod tests {
     use super::*;
     use crate::rl::transcript::SpanKind;
 
-    fn message(role: &str, content: &str) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-
     #[test]
     fn only_assistant_tokens_are_actions_and_the_tokens_are_the_whole_rendering() {
         let dir = tempfile::tempdir().unwrap();
@@ -262,12 +247,12 @@ mod tests {
         )
         .unwrap();
         let conversation = [
-            message("system", "Be brief."),
-            message("user", "2 + 2?"),
-            message("assistant", "4"),
-            message("user", "And 3 + 3?"),
-            message("assistant", "6"),
-            message("user", "Thanks."),
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "2 + 2?"),
+            ChatMessage::new("assistant", "4"),
+            ChatMessage::new("user", "And 3 + 3?"),
+            ChatMessage::new("assistant", "6"),
+            ChatMessage::new("user", "Thanks."),
         ];
         let sequence = conversation_sequence(&renderer, &conversation).unwrap();
         let whole = template.render(&conversation[..5], false).unwrap();

@@ -5,9 +5,15 @@ use std::io::Write;
 use std::path::Path;
 
 /// A temporary file in `dir`, readable by all like any file the process would create (the
-/// default of temporary files is owner-only).
-fn temp_file_in(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+/// default of temporary files is owner-only), ending like `like` (so writers that pick a format
+/// by extension, such as image encoders, see the destination's).
+fn temp_file_in(dir: &Path, like: &Path) -> std::io::Result<tempfile::NamedTempFile> {
     let mut builder = tempfile::Builder::new();
+    let suffix = like
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    builder.suffix(&suffix);
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -54,7 +60,7 @@ pub fn write_atomic_via_path(
     fill: impl FnOnce(&Path) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     let folder = parent_folder(path)?;
-    let temp = temp_file_in(folder)?;
+    let temp = temp_file_in(folder, path)?;
     fill(temp.path())?;
     std::fs::File::open(temp.path())?.sync_all()?;
     temp.persist(path).map_err(|e| e.error)?;
@@ -105,6 +111,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_writer_sees_the_destination_extension() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("report.png");
+        write_atomic_via_path(&path, |temp| {
+            assert_eq!(temp.extension().unwrap(), "png");
+            std::fs::write(temp, b"image")
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"image");
+    }
 
     #[test]
     fn replaces_the_file_and_leaves_no_temporary_behind() {
