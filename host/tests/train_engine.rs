@@ -8,6 +8,7 @@ use candle_core::{DType, Tensor};
 use opentinker::lora::LoraConfig;
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, Transformer};
+use opentinker::sched::TrainerService;
 use opentinker::train::{AdamParams, Datum, Loss, StepReport, TrainingEngine, WorkItem};
 
 fn tiny_transformer(arch: Architecture) -> Transformer {
@@ -420,4 +421,87 @@ fn full_parameter_training_trains_every_weight_with_the_right_gradient() {
     );
     let err = engine.add_adapter("a", lora(4, 1)).unwrap_err().to_string();
     assert!(err.contains("holds no adapters"), "{err}");
+}
+
+/// Start a trainer service over an engine with adapters `a` (rank 4) and `b` (rank 8), and a
+/// gate: the service runs nothing more until the gate's sender is used, so calls made meanwhile
+/// all land in the next clock cycle.
+async fn gated_service() -> (TrainerService, std::sync::mpsc::Sender<()>) {
+    let model = Arc::new(tiny_transformer(Architecture::Qwen2));
+    let mut engine = TrainingEngine::new(model, DType::F32);
+    engine.add_adapter("a", lora(4, 1)).unwrap();
+    engine.add_adapter("b", lora(8, 2)).unwrap();
+    warm_up(&mut engine, &["a", "b"]);
+    let (service, _thread) = TrainerService::start(engine);
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    // Polled once, the call is sent; the service runs it whether or not its answer is awaited.
+    let mut closed = Box::pin(service.with(move |_| gate.recv()));
+    assert!(futures::poll!(&mut closed).is_pending());
+    drop(closed);
+    (service, open)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trainer_service_fuses_calls_of_one_cycle_and_answers_each_with_its_own_outputs() {
+    let (service, open) = gated_service().await;
+    let ppo = Loss::from_config("ppo", &config(&[])).unwrap();
+    let item_a = item("a", Loss::CrossEntropy, &[1, 2, 3], 14);
+    let item_b = item("b", ppo, &[4, 5], 9);
+    let fused_a = service.forward_backward(vec![item_a.clone()]);
+    let fused_b = service.forward_backward(vec![item_b.clone()]);
+    tokio::pin!(fused_a, fused_b);
+    // A first poll sends each call; both then wait behind the gate for the same cycle.
+    assert!(futures::poll!(&mut fused_a).is_pending());
+    assert!(futures::poll!(&mut fused_b).is_pending());
+    open.send(()).unwrap();
+    let (outputs_a, outputs_b) = (fused_a.await.unwrap(), fused_b.await.unwrap());
+    assert_eq!(outputs_a.len(), 1);
+    assert_eq!(outputs_a[0].logprobs.len(), 3);
+    assert_eq!(outputs_a[0].logprobs[0].len(), 14);
+    assert_eq!(outputs_b[0].logprobs.len(), 2);
+    assert_eq!(outputs_b[0].logprobs[0].len(), 9);
+
+    // Each adapter's gradient is the one its call alone gives.
+    let fused = service
+        .with(|e| (e.gradients("a").unwrap(), e.gradients("b").unwrap()))
+        .await
+        .unwrap();
+    for (id, item, fused) in [("a", item_a, fused.0), ("b", item_b, fused.1)] {
+        let alone = service
+            .with(move |e| {
+                e.discard_gradients(id).unwrap();
+                e.forward_backward(&[item]).unwrap();
+                e.gradients(id).unwrap()
+            })
+            .await
+            .unwrap();
+        for (name, g) in &alone {
+            let difference = l2(&(g - &fused[name]).unwrap());
+            assert!(l2(g) > 0.0, "{id} {name} has a zero gradient");
+            assert!(
+                difference <= 1e-5 * l2(g),
+                "{id} {name}: |fused - alone| = {difference}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_datum_in_a_cycle_fails_only_the_call_that_sent_it() {
+    let (service, open) = gated_service().await;
+    let good = service.forward_backward(vec![item("a", Loss::CrossEntropy, &[1, 2], 10)]);
+    let mut bad_item = item("b", Loss::CrossEntropy, &[3], 10);
+    bad_item.datums[0].target_tokens[4] = 1_000_000;
+    let bad = service.forward_backward(vec![bad_item]);
+    tokio::pin!(good, bad);
+    assert!(futures::poll!(&mut good).is_pending());
+    assert!(futures::poll!(&mut bad).is_pending());
+    open.send(()).unwrap();
+    let outputs = good.await.unwrap();
+    assert_eq!(outputs[0].logprobs.len(), 2);
+    let error = bad.await.unwrap_err().to_string();
+    // Numbered within its own call: the fused pass's failure was not passed on as it was.
+    assert!(error.contains("work item 0, datum 0"), "{error}");
+    let untouched = service.with(|e| e.gradients("b")).await.unwrap();
+    assert!(untouched.is_none(), "the bad call left gradients behind");
 }

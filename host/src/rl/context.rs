@@ -1,5 +1,5 @@
 //! What every episode of a job shares (its plugins, the model's renderer, the sampler), and the
-//! steps built on it: playing batches of episodes, greedy evaluation, one training step.
+//! steps built on it: playing batches of episodes and greedy evaluation.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,7 +16,6 @@ use crate::model::ModelConfig;
 use crate::plugin::{Limits, Plugin, PluginHost};
 use crate::sample::{PolicyRef, SamplingParams};
 use crate::sched::SamplerService;
-use crate::train::{AdamParams, Datum, ItemOutput, Loss, TrainingEngine, WorkItem};
 
 /// Evaluation seeds start here; training seeds stay below.
 const EVAL_SEEDS: u64 = 1 << 40;
@@ -211,92 +210,4 @@ pub(super) fn actor_of(version: &PolicyVersion) -> Actor {
         name: version.name.clone(),
         version: Some(version.version),
     }))
-}
-
-/// One fused forward_backward over every adapter's datums, then an optim_step of each adapter
-/// that had some; returns the loss per counted token and the counted tokens. Runs in
-/// `block_in_place` on a multi-threaded runtime.
-pub(super) fn train_step(
-    trainer: &mut TrainingEngine,
-    batches: Vec<(String, Vec<Datum>)>,
-    loss: Loss,
-    learning_rate: f64,
-) -> anyhow::Result<(f64, usize)> {
-    blocking(|| train_now(trainer, batches, loss, learning_rate))
-}
-
-/// `train_step` on the calling thread.
-pub(super) fn train_now(
-    trainer: &mut TrainingEngine,
-    batches: Vec<(String, Vec<Datum>)>,
-    loss: Loss,
-    learning_rate: f64,
-) -> anyhow::Result<(f64, usize)> {
-    let items: Vec<WorkItem> = batches
-        .into_iter()
-        .filter(|(_, datums)| !datums.is_empty())
-        .map(|(adapter, datums)| WorkItem {
-            adapter,
-            datums,
-            loss: loss.clone(),
-        })
-        .collect();
-    if items.is_empty() {
-        return Ok((0.0, 0));
-    }
-    train_on(trainer, &items, learning_rate)
-}
-
-/// Run CPU-bound `work` without stalling the other tasks of a multi-threaded runtime (the other
-/// jobs of the process, the plugin calls of the sampler's clients).
-pub(super) fn blocking<T>(work: impl FnOnce() -> T) -> T {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
-        _ => work(),
-    }
-}
-
-fn train_on(
-    trainer: &mut TrainingEngine,
-    items: &[WorkItem],
-    learning_rate: f64,
-) -> anyhow::Result<(f64, usize)> {
-    let outputs = trainer.forward_backward(items)?;
-    let (loss, tokens) = loss_per_token(&outputs);
-    let params = AdamParams {
-        learning_rate,
-        grad_clip_norm: 1.0,
-        ..AdamParams::default()
-    };
-    for item in items {
-        trainer.optim_step(&item.adapter, &params)?;
-    }
-    Ok((loss, tokens))
-}
-
-/// The summed losses of `outputs` per token that counts, and those tokens.
-pub(super) fn loss_per_token(outputs: &[ItemOutput]) -> (f64, usize) {
-    let tokens: f64 = outputs
-        .iter()
-        .map(|o| o.metrics.get("tokens:sum").copied().unwrap_or(0.0))
-        .sum();
-    let total: f64 = outputs.iter().map(|o| o.loss).sum();
-    (total / tokens.max(1.0), tokens as usize)
-}
-
-/// `adapter`'s logprobs of `datums` (and its cross-entropy), without gradients, off the async
-/// workers.
-pub(super) fn forward_cross_entropy(
-    trainer: &TrainingEngine,
-    adapter: &str,
-    datums: Vec<Datum>,
-) -> anyhow::Result<Vec<ItemOutput>> {
-    Ok(blocking(|| {
-        trainer.forward(&[WorkItem {
-            adapter: adapter.into(),
-            datums,
-            loss: Loss::CrossEntropy,
-        }])
-    })?)
 }

@@ -1,7 +1,7 @@
 //! The driver of `opentinker train`: several jobs in one process, jobs with the same base model
 //! sharing it. Each group of jobs gets its base loaded once, warmed up once when a full-parameter
-//! SFT makes it, and one sampling service that batches all their adapters; each job then trains
-//! concurrently with the others (`rl_job`).
+//! SFT makes it, one sampling service that batches all their adapters and one training service
+//! that fuses their training steps; each job then trains concurrently with the others (`rl_job`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use candle_core::DType;
 
 use super::context::{JobContext, ModelInfo, Reporter};
 use super::job::Job;
+use super::job_trainer::JobTrainer;
 use super::metrics::{Evaluation, Summary};
 use super::render::Renderer;
 use super::rl_job::train_job;
@@ -21,18 +22,20 @@ use crate::model::tiny::init_tiny;
 use crate::model::{Model, Transformer};
 use crate::plugin::{HostConfig, PluginHost};
 use crate::sample::{EngineConfig, SamplingEngine};
-use crate::sched::SamplerService;
+use crate::sched::{SamplerService, TrainerService};
 use crate::train::{FULL_PARAMETERS, TrainingEngine};
 
 pub use super::context::Progress;
 pub use super::metrics::StepMetrics;
 
 /// A base model loaded once for every job that trains on it: its weights (after the warm-up)
-/// in one adapter registry, and the one sampling service that batches all their adapters.
+/// in one adapter registry, the one sampling service that batches all their adapters, and the
+/// one training service that holds all their adapters' weights and optimizer states.
 pub(super) struct SharedBase {
     pub(super) info: Arc<ModelInfo>,
     pub(super) registry: Arc<AdapterRegistry>,
     pub(super) sampler: SamplerService,
+    pub(super) trainer: TrainerService,
     /// What the jobs' adapter checkpoints name as their base model.
     pub(super) name: String,
 }
@@ -168,17 +171,19 @@ async fn prepare_base(
                 progress: progress.clone(),
             };
             let cx = JobContext::load(host, &first.job, Arc::clone(&info), None).await?;
-            let mut warm = TrainingEngine::full_parameters(transformer, DType::F32)?;
+            let (warm, _thread) =
+                TrainerService::start(TrainingEngine::full_parameters(transformer, DType::F32)?);
+            let warm = JobTrainer::unscoped(warm);
             sft_evals = run_sft(
                 &cx,
                 &first.job,
                 warmup,
-                &mut warm,
+                &warm,
                 FULL_PARAMETERS,
                 &mut reporter,
             )
             .await?;
-            let model = warm.model_snapshot()?;
+            let model = warm.run(|e| e.model_snapshot()).await??;
             for folder in &folders {
                 folder.save_base(&model, &model_dir, reporter.lines())?;
             }
@@ -210,12 +215,15 @@ async fn prepare_base(
             prefix_cache_positions: 0,
         },
     );
-    // The service's thread ends when the last job drops its handle.
+    // The services' threads end when the last job drops its handles.
     let (sampler, _thread) = SamplerService::start(engine);
+    let (trainer, _thread) =
+        TrainerService::start(TrainingEngine::new(Arc::clone(registry.base()), DType::F32));
     let base = Arc::new(SharedBase {
         info,
         registry,
         sampler,
+        trainer,
         name: base_dir.display().to_string(),
     });
     let starts = group

@@ -7,6 +7,7 @@ mod context;
 pub mod datum;
 pub mod driver;
 pub mod job;
+mod job_trainer;
 pub mod metrics;
 pub mod render;
 pub mod report;

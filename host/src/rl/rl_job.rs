@@ -10,28 +10,24 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use candle_core::DType;
 
 use super::advantage::{Estimator, GroupReturns, advantages, fold_kl};
 use super::context::{
-    JobContext, Progress, Reporter, actor_of, evaluate, forward_cross_entropy, rollout,
-    sampling_params, train_now, train_step,
+    JobContext, Progress, Reporter, actor_of, evaluate, rollout, sampling_params,
 };
 use super::datum::rl_datum;
 use super::driver::{JobStart, SharedBase};
 use super::job::{Job, PolicySection};
+use super::job_trainer::{JobTrainer, PolicyBatch};
 use super::metrics::{
     Evaluation, PolicyEvaluations, StepMetrics, Summary, errors_of, mean, metrics_of, std,
 };
 use super::rollout::{Actor, EpisodeOutcome, RolloutRecord};
-use super::run_folder::Cursor;
+use super::run_folder::{Cursor, RunFolder};
 use super::sft::run_sft;
 use crate::lora::PolicyVersion;
 use crate::plugin::{Plugin, PluginHost};
-use crate::train::{Datum, Loss, TrainingEngine};
-
-/// The datums of one adapter in a training step.
-type AdapterBatch = (String, Vec<Datum>);
+use crate::train::{Datum, Loss};
 
 /// The current version of each trainable policy of a job.
 struct Versions {
@@ -42,19 +38,17 @@ struct Versions {
 impl Versions {
     /// Publish the trainer's adapters as the next versions, under `job/policy` in the shared
     /// registry.
-    fn publish(
+    async fn publish(
         &mut self,
         base: &SharedBase,
         job: &str,
-        trainer: &TrainingEngine,
+        trainer: &JobTrainer,
     ) -> anyhow::Result<()> {
         for policy in self.policies.iter().filter(|p| p.trainable) {
-            let adapter = trainer
-                .adapter(&policy.name)
-                .with_context(|| format!("the adapter of policy {}", policy.name))?;
-            let version = base
-                .registry
-                .publish(&format!("{job}/{}", policy.name), adapter)?;
+            let name = format!("{job}/{}", policy.name);
+            let version = trainer
+                .publish(&policy.name, Arc::clone(&base.registry), name)
+                .await?;
             self.versions.insert(policy.name.clone(), version);
         }
         Ok(())
@@ -148,29 +142,30 @@ pub(super) async fn train_job(
     };
     let policies = job.policies();
     let trainable: Vec<&PolicySection> = policies.iter().filter(|p| p.trainable).collect();
-    let mut trainer = TrainingEngine::new(Arc::clone(base.registry.base()), DType::F32);
+    let trainer = JobTrainer::new(base.trainer.clone(), &run.name);
     match &checkpoint {
         Some((dir, _)) => {
             for policy in &trainable {
-                trainer.load_adapter(&policy.name, &dir.join(&policy.name), true)?;
+                trainer
+                    .load_adapter(&policy.name, dir.join(&policy.name), true)
+                    .await?;
             }
         }
         None => {
             for policy in &trainable {
-                trainer.add_adapter(&policy.name, job.lora.clone())?;
+                trainer.add_adapter(&policy.name, job.lora.clone()).await?;
             }
             // A LoRA SFT trains the single policy's adapter (the job check sees to that).
             if let (Some(sft), [policy]) = (
                 job.sft.as_ref().filter(|w| !w.full_parameters),
                 trainable.as_slice(),
             ) {
-                sft_evals =
-                    run_sft(&cx, job, sft, &mut trainer, &policy.name, &mut reporter).await?;
+                sft_evals = run_sft(&cx, job, sft, &trainer, &policy.name, &mut reporter).await?;
             }
         }
     }
     if job.rl.steps == 0 {
-        return sft_summary(job, base, &folder, &trainer, &trainable, sft_evals);
+        return sft_summary(job, base, &folder, &trainer, &trainable, sft_evals).await;
     }
     let loss = Loss::from_config(&job.rl.loss, &job.rl.loss_config)?;
     let estimator = job.rl.estimator().map_err(anyhow::Error::msg)?;
@@ -178,15 +173,9 @@ pub(super) async fn train_job(
         policies: policies.clone(),
         versions: BTreeMap::new(),
     };
-    versions.publish(base, &run.name, &trainer)?;
+    versions.publish(base, &run.name, &trainer).await?;
     let references = match job.rl.kl_coef > 0.0 {
-        true => Some(load_references(
-            job,
-            &folder,
-            &mut trainer,
-            &trainable,
-            &base.name,
-        )?),
+        true => Some(load_references(job, &folder, &trainer, &trainable, &base.name).await?),
         false => None,
     };
 
@@ -210,32 +199,22 @@ pub(super) async fn train_job(
         let (mut batches, records, groups_trained) = datums_of(&played, job, &policies, estimator);
         let entropy = sampled_entropy(&batches);
         let kl = match &references {
-            Some(references) => Some(fold_kl_penalty(
-                &trainer,
-                references,
-                &mut batches,
-                job.rl.kl_coef,
-            )?),
+            Some(references) => {
+                Some(fold_kl_penalty(&trainer, references, &mut batches, job.rl.kl_coef).await?)
+            }
             None => None,
         };
+        let training = trainer.train(batches, loss.clone(), job.rl.learning_rate);
         let (loss_value, tokens) = if asynchronous && step + 1 < job.rl.steps {
             // Async: the next batch samples from this version while it trains into the next.
-            let (lr, loss) = (job.rl.learning_rate, loss.clone());
-            let mut moved = trainer;
-            let training = tokio::task::spawn_blocking(move || {
-                let result = train_now(&mut moved, batches, loss, lr);
-                (moved, result)
-            });
             let actors = versions.actors();
             let (trained, next) = futures::join!(training, play_step(&cx, job, step + 1, &actors));
-            let (returned, result) = trained.context("the training step panicked")?;
-            trainer = returned;
             prefetched = Some(next?);
-            result?
+            trained?
         } else {
-            train_step(&mut trainer, batches, loss.clone(), job.rl.learning_rate)?
+            training.await?
         };
-        versions.publish(base, &run.name, &trainer)?;
+        versions.publish(base, &run.name, &trainer).await?;
         folder.write_rollouts(step, &records)?;
         let last = step + 1 == job.rl.steps;
         let evaluations = if last || (job.eval.every > 0 && (step + 1) % job.eval.every == 0) {
@@ -295,13 +274,7 @@ pub(super) async fn train_job(
                 initial_evals: initial_evals.clone(),
                 last_evals: last_evals.clone(),
             };
-            folder.save_checkpoint(&cursor, |temp| {
-                for policy in &trainable {
-                    let dir = temp.join(&policy.name);
-                    trainer.save_adapter(&policy.name, &dir, &base.name, true)?;
-                }
-                Ok(())
-            })?;
+            save_checkpoint(&trainer, &folder, cursor, &trainable, &base.name).await?;
             folder.write_report()?;
         }
     }
@@ -312,7 +285,15 @@ pub(super) async fn train_job(
             true => checkpoint.join(&policy.name),
             false => checkpoint.clone(),
         };
-        trainer.save_adapter(&policy.name, &dir, &base.name, true)?;
+        trainer
+            .save_adapter(&policy.name, dir, &base.name, true)
+            .await?;
+    }
+    // The shared trainer keeps serving the other jobs on this base: free this one's slots.
+    let references = references.unwrap_or_default();
+    let slots = trainable.iter().map(|p| p.name.as_str());
+    for slot in slots.chain(references.iter().map(|(_, r)| r.as_str())) {
+        trainer.remove_adapter(slot).await?;
     }
     let per_policy = match multi_agent {
         true => trainable
@@ -337,13 +318,40 @@ pub(super) async fn train_job(
     })
 }
 
+/// Save checkpoint `cursor` with every trainable policy's adapter and optimizer state, written
+/// on the trainer's thread so that no training step lands halfway through.
+async fn save_checkpoint(
+    trainer: &JobTrainer,
+    folder: &RunFolder,
+    cursor: Cursor,
+    trainable: &[&PolicySection],
+    base_name: &str,
+) -> anyhow::Result<()> {
+    let policies: Vec<(String, String)> = trainable
+        .iter()
+        .map(|p| (p.name.clone(), trainer.id(&p.name)))
+        .collect();
+    let (folder, base_name) = (folder.clone(), base_name.to_string());
+    trainer
+        .run(move |engine| {
+            folder.save_checkpoint(&cursor, |temp| {
+                for (name, id) in &policies {
+                    engine.save_adapter(id, &temp.join(name), &base_name, true)?;
+                }
+                Ok(())
+            })
+        })
+        .await??;
+    Ok(())
+}
+
 /// The KL reference of each trainable policy, loaded into the trainer as `<policy>@reference`:
 /// the job's `kl_reference`, or the policy as it is now (RL's start), saved in `reference/` so a
 /// resumed run compares with the same one. Returns (policy, reference adapter) names.
-fn load_references(
+async fn load_references(
     job: &Job,
-    folder: &super::run_folder::RunFolder,
-    trainer: &mut TrainingEngine,
+    folder: &RunFolder,
+    trainer: &JobTrainer,
     trainable: &[&PolicySection],
     base_name: &str,
 ) -> anyhow::Result<Vec<(String, String)>> {
@@ -355,14 +363,17 @@ fn load_references(
             (None, _) => {
                 let dir = folder.root().join("reference").join(&policy.name);
                 if !dir.is_dir() {
-                    trainer.save_adapter(&policy.name, &dir, base_name, false)?;
+                    trainer
+                        .save_adapter(&policy.name, dir.clone(), base_name, false)
+                        .await?;
                 }
                 dir
             }
         };
         let reference = format!("{}@reference", policy.name);
         trainer
-            .load_adapter(&reference, &dir, false)
+            .load_adapter(&reference, dir, false)
+            .await
             .with_context(|| format!("the KL reference of policy {}", policy.name))?;
         names.push((policy.name.clone(), reference));
     }
@@ -371,8 +382,8 @@ fn load_references(
 
 /// Fold `coef` times each sampled token's log-ratio to its policy's reference into its
 /// advantage; returns the mean log-ratio over the tokens trained on.
-fn fold_kl_penalty(
-    trainer: &TrainingEngine,
+async fn fold_kl_penalty(
+    trainer: &JobTrainer,
     references: &[(String, String)],
     batches: &mut [(String, Vec<Datum>)],
     coef: f64,
@@ -385,7 +396,9 @@ fn fold_kl_penalty(
         if datums.is_empty() {
             continue;
         }
-        let outputs = forward_cross_entropy(trainer, reference, datums.clone())?;
+        let outputs = trainer
+            .forward_cross_entropy(reference, datums.clone())
+            .await?;
         let reference_logprobs = outputs.into_iter().flat_map(|o| o.logprobs);
         for (datum, reference) in datums.iter_mut().zip(reference_logprobs) {
             let sampled = datum.sampler_logprobs.clone().unwrap_or_default();
@@ -420,11 +433,11 @@ fn sampled_entropy(batches: &[(String, Vec<Datum>)]) -> f64 {
 
 /// The summary of an SFT job: its result is the adapter (or, after a full-parameter SFT, the
 /// base model).
-fn sft_summary(
+async fn sft_summary(
     job: &Job,
     base: &SharedBase,
-    folder: &super::run_folder::RunFolder,
-    trainer: &TrainingEngine,
+    folder: &RunFolder,
+    trainer: &JobTrainer,
     trainable: &[&PolicySection],
     sft_evals: Option<(Evaluation, Evaluation)>,
 ) -> anyhow::Result<Summary> {
@@ -433,7 +446,9 @@ fn sft_summary(
         false => {
             let dir = folder.checkpoint_dir("final");
             if let Some(policy) = trainable.first() {
-                trainer.save_adapter(&policy.name, &dir, &base.name, true)?;
+                trainer
+                    .save_adapter(&policy.name, dir.clone(), &base.name, true)
+                    .await?;
             }
             dir
         }
@@ -542,8 +557,8 @@ fn datums_of(
     job: &Job,
     policies: &[PolicySection],
     estimator: Estimator,
-) -> (Vec<AdapterBatch>, Vec<RolloutRecord>, usize) {
-    let mut batches: Vec<AdapterBatch> = policies
+) -> (Vec<PolicyBatch>, Vec<RolloutRecord>, usize) {
+    let mut batches: Vec<PolicyBatch> = policies
         .iter()
         .filter(|p| p.trainable)
         .map(|p| (p.name.clone(), Vec::new()))

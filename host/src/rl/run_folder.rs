@@ -61,6 +61,7 @@ impl MetricsLog {
 }
 
 /// A run's output folder.
+#[derive(Clone)]
 pub struct RunFolder {
     root: PathBuf,
 }

@@ -12,17 +12,16 @@ use std::time::Instant;
 use anyhow::Context;
 use serde::Deserialize;
 
-use super::context::{
-    JobContext, Reporter, forward_cross_entropy, loss_per_token, play_batch, train_step,
-};
+use super::context::{JobContext, Reporter, play_batch};
 use super::datum::sft_datum;
 use super::job::{Job, SftSection};
+use super::job_trainer::{JobTrainer, loss_per_token};
 use super::metrics::{Evaluation, StepMetrics, errors, mean};
 use super::render::Renderer;
 use super::rollout::Actor;
 use super::transcript::{TokenSequence, Transcript};
 use crate::model::ChatMessage;
-use crate::train::{Datum, Loss, TrainingEngine};
+use crate::train::{Datum, Loss};
 
 /// One line of a chat JSONL file.
 #[derive(Debug, Deserialize)]
@@ -136,25 +135,27 @@ impl SftData {
     }
 }
 
-/// Supervised steps (the `[sft]` section: demonstrations or a chat file), training `id` of
-/// `trainer`. Returns the held-out loss before and after, when there is a held-out set.
+/// Supervised steps (the `[sft]` section: demonstrations or a chat file), training `policy`
+/// of `trainer`. Returns the held-out loss before and after, when there is a held-out set.
 pub(super) async fn run_sft(
     cx: &JobContext,
     job: &Job,
     sft: &SftSection,
-    trainer: &mut TrainingEngine,
-    id: &str,
+    trainer: &JobTrainer,
+    policy: &str,
     reporter: &mut Reporter,
 ) -> anyhow::Result<Option<(Evaluation, Evaluation)>> {
     let data = SftData::load(sft, &cx.model.renderer)?;
-    let held_out_loss = |trainer: &TrainingEngine| -> anyhow::Result<Option<Evaluation>> {
+    let held_out_loss = async || -> anyhow::Result<Option<Evaluation>> {
         let SftData::Conversations { held_out, .. } = &data else {
             return Ok(None);
         };
         if held_out.is_empty() {
             return Ok(None);
         }
-        let outputs = forward_cross_entropy(trainer, id, held_out.clone())?;
+        let outputs = trainer
+            .forward_cross_entropy(policy, held_out.clone())
+            .await?;
         let (loss, _) = loss_per_token(&outputs);
         Ok(Some(Evaluation {
             episodes: held_out.len(),
@@ -162,7 +163,7 @@ pub(super) async fn run_sft(
             ..Evaluation::default()
         }))
     };
-    let initial = held_out_loss(trainer)?;
+    let initial = held_out_loss().await?;
     let mut last = initial.clone();
     for step in 0..sft.steps {
         let started = Instant::now();
@@ -194,14 +195,18 @@ pub(super) async fn run_sft(
                 (datums, Vec::new())
             }
         };
-        let (loss_value, tokens) = train_step(
-            trainer,
-            vec![(id.to_string(), datums)],
-            Loss::CrossEntropy,
-            sft.learning_rate,
-        )?;
+        let (loss_value, tokens) = trainer
+            .train(
+                vec![(policy.to_string(), datums)],
+                Loss::CrossEntropy,
+                sft.learning_rate,
+            )
+            .await?;
         let due = step + 1 == sft.steps || (sft.eval_every > 0 && (step + 1) % sft.eval_every == 0);
-        let eval = if due { held_out_loss(trainer)? } else { None };
+        let eval = match due {
+            true => held_out_loss().await?,
+            false => None,
+        };
         if eval.is_some() {
             last = eval.clone();
         }

@@ -1,5 +1,6 @@
 //! The training engine: step-level calls with Tinker semantics over many LoRA adapters of one
-//! frozen base model. It runs no loop of its own; one caller (later the scheduler) drives it.
+//! frozen base model. It runs no loop of its own; one caller (the scheduler's `TrainerService`)
+//! drives it.
 //!
 //! `forward_backward` fuses work items of different adapters, ranks and losses into one batch
 //! (rows grouped by adapter); each adapter's gradients accumulate in its own slot until its
