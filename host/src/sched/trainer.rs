@@ -115,6 +115,11 @@ fn forward_backward_fused(
         replies.push(reply);
         all.extend(items);
     }
+    tracing::debug!(
+        calls = sizes.len(),
+        items = all.len(),
+        "fused forward_backward"
+    );
     match engine.forward_backward(&all) {
         Ok(outputs) => {
             let mut outputs = outputs.into_iter();
