@@ -365,7 +365,8 @@ episodes = 4
     assert_eq!(summary["steps"], 2);
     let lines = metric_lines(&out);
     assert_eq!(lines.len(), 2);
-    // Async: the second batch was sampled while the first step trained, one version behind.
+    // Async (lag limit 1): the second batch was sampled while the first step trained, one
+    // version behind.
     assert_eq!(lines[0]["policy_lag"], 0);
     assert_eq!(lines[1]["policy_lag"], 1);
     for line in &lines {
@@ -390,6 +391,97 @@ episodes = 4
         let expected = if trapped { -1.0 } else { 2.0 };
         assert_eq!(record["returns"][0], expected, "{record}");
     }
+}
+
+#[test]
+fn async_groups_older_than_the_lag_limit_are_resampled_or_dropped_and_counted() {
+    let wasm = build("arithmetic");
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, mode: &str| -> PathBuf {
+        let job = dir.path().join(format!("{name}.toml"));
+        let text = format!(
+            r#"
+[model]
+init_tiny = {{ seed = 3 }}
+[lora]
+rank = 4
+[environment]
+plugin = {wasm:?}
+config = {{ max_operand = 9 }}
+[rl]
+steps = 3
+groups_per_batch = 2
+group_size = 3
+max_turns = 1
+max_tokens = 6
+{mode}
+[eval]
+episodes = 2
+"#
+        );
+        std::fs::write(&job, text).unwrap();
+        let out = dir.path().join(name);
+        let job = job.to_str().unwrap();
+        json(&opentinker(&[
+            "train",
+            job,
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ]));
+        out
+    };
+    let sync = run("sync", "");
+    let resampled = run("resampled", "mode = \"async\"\nmax_policy_lag = 0");
+    let dropped = run(
+        "dropped",
+        "mode = \"async\"\nmax_policy_lag = 0\nstale = \"drop\"",
+    );
+    // With a lag limit of 0, the groups launched while a step trains are a version old when
+    // the next step wants them: both of every later batch are stale.
+    for out in [&resampled, &dropped] {
+        let lines = metric_lines(out);
+        let stale: Vec<u64> = lines
+            .iter()
+            .map(|l| l["stale_groups"].as_u64().unwrap())
+            .collect();
+        assert_eq!(stale, [0, 2, 2], "{}", out.display());
+        assert!(lines.iter().all(|l| l["policy_lag"] == 0));
+    }
+    // Resampled with the current policy, they are the very groups sync mode plays.
+    let without_stale = |out: &Path| -> Vec<serde_json::Value> {
+        let mut lines = metric_lines(out);
+        for line in &mut lines {
+            line.as_object_mut().unwrap().remove("stale_groups");
+        }
+        lines
+    };
+    assert_eq!(without_stale(&resampled), without_stale(&sync));
+    let rollouts = |out: &Path, step: usize| -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(out.join(format!("rollouts/step-{step}.jsonl")));
+        text.unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    for step in 0..3 {
+        assert_eq!(
+            rollouts(&resampled, step),
+            rollouts(&sync, step),
+            "step {step}"
+        );
+    }
+    // Dropped, their tasks give way to new ones.
+    let seeds = |out: &Path, step: usize| -> Vec<u64> {
+        let mut seeds: Vec<u64> = rollouts(out, step)
+            .iter()
+            .map(|r| r["seed"].as_u64().unwrap())
+            .collect();
+        seeds.dedup();
+        seeds
+    };
+    assert_eq!(seeds(&dropped, 0), seeds(&sync, 0));
+    assert_ne!(seeds(&dropped, 1), seeds(&sync, 1));
 }
 
 /// The metric lines the newest whole checkpoint (or the saved warm-up base) of a run covers.

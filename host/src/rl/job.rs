@@ -239,11 +239,19 @@ pub struct RlSection {
     pub failure_reward: f64,
     #[serde(default)]
     pub seed: u64,
-    /// `"sync"` (sample, train, publish) or `"async"` (the next batch samples from version v
-    /// while v trains into v + 1: every batch is one version old, which the importance-sampling
-    /// losses correct for).
+    /// `"sync"` (sample, train, publish) or `"async"` (groups play on while a step trains, so a
+    /// batch is sampled by policies up to `max_policy_lag` versions old, which the
+    /// importance-sampling losses correct for).
     #[serde(default = "default_mode")]
     pub mode: String,
+    /// Async mode: a group sampled with a policy more than this many versions behind the step
+    /// that would train on it is stale. The stream also keeps this many batches in play ahead
+    /// of training.
+    #[serde(default = "default_max_policy_lag")]
+    pub max_policy_lag: usize,
+    /// Async mode: what becomes of a stale group.
+    #[serde(default)]
+    pub stale: StaleGroups,
     /// The weight of the KL penalty folded into the advantages (0: none).
     #[serde(default)]
     pub kl_coef: f64,
@@ -255,6 +263,21 @@ pub struct RlSection {
 
 fn default_mode() -> String {
     "sync".into()
+}
+
+fn default_max_policy_lag() -> usize {
+    1
+}
+
+/// What becomes of a group sampled more than `max_policy_lag` versions behind (async mode).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StaleGroups {
+    /// Its task is played again with the current policy.
+    #[default]
+    Resample,
+    /// It is dropped, and a new task is played instead.
+    Drop,
 }
 
 fn default_groups() -> usize {
@@ -308,6 +331,8 @@ impl Default for RlSection {
             kl_coef: 0.0,
             kl_reference: None,
             mode: default_mode(),
+            max_policy_lag: default_max_policy_lag(),
+            stale: StaleGroups::default(),
         }
     }
 }

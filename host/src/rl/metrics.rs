@@ -19,9 +19,12 @@ pub struct StepMetrics {
     pub tokens: usize,
     pub loss: f64,
     pub groups_trained: usize,
-    /// How many versions behind the trained policy the batch was sampled (0 in sync mode; 1 in
-    /// async mode, where the batch sampled while the previous step trained).
+    /// How many versions behind the trained policy the batch's oldest group was sampled (0 in
+    /// sync mode; in async mode up to `rl.max_policy_lag`).
     pub policy_lag: usize,
+    /// Async mode: groups found stale (older than `rl.max_policy_lag`) since the last step, and
+    /// resampled or dropped.
+    pub stale_groups: usize,
     /// The mean negative logprob of the sampled tokens trained on (an estimate of the policy's
     /// entropy on its own samples).
     pub entropy: f64,

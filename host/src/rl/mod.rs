@@ -6,6 +6,7 @@ pub mod advantage;
 mod context;
 pub mod datum;
 pub mod driver;
+mod group_stream;
 pub mod job;
 mod job_trainer;
 pub mod metrics;

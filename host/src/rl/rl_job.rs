@@ -17,6 +17,7 @@ use super::context::{
 };
 use super::datum::rl_datum;
 use super::driver::{JobStart, SharedBase};
+use super::group_stream::{GroupStream, Launch, PlayedGroup};
 use super::job::{Job, PolicySection};
 use super::job_trainer::{JobTrainer, PolicyBatch};
 use super::metrics::{
@@ -52,6 +53,15 @@ impl Versions {
             self.versions.insert(policy.name.clone(), version);
         }
         Ok(())
+    }
+
+    /// What a group launched now plays with, after `trained` training steps.
+    fn launch(&self, trained: usize) -> Launch {
+        Launch {
+            actors: self.actors(),
+            versions: self.versions.values().cloned().collect(),
+            version: trained,
+        }
     }
 
     /// The actor of `policy`: its current version, or the base model when it is frozen.
@@ -188,13 +198,15 @@ pub(super) async fn train_job(
     };
     let multi_agent = policies.len() > 1;
     let asynchronous = job.rl.asynchronous().map_err(anyhow::Error::msg)?;
-    // Async mode: the batch of the next step, sampled while this one trained.
-    let mut prefetched = None;
+    let mut stream = asynchronous.then(|| GroupStream::new(&cx, job, first_step));
     for step in first_step..job.rl.steps {
         let started = Instant::now();
-        let (played, policy_lag) = match prefetched.take() {
-            Some(played) => (played, 1),
-            None => (play_step(&cx, job, step, &versions.actors()).await?, 0),
+        let (played, policy_lag, stale_groups) = match &mut stream {
+            Some(stream) => {
+                let (groups, lag, stale) = stream.next_batch(&versions.launch(step)).await?;
+                (in_batch_order(groups), lag, stale)
+            }
+            None => (play_step(&cx, job, step, &versions.actors()).await?, 0, 0),
         };
         let (mut batches, records, groups_trained) = datums_of(&played, job, &policies, estimator);
         let entropy = sampled_entropy(&batches);
@@ -205,14 +217,14 @@ pub(super) async fn train_job(
             None => None,
         };
         let training = trainer.train(batches, loss.clone(), job.rl.learning_rate);
-        let (loss_value, tokens) = if asynchronous && step + 1 < job.rl.steps {
-            // Async: the next batch samples from this version while it trains into the next.
-            let actors = versions.actors();
-            let (trained, next) = futures::join!(training, play_step(&cx, job, step + 1, &actors));
-            prefetched = Some(next?);
-            trained?
-        } else {
-            training.await?
+        let (loss_value, tokens) = match &mut stream {
+            // Async: groups play on with this version while it trains into the next.
+            Some(stream) => {
+                stream
+                    .while_training(training, &versions.launch(step))
+                    .await??
+            }
+            None => training.await?,
         };
         versions.publish(base, &run.name, &trainer).await?;
         folder.write_rollouts(step, &records)?;
@@ -253,6 +265,7 @@ pub(super) async fn train_job(
             loss: loss_value,
             groups_trained,
             policy_lag,
+            stale_groups,
             entropy,
             kl,
             errors: errors_of(&all),
@@ -465,58 +478,74 @@ async fn sft_summary(
     })
 }
 
-/// Play RL step `step`'s groups: group g plays one task (seeded by the job's seed, the step and
-/// g) `group_size` times, player p acting as `actors[p]`. Returns (group, index in group,
-/// outcome) in that order.
+/// Play RL step `step`'s groups (`groups_per_batch` of them, numbered on from the previous
+/// steps'), player p acting as `actors[p]`. Returns (group in the step, index in group, outcome)
+/// in that order.
 async fn play_step(
     cx: &JobContext,
     job: &Job,
     step: usize,
     actors: &[Actor],
 ) -> anyhow::Result<Vec<(usize, usize, EpisodeOutcome)>> {
-    let (groups, size) = (job.rl.groups_per_batch, job.rl.group_size);
-    let task_seeds: Vec<u64> = (0..groups as u64)
-        .map(|g| job.rl.seed.wrapping_mul(1_000_003) + (step * groups) as u64 + g)
-        .collect();
-    let mut tasks = Vec::with_capacity(groups);
-    for &seed in &task_seeds {
-        tasks.push(
-            cx.environment()?
-                .generate_task(&cx.config, seed, &cx.limits)
-                .await?,
-        );
+    let groups = job.rl.groups_per_batch;
+    let first = (step * groups) as u64;
+    let played = futures::future::join_all(
+        (0..groups as u64).map(|g| play_group(cx, job, first + g, actors)),
+    )
+    .await;
+    let mut all = Vec::with_capacity(groups * job.rl.group_size);
+    for (g, group) in played.into_iter().enumerate() {
+        all.extend(group?.into_iter().map(|(i, outcome)| (g, i, outcome)));
     }
+    Ok(all)
+}
+
+/// The episodes of a batch of groups as (group in the batch, index in group, outcome).
+fn in_batch_order(groups: Vec<PlayedGroup>) -> Vec<(usize, usize, EpisodeOutcome)> {
+    groups
+        .into_iter()
+        .enumerate()
+        .flat_map(|(g, group)| group.episodes.into_iter().map(move |(i, o)| (g, i, o)))
+        .collect()
+}
+
+/// Play group `id` of the job: one task (seeded by the job's seed and `id`) `group_size` times,
+/// player p acting as `actors[p]`, then the reward plugin's group scorer when it has one.
+/// Returns (index in group, outcome) in index order.
+pub(super) async fn play_group(
+    cx: &JobContext,
+    job: &Job,
+    id: u64,
+    actors: &[Actor],
+) -> anyhow::Result<Vec<(usize, EpisodeOutcome)>> {
+    let seed = job.rl.seed.wrapping_mul(1_000_003) + id;
+    let task = cx
+        .environment()?
+        .generate_task(&cx.config, seed, &cx.limits)
+        .await?;
     let rollout = rollout(cx, job, &cx.config, sampling_params(job))?;
-    let episodes = tasks.iter().enumerate().flat_map(|(g, task)| {
-        let seed = task_seeds[g];
-        (0..size).map(move |i| (g, i, task, seed * 1000 + i as u64))
+    let episodes = (0..job.rl.group_size).map(|i| {
+        let (rollout, task) = (&rollout, &task);
+        async move { (i, rollout.play(task, seed * 1000 + i as u64, actors).await) }
     });
-    let mut played: Vec<(usize, usize, EpisodeOutcome)> =
-        futures::future::join_all(episodes.map(|(g, i, task, seed)| {
-            let rollout = &rollout;
-            async move { (g, i, rollout.play(task, seed, actors).await) }
-        }))
-        .await;
+    let mut played = futures::future::join_all(episodes).await;
     if let (Some(reward), Some(section)) = (&cx.reward, &job.reward)
         && section.group
     {
-        for (g, task) in tasks.iter().enumerate() {
-            score_group(
-                cx,
-                reward,
-                section.weight,
-                job.rl.failure_reward,
-                task,
-                g,
-                &mut played,
-            )
-            .await;
-        }
+        score_group(
+            cx,
+            reward,
+            section.weight,
+            job.rl.failure_reward,
+            &task,
+            &mut played,
+        )
+        .await;
     }
     Ok(played)
 }
 
-/// Let the reward plugin's group scorer replace the scores of group `g`'s whole episodes; when
+/// Let the reward plugin's group scorer replace the scores of a group's whole episodes; when
 /// it fails, those episodes fail with its error kind.
 async fn score_group(
     cx: &JobContext,
@@ -524,13 +553,12 @@ async fn score_group(
     weight: f64,
     failure_reward: f64,
     task: &str,
-    g: usize,
-    played: &mut [(usize, usize, EpisodeOutcome)],
+    played: &mut [(usize, EpisodeOutcome)],
 ) {
     let mut members: Vec<&mut EpisodeOutcome> = played
         .iter_mut()
-        .filter(|(group, _, o)| *group == g && o.error.is_none())
-        .map(|(_, _, o)| o)
+        .filter(|(_, o)| o.error.is_none())
+        .map(|(_, o)| o)
         .collect();
     let transcripts: Vec<_> = members.iter().map(|o| o.plugin_transcripts()).collect();
     match reward.score_group(task, &transcripts, &cx.limits).await {

@@ -1,0 +1,169 @@
+//! Async mode's stream of groups: groups are played ahead of training, each with the policy
+//! versions current when it was launched, and handed to training a batch at a time in the order
+//! they finished (a slow group does not hold a batch back). A group whose version is more than
+//! `rl.max_policy_lag` versions behind the step that would train on it is stale: its task is
+//! played again with the current versions (`rl.stale = "resample"`) or it is dropped for a new
+//! task (`"drop"`); either way it is counted.
+//!
+//! The stream keeps `groups_per_batch * max_policy_lag` groups (at least one batch) playing or
+//! waiting, and plays on while a step trains (`while_training`), so sampling and training
+//! overlap. With a lag of 1 every batch is the groups launched while the previous step trained,
+//! so the run is deterministic; with 0, those groups are all stale, and resampling them makes
+//! the run the same as in sync mode.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+
+use super::context::JobContext;
+use super::job::{Job, StaleGroups};
+use super::rl_job::play_group;
+use super::rollout::{Actor, EpisodeOutcome};
+use crate::lora::PolicyVersion;
+
+/// The policies a group is launched with: the actor of each player, and the versions they
+/// sample from (held so that the registry keeps them while the group plays).
+#[derive(Clone)]
+pub(super) struct Launch {
+    pub(super) actors: Vec<Actor>,
+    pub(super) versions: Vec<Arc<PolicyVersion>>,
+    /// Training steps done when the group was launched.
+    pub(super) version: usize,
+}
+
+/// A group that finished playing.
+pub(super) struct PlayedGroup {
+    pub(super) id: u64,
+    /// Training steps done when the group was launched.
+    pub(super) version: usize,
+    pub(super) episodes: Vec<(usize, EpisodeOutcome)>,
+}
+
+type Playing<'a> = BoxFuture<'a, anyhow::Result<PlayedGroup>>;
+
+pub(super) struct GroupStream<'a> {
+    cx: &'a JobContext,
+    job: &'a Job,
+    playing: FuturesUnordered<Playing<'a>>,
+    finished: Vec<PlayedGroup>,
+    /// The id of the next new task.
+    next_id: u64,
+    max_lag: usize,
+    stale: StaleGroups,
+    /// Stale groups since the last batch.
+    stale_count: usize,
+    /// Groups still to be handed to training: no new task is launched beyond them.
+    to_train: usize,
+}
+
+impl<'a> GroupStream<'a> {
+    /// A stream for RL steps `first_step..`: its first new task is that step's first group.
+    pub(super) fn new(cx: &'a JobContext, job: &'a Job, first_step: usize) -> Self {
+        let groups = job.rl.groups_per_batch;
+        GroupStream {
+            cx,
+            job,
+            playing: FuturesUnordered::new(),
+            finished: Vec::new(),
+            next_id: (first_step * groups) as u64,
+            max_lag: job.rl.max_policy_lag,
+            stale: job.rl.stale,
+            stale_count: 0,
+            to_train: job.rl.steps.saturating_sub(first_step) * groups,
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.job.rl.groups_per_batch * self.max_lag.max(1)
+    }
+
+    fn launch(&mut self, id: u64, launch: &Launch) {
+        let (cx, job, launch) = (self.cx, self.job, launch.clone());
+        self.playing.push(Box::pin(async move {
+            let episodes = play_group(cx, job, id, &launch.actors).await?;
+            drop(launch.versions);
+            Ok(PlayedGroup {
+                id,
+                version: launch.version,
+                episodes,
+            })
+        }));
+    }
+
+    /// Launch new tasks until the stream holds its capacity (or every group still to train).
+    fn fill(&mut self, launch: &Launch) {
+        let target = self.capacity().min(self.to_train);
+        while self.playing.len() + self.finished.len() < target {
+            let id = self.next_id;
+            self.next_id += 1;
+            self.launch(id, launch);
+        }
+    }
+
+    /// Resample or drop the finished groups that are stale for a step at `launch.version`.
+    fn retire_stale(&mut self, launch: &Launch) {
+        let max_lag = self.max_lag;
+        let (stale, fresh): (Vec<_>, Vec<_>) = std::mem::take(&mut self.finished)
+            .into_iter()
+            .partition(|g| launch.version - g.version > max_lag);
+        self.finished = fresh;
+        self.stale_count += stale.len();
+        if self.stale == StaleGroups::Resample {
+            for group in stale {
+                self.launch(group.id, launch);
+            }
+        }
+    }
+
+    /// The next batch for the step at `launch.version` (training steps done): the first
+    /// `groups_per_batch` groups to finish that are not stale, in id order. Also the largest
+    /// lag among them and the stale groups counted since the last batch.
+    pub(super) async fn next_batch(
+        &mut self,
+        launch: &Launch,
+    ) -> anyhow::Result<(Vec<PlayedGroup>, usize, usize)> {
+        let wanted = self.job.rl.groups_per_batch;
+        loop {
+            self.retire_stale(launch);
+            if self.finished.len() >= wanted {
+                break;
+            }
+            self.fill(launch);
+            match self.playing.next().await {
+                Some(group) => self.finished.push(group?),
+                None => anyhow::bail!("the group stream ran dry"),
+            }
+        }
+        let mut batch: Vec<PlayedGroup> = self.finished.drain(..wanted).collect();
+        batch.sort_by_key(|g| g.id);
+        self.to_train = self.to_train.saturating_sub(wanted);
+        let lag = batch
+            .iter()
+            .map(|g| launch.version - g.version)
+            .max()
+            .unwrap_or(0);
+        Ok((batch, lag, std::mem::take(&mut self.stale_count)))
+    }
+
+    /// Await `work` (a training step) while the stream plays on, launching new tasks with
+    /// `launch` as groups finish.
+    pub(super) async fn while_training<T>(
+        &mut self,
+        work: impl Future<Output = T>,
+        launch: &Launch,
+    ) -> anyhow::Result<T> {
+        self.fill(launch);
+        let mut work = std::pin::pin!(work);
+        loop {
+            tokio::select! {
+                done = &mut work => return Ok(done),
+                Some(group) = self.playing.next(), if !self.playing.is_empty() => {
+                    self.finished.push(group?);
+                    self.fill(launch);
+                }
+            }
+        }
+    }
+}
