@@ -312,6 +312,19 @@ episodes = 4
     let refused = opentinker(&["train", misspelt.to_str().unwrap()]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("max_tokenz"));
+
+    // Two jobs of one command with one name would share a folder and adapter names.
+    let twin = dir.path().join("twin");
+    std::fs::create_dir(&twin).unwrap();
+    std::fs::write(twin.join("short.toml"), &text).unwrap();
+    let twin = twin.join("short.toml");
+    let refused = opentinker(&["train", job.to_str().unwrap(), twin.to_str().unwrap()]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(r#"two job files are named "short""#),
+        "{stderr}"
+    );
 }
 
 /// The metric lines of a run, without their timings.

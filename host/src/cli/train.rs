@@ -60,11 +60,22 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
                 (Some(out), _) => out.join(&name),
                 (None, _) => PathBuf::from("runs").join(format!("{name}-{stamp}")),
             };
-            JobRun { name, job, out }
+            JobRun {
+                name,
+                job: Arc::new(job),
+                out,
+            }
         })
         .collect();
     let names: Vec<String> = runs.iter().map(|r| r.name.clone()).collect();
-    let shown: Vec<(String, &Job)> = runs.iter().map(|r| (r.name.clone(), &r.job)).collect();
+    // A job's name names its folder and its adapters in the shared trainer.
+    for (i, name) in names.iter().enumerate() {
+        anyhow::ensure!(
+            !names[..i].contains(name),
+            "two job files are named {name:?}: each job of one `train` needs a file name of its own"
+        );
+    }
+    let shown: Vec<(String, &Job)> = runs.iter().map(|r| (r.name.clone(), &*r.job)).collect();
     let display = Arc::new(TrainProgress::new(&shown));
     let show: Progress = {
         let display = Arc::clone(&display);

@@ -43,7 +43,7 @@ pub(super) struct SharedBase {
 /// One job of a `train` command: its name (the job file's stem) and output folder.
 pub struct JobRun {
     pub name: String,
-    pub job: Job,
+    pub job: Arc<Job>,
     pub out: PathBuf,
 }
 

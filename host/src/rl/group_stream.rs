@@ -6,16 +6,18 @@
 //! task (`"drop"`); either way it is counted.
 //!
 //! The stream keeps `groups_per_batch * max_policy_lag` groups (at least one batch) playing or
-//! waiting, and plays on while a step trains (`while_training`), so sampling and training
-//! overlap. With a lag of 1 every batch is the groups launched while the previous step trained,
+//! waiting. Each group plays as a task of its own, so groups play on whatever the job awaits
+//! (training, evaluation, a checkpoint); while a step trains (`while_training`) the stream also
+//! launches new groups as groups finish, so sampling and training overlap. With a lag of 1 every batch is the groups launched while the previous step trained,
 //! so the run is deterministic; with 0, those groups are all stale, and resampling them makes
 //! the run the same as in sync mode.
 
 use std::sync::Arc;
 
+use anyhow::Context;
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
+use tokio::task::JoinHandle;
 
 use super::context::JobContext;
 use super::job::{Job, StaleGroups};
@@ -41,12 +43,10 @@ pub(super) struct PlayedGroup {
     pub(super) episodes: Vec<(usize, EpisodeOutcome)>,
 }
 
-type Playing<'a> = BoxFuture<'a, anyhow::Result<PlayedGroup>>;
-
-pub(super) struct GroupStream<'a> {
-    cx: &'a JobContext,
-    job: &'a Job,
-    playing: FuturesUnordered<Playing<'a>>,
+pub(super) struct GroupStream {
+    cx: Arc<JobContext>,
+    job: Arc<Job>,
+    playing: FuturesUnordered<JoinHandle<anyhow::Result<PlayedGroup>>>,
     finished: Vec<PlayedGroup>,
     /// The id of the next new task.
     next_id: u64,
@@ -58,13 +58,11 @@ pub(super) struct GroupStream<'a> {
     to_train: usize,
 }
 
-impl<'a> GroupStream<'a> {
+impl GroupStream {
     /// A stream for RL steps `first_step..`: its first new task is that step's first group.
-    pub(super) fn new(cx: &'a JobContext, job: &'a Job, first_step: usize) -> Self {
+    pub(super) fn new(cx: Arc<JobContext>, job: Arc<Job>, first_step: usize) -> Self {
         let groups = job.rl.groups_per_batch;
         GroupStream {
-            cx,
-            job,
             playing: FuturesUnordered::new(),
             finished: Vec::new(),
             next_id: (first_step * groups) as u64,
@@ -72,17 +70,22 @@ impl<'a> GroupStream<'a> {
             stale: job.rl.stale,
             stale_count: 0,
             to_train: job.rl.steps.saturating_sub(first_step) * groups,
+            cx,
+            job,
         }
     }
 
     fn capacity(&self) -> usize {
-        self.job.rl.groups_per_batch * self.max_lag.max(1)
+        self.job
+            .rl
+            .groups_per_batch
+            .saturating_mul(self.max_lag.max(1))
     }
 
     fn launch(&mut self, id: u64, launch: &Launch) {
-        let (cx, job, launch) = (self.cx, self.job, launch.clone());
-        self.playing.push(Box::pin(async move {
-            let episodes = play_group(cx, job, id, &launch.actors).await?;
+        let (cx, job, launch) = (Arc::clone(&self.cx), Arc::clone(&self.job), launch.clone());
+        self.playing.push(tokio::spawn(async move {
+            let episodes = play_group(&cx, &job, id, &launch.actors).await?;
             drop(launch.versions);
             Ok(PlayedGroup {
                 id,
@@ -90,6 +93,16 @@ impl<'a> GroupStream<'a> {
                 episodes,
             })
         }));
+    }
+
+    /// A finished group, or the error that ended it.
+    fn finish(
+        &mut self,
+        played: Result<anyhow::Result<PlayedGroup>, tokio::task::JoinError>,
+    ) -> anyhow::Result<()> {
+        self.finished
+            .push(played.context("a group's task failed")??);
+        Ok(())
     }
 
     /// Launch new tasks until the stream holds its capacity (or every group still to train).
@@ -132,7 +145,7 @@ impl<'a> GroupStream<'a> {
             }
             self.fill(launch);
             match self.playing.next().await {
-                Some(group) => self.finished.push(group?),
+                Some(played) => self.finish(played)?,
                 None => anyhow::bail!("the group stream ran dry"),
             }
         }
@@ -159,11 +172,20 @@ impl<'a> GroupStream<'a> {
         loop {
             tokio::select! {
                 done = &mut work => return Ok(done),
-                Some(group) = self.playing.next(), if !self.playing.is_empty() => {
-                    self.finished.push(group?);
+                Some(played) = self.playing.next(), if !self.playing.is_empty() => {
+                    self.finish(played)?;
                     self.fill(launch);
                 }
             }
+        }
+    }
+}
+
+impl Drop for GroupStream {
+    /// Groups still playing when the job ends (or fails) are stopped, not left to run.
+    fn drop(&mut self) {
+        for group in self.playing.iter() {
+            group.abort();
         }
     }
 }

@@ -245,11 +245,11 @@ pub struct RlSection {
     #[serde(default = "default_mode")]
     pub mode: String,
     /// Async mode: a group sampled with a policy more than this many versions behind the step
-    /// that would train on it is stale. The stream also keeps this many batches in play ahead
-    /// of training.
+    /// that would train on it is stale. The stream also keeps this many batches (at least one)
+    /// in play ahead of training. Sync mode ignores it.
     #[serde(default = "default_max_policy_lag")]
     pub max_policy_lag: usize,
-    /// Async mode: what becomes of a stale group.
+    /// Async mode: what becomes of a stale group. Sync mode ignores it.
     #[serde(default)]
     pub stale: StaleGroups,
     /// The weight of the KL penalty folded into the advantages (0: none).

@@ -55,11 +55,6 @@ impl JobTrainer {
         Ok(self.run(move |e| e.add_adapter(&id, config)).await??)
     }
 
-    pub(super) async fn remove_adapter(&self, policy: &str) -> anyhow::Result<()> {
-        let id = self.id(policy);
-        Ok(self.run(move |e| e.remove_adapter(&id)).await??)
-    }
-
     pub(super) async fn load_adapter(
         &self,
         policy: &str,
@@ -152,6 +147,39 @@ impl JobTrainer {
         })
         .await??;
         Ok(loss_per_token(&outputs))
+    }
+}
+
+/// A job's adapter slots in the shared trainer, freed when this is dropped (the job finished or
+/// failed), so the trainer goes on serving the other jobs without them.
+pub(super) struct Slots {
+    trainer: JobTrainer,
+    policies: Vec<String>,
+}
+
+impl Slots {
+    pub(super) fn new(trainer: &JobTrainer) -> Self {
+        Slots {
+            trainer: trainer.clone(),
+            policies: Vec::new(),
+        }
+    }
+
+    /// Free `policy`'s slot (if it comes to have one) with the others.
+    pub(super) fn hold(&mut self, policy: &str) {
+        self.policies.push(policy.to_string());
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        for policy in &self.policies {
+            let id = self.trainer.id(policy);
+            self.trainer.service.detach(move |engine| {
+                // A slot that was never made has nothing to free.
+                let _ = engine.remove_adapter(&id);
+            });
+        }
     }
 }
 

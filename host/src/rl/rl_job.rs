@@ -19,7 +19,7 @@ use super::datum::rl_datum;
 use super::driver::{JobStart, SharedBase};
 use super::group_stream::{GroupStream, Launch, PlayedGroup};
 use super::job::{Job, PolicySection};
-use super::job_trainer::{JobTrainer, PolicyBatch};
+use super::job_trainer::{JobTrainer, PolicyBatch, Slots};
 use super::metrics::{
     Evaluation, PolicyEvaluations, StepMetrics, Summary, errors_of, mean, metrics_of, std,
 };
@@ -138,13 +138,15 @@ pub(super) async fn train_job(
         ..
     } = start;
     let job = &run.job;
-    let cx = JobContext::load(
-        host,
-        job,
-        Arc::clone(&base.info),
-        Some(base.sampler.clone()),
-    )
-    .await?;
+    let cx = Arc::new(
+        JobContext::load(
+            host,
+            job,
+            Arc::clone(&base.info),
+            Some(base.sampler.clone()),
+        )
+        .await?,
+    );
     let mut reporter = Reporter {
         name: run.name.clone(),
         logs: vec![log],
@@ -153,6 +155,11 @@ pub(super) async fn train_job(
     let policies = job.policies();
     let trainable: Vec<&PolicySection> = policies.iter().filter(|p| p.trainable).collect();
     let trainer = JobTrainer::new(base.trainer.clone(), &run.name);
+    let mut slots = Slots::new(&trainer);
+    for policy in &trainable {
+        slots.hold(&policy.name);
+        slots.hold(&reference_name(&policy.name));
+    }
     match &checkpoint {
         Some((dir, _)) => {
             for policy in &trainable {
@@ -198,7 +205,8 @@ pub(super) async fn train_job(
     };
     let multi_agent = policies.len() > 1;
     let asynchronous = job.rl.asynchronous().map_err(anyhow::Error::msg)?;
-    let mut stream = asynchronous.then(|| GroupStream::new(&cx, job, first_step));
+    let mut stream =
+        asynchronous.then(|| GroupStream::new(Arc::clone(&cx), Arc::clone(&run.job), first_step));
     for step in first_step..job.rl.steps {
         let started = Instant::now();
         let (played, policy_lag, stale_groups) = match &mut stream {
@@ -302,12 +310,6 @@ pub(super) async fn train_job(
             .save_adapter(&policy.name, dir, &base.name, true)
             .await?;
     }
-    // The shared trainer keeps serving the other jobs on this base: free this one's slots.
-    let references = references.unwrap_or_default();
-    let slots = trainable.iter().map(|p| p.name.as_str());
-    for slot in slots.chain(references.iter().map(|(_, r)| r.as_str())) {
-        trainer.remove_adapter(slot).await?;
-    }
     let per_policy = match multi_agent {
         true => trainable
             .iter()
@@ -358,6 +360,11 @@ async fn save_checkpoint(
     Ok(())
 }
 
+/// The trainer's name for `policy`'s KL reference.
+fn reference_name(policy: &str) -> String {
+    format!("{policy}@reference")
+}
+
 /// The KL reference of each trainable policy, loaded into the trainer as `<policy>@reference`:
 /// the job's `kl_reference`, or the policy as it is now (RL's start), saved in `reference/` so a
 /// resumed run compares with the same one. Returns (policy, reference adapter) names.
@@ -383,7 +390,7 @@ async fn load_references(
                 dir
             }
         };
-        let reference = format!("{}@reference", policy.name);
+        let reference = reference_name(&policy.name);
         trainer
             .load_adapter(&reference, dir, false)
             .await
@@ -489,13 +496,13 @@ async fn play_step(
 ) -> anyhow::Result<Vec<(usize, usize, EpisodeOutcome)>> {
     let groups = job.rl.groups_per_batch;
     let first = (step * groups) as u64;
-    let played = futures::future::join_all(
+    let played = futures::future::try_join_all(
         (0..groups as u64).map(|g| play_group(cx, job, first + g, actors)),
     )
-    .await;
+    .await?;
     let mut all = Vec::with_capacity(groups * job.rl.group_size);
     for (g, group) in played.into_iter().enumerate() {
-        all.extend(group?.into_iter().map(|(i, outcome)| (g, i, outcome)));
+        all.extend(group.into_iter().map(|(i, outcome)| (g, i, outcome)));
     }
     Ok(all)
 }
