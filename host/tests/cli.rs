@@ -54,6 +54,28 @@ fn json(output: &std::process::Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
 }
 
+/// `train JOB --out OUT --json`, which must succeed: its summary.
+fn train_json(job: &Path, out: &Path) -> serde_json::Value {
+    let (job, out) = (job.to_str().unwrap(), out.to_str().unwrap());
+    json(&opentinker(&["train", job, "--out", out, "--json"]))
+}
+
+/// A small arithmetic job (operands 0 to 9, LoRA rank 4) on a tiny model generated from `seed`:
+/// its model, LoRA and environment sections, then `rest`.
+fn arithmetic_job(wasm: &Path, seed: u64, rest: &str) -> String {
+    format!(
+        "
+[model]
+init_tiny = {{ seed = {seed} }}
+[lora]
+rank = 4
+[environment]
+plugin = {wasm:?}
+config = {{ max_operand = 9 }}
+{rest}"
+    )
+}
+
 #[test]
 fn inspect_prints_what_a_component_is() {
     let wasm = build("tictactoe");
@@ -253,16 +275,10 @@ fn train_runs_a_short_job_and_writes_its_files() {
     let wasm = build("arithmetic");
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("short.toml");
-    let text = format!(
-        r#"
-[model]
-init_tiny = {{ seed = 3 }}
-[lora]
-rank = 4
-[environment]
-plugin = {wasm:?}
-config = {{ max_operand = 9 }}
-[sft]
+    let text = arithmetic_job(
+        &wasm,
+        3,
+        r#"[sft]
 source = "demonstrations"
 steps = 2
 batch = 4
@@ -275,17 +291,11 @@ max_tokens = 6
 skip_equal_groups = false
 [eval]
 episodes = 4
-"#
+"#,
     );
     std::fs::write(&job, &text).unwrap();
     let out = dir.path().join("run");
-    let summary = json(&opentinker(&[
-        "train",
-        job.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ]));
+    let summary = train_json(&job, &out);
     assert_eq!(summary["steps"], 2);
     assert_eq!(summary["initial_eval"]["episodes"], 4);
     assert!(summary["final_eval"]["reward_mean"].is_number());
@@ -368,13 +378,7 @@ episodes = 4
     )
     .unwrap();
     let out = dir.path().join("run");
-    let summary = json(&opentinker(&[
-        "train",
-        job.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ]));
+    let summary = train_json(&job, &out);
     assert_eq!(summary["steps"], 2);
     let lines = metric_lines(&out);
     assert_eq!(lines.len(), 2);
@@ -412,16 +416,8 @@ fn async_groups_older_than_the_lag_limit_are_resampled_or_dropped_and_counted() 
     let dir = tempfile::tempdir().unwrap();
     let run = |name: &str, mode: &str| -> PathBuf {
         let job = dir.path().join(format!("{name}.toml"));
-        let text = format!(
-            r#"
-[model]
-init_tiny = {{ seed = 3 }}
-[lora]
-rank = 4
-[environment]
-plugin = {wasm:?}
-config = {{ max_operand = 9 }}
-[rl]
+        let rest = format!(
+            "[rl]
 steps = 3
 groups_per_batch = 2
 group_size = 3
@@ -430,18 +426,11 @@ max_tokens = 6
 {mode}
 [eval]
 episodes = 2
-"#
+"
         );
-        std::fs::write(&job, text).unwrap();
+        std::fs::write(&job, arithmetic_job(&wasm, 3, &rest)).unwrap();
         let out = dir.path().join(name);
-        let job = job.to_str().unwrap();
-        json(&opentinker(&[
-            "train",
-            job,
-            "--out",
-            out.to_str().unwrap(),
-            "--json",
-        ]));
+        train_json(&job, &out);
         out
     };
     let sync = run("sync", "");
@@ -529,18 +518,7 @@ fn a_run_killed_at_random_moments_resumes_to_the_same_metrics() {
     let wasm = build("arithmetic");
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("resume.toml");
-    std::fs::write(
-        &job,
-        format!(
-            r#"
-[model]
-init_tiny = {{ seed = 7 }}
-[lora]
-rank = 4
-[environment]
-plugin = {wasm:?}
-config = {{ max_operand = 9 }}
-[sft]
+    let rest = r#"[sft]
 source = "demonstrations"
 steps = 3
 batch = 8
@@ -557,20 +535,12 @@ every = 3
 episodes = 8
 [checkpoint]
 every = 1
-"#
-        ),
-    )
-    .unwrap();
-    let job = job.to_str().unwrap();
+"#;
+    std::fs::write(&job, arithmetic_job(&wasm, 7, rest)).unwrap();
     let whole = dir.path().join("whole");
     let started = Instant::now();
-    let summary = json(&opentinker(&[
-        "train",
-        job,
-        "--out",
-        whole.to_str().unwrap(),
-        "--json",
-    ]));
+    let summary = train_json(&job, &whole);
+    let job = job.to_str().unwrap();
     let run_time = started.elapsed();
     let expected = metric_lines(&whole);
     assert_eq!(expected.len(), 3 + 8);
