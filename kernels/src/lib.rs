@@ -10,6 +10,8 @@
 //! same math as plain loops, for the contract tests.
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod linear;
 pub mod lora;
 pub mod ops;

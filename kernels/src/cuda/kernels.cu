@@ -1,0 +1,278 @@
+// The CUDA kernels of opentinker-kernels, compiled at run time by NVRTC for the device's own
+// architecture (so `cargo build --features cuda` needs no CUDA toolkit).
+//
+// The contract is the CPU kernels': a row's result depends only on that row's inputs. Every
+// reduction runs in an order fixed by its length alone: lane `l` of a warp sums elements
+// l, l + 32, ... (or, vectorised, the float4 chunks l, l + 32, ...) with fused multiply-adds, and
+// the lanes' partial sums meet in one xor butterfly, which leaves the same bits in every lane
+// (floating-point addition is commutative). No kernel splits a reduction by the number of rows,
+// uses atomics, or lets the grid shape choose a reduction order.
+
+#define ROW_TILE 8
+#define FULL_MASK 0xffffffffu
+#define NEG_INFINITY __int_as_float(0xff800000)
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
+    return v;
+}
+
+// acc[r] += dot(x row r, w) over `inp`, lane-strided; `rows` <= ROW_TILE rows of x, `inp` apart.
+// With `inp` a multiple of 4 the loads are float4 (x and w come from cudaMalloc, 256-byte aligned).
+__device__ __forceinline__ void rows_dot(const float *__restrict__ x, const float *__restrict__ w,
+                                         int inp, int rows, float acc[ROW_TILE]) {
+    const int lane = threadIdx.x & 31;
+    if ((inp & 3) == 0) {
+        const float4 *w4 = reinterpret_cast<const float4 *>(w);
+        const int chunks = inp >> 2;
+        for (int c = lane; c < chunks; c += 32) {
+            const float4 wv = w4[c];
+#pragma unroll
+            for (int r = 0; r < ROW_TILE; ++r) {
+                if (r < rows) {
+                    const float4 xv = reinterpret_cast<const float4 *>(x + (size_t)r * inp)[c];
+                    acc[r] = fmaf(xv.x, wv.x, acc[r]);
+                    acc[r] = fmaf(xv.y, wv.y, acc[r]);
+                    acc[r] = fmaf(xv.z, wv.z, acc[r]);
+                    acc[r] = fmaf(xv.w, wv.w, acc[r]);
+                }
+            }
+        }
+    } else {
+        for (int k = lane; k < inp; k += 32) {
+            const float wv = w[k];
+#pragma unroll
+            for (int r = 0; r < ROW_TILE; ++r) {
+                if (r < rows) acc[r] = fmaf(x[(size_t)r * inp + k], wv, acc[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROW_TILE; ++r) acc[r] = warp_sum(acc[r]);
+}
+
+// y (rows × out) = x (rows × inp) · Wᵀ, or y += ... when `accumulate`. W is out × inp.
+// Block: warps of one output column each; blockIdx.y: a tile of ROW_TILE rows.
+extern "C" __global__ void linear_f32(const float *__restrict__ x, const float *__restrict__ w,
+                                      float *__restrict__ y, int rows, int inp, int out,
+                                      int accumulate) {
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j = blockIdx.x * warps + warp;
+    const int r0 = blockIdx.y * ROW_TILE;
+    if (j >= out) return;
+    const int n = min(ROW_TILE, rows - r0);
+    float acc[ROW_TILE];
+#pragma unroll
+    for (int r = 0; r < ROW_TILE; ++r) acc[r] = 0.0f;
+    rows_dot(x + (size_t)r0 * inp, w + (size_t)j * inp, inp, n, acc);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < ROW_TILE; ++r) {
+            if (r < n) {
+                const size_t o = (size_t)(r0 + r) * out + j;
+                y[o] = accumulate ? y[o] + acc[r] : acc[r];
+            }
+        }
+    }
+}
+
+// A tile of the mixed-adapter LoRA apply: up to ROW_TILE consecutive rows that share one
+// adapter, as {first row, rows, slot in the pools, rank}.
+struct LoraTile {
+    int row;
+    int rows;
+    int slot;
+    int rank;
+};
+
+// shrunk (rows × max_rank) = scale · x Aᵀ for each tile's rows, A from the tile's slot of the
+// pool (slots × max_rank × inp). Block per tile; warp per rank index.
+extern "C" __global__ void lora_shrink(const float *__restrict__ x, const float *__restrict__ a_pool,
+                                       const LoraTile *__restrict__ tiles,
+                                       const float *__restrict__ scales,
+                                       float *__restrict__ shrunk, int inp, int max_rank) {
+    const LoraTile t = tiles[blockIdx.x];
+    const float scale = scales[blockIdx.x];
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int k = warp; k < t.rank; k += warps) {
+        float acc[ROW_TILE];
+#pragma unroll
+        for (int r = 0; r < ROW_TILE; ++r) acc[r] = 0.0f;
+        const float *a = a_pool + ((size_t)t.slot * max_rank + k) * inp;
+        rows_dot(x + (size_t)t.row * inp, a, inp, t.rows, acc);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < ROW_TILE; ++r) {
+                if (r < t.rows) shrunk[(size_t)(t.row + r) * max_rank + k] = scale * acc[r];
+            }
+        }
+    }
+}
+
+// y[r, j] += Σ_k shrunk[r, k] · B[j, k] for each tile's rows, B from the tile's slot of the pool
+// (slots × out × max_rank). blockIdx.x: tile; threads: output columns.
+extern "C" __global__ void lora_expand(const float *__restrict__ shrunk, const float *__restrict__ b_pool,
+                                       const LoraTile *__restrict__ tiles, float *__restrict__ y,
+                                       int out, int max_rank) {
+    const LoraTile t = tiles[blockIdx.x];
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= out) return;
+    const float *b = b_pool + ((size_t)t.slot * out + j) * max_rank;
+    for (int r = 0; r < t.rows; ++r) {
+        const float *s = shrunk + (size_t)(t.row + r) * max_rank;
+        float sum = 0.0f;
+        for (int k = 0; k < t.rank; ++k) sum = fmaf(s[k], b[k], sum);
+        y[(size_t)(t.row + r) * out + j] += sum;
+    }
+}
+
+// Sum of a block's values in one fixed tree (blockDim.x a power of two, at most 1024).
+template <typename T> __device__ T block_sum(T v, T *scratch) {
+    scratch[threadIdx.x] = v;
+    __syncthreads();
+    for (int offset = blockDim.x >> 1; offset > 0; offset >>= 1) {
+        if (threadIdx.x < offset) scratch[threadIdx.x] += scratch[threadIdx.x + offset];
+        __syncthreads();
+    }
+    const T total = scratch[0];
+    __syncthreads();
+    return total;
+}
+
+// RMSNorm of each row (n wide) in place. Block per row.
+extern "C" __global__ void rms_norm(float *__restrict__ x, const float *__restrict__ weight, int n,
+                                   float eps) {
+    __shared__ float scratch[1024];
+    float *row = x + (size_t)blockIdx.x * n;
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum = fmaf(row[i], row[i], sum);
+    const float mean_square = block_sum(sum, scratch) / (float)n;
+    const float inv = 1.0f / sqrtf(mean_square + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = row[i] * inv * weight[i];
+}
+
+// Rotary embedding (rotate halves) of x (rows × heads × head_dim) in place, row r at
+// positions[r]; cos and sin are (max_positions × head_dim). Thread per (row, head, i < half).
+extern "C" __global__ void rope(float *__restrict__ x, const int *__restrict__ positions,
+                               const float *__restrict__ cos_table, const float *__restrict__ sin_table,
+                               int rows, int heads, int head_dim) {
+    const int half = head_dim >> 1;
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)rows * heads * half) return;
+    const int i = index % half;
+    const size_t head = index / half;
+    const int r = head / heads;
+    float *v = x + head * head_dim;
+    const float *c = cos_table + (size_t)positions[r] * head_dim;
+    const float *s = sin_table + (size_t)positions[r] * head_dim;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c[i] - b * s[i];
+    v[i + half] = b * c[i + half] + a * s[i + half];
+}
+
+// gate = silu(gate) · up, elementwise.
+extern "C" __global__ void silu_mul(float *__restrict__ gate, const float *__restrict__ up, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// log_softmax of each row (n wide), the normaliser summed in f64 as on the CPU. Block per row.
+extern "C" __global__ void log_softmax(const float *__restrict__ x, float *__restrict__ out, int n) {
+    __shared__ double scratch[1024];
+    __shared__ float max_scratch[32];
+    const float *row = x + (size_t)blockIdx.x * n;
+    float m = NEG_INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, row[i]);
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) max_scratch[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = NEG_INFINITY;
+    for (int w = 0; w < (blockDim.x >> 5); ++w) m = fmaxf(m, max_scratch[w]);
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += (double)expf(row[i] - m);
+    const float log_sum = (float)log(block_sum(sum, scratch)) + m;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[(size_t)blockIdx.x * n + i] = row[i] - log_sum;
+}
+
+// Where position p of a sequence lives in a paged cache (blocks × kv_heads × block_size × head_dim).
+__device__ __forceinline__ size_t cache_offset(const int *table, int p, int kv_head, int kv_heads,
+                                               int block_size, int head_dim) {
+    const int block = table[p / block_size];
+    return (((size_t)block * kv_heads + kv_head) * block_size + p % block_size) * head_dim;
+}
+
+// Writes each row's keys and values (rows × kv_heads × head_dim) at its sequence's position.
+// Thread per (row, kv head, dim).
+extern "C" __global__ void kv_write(const float *__restrict__ k, const float *__restrict__ v,
+                                   float *__restrict__ k_cache, float *__restrict__ v_cache,
+                                   const int *__restrict__ block_tables, int max_blocks,
+                                   const int *__restrict__ row_sequence, const int *__restrict__ row_position,
+                                   int rows, int kv_heads, int head_dim, int block_size) {
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)rows * kv_heads * head_dim) return;
+    const int d = index % head_dim;
+    const int h = (index / head_dim) % kv_heads;
+    const int r = index / ((size_t)head_dim * kv_heads);
+    const int *table = block_tables + (size_t)row_sequence[r] * max_blocks;
+    const size_t at = cache_offset(table, row_position[r], h, kv_heads, block_size, head_dim) + d;
+    k_cache[at] = k[index];
+    v_cache[at] = v[index];
+}
+
+// Causal attention of q (rows × heads × head_dim) over a paged KV cache: row r of sequence
+// row_sequence[r] at position row_position[r] attends to that sequence's positions 0..=p, keys
+// and values found through its block table. One warp per (row, head); the scores live in dynamic
+// shared memory (p + 1 floats). Lane l scores positions l, l + 32, ... (each a dot over the head
+// in order), so every sum's order depends only on p: a row's output is the same in a prefill, a
+// decode step or any batch.
+extern "C" __global__ void paged_attention(const float *__restrict__ q, const float *__restrict__ k_cache,
+                                          const float *__restrict__ v_cache,
+                                          const int *__restrict__ block_tables, int max_blocks,
+                                          const int *__restrict__ row_sequence,
+                                          const int *__restrict__ row_position, float *__restrict__ out,
+                                          int heads, int kv_heads, int head_dim, int block_size,
+                                          float scale) {
+    extern __shared__ float scores[];
+    const int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const int kv_head = h / (heads / kv_heads);
+    const int n = row_position[r] + 1;
+    const int *table = block_tables + (size_t)row_sequence[r] * max_blocks;
+    const float *query = q + ((size_t)r * heads + h) * head_dim;
+    float m = NEG_INFINITY;
+    for (int p = lane; p < n; p += 32) {
+        const float *key = k_cache + cache_offset(table, p, kv_head, kv_heads, block_size, head_dim);
+        float s = 0.0f;
+        for (int d = 0; d < head_dim; ++d) s = fmaf(query[d], key[d], s);
+        s *= scale;
+        scores[p] = s;
+        m = fmaxf(m, s);
+    }
+    m = warp_max(m);
+    float total = 0.0f;
+    for (int p = lane; p < n; p += 32) {
+        const float e = expf(scores[p] - m);
+        scores[p] = e;
+        total += e;
+    }
+    total = warp_sum(total);
+    __syncwarp();
+    float *o = out + ((size_t)r * heads + h) * head_dim;
+    for (int d = lane; d < head_dim; d += 32) {
+        float acc = 0.0f;
+        for (int p = 0; p < n; ++p) {
+            const float *value = v_cache + cache_offset(table, p, kv_head, kv_heads, block_size, head_dim);
+            acc = fmaf(scores[p] / total, value[d], acc);
+        }
+        o[d] = acc;
+    }
+}

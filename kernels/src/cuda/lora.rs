@@ -1,0 +1,242 @@
+//! The mixed-adapter LoRA apply on the device, laid out as S-LoRA and Punica lay it out: each
+//! projection site keeps every adapter slot's `A` and `B` in one pool (padded to the site's
+//! largest rank), and a batch's segments become tiles of at most `ROW_TILE` rows of one adapter,
+//! made once per forward pass and used at every site. Prefill and training segments (many rows
+//! of one adapter: SGMV) and decode batches (a row per sequence, each its own adapter: BGMV) run
+//! the same two kernels; only the tiles differ.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::error::{DriverContext, GpuError, ensure};
+use super::{Gpu, ROW_TILE, grid, grid_y, int};
+
+/// Threads of a shrink block (one warp per rank index) and of an expand block (one per column).
+const SHRINK_THREADS: u32 = 256;
+const EXPAND_THREADS: u32 = 256;
+
+/// One projection site's adapters: slot `s` holds `A (max_rank × inp)` and `B (out × max_rank)`,
+/// an adapter of smaller rank using the first `rank` rows of `A` and columns of `B`.
+pub struct LoraPool {
+    a: CudaSlice<f32>,
+    b: CudaSlice<f32>,
+    slots: usize,
+    inp: usize,
+    out: usize,
+    max_rank: usize,
+}
+
+impl LoraPool {
+    /// A pool of `slots` empty (zero) adapters for a projection `inp -> out`.
+    pub fn new(
+        gpu: &Gpu,
+        slots: usize,
+        inp: usize,
+        out: usize,
+        max_rank: usize,
+    ) -> Result<LoraPool, GpuError> {
+        ensure(slots > 0 && max_rank > 0 && inp > 0 && out > 0, || {
+            "a LoRA pool needs slots, a rank and both widths".to_string()
+        })?;
+        Ok(LoraPool {
+            a: gpu.zeros(slots * max_rank * inp)?,
+            b: gpu.zeros(slots * out * max_rank)?,
+            slots,
+            inp,
+            out,
+            max_rank,
+        })
+    }
+
+    /// Writes an adapter of `rank` into `slot`: `a` is `rank × inp`, `b` is `out × rank`
+    /// (row-major, as [`crate::LoraPair`]).
+    pub fn write(
+        &mut self,
+        gpu: &Gpu,
+        slot: usize,
+        a: &[f32],
+        b: &[f32],
+        rank: usize,
+    ) -> Result<(), GpuError> {
+        let (inp, out, max_rank) = (self.inp, self.out, self.max_rank);
+        ensure(slot < self.slots, || {
+            format!("slot {slot} of a pool of {}", self.slots)
+        })?;
+        ensure(rank > 0 && rank <= max_rank, || {
+            format!("rank {rank} does not fit the pool's {max_rank}")
+        })?;
+        ensure(a.len() == rank * inp, || {
+            format!("A must be {rank} × {inp}")
+        })?;
+        ensure(b.len() == out * rank, || {
+            format!("B must be {out} × {rank}")
+        })?;
+        let mut a_slot = vec![0.0; max_rank * inp];
+        a_slot[..a.len()].copy_from_slice(a);
+        let mut b_slot = vec![0.0; out * max_rank];
+        for (padded, row) in b_slot.chunks_exact_mut(max_rank).zip(b.chunks_exact(rank)) {
+            padded[..rank].copy_from_slice(row);
+        }
+        let stream = gpu.stream();
+        let a_at = slot * max_rank * inp;
+        stream
+            .memcpy_htod(&a_slot, &mut self.a.slice_mut(a_at..a_at + a_slot.len()))
+            .doing("writing an adapter's A")?;
+        let b_at = slot * out * max_rank;
+        stream
+            .memcpy_htod(&b_slot, &mut self.b.slice_mut(b_at..b_at + b_slot.len()))
+            .doing("writing an adapter's B")?;
+        Ok(())
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    pub fn max_rank(&self) -> usize {
+        self.max_rank
+    }
+}
+
+/// The adapter a run of rows uses: its slot in the pools, its rank and its scale.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdapterRef {
+    pub slot: usize,
+    pub rank: usize,
+    pub scale: f32,
+}
+
+/// A run of consecutive rows that share one adapter (`None`: no delta), as [`crate::Segment`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceSegment {
+    pub rows: usize,
+    pub adapter: Option<AdapterRef>,
+}
+
+/// A batch's segments as device tiles, for every site of one forward pass.
+pub struct LoraBatch {
+    /// `{first row, rows, slot, rank}` per tile (`LoraTile` in `kernels.cu`).
+    tiles: CudaSlice<i32>,
+    scales: CudaSlice<f32>,
+    tile_count: usize,
+    rows: usize,
+    /// The highest slot and rank any tile uses, checked against each pool at apply.
+    slot_end: usize,
+    max_rank: usize,
+}
+
+impl Gpu {
+    /// Cuts `segments` into tiles of at most `ROW_TILE` rows and copies them to the device.
+    pub fn lora_batch(&self, segments: &[DeviceSegment]) -> Result<LoraBatch, GpuError> {
+        let (mut tiles, mut scales) = (Vec::new(), Vec::new());
+        let (mut row, mut slot_end, mut max_rank) = (0, 0, 0);
+        for segment in segments {
+            if let Some(adapter) = segment.adapter {
+                ensure(adapter.rank > 0, || "an adapter of rank 0".to_string())?;
+                slot_end = slot_end.max(adapter.slot + 1);
+                max_rank = max_rank.max(adapter.rank);
+                let mut first = row;
+                while first < row + segment.rows {
+                    let rows = ROW_TILE.min(row + segment.rows - first);
+                    tiles.extend([
+                        int(first, "row")?,
+                        int(rows, "rows")?,
+                        int(adapter.slot, "slot")?,
+                        int(adapter.rank, "rank")?,
+                    ]);
+                    scales.push(adapter.scale);
+                    first += rows;
+                }
+            }
+            row += segment.rows;
+        }
+        // An empty upload is refused by the driver; a batch without adapters keeps one unused
+        // tile's worth of memory.
+        let tile_count = scales.len();
+        if tile_count == 0 {
+            tiles.extend([0; 4]);
+            scales.push(0.0);
+        }
+        Ok(LoraBatch {
+            tiles: self.upload(&tiles)?,
+            scales: self.upload(&scales)?,
+            tile_count,
+            rows: row,
+            slot_end,
+            max_rank,
+        })
+    }
+
+    /// `y (rows × out) += scale · (x Aᵀ) Bᵀ` for every row of the batch with an adapter, `A`
+    /// and `B` from that adapter's slot of `pool`; `x` is `rows × inp`. As [`crate::lora_apply`].
+    pub fn lora_apply(
+        &self,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        pool: &LoraPool,
+        batch: &LoraBatch,
+    ) -> Result<(), GpuError> {
+        let (rows, inp, out, max_rank) = (batch.rows, pool.inp, pool.out, pool.max_rank);
+        ensure(x.len() == rows * inp, || {
+            format!("x must be {rows} × {inp}")
+        })?;
+        ensure(y.len() == rows * out, || {
+            format!("y must be {rows} × {out}")
+        })?;
+        ensure(batch.slot_end <= pool.slots, || {
+            format!(
+                "the batch uses slot {} of a pool of {}",
+                batch.slot_end - 1,
+                pool.slots
+            )
+        })?;
+        ensure(batch.max_rank <= max_rank, || {
+            format!(
+                "the batch uses rank {} in a pool of rank {max_rank}",
+                batch.max_rank
+            )
+        })?;
+        if batch.tile_count == 0 {
+            return Ok(());
+        }
+        // SAFETY: the shrink writes every (row, k < rank) value of the tiles' rows that the
+        // expand then reads; nothing reads the rest.
+        let mut shrunk = unsafe { self.stream().alloc::<f32>(rows * max_rank) }
+            .doing("allocating the rank-space scratch")?;
+        let (inp_i, out_i, max_rank_i) =
+            (int(inp, "inp")?, int(out, "out")?, int(max_rank, "rank")?);
+        let tiles = grid(batch.tile_count)?;
+        let mut shrink = self.stream().launch_builder(&self.kernels.lora_shrink);
+        shrink
+            .arg(x)
+            .arg(&pool.a)
+            .arg(&batch.tiles)
+            .arg(&batch.scales)
+            .arg(&mut shrunk)
+            .arg(&inp_i)
+            .arg(&max_rank_i);
+        let config = LaunchConfig {
+            grid_dim: (tiles, 1, 1),
+            block_dim: (SHRINK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `lora_shrink`; every tile's rows are inside `x` and `shrunk`, its slot
+        // and rank inside the pool (checked above and when the batch was made).
+        unsafe { shrink.launch(config) }.doing("launching lora_shrink")?;
+        let mut expand = self.stream().launch_builder(&self.kernels.lora_expand);
+        expand
+            .arg(&shrunk)
+            .arg(&pool.b)
+            .arg(&batch.tiles)
+            .arg(y)
+            .arg(&out_i)
+            .arg(&max_rank_i);
+        let config = LaunchConfig {
+            grid_dim: (tiles, grid_y(out.div_ceil(EXPAND_THREADS as usize))?, 1),
+            block_dim: (EXPAND_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as for the shrink; columns past `out` return early.
+        unsafe { expand.launch(config) }.doing("launching lora_expand")?;
+        Ok(())
+    }
+}

@@ -1,0 +1,399 @@
+//! The CUDA backend (feature `cuda`): the CPU kernels' ops on device buffers, under the same
+//! contract (a row's bits never depend on what else is batched). cudarc loads the driver and
+//! NVRTC at run time and the kernels (`kernels.cu`) are compiled by NVRTC for the device at hand,
+//! so the crate builds on a machine with no CUDA toolkit and no GPU; there [`Gpu::new`] says
+//! which part is missing, and the GPU tests skip themselves.
+//!
+//! Buffers are cudarc's [`CudaSlice`]s, always whole allocations (256-byte aligned), which the
+//! vectorised loads rely on.
+
+mod attention;
+mod error;
+mod lora;
+
+use std::sync::Arc;
+
+pub use attention::{AttentionBatch, PagedKvCache, SequenceRow};
+use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
+pub use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+use error::{DriverContext, ensure};
+pub use error::{GpuError, GpuErrorKind};
+pub use lora::{AdapterRef, DeviceSegment, LoraBatch, LoraPool};
+
+/// The source of every kernel, compiled at run time.
+pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
+
+/// Rows of one tile of the projection and LoRA kernels (`ROW_TILE` in `kernels.cu`).
+const ROW_TILE: usize = 8;
+/// Output columns per block of the projection (one warp each).
+const LINEAR_WARPS: u32 = 8;
+/// Threads of the row-reduction kernels (a power of two: their reduction tree is fixed by it).
+const REDUCE_THREADS: u32 = 256;
+/// Threads of the elementwise kernels.
+const ELEMENTWISE_THREADS: u32 = 256;
+
+/// Compiles [`KERNEL_SOURCE`] to PTX for `arch` (e.g. `compute_90`; NVRTC's default when
+/// `None`). Needs only NVRTC, no GPU: the CPU test suite uses it to check the source compiles.
+pub fn compile_kernels(arch: Option<&str>) -> Result<Ptx, GpuError> {
+    // SAFETY: only tries to open the library; no symbol is called.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(GpuError::NoCompiler);
+    }
+    let mut options = vec!["--std=c++17".to_string()];
+    if let Some(arch) = arch {
+        options.push(format!("--gpu-architecture={arch}"));
+    }
+    let compile_options = CompileOptions {
+        options,
+        name: Some("opentinker-kernels.cu".into()),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, compile_options).map_err(|error| {
+        let log = match &error {
+            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => format!("{other:?}"),
+        };
+        GpuError::Compile { log }
+    })
+}
+
+/// The compiled kernels of one device.
+struct Kernels {
+    linear: CudaFunction,
+    lora_shrink: CudaFunction,
+    lora_expand: CudaFunction,
+    rms_norm: CudaFunction,
+    rope: CudaFunction,
+    silu_mul: CudaFunction,
+    log_softmax: CudaFunction,
+    kv_write: CudaFunction,
+    paged_attention: CudaFunction,
+}
+
+/// One CUDA device with its stream and compiled kernels. Every op is queued on the stream;
+/// [`Gpu::download`] and [`Gpu::synchronize`] wait for it.
+pub struct Gpu {
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    name: String,
+    compute_capability: (i32, i32),
+}
+
+impl Gpu {
+    /// Opens device `ordinal` and compiles the kernels for it. Fails with a
+    /// [`GpuErrorKind::NoDriver`] or [`GpuErrorKind::NoCompiler`] error on a machine without
+    /// a driver, a device or NVRTC.
+    pub fn new(ordinal: usize) -> Result<Gpu, GpuError> {
+        // SAFETY: only tries to open the library; no symbol is called.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(GpuError::NoDriver);
+        }
+        let count = CudaContext::device_count().map_err(|error| GpuError::NoDevice {
+            ordinal,
+            count: 0,
+            detail: error.to_string(),
+        })?;
+        if ordinal >= count.max(0) as usize {
+            return Err(GpuError::NoDevice {
+                ordinal,
+                count,
+                detail: "no such ordinal".into(),
+            });
+        }
+        let context = CudaContext::new(ordinal).doing("opening the device")?;
+        let compute_capability = context
+            .compute_capability()
+            .doing("reading the compute capability")?;
+        let name = context.name().doing("reading the device name")?;
+        let (major, minor) = compute_capability;
+        let arch = format!("compute_{major}{minor}");
+        let ptx = compile_kernels(Some(&arch))?;
+        let module = context.load_module(ptx).doing("loading the kernels")?;
+        let function = |name: &'static str| module.load_function(name).doing(name);
+        let kernels = Kernels {
+            linear: function("linear_f32")?,
+            lora_shrink: function("lora_shrink")?,
+            lora_expand: function("lora_expand")?,
+            rms_norm: function("rms_norm")?,
+            rope: function("rope")?,
+            silu_mul: function("silu_mul")?,
+            log_softmax: function("log_softmax")?,
+            kv_write: function("kv_write")?,
+            paged_attention: function("paged_attention")?,
+        };
+        let stream = context.default_stream();
+        Ok(Gpu {
+            context,
+            stream,
+            kernels,
+            name,
+            compute_capability,
+        })
+    }
+
+    /// The device's name, e.g. "NVIDIA H200".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// The stream every op is queued on (for timing with events).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.context
+    }
+
+    /// Copies `host` into a new device buffer.
+    pub fn upload<T: cudarc::driver::DeviceRepr>(
+        &self,
+        host: &[T],
+    ) -> Result<CudaSlice<T>, GpuError> {
+        self.stream.clone_htod(host).doing("copying to the device")
+    }
+
+    /// A new device buffer of `len` zeros.
+    pub fn zeros(&self, len: usize) -> Result<CudaSlice<f32>, GpuError> {
+        self.stream
+            .alloc_zeros(len)
+            .doing("allocating device memory")
+    }
+
+    /// Waits for the queued work and copies `device` back.
+    pub fn download(&self, device: &CudaSlice<f32>) -> Result<Vec<f32>, GpuError> {
+        self.stream
+            .clone_dtoh(device)
+            .doing("copying from the device")
+    }
+
+    /// Waits until every queued op has run.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().doing("synchronising")
+    }
+
+    /// `y (rows × out) = x (rows × inp) · Wᵀ` (or `y +=` when `accumulate`), `W` being
+    /// `out × inp`; as [`crate::linear`].
+    pub fn linear(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        inp: usize,
+        y: &mut CudaSlice<f32>,
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
+        ensure(inp > 0 && w.len().is_multiple_of(inp), || {
+            format!("W has {} values, not a multiple of inp {inp}", w.len())
+        })?;
+        let (rows, out) = (x.len() / inp, w.len() / inp);
+        ensure(x.len() == rows * inp, || {
+            format!("x has {} values, not rows × {inp}", x.len())
+        })?;
+        ensure(y.len() == rows * out, || {
+            format!("y must be {rows} × {out}, has {} values", y.len())
+        })?;
+        if rows == 0 || out == 0 {
+            return Ok(());
+        }
+        let (rows_i, inp_i, out_i) = (int(rows, "rows")?, int(inp, "inp")?, int(out, "out")?);
+        let accumulate = i32::from(accumulate);
+        let config = LaunchConfig {
+            grid_dim: (
+                grid(out.div_ceil(LINEAR_WARPS as usize))?,
+                grid_y(rows.div_ceil(ROW_TILE))?,
+                1,
+            ),
+            block_dim: (32 * LINEAR_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(&self.kernels.linear);
+        launch
+            .arg(x)
+            .arg(w)
+            .arg(y)
+            .arg(&rows_i)
+            .arg(&inp_i)
+            .arg(&out_i)
+            .arg(&accumulate);
+        // SAFETY: the argument list matches `linear_f32`, and the shapes were checked against
+        // the buffers' lengths above.
+        unsafe { launch.launch(config) }.doing("launching linear_f32")?;
+        Ok(())
+    }
+
+    /// RMSNorm of each row of `x` (rows of `weight.len()`), in place; as [`crate::ops::rms_norm`].
+    pub fn rms_norm(
+        &self,
+        x: &mut CudaSlice<f32>,
+        weight: &CudaSlice<f32>,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let n = weight.len();
+        ensure(n > 0 && x.len().is_multiple_of(n), || {
+            format!("x has {} values, not rows × {n}", x.len())
+        })?;
+        let rows = x.len() / n;
+        if rows == 0 {
+            return Ok(());
+        }
+        let n_i = int(n, "row width")?;
+        let mut launch = self.stream.launch_builder(&self.kernels.rms_norm);
+        launch.arg(x).arg(weight).arg(&n_i).arg(&eps);
+        // SAFETY: matches `rms_norm`; one block per whole row of `x`.
+        unsafe { launch.launch(row_blocks(rows)?) }.doing("launching rms_norm")?;
+        Ok(())
+    }
+
+    /// Each row's position, on the device, for [`Gpu::rope`] (bounds checked here, once).
+    pub fn row_positions(&self, positions: &[usize]) -> Result<RowPositions, GpuError> {
+        let device: Vec<i32> = positions
+            .iter()
+            .map(|&p| int(p, "position"))
+            .collect::<Result<_, _>>()?;
+        Ok(RowPositions {
+            end: positions.iter().max().map_or(0, |&p| p + 1),
+            positions: self.upload(&device)?,
+        })
+    }
+
+    /// Rotary embedding of `x (rows × heads × head_dim)` in place, row `r` at its position;
+    /// `cos` and `sin` are `(max_positions × head_dim)` tables. As [`crate::ops::rope`].
+    pub fn rope(
+        &self,
+        x: &mut CudaSlice<f32>,
+        head_dim: usize,
+        positions: &RowPositions,
+        cos: &CudaSlice<f32>,
+        sin: &CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let rows = positions.positions.len();
+        ensure(head_dim > 0 && head_dim.is_multiple_of(2), || {
+            format!("head_dim {head_dim} must be even")
+        })?;
+        ensure(rows > 0 && x.len().is_multiple_of(rows * head_dim), || {
+            format!(
+                "x has {} values, not {rows} rows of heads × {head_dim}",
+                x.len()
+            )
+        })?;
+        ensure(
+            cos.len() >= positions.end * head_dim && sin.len() >= positions.end * head_dim,
+            || {
+                format!(
+                    "the cos/sin tables hold fewer than {} positions",
+                    positions.end
+                )
+            },
+        )?;
+        let heads = x.len() / (rows * head_dim);
+        let (rows_i, heads_i, head_dim_i) = (
+            int(rows, "rows")?,
+            int(heads, "heads")?,
+            int(head_dim, "head_dim")?,
+        );
+        let mut launch = self.stream.launch_builder(&self.kernels.rope);
+        launch
+            .arg(x)
+            .arg(&positions.positions)
+            .arg(cos)
+            .arg(sin)
+            .arg(&rows_i)
+            .arg(&heads_i)
+            .arg(&head_dim_i);
+        // SAFETY: matches `rope`; one thread per (row, head, pair) of `x`, every position below
+        // `end`, which the tables cover.
+        unsafe { launch.launch(elementwise(rows * heads * head_dim / 2)?) }
+            .doing("launching rope")?;
+        Ok(())
+    }
+
+    /// `gate = silu(gate) · up`, in place.
+    pub fn silu_mul(&self, gate: &mut CudaSlice<f32>, up: &CudaSlice<f32>) -> Result<(), GpuError> {
+        ensure(gate.len() == up.len(), || {
+            format!("gate has {} values, up {}", gate.len(), up.len())
+        })?;
+        let n = gate.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut launch = self.stream.launch_builder(&self.kernels.silu_mul);
+        launch.arg(gate).arg(up).arg(&n);
+        // SAFETY: matches `silu_mul`; one thread per element.
+        unsafe { launch.launch(elementwise(n)?) }.doing("launching silu_mul")?;
+        Ok(())
+    }
+
+    /// `log_softmax` of each row (`width` wide) of `x` into `out`, the normaliser summed in f64.
+    pub fn log_softmax(
+        &self,
+        x: &CudaSlice<f32>,
+        width: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        ensure(width > 0 && x.len().is_multiple_of(width), || {
+            format!("x has {} values, not rows × {width}", x.len())
+        })?;
+        ensure(out.len() == x.len(), || {
+            "out must have x's shape".to_string()
+        })?;
+        let rows = x.len() / width;
+        if rows == 0 {
+            return Ok(());
+        }
+        let width_i = int(width, "row width")?;
+        let mut launch = self.stream.launch_builder(&self.kernels.log_softmax);
+        launch.arg(x).arg(out).arg(&width_i);
+        // SAFETY: matches `log_softmax`; one block per whole row.
+        unsafe { launch.launch(row_blocks(rows)?) }.doing("launching log_softmax")?;
+        Ok(())
+    }
+}
+
+/// Each row's position on the device, every one below `end` (checked when made).
+pub struct RowPositions {
+    positions: CudaSlice<i32>,
+    end: usize,
+}
+
+/// A size as the kernels' `int`.
+fn int(value: usize, what: &str) -> Result<i32, GpuError> {
+    i32::try_from(value)
+        .map_err(|_| GpuError::InvalidArgument(format!("{what} {value} is too large")))
+}
+
+fn grid(blocks: usize) -> Result<u32, GpuError> {
+    u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b < i32::MAX as u32)
+        .ok_or_else(|| GpuError::InvalidArgument(format!("{blocks} blocks is too many")))
+}
+
+/// The grid's y and z dimensions stop at 65,535.
+fn grid_y(blocks: usize) -> Result<u32, GpuError> {
+    ensure(blocks <= 65_535, || {
+        format!("{blocks} row tiles is too many for one call")
+    })?;
+    Ok(blocks as u32)
+}
+
+fn row_blocks(rows: usize) -> Result<LaunchConfig, GpuError> {
+    Ok(LaunchConfig {
+        grid_dim: (grid(rows)?, 1, 1),
+        block_dim: (REDUCE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+fn elementwise(n: usize) -> Result<LaunchConfig, GpuError> {
+    Ok(LaunchConfig {
+        grid_dim: (grid(n.div_ceil(ELEMENTWISE_THREADS as usize))?, 1, 1),
+        block_dim: (ELEMENTWISE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}

@@ -1,0 +1,385 @@
+//! The CUDA backend against the CPU kernels: each op within 1e-4 (relative) of the CPU's result,
+//! and the contract bit for bit on the device (a row alone equals that row in a batch; one
+//! segment of many rows equals a row per segment; a prefill's rows equal decode steps).
+//!
+//! These run where a driver, a GPU and NVRTC are present (`scripts/gpu-check.sh`) and report
+//! themselves skipped, with the reason, where not; the source's NVRTC compile runs wherever
+//! NVRTC alone is present.
+#![cfg(feature = "cuda")]
+
+use std::io::Write;
+
+use opentinker_kernels::cuda::{
+    AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, LoraPool, PagedKvCache, SequenceRow,
+    compile_kernels,
+};
+use opentinker_kernels::{Heads, LoraPair, Segment, causal_attention, linear, lora_apply, ops};
+
+/// Says, past the test harness's capture, that a test was skipped and why.
+fn skipped(test: &str, reason: &dyn std::fmt::Display) {
+    let _ = writeln!(std::io::stderr(), "{test}: skipped: {reason}");
+}
+
+fn gpu(test: &str) -> Option<Gpu> {
+    match Gpu::new(0) {
+        Ok(gpu) => Some(gpu),
+        Err(error) if error.is_unavailable() => {
+            skipped(test, &error);
+            None
+        }
+        Err(error) => panic!("{test}: {error}"),
+    }
+}
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], tolerance: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tolerance * (1.0 + w.abs()),
+            "{what}: element {i}: GPU {g} vs CPU {w}"
+        );
+    }
+}
+
+fn up(gpu: &Gpu, host: &[f32]) -> CudaSlice<f32> {
+    gpu.upload(host).expect("upload")
+}
+
+fn down(gpu: &Gpu, device: &CudaSlice<f32>) -> Vec<f32> {
+    gpu.download(device).expect("download")
+}
+
+#[test]
+fn the_kernel_source_compiles_with_nvrtc() {
+    match compile_kernels(Some("compute_90")) {
+        Ok(ptx) => assert!(ptx.to_src().contains(".entry paged_attention")),
+        Err(error) if error.kind() == GpuErrorKind::NoCompiler => {
+            skipped("the_kernel_source_compiles_with_nvrtc", &error)
+        }
+        Err(error) => panic!("{error}"),
+    }
+}
+
+#[test]
+fn a_missing_device_is_named_not_a_crash() {
+    let error = Gpu::new(4096).err().expect("no machine has 4,097 GPUs");
+    assert!(error.is_unavailable(), "{error}");
+    let text = error.to_string();
+    assert!(
+        text.contains("driver") || text.contains("device 4096") || text.contains("NVRTC"),
+        "{text}"
+    );
+}
+
+#[test]
+fn linear_matches_the_cpu_and_rows_do_not_depend_on_the_batch() {
+    let Some(gpu) = gpu("linear") else { return };
+    // Widths that take the float4 path (multiples of 4) and the scalar one; row counts across
+    // and inside the row tile.
+    for (rows, inp, out) in [
+        (1, 64, 40),
+        (7, 37, 33),
+        (19, 128, 96),
+        (64, 896, 200),
+        (3, 5, 1),
+    ] {
+        let x = values(rows * inp, 1);
+        let w = values(out * inp, 2);
+        let mut want = vec![0.0; rows * out];
+        linear(&x, &w, inp, &mut want, false);
+        let (dx, dw) = (up(&gpu, &x), up(&gpu, &w));
+        let mut y = gpu.zeros(rows * out).expect("zeros");
+        gpu.linear(&dx, &dw, inp, &mut y, false).expect("linear");
+        let got = down(&gpu, &y);
+        assert_close(&format!("linear {rows}x{inp}x{out}"), &got, &want, 1e-4);
+        for row in [0, rows / 2, rows - 1] {
+            let alone_x = up(&gpu, &x[row * inp..(row + 1) * inp]);
+            let mut alone = gpu.zeros(out).expect("zeros");
+            gpu.linear(&alone_x, &dw, inp, &mut alone, false)
+                .expect("linear");
+            assert_eq!(
+                down(&gpu, &alone),
+                got[row * out..(row + 1) * out],
+                "row {row}"
+            );
+        }
+        // Accumulating adds exactly the same sums.
+        gpu.linear(&dx, &dw, inp, &mut y, true).expect("linear");
+        let doubled: Vec<f32> = got.iter().map(|v| v + v).collect();
+        assert_eq!(down(&gpu, &y), doubled);
+    }
+    let (x, w) = (up(&gpu, &[0.0; 10]), up(&gpu, &[0.0; 12]));
+    let mut y = gpu.zeros(3).expect("zeros");
+    let error = gpu
+        .linear(&x, &w, 4, &mut y, false)
+        .expect_err("10 is not rows × 4");
+    assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
+}
+
+#[test]
+fn lora_apply_matches_the_cpu_and_rows_do_not_depend_on_their_segments() {
+    let Some(gpu) = gpu("lora_apply") else { return };
+    for (inp, out) in [(896, 128), (37, 29)] {
+        // Adapter i has rank 4·(i + 1) (ranks 4, 8, 12 in a pool of rank 16).
+        let ranks = [4, 8, 12];
+        let a: Vec<Vec<f32>> = (0..3)
+            .map(|i| values(ranks[i] * inp, 10 + i as u64))
+            .collect();
+        let b: Vec<Vec<f32>> = (0..3)
+            .map(|i| values(out * ranks[i], 20 + i as u64))
+            .collect();
+        let scales = [0.5, 2.0, 1.25];
+        let mut pool = LoraPool::new(&gpu, 5, inp, out, 16).expect("pool");
+        // Slots 1, 2 and 4 hold adapters 0, 1 and 2.
+        let slots = [1, 2, 4];
+        for i in 0..3 {
+            pool.write(&gpu, slots[i], &a[i], &b[i], ranks[i])
+                .expect("write");
+        }
+        // Segments of 11 (longer than a tile), 1, 3 rows and none; adapters 0, 2, none, 1, 0.
+        let plan: [(usize, Option<usize>); 5] = [
+            (11, Some(0)),
+            (1, Some(2)),
+            (3, None),
+            (9, Some(1)),
+            (2, Some(0)),
+        ];
+        let rows: usize = plan.iter().map(|(n, _)| n).sum();
+        let cpu_segments: Vec<Segment> = plan
+            .iter()
+            .map(|&(rows, adapter)| Segment {
+                rows,
+                pair: adapter.map(|i| LoraPair {
+                    a: &a[i],
+                    b: &b[i],
+                    rank: ranks[i],
+                    scale: scales[i],
+                }),
+            })
+            .collect();
+        let device_ref = |i: usize| AdapterRef {
+            slot: slots[i],
+            rank: ranks[i],
+            scale: scales[i],
+        };
+        let segments: Vec<DeviceSegment> = plan
+            .iter()
+            .map(|&(rows, adapter)| DeviceSegment {
+                rows,
+                adapter: adapter.map(device_ref),
+            })
+            .collect();
+        let x = values(rows * inp, 30);
+        let base = values(rows * out, 31);
+        let mut want = base.clone();
+        lora_apply(&x, inp, &mut want, out, &cpu_segments);
+        let dx = up(&gpu, &x);
+        let mut y = up(&gpu, &base);
+        let batch = gpu.lora_batch(&segments).expect("batch");
+        gpu.lora_apply(&dx, &mut y, &pool, &batch).expect("apply");
+        let got = down(&gpu, &y);
+        assert_close(&format!("lora {inp}->{out}"), &got, &want, 1e-4);
+        // The same rows as one-row segments (a decode batch): bit-identical.
+        let one_by_one: Vec<DeviceSegment> = segments
+            .iter()
+            .flat_map(|s| {
+                std::iter::repeat_n(
+                    DeviceSegment {
+                        rows: 1,
+                        adapter: s.adapter,
+                    },
+                    s.rows,
+                )
+            })
+            .collect();
+        let mut y = up(&gpu, &base);
+        let batch = gpu.lora_batch(&one_by_one).expect("batch");
+        gpu.lora_apply(&dx, &mut y, &pool, &batch).expect("apply");
+        assert_eq!(down(&gpu, &y), got);
+    }
+    // A batch naming a slot the pool does not have is refused before any launch.
+    let pool = LoraPool::new(&gpu, 2, 8, 8, 4).expect("pool");
+    let batch = gpu
+        .lora_batch(&[DeviceSegment {
+            rows: 1,
+            adapter: Some(AdapterRef {
+                slot: 2,
+                rank: 4,
+                scale: 1.0,
+            }),
+        }])
+        .expect("batch");
+    let (x, mut y) = (up(&gpu, &[0.0; 8]), gpu.zeros(8).expect("zeros"));
+    let error = gpu
+        .lora_apply(&x, &mut y, &pool, &batch)
+        .expect_err("slot 2 of 2");
+    assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
+}
+
+#[test]
+fn row_ops_match_the_cpu() {
+    let Some(gpu) = gpu("row ops") else { return };
+    let (rows, width) = (5, 896);
+    let x = values(rows * width, 40);
+    let weight = values(width, 41);
+    let mut want = x.clone();
+    ops::rms_norm(&mut want, &weight, 1e-6);
+    let mut dx = up(&gpu, &x);
+    gpu.rms_norm(&mut dx, &up(&gpu, &weight), 1e-6)
+        .expect("rms_norm");
+    assert_close("rms_norm", &down(&gpu, &dx), &want, 1e-4);
+
+    let (heads, head_dim, max_positions) = (3, 64, 40);
+    let positions = [0usize, 7, 39, 12, 3];
+    let angles: Vec<f32> = (0..max_positions * head_dim)
+        .map(|i| (i / head_dim) as f32 * 0.1 * ((i % (head_dim / 2)) as f32 + 1.0).recip())
+        .collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+    let q = values(rows * heads * head_dim, 42);
+    let mut want = q.clone();
+    ops::rope(&mut want, head_dim, &positions, &cos, &sin);
+    let mut dq = up(&gpu, &q);
+    let device_positions = gpu.row_positions(&positions).expect("positions");
+    gpu.rope(
+        &mut dq,
+        head_dim,
+        &device_positions,
+        &up(&gpu, &cos),
+        &up(&gpu, &sin),
+    )
+    .expect("rope");
+    assert_close("rope", &down(&gpu, &dq), &want, 1e-4);
+    let short = up(&gpu, &cos[..30 * head_dim]);
+    let error = gpu
+        .rope(&mut dq, head_dim, &device_positions, &short, &short)
+        .expect_err("position 39 of a 30-row table");
+    assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
+
+    let (gate, upv) = (values(1000, 43), values(1000, 44));
+    let mut want = gate.clone();
+    ops::silu_mul(&mut want, &upv);
+    let mut dg = up(&gpu, &gate);
+    gpu.silu_mul(&mut dg, &up(&gpu, &upv)).expect("silu_mul");
+    assert_close("silu_mul", &down(&gpu, &dg), &want, 1e-4);
+
+    let vocabulary = 5000;
+    let logits: Vec<f32> = values(3 * vocabulary, 45)
+        .iter()
+        .map(|v| v * 20.0)
+        .collect();
+    let want: Vec<f32> = logits
+        .chunks(vocabulary)
+        .flat_map(ops::log_softmax)
+        .collect();
+    let mut out = gpu.zeros(logits.len()).expect("zeros");
+    gpu.log_softmax(&up(&gpu, &logits), vocabulary, &mut out)
+        .expect("log_softmax");
+    assert_close("log_softmax", &down(&gpu, &out), &want, 1e-4);
+}
+
+#[test]
+fn paged_attention_matches_the_cpu_and_a_prefill_equals_decode_steps() {
+    let Some(gpu) = gpu("paged_attention") else {
+        return;
+    };
+    let shape = Heads {
+        heads: 6,
+        kv_heads: 2,
+        head_dim: 64,
+    };
+    let block_size = 16;
+    let lengths = [37usize, 5, 16];
+    // Blocks handed out out of order, as a pool that has served other sequences would.
+    let tables: Vec<Vec<usize>> = vec![vec![7, 2, 9], vec![4], vec![0]];
+    let mut cache =
+        PagedKvCache::new(&gpu, 10, shape.kv_heads, shape.head_dim, block_size).expect("cache");
+    let (q_row, kv_row) = (
+        shape.heads * shape.head_dim,
+        shape.kv_heads * shape.head_dim,
+    );
+    let rows: Vec<SequenceRow> = lengths
+        .iter()
+        .enumerate()
+        .flat_map(|(sequence, &n)| (0..n).map(move |position| SequenceRow { sequence, position }))
+        .collect();
+    let total = rows.len();
+    let (q, k, v) = (
+        values(total * q_row, 50),
+        values(total * kv_row, 51),
+        values(total * kv_row, 52),
+    );
+    let batch = gpu.attention_batch(&cache, &rows, &tables).expect("batch");
+    gpu.kv_write(&mut cache, &batch, &up(&gpu, &k), &up(&gpu, &v))
+        .expect("kv_write");
+    let mut out = gpu.zeros(total * q_row).expect("zeros");
+    gpu.paged_attention(&cache, &batch, &up(&gpu, &q), shape, &mut out)
+        .expect("attention");
+    let got = down(&gpu, &out);
+    // The CPU kernel per sequence, over per-head caches.
+    let mut want = Vec::with_capacity(got.len());
+    let mut first = 0;
+    for &n in &lengths {
+        let per_head = |all: &[f32], h: usize| -> Vec<f32> {
+            (first..first + n)
+                .flat_map(|r| all[r * kv_row + h * shape.head_dim..][..shape.head_dim].to_vec())
+                .collect()
+        };
+        let keys: Vec<Vec<f32>> = (0..shape.kv_heads).map(|h| per_head(&k, h)).collect();
+        let values_: Vec<Vec<f32>> = (0..shape.kv_heads).map(|h| per_head(&v, h)).collect();
+        let key_slices: Vec<&[f32]> = keys.iter().map(Vec::as_slice).collect();
+        let value_slices: Vec<&[f32]> = values_.iter().map(Vec::as_slice).collect();
+        let mut sequence_out = vec![0.0; n * q_row];
+        causal_attention(
+            &q[first * q_row..(first + n) * q_row],
+            &key_slices,
+            &value_slices,
+            shape,
+            0,
+            &mut sequence_out,
+        );
+        want.extend(sequence_out);
+        first += n;
+    }
+    assert_close("paged attention", &got, &want, 1e-4);
+    // Each sequence's last row again, alone, as a decode step: bit-identical.
+    let mut first = 0;
+    for (sequence, &n) in lengths.iter().enumerate() {
+        let last = first + n - 1;
+        let row = [SequenceRow {
+            sequence,
+            position: n - 1,
+        }];
+        let one = gpu.attention_batch(&cache, &row, &tables).expect("batch");
+        let mut alone = gpu.zeros(q_row).expect("zeros");
+        let q_last = up(&gpu, &q[last * q_row..(last + 1) * q_row]);
+        gpu.paged_attention(&cache, &one, &q_last, shape, &mut alone)
+            .expect("attention");
+        assert_eq!(down(&gpu, &alone), got[last * q_row..(last + 1) * q_row]);
+        first += n;
+    }
+    // A position past the sequence's blocks is refused when the batch is made.
+    let past = [SequenceRow {
+        sequence: 1,
+        position: 16,
+    }];
+    let error = gpu
+        .attention_batch(&cache, &past, &tables)
+        .err()
+        .expect("position 16 of one block of 16");
+    assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
+}
