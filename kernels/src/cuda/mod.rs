@@ -103,6 +103,9 @@ impl Gpu {
             });
         }
         let context = CudaContext::new(ordinal).doing("opening the device")?;
+        // SAFETY: every op of a `Gpu` runs on its one stream, in order, so cudarc's per-buffer
+        // events (which order work across streams) would only add two event records per launch.
+        unsafe { context.disable_event_tracking() };
         let compute_capability = context
             .compute_capability()
             .doing("reading the compute capability")?;

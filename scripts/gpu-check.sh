@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU checks of the CUDA backend: the kernels' GPU tests against the CPU kernels (under
+# compute-sanitizer's memcheck too, where it is installed), then the kernel figures and PyTorch's
+# on the same GPU with the ratios. A few minutes on an H200.
+#
+#   scripts/gpu-check.sh --build   # where cargo is: builds the tests and the benchmark into target/gpu-check/
+#   scripts/gpu-check.sh           # on the GPU machine (no Rust toolchain needed): runs them
+#
+# Logs and figures go to $OUT when it is set, else to target/gpu-check/results/. Fails when a GPU
+# test fails or skips itself (a GPU machine must run every one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=target/gpu-check
+
+if [[ "${1:-}" == "--build" ]]; then
+    mkdir -p "$dir"
+    cargo build --release --locked -p opentinker-kernels --features cuda --example gpu_bench
+    cp target/release/examples/gpu_bench "$dir/gpu_bench"
+    tests=$(cargo test --release --locked -p opentinker-kernels --features cuda --test cuda --no-run \
+        --message-format=json | grep -o '"executable":"[^"]*"' | tail -n 1 | cut -d '"' -f 4)
+    cp "$tests" "$dir/cuda-tests"
+    echo "built $dir/gpu_bench and $dir/cuda-tests"
+    exit 0
+fi
+
+for binary in gpu_bench cuda-tests; do
+    [[ -x "$dir/$binary" ]] || { echo "$dir/$binary is missing: run scripts/gpu-check.sh --build first" >&2; exit 1; }
+done
+out="${OUT:-$dir/results}"
+mkdir -p "$out"
+
+# The driver's library and NVRTC (the toolkit's, or the nvidia-cuda-nvrtc wheel PyTorch brings).
+libs=()
+for d in /usr/local/cuda/lib64 /usr/local/nvidia/lib64 \
+    $(python3 -c 'import glob, os, site
+print(" ".join(sorted({os.path.dirname(p) for s in site.getsitepackages() for p in glob.glob(s + "/nvidia/**/libnvrtc.so*", recursive=True)})))' 2>/dev/null || true); do
+    [[ -d "$d" ]] && libs+=("$d")
+done
+LD_LIBRARY_PATH="$(IFS=:; echo "${libs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
+echo "library path: $LD_LIBRARY_PATH"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+date -u +"date: %Y-%m-%d %H:%M UTC"
+
+echo "== GPU tests"
+"$dir/cuda-tests" --test-threads 1 2>&1 | tee "$out/tests.log"
+if grep -q ': skipped:' "$out/tests.log"; then
+    echo "FAIL: a GPU test skipped itself on the GPU machine" >&2
+    exit 1
+fi
+if command -v compute-sanitizer >/dev/null; then
+    echo "== GPU tests under compute-sanitizer (memcheck)"
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$dir/cuda-tests" --test-threads 1 \
+        >"$out/memcheck.log" 2>&1 && echo "memcheck: clean" || { tail -n 40 "$out/memcheck.log"; echo "FAIL: memcheck" >&2; exit 1; }
+fi
+
+echo "== kernel figures"
+"$dir/gpu_bench" "$out/gpu_bench.jsonl" | tee "$out/gpu_bench.md"
+echo "== PyTorch on the same shapes"
+PYTHONUNBUFFERED=1 python3 bench/python/gpu_peer.py "$out/gpu_bench.jsonl" | tee "$out/gpu_peer.md"
