@@ -10,9 +10,13 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::error::{DriverContext, GpuError, ensure};
 use super::{Gpu, ROW_TILE, grid, grid_y, int};
 
-/// Threads of a shrink block (one warp per rank index) and of an expand block (one per column).
-const SHRINK_THREADS: u32 = 256;
-const EXPAND_THREADS: u32 = 256;
+/// Threads of a block of `lora_apply`: a warp per rank index, then a thread per column.
+const APPLY_THREADS: u32 = 256;
+/// Output columns per block (`LORA_COLUMNS` in `kernels.cu`).
+const APPLY_COLUMNS: usize = 1024;
+/// The largest rank of a pool (`MAX_LORA_RANK` in `kernels.cu`): a tile's rank-space rows live
+/// in the block's shared memory.
+pub const MAX_LORA_RANK: usize = 128;
 
 /// One projection site's adapters: slot `s` holds `A (max_rank × inp)` and `B (out × max_rank)`,
 /// an adapter of smaller rank using the first `rank` rows of `A` and columns of `B`.
@@ -36,6 +40,9 @@ impl LoraPool {
     ) -> Result<LoraPool, GpuError> {
         ensure(slots > 0 && max_rank > 0 && inp > 0 && out > 0, || {
             "a LoRA pool needs slots, a rank and both widths".to_string()
+        })?;
+        ensure(max_rank <= MAX_LORA_RANK, || {
+            format!("rank {max_rank} is above the largest the GPU kernels take, {MAX_LORA_RANK}")
         })?;
         Ok(LoraPool {
             a: gpu.zeros(slots * max_rank * inp)?,
@@ -198,45 +205,31 @@ impl Gpu {
         if batch.tile_count == 0 {
             return Ok(());
         }
-        // SAFETY: the shrink writes every (row, k < rank) value of the tiles' rows that the
-        // expand then reads; nothing reads the rest.
-        let mut shrunk = unsafe { self.stream().alloc::<f32>(rows * max_rank) }
-            .doing("allocating the rank-space scratch")?;
         let (inp_i, out_i, max_rank_i) =
             (int(inp, "inp")?, int(out, "out")?, int(max_rank, "rank")?);
-        let tiles = grid(batch.tile_count)?;
-        let mut shrink = self.stream().launch_builder(&self.kernels.lora_shrink);
-        shrink
+        let mut launch = self.stream().launch_builder(&self.kernels.lora_apply);
+        launch
             .arg(x)
             .arg(&pool.a)
-            .arg(&batch.tiles)
-            .arg(&batch.scales)
-            .arg(&mut shrunk)
-            .arg(&inp_i)
-            .arg(&max_rank_i);
-        let config = LaunchConfig {
-            grid_dim: (tiles, 1, 1),
-            block_dim: (SHRINK_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: matches `lora_shrink`; every tile's rows are inside `x` and `shrunk`, its slot
-        // and rank inside the pool (checked above and when the batch was made).
-        unsafe { shrink.launch(config) }.doing("launching lora_shrink")?;
-        let mut expand = self.stream().launch_builder(&self.kernels.lora_expand);
-        expand
-            .arg(&shrunk)
             .arg(&pool.b)
             .arg(&batch.tiles)
+            .arg(&batch.scales)
             .arg(y)
+            .arg(&inp_i)
             .arg(&out_i)
             .arg(&max_rank_i);
         let config = LaunchConfig {
-            grid_dim: (tiles, grid_y(out.div_ceil(EXPAND_THREADS as usize))?, 1),
-            block_dim: (EXPAND_THREADS, 1, 1),
+            grid_dim: (
+                grid(batch.tile_count)?,
+                grid_y(out.div_ceil(APPLY_COLUMNS))?,
+                1,
+            ),
+            block_dim: (APPLY_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: as for the shrink; columns past `out` return early.
-        unsafe { expand.launch(config) }.doing("launching lora_expand")?;
+        // SAFETY: matches `lora_apply`; every tile's rows are inside `x` and `y`, its slot and
+        // rank inside the pool (checked above and when the batch was made).
+        unsafe { launch.launch(config) }.doing("launching lora_apply")?;
         Ok(())
     }
 }

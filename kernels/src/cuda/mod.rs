@@ -19,13 +19,16 @@ pub use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use error::{DriverContext, ensure};
 pub use error::{GpuError, GpuErrorKind};
-pub use lora::{AdapterRef, DeviceSegment, LoraBatch, LoraPool};
+pub use lora::{AdapterRef, DeviceSegment, LoraBatch, LoraPool, MAX_LORA_RANK};
 
 /// The source of every kernel, compiled at run time.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 
-/// Rows of one tile of the projection and LoRA kernels (`ROW_TILE` in `kernels.cu`).
+/// Rows of one tile of the LoRA kernel and of the projection of a few rows (`ROW_TILE` in
+/// `kernels.cu`), and of the projection of more (`WIDE_ROW_TILE`): a row's sum has the same
+/// order in both, so the choice by row count keeps the contract.
 const ROW_TILE: usize = 8;
+const WIDE_ROW_TILE: usize = 32;
 /// Output columns per block of the projection (one warp each).
 const LINEAR_WARPS: u32 = 8;
 /// Threads of the row-reduction kernels (a power of two: their reduction tree is fixed by it).
@@ -60,9 +63,9 @@ pub fn compile_kernels(arch: Option<&str>) -> Result<Ptx, GpuError> {
 
 /// The compiled kernels of one device.
 struct Kernels {
-    linear: CudaFunction,
-    lora_shrink: CudaFunction,
-    lora_expand: CudaFunction,
+    linear_tile8: CudaFunction,
+    linear_tile32: CudaFunction,
+    lora_apply: CudaFunction,
     rms_norm: CudaFunction,
     rope: CudaFunction,
     silu_mul: CudaFunction,
@@ -116,9 +119,9 @@ impl Gpu {
         let module = context.load_module(ptx).doing("loading the kernels")?;
         let function = |name: &'static str| module.load_function(name).doing(name);
         let kernels = Kernels {
-            linear: function("linear_f32")?,
-            lora_shrink: function("lora_shrink")?,
-            lora_expand: function("lora_expand")?,
+            linear_tile8: function("linear_f32_tile8")?,
+            linear_tile32: function("linear_f32_tile32")?,
+            lora_apply: function("lora_apply")?,
             rms_norm: function("rms_norm")?,
             rope: function("rope")?,
             silu_mul: function("silu_mul")?,
@@ -206,16 +209,21 @@ impl Gpu {
         }
         let (rows_i, inp_i, out_i) = (int(rows, "rows")?, int(inp, "inp")?, int(out, "out")?);
         let accumulate = i32::from(accumulate);
+        let (function, tile) = if rows <= ROW_TILE {
+            (&self.kernels.linear_tile8, ROW_TILE)
+        } else {
+            (&self.kernels.linear_tile32, WIDE_ROW_TILE)
+        };
         let config = LaunchConfig {
             grid_dim: (
                 grid(out.div_ceil(LINEAR_WARPS as usize))?,
-                grid_y(rows.div_ceil(ROW_TILE))?,
+                grid_y(rows.div_ceil(tile))?,
                 1,
             ),
             block_dim: (32 * LINEAR_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = self.stream.launch_builder(&self.kernels.linear);
+        let mut launch = self.stream.launch_builder(function);
         launch
             .arg(x)
             .arg(w)
@@ -224,7 +232,7 @@ impl Gpu {
             .arg(&inp_i)
             .arg(&out_i)
             .arg(&accumulate);
-        // SAFETY: the argument list matches `linear_f32`, and the shapes were checked against
+        // SAFETY: the argument list matches `linear_f32_tile*`, and the shapes were checked against
         // the buffers' lengths above.
         unsafe { launch.launch(config) }.doing("launching linear_f32")?;
         Ok(())
