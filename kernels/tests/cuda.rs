@@ -254,7 +254,7 @@ fn row_ops_match_the_cpu() {
     let mut want = q.clone();
     ops::rope(&mut want, head_dim, &positions, &cos, &sin);
     let mut dq = up(&gpu, &q);
-    let device_positions = gpu.row_positions(&positions).expect("positions");
+    let device_positions = gpu.indices(&positions).expect("positions");
     gpu.rope(
         &mut dq,
         head_dim,
@@ -290,6 +290,60 @@ fn row_ops_match_the_cpu() {
     gpu.log_softmax(&up(&gpu, &logits), vocabulary, &mut out)
         .expect("log_softmax");
     assert_close("log_softmax", &down(&gpu, &out), &want, 1e-4);
+}
+
+#[test]
+fn gather_bias_add_argmax_and_fill_do_what_they_say() {
+    let Some(gpu) = gpu("gather/bias/add/argmax/fill") else {
+        return;
+    };
+    let (rows, width) = (7, 33);
+    let table = values(rows * width, 60);
+    let picks = [6usize, 0, 6, 3];
+    let indices = gpu.indices(&picks).expect("indices");
+    let mut out = gpu.zeros(picks.len() * width).expect("zeros");
+    gpu.gather_rows(&up(&gpu, &table), width, &indices, &mut out)
+        .expect("gather");
+    let want: Vec<f32> = picks
+        .iter()
+        .flat_map(|&r| table[r * width..(r + 1) * width].to_vec())
+        .collect();
+    assert_eq!(down(&gpu, &out), want);
+    let short = up(&gpu, &table[..6 * width]);
+    let error = gpu
+        .gather_rows(&short, width, &indices, &mut out)
+        .expect_err("row 6 of a table of 6");
+    assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
+
+    let bias = values(width, 61);
+    let mut y = up(&gpu, &want);
+    gpu.add_bias(&mut y, &up(&gpu, &bias)).expect("bias");
+    gpu.add(&mut y, &up(&gpu, &want)).expect("add");
+    let expected: Vec<f32> = want
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + bias[i % width] + v)
+        .collect();
+    assert_eq!(down(&gpu, &y), expected);
+
+    // Ties go to the first index, as the CPU sampler's greedy pick.
+    let mut logits = values(3 * 5000, 62);
+    logits[1234] = 9.0;
+    logits[5000 + 17] = 9.0;
+    logits[5000 + 4000] = 9.0;
+    logits[10_000 + 4999] = 9.0;
+    let picked = gpu.argmax_rows(&up(&gpu, &logits), 5000).expect("argmax");
+    assert_eq!(picked, vec![1234, 17, 4999]);
+
+    let mut first = gpu.zeros(100_000).expect("zeros");
+    let mut second = gpu.zeros(100_000).expect("zeros");
+    gpu.fill_uniform(&mut first, 7, -0.5, 0.5).expect("fill");
+    gpu.fill_uniform(&mut second, 7, -0.5, 0.5).expect("fill");
+    let (first, second) = (down(&gpu, &first), down(&gpu, &second));
+    assert_eq!(first, second, "the same seed gives the same values");
+    assert!(first.iter().all(|v| (-0.5..0.5).contains(v)));
+    let mean = first.iter().map(|&v| f64::from(v)).sum::<f64>() / first.len() as f64;
+    assert!(mean.abs() < 0.01, "mean {mean}");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::error::{DriverContext, GpuError, ensure};
-use super::{Gpu, RowPositions, elementwise, grid, grid_y, int};
+use super::{DeviceIndices, Gpu, elementwise, grid, grid_y, int};
 use crate::Heads;
 
 /// Shared memory a block may take without opting in: the scores of one row, so at most this
@@ -66,7 +66,7 @@ pub struct SequenceRow {
 /// A batch's rows and block tables on the device, checked against one cache's shape.
 pub struct AttentionBatch {
     sequences: CudaSlice<i32>,
-    positions: RowPositions,
+    positions: DeviceIndices,
     tables: CudaSlice<i32>,
     max_blocks: usize,
     /// The shape of the cache the tables were checked against.
@@ -76,7 +76,7 @@ pub struct AttentionBatch {
 
 impl AttentionBatch {
     /// The rows' positions, for [`Gpu::rope`].
-    pub fn positions(&self) -> &RowPositions {
+    pub fn positions(&self) -> &DeviceIndices {
         &self.positions
     }
 
@@ -131,7 +131,7 @@ impl Gpu {
         let positions: Vec<usize> = rows.iter().map(|r| r.position).collect();
         Ok(AttentionBatch {
             sequences: self.upload(&sequences)?,
-            positions: self.row_positions(&positions)?,
+            positions: self.indices(&positions)?,
             tables: self.upload(&flat)?,
             max_blocks,
             cache_blocks: cache.blocks,
@@ -175,7 +175,7 @@ impl Gpu {
             .arg(&batch.tables)
             .arg(&ints[0])
             .arg(&batch.sequences)
-            .arg(&batch.positions.positions)
+            .arg(&batch.positions.values)
             .arg(&ints[1])
             .arg(&ints[2])
             .arg(&ints[3])
@@ -227,7 +227,7 @@ impl Gpu {
             .arg(&batch.tables)
             .arg(&ints[0])
             .arg(&batch.sequences)
-            .arg(&batch.positions.positions)
+            .arg(&batch.positions.values)
             .arg(out)
             .arg(&ints[1])
             .arg(&ints[2])

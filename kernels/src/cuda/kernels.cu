@@ -294,3 +294,67 @@ extern "C" __global__ void paged_attention(const float *__restrict__ q, const fl
         o[d] = acc;
     }
 }
+
+// out[r] = table[indices[r]] (rows of `width`). Thread per value.
+extern "C" __global__ void gather_rows(const float *__restrict__ table, const int *__restrict__ indices,
+                                      float *__restrict__ out, int rows, int width) {
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)rows * width) return;
+    const int r = index / width, i = index % width;
+    out[index] = table[(size_t)indices[r] * width + i];
+}
+
+// y[r, j] += bias[j]. Thread per value.
+extern "C" __global__ void add_bias(float *__restrict__ y, const float *__restrict__ bias, size_t n, int width) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += bias[i % width];
+}
+
+// x += y, elementwise.
+extern "C" __global__ void add_in_place(float *__restrict__ x, const float *__restrict__ y, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// The index of each row's largest value (the first of equals; NaN never wins). Block per row.
+extern "C" __global__ void argmax_rows(const float *__restrict__ x, int *__restrict__ out, int width) {
+    __shared__ float best_value[1024];
+    __shared__ int best_index[1024];
+    const float *row = x + (size_t)blockIdx.x * width;
+    float value = NEG_INFINITY;
+    int index = width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        if (row[i] > value) {
+            value = row[i];
+            index = i;
+        }
+    }
+    best_value[threadIdx.x] = value;
+    best_index[threadIdx.x] = index;
+    __syncthreads();
+    for (int offset = blockDim.x >> 1; offset > 0; offset >>= 1) {
+        if (threadIdx.x < offset) {
+            const float v = best_value[threadIdx.x + offset];
+            const int i = best_index[threadIdx.x + offset];
+            if (v > best_value[threadIdx.x] || (v == best_value[threadIdx.x] && i < best_index[threadIdx.x])) {
+                best_value[threadIdx.x] = v;
+                best_index[threadIdx.x] = i;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = best_index[0] < width ? best_index[0] : 0;
+}
+
+// x[i] = low + (high - low) · u(seed, i), u uniform in [0, 1) from a hash of (seed, i): random
+// weights made on the device, for benchmarks of shapes too big to generate on the host.
+extern "C" __global__ void fill_uniform(float *__restrict__ x, size_t n, unsigned long long seed,
+                                       float low, float high) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    unsigned long long z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    x[i] = low + (high - low) * (float)(z >> 40) * (1.0f / 16777216.0f);
+}

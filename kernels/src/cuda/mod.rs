@@ -72,6 +72,11 @@ struct Kernels {
     log_softmax: CudaFunction,
     kv_write: CudaFunction,
     paged_attention: CudaFunction,
+    gather_rows: CudaFunction,
+    add_bias: CudaFunction,
+    add_in_place: CudaFunction,
+    argmax_rows: CudaFunction,
+    fill_uniform: CudaFunction,
 }
 
 /// One CUDA device with its stream and compiled kernels. Every op is queued on the stream;
@@ -128,6 +133,11 @@ impl Gpu {
             log_softmax: function("log_softmax")?,
             kv_write: function("kv_write")?,
             paged_attention: function("paged_attention")?,
+            gather_rows: function("gather_rows")?,
+            add_bias: function("add_bias")?,
+            add_in_place: function("add_in_place")?,
+            argmax_rows: function("argmax_rows")?,
+            fill_uniform: function("fill_uniform")?,
         };
         let stream = context.default_stream();
         Ok(Gpu {
@@ -261,15 +271,17 @@ impl Gpu {
         Ok(())
     }
 
-    /// Each row's position, on the device, for [`Gpu::rope`] (bounds checked here, once).
-    pub fn row_positions(&self, positions: &[usize]) -> Result<RowPositions, GpuError> {
-        let device: Vec<i32> = positions
+    /// Indices (token ids, positions, row numbers) on the device, with their bound computed
+    /// here once so that every kernel that takes them can check it against its table.
+    pub fn indices(&self, values: &[usize]) -> Result<DeviceIndices, GpuError> {
+        ensure(!values.is_empty(), || "no indices".to_string())?;
+        let device: Vec<i32> = values
             .iter()
-            .map(|&p| int(p, "position"))
+            .map(|&v| int(v, "index"))
             .collect::<Result<_, _>>()?;
-        Ok(RowPositions {
-            end: positions.iter().max().map_or(0, |&p| p + 1),
-            positions: self.upload(&device)?,
+        Ok(DeviceIndices {
+            end: values.iter().max().map_or(0, |&v| v + 1),
+            values: self.upload(&device)?,
         })
     }
 
@@ -279,11 +291,11 @@ impl Gpu {
         &self,
         x: &mut CudaSlice<f32>,
         head_dim: usize,
-        positions: &RowPositions,
+        positions: &DeviceIndices,
         cos: &CudaSlice<f32>,
         sin: &CudaSlice<f32>,
     ) -> Result<(), GpuError> {
-        let rows = positions.positions.len();
+        let rows = positions.values.len();
         ensure(head_dim > 0 && head_dim.is_multiple_of(2), || {
             format!("head_dim {head_dim} must be even")
         })?;
@@ -311,7 +323,7 @@ impl Gpu {
         let mut launch = self.stream.launch_builder(&self.kernels.rope);
         launch
             .arg(x)
-            .arg(&positions.positions)
+            .arg(&positions.values)
             .arg(cos)
             .arg(sin)
             .arg(&rows_i)
@@ -366,10 +378,136 @@ impl Gpu {
     }
 }
 
-/// Each row's position on the device, every one below `end` (checked when made).
-pub struct RowPositions {
-    positions: CudaSlice<i32>,
+impl Gpu {
+    /// `out (rows × width) = table[indices[r]]`: the embedding of tokens, or picking rows.
+    pub fn gather_rows(
+        &self,
+        table: &CudaSlice<f32>,
+        width: usize,
+        indices: &DeviceIndices,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        ensure(width > 0 && table.len().is_multiple_of(width), || {
+            format!("the table has {} values, not rows × {width}", table.len())
+        })?;
+        ensure(indices.end <= table.len() / width, || {
+            format!(
+                "index {} of a table of {} rows",
+                indices.end - 1,
+                table.len() / width
+            )
+        })?;
+        let rows = indices.len();
+        ensure(out.len() == rows * width, || {
+            format!("out must be {rows} × {width}")
+        })?;
+        let (rows_i, width_i) = (int(rows, "rows")?, int(width, "width")?);
+        let mut launch = self.stream.launch_builder(&self.kernels.gather_rows);
+        launch
+            .arg(table)
+            .arg(&indices.values)
+            .arg(out)
+            .arg(&rows_i)
+            .arg(&width_i);
+        // SAFETY: matches `gather_rows`; every index is below the table's rows.
+        unsafe { launch.launch(elementwise(rows * width)?) }.doing("launching gather_rows")?;
+        Ok(())
+    }
+
+    /// `y[r, j] += bias[j]` for every row of `y`.
+    pub fn add_bias(&self, y: &mut CudaSlice<f32>, bias: &CudaSlice<f32>) -> Result<(), GpuError> {
+        let width = bias.len();
+        ensure(width > 0 && y.len().is_multiple_of(width), || {
+            format!("y has {} values, not rows × {width}", y.len())
+        })?;
+        let (n, width_i) = (y.len(), int(width, "width")?);
+        if n == 0 {
+            return Ok(());
+        }
+        let mut launch = self.stream.launch_builder(&self.kernels.add_bias);
+        launch.arg(y).arg(bias).arg(&n).arg(&width_i);
+        // SAFETY: matches `add_bias`; one thread per value of `y`.
+        unsafe { launch.launch(elementwise(n)?) }.doing("launching add_bias")?;
+        Ok(())
+    }
+
+    /// `x += y`.
+    pub fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<(), GpuError> {
+        ensure(x.len() == y.len(), || {
+            format!("x has {} values, y {}", x.len(), y.len())
+        })?;
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut launch = self.stream.launch_builder(&self.kernels.add_in_place);
+        launch.arg(x).arg(y).arg(&n);
+        // SAFETY: matches `add_in_place`; one thread per value.
+        unsafe { launch.launch(elementwise(n)?) }.doing("launching add_in_place")?;
+        Ok(())
+    }
+
+    /// The index of each row's largest value (the first of equals), copied back: greedy
+    /// sampling without moving the logits off the device.
+    pub fn argmax_rows(&self, x: &CudaSlice<f32>, width: usize) -> Result<Vec<usize>, GpuError> {
+        ensure(width > 0 && x.len().is_multiple_of(width), || {
+            format!("x has {} values, not rows × {width}", x.len())
+        })?;
+        let rows = x.len() / width;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let mut out = self
+            .stream
+            .alloc_zeros::<i32>(rows)
+            .doing("allocating device memory")?;
+        let width_i = int(width, "width")?;
+        let mut launch = self.stream.launch_builder(&self.kernels.argmax_rows);
+        launch.arg(x).arg(&mut out).arg(&width_i);
+        // SAFETY: matches `argmax_rows`; one block per whole row.
+        unsafe { launch.launch(row_blocks(rows)?) }.doing("launching argmax_rows")?;
+        let indices = self
+            .stream
+            .clone_dtoh(&out)
+            .doing("copying from the device")?;
+        Ok(indices.into_iter().map(|i| i.max(0) as usize).collect())
+    }
+
+    /// Fills `x` with values uniform in `[low, high)` from `seed` (a hash of the seed and the
+    /// index, so the same seed gives the same values on any device).
+    pub fn fill_uniform(
+        &self,
+        x: &mut CudaSlice<f32>,
+        seed: u64,
+        low: f32,
+        high: f32,
+    ) -> Result<(), GpuError> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut launch = self.stream.launch_builder(&self.kernels.fill_uniform);
+        launch.arg(x).arg(&n).arg(&seed).arg(&low).arg(&high);
+        // SAFETY: matches `fill_uniform`; one thread per value.
+        unsafe { launch.launch(elementwise(n)?) }.doing("launching fill_uniform")?;
+        Ok(())
+    }
+}
+
+/// Indices on the device, every one below `end` (computed when they were made).
+pub struct DeviceIndices {
+    values: CudaSlice<i32>,
     end: usize,
+}
+
+impl DeviceIndices {
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
 }
 
 /// A size as the kernels' `int`.
