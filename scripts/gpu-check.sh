@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA backend: the kernels' GPU tests against the CPU kernels (under
-# compute-sanitizer's memcheck too, where it is installed), then the kernel figures and PyTorch's
-# on the same GPU with the ratios. A few minutes on an H200.
+# compute-sanitizer's memcheck too, where it is installed) and the sampler's CUDA forward against
+# its CPU forward, then the kernel and decode figures and PyTorch's / transformers' on the same
+# GPU with the ratios. About five minutes on an H200.
 #
 #   scripts/gpu-check.sh --build   # where cargo is: builds the tests and the benchmark into target/gpu-check/
 #   scripts/gpu-check.sh           # on the GPU machine (no Rust toolchain needed): runs them
@@ -15,15 +16,20 @@ dir=target/gpu-check
 if [[ "${1:-}" == "--build" ]]; then
     mkdir -p "$dir"
     cargo build --release --locked -p opentinker-kernels --features cuda --example gpu_bench
-    cp target/release/examples/gpu_bench "$dir/gpu_bench"
-    tests=$(cargo test --release --locked -p opentinker-kernels --features cuda --test cuda --no-run \
-        --message-format=json | grep -o '"executable":"[^"]*"' | tail -n 1 | cut -d '"' -f 4)
-    cp "$tests" "$dir/cuda-tests"
-    echo "built $dir/gpu_bench and $dir/cuda-tests"
+    cargo build --release --locked -p opentinker --features cuda --example gpu_decode
+    cp target/release/examples/gpu_bench target/release/examples/gpu_decode "$dir/"
+    test_binary() {
+        cargo test --release --locked -p "$1" --features cuda --test "$2" --no-run \
+            --message-format=json | grep -o '"executable":"[^"]*"' | tail -n 1 | cut -d '"' -f 4
+    }
+    cp "$(test_binary opentinker-kernels cuda)" "$dir/cuda-tests"
+    cp "$(test_binary opentinker cuda_forward)" "$dir/cuda-forward-tests"
+    strip "$dir"/*
+    ls -l "$dir"
     exit 0
 fi
 
-for binary in gpu_bench cuda-tests; do
+for binary in gpu_bench gpu_decode cuda-tests cuda-forward-tests; do
     [[ -x "$dir/$binary" ]] || { echo "$dir/$binary is missing: run scripts/gpu-check.sh --build first" >&2; exit 1; }
 done
 out="${OUT:-$dir/results}"
@@ -43,7 +49,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 date -u +"date: %Y-%m-%d %H:%M UTC"
 
 echo "== GPU tests"
-"$dir/cuda-tests" --test-threads 1 2>&1 | tee "$out/tests.log"
+{ "$dir/cuda-tests" --test-threads 1 && "$dir/cuda-forward-tests" --test-threads 1; } 2>&1 | tee "$out/tests.log"
 if grep -q ': skipped:' "$out/tests.log"; then
     echo "FAIL: a GPU test skipped itself on the GPU machine" >&2
     exit 1
@@ -56,5 +62,7 @@ fi
 
 echo "== kernel figures"
 "$dir/gpu_bench" "$out/gpu_bench.jsonl" | tee "$out/gpu_bench.md"
-echo "== PyTorch on the same shapes"
-PYTHONUNBUFFERED=1 python3 bench/python/gpu_peer.py "$out/gpu_bench.jsonl" | tee "$out/gpu_peer.md"
+echo "== decode figures"
+"$dir/gpu_decode" "$out/gpu_decode.jsonl" | tee "$out/gpu_decode.md"
+echo "== PyTorch and transformers on the same shapes"
+PYTHONUNBUFFERED=1 python3 bench/python/gpu_peer.py "$out/gpu_bench.jsonl" "$out/gpu_decode.jsonl" | tee "$out/gpu_peer.md"

@@ -1,18 +1,24 @@
-"""PyTorch on the same GPU and shapes as `kernels/examples/gpu_bench.rs`, and the ratios.
+"""PyTorch on the same GPU and shapes as `kernels/examples/gpu_bench.rs` and
+`host/examples/gpu_decode.rs`, and the ratios.
 
-Reads the JSON lines gpu_bench wrote, times the same work in PyTorch (f32, TF32 off, so both sides
-compute in f32), and prints one table per kind with ours, PyTorch's and the ratio:
+Reads the JSON lines those wrote, times the same work in PyTorch (f32 with TF32 off, so both sides
+compute in f32; decode also in bf16, the usual serving type), and prints one table per kind with
+ours, PyTorch's and the ratio:
 
 - linear: `torch.nn.functional.linear` (cuBLAS);
 - lora: the base projection plus PEFT's mixed-batch LoRA forward (`_mixed_batch_forward` in
   peft/tuners/lora/layer.py: for each adapter, gather its rows, `B(A(x)) * scale`, scatter back),
-  the way PEFT serves a batch that mixes adapters.
+  the way PEFT serves a batch that mixes adapters;
+- decode: `transformers` greedy `generate` of a random model of the same config (made on the GPU
+  with `from_config`), one step's time as (time of N new tokens - time of 1) / (N - 1) as ours;
+  with adapters, PEFT LoRA adapters (rank 16 on every projection) and `adapter_names` per row.
 
-    python3 bench/python/gpu_peer.py RESULTS.jsonl
+    python3 bench/python/gpu_peer.py RESULTS.jsonl...
 """
 
 import json
 import sys
+import time
 
 import torch
 
@@ -34,12 +40,16 @@ def time_us(f):
     return best
 
 
-def main(path):
+def main(paths):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = torch.device("cuda")
-    rows = [json.loads(line) for line in open(path) if line.strip()]
+    rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    if any(r["kind"] == "decode" for r in rows):
+        decode(rows)
+    if not any(r["kind"] in ("linear", "lora") for r in rows):
+        return
     print("\nprojection (f32): opentinker vs torch F.linear (cuBLAS)")
     print("| shape | in -> out | rows | ours us | torch us | torch / ours |")
     print("|---|---|---:|---:|---:|---:|")
@@ -72,5 +82,75 @@ def main(path):
         print(f"| {r['shape']} | {r['inp']} -> {r['out']} | {n} | {adapters} | {r['fused_us']:.1f} | {us:.1f} | {us / r['fused_us']:.2f} |")
 
 
+def generate_seconds(model, batch, prompt, vocab, new_tokens, adapter_names=None):
+    ids = torch.stack([(torch.arange(prompt) * 7919 + i * 104729) % vocab for i in range(batch)]).cuda()
+    extra = {"adapter_names": adapter_names} if adapter_names else {}
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                   min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **extra)
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def step_ms(model, batch, prompt, vocab, new_tokens, adapter_names=None):
+    generate_seconds(model, batch, prompt, vocab, 4, adapter_names)
+    best = float("inf")
+    for _ in range(2):
+        full = generate_seconds(model, batch, prompt, vocab, new_tokens, adapter_names)
+        prefill = generate_seconds(model, batch, prompt, vocab, 1, adapter_names)
+        best = min(best, (full - prefill) / (new_tokens - 1) * 1000.0)
+    return best
+
+
+def decode(rows):
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    print(f"transformers {transformers.__version__}")
+    print("\ndecode step: opentinker's CUDA forward (f32) vs transformers generate (f32 and bf16)")
+    print("| shape | batch | adapters | ours ms | transformers f32 ms | f32 / ours | transformers bf16 ms | bf16 / ours |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    decode_rows = [r for r in rows if r["kind"] == "decode"]
+    for shape in dict.fromkeys(r["shape"] for r in decode_rows):
+        mine = [r for r in decode_rows if r["shape"] == shape]
+        config = dict(mine[0]["config"])
+        config.pop("architectures", None)
+        model_type = config.pop("model_type")
+        hf_config = AutoConfig.for_model(model_type, **config)
+        vocab = hf_config.vocab_size
+        timings = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            with torch.device("cuda"):
+                model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype).eval()
+            peft_model = None
+            # The base rows first: wrapping the model for PEFT changes it in place.
+            for r in sorted(mine, key=lambda r: r["adapters"]):
+                n, adapters = r["batch"], r["adapters"]
+                if adapters == 0:
+                    ms = step_ms(model, n, r["prompt"], vocab, r["new_tokens"])
+                else:
+                    if peft_model is None:
+                        from peft import LoraConfig, get_peft_model
+
+                        lora = LoraConfig(r=r["rank"], lora_alpha=2 * r["rank"], init_lora_weights=False,
+                                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                          "gate_proj", "up_proj", "down_proj"])
+                        peft_model = get_peft_model(model, lora, adapter_name="a0")
+                        for i in range(1, adapters):
+                            peft_model.add_adapter(f"a{i}", lora)
+                        peft_model.eval()
+                    names = [f"a{i * adapters // n}" for i in range(n)]
+                    ms = step_ms(peft_model, n, r["prompt"], vocab, r["new_tokens"], names)
+                timings[(n, adapters, dtype)] = ms
+            del model, peft_model
+            torch.cuda.empty_cache()
+        for r in mine:
+            key = (r["batch"], r["adapters"])
+            f32, bf16 = timings[key + (torch.float32,)], timings[key + (torch.bfloat16,)]
+            ours = r["step_ms"]
+            print(f"| {shape} | {r['batch']} | {r['adapters']} | {ours:.2f} | {f32:.2f} | {f32 / ours:.2f} | {bf16:.2f} | {bf16 / ours:.2f} |")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

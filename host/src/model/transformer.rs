@@ -646,7 +646,7 @@ fn inverse_frequencies(config: &ModelConfig) -> Vec<f64> {
 }
 
 /// cos and sin tables `(max_positions, head_dim)`, halves repeated as Hugging Face lays them out.
-fn rope_tables(config: &ModelConfig) -> candle_core::Result<(Tensor, Tensor)> {
+pub(crate) fn rope_tables(config: &ModelConfig) -> candle_core::Result<(Tensor, Tensor)> {
     let inv = inverse_frequencies(config);
     let positions = config.max_position_embeddings.min(1 << 16);
     let mut cos = Vec::with_capacity(positions * config.head_dim);

@@ -1,6 +1,8 @@
 //! Sampling: KV-cached batched generation over many adapter versions of one base model at once,
 //! with per-token logprobs, on the batch-invariant kernels of `opentinker-kernels`.
 
+#[cfg(feature = "cuda")]
+pub mod cuda_forward;
 pub mod engine;
 pub mod forward;
 pub mod params;

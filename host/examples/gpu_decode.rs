@@ -1,0 +1,126 @@
+//! Decode throughput of the sampler's CUDA forward (feature `cuda`) on the Qwen2.5-0.5B and
+//! Qwen2.5-7B shapes with random weights made on the device: the time of one decode step at
+//! batch 1, 16 and 64 for the base model, and at 16 and 64 with the batch spread over 16
+//! adapters (rank 16 on every projection) against the base step. Run by `scripts/gpu-check.sh`:
+//!
+//!     cargo run --release -p opentinker --features cuda --example gpu_decode [RESULTS.jsonl]
+//!
+//! With a path, each figure is also written there as a JSON line (with the model's config),
+//! which `bench/python/gpu_peer.py` reads to time `transformers` generate on the same shapes.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+use opentinker::model::ModelConfig;
+use opentinker::sample::cuda_forward::{CudaModel, CudaModelOptions};
+use opentinker_kernels::cuda::{AdapterRef, Gpu};
+use serde_json::json;
+
+const PROMPT: usize = 32;
+const NEW_TOKENS: usize = 32;
+const RANK: usize = 16;
+
+fn shapes() -> Vec<(&'static str, serde_json::Value)> {
+    let qwen2 = |layers: usize, hidden: usize, inter: usize, heads: usize, kv: usize, vocab: usize, tied: bool| {
+        json!({
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+            "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
+            "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "tie_word_embeddings": tied, "bos_token_id": 0,
+            "eos_token_id": 1,
+        })
+    };
+    vec![
+        ("qwen2.5-0.5b", qwen2(24, 896, 4864, 14, 2, 151_936, true)),
+        ("qwen2.5-7b", qwen2(28, 3584, 18944, 28, 4, 152_064, false)),
+    ]
+}
+
+/// Seconds of a greedy generation of `new_tokens` after `batch` prompts of `PROMPT` tokens.
+fn generate_seconds(
+    model: &mut CudaModel,
+    batch: usize,
+    adapters: &[Option<AdapterRef>],
+    new_tokens: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let vocab = model.config().vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|i| (0..PROMPT as u32).map(|t| (t * 7919 + i as u32 * 104_729) % vocab).collect())
+        .collect();
+    model.gpu().synchronize()?;
+    let started = Instant::now();
+    model.generate_greedy(&prompts, adapters, new_tokens)?;
+    model.gpu().synchronize()?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Milliseconds of one decode step: a generation of `NEW_TOKENS` less one of a single token
+/// (the prefill), over the steps between them; the best of two.
+fn step_ms(
+    model: &mut CudaModel,
+    batch: usize,
+    adapters: &[Option<AdapterRef>],
+) -> Result<f64, Box<dyn std::error::Error>> {
+    generate_seconds(model, batch, adapters, 4)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..2 {
+        let full = generate_seconds(model, batch, adapters, NEW_TOKENS)?;
+        let prefill = generate_seconds(model, batch, adapters, 1)?;
+        best = best.min((full - prefill) / (NEW_TOKENS - 1) as f64 * 1000.0);
+    }
+    Ok(best)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut results = match std::env::args_os().nth(1) {
+        Some(path) => Some(std::fs::File::create(path)?),
+        None => None,
+    };
+    let gpu = Arc::new(Gpu::new(0)?);
+    println!("device: {}", gpu.name());
+    println!("\ndecode step of the CUDA forward (f32, greedy; prompt {PROMPT}, {NEW_TOKENS} new tokens)");
+    println!("| shape | batch | adapters | step ms | tokens/s | step / base step |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, json) in shapes() {
+        let config = ModelConfig::from_json(&json)?;
+        let options = CudaModelOptions {
+            kv_blocks: 64 * (PROMPT + NEW_TOKENS).div_ceil(16),
+            block_size: 16,
+            adapter_slots: 16,
+            max_rank: RANK,
+        };
+        let mut model = CudaModel::random(Arc::clone(&gpu), &config, options, 1)?;
+        let adapters: Vec<AdapterRef> = (0..16)
+            .map(|slot| model.random_adapter(slot, RANK, slot as u64 + 1))
+            .collect::<Result<_, _>>()?;
+        for batch in [1usize, 16, 64] {
+            let base = step_ms(&mut model, batch, &[])?;
+            let mut runs = vec![(0usize, base)];
+            if batch >= 16 {
+                // Rows sorted by adapter, as the sampler batches them: 16 equal runs.
+                let spread: Vec<Option<AdapterRef>> = (0..batch)
+                    .map(|i| Some(adapters[i * 16 / batch]))
+                    .collect();
+                runs.push((16, step_ms(&mut model, batch, &spread)?));
+            }
+            for (count, ms) in runs {
+                let tokens_per_second = batch as f64 / ms * 1000.0;
+                println!(
+                    "| {name} | {batch} | {count} | {ms:.2} | {tokens_per_second:.0} | {:.2} |",
+                    ms / base
+                );
+                if let Some(file) = &mut results {
+                    let line = json!({
+                        "kind": "decode", "shape": name, "config": json, "batch": batch,
+                        "adapters": count, "rank": RANK, "prompt": PROMPT,
+                        "new_tokens": NEW_TOKENS, "step_ms": ms,
+                    });
+                    writeln!(file, "{line}")?;
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,573 @@
+//! The sampler's forward pass on a CUDA device (feature `cuda`): the transformer of
+//! `forward.rs`, computed by the CUDA kernels of `opentinker-kernels`. The base weights are
+//! uploaded once, the KV of every sequence lives in one paged cache per layer (a sequence owns a
+//! list of blocks), and adapters live in per-site slot pools, so one call serves prefills and
+//! decodes of many sequences through many adapters, each row's bits independent of the batch.
+//!
+//! Not yet wired into the `SamplingEngine` (which owns requests, stops, sampling parameters and
+//! the prefix cache on the CPU forward); what is here is the forward itself, greedy decoding, and
+//! what the GPU tests and benchmarks measure.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use opentinker_kernels::Heads;
+use opentinker_kernels::cuda::{
+    AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuError, LoraBatch, LoraPool, PagedKvCache,
+    SequenceRow,
+};
+
+use crate::lora::{Adapter, Site, Target};
+use crate::model::Transformer;
+use crate::model::config::{Architecture, ModelConfig};
+
+/// What can go wrong in the CUDA forward.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaForwardError {
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("reading the model's weights: {0}")]
+    Weights(#[from] candle_core::Error),
+    #[error("{0}")]
+    InvalidInput(String),
+}
+
+/// How much room a [`CudaModel`] makes for sequences and adapters.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaModelOptions {
+    /// KV blocks in each layer's cache, shared by every sequence.
+    pub kv_blocks: usize,
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// Adapters that can be loaded at once.
+    pub adapter_slots: usize,
+    /// The largest adapter rank.
+    pub max_rank: usize,
+}
+
+/// One sequence's part of a forward call.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaSequence<'a> {
+    /// New tokens, at positions `start..`.
+    pub tokens: &'a [u32],
+    /// Positions already in the cache.
+    pub start: usize,
+    /// The KV blocks the sequence owns, enough for `start + tokens.len()` positions.
+    pub blocks: &'a [usize],
+    pub adapter: Option<AdapterRef>,
+}
+
+struct CudaLinear {
+    weight: CudaSlice<f32>,
+    bias: Option<CudaSlice<f32>>,
+    inp: usize,
+}
+
+struct CudaLayer {
+    input_norm: CudaSlice<f32>,
+    q: CudaLinear,
+    k: CudaLinear,
+    v: CudaLinear,
+    o: CudaLinear,
+    q_norm: Option<CudaSlice<f32>>,
+    k_norm: Option<CudaSlice<f32>>,
+    post_attention_norm: CudaSlice<f32>,
+    gate: CudaLinear,
+    up: CudaLinear,
+    down: CudaLinear,
+}
+
+impl CudaLayer {
+    fn projection(&self, target: Target) -> &CudaLinear {
+        match target {
+            Target::Q => &self.q,
+            Target::K => &self.k,
+            Target::V => &self.v,
+            Target::O => &self.o,
+            Target::Gate => &self.gate,
+            Target::Up => &self.up,
+            Target::Down => &self.down,
+        }
+    }
+}
+
+/// A base model on one device, with its KV caches and adapter pools.
+pub struct CudaModel {
+    gpu: Arc<Gpu>,
+    config: ModelConfig,
+    embed: CudaSlice<f32>,
+    layers: Vec<CudaLayer>,
+    norm: CudaSlice<f32>,
+    /// `None`: tied to the embedding.
+    lm_head: Option<CudaSlice<f32>>,
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
+    context: usize,
+    caches: Vec<PagedKvCache>,
+    pools: BTreeMap<Site, LoraPool>,
+    options: CudaModelOptions,
+}
+
+fn upload(gpu: &Gpu, tensor: &Tensor) -> Result<CudaSlice<f32>, CudaForwardError> {
+    let values = tensor
+        .to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    Ok(gpu.upload(&values)?)
+}
+
+impl CudaModel {
+    /// Uploads `model`'s weights (once; the caches and pools are allocated here too).
+    pub fn from_transformer(
+        gpu: Arc<Gpu>,
+        model: &Transformer,
+        options: CudaModelOptions,
+    ) -> Result<CudaModel, CudaForwardError> {
+        let linear = |l: &crate::model::transformer::Linear| -> Result<CudaLinear, CudaForwardError> {
+            Ok(CudaLinear {
+                weight: upload(&gpu, &l.weight)?,
+                bias: l.bias.as_ref().map(|b| upload(&gpu, b)).transpose()?,
+                inp: l.weight.dims2()?.1,
+            })
+        };
+        let mut layers = Vec::with_capacity(model.layers.len());
+        for layer in &model.layers {
+            layers.push(CudaLayer {
+                input_norm: upload(&gpu, &layer.input_norm)?,
+                q: linear(&layer.q_proj)?,
+                k: linear(&layer.k_proj)?,
+                v: linear(&layer.v_proj)?,
+                o: linear(&layer.o_proj)?,
+                q_norm: layer.q_norm.as_ref().map(|n| upload(&gpu, n)).transpose()?,
+                k_norm: layer.k_norm.as_ref().map(|n| upload(&gpu, n)).transpose()?,
+                post_attention_norm: upload(&gpu, &layer.post_attention_norm)?,
+                gate: linear(&layer.gate_proj)?,
+                up: linear(&layer.up_proj)?,
+                down: linear(&layer.down_proj)?,
+            });
+        }
+        let lm_head = if model.config.tie_word_embeddings {
+            None
+        } else {
+            Some(upload(&gpu, &model.lm_head.weight)?)
+        };
+        let weights = Weights {
+            embed: upload(&gpu, &model.embed_tokens)?,
+            layers,
+            norm: upload(&gpu, &model.norm)?,
+            lm_head,
+            cos: upload(&gpu, &model.cos)?,
+            sin: upload(&gpu, &model.sin)?,
+            context: model.context_length(),
+        };
+        CudaModel::assemble(gpu, model.config.clone(), weights, options)
+    }
+
+    /// A model of `config`'s shape with random weights made on the device (uniform, scaled by
+    /// fan-in as the tiny preset's), for benchmarks of shapes too large to make on the host.
+    pub fn random(
+        gpu: Arc<Gpu>,
+        config: &ModelConfig,
+        options: CudaModelOptions,
+        seed: u64,
+    ) -> Result<CudaModel, CudaForwardError> {
+        let mut next_seed = seed;
+        let mut random = |len: usize, bound: f32| -> Result<CudaSlice<f32>, CudaForwardError> {
+            let mut values = gpu.zeros(len)?;
+            next_seed = next_seed.wrapping_add(0x9E37_79B9);
+            gpu.fill_uniform(&mut values, next_seed, -bound, bound)?;
+            Ok(values)
+        };
+        let ones = |len: usize| gpu.upload(&vec![1.0f32; len]);
+        let (h, hd) = (config.hidden_size, config.head_dim);
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for _ in 0..config.num_layers {
+            let mut linear = |target: Target| -> Result<CudaLinear, CudaForwardError> {
+                let (out, inp) = target.shape(config);
+                let bias = matches!(target, Target::Q | Target::K | Target::V) && config.qkv_bias;
+                Ok(CudaLinear {
+                    weight: random(out * inp, 1.0 / (inp as f32).sqrt())?,
+                    bias: if bias { Some(random(out, 0.02)?) } else { None },
+                    inp,
+                })
+            };
+            let qwen3 = config.architecture == Architecture::Qwen3;
+            layers.push(CudaLayer {
+                q: linear(Target::Q)?,
+                k: linear(Target::K)?,
+                v: linear(Target::V)?,
+                o: linear(Target::O)?,
+                gate: linear(Target::Gate)?,
+                up: linear(Target::Up)?,
+                down: linear(Target::Down)?,
+                input_norm: ones(h)?,
+                q_norm: if qwen3 { Some(ones(hd)?) } else { None },
+                k_norm: if qwen3 { Some(ones(hd)?) } else { None },
+                post_attention_norm: ones(h)?,
+            });
+        }
+        let (cos, sin) = crate::model::transformer::rope_tables(config)?;
+        let context = cos.dims().first().copied().unwrap_or(0);
+        let weights = Weights {
+            embed: random(config.vocab_size * h, 1.0)?,
+            layers,
+            norm: ones(h)?,
+            lm_head: if config.tie_word_embeddings {
+                None
+            } else {
+                Some(random(config.vocab_size * h, 1.0 / (h as f32).sqrt())?)
+            },
+            cos: upload(&gpu, &cos)?,
+            sin: upload(&gpu, &sin)?,
+            context,
+        };
+        CudaModel::assemble(gpu, config.clone(), weights, options)
+    }
+
+    fn assemble(
+        gpu: Arc<Gpu>,
+        config: ModelConfig,
+        weights: Weights,
+        options: CudaModelOptions,
+    ) -> Result<CudaModel, CudaForwardError> {
+        let caches = (0..config.num_layers)
+            .map(|_| {
+                PagedKvCache::new(
+                    &gpu,
+                    options.kv_blocks,
+                    config.num_kv_heads,
+                    config.head_dim,
+                    options.block_size,
+                )
+            })
+            .collect::<Result<_, _>>()?;
+        let mut pools = BTreeMap::new();
+        if options.adapter_slots > 0 {
+            for layer in 0..config.num_layers {
+                for target in Target::ATTENTION.into_iter().chain(Target::MLP) {
+                    let (out, inp) = target.shape(&config);
+                    let pool = LoraPool::new(&gpu, options.adapter_slots, inp, out, options.max_rank)?;
+                    pools.insert(Site::Layer(layer, target), pool);
+                }
+            }
+        }
+        let Weights {
+            embed,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+            context,
+        } = weights;
+        Ok(CudaModel {
+            gpu,
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+            context,
+            caches,
+            pools,
+            options,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    pub fn options(&self) -> CudaModelOptions {
+        self.options
+    }
+
+    /// Copies `adapter` into `slot` of every site's pool. An adapter of the unembedding is
+    /// refused: the CUDA forward does not apply one yet.
+    pub fn load_adapter(
+        &mut self,
+        slot: usize,
+        adapter: &Adapter,
+    ) -> Result<AdapterRef, CudaForwardError> {
+        let rank = adapter.config.rank;
+        if adapter.sites.contains_key(&Site::Unembed) {
+            return Err(CudaForwardError::InvalidInput(
+                "the CUDA forward does not apply adapters of the unembedding yet".into(),
+            ));
+        }
+        for (site, pair) in &adapter.sites {
+            let pool = self.pools.get_mut(site).ok_or_else(|| {
+                CudaForwardError::InvalidInput(format!(
+                    "the model has no adapter pool at {site:?} (made with no adapter slots?)"
+                ))
+            })?;
+            let to_vec = |t: &Tensor| -> Result<Vec<f32>, CudaForwardError> {
+                Ok(t.to_dtype(candle_core::DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?)
+            };
+            let (a, b) = (to_vec(pair.a.as_tensor())?, to_vec(pair.b.as_tensor())?);
+            pool.write(&self.gpu, slot, &a, &b, rank)?;
+        }
+        Ok(AdapterRef {
+            slot,
+            rank,
+            scale: adapter.config.scale() as f32,
+        })
+    }
+
+    /// A random adapter of `rank` on every projection in `slot` (`B` non-zero, so it changes the
+    /// model), for benchmarks.
+    pub fn random_adapter(
+        &mut self,
+        slot: usize,
+        rank: usize,
+        seed: u64,
+    ) -> Result<AdapterRef, CudaForwardError> {
+        for (index, (site, pool)) in self.pools.iter_mut().enumerate() {
+            let (out, inp) = site.shape(&self.config);
+            let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index as u64;
+            let mut next = |bound: f32| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * bound
+            };
+            let a: Vec<f32> = (0..rank * inp)
+                .map(|_| next(1.0 / (inp as f32).sqrt()))
+                .collect();
+            let b: Vec<f32> = (0..out * rank).map(|_| next(0.01)).collect();
+            pool.write(&self.gpu, slot, &a, &b, rank)?;
+        }
+        Ok(AdapterRef {
+            slot,
+            rank,
+            scale: 2.0,
+        })
+    }
+
+    /// Runs every sequence's new tokens through the model, writing their KV into the caches,
+    /// and returns the logits of each sequence's last new token (`sequences × vocab`, on the
+    /// device).
+    pub fn forward(
+        &mut self,
+        sequences: &[CudaSequence<'_>],
+    ) -> Result<CudaSlice<f32>, CudaForwardError> {
+        let c = &self.config;
+        let (hidden, head_dim, vocab) = (c.hidden_size, c.head_dim, c.vocab_size);
+        let eps = c.rms_norm_eps as f32;
+        let shape = Heads {
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim,
+        };
+        let invalid = |what: String| CudaForwardError::InvalidInput(what);
+        if sequences.iter().any(|s| s.tokens.is_empty()) {
+            return Err(invalid("a sequence has no new tokens".into()));
+        }
+        if let Some(bad) = sequences
+            .iter()
+            .flat_map(|s| s.tokens)
+            .find(|&&t| t as usize >= vocab)
+        {
+            return Err(invalid(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        if let Some(s) = sequences
+            .iter()
+            .find(|s| s.start + s.tokens.len() > self.context)
+        {
+            return Err(invalid(format!(
+                "a sequence reaches position {} past the context of {} positions",
+                s.start + s.tokens.len() - 1,
+                self.context
+            )));
+        }
+        let gpu = Arc::clone(&self.gpu);
+        let tokens: Vec<usize> = sequences
+            .iter()
+            .flat_map(|s| s.tokens.iter().map(|&t| t as usize))
+            .collect();
+        let total = tokens.len();
+        let rows: Vec<SequenceRow> = sequences
+            .iter()
+            .enumerate()
+            .flat_map(|(sequence, s)| {
+                (s.start..s.start + s.tokens.len()).map(move |position| SequenceRow {
+                    sequence,
+                    position,
+                })
+            })
+            .collect();
+        let tables: Vec<Vec<usize>> = sequences.iter().map(|s| s.blocks.to_vec()).collect();
+        let attention = gpu.attention_batch(&self.caches[0], &rows, &tables)?;
+        let lora = gpu.lora_batch(&segments(sequences))?;
+
+        let mut x = gpu.zeros(total * hidden)?;
+        gpu.gather_rows(&self.embed, hidden, &gpu.indices(&tokens)?, &mut x)?;
+        for li in 0..self.layers.len() {
+            let layer = &self.layers[li];
+            let mut h = copy(&gpu, &x)?;
+            gpu.rms_norm(&mut h, &layer.input_norm, eps)?;
+            let mut q = self.project(li, Target::Q, &h, &lora)?;
+            let mut k = self.project(li, Target::K, &h, &lora)?;
+            let v = self.project(li, Target::V, &h, &lora)?;
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                gpu.rms_norm(&mut q, qn, eps)?;
+                gpu.rms_norm(&mut k, kn, eps)?;
+            }
+            gpu.rope(&mut q, head_dim, attention.positions(), &self.cos, &self.sin)?;
+            gpu.rope(&mut k, head_dim, attention.positions(), &self.cos, &self.sin)?;
+            gpu.kv_write(&mut self.caches[li], &attention, &k, &v)?;
+            let mut attended = gpu.zeros(q.len())?;
+            gpu.paged_attention(&self.caches[li], &attention, &q, shape, &mut attended)?;
+            let o = self.project(li, Target::O, &attended, &lora)?;
+            gpu.add(&mut x, &o)?;
+
+            let layer = &self.layers[li];
+            let mut h = copy(&gpu, &x)?;
+            gpu.rms_norm(&mut h, &layer.post_attention_norm, eps)?;
+            let mut gate = self.project(li, Target::Gate, &h, &lora)?;
+            let up = self.project(li, Target::Up, &h, &lora)?;
+            gpu.silu_mul(&mut gate, &up)?;
+            let down = self.project(li, Target::Down, &gate, &lora)?;
+            gpu.add(&mut x, &down)?;
+        }
+        let mut last = Vec::with_capacity(sequences.len());
+        let mut end = 0;
+        for s in sequences {
+            end += s.tokens.len();
+            last.push(end - 1);
+        }
+        let mut kept = gpu.zeros(last.len() * hidden)?;
+        gpu.gather_rows(&x, hidden, &gpu.indices(&last)?, &mut kept)?;
+        gpu.rms_norm(&mut kept, &self.norm, eps)?;
+        let mut logits = gpu.zeros(last.len() * vocab)?;
+        let unembedding = self.lm_head.as_ref().unwrap_or(&self.embed);
+        gpu.linear(&kept, unembedding, hidden, &mut logits, false)?;
+        Ok(logits)
+    }
+
+    /// `x · Wᵀ + b` plus each row's adapter delta at this layer's `target`.
+    fn project(
+        &self,
+        layer: usize,
+        target: Target,
+        x: &CudaSlice<f32>,
+        lora: &LoraBatch,
+    ) -> Result<CudaSlice<f32>, CudaForwardError> {
+        let linear = self.layers[layer].projection(target);
+        let out = linear.weight.len() / linear.inp;
+        let mut y = self.gpu.zeros(x.len() / linear.inp * out)?;
+        self.gpu.linear(x, &linear.weight, linear.inp, &mut y, false)?;
+        if let Some(bias) = &linear.bias {
+            self.gpu.add_bias(&mut y, bias)?;
+        }
+        if let Some(pool) = self.pools.get(&Site::Layer(layer, target)) {
+            self.gpu.lora_apply(x, &mut y, pool, lora)?;
+        }
+        Ok(y)
+    }
+
+    /// Greedy generation of `new_tokens` tokens after each prompt (no stop token), every
+    /// sequence through its adapter; block `i·per + j` is sequence `i`'s `j`-th. One prefill
+    /// of every prompt, then one decode step per token for all sequences at once.
+    pub fn generate_greedy(
+        &mut self,
+        prompts: &[Vec<u32>],
+        adapters: &[Option<AdapterRef>],
+        new_tokens: usize,
+    ) -> Result<Vec<Vec<u32>>, CudaForwardError> {
+        let block_size = self.options.block_size;
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + new_tokens;
+        let per = longest.div_ceil(block_size);
+        if prompts.len() * per > self.options.kv_blocks {
+            return Err(CudaForwardError::InvalidInput(format!(
+                "{} sequences of {longest} positions need {} KV blocks, the cache has {}",
+                prompts.len(),
+                prompts.len() * per,
+                self.options.kv_blocks
+            )));
+        }
+        let tables: Vec<Vec<usize>> = (0..prompts.len())
+            .map(|i| (i * per..(i + 1) * per).collect())
+            .collect();
+        let adapter = |i: usize| adapters.get(i).copied().flatten();
+        let mut generated: Vec<Vec<u32>> = vec![Vec::with_capacity(new_tokens); prompts.len()];
+        let mut next: Vec<u32> = Vec::new();
+        for step in 0..new_tokens {
+            let sequences: Vec<CudaSequence<'_>> = if step == 0 {
+                prompts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| CudaSequence {
+                        tokens: p,
+                        start: 0,
+                        blocks: &tables[i],
+                        adapter: adapter(i),
+                    })
+                    .collect()
+            } else {
+                next.iter()
+                    .enumerate()
+                    .map(|(i, t)| CudaSequence {
+                        tokens: std::slice::from_ref(t),
+                        start: prompts[i].len() + step - 1,
+                        blocks: &tables[i],
+                        adapter: adapter(i),
+                    })
+                    .collect()
+            };
+            let logits = self.forward(&sequences)?;
+            let picked = self.gpu.argmax_rows(&logits, self.config.vocab_size)?;
+            next = picked.into_iter().map(|t| t as u32).collect();
+            for (out, &t) in generated.iter_mut().zip(&next) {
+                out.push(t);
+            }
+        }
+        Ok(generated)
+    }
+}
+
+/// The weights of a [`CudaModel`], however they were made.
+struct Weights {
+    embed: CudaSlice<f32>,
+    layers: Vec<CudaLayer>,
+    norm: CudaSlice<f32>,
+    lm_head: Option<CudaSlice<f32>>,
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
+    context: usize,
+}
+
+/// The LoRA segments of a call: one per run of consecutive sequences with the same adapter.
+fn segments(sequences: &[CudaSequence<'_>]) -> Vec<DeviceSegment> {
+    let mut runs: Vec<DeviceSegment> = Vec::new();
+    for s in sequences {
+        match runs.last_mut() {
+            Some(last) if last.adapter == s.adapter => last.rows += s.tokens.len(),
+            _ => runs.push(DeviceSegment {
+                rows: s.tokens.len(),
+                adapter: s.adapter,
+            }),
+        }
+    }
+    runs
+}
+
+fn copy(gpu: &Gpu, x: &CudaSlice<f32>) -> Result<CudaSlice<f32>, GpuError> {
+    gpu.stream()
+        .clone_dtod(x)
+        .map_err(|source| GpuError::Driver {
+            doing: "copying on the device",
+            source,
+        })
+}

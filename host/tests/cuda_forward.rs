@@ -1,0 +1,197 @@
+//! The sampler's CUDA forward against its CPU forward on the tiny model: logits of prefills and
+//! decode steps through adapters of different ranks within 2e-4, a sequence's logits bit for bit
+//! alone or in a batch, and greedy generation token for token. Runs where a GPU, its driver and
+//! NVRTC are present (`scripts/gpu-check.sh`); elsewhere each test says it skipped and why.
+#![cfg(feature = "cuda")]
+
+use std::io::Write;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use opentinker::lora::{Adapter, LoraConfig};
+use opentinker::model::tiny::{TinyShape, init_tiny};
+use opentinker::model::{Architecture, Model};
+use opentinker::sample::cuda_forward::{CudaModel, CudaModelOptions, CudaSequence};
+use opentinker::sample::forward::{KvCache, SequenceInput, forward};
+use opentinker_kernels::cuda::Gpu;
+
+fn gpu(test: &str) -> Option<Arc<Gpu>> {
+    match Gpu::new(0) {
+        Ok(gpu) => Some(Arc::new(gpu)),
+        Err(error) if error.is_unavailable() => {
+            let _ = writeln!(std::io::stderr(), "{test}: skipped: {error}");
+            None
+        }
+        Err(error) => panic!("{test}: {error}"),
+    }
+}
+
+/// An adapter whose `B` is random too, so that it changes every projection's output.
+fn adapter(model: &Model, rank: usize, seed: u64) -> Adapter {
+    let config = LoraConfig {
+        rank,
+        alpha: 2.0 * rank as f64,
+        seed,
+        ..LoraConfig::default()
+    };
+    let adapter = Adapter::new(&model.config, config, DType::F32).unwrap();
+    for pair in adapter.sites.values() {
+        let shape = pair.b.as_tensor().shape().clone();
+        let b = (Tensor::randn(0f32, 1.0, shape, &Device::Cpu).unwrap() * 0.05).unwrap();
+        pair.b.set(&b).unwrap();
+    }
+    adapter
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 2e-4 * (1.0 + w.abs()),
+            "{what}: logit {i}: GPU {g} vs CPU {w}"
+        );
+    }
+}
+
+const OPTIONS: CudaModelOptions = CudaModelOptions {
+    kv_blocks: 64,
+    block_size: 16,
+    adapter_slots: 4,
+    max_rank: 16,
+};
+
+#[test]
+fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
+    let Some(gpu) = gpu("cuda forward") else { return };
+    // Qwen2 has projection biases, Qwen3 normalises queries and keys: both paths run.
+    for arch in [Architecture::Qwen2, Architecture::Qwen3] {
+        let dir = tempfile::tempdir().unwrap();
+        init_tiny(dir.path(), TinyShape::Tiny, arch, 3).unwrap();
+        let model = Model::load(dir.path()).unwrap();
+        let vocab = model.config.vocab_size;
+        let (a, b) = (adapter(&model, 4, 1), adapter(&model, 16, 2));
+        let mut cuda = CudaModel::from_transformer(Arc::clone(&gpu), &model.transformer, OPTIONS)
+            .unwrap();
+        let (slot_a, slot_b) = (
+            cuda.load_adapter(0, &a).unwrap(),
+            cuda.load_adapter(2, &b).unwrap(),
+        );
+        let prompts: [Vec<u32>; 3] = [
+            (0..7).map(|i| (i * 37 + 5) % 500).collect(),
+            (0..19).map(|i| (i * 11 + 3) % 500).collect(),
+            (0..3).map(|i| (i * 101 + 9) % 500).collect(),
+        ];
+        let cpu_adapters = [Some(&a), None, Some(&b)];
+        let gpu_adapters = [Some(slot_a), None, Some(slot_b)];
+        let tables: Vec<Vec<usize>> = vec![vec![5, 1], vec![9, 3], vec![0]];
+
+        // Prefill, then two decode steps, on both sides.
+        let mut caches: Vec<KvCache> = (0..3).map(|_| KvCache::new(&model.config)).collect();
+        let mut fed: Vec<Vec<u32>> = prompts.to_vec();
+        let mut starts = [0usize; 3];
+        for step in 0..3 {
+            let mut inputs: Vec<SequenceInput<'_>> = fed
+                .iter()
+                .zip(caches.iter_mut())
+                .zip(cpu_adapters)
+                .map(|((tokens, cache), adapter)| SequenceInput {
+                    tokens,
+                    adapter,
+                    cache,
+                    all_logits: false,
+                })
+                .collect();
+            let want: Vec<f32> = forward(&model.transformer, &mut inputs)
+                .unwrap()
+                .concat();
+            let sequences: Vec<CudaSequence<'_>> = (0..3)
+                .map(|i| CudaSequence {
+                    tokens: &fed[i],
+                    start: starts[i],
+                    blocks: &tables[i],
+                    adapter: gpu_adapters[i],
+                })
+                .collect();
+            let logits = cuda.forward(&sequences).unwrap();
+            let got = gpu.download(&logits).unwrap();
+            assert_close(&format!("{arch:?} step {step}"), &got, &want);
+            for i in 0..3 {
+                starts[i] += fed[i].len();
+                fed[i] = vec![((step * 31 + i * 7) % 400) as u32];
+            }
+        }
+
+        // Sequence 1's prompt again, alone, in fresh blocks: the same bits as in the batch.
+        let all = [0, 1, 2].map(|i| CudaSequence {
+            tokens: &prompts[i],
+            start: 0,
+            blocks: &tables[i],
+            adapter: gpu_adapters[i],
+        });
+        let batched = gpu.download(&cuda.forward(&all).unwrap()).unwrap();
+        let fresh = [20, 21];
+        let alone = CudaSequence {
+            tokens: &prompts[1],
+            start: 0,
+            blocks: &fresh,
+            adapter: None,
+        };
+        let alone = gpu.download(&cuda.forward(&[alone]).unwrap()).unwrap();
+        assert_eq!(alone, batched[vocab..2 * vocab], "{arch:?}: alone vs batched");
+
+        // Greedy generation: the CPU forward's argmax token by token.
+        let generated = cuda
+            .generate_greedy(&prompts, &gpu_adapters, 6)
+            .unwrap();
+        for (i, prompt) in prompts.iter().enumerate() {
+            let mut cache = KvCache::new(&model.config);
+            let mut tokens = prompt.clone();
+            let mut want = Vec::new();
+            for _ in 0..6 {
+                let mut input = [SequenceInput {
+                    tokens: &tokens,
+                    adapter: cpu_adapters[i],
+                    cache: &mut cache,
+                    all_logits: false,
+                }];
+                let logits = forward(&model.transformer, &mut input).unwrap().remove(0);
+                let best = logits
+                    .iter()
+                    .enumerate()
+                    .fold((0, f32::NEG_INFINITY), |best, (t, &l)| {
+                        if l > best.1 { (t, l) } else { best }
+                    })
+                    .0 as u32;
+                want.push(best);
+                tokens = vec![best];
+            }
+            assert_eq!(generated[i], want, "{arch:?}: sequence {i}");
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_refused_before_any_launch() {
+    let Some(gpu) = gpu("cuda forward bad input") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    init_tiny(dir.path(), TinyShape::Tiny, Architecture::Qwen2, 3).unwrap();
+    let model = Model::load(dir.path()).unwrap();
+    let mut cuda = CudaModel::from_transformer(gpu, &model.transformer, OPTIONS).unwrap();
+    let blocks = [0];
+    let bad_token = [CudaSequence {
+        tokens: &[3, 100_000],
+        start: 0,
+        blocks: &blocks,
+        adapter: None,
+    }];
+    let error = cuda.forward(&bad_token).err().unwrap().to_string();
+    assert!(error.contains("token id 100000"), "{error}");
+    let past_blocks = [CudaSequence {
+        tokens: &[1; 17],
+        start: 0,
+        blocks: &blocks,
+        adapter: None,
+    }];
+    let error = cuda.forward(&past_blocks).err().unwrap().to_string();
+    assert!(error.contains("past its 1 blocks"), "{error}");
+}
