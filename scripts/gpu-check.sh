@@ -20,11 +20,12 @@ if [[ "${1:-}" == "--build" ]]; then
     cp target/release/examples/gpu_bench target/release/examples/gpu_decode "$dir/"
     test_binary() {
         cargo test --release --locked -p "$1" --features cuda --test "$2" --no-run \
-            --message-format=json | grep -o '"executable":"[^"]*"' | tail -n 1 | cut -d '"' -f 4
+            --message-format=json | grep "\"kind\":\[\"test\"\],[^}]*\"name\":\"$2\"" \
+            | grep -o '"executable":"[^"]*"' | tail -n 1 | cut -d '"' -f 4
     }
     cp "$(test_binary opentinker-kernels cuda)" "$dir/cuda-tests"
     cp "$(test_binary opentinker cuda_forward)" "$dir/cuda-forward-tests"
-    strip "$dir"/*
+    strip "$dir"/gpu_bench "$dir"/gpu_decode "$dir"/cuda-tests "$dir"/cuda-forward-tests
     ls -l "$dir"
     exit 0
 fi
@@ -63,6 +64,6 @@ fi
 echo "== kernel figures"
 "$dir/gpu_bench" "$out/gpu_bench.jsonl" | tee "$out/gpu_bench.md"
 echo "== decode figures"
-"$dir/gpu_decode" "$out/gpu_decode.jsonl" | tee "$out/gpu_decode.md"
+timeout 240 "$dir/gpu_decode" "$out/gpu_decode.jsonl" | tee "$out/gpu_decode.md"
 echo "== PyTorch and transformers on the same shapes"
-PYTHONUNBUFFERED=1 python3 bench/python/gpu_peer.py "$out/gpu_bench.jsonl" "$out/gpu_decode.jsonl" | tee "$out/gpu_peer.md"
+PYTHONUNBUFFERED=1 timeout 300 python3 bench/python/gpu_peer.py "$out/gpu_bench.jsonl" "$out/gpu_decode.jsonl" | tee "$out/gpu_peer.md"

@@ -22,7 +22,13 @@ const NEW_TOKENS: usize = 32;
 const RANK: usize = 16;
 
 fn shapes() -> Vec<(&'static str, serde_json::Value)> {
-    let qwen2 = |layers: usize, hidden: usize, inter: usize, heads: usize, kv: usize, vocab: usize, tied: bool| {
+    let qwen2 = |layers: usize,
+                 hidden: usize,
+                 inter: usize,
+                 heads: usize,
+                 kv: usize,
+                 vocab: usize,
+                 tied: bool| {
         json!({
             "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
             "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
@@ -47,7 +53,11 @@ fn generate_seconds(
 ) -> Result<f64, Box<dyn std::error::Error>> {
     let vocab = model.config().vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..batch)
-        .map(|i| (0..PROMPT as u32).map(|t| (t * 7919 + i as u32 * 104_729) % vocab).collect())
+        .map(|i| {
+            (0..PROMPT as u32)
+                .map(|t| (t * 7919 + i as u32 * 104_729) % vocab)
+                .collect()
+        })
         .collect();
     model.gpu().synchronize()?;
     let started = Instant::now();
@@ -73,14 +83,23 @@ fn step_ms(
     Ok(best)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() {
+    if let Err(error) = run() {
+        eprintln!("gpu_decode: {error}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut results = match std::env::args_os().nth(1) {
         Some(path) => Some(std::fs::File::create(path)?),
         None => None,
     };
     let gpu = Arc::new(Gpu::new(0)?);
     println!("device: {}", gpu.name());
-    println!("\ndecode step of the CUDA forward (f32, greedy; prompt {PROMPT}, {NEW_TOKENS} new tokens)");
+    println!(
+        "\ndecode step of the CUDA forward (f32, greedy; prompt {PROMPT}, {NEW_TOKENS} new tokens)"
+    );
     println!("| shape | batch | adapters | step ms | tokens/s | step / base step |");
     println!("|---|---:|---:|---:|---:|---:|");
     for (name, json) in shapes() {
@@ -100,9 +119,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut runs = vec![(0usize, base)];
             if batch >= 16 {
                 // Rows sorted by adapter, as the sampler batches them: 16 equal runs.
-                let spread: Vec<Option<AdapterRef>> = (0..batch)
-                    .map(|i| Some(adapters[i * 16 / batch]))
-                    .collect();
+                let spread: Vec<Option<AdapterRef>> =
+                    (0..batch).map(|i| Some(adapters[i * 16 / batch])).collect();
                 runs.push((16, step_ms(&mut model, batch, &spread)?));
             }
             for (count, ms) in runs {

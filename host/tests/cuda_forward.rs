@@ -62,7 +62,9 @@ const OPTIONS: CudaModelOptions = CudaModelOptions {
 
 #[test]
 fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
-    let Some(gpu) = gpu("cuda forward") else { return };
+    let Some(gpu) = gpu("cuda forward") else {
+        return;
+    };
     // Qwen2 has projection biases, Qwen3 normalises queries and keys: both paths run.
     for arch in [Architecture::Qwen2, Architecture::Qwen3] {
         let dir = tempfile::tempdir().unwrap();
@@ -70,8 +72,8 @@ fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
         let model = Model::load(dir.path()).unwrap();
         let vocab = model.config.vocab_size;
         let (a, b) = (adapter(&model, 4, 1), adapter(&model, 16, 2));
-        let mut cuda = CudaModel::from_transformer(Arc::clone(&gpu), &model.transformer, OPTIONS)
-            .unwrap();
+        let mut cuda =
+            CudaModel::from_transformer(Arc::clone(&gpu), &model.transformer, OPTIONS).unwrap();
         let (slot_a, slot_b) = (
             cuda.load_adapter(0, &a).unwrap(),
             cuda.load_adapter(2, &b).unwrap(),
@@ -101,9 +103,7 @@ fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
                     all_logits: false,
                 })
                 .collect();
-            let want: Vec<f32> = forward(&model.transformer, &mut inputs)
-                .unwrap()
-                .concat();
+            let want: Vec<f32> = forward(&model.transformer, &mut inputs).unwrap().concat();
             let sequences: Vec<CudaSequence<'_>> = (0..3)
                 .map(|i| CudaSequence {
                     tokens: &fed[i],
@@ -137,12 +137,14 @@ fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
             adapter: None,
         };
         let alone = gpu.download(&cuda.forward(&[alone]).unwrap()).unwrap();
-        assert_eq!(alone, batched[vocab..2 * vocab], "{arch:?}: alone vs batched");
+        assert_eq!(
+            alone,
+            batched[vocab..2 * vocab],
+            "{arch:?}: alone vs batched"
+        );
 
         // Greedy generation: the CPU forward's argmax token by token.
-        let generated = cuda
-            .generate_greedy(&prompts, &gpu_adapters, 6)
-            .unwrap();
+        let generated = cuda.generate_greedy(&prompts, &gpu_adapters, 6).unwrap();
         for (i, prompt) in prompts.iter().enumerate() {
             let mut cache = KvCache::new(&model.config);
             let mut tokens = prompt.clone();
@@ -172,7 +174,9 @@ fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
 
 #[test]
 fn bad_input_is_refused_before_any_launch() {
-    let Some(gpu) = gpu("cuda forward bad input") else { return };
+    let Some(gpu) = gpu("cuda forward bad input") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     init_tiny(dir.path(), TinyShape::Tiny, Architecture::Qwen2, 3).unwrap();
     let model = Model::load(dir.path()).unwrap();

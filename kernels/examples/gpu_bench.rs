@@ -74,7 +74,14 @@ impl Results {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() {
+    if let Err(error) = run() {
+        eprintln!("gpu_bench: {error}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut results = Results(match std::env::args_os().nth(1) {
         Some(path) => Some(std::fs::File::create(path)?),
         None => None,

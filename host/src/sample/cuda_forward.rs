@@ -124,13 +124,14 @@ impl CudaModel {
         model: &Transformer,
         options: CudaModelOptions,
     ) -> Result<CudaModel, CudaForwardError> {
-        let linear = |l: &crate::model::transformer::Linear| -> Result<CudaLinear, CudaForwardError> {
-            Ok(CudaLinear {
-                weight: upload(&gpu, &l.weight)?,
-                bias: l.bias.as_ref().map(|b| upload(&gpu, b)).transpose()?,
-                inp: l.weight.dims2()?.1,
-            })
-        };
+        let linear =
+            |l: &crate::model::transformer::Linear| -> Result<CudaLinear, CudaForwardError> {
+                Ok(CudaLinear {
+                    weight: upload(&gpu, &l.weight)?,
+                    bias: l.bias.as_ref().map(|b| upload(&gpu, b)).transpose()?,
+                    inp: l.weight.dims2()?.1,
+                })
+            };
         let mut layers = Vec::with_capacity(model.layers.len());
         for layer in &model.layers {
             layers.push(CudaLayer {
@@ -247,7 +248,8 @@ impl CudaModel {
             for layer in 0..config.num_layers {
                 for target in Target::ATTENTION.into_iter().chain(Target::MLP) {
                     let (out, inp) = target.shape(&config);
-                    let pool = LoraPool::new(&gpu, options.adapter_slots, inp, out, options.max_rank)?;
+                    let pool =
+                        LoraPool::new(&gpu, options.adapter_slots, inp, out, options.max_rank)?;
                     pools.insert(Site::Layer(layer, target), pool);
                 }
             }
@@ -401,10 +403,8 @@ impl CudaModel {
             .iter()
             .enumerate()
             .flat_map(|(sequence, s)| {
-                (s.start..s.start + s.tokens.len()).map(move |position| SequenceRow {
-                    sequence,
-                    position,
-                })
+                (s.start..s.start + s.tokens.len())
+                    .map(move |position| SequenceRow { sequence, position })
             })
             .collect();
         let tables: Vec<Vec<usize>> = sequences.iter().map(|s| s.blocks.to_vec()).collect();
@@ -424,8 +424,20 @@ impl CudaModel {
                 gpu.rms_norm(&mut q, qn, eps)?;
                 gpu.rms_norm(&mut k, kn, eps)?;
             }
-            gpu.rope(&mut q, head_dim, attention.positions(), &self.cos, &self.sin)?;
-            gpu.rope(&mut k, head_dim, attention.positions(), &self.cos, &self.sin)?;
+            gpu.rope(
+                &mut q,
+                head_dim,
+                attention.positions(),
+                &self.cos,
+                &self.sin,
+            )?;
+            gpu.rope(
+                &mut k,
+                head_dim,
+                attention.positions(),
+                &self.cos,
+                &self.sin,
+            )?;
             gpu.kv_write(&mut self.caches[li], &attention, &k, &v)?;
             let mut attended = gpu.zeros(q.len())?;
             gpu.paged_attention(&self.caches[li], &attention, &q, shape, &mut attended)?;
@@ -467,7 +479,8 @@ impl CudaModel {
         let linear = self.layers[layer].projection(target);
         let out = linear.weight.len() / linear.inp;
         let mut y = self.gpu.zeros(x.len() / linear.inp * out)?;
-        self.gpu.linear(x, &linear.weight, linear.inp, &mut y, false)?;
+        self.gpu
+            .linear(x, &linear.weight, linear.inp, &mut y, false)?;
         if let Some(bias) = &linear.bias {
             self.gpu.add_bias(&mut y, bias)?;
         }
