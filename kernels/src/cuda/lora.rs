@@ -13,7 +13,7 @@ use super::{Gpu, ROW_TILE, grid, grid_y, int};
 /// Threads of a block of `lora_apply`: a warp per rank index, then a thread per column.
 const APPLY_THREADS: u32 = 256;
 /// Output columns per block (`LORA_COLUMNS` in `kernels.cu`).
-const APPLY_COLUMNS: usize = 1024;
+const APPLY_COLUMNS: usize = 256;
 /// The largest rank of a pool (`MAX_LORA_RANK` in `kernels.cu`): a tile's rank-space rows live
 /// in the block's shared memory.
 pub const MAX_LORA_RANK: usize = 128;

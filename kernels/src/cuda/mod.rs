@@ -24,11 +24,8 @@ pub use lora::{AdapterRef, DeviceSegment, LoraBatch, LoraPool, MAX_LORA_RANK};
 /// The source of every kernel, compiled at run time.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 
-/// Rows of one tile of the LoRA kernel and of the projection of a few rows (`ROW_TILE` in
-/// `kernels.cu`), and of the projection of more (`WIDE_ROW_TILE`): a row's sum has the same
-/// order in both, so the choice by row count keeps the contract.
+/// Rows of one tile of the projection and LoRA kernels (`ROW_TILE` in `kernels.cu`).
 const ROW_TILE: usize = 8;
-const WIDE_ROW_TILE: usize = 32;
 /// Output columns per block of the projection (one warp each).
 const LINEAR_WARPS: u32 = 8;
 /// Threads of the row-reduction kernels (a power of two: their reduction tree is fixed by it).
@@ -63,8 +60,7 @@ pub fn compile_kernels(arch: Option<&str>) -> Result<Ptx, GpuError> {
 
 /// The compiled kernels of one device.
 struct Kernels {
-    linear_tile8: CudaFunction,
-    linear_tile32: CudaFunction,
+    linear: CudaFunction,
     lora_apply: CudaFunction,
     rms_norm: CudaFunction,
     rope: CudaFunction,
@@ -124,8 +120,7 @@ impl Gpu {
         let module = context.load_module(ptx).doing("loading the kernels")?;
         let function = |name: &'static str| module.load_function(name).doing(name);
         let kernels = Kernels {
-            linear_tile8: function("linear_f32_tile8")?,
-            linear_tile32: function("linear_f32_tile32")?,
+            linear: function("linear_f32")?,
             lora_apply: function("lora_apply")?,
             rms_norm: function("rms_norm")?,
             rope: function("rope")?,
@@ -219,21 +214,16 @@ impl Gpu {
         }
         let (rows_i, inp_i, out_i) = (int(rows, "rows")?, int(inp, "inp")?, int(out, "out")?);
         let accumulate = i32::from(accumulate);
-        let (function, tile) = if rows <= ROW_TILE {
-            (&self.kernels.linear_tile8, ROW_TILE)
-        } else {
-            (&self.kernels.linear_tile32, WIDE_ROW_TILE)
-        };
         let config = LaunchConfig {
             grid_dim: (
                 grid(out.div_ceil(LINEAR_WARPS as usize))?,
-                grid_y(rows.div_ceil(tile))?,
+                grid_y(rows.div_ceil(ROW_TILE))?,
                 1,
             ),
             block_dim: (32 * LINEAR_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = self.stream.launch_builder(function);
+        let mut launch = self.stream.launch_builder(&self.kernels.linear);
         launch
             .arg(x)
             .arg(w)
@@ -242,7 +232,7 @@ impl Gpu {
             .arg(&inp_i)
             .arg(&out_i)
             .arg(&accumulate);
-        // SAFETY: the argument list matches `linear_f32_tile*`, and the shapes were checked against
+        // SAFETY: the argument list matches `linear_f32`, and the shapes were checked against
         // the buffers' lengths above.
         unsafe { launch.launch(config) }.doing("launching linear_f32")?;
         Ok(())
