@@ -11,9 +11,11 @@ ours, PyTorch's and the ratio:
   the way PEFT serves a batch that mixes adapters;
 - decode: `transformers` greedy `generate` of a random model of the same config (made on the GPU
   with `from_config`), one step's time as (time of N new tokens - time of 1) / (N - 1) as ours;
-  with adapters, PEFT LoRA adapters (rank 16 on every projection) and `adapter_names` per row.
+  with adapters, PEFT LoRA adapters (rank 16 on every projection) and `adapter_names` per row,
+  on the 0.5B shape only (PEFT's mixed batch takes about half a second a step there, so the 7B
+  shape would take minutes), or not at all with --no-peft.
 
-    python3 bench/python/gpu_peer.py RESULTS.jsonl...
+    python3 bench/python/gpu_peer.py [--no-peft] RESULTS.jsonl...
 """
 
 import json
@@ -40,14 +42,17 @@ def time_us(f):
     return best
 
 
-def main(paths):
+PEFT_SHAPES = ("qwen2.5-0.5b",)
+
+
+def main(paths, peft=True):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = torch.device("cuda")
     rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     if any(r["kind"] == "decode" for r in rows):
-        decode(rows)
+        decode(rows, peft)
     if not any(r["kind"] in ("linear", "lora") for r in rows):
         return
     print("\nprojection (f32): opentinker vs torch F.linear (cuBLAS)")
@@ -103,7 +108,7 @@ def step_ms(model, batch, prompt, vocab, new_tokens, adapter_names=None):
     return best
 
 
-def decode(rows):
+def decode(rows, peft):
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -113,7 +118,8 @@ def decode(rows):
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     decode_rows = [r for r in rows if r["kind"] == "decode"]
     for shape in dict.fromkeys(r["shape"] for r in decode_rows):
-        mine = [r for r in decode_rows if r["shape"] == shape]
+        mine = [r for r in decode_rows if r["shape"] == shape
+                and (r["adapters"] == 0 or (peft and shape in PEFT_SHAPES))]
         config = dict(mine[0]["config"])
         config.pop("architectures", None)
         model_type = config.pop("model_type")
@@ -153,4 +159,5 @@ def decode(rows):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    arguments = sys.argv[1:]
+    main([a for a in arguments if a != "--no-peft"], peft="--no-peft" not in arguments)
