@@ -67,6 +67,6 @@ fi
 echo "== kernel figures"
 "$dir/gpu_bench" "$out/gpu_bench.jsonl" | tee "$out/gpu_bench.md"
 echo "== decode figures"
-timeout 240 "$dir/gpu_decode" "$out/gpu_decode.jsonl" | tee "$out/gpu_decode.md"
+timeout 200 "$dir/gpu_decode" "$out/gpu_decode.jsonl" | tee "$out/gpu_decode.md"
 echo "== PyTorch and transformers on the same shapes"
-PYTHONUNBUFFERED=1 timeout 300 python3 bench/python/gpu_peer.py "${peer_options[@]}" "$out/gpu_bench.jsonl" "$out/gpu_decode.jsonl" | tee "$out/gpu_peer.md"
+PYTHONUNBUFFERED=1 timeout 240 python3 bench/python/gpu_peer.py "${peer_options[@]}" "$out/gpu_bench.jsonl" "$out/gpu_decode.jsonl" | tee "$out/gpu_peer.md"

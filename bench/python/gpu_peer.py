@@ -11,7 +11,8 @@ ours, PyTorch's and the ratio:
   the way PEFT serves a batch that mixes adapters;
 - decode: `transformers` greedy `generate` of a random model of the same config (made on the GPU
   with `from_config`), one step's time as (time of N new tokens - time of 1) / (N - 1) as ours;
-  with adapters, PEFT LoRA adapters (rank 16 on every projection) and `adapter_names` per row,
+  in the same weight type as ours (f32 or bf16); with adapters, PEFT LoRA adapters (rank 16 on
+  every projection) and `adapter_names` per row,
   on the 0.5B shape only (PEFT's mixed batch takes about half a second a step there, so the 7B
   shape would take minutes), or not at all with --no-peft.
 
@@ -100,12 +101,9 @@ def generate_seconds(model, batch, prompt, vocab, new_tokens, adapter_names=None
 
 def step_ms(model, batch, prompt, vocab, new_tokens, adapter_names=None):
     generate_seconds(model, batch, prompt, vocab, 4, adapter_names)
-    best = float("inf")
-    for _ in range(2):
-        full = generate_seconds(model, batch, prompt, vocab, new_tokens, adapter_names)
-        prefill = generate_seconds(model, batch, prompt, vocab, 1, adapter_names)
-        best = min(best, (full - prefill) / (new_tokens - 1) * 1000.0)
-    return best
+    full = generate_seconds(model, batch, prompt, vocab, new_tokens, adapter_names)
+    prefill = generate_seconds(model, batch, prompt, vocab, 1, adapter_names)
+    return (full - prefill) / (new_tokens - 1) * 1000.0
 
 
 def decode(rows, peft):
@@ -113,20 +111,21 @@ def decode(rows, peft):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     print(f"transformers {transformers.__version__}")
-    print("\ndecode step: opentinker's CUDA forward (f32) vs transformers generate (f32 and bf16)")
-    print("| shape | batch | adapters | ours ms | transformers f32 ms | f32 / ours | transformers bf16 ms | bf16 / ours |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\ndecode step: opentinker's CUDA forward vs transformers generate, the same weight type")
+    print("| shape | weights | batch | adapters | ours ms | transformers ms | transformers / ours |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    dtypes = {"f32": torch.float32, "bf16": torch.bfloat16}
     decode_rows = [r for r in rows if r["kind"] == "decode"]
     for shape in dict.fromkeys(r["shape"] for r in decode_rows):
-        mine = [r for r in decode_rows if r["shape"] == shape
-                and (r["adapters"] == 0 or (peft and shape in PEFT_SHAPES))]
-        config = dict(mine[0]["config"])
-        config.pop("architectures", None)
-        model_type = config.pop("model_type")
-        hf_config = AutoConfig.for_model(model_type, **config)
-        vocab = hf_config.vocab_size
-        timings = {}
-        for dtype in (torch.float32, torch.bfloat16):
+        for weights, dtype in dtypes.items():
+            mine = [r for r in decode_rows if r["shape"] == shape and r["weights"] == weights
+                    and (r["adapters"] == 0 or (peft and shape in PEFT_SHAPES))]
+            if not mine:
+                continue
+            config = dict(mine[0]["config"])
+            config.pop("architectures", None)
+            hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+            vocab = hf_config.vocab_size
             with torch.device("cuda"):
                 model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype).eval()
             peft_model = None
@@ -148,14 +147,10 @@ def decode(rows, peft):
                         peft_model.eval()
                     names = [f"a{i * adapters // n}" for i in range(n)]
                     ms = step_ms(peft_model, n, r["prompt"], vocab, r["new_tokens"], names)
-                timings[(n, adapters, dtype)] = ms
+                ours = r["step_ms"]
+                print(f"| {shape} | {weights} | {n} | {adapters} | {ours:.2f} | {ms:.2f} | {ms / ours:.2f} |")
             del model, peft_model
             torch.cuda.empty_cache()
-        for r in mine:
-            key = (r["batch"], r["adapters"])
-            f32, bf16 = timings[key + (torch.float32,)], timings[key + (torch.bfloat16,)]
-            ours = r["step_ms"]
-            print(f"| {shape} | {r['batch']} | {r['adapters']} | {ours:.2f} | {f32:.2f} | {f32 / ours:.2f} | {bf16:.2f} | {bf16 / ours:.2f} |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 //! Decode throughput of the sampler's CUDA forward (feature `cuda`) on the Qwen2.5-0.5B and
-//! Qwen2.5-7B shapes with random weights made on the device: the time of one decode step at
-//! batch 1, 16 and 64 for the base model, and at 16 and 64 with the batch spread over 16
-//! adapters (rank 16 on every projection) against the base step. Run by `scripts/gpu-check.sh`:
+//! Qwen2.5-7B shapes with random weights made on the device, with f32 and bf16 matrices: the
+//! time of one decode step at batch 1, 16 and 64 for the base model, and at 16 and 64 with the
+//! batch spread over 16 adapters (rank 16 on every projection) against the base step. Run by `scripts/gpu-check.sh`:
 //!
 //!     cargo run --release -p opentinker --features cuda --example gpu_decode [RESULTS.jsonl]
 //!
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use opentinker::model::ModelConfig;
-use opentinker::sample::cuda_forward::{CudaModel, CudaModelOptions};
+use opentinker::sample::cuda_forward::{CudaModel, CudaModelOptions, WeightFormat};
 use opentinker_kernels::cuda::{AdapterRef, Gpu};
 use serde_json::json;
 
@@ -67,20 +67,16 @@ fn generate_seconds(
 }
 
 /// Milliseconds of one decode step: a generation of `NEW_TOKENS` less one of a single token
-/// (the prefill), over the steps between them; the best of two.
+/// (the prefill), over the steps between them, after a warm-up generation.
 fn step_ms(
     model: &mut CudaModel,
     batch: usize,
     adapters: &[Option<AdapterRef>],
 ) -> Result<f64, Box<dyn std::error::Error>> {
     generate_seconds(model, batch, adapters, 4)?;
-    let mut best = f64::INFINITY;
-    for _ in 0..2 {
-        let full = generate_seconds(model, batch, adapters, NEW_TOKENS)?;
-        let prefill = generate_seconds(model, batch, adapters, 1)?;
-        best = best.min((full - prefill) / (NEW_TOKENS - 1) as f64 * 1000.0);
-    }
-    Ok(best)
+    let full = generate_seconds(model, batch, adapters, NEW_TOKENS)?;
+    let prefill = generate_seconds(model, batch, adapters, 1)?;
+    Ok((full - prefill) / (NEW_TOKENS - 1) as f64 * 1000.0)
 }
 
 fn main() {
@@ -98,13 +94,23 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let gpu = Arc::new(Gpu::new(0)?);
     println!("device: {}", gpu.name());
     println!(
-        "\ndecode step of the CUDA forward (f32, greedy; prompt {PROMPT}, {NEW_TOKENS} new tokens)"
+        "\ndecode step of the CUDA forward (greedy; prompt {PROMPT}, {NEW_TOKENS} new tokens)"
     );
-    println!("| shape | batch | adapters | step ms | tokens/s | step / base step |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    for (name, json) in shapes() {
+    println!("| shape | weights | batch | adapters | step ms | tokens/s | step / base step |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for ((name, json), weights) in shapes().into_iter().flat_map(|shape| {
+        [
+            (shape.clone(), WeightFormat::F32),
+            (shape, WeightFormat::Bf16),
+        ]
+    }) {
         let config = ModelConfig::from_json(&json)?;
+        let dtype = match weights {
+            WeightFormat::F32 => "f32",
+            WeightFormat::Bf16 => "bf16",
+        };
         let options = CudaModelOptions {
+            weights,
             kv_blocks: 64 * (PROMPT + NEW_TOKENS).div_ceil(16),
             block_size: 16,
             adapter_slots: 16,
@@ -126,12 +132,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             for (count, ms) in runs {
                 let tokens_per_second = batch as f64 / ms * 1000.0;
                 println!(
-                    "| {name} | {batch} | {count} | {ms:.2} | {tokens_per_second:.0} | {:.2} |",
+                    "| {name} | {dtype} | {batch} | {count} | {ms:.2} | {tokens_per_second:.0} | {:.2} |",
                     ms / base
                 );
                 if let Some(file) = &mut results {
                     let line = json!({
-                        "kind": "decode", "shape": name, "config": json, "batch": batch,
+                        "kind": "decode", "shape": name, "config": json, "weights": dtype,
+                        "batch": batch,
                         "adapters": count, "rank": RANK, "prompt": PROMPT,
                         "new_tokens": NEW_TOKENS, "step_ms": ms,
                     });

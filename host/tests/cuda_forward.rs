@@ -1,6 +1,7 @@
 //! The sampler's CUDA forward against its CPU forward on the tiny model: logits of prefills and
-//! decode steps through adapters of different ranks within 2e-4, a sequence's logits bit for bit
-//! alone or in a batch, and greedy generation token for token. Runs where a GPU, its driver and
+//! decode steps through adapters of different ranks within 2e-4 (with bf16 matrices, against the
+//! CPU forward of the same rounded matrices), a sequence's logits bit for bit alone or in a
+//! batch, and greedy generation token for token. Runs where a GPU, its driver and
 //! NVRTC are present (`scripts/gpu-check.sh`); elsewhere each test says it skipped and why.
 #![cfg(feature = "cuda")]
 
@@ -10,8 +11,9 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use opentinker::lora::{Adapter, LoraConfig};
 use opentinker::model::tiny::{TinyShape, init_tiny};
+use opentinker::model::transformer::Transformer;
 use opentinker::model::{Architecture, Model};
-use opentinker::sample::cuda_forward::{CudaModel, CudaModelOptions, CudaSequence};
+use opentinker::sample::cuda_forward::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
 use opentinker::sample::forward::{KvCache, SequenceInput, forward};
 use opentinker_kernels::cuda::Gpu;
 
@@ -53,7 +55,36 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     }
 }
 
+/// `model` with its matrices (projections, embedding, unembedding) rounded to bf16 and back, as
+/// the CUDA forward keeps them in `WeightFormat::Bf16`.
+fn rounded_matrices(model: &Transformer) -> Transformer {
+    let round = |t: &Tensor| {
+        t.to_dtype(DType::BF16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+    };
+    let mut rounded = model.clone();
+    for layer in &mut rounded.layers {
+        for linear in [
+            &mut layer.q_proj,
+            &mut layer.k_proj,
+            &mut layer.v_proj,
+            &mut layer.o_proj,
+            &mut layer.gate_proj,
+            &mut layer.up_proj,
+            &mut layer.down_proj,
+        ] {
+            linear.weight = round(&linear.weight);
+        }
+    }
+    rounded.embed_tokens = round(&rounded.embed_tokens);
+    rounded.lm_head.weight = round(&rounded.lm_head.weight);
+    rounded
+}
+
 const OPTIONS: CudaModelOptions = CudaModelOptions {
+    weights: WeightFormat::F32,
     kv_blocks: 64,
     block_size: 16,
     adapter_slots: 4,
@@ -65,15 +96,24 @@ fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
     let Some(gpu) = gpu("cuda forward") else {
         return;
     };
-    // Qwen2 has projection biases, Qwen3 normalises queries and keys: both paths run.
-    for arch in [Architecture::Qwen2, Architecture::Qwen3] {
+    // Qwen2 has projection biases, Qwen3 normalises queries and keys: both paths run, and the
+    // bf16 matrices.
+    for (arch, weights) in [
+        (Architecture::Qwen2, WeightFormat::F32),
+        (Architecture::Qwen3, WeightFormat::F32),
+        (Architecture::Qwen2, WeightFormat::Bf16),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         init_tiny(dir.path(), TinyShape::Tiny, arch, 3).unwrap();
-        let model = Model::load(dir.path()).unwrap();
+        let mut model = Model::load(dir.path()).unwrap();
         let vocab = model.config.vocab_size;
         let (a, b) = (adapter(&model, 4, 1), adapter(&model, 16, 2));
+        let options = CudaModelOptions { weights, ..OPTIONS };
         let mut cuda =
-            CudaModel::from_transformer(Arc::clone(&gpu), &model.transformer, OPTIONS).unwrap();
+            CudaModel::from_transformer(Arc::clone(&gpu), &model.transformer, options).unwrap();
+        if weights == WeightFormat::Bf16 {
+            model.transformer = rounded_matrices(&model.transformer);
+        }
         let (slot_a, slot_b) = (
             cuda.load_adapter(0, &a).unwrap(),
             cuda.load_adapter(2, &b).unwrap(),
@@ -114,7 +154,7 @@ fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
                 .collect();
             let logits = cuda.forward(&sequences).unwrap();
             let got = gpu.download(&logits).unwrap();
-            assert_close(&format!("{arch:?} step {step}"), &got, &want);
+            assert_close(&format!("{arch:?} {weights:?} step {step}"), &got, &want);
             for i in 0..3 {
                 starts[i] += fed[i].len();
                 fed[i] = vec![((step * 31 + i * 7) % 400) as u32];

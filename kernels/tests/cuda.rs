@@ -11,7 +11,7 @@ use std::io::Write;
 
 use opentinker_kernels::cuda::{
     AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, LoraPool, PagedKvCache, SequenceRow,
-    compile_kernels,
+    bf16_bits, bf16_value, compile_kernels,
 };
 use opentinker_kernels::{Heads, LoraPair, Segment, causal_attention, linear, lora_apply, ops};
 
@@ -128,6 +128,52 @@ fn linear_matches_the_cpu_and_rows_do_not_depend_on_the_batch() {
         .linear(&x, &w, 4, &mut y, false)
         .expect_err("10 is not rows × 4");
     assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
+}
+
+#[test]
+fn bf16_weights_compute_as_their_rounded_f32_values() {
+    let Some(gpu) = gpu("bf16") else { return };
+    for (rows, inp, out) in [(1, 896, 100), (13, 37, 21), (40, 256, 64)] {
+        let x = values(rows * inp, 70);
+        let w = values(out * inp, 71);
+        let bits: Vec<u16> = w.iter().map(|&v| bf16_bits(v)).collect();
+        let rounded: Vec<f32> = bits.iter().map(|&b| bf16_value(b)).collect();
+        let mut want = vec![0.0; rows * out];
+        linear(&x, &rounded, inp, &mut want, false);
+        let (dx, dw) = (up(&gpu, &x), gpu.upload(&bits).expect("upload"));
+        // Rounding on the device gives the host's bits.
+        let on_device = gpu.to_bf16(&up(&gpu, &w)).expect("to_bf16");
+        assert_eq!(gpu.stream().clone_dtoh(&on_device).expect("download"), bits);
+        let mut y = gpu.zeros(rows * out).expect("zeros");
+        gpu.linear_bf16(&dx, &dw, inp, &mut y, false)
+            .expect("linear_bf16");
+        let got = down(&gpu, &y);
+        assert_close(
+            &format!("bf16 linear {rows}x{inp}x{out}"),
+            &got,
+            &want,
+            1e-4,
+        );
+        let row = rows - 1;
+        let mut alone = gpu.zeros(out).expect("zeros");
+        gpu.linear_bf16(&up(&gpu, &x[row * inp..]), &dw, inp, &mut alone, false)
+            .expect("linear_bf16");
+        assert_eq!(down(&gpu, &alone), got[row * out..]);
+        // The embedding gather widens the same bits.
+        let indices = gpu.indices(&[out - 1, 0]).expect("indices");
+        let mut rows_out = gpu.zeros(2 * inp).expect("zeros");
+        gpu.gather_rows_bf16(&dw, inp, &indices, &mut rows_out)
+            .expect("gather");
+        let mut expected = rounded[(out - 1) * inp..].to_vec();
+        expected.extend_from_slice(&rounded[..inp]);
+        assert_eq!(down(&gpu, &rows_out), expected);
+    }
+    assert!(bf16_value(bf16_bits(f32::NAN)).is_nan());
+    assert_eq!(
+        bf16_value(bf16_bits(1.0 + 1.0 / 256.0)),
+        1.0,
+        "ties go to even"
+    );
 }
 
 #[test]

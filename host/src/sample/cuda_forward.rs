@@ -14,8 +14,8 @@ use std::sync::Arc;
 use candle_core::Tensor;
 use opentinker_kernels::Heads;
 use opentinker_kernels::cuda::{
-    AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuError, LoraBatch, LoraPool, PagedKvCache,
-    SequenceRow,
+    AdapterRef, CudaSlice, DeviceIndices, DeviceSegment, Gpu, GpuError, LoraBatch, LoraPool,
+    PagedKvCache, SequenceRow,
 };
 
 use crate::lora::{Adapter, Site, Target};
@@ -33,9 +33,19 @@ pub enum CudaForwardError {
     InvalidInput(String),
 }
 
-/// How much room a [`CudaModel`] makes for sequences and adapters.
+/// How the base model's matrices (projections, embedding, unembedding) are kept on the device.
+/// Norms, biases and adapters stay f32, and every sum is computed in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightFormat {
+    F32,
+    /// Rounded to bf16 (to nearest even) when uploaded: half the bytes a decode step streams.
+    Bf16,
+}
+
+/// How much room a [`CudaModel`] makes for sequences and adapters, and its weights' format.
 #[derive(Clone, Copy, Debug)]
 pub struct CudaModelOptions {
+    pub weights: WeightFormat,
     /// KV blocks in each layer's cache, shared by every sequence.
     pub kv_blocks: usize,
     /// Positions per KV block.
@@ -58,8 +68,57 @@ pub struct CudaSequence<'a> {
     pub adapter: Option<AdapterRef>,
 }
 
+/// A weight matrix on the device, in the model's [`WeightFormat`].
+enum Matrix {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<u16>),
+}
+
+impl Matrix {
+    fn new(gpu: &Gpu, values: CudaSlice<f32>, format: WeightFormat) -> Result<Matrix, GpuError> {
+        Ok(match format {
+            WeightFormat::F32 => Matrix::F32(values),
+            WeightFormat::Bf16 => Matrix::Bf16(gpu.to_bf16(&values)?),
+        })
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Matrix::F32(m) => m.len(),
+            Matrix::Bf16(m) => m.len(),
+        }
+    }
+
+    /// `y = x · selfᵀ`.
+    fn project(
+        &self,
+        gpu: &Gpu,
+        x: &CudaSlice<f32>,
+        inp: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        match self {
+            Matrix::F32(m) => gpu.linear(x, m, inp, y, false),
+            Matrix::Bf16(m) => gpu.linear_bf16(x, m, inp, y, false),
+        }
+    }
+
+    fn gather(
+        &self,
+        gpu: &Gpu,
+        width: usize,
+        indices: &DeviceIndices,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        match self {
+            Matrix::F32(m) => gpu.gather_rows(m, width, indices, out),
+            Matrix::Bf16(m) => gpu.gather_rows_bf16(m, width, indices, out),
+        }
+    }
+}
+
 struct CudaLinear {
-    weight: CudaSlice<f32>,
+    weight: Matrix,
     bias: Option<CudaSlice<f32>>,
     inp: usize,
 }
@@ -96,11 +155,11 @@ impl CudaLayer {
 pub struct CudaModel {
     gpu: Arc<Gpu>,
     config: ModelConfig,
-    embed: CudaSlice<f32>,
+    embed: Matrix,
     layers: Vec<CudaLayer>,
     norm: CudaSlice<f32>,
     /// `None`: tied to the embedding.
-    lm_head: Option<CudaSlice<f32>>,
+    lm_head: Option<Matrix>,
     cos: CudaSlice<f32>,
     sin: CudaSlice<f32>,
     context: usize,
@@ -124,10 +183,13 @@ impl CudaModel {
         model: &Transformer,
         options: CudaModelOptions,
     ) -> Result<CudaModel, CudaForwardError> {
+        let matrix = |t: &Tensor| -> Result<Matrix, CudaForwardError> {
+            Ok(Matrix::new(&gpu, upload(&gpu, t)?, options.weights)?)
+        };
         let linear =
             |l: &crate::model::transformer::Linear| -> Result<CudaLinear, CudaForwardError> {
                 Ok(CudaLinear {
-                    weight: upload(&gpu, &l.weight)?,
+                    weight: matrix(&l.weight)?,
                     bias: l.bias.as_ref().map(|b| upload(&gpu, b)).transpose()?,
                     inp: l.weight.dims2()?.1,
                 })
@@ -151,10 +213,10 @@ impl CudaModel {
         let lm_head = if model.config.tie_word_embeddings {
             None
         } else {
-            Some(upload(&gpu, &model.lm_head.weight)?)
+            Some(matrix(&model.lm_head.weight)?)
         };
         let weights = Weights {
-            embed: upload(&gpu, &model.embed_tokens)?,
+            embed: matrix(&model.embed_tokens)?,
             layers,
             norm: upload(&gpu, &model.norm)?,
             lm_head,
@@ -180,6 +242,7 @@ impl CudaModel {
             gpu.fill_uniform(&mut values, next_seed, -bound, bound)?;
             Ok(values)
         };
+        let format = options.weights;
         let ones = |len: usize| gpu.upload(&vec![1.0f32; len]);
         let (h, hd) = (config.hidden_size, config.head_dim);
         let mut layers = Vec::with_capacity(config.num_layers);
@@ -188,7 +251,11 @@ impl CudaModel {
                 let (out, inp) = target.shape(config);
                 let bias = matches!(target, Target::Q | Target::K | Target::V) && config.qkv_bias;
                 Ok(CudaLinear {
-                    weight: random(out * inp, 1.0 / (inp as f32).sqrt())?,
+                    weight: Matrix::new(
+                        &gpu,
+                        random(out * inp, 1.0 / (inp as f32).sqrt())?,
+                        format,
+                    )?,
                     bias: if bias { Some(random(out, 0.02)?) } else { None },
                     inp,
                 })
@@ -211,13 +278,14 @@ impl CudaModel {
         let (cos, sin) = crate::model::transformer::rope_tables(config)?;
         let context = cos.dims().first().copied().unwrap_or(0);
         let weights = Weights {
-            embed: random(config.vocab_size * h, 1.0)?,
+            embed: Matrix::new(&gpu, random(config.vocab_size * h, 1.0)?, format)?,
             layers,
             norm: ones(h)?,
             lm_head: if config.tie_word_embeddings {
                 None
             } else {
-                Some(random(config.vocab_size * h, 1.0 / (h as f32).sqrt())?)
+                let values = random(config.vocab_size * h, 1.0 / (h as f32).sqrt())?;
+                Some(Matrix::new(&gpu, values, format)?)
             },
             cos: upload(&gpu, &cos)?,
             sin: upload(&gpu, &sin)?,
@@ -412,7 +480,8 @@ impl CudaModel {
         let lora = gpu.lora_batch(&segments(sequences))?;
 
         let mut x = gpu.zeros(total * hidden)?;
-        gpu.gather_rows(&self.embed, hidden, &gpu.indices(&tokens)?, &mut x)?;
+        self.embed
+            .gather(&gpu, hidden, &gpu.indices(&tokens)?, &mut x)?;
         for li in 0..self.layers.len() {
             let layer = &self.layers[li];
             let mut h = copy(&gpu, &x)?;
@@ -464,7 +533,7 @@ impl CudaModel {
         gpu.rms_norm(&mut kept, &self.norm, eps)?;
         let mut logits = gpu.zeros(last.len() * vocab)?;
         let unembedding = self.lm_head.as_ref().unwrap_or(&self.embed);
-        gpu.linear(&kept, unembedding, hidden, &mut logits, false)?;
+        unembedding.project(&gpu, &kept, hidden, &mut logits)?;
         Ok(logits)
     }
 
@@ -479,8 +548,7 @@ impl CudaModel {
         let linear = self.layers[layer].projection(target);
         let out = linear.weight.len() / linear.inp;
         let mut y = self.gpu.zeros(x.len() / linear.inp * out)?;
-        self.gpu
-            .linear(x, &linear.weight, linear.inp, &mut y, false)?;
+        linear.weight.project(&self.gpu, x, linear.inp, &mut y)?;
         if let Some(bias) = &linear.bias {
             self.gpu.add_bias(&mut y, bias)?;
         }
@@ -552,10 +620,10 @@ impl CudaModel {
 
 /// The weights of a [`CudaModel`], however they were made.
 struct Weights {
-    embed: CudaSlice<f32>,
+    embed: Matrix,
     layers: Vec<CudaLayer>,
     norm: CudaSlice<f32>,
-    lm_head: Option<CudaSlice<f32>>,
+    lm_head: Option<Matrix>,
     cos: CudaSlice<f32>,
     sin: CudaSlice<f32>,
     context: usize,

@@ -86,6 +86,64 @@ extern "C" __global__ void linear_f32(const float *__restrict__ x, const float *
     }
 }
 
+// bf16 weights (raw bits) widened to f32: the upper half of the f32's bits.
+__device__ __forceinline__ float bf16_to_float(unsigned short v) {
+    return __uint_as_float(((unsigned int)v) << 16);
+}
+
+// As linear_f32 with W in bf16 (computing in f32): half the bytes a decode step streams.
+extern "C" __global__ void linear_bf16(const float *__restrict__ x, const unsigned short *__restrict__ w,
+                                       float *__restrict__ y, int rows, int inp, int out,
+                                       int accumulate) {
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j = blockIdx.x * warps + warp;
+    const int r0 = blockIdx.y * ROW_TILE;
+    if (j >= out) return;
+    const int n = min(ROW_TILE, rows - r0);
+    float acc[ROW_TILE];
+#pragma unroll
+    for (int r = 0; r < ROW_TILE; ++r) acc[r] = 0.0f;
+    const float *xs = x + (size_t)r0 * inp;
+    const unsigned short *wj = w + (size_t)j * inp;
+    if ((inp & 3) == 0) {
+        const uint2 *w4 = reinterpret_cast<const uint2 *>(wj);
+        for (int c = lane; c < (inp >> 2); c += 32) {
+            const uint2 packed = w4[c];
+            const float w0 = __uint_as_float(packed.x << 16), w1 = __uint_as_float(packed.x & 0xffff0000u);
+            const float w2 = __uint_as_float(packed.y << 16), w3 = __uint_as_float(packed.y & 0xffff0000u);
+#pragma unroll
+            for (int r = 0; r < ROW_TILE; ++r) {
+                if (r < n) {
+                    const float4 xv = reinterpret_cast<const float4 *>(xs + (size_t)r * inp)[c];
+                    acc[r] = fmaf(xv.x, w0, acc[r]);
+                    acc[r] = fmaf(xv.y, w1, acc[r]);
+                    acc[r] = fmaf(xv.z, w2, acc[r]);
+                    acc[r] = fmaf(xv.w, w3, acc[r]);
+                }
+            }
+        }
+    } else {
+        for (int k = lane; k < inp; k += 32) {
+            const float wv = bf16_to_float(wj[k]);
+#pragma unroll
+            for (int r = 0; r < ROW_TILE; ++r) {
+                if (r < n) acc[r] = fmaf(xs[(size_t)r * inp + k], wv, acc[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROW_TILE; ++r) acc[r] = warp_sum(acc[r]);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < ROW_TILE; ++r) {
+            if (r < n) {
+                const size_t o = (size_t)(r0 + r) * out + j;
+                y[o] = accumulate ? y[o] + acc[r] : acc[r];
+            }
+        }
+    }
+}
+
 // A tile of the mixed-adapter LoRA apply: up to ROW_TILE consecutive rows that share one
 // adapter, as {first row, rows, slot in the pools, rank}.
 struct LoraTile {
@@ -355,4 +413,26 @@ extern "C" __global__ void fill_uniform(float *__restrict__ x, size_t n, unsigne
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
     x[i] = low + (high - low) * (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+// out[r] = table[indices[r]] widened from bf16 (rows of `width`). Thread per value.
+extern "C" __global__ void gather_rows_bf16(const unsigned short *__restrict__ table,
+                                           const int *__restrict__ indices, float *__restrict__ out,
+                                           int rows, int width) {
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)rows * width) return;
+    const int r = index / width, i = index % width;
+    out[index] = bf16_to_float(table[(size_t)indices[r] * width + i]);
+}
+
+// out = x rounded to bf16 (to nearest, ties to even; NaN stays NaN), as `bf16_bits` on the host.
+extern "C" __global__ void to_bf16(const float *__restrict__ x, unsigned short *__restrict__ out, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const unsigned int bits = __float_as_uint(x[i]);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        out[i] = (unsigned short)((bits >> 16) | 0x40u);
+    } else {
+        out[i] = (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    }
 }

@@ -73,6 +73,9 @@ struct Kernels {
     add_in_place: CudaFunction,
     argmax_rows: CudaFunction,
     fill_uniform: CudaFunction,
+    linear_bf16: CudaFunction,
+    gather_rows_bf16: CudaFunction,
+    to_bf16: CudaFunction,
 }
 
 /// One CUDA device with its stream and compiled kernels. Every op is queued on the stream;
@@ -133,6 +136,9 @@ impl Gpu {
             add_in_place: function("add_in_place")?,
             argmax_rows: function("argmax_rows")?,
             fill_uniform: function("fill_uniform")?,
+            linear_bf16: function("linear_bf16")?,
+            gather_rows_bf16: function("gather_rows_bf16")?,
+            to_bf16: function("to_bf16")?,
         };
         let stream = context.default_stream();
         Ok(Gpu {
@@ -199,6 +205,30 @@ impl Gpu {
         y: &mut CudaSlice<f32>,
         accumulate: bool,
     ) -> Result<(), GpuError> {
+        self.launch_linear(&self.kernels.linear, x, w, inp, y, accumulate)
+    }
+
+    /// [`Gpu::linear`] with `W` in bf16 (raw bits, see [`bf16_bits`]), computed in f32.
+    pub fn linear_bf16(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<u16>,
+        inp: usize,
+        y: &mut CudaSlice<f32>,
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
+        self.launch_linear(&self.kernels.linear_bf16, x, w, inp, y, accumulate)
+    }
+
+    fn launch_linear<W>(
+        &self,
+        function: &CudaFunction,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<W>,
+        inp: usize,
+        y: &mut CudaSlice<f32>,
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
         ensure(inp > 0 && w.len().is_multiple_of(inp), || {
             format!("W has {} values, not a multiple of inp {inp}", w.len())
         })?;
@@ -223,7 +253,7 @@ impl Gpu {
             block_dim: (32 * LINEAR_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = self.stream.launch_builder(&self.kernels.linear);
+        let mut launch = self.stream.launch_builder(function);
         launch
             .arg(x)
             .arg(w)
@@ -232,9 +262,9 @@ impl Gpu {
             .arg(&inp_i)
             .arg(&out_i)
             .arg(&accumulate);
-        // SAFETY: the argument list matches `linear_f32`, and the shapes were checked against
-        // the buffers' lengths above.
-        unsafe { launch.launch(config) }.doing("launching linear_f32")?;
+        // SAFETY: the argument list matches `linear_f32` and `linear_bf16` (W of f32 or of bf16
+        // bits as `W`), and the shapes were checked against the buffers' lengths above.
+        unsafe { launch.launch(config) }.doing("launching a projection")?;
         Ok(())
     }
 
@@ -377,6 +407,28 @@ impl Gpu {
         indices: &DeviceIndices,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), GpuError> {
+        self.launch_gather(&self.kernels.gather_rows, table, width, indices, out)
+    }
+
+    /// [`Gpu::gather_rows`] from a bf16 table, widened to f32.
+    pub fn gather_rows_bf16(
+        &self,
+        table: &CudaSlice<u16>,
+        width: usize,
+        indices: &DeviceIndices,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        self.launch_gather(&self.kernels.gather_rows_bf16, table, width, indices, out)
+    }
+
+    fn launch_gather<T>(
+        &self,
+        function: &CudaFunction,
+        table: &CudaSlice<T>,
+        width: usize,
+        indices: &DeviceIndices,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
         ensure(width > 0 && table.len().is_multiple_of(width), || {
             format!("the table has {} values, not rows × {width}", table.len())
         })?;
@@ -392,16 +444,34 @@ impl Gpu {
             format!("out must be {rows} × {width}")
         })?;
         let (rows_i, width_i) = (int(rows, "rows")?, int(width, "width")?);
-        let mut launch = self.stream.launch_builder(&self.kernels.gather_rows);
+        let mut launch = self.stream.launch_builder(function);
         launch
             .arg(table)
             .arg(&indices.values)
             .arg(out)
             .arg(&rows_i)
             .arg(&width_i);
-        // SAFETY: matches `gather_rows`; every index is below the table's rows.
-        unsafe { launch.launch(elementwise(rows * width)?) }.doing("launching gather_rows")?;
+        // SAFETY: matches `gather_rows` and `gather_rows_bf16`; every index is below the
+        // table's rows.
+        unsafe { launch.launch(elementwise(rows * width)?) }.doing("launching a row gather")?;
         Ok(())
+    }
+
+    /// `x` rounded to bf16 on the device (as [`bf16_bits`]).
+    pub fn to_bf16(&self, x: &CudaSlice<f32>) -> Result<CudaSlice<u16>, GpuError> {
+        let n = x.len();
+        let mut out = self
+            .stream
+            .alloc_zeros::<u16>(n.max(1))
+            .doing("allocating device memory")?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let mut launch = self.stream.launch_builder(&self.kernels.to_bf16);
+        launch.arg(x).arg(&mut out).arg(&n);
+        // SAFETY: matches `to_bf16`; one thread per value of `x`, `out` as long.
+        unsafe { launch.launch(elementwise(n)?) }.doing("launching to_bf16")?;
+        Ok(out)
     }
 
     /// `y[r, j] += bias[j]` for every row of `y`.
@@ -498,6 +568,21 @@ impl DeviceIndices {
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()
     }
+}
+
+/// The bits of `value` rounded to bf16 (to nearest, ties to even, as `half` and candle round;
+/// NaN stays NaN): how bf16 weights are stored on the device.
+pub fn bf16_bits(value: f32) -> u16 {
+    let bits = value.to_bits();
+    if value.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+/// The f32 a bf16's bits stand for.
+pub fn bf16_value(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
 }
 
 /// A size as the kernels' `int`.
