@@ -65,11 +65,11 @@ struct Results(Option<std::fs::File>);
 
 impl Results {
     fn record(&mut self, line: String) {
-        if let Some(file) = &mut self.0 {
-            if let Err(error) = writeln!(file, "{line}") {
-                eprintln!("cannot write the results: {error}");
-                self.0 = None;
-            }
+        if let Some(file) = &mut self.0
+            && let Err(error) = writeln!(file, "{line}")
+        {
+            eprintln!("cannot write the results: {error}");
+            self.0 = None;
         }
     }
 }
