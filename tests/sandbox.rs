@@ -260,3 +260,84 @@ async fn a_new_episode_waits_for_a_free_instance_slot_instead_of_failing() {
         "{summary:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_flood_is_refused_and_a_long_error_is_cut() {
+    let host = test_host();
+    let plugin = load(&host, "adversarial/bad-output").await;
+    let mut episode = plugin
+        .start_episode(r#"{"break": "flood"}"#, "{}", 0, &Limits::default())
+        .await
+        .unwrap();
+    let error = episode.step("go").await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::OutputTooLarge, "{error}");
+    assert!(
+        error.message.contains("items, above the limit of 4096"),
+        "{error}"
+    );
+
+    let mut episode = plugin
+        .start_episode(r#"{"break": "long-error"}"#, "{}", 0, &Limits::default())
+        .await
+        .unwrap();
+    let error = episode.step("go").await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::PluginError, "{error}");
+    assert!(
+        error.message.ends_with("[195904 more bytes cut]"),
+        "{error}"
+    );
+    let recorded = episode.record().error.as_ref().unwrap();
+    assert!(recorded.message.len() < 4_200, "{}", recorded.message.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_episode_ends_at_the_hosts_turn_limit() {
+    let host = test_host();
+    let limits = Limits {
+        max_turns: 200,
+        ..Limits::default()
+    };
+    let (summary, records) = beside_a_good_neighbour(&host, "adversarial/endless", 4, limits).await;
+    assert_all_failed_with(&summary, ErrorKind::EpisodeLimit);
+    for record in &records {
+        assert_eq!(record.steps, 200);
+        assert_eq!(record.step_rewards.len(), 200);
+        let error = record.error.as_ref().unwrap();
+        assert!(error.message.contains("max_turns"), "{}", error.message);
+    }
+    // The bytes all of an episode's calls return are bounded too.
+    let limits = Limits {
+        episode_output_bytes: 2_000,
+        ..Limits::default()
+    };
+    let (summary, records) = beside_a_good_neighbour(&host, "adversarial/endless", 4, limits).await;
+    assert_all_failed_with(&summary, ErrorKind::EpisodeLimit);
+    let error = records[0].error.as_ref().unwrap();
+    assert!(
+        error.message.contains("episode_output_bytes"),
+        "{}",
+        error.message
+    );
+    assert!(records[0].steps < 100, "{}", records[0].steps);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_million_players_are_refused_before_any_per_player_work() {
+    let host = test_host();
+    let plugin = load(&host, "adversarial/crowd").await;
+    let error = plugin
+        .environment_info(&Limits::default())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::InvalidOutput, "{error}");
+    assert!(
+        error.message.contains("100000000 players") && error.message.contains("max_players"),
+        "{error}"
+    );
+    let error = plugin
+        .start_episode("{}", "{}", 0, &Limits::default())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(error.kind, ErrorKind::InvalidOutput, "{error}");
+}

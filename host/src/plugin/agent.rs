@@ -5,7 +5,7 @@ use super::error::{CallError, ErrorKind};
 use super::limits::Limits;
 use super::loader::Plugin;
 use super::sandbox::{Sandbox, guarded_call};
-use super::types::{Message, message_bytes};
+use super::types::{Message, OutputSize, message_bytes};
 
 /// An agent instance serving one episode.
 pub struct AgentSession {
@@ -37,7 +37,7 @@ impl AgentSession {
             self.sandbox
                 .fail(CallError::new(ErrorKind::PluginError, e.message))
         })?;
-        self.sandbox.check_output(message_bytes(&messages))?;
+        self.sandbox.check_output(OutputSize::messages(&messages))?;
         Ok(messages)
     }
 
@@ -50,7 +50,7 @@ impl AgentSession {
             self.sandbox
                 .fail(CallError::new(ErrorKind::PluginError, e.message))
         })?;
-        self.sandbox.check_output(action.len())?;
+        self.sandbox.check_output(OutputSize::text(&action))?;
         Ok(action)
     }
 }

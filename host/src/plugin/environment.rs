@@ -9,7 +9,7 @@ use super::error::{CallError, ErrorKind};
 use super::limits::Limits;
 use super::loader::Plugin;
 use super::sandbox::{Sandbox, guarded_call};
-use super::types::{EnvInfo, GuestError, Message, Metric, StepResult, message_bytes};
+use super::types::{EnvInfo, GuestError, Message, Metric, OutputSize, StepResult};
 
 /// A live episode. Dropping it drops its instance and returns its memory to the pool.
 pub struct EnvironmentEpisode {
@@ -62,7 +62,7 @@ impl Plugin {
     /// What the environment says about itself (asked once per plugin, then remembered).
     pub async fn environment_info(&self, limits: &Limits) -> Result<EnvInfo, CallError> {
         let (mut sandbox, guest) = self.environment_instance(limits, 0).await?;
-        self.info_from(&mut sandbox, &guest).await
+        self.checked_info(&mut sandbox, &guest).await
     }
 
     /// Make a task with the environment's generator.
@@ -76,7 +76,7 @@ impl Plugin {
         let task = guarded_call!(&mut sandbox, config.len(), |store| guest
             .call_generate_task(store, config, seed))?
         .map_err(|e| sandbox.fail(guest_error(e)))?;
-        sandbox.check_output(task.len())?;
+        sandbox.check_output(OutputSize::text(&task))?;
         Ok(task)
     }
 
@@ -89,7 +89,7 @@ impl Plugin {
         limits: &Limits,
     ) -> Result<EnvironmentEpisode, CallError> {
         let (mut sandbox, guest) = self.environment_instance(limits, seed).await?;
-        let info = self.info_from(&mut sandbox, &guest).await?;
+        let info = self.checked_info(&mut sandbox, &guest).await?;
         let episode = guarded_call!(&mut sandbox, config.len() + task.len(), |store| guest
             .episode()
             .call_constructor(store, config, task, seed))?;
@@ -142,8 +142,30 @@ impl Plugin {
                 "info() says the environment has 0 players",
             )));
         }
-        sandbox.check_output(info.name.len())?;
+        sandbox.check_output(OutputSize::text(&info.name))?;
         Ok(self.0.env_info.get_or_init(|| async { info }).await.clone())
+    }
+
+    /// The environment's info, refused when it declares more players than `sandbox`'s limits
+    /// allow (the host allocates per player).
+    async fn checked_info(
+        &self,
+        sandbox: &mut Sandbox,
+        guest: &environment::Guest,
+    ) -> Result<EnvInfo, CallError> {
+        let info = self.info_from(sandbox, guest).await?;
+        let max = sandbox.limits().max_players;
+        if info.players > max {
+            return Err(sandbox.fail(CallError::new(
+                ErrorKind::InvalidOutput,
+                format!(
+                    "info() says the environment has {} players, above this host's limit of {max} \
+                     (max_players)",
+                    info.players
+                ),
+            )));
+        }
+        Ok(info)
     }
 }
 
@@ -186,7 +208,7 @@ impl EnvironmentEpisode {
             .episode()
             .call_observe(store, episode, player))?
         .map_err(|e| self.sandbox.fail(guest_error(e)))?;
-        self.sandbox.check_output(message_bytes(&messages))?;
+        self.sandbox.check_output(OutputSize::messages(&messages))?;
         Ok(messages)
     }
 
@@ -210,6 +232,19 @@ impl EnvironmentEpisode {
         record.steps += 1;
         self.to_move = result.next_player;
         record.finished = result.next_player.is_none();
+        let cap = self.sandbox.limits().max_turns;
+        let declared = self.info.max_turns;
+        if !record.finished && record.steps >= cap && (declared == 0 || declared > cap) {
+            let error = CallError::new(
+                ErrorKind::EpisodeLimit,
+                format!(
+                    "the episode is still running after {cap} steps, this host's limit \
+                     (max_turns; the environment declares {declared})"
+                ),
+            );
+            let error = self.sandbox.fail(error);
+            let _ = self.recorded::<()>(Err(error));
+        }
         Ok(result)
     }
 
@@ -219,7 +254,7 @@ impl EnvironmentEpisode {
             .episode()
             .call_step(store, episode, action))?
         .map_err(|e| self.sandbox.fail(guest_error(e)))?;
-        self.sandbox.check_output(result.output_bytes())?;
+        self.sandbox.check_output(result.output_size())?;
         if let Err(problem) = self.check_step_result(&result) {
             return Err(self
                 .sandbox
@@ -235,8 +270,11 @@ impl EnvironmentEpisode {
             .episode()
             .call_legal_actions(store, episode));
         let actions = self.recorded(actions)?;
-        let bytes = actions.iter().flatten().map(String::len).sum();
-        let checked = self.sandbox.check_output(bytes);
+        let size = actions
+            .as_deref()
+            .map(OutputSize::strings)
+            .unwrap_or_default();
+        let checked = self.sandbox.check_output(size);
         self.recorded(checked)?;
         Ok(actions)
     }
@@ -250,7 +288,7 @@ impl EnvironmentEpisode {
         let action = self.recorded(action)?;
         let checked = self
             .sandbox
-            .check_output(action.as_ref().map_or(0, String::len));
+            .check_output(action.as_deref().map(OutputSize::text).unwrap_or_default());
         self.recorded(checked)?;
         Ok(action)
     }

@@ -26,6 +26,9 @@ pub enum ErrorKind {
     /// The host asked what the plugin cannot answer: a kind it does not export, a player out of
     /// range, a step after the episode ended.
     InvalidRequest,
+    /// The episode went past a bound of the whole episode: the host's turn limit, or the bytes
+    /// all its calls may return.
+    EpisodeLimit,
 }
 
 impl ErrorKind {
@@ -40,6 +43,7 @@ impl ErrorKind {
             ErrorKind::InvalidOutput => "invalid_output",
             ErrorKind::PluginError => "plugin_error",
             ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::EpisodeLimit => "episode_limit",
         }
     }
 }
@@ -64,6 +68,36 @@ impl CallError {
             kind,
             message: message.into(),
         }
+    }
+
+    /// The same error with its message cut to at most `max` bytes (on a character boundary),
+    /// saying how much was cut: a plugin's error text, or a trap's backtrace built from its
+    /// function names, is kept per episode and must not cost unbounded memory.
+    pub fn truncated(mut self, max: u64) -> Self {
+        let max = usize::try_from(max).unwrap_or(usize::MAX);
+        if self.message.len() > max {
+            let mut end = max;
+            while !self.message.is_char_boundary(end) {
+                end -= 1;
+            }
+            let cut = self.message.len() - end;
+            self.message.truncate(end);
+            self.message.push_str(&format!(" [{cut} more bytes cut]"));
+        }
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary_and_the_cut_is_said() {
+        let error = CallError::new(ErrorKind::PluginError, "é".repeat(10)).truncated(5);
+        assert_eq!(error.message, "éé [16 more bytes cut]");
+        let short = CallError::new(ErrorKind::Trap, "short").truncated(5);
+        assert_eq!(short.message, "short");
     }
 }
 

@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 
 const MIB: u64 = 1024 * 1024;
 
+/// What each list item (a message, an action, a metric, a reward, a recipient) counts in a
+/// call's output on top of its text: so that a million empty messages are not free.
+pub const ITEM_OVERHEAD_BYTES: u64 = 16;
+
 /// What one plugin instance may use. Every call of the plugin is bounded by these.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -22,6 +26,17 @@ pub struct Limits {
     pub output_bytes: u64,
     /// Bytes of log (stdout, stderr and the `host.log` import) kept per episode.
     pub log_bytes: u64,
+    /// Players an environment may declare in `info()`.
+    pub max_players: u32,
+    /// Steps of one episode, whatever the environment's `max-turns` says: an episode still
+    /// running at this many steps ends with `episode_limit`.
+    pub max_turns: u32,
+    /// Items in any list one call returns (messages, actions, metrics, rewards).
+    pub max_items: u32,
+    /// Bytes one episode's calls may return in all (items counted as in `output_bytes`).
+    pub episode_output_bytes: u64,
+    /// Bytes of a failure's message that are kept; the rest is cut, and the cut said.
+    pub error_message_bytes: u64,
 }
 
 impl Default for Limits {
@@ -33,6 +48,11 @@ impl Default for Limits {
             input_bytes: MIB,
             output_bytes: MIB,
             log_bytes: 64 * 1024,
+            max_players: 64,
+            max_turns: 1_000,
+            max_items: 4_096,
+            episode_output_bytes: 64 * MIB,
+            error_message_bytes: 4 * 1024,
         }
     }
 }
@@ -47,6 +67,11 @@ impl Limits {
             input_bytes: 16 * MIB,
             output_bytes: 16 * MIB,
             log_bytes: 4 * MIB,
+            max_players: 1_024,
+            max_turns: 1_000_000,
+            max_items: 1 << 20,
+            episode_output_bytes: 1024 * MIB,
+            error_message_bytes: 64 * 1024,
         }
     }
 
@@ -67,14 +92,36 @@ impl Limits {
             ("input_bytes", self.input_bytes, maxima.input_bytes),
             ("output_bytes", self.output_bytes, maxima.output_bytes),
             ("log_bytes", self.log_bytes, maxima.log_bytes),
+            (
+                "max_players",
+                self.max_players.into(),
+                maxima.max_players.into(),
+            ),
+            ("max_turns", self.max_turns.into(), maxima.max_turns.into()),
+            ("max_items", self.max_items.into(), maxima.max_items.into()),
+            (
+                "episode_output_bytes",
+                self.episode_output_bytes,
+                maxima.episode_output_bytes,
+            ),
+            (
+                "error_message_bytes",
+                self.error_message_bytes,
+                maxima.error_message_bytes,
+            ),
         ];
         for (name, asked, max) in pairs {
             if asked > max {
                 return Err(LimitError::AboveMaximum { name, asked, max });
             }
         }
-        if self.call_timeout_ms == 0 {
-            return Err(LimitError::Zero("call_timeout_ms"));
+        let positive = [
+            ("call_timeout_ms", self.call_timeout_ms),
+            ("max_players", self.max_players.into()),
+            ("max_turns", self.max_turns.into()),
+        ];
+        if let Some((name, _)) = positive.into_iter().find(|(_, value)| *value == 0) {
+            return Err(LimitError::Zero(name));
         }
         Ok(())
     }
@@ -114,6 +161,16 @@ mod tests {
         };
         let err = limits.check_within(&Limits::default_maxima()).unwrap_err();
         assert!(err.to_string().contains("memory_bytes"), "{err}");
+    }
+
+    #[test]
+    fn a_zero_turn_limit_is_refused_by_name() {
+        let limits = Limits {
+            max_turns: 0,
+            ..Limits::default()
+        };
+        let err = limits.check_within(&Limits::default_maxima()).unwrap_err();
+        assert_eq!(err, LimitError::Zero("max_turns"));
     }
 
     #[test]

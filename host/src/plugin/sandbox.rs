@@ -12,8 +12,9 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::opentinker::plugin::host;
 use super::error::{CallError, ErrorKind};
-use super::limits::Limits;
+use super::limits::{ITEM_OVERHEAD_BYTES, Limits};
 use super::loader::PluginInner;
+use super::types::OutputSize;
 use super::wasi::{self, LogSink, VirtualClock, VirtualClockView};
 
 /// Extra wall time for the timeout around a call, past the epoch deadline: the epoch trap
@@ -109,6 +110,8 @@ pub(crate) struct Sandbox {
     limits: Limits,
     fuel_metering: bool,
     failure: Option<CallError>,
+    /// Bytes (items counted) all calls of this instance have returned.
+    returned_bytes: u64,
 }
 
 impl Sandbox {
@@ -173,6 +176,7 @@ impl Sandbox {
             limits: limits.clone(),
             fuel_metering: plugin.fuel_metering,
             failure: None,
+            returned_bytes: 0,
         })
     }
 
@@ -218,22 +222,52 @@ impl Sandbox {
         Err(self.fail(error))
     }
 
-    /// Refuse (and poison on) an output of more bytes than the limit allows.
-    pub(crate) fn check_output(&mut self, bytes: usize) -> Result<(), CallError> {
+    /// Refuse (and poison on) an output of more items or bytes than the limits allow, each
+    /// item counting `ITEM_OVERHEAD_BYTES` on top of its text, and an instance whose calls have
+    /// returned more than the episode may.
+    pub(crate) fn check_output(&mut self, size: OutputSize) -> Result<(), CallError> {
+        let max_items = self.limits.max_items;
+        if size.items > max_items as usize {
+            return Err(self.fail(CallError::new(
+                ErrorKind::OutputTooLarge,
+                format!(
+                    "the call returned {} items, above the limit of {max_items} (max_items)",
+                    size.items
+                ),
+            )));
+        }
+        let bytes = size.bytes as u64 + size.items as u64 * ITEM_OVERHEAD_BYTES;
         let max = self.limits.output_bytes;
-        if bytes as u64 > max {
+        if bytes > max {
             return Err(self.fail(CallError::new(
                 ErrorKind::OutputTooLarge,
                 format!("the call returned {bytes} bytes, above the limit of {max}"),
             )));
         }
+        self.returned_bytes += bytes;
+        let episode_max = self.limits.episode_output_bytes;
+        if self.returned_bytes > episode_max {
+            return Err(self.fail(CallError::new(
+                ErrorKind::EpisodeLimit,
+                format!(
+                    "the episode's calls returned {} bytes in all, above the limit of \
+                     {episode_max} (episode_output_bytes)",
+                    self.returned_bytes
+                ),
+            )));
+        }
         Ok(())
     }
 
-    /// Record a failure found after the call (an output that breaks the contract).
+    /// Record a failure (its message cut to the limit), poisoning the instance.
     pub(crate) fn fail(&mut self, error: CallError) -> CallError {
+        let error = error.truncated(self.limits.error_message_bytes);
         self.failure = Some(error.clone());
         error
+    }
+
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
     }
 }
 

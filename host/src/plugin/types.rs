@@ -23,14 +23,51 @@ pub(crate) fn message_bytes(messages: &[Message]) -> usize {
         .sum()
 }
 
+/// The size of what a call returned: its text bytes and its list items.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OutputSize {
+    pub bytes: usize,
+    pub items: usize,
+}
+
+impl OutputSize {
+    /// One string.
+    pub(crate) fn text(text: &str) -> Self {
+        OutputSize {
+            bytes: text.len(),
+            items: 1,
+        }
+    }
+
+    pub(crate) fn messages(messages: &[Message]) -> Self {
+        OutputSize {
+            bytes: message_bytes(messages),
+            items: messages.len(),
+        }
+    }
+
+    pub(crate) fn strings(strings: &[String]) -> Self {
+        OutputSize {
+            bytes: strings.iter().map(String::len).sum(),
+            items: strings.len(),
+        }
+    }
+}
+
 pub(crate) fn transcript_bytes(transcripts: &[Transcript]) -> usize {
     transcripts.iter().map(|t| message_bytes(&t.messages)).sum()
 }
 
 impl StepResult {
-    pub(crate) fn output_bytes(&self) -> usize {
+    /// Messages, recipients, metrics and rewards are each an item (the largest list is what
+    /// `max_items` bounds, the sum what the byte limits count).
+    pub(crate) fn output_size(&self) -> OutputSize {
         let messages: usize = self.messages.iter().map(|(_, m)| message_bytes(m)).sum();
         let metrics: usize = self.metrics.iter().map(|m| m.name.len() + 8).sum();
-        messages + metrics + self.rewards.len() * 8
+        let message_count: usize = self.messages.iter().map(|(_, m)| m.len()).sum();
+        OutputSize {
+            bytes: messages + metrics + self.rewards.len() * 8,
+            items: self.messages.len() + message_count + self.metrics.len() + self.rewards.len(),
+        }
     }
 }

@@ -7,6 +7,9 @@ use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, StepResult};
 pub trait Misbehaviour: Sized + 'static {
     /// The environment's name.
     const NAME: &'static str;
+    /// The players and turn limit `info()` declares.
+    const PLAYERS: u32 = 1;
+    const MAX_TURNS: u32 = 5;
 
     /// Start an episode under `config` with the episode's seed.
     fn new(config: &str, seed: u64) -> Self;
@@ -22,8 +25,8 @@ impl<M: Misbehaviour> Environment for Adversary<M> {
     fn info() -> EnvInfo {
         EnvInfo {
             name: M::NAME.into(),
-            players: 1,
-            max_turns: 5,
+            players: M::PLAYERS,
+            max_turns: M::MAX_TURNS,
         }
     }
 
