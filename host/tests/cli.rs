@@ -789,3 +789,47 @@ fn every_example_runs_a_few_steps_in_one_process_and_writes_complete_files() {
         }
     }
 }
+
+#[test]
+fn a_job_whose_plugin_always_fails_stops_itself_and_the_other_job_runs_as_it_runs_alone() {
+    let (arithmetic, bad) = (build("arithmetic"), build("adversarial/bad-output"));
+    let dir = tempfile::tempdir().unwrap();
+    let rest = |steps: usize| {
+        format!(
+            "[rl]\nsteps = {steps}\ngroups_per_batch = 2\ngroup_size = 3\nmax_turns = 1\n\
+             max_tokens = 6\nskip_equal_groups = false\n[eval]\nepisodes = 4\n"
+        )
+    };
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, arithmetic_job(&arithmetic, 3, &rest(4))).unwrap();
+    // Every step of bad-output returns a NaN reward: each episode ends as invalid_output.
+    let failing = dir.path().join("failing.toml");
+    std::fs::write(&failing, arithmetic_job(&bad, 3, &rest(8))).unwrap();
+
+    let solo = train_json(&good, &dir.path().join("solo"));
+    let out = dir.path().join("both");
+    let output = opentinker(&[
+        "train",
+        good.to_str().unwrap(),
+        failing.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("failing: failed")
+            && stderr.contains("every episode of its last 3 steps failed")
+            && stderr.contains("invalid_output")
+            && stderr.contains("1 of 2 jobs failed: failing"),
+        "{stderr}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&output.stdout).trim()).unwrap();
+    assert_eq!(summary["steps"], 4);
+    let both_good = PathBuf::from(summary["out"].as_str().unwrap());
+    let solo_out = PathBuf::from(solo["out"].as_str().unwrap());
+    assert_eq!(metric_lines(&both_good), metric_lines(&solo_out));
+    assert_eq!(summary["final_eval"], solo["final_eval"]);
+}

@@ -84,17 +84,28 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let summaries = runtime.block_on(driver::run_jobs(runs, args.resume.is_some(), show));
     display.finish();
     let summaries = summaries?;
+    let mut failed = Vec::new();
     for (name, summary) in names.iter().zip(&summaries) {
-        if args.json {
-            println!("{}", serde_json::to_string(summary)?);
-        } else {
-            eprintln!(
+        match summary {
+            Ok(summary) if args.json => println!("{}", serde_json::to_string(summary)?),
+            Ok(summary) => eprintln!(
                 "{name}: eval reward {:.3} -> {:.3}; adapter in {}",
                 summary.initial_eval.reward_mean,
                 summary.final_eval.reward_mean,
                 summary.checkpoint.display()
-            );
+            ),
+            Err(error) => {
+                eprintln!("{name}: failed: {error:#}");
+                failed.push(name.as_str());
+            }
         }
     }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "{} of {} jobs failed: {}",
+        failed.len(),
+        summaries.len(),
+        failed.join(", ")
+    );
     Ok(())
 }

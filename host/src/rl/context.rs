@@ -155,21 +155,25 @@ pub(super) async fn play_batch(
         config,
         params.unwrap_or_else(|| sampling_params(job)),
     )?;
+    // A seed whose task cannot be generated is a failed episode, not a failed evaluation.
     let mut tasks = Vec::with_capacity(seeds.len());
     for &seed in seeds {
         tasks.push(
             cx.environment()?
                 .generate_task(config, seed, &cx.limits)
-                .await?,
+                .await,
         );
     }
-    Ok(futures::future::join_all(
-        seeds
-            .iter()
-            .zip(&tasks)
-            .map(|(&seed, task)| rollout.play(task, seed, actors)),
+    let rollout = &rollout;
+    Ok(
+        futures::future::join_all(seeds.iter().zip(&tasks).map(|(&seed, task)| async move {
+            match task {
+                Ok(task) => rollout.play(task, seed, actors).await,
+                Err(error) => EpisodeOutcome::failed_to_start(seed, error.kind.as_str()),
+            }
+        }))
+        .await,
     )
-    .await)
 }
 
 /// Greedy play on the evaluation seeds of the environment under `config`, scored by the return

@@ -63,12 +63,13 @@ pub(super) struct JobStart {
 /// one loaded base, warmed up once, and one sampling service; each job trains its own adapter
 /// with its own optimizer, metrics and checkpoints, concurrently with the others. With
 /// `resume`, a (single) job continues from the last checkpoint in its folder. Summaries come
-/// back in the order of `runs`.
+/// back in the order of `runs`, each job's its own result: a job that fails (its plugin fails
+/// every time, its files cannot be written) ends alone, and the other jobs run to their end.
 pub async fn run_jobs(
     runs: Vec<JobRun>,
     resume: bool,
     progress: Progress,
-) -> anyhow::Result<Vec<Summary>> {
+) -> anyhow::Result<Vec<anyhow::Result<Summary>>> {
     anyhow::ensure!(
         !resume || runs.len() == 1,
         "--resume continues one job at a time"
@@ -95,7 +96,11 @@ pub async fn run_jobs(
     }
     let mut summaries = Vec::new();
     for (index, handle) in handles {
-        summaries.push((index, handle.await??));
+        let result = match handle.await {
+            Ok(result) => result,
+            Err(error) => Err(anyhow::anyhow!("the job's task ended abnormally: {error}")),
+        };
+        summaries.push((index, result));
     }
     summaries.sort_by_key(|(index, _)| *index);
     Ok(summaries.into_iter().map(|(_, s)| s).collect())

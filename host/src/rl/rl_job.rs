@@ -30,6 +30,10 @@ use crate::lora::PolicyVersion;
 use crate::plugin::{Plugin, PluginHost};
 use crate::train::{Datum, Loss};
 
+/// Steps in a row in which every episode failed after which a job stops itself: a plugin that
+/// fails every time must not spin through a whole run.
+const FAILING_STEPS_BEFORE_STOP: usize = 3;
+
 /// The current version of each trainable policy of a job.
 struct Versions {
     policies: Vec<PolicySection>,
@@ -207,6 +211,7 @@ pub(super) async fn train_job(
     let asynchronous = job.rl.asynchronous().map_err(anyhow::Error::msg)?;
     let mut stream =
         asynchronous.then(|| GroupStream::new(Arc::clone(&cx), Arc::clone(&run.job), first_step));
+    let mut failing_steps = 0;
     for step in first_step..job.rl.steps {
         let started = Instant::now();
         let (played, policy_lag, stale_groups) = match &mut stream {
@@ -216,6 +221,23 @@ pub(super) async fn train_job(
             }
             None => (play_step(&cx, job, step, &versions.actors()).await?, 0, 0),
         };
+        failing_steps = match played.iter().all(|(_, _, o)| o.error.is_some()) {
+            true => failing_steps + 1,
+            false => 0,
+        };
+        if failing_steps >= FAILING_STEPS_BEFORE_STOP {
+            let outcomes: Vec<&EpisodeOutcome> = played.iter().map(|(_, _, o)| o).collect();
+            let kinds: Vec<String> = errors_of(&outcomes)
+                .iter()
+                .map(|(kind, count)| format!("{kind}: {count}"))
+                .collect();
+            anyhow::bail!(
+                "job `{}` stopped: every episode of its last {FAILING_STEPS_BEFORE_STOP} steps \
+                 failed (last step: {})",
+                run.name,
+                kinds.join(", ")
+            );
+        }
         let (mut batches, records, groups_trained) = datums_of(&played, job, &policies, estimator);
         let entropy = sampled_entropy(&batches);
         let kl = match &references {
@@ -526,10 +548,26 @@ pub(super) async fn play_group(
     actors: &[Actor],
 ) -> anyhow::Result<Vec<(usize, EpisodeOutcome)>> {
     let seed = job.rl.seed.wrapping_mul(1_000_003) + id;
-    let task = cx
+    // A plugin that cannot make the task fails this group's episodes, not the job (nor the
+    // other jobs of the process).
+    let task = match cx
         .environment()?
         .generate_task(&cx.config, seed, &cx.limits)
-        .await?;
+        .await
+    {
+        Ok(task) => task,
+        Err(error) => {
+            return Ok((0..job.rl.group_size)
+                .map(|i| {
+                    let seed = seed * 1000 + i as u64;
+                    (
+                        i,
+                        EpisodeOutcome::failed_to_start(seed, error.kind.as_str()),
+                    )
+                })
+                .collect());
+        }
+    };
     let rollout = rollout(cx, job, &cx.config, sampling_params(job))?;
     let episodes = (0..job.rl.group_size).map(|i| {
         let (rollout, task) = (&rollout, &task);

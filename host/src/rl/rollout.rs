@@ -154,6 +154,22 @@ impl RolloutRecord {
 }
 
 impl EpisodeOutcome {
+    /// An episode that failed before it started: its task could not be generated (`kind`, the
+    /// plugin error kind). It trains nothing and counts as a failure of its kind.
+    pub fn failed_to_start(seed: u64, kind: &str) -> Self {
+        EpisodeOutcome {
+            seed,
+            task: String::new(),
+            transcripts: Vec::new(),
+            turn_rewards: Vec::new(),
+            error: Some(kind.to_string()),
+            steps: 0,
+            metrics: BTreeMap::new(),
+            messages: Vec::new(),
+            scores: Vec::new(),
+        }
+    }
+
     /// Each player's messages, as a reward plugin reads them.
     pub fn plugin_transcripts(&self) -> Vec<PluginTranscript> {
         self.messages
