@@ -216,3 +216,124 @@ async fn fuel_budgets_end_a_runaway_call_with_out_of_fuel() {
     // The poisoned episode answers every later call with the same error.
     assert_eq!(episode.observe(0).await.unwrap_err(), error);
 }
+
+/// The cache entry of `digest` in a host's cache folder.
+fn entry(host: &PluginHost, digest: &str) -> std::path::PathBuf {
+    host.cache_dir().unwrap().join(format!("{digest}.cwasm"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_cache_never_runs_other_code_never_hangs_and_costs_a_recompilation() {
+    let cache = tempfile::tempdir().unwrap();
+    let (tictactoe, arithmetic) = (plugin_wasm("tictactoe"), plugin_wasm("arithmetic"));
+    let host = host_with_cache(cache.path());
+    let good = host.load_file(&tictactoe).await.unwrap();
+    let other = host.load_file(&arithmetic).await.unwrap();
+    let (good_entry, other_entry) = (entry(&host, good.digest()), entry(&host, other.digest()));
+    let good_bytes = std::fs::read(&good_entry).unwrap();
+
+    // Each tampering of arithmetic's entry, then a load of arithmetic by a fresh host.
+    let tamperings: Vec<(&str, Box<dyn Fn()>)> = vec![
+        (
+            "tictactoe's entry under arithmetic's digest",
+            Box::new(|| std::fs::write(&other_entry, &good_bytes).unwrap()),
+        ),
+        (
+            "a link to tictactoe's entry",
+            Box::new(|| std::os::unix::fs::symlink(&good_entry, &other_entry).unwrap()),
+        ),
+        (
+            "a FIFO",
+            Box::new(|| {
+                let path = std::ffi::CString::new(other_entry.to_str().unwrap()).unwrap();
+                // SAFETY: a valid C string and mode.
+                assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+            }),
+        ),
+        (
+            "a 64 GiB sparse file",
+            Box::new(|| {
+                let file = std::fs::File::create(&other_entry).unwrap();
+                file.set_len(64 << 30).unwrap();
+            }),
+        ),
+    ];
+    for (what, tamper) in tamperings {
+        let _ = std::fs::remove_file(&other_entry);
+        tamper();
+        let started = std::time::Instant::now();
+        let fresh = host_with_cache(cache.path());
+        let loaded = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            fresh.load_file(&arithmetic),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the load hung"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(!loaded.load_report().cache_hit, "{what}");
+        assert_eq!(loaded.digest(), other.digest(), "{what}");
+        // It is arithmetic that runs: its own task generator answers.
+        let task = loaded
+            .generate_task("{}", 3, &Limits::default())
+            .await
+            .unwrap();
+        assert!(task.contains("\"answer\""), "{what}: {task}");
+        let info = loaded.environment_info(&Limits::default()).await.unwrap();
+        assert_eq!(info.name, "arithmetic", "{what}");
+        assert!(started.elapsed().as_secs() < 60, "{what}");
+        // The recompiled entry is sound again.
+        assert!(
+            host_with_cache(cache.path())
+                .load_file(&arithmetic)
+                .await
+                .unwrap()
+                .load_report()
+                .cache_hit,
+            "{what}"
+        );
+    }
+
+    // Another host's key (a copied cache folder without its key) makes every entry a miss.
+    std::fs::remove_file(cache.path().join("cache.key")).unwrap();
+    let rekeyed = host_with_cache(cache.path());
+    assert!(
+        !rekeyed
+            .load_file(&tictactoe)
+            .await
+            .unwrap()
+            .load_report()
+            .cache_hit
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_evicts_the_entries_used_longest_ago_past_its_size_bound() {
+    let cache = tempfile::tempdir().unwrap();
+    let bound = {
+        let host = host_with_cache(cache.path());
+        let plugin = host.load_file(&plugin_wasm("tictactoe")).await.unwrap();
+        std::fs::metadata(entry(&host, plugin.digest()))
+            .unwrap()
+            .len()
+            * 5
+            / 2
+    };
+    let host = PluginHost::new(HostConfig {
+        cache_dir: Some(cache.path().to_path_buf()),
+        cache_max_bytes: bound,
+        max_instances: 64,
+        ..HostConfig::default()
+    })
+    .unwrap();
+    for name in ["tictactoe", "arithmetic", "guess-number", "math-answer"] {
+        host.load_file(&plugin_wasm(name)).await.unwrap();
+    }
+    let total: u64 = std::fs::read_dir(host.cache_dir().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(total <= bound, "{total} > {bound}");
+    // The last one loaded is still there.
+    let last = host.load_file(&plugin_wasm("math-answer")).await.unwrap();
+    assert!(last.load_report().cache_hit);
+}

@@ -1,67 +1,217 @@
-//! The on-disk cache of compiled components, keyed by (engine compatibility hash, sha256 of the
-//! component). Files hold only what this host compiled, behind a checksum, and are written to a
-//! temporary name, fsynced and renamed, so a crash never leaves a torn entry.
+//! The on-disk cache of compiled components. Its entries are native code that the host runs
+//! without further checks, so an entry is trusted only when it proves it was written by this
+//! host for this component: each holds an HMAC-SHA256, under a secret key made on first use, of
+//! the engine's compatibility hash, the component's sha256 digest and the compiled bytes. An
+//! entry copied under another digest, a changed byte, or one written by anyone without the key
+//! fails the MAC. Entries are read only from regular files (never through a link, never from a
+//! FIFO or a device) of a bounded size; any problem is a miss, logged, and costs a
+//! recompilation. Writes go to a temporary name, are fsynced and renamed; the oldest entries
+//! are evicted past a size bound.
 
+use std::fs::{File, OpenOptions};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
-use sha2::{Digest, Sha256};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+type CacheMac = Hmac<Sha256>;
+
+/// What an entry starts with, before its MAC.
+const MAGIC: &[u8; 8] = b"otcache1";
+const MAC_LEN: usize = 32;
+const KEY_LEN: usize = 32;
+const KEY_FILE: &str = "cache.key";
+
 pub(crate) struct CompileCache {
     dir: PathBuf,
+    key: [u8; KEY_LEN],
+    engine_hash: u64,
+    /// The largest entry read (a bigger file is a miss, never read).
+    max_entry_bytes: u64,
+    /// Entries are evicted, oldest use first, while they take more than this.
+    max_total_bytes: u64,
 }
 
-const CHECKSUM_LEN: usize = 32;
+/// Why the cache cannot be used at all (the host then compiles every load).
+#[derive(Debug, thiserror::Error)]
+#[error("compile cache at {path}: {source}")]
+pub(crate) struct CacheError {
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
 
 impl CompileCache {
-    /// The cache for `engine` under `root`: one folder per engine compatibility hash.
-    pub(crate) fn new(root: &Path, engine: &Engine) -> Self {
+    /// The cache for `engine` under `root` (one folder per engine compatibility hash), with the
+    /// root's secret key, made now if there is none (or a damaged one).
+    pub(crate) fn new(
+        root: &Path,
+        engine: &Engine,
+        max_entry_bytes: u64,
+        max_total_bytes: u64,
+    ) -> Result<Self, CacheError> {
         let mut hasher = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
-        CompileCache {
-            dir: root.join(format!("engine-{:016x}", hasher.finish())),
-        }
+        let engine_hash = hasher.finish();
+        let failed = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CacheError { path, source }
+        };
+        let dir = root.join(format!("engine-{engine_hash:016x}"));
+        std::fs::create_dir_all(&dir).map_err(failed(&dir))?;
+        let key_path = root.join(KEY_FILE);
+        let key = match read_bounded(&key_path, KEY_LEN as u64) {
+            Ok(bytes) if bytes.len() == KEY_LEN => {
+                let mut key = [0; KEY_LEN];
+                key.copy_from_slice(&bytes);
+                key
+            }
+            _ => {
+                let mut key = [0; KEY_LEN];
+                getrandom::fill(&mut key)
+                    .map_err(|e| std::io::Error::other(format!("no OS randomness: {e}")))
+                    .map_err(failed(&key_path))?;
+                crate::store::write_atomic_with(&key_path, |file| file.write_all(&key))
+                    .map_err(failed(&key_path))?;
+                tracing::info!(path = %key_path.display(), "made a new compile-cache key");
+                key
+            }
+        };
+        Ok(CompileCache {
+            dir,
+            key,
+            engine_hash,
+            max_entry_bytes,
+            max_total_bytes,
+        })
     }
 
     fn path(&self, digest: &str) -> PathBuf {
         self.dir.join(format!("{digest}.cwasm"))
     }
 
-    /// The cached compilation of the component with `digest`, if there is a sound one. A
-    /// damaged entry is removed and reported as a miss.
+    /// The MAC of `artifact` as the compilation of `digest` by this engine.
+    fn mac(&self, digest: &str, artifact: &[u8]) -> CacheMac {
+        let mut mac = CacheMac::new_from_slice(&self.key).expect("HMAC takes keys of any length");
+        mac.update(MAGIC);
+        mac.update(&self.engine_hash.to_le_bytes());
+        mac.update(digest.as_bytes());
+        mac.update(artifact);
+        mac
+    }
+
+    /// The cached compilation of the component with `digest`, if there is one this host wrote
+    /// for it. Anything else (no entry, not a regular file, too big, a failed MAC, bytes the
+    /// engine refuses) is a miss; a bad entry is removed.
     pub(crate) fn get(&self, engine: &Engine, digest: &str) -> Option<Component> {
         let path = self.path(digest);
-        let bytes = std::fs::read(&path).ok()?;
-        let sound = bytes.len() > CHECKSUM_LEN
-            && Sha256::digest(&bytes[CHECKSUM_LEN..]).as_slice() == &bytes[..CHECKSUM_LEN];
-        // SAFETY: the bytes were produced by `Engine::precompile_component`-equivalent
-        // serialization of this host (same engine compatibility hash) and pass their checksum;
-        // bytes from anywhere else are never deserialized.
-        let component = sound
-            .then(|| unsafe { Component::deserialize(engine, &bytes[CHECKSUM_LEN..]) }.ok())
+        let bytes = match read_bounded(&path, self.max_entry_bytes) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "compile-cache entry refused; recompiling");
+                let _ = std::fs::remove_file(&path);
+                return None;
+            }
+        };
+        let header = MAGIC.len() + MAC_LEN;
+        let authentic = bytes.len() > header
+            && &bytes[..MAGIC.len()] == MAGIC
+            && self
+                .mac(digest, &bytes[header..])
+                .verify_slice(&bytes[MAGIC.len()..header])
+                .is_ok();
+        // SAFETY: the bytes carry a MAC, under this host's secret key, of this engine's
+        // compatibility hash, this component's digest and the bytes themselves: they are what
+        // this host serialized from its own compilation of this component.
+        let component = authentic
+            .then(|| unsafe { Component::deserialize(engine, &bytes[header..]) }.ok())
             .flatten();
-        if component.is_none() {
-            tracing::warn!(path = %path.display(), "removing a damaged compile-cache entry");
-            let _ = std::fs::remove_file(&path);
+        match &component {
+            Some(_) => {
+                // Mark the use, for eviction by oldest use.
+                if let Ok(file) = File::options().append(true).open(&path) {
+                    let _ = file.set_modified(SystemTime::now());
+                }
+            }
+            None => {
+                tracing::warn!(path = %path.display(), "compile-cache entry failed its check; recompiling");
+                let _ = std::fs::remove_file(&path);
+            }
         }
         component
     }
 
-    /// Store the compilation of `digest` atomically.
+    /// Store the compilation of `digest` atomically, then evict past the size bound.
     pub(crate) fn put(&self, digest: &str, component: &Component) -> std::io::Result<()> {
         let artifact = component
             .serialize()
             .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
+        let mac = self.mac(digest, &artifact).finalize().into_bytes();
         crate::store::write_atomic_with(&self.path(digest), |file| {
-            file.write_all(&Sha256::digest(&artifact))?;
+            file.write_all(MAGIC)?;
+            file.write_all(&mac)?;
             file.write_all(&artifact)
-        })
+        })?;
+        self.evict()
+    }
+
+    /// Remove entries, oldest use first, until they take at most `max_total_bytes`.
+    fn evict(&self) -> std::io::Result<()> {
+        let mut entries = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let metadata = entry.metadata()?;
+            if metadata.is_file() {
+                entries.push((metadata.modified()?, metadata.len(), entry.path()));
+            }
+        }
+        let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
+        entries.sort();
+        for (_, len, path) in entries {
+            if total <= self.max_total_bytes {
+                break;
+            }
+            tracing::info!(path = %path.display(), "evicting a compile-cache entry");
+            std::fs::remove_file(&path)?;
+            total -= len;
+        }
+        Ok(())
     }
 
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// The bytes of `path` if it is a regular file (not followed through a link; a FIFO or device is
+/// opened without blocking and refused) of at most `max` bytes.
+fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    if metadata.len() > max {
+        return Err(std::io::Error::other(format!(
+            "{} bytes, above the cache's limit of {max}",
+            metadata.len()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    (&mut file).take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::other(
+            "the file grew past the cache's limit",
+        ));
+    }
+    Ok(bytes)
 }

@@ -16,6 +16,10 @@ use super::limits::Limits;
 pub struct HostConfig {
     /// Where compiled components are cached; `None` compiles every load.
     pub cache_dir: Option<PathBuf>,
+    /// The largest compile-cache entry read; a bigger file is a miss.
+    pub cache_max_entry_bytes: u64,
+    /// The compile cache's size, past which the entries used longest ago are evicted.
+    pub cache_max_bytes: u64,
     /// Meter fuel (deterministic instruction budgets). Costs 24-34% of guest speed, so off unless
     /// jobs ask for `fuel` limits.
     pub fuel: bool,
@@ -32,6 +36,8 @@ impl Default for HostConfig {
     fn default() -> Self {
         HostConfig {
             cache_dir: None,
+            cache_max_entry_bytes: 256 * 1024 * 1024,
+            cache_max_bytes: 4 * 1024 * 1024 * 1024,
             fuel: false,
             maxima: Limits::default_maxima(),
             max_component_bytes: 64 * 1024 * 1024,

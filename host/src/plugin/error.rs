@@ -118,11 +118,6 @@ pub enum LoadError {
     ForbiddenImports { forbidden: String },
     #[error("the component cannot be instantiated by this host: {0}")]
     Link(String),
-    #[error("compile cache at {path}: {source}")]
-    Cache {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
     #[error("reading {path}: {source}")]
     Read {
         path: std::path::PathBuf,

@@ -48,10 +48,16 @@ impl PluginHost {
         let mut linker = Linker::new(&engine);
         wasi::add_to_linker(&mut linker, StoreState::clock)?;
         host::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state)?;
-        let cache = config
-            .cache_dir
-            .as_deref()
-            .map(|dir| CompileCache::new(dir, &engine));
+        let cache = config.cache_dir.as_deref().and_then(|dir| {
+            CompileCache::new(
+                dir,
+                &engine,
+                config.cache_max_entry_bytes,
+                config.cache_max_bytes,
+            )
+            .inspect_err(|error| tracing::warn!(%error, "running without a compile cache"))
+            .ok()
+        });
         let ticker = EpochTicker::start(engine.clone())?;
         Ok(PluginHost {
             instance_slots: Arc::new(Semaphore::new(config.max_instances as usize)),
@@ -166,13 +172,11 @@ impl PluginHost {
                             LoadError::NotAComponent(format!("compiler task failed: {e}"))
                         })?
                         .map_err(|e| LoadError::NotAComponent(format!("{e:#}")))?;
-                if let Some(cache) = &self.cache {
-                    cache
-                        .put(&digest, &component)
-                        .map_err(|source| LoadError::Cache {
-                            path: cache.dir().to_path_buf(),
-                            source,
-                        })?;
+                // A cache that cannot be written costs the next load a compilation, not this one.
+                if let Some(cache) = &self.cache
+                    && let Err(error) = cache.put(&digest, &component)
+                {
+                    tracing::warn!(dir = %cache.dir().display(), %error, "could not cache a compiled component");
                 }
                 let report = LoadReport {
                     cache_hit: false,
