@@ -79,7 +79,7 @@ pub(crate) fn describe(
     ] {
         let prefix = format!("opentinker:plugin/{}@", kind.interface());
         if let Some(version) = exports.iter().find_map(|e| e.strip_prefix(&prefix)) {
-            if version.starts_with(SUPPORTED_PREFIX) {
+            if supported_version(version) {
                 kinds.push(kind);
             }
             wit_version.get_or_insert_with(|| version.to_string());
@@ -93,6 +93,13 @@ pub(crate) fn describe(
         imports,
         size,
     }
+}
+
+/// Whether this host runs exports of `version`: `0.1.x` releases, which the bindings' semver
+/// lookup finds. A pre-release (`0.1.0-rc1`) is refused here, as the lookup would refuse it at
+/// the first call.
+fn supported_version(version: &str) -> bool {
+    semver::Version::parse(version).is_ok_and(|v| v.major == 0 && v.minor == 1 && v.pre.is_empty())
 }
 
 /// Refuse a component this host cannot run, naming what it found.
@@ -120,4 +127,18 @@ pub(crate) fn check_supported(description: &PluginDescription) -> Result<(), Loa
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::supported_version;
+
+    #[test]
+    fn releases_of_0_1_are_supported_and_pre_releases_are_not() {
+        assert!(supported_version("0.1.0"));
+        assert!(supported_version("0.1.7"));
+        assert!(!supported_version("0.1.0-rc1"));
+        assert!(!supported_version("0.2.0"));
+        assert!(!supported_version("0.1"));
+    }
 }

@@ -14,7 +14,7 @@ pub const ITEM_OVERHEAD_BYTES: u64 = 16;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Linear memory, in bytes, across the instance's memories.
+    /// Bytes of all the instance's linear memories together, its tables' elements counted too.
     pub memory_bytes: u64,
     /// Wall time of one call, in milliseconds (epoch interruption, plus a timeout around the call).
     pub call_timeout_ms: u64,

@@ -71,34 +71,61 @@ fn level_name(level: host::LogLevel) -> &'static str {
     }
 }
 
-/// Refuses memory growth past the cap and remembers that it did, so a guest that then aborts
-/// is reported as `memory_limit` rather than a plain trap.
+/// What one table element counts against the instance's memory budget (a reference).
+const TABLE_ELEMENT_BYTES: usize = 8;
+
+/// One budget for the whole instance: the bytes of all its linear memories plus its tables'
+/// elements, so a component with four memories gets the cap once, not four times. Refuses
+/// growth past it and remembers that it did, so a guest that then aborts is reported as
+/// `memory_limit` rather than a plain trap. (Wasmtime asks for each memory's and table's
+/// creation too, with `current` 0, so the sum covers them all.)
 struct MemoryLimiter {
     max_bytes: usize,
+    used_bytes: usize,
     refused: bool,
+}
+
+impl MemoryLimiter {
+    fn new(max_bytes: usize) -> Self {
+        MemoryLimiter {
+            max_bytes,
+            used_bytes: 0,
+            refused: false,
+        }
+    }
+
+    fn grow(&mut self, added_bytes: usize) -> bool {
+        let next = self.used_bytes.saturating_add(added_bytes);
+        if next > self.max_bytes {
+            self.refused = true;
+            return false;
+        }
+        self.used_bytes = next;
+        true
+    }
 }
 
 impl ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.max_bytes {
-            self.refused = true;
-            return Ok(false);
-        }
-        Ok(true)
+        Ok(self.grow(desired.saturating_sub(current)))
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS)
+        if desired > MAX_TABLE_ELEMENTS {
+            return Ok(false);
+        }
+        let added = desired.saturating_sub(current);
+        Ok(self.grow(added.saturating_mul(TABLE_ELEMENT_BYTES)))
     }
 }
 
@@ -142,10 +169,7 @@ impl Sandbox {
             wasi: wasi::episode_ctx(seed, &log),
             table,
             clock: VirtualClock::default(),
-            limiter: MemoryLimiter {
-                max_bytes: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX),
-                refused: false,
-            },
+            limiter: MemoryLimiter::new(usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX)),
             log,
             deadline: Instant::now(),
         };
@@ -334,3 +358,32 @@ macro_rules! guarded_call {
     }};
 }
 pub(crate) use guarded_call;
+
+#[cfg(test)]
+mod tests {
+    use wasmtime::ResourceLimiter;
+
+    use super::{MemoryLimiter, TABLE_ELEMENT_BYTES};
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn all_memories_and_tables_share_one_budget() {
+        let mut limiter = MemoryLimiter::new(64 * MIB);
+        // Three memories of 20 MiB are created; a fourth would pass the cap, as would growing
+        // one of the three past it.
+        for _ in 0..3 {
+            assert!(limiter.memory_growing(0, 20 * MIB, None).unwrap());
+        }
+        assert!(!limiter.memory_growing(0, 20 * MIB, None).unwrap());
+        assert!(limiter.refused);
+        assert!(!limiter.memory_growing(20 * MIB, 25 * MIB, None).unwrap());
+        assert!(limiter.memory_growing(20 * MIB, 24 * MIB, None).unwrap());
+        // Tables count their elements against the same budget, which is now spent.
+        assert_eq!(limiter.used_bytes, 64 * MIB);
+        assert!(!limiter.table_growing(0, 1, None).unwrap());
+        let mut roomy = MemoryLimiter::new(MIB);
+        assert!(roomy.table_growing(0, 1000, None).unwrap());
+        assert_eq!(roomy.used_bytes, 1000 * TABLE_ELEMENT_BYTES);
+    }
+}
