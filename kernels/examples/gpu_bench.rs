@@ -10,6 +10,10 @@
 
 use std::io::Write;
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::values;
+
 use cudarc::driver::sys::CUevent_flags;
 use opentinker_kernels::cuda::{AdapterRef, DeviceSegment, Gpu, GpuError, LoraPool};
 
@@ -46,18 +50,6 @@ fn time_us(gpu: &Gpu, mut f: impl FnMut() -> Result<(), GpuError>) -> Result<f64
         best = best.min(f64::from(ms) * 1000.0 / LAUNCHES as f64);
     }
     Ok(best)
-}
-
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
 }
 
 /// The JSON lines of the figures, when a path was given.

@@ -7,19 +7,8 @@ use opentinker_kernels::{
 };
 use proptest::prelude::*;
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
+mod common;
+use common::values;
 
 fn slices(caches: &[Vec<f32>]) -> Vec<&[f32]> {
     caches.iter().map(Vec::as_slice).collect()

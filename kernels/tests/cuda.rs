@@ -9,6 +9,9 @@
 
 use std::io::Write;
 
+mod common;
+use common::values;
+
 use opentinker_kernels::cuda::{
     AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, LoraPool, PagedKvCache, SequenceRow,
     bf16_bits, bf16_value, compile_kernels,
@@ -29,20 +32,6 @@ fn gpu(test: &str) -> Option<Gpu> {
         }
         Err(error) => panic!("{test}: {error}"),
     }
-}
-
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32], tolerance: f32) {

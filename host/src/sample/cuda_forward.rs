@@ -155,14 +155,7 @@ impl CudaLayer {
 pub struct CudaModel {
     gpu: Arc<Gpu>,
     config: ModelConfig,
-    embed: Matrix,
-    layers: Vec<CudaLayer>,
-    norm: CudaSlice<f32>,
-    /// `None`: tied to the embedding.
-    lm_head: Option<Matrix>,
-    cos: CudaSlice<f32>,
-    sin: CudaSlice<f32>,
-    context: usize,
+    weights: Weights,
     caches: Vec<PagedKvCache>,
     pools: BTreeMap<Site, LoraPool>,
     options: CudaModelOptions,
@@ -322,25 +315,10 @@ impl CudaModel {
                 }
             }
         }
-        let Weights {
-            embed,
-            layers,
-            norm,
-            lm_head,
-            cos,
-            sin,
-            context,
-        } = weights;
         Ok(CudaModel {
             gpu,
             config,
-            embed,
-            layers,
-            norm,
-            lm_head,
-            cos,
-            sin,
-            context,
+            weights,
             caches,
             pools,
             options,
@@ -453,12 +431,12 @@ impl CudaModel {
         }
         if let Some(s) = sequences
             .iter()
-            .find(|s| s.start + s.tokens.len() > self.context)
+            .find(|s| s.start + s.tokens.len() > self.weights.context)
         {
             return Err(invalid(format!(
                 "a sequence reaches position {} past the context of {} positions",
                 s.start + s.tokens.len() - 1,
-                self.context
+                self.weights.context
             )));
         }
         let gpu = Arc::clone(&self.gpu);
@@ -480,10 +458,11 @@ impl CudaModel {
         let lora = gpu.lora_batch(&segments(sequences))?;
 
         let mut x = gpu.zeros(total * hidden)?;
-        self.embed
+        self.weights
+            .embed
             .gather(&gpu, hidden, &gpu.indices(&tokens)?, &mut x)?;
-        for li in 0..self.layers.len() {
-            let layer = &self.layers[li];
+        for li in 0..self.weights.layers.len() {
+            let layer = &self.weights.layers[li];
             let mut h = copy(&gpu, &x)?;
             gpu.rms_norm(&mut h, &layer.input_norm, eps)?;
             let mut q = self.project(li, Target::Q, &h, &lora)?;
@@ -497,15 +476,15 @@ impl CudaModel {
                 &mut q,
                 head_dim,
                 attention.positions(),
-                &self.cos,
-                &self.sin,
+                &self.weights.cos,
+                &self.weights.sin,
             )?;
             gpu.rope(
                 &mut k,
                 head_dim,
                 attention.positions(),
-                &self.cos,
-                &self.sin,
+                &self.weights.cos,
+                &self.weights.sin,
             )?;
             gpu.kv_write(&mut self.caches[li], &attention, &k, &v)?;
             let mut attended = gpu.zeros(q.len())?;
@@ -513,7 +492,7 @@ impl CudaModel {
             let o = self.project(li, Target::O, &attended, &lora)?;
             gpu.add(&mut x, &o)?;
 
-            let layer = &self.layers[li];
+            let layer = &self.weights.layers[li];
             let mut h = copy(&gpu, &x)?;
             gpu.rms_norm(&mut h, &layer.post_attention_norm, eps)?;
             let mut gate = self.project(li, Target::Gate, &h, &lora)?;
@@ -530,9 +509,9 @@ impl CudaModel {
         }
         let mut kept = gpu.zeros(last.len() * hidden)?;
         gpu.gather_rows(&x, hidden, &gpu.indices(&last)?, &mut kept)?;
-        gpu.rms_norm(&mut kept, &self.norm, eps)?;
+        gpu.rms_norm(&mut kept, &self.weights.norm, eps)?;
         let mut logits = gpu.zeros(last.len() * vocab)?;
-        let unembedding = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let unembedding = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
         unembedding.project(&gpu, &kept, hidden, &mut logits)?;
         Ok(logits)
     }
@@ -545,7 +524,7 @@ impl CudaModel {
         x: &CudaSlice<f32>,
         lora: &LoraBatch,
     ) -> Result<CudaSlice<f32>, CudaForwardError> {
-        let linear = self.layers[layer].projection(target);
+        let linear = self.weights.layers[layer].projection(target);
         let out = linear.weight.len() / linear.inp;
         let mut y = self.gpu.zeros(x.len() / linear.inp * out)?;
         linear.weight.project(&self.gpu, x, linear.inp, &mut y)?;
@@ -623,6 +602,7 @@ struct Weights {
     embed: Matrix,
     layers: Vec<CudaLayer>,
     norm: CudaSlice<f32>,
+    /// `None`: tied to the embedding.
     lm_head: Option<Matrix>,
     cos: CudaSlice<f32>,
     sin: CudaSlice<f32>,
