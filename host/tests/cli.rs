@@ -825,6 +825,22 @@ fn a_job_whose_plugin_always_fails_stops_itself_and_the_other_job_runs_as_it_run
             && stderr.contains("1 of 2 jobs failed: failing"),
         "{stderr}"
     );
+    // The plugin's own words travel with the failure: in the error, the metrics and the rollouts.
+    assert!(
+        stderr.contains("step returned a reward of NaN") && stderr.contains("the first, seed "),
+        "{stderr}"
+    );
+    let failed_lines = metric_lines(&out.join("failing"));
+    assert!(
+        failed_lines
+            .iter()
+            .any(|line| line["error_messages"]["invalid_output"]
+                .as_str()
+                .is_some_and(|m| m.contains("reward of NaN"))),
+        "{failed_lines:?}"
+    );
+    let rollouts = std::fs::read_to_string(out.join("failing/rollouts/step-0.jsonl")).unwrap();
+    assert!(rollouts.contains(r#""error_message":"step returned a reward of NaN""#));
     let summary: serde_json::Value =
         serde_json::from_str(String::from_utf8_lossy(&output.stdout).trim()).unwrap();
     assert_eq!(summary["steps"], 4);

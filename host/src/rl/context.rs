@@ -169,7 +169,7 @@ pub(super) async fn play_batch(
         futures::future::join_all(seeds.iter().zip(&tasks).map(|(&seed, task)| async move {
             match task {
                 Ok(task) => rollout.play(task, seed, actors).await,
-                Err(error) => EpisodeOutcome::failed_to_start(seed, error.kind.as_str()),
+                Err(error) => EpisodeOutcome::failed_to_start(seed, error),
             }
         }))
         .await,

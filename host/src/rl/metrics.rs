@@ -32,6 +32,9 @@ pub struct StepMetrics {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kl: Option<f64>,
     pub errors: BTreeMap<String, usize>,
+    /// The first failure's text of each error kind of the step, when it had one.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub error_messages: BTreeMap<String, String>,
     pub env_metrics: BTreeMap<String, f64>,
     /// The evaluation of the (first trainable) policy, when one ran.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -107,6 +110,19 @@ pub(super) fn metrics_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, f64> 
         }
     }
     metrics
+}
+
+/// The first failure's text of each error kind among `outcomes` (with its episode's seed).
+pub(super) fn error_messages_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, String> {
+    let mut messages = BTreeMap::new();
+    for outcome in outcomes {
+        if let (Some(kind), Some(message)) = (&outcome.error, &outcome.error_message) {
+            messages
+                .entry(kind.clone())
+                .or_insert_with(|| format!("seed {}: {message}", outcome.seed));
+        }
+    }
+    messages
 }
 
 pub(super) fn errors_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, usize> {

@@ -21,7 +21,8 @@ use super::group_stream::{GroupStream, Launch, PlayedGroup};
 use super::job::{Job, PolicySection};
 use super::job_trainer::{JobTrainer, PolicyBatch, Slots};
 use super::metrics::{
-    Evaluation, PolicyEvaluations, StepMetrics, Summary, errors_of, mean, metrics_of, std,
+    Evaluation, PolicyEvaluations, StepMetrics, Summary, error_messages_of, errors_of, mean,
+    metrics_of, std,
 };
 use super::rollout::{Actor, EpisodeOutcome, RolloutRecord};
 use super::run_folder::{Cursor, RunFolder};
@@ -231,9 +232,18 @@ pub(super) async fn train_job(
                 .iter()
                 .map(|(kind, count)| format!("{kind}: {count}"))
                 .collect();
+            let first = played.iter().map(|(_, _, o)| o).find(|o| o.error.is_some());
+            let example = first.map_or(String::new(), |o| {
+                format!(
+                    "; the first, seed {}: {}: {}",
+                    o.seed,
+                    o.error.as_deref().unwrap_or_default(),
+                    o.error_message.as_deref().unwrap_or("(no message)")
+                )
+            });
             anyhow::bail!(
                 "job `{}` stopped: every episode of its last {FAILING_STEPS_BEFORE_STOP} steps \
-                 failed (last step: {})",
+                 failed (last step: {}){example}",
                 run.name,
                 kinds.join(", ")
             );
@@ -299,6 +309,7 @@ pub(super) async fn train_job(
             entropy,
             kl,
             errors: errors_of(&all),
+            error_messages: error_messages_of(&all),
             env_metrics: metrics_of(&all),
             eval: evaluations.as_ref().map(|e| headline(e, &policies)),
             policy_rewards,
@@ -560,10 +571,7 @@ pub(super) async fn play_group(
             return Ok((0..job.rl.group_size)
                 .map(|i| {
                     let seed = seed * 1000 + i as u64;
-                    (
-                        i,
-                        EpisodeOutcome::failed_to_start(seed, error.kind.as_str()),
-                    )
+                    (i, EpisodeOutcome::failed_to_start(seed, &error))
                 })
                 .collect());
         }
@@ -615,7 +623,11 @@ async fn score_group(
         Ok(None) => {}
         Err(error) => {
             for outcome in members {
-                outcome.fail(error.kind.as_str().to_string(), failure_reward);
+                outcome.fail(
+                    error.kind.as_str().to_string(),
+                    Some(error.message.clone()),
+                    failure_reward,
+                );
             }
         }
     }
@@ -720,6 +732,7 @@ mod tests {
             transcripts: vec![seat(10 + i), seat(20 + i)],
             turn_rewards: vec![vec![r0], vec![-r0]],
             error: None,
+            error_message: None,
             steps: 2,
             metrics: BTreeMap::new(),
             messages: vec![Vec::new(), Vec::new()],

@@ -62,6 +62,8 @@ pub struct EpisodeOutcome {
     pub turn_rewards: Vec<Vec<f64>>,
     /// Why the episode failed (a plugin error kind, `context_exceeded`, `sampler`), if it did.
     pub error: Option<String>,
+    /// The failure's own words (a plugin's error text, bounded by the sandbox), when it has any.
+    pub error_message: Option<String>,
     /// Environment steps taken.
     pub steps: usize,
     /// The environment's metrics, summed over steps.
@@ -83,6 +85,8 @@ pub struct RolloutRecord {
     pub returns: Vec<f64>,
     pub turn_rewards: Vec<Vec<f64>>,
     pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
     pub messages: Vec<Vec<Message>>,
     pub sequences: Vec<SequenceRecord>,
 }
@@ -147,6 +151,7 @@ impl RolloutRecord {
             returns: outcome.returns(),
             turn_rewards: outcome.turn_rewards.clone(),
             error: outcome.error.clone(),
+            error_message: outcome.error_message.clone(),
             messages: outcome.messages.clone(),
             sequences: records,
         }
@@ -154,15 +159,16 @@ impl RolloutRecord {
 }
 
 impl EpisodeOutcome {
-    /// An episode that failed before it started: its task could not be generated (`kind`, the
-    /// plugin error kind). It trains nothing and counts as a failure of its kind.
-    pub fn failed_to_start(seed: u64, kind: &str) -> Self {
+    /// An episode that failed before it started: its task could not be generated (`error`,
+    /// the plugin's failure). It trains nothing and counts as a failure of its kind.
+    pub fn failed_to_start(seed: u64, error: &CallError) -> Self {
         EpisodeOutcome {
             seed,
             task: String::new(),
             transcripts: Vec::new(),
             turn_rewards: Vec::new(),
-            error: Some(kind.to_string()),
+            error: Some(error.kind.as_str().to_string()),
+            error_message: Some(error.message.clone()),
             steps: 0,
             metrics: BTreeMap::new(),
             messages: Vec::new(),
@@ -182,8 +188,9 @@ impl EpisodeOutcome {
             .collect()
     }
 
-    /// The episode failed (`kind`): every player who acted gets `failure_reward` as its return.
-    pub fn fail(&mut self, kind: String, failure_reward: f64) {
+    /// The episode failed (`kind`, with the failure's text when it has one): every player who
+    /// acted gets `failure_reward` as its return.
+    pub fn fail(&mut self, kind: String, message: Option<String>, failure_reward: f64) {
         for (player, rewards) in self.turn_rewards.iter_mut().enumerate() {
             let acted = self.transcripts.get(player).is_some_and(Option::is_some);
             if acted && !rewards.is_empty() {
@@ -194,6 +201,7 @@ impl EpisodeOutcome {
             }
         }
         self.error = Some(kind);
+        self.error_message = message;
     }
 
     /// Add `scores[p]` to player p's last turn reward (players who never acted get none).
@@ -239,11 +247,30 @@ fn turn_seed(seed: u64, turn: usize) -> u64 {
 }
 
 /// A failure that ends an episode.
-struct Failure(String);
+struct Failure {
+    kind: String,
+    message: Option<String>,
+}
+
+impl Failure {
+    fn kind(kind: &str) -> Self {
+        Failure {
+            kind: kind.to_string(),
+            message: None,
+        }
+    }
+
+    fn with(kind: &str, message: impl std::fmt::Display) -> Self {
+        Failure {
+            kind: kind.to_string(),
+            message: Some(message.to_string()),
+        }
+    }
+}
 
 impl From<CallError> for Failure {
     fn from(error: CallError) -> Self {
-        Failure(error.kind.as_str().to_string())
+        Failure::with(error.kind.as_str(), error.message)
     }
 }
 
@@ -257,6 +284,7 @@ impl Rollout<'_> {
             transcripts: Vec::new(),
             turn_rewards: Vec::new(),
             error: None,
+            error_message: None,
             steps: 0,
             metrics: BTreeMap::new(),
             messages: Vec::new(),
@@ -268,8 +296,8 @@ impl Rollout<'_> {
         {
             played = self.score(reward, weight, &mut outcome).await;
         }
-        if let Err(Failure(kind)) = played {
-            outcome.fail(kind, self.failure_reward);
+        if let Err(Failure { kind, message }) = played {
+            outcome.fail(kind, message, self.failure_reward);
         }
         outcome
     }
@@ -307,7 +335,7 @@ impl Rollout<'_> {
             let actor = actors
                 .get(player)
                 .or(actors.last())
-                .ok_or_else(|| Failure("no_policy".into()))?;
+                .ok_or_else(|| Failure::kind("no_policy"))?;
             let new = match outcome.transcripts[player] {
                 Some(_) => std::mem::take(&mut unseen[player]),
                 None => episode.observe(player as u32).await?,
@@ -334,7 +362,7 @@ impl Rollout<'_> {
                             match prompt.strip_prefix(so_far.as_slice()) {
                                 Some(rest) => transcript
                                     .push_observation(rest.to_vec())
-                                    .map_err(|e| Failure(e.to_string()))?,
+                                    .map_err(|e| Failure::with("transcript", e))?,
                                 None => transcript.rewrite(prompt),
                             }
                             transcript
@@ -346,17 +374,17 @@ impl Rollout<'_> {
                     let tokens = self
                         .renderer
                         .continuation(ended_turn[player], &chat(&new))
-                        .map_err(|e| Failure(format!("render: {e}")))?;
+                        .map_err(|e| Failure::with("render", e))?;
                     transcript
                         .push_observation(tokens)
-                        .map_err(|e| Failure(e.to_string()))?;
+                        .map_err(|e| Failure::with("transcript", e))?;
                     transcript
                 }
                 (None, slot @ None) => slot.insert(Transcript::new(self.render_first(&new)?)),
             };
             let prompt = transcript.prompt();
             if prompt.len() + 1 > self.context {
-                return Err(Failure("context_exceeded".into()));
+                return Err(Failure::kind("context_exceeded"));
             }
             let (tokens, logprobs, text) = match actor {
                 Actor::Policy(policy) => {
@@ -365,16 +393,16 @@ impl Rollout<'_> {
                     params.max_tokens = params.max_tokens.min(self.context - prompt.len());
                     let mut request = SampleRequest::new(prompt, params);
                     request.policy = policy.clone();
-                    let sampler = self.sampler.ok_or_else(|| Failure("sampler".into()))?;
+                    let sampler = self.sampler.ok_or_else(|| Failure::kind("sampler"))?;
                     let mut output = sampler
                         .sample(request)
                         .await
-                        .map_err(|_| Failure("sampler".into()))?;
+                        .map_err(|e| Failure::with("sampler", e))?;
                     let sample = output.samples.swap_remove(0);
                     let text = self
                         .renderer
                         .action_text(&sample.tokens)
-                        .map_err(|e| Failure(format!("render: {e}")))?;
+                        .map_err(|e| Failure::with("render", e))?;
                     ended_turn[player] =
                         self.renderer.end_of_turn_id() == sample.tokens.last().copied();
                     (sample.tokens, sample.logprobs, text)
@@ -383,11 +411,11 @@ impl Rollout<'_> {
                     let text = episode
                         .demonstration()
                         .await?
-                        .ok_or_else(|| Failure("no_demonstration".into()))?;
+                        .ok_or_else(|| Failure::kind("no_demonstration"))?;
                     let tokens = self
                         .renderer
                         .action_tokens(&text)
-                        .map_err(|e| Failure(format!("render: {e}")))?;
+                        .map_err(|e| Failure::with("render", e))?;
                     ended_turn[player] = true;
                     let logprobs = vec![0.0; tokens.len()];
                     (tokens, logprobs, text)
@@ -395,7 +423,7 @@ impl Rollout<'_> {
             };
             transcript
                 .push_action(tokens, logprobs)
-                .map_err(|e| Failure(e.to_string()))?;
+                .map_err(|e| Failure::with("transcript", e))?;
             outcome.turn_rewards[player].push(std::mem::take(&mut pending_reward[player]));
             outcome.messages[player].push(Message::new("assistant", text.clone()));
             let action = match (agent, actor) {
@@ -442,6 +470,6 @@ impl Rollout<'_> {
     fn render_first(&self, messages: &[Message]) -> Result<Vec<u32>, Failure> {
         self.renderer
             .first_prompt(&chat(messages))
-            .map_err(|e| Failure(format!("render: {e}")))
+            .map_err(|e| Failure::with("render", e))
     }
 }

@@ -217,6 +217,7 @@ pub(super) async fn run_sft(
             tokens,
             loss: loss_value,
             errors: errors(&outcomes),
+            error_messages: BTreeMap::new(),
             eval,
             initial_evals: match (step, &initial) {
                 (0, Some(initial)) => BTreeMap::from([("held-out".to_string(), initial.clone())]),
