@@ -217,6 +217,9 @@ async fn fuel_budgets_end_a_runaway_call_with_out_of_fuel() {
     assert_eq!(episode.observe(0).await.unwrap_err(), error);
 }
 
+/// A way to damage a cache entry.
+type Tampering = Box<dyn Fn()>;
+
 /// The cache entry of `digest` in a host's cache folder.
 fn entry(host: &PluginHost, digest: &str) -> std::path::PathBuf {
     host.cache_dir().unwrap().join(format!("{digest}.cwasm"))
@@ -233,7 +236,7 @@ async fn a_tampered_cache_never_runs_other_code_never_hangs_and_costs_a_recompil
     let good_bytes = std::fs::read(&good_entry).unwrap();
 
     // Each tampering of arithmetic's entry, then a load of arithmetic by a fresh host.
-    let tamperings: Vec<(&str, Box<dyn Fn()>)> = vec![
+    let tamperings: Vec<(&str, Tampering)> = vec![
         (
             "tictactoe's entry under arithmetic's digest",
             Box::new(|| std::fs::write(&other_entry, &good_bytes).unwrap()),
