@@ -218,7 +218,7 @@ async fn fuel_budgets_end_a_runaway_call_with_out_of_fuel() {
 }
 
 /// A way to damage a cache entry.
-type Tampering = Box<dyn Fn()>;
+type Tampering<'a> = Box<dyn Fn() + 'a>;
 
 /// The cache entry of `digest` in a host's cache folder.
 fn entry(host: &PluginHost, digest: &str) -> std::path::PathBuf {
@@ -236,7 +236,7 @@ async fn a_tampered_cache_never_runs_other_code_never_hangs_and_costs_a_recompil
     let good_bytes = std::fs::read(&good_entry).unwrap();
 
     // Each tampering of arithmetic's entry, then a load of arithmetic by a fresh host.
-    let tamperings: Vec<(&str, Tampering)> = vec![
+    let tamperings: Vec<(&str, Tampering<'_>)> = vec![
         (
             "tictactoe's entry under arithmetic's digest",
             Box::new(|| std::fs::write(&other_entry, &good_bytes).unwrap()),
