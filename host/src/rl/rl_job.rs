@@ -677,10 +677,15 @@ fn datums_of(
                 let Some(transcript) = transcript else {
                     continue;
                 };
-                let advantage: Vec<f64> = per_seat[seat]
+                let mut advantage: Vec<f64> = per_seat[seat]
                     .as_ref()
                     .map(|a| a[n].clone())
                     .unwrap_or_default();
+                // A failed episode is never reinforced: where its failure reward would sit above
+                // the group's baseline (a crash beating the average loss), its advantage is 0.
+                if outcome.error.is_some() {
+                    advantage.iter_mut().for_each(|a| *a = a.min(0.0));
+                }
                 let player_sequences = transcript.clone().into_sequences();
                 let trains = policies.iter().find(|p| p.trainable && p.controls(seat));
                 if let (Some(policy), Some(_)) = (trains, &per_seat[seat])
@@ -764,6 +769,28 @@ mod tests {
         assert_eq!(o[0].target_tokens, vec![2, 20, 3]);
         assert_eq!(o[0].advantages, Some(vec![0.0, -1.0, -1.0]));
         assert_eq!(o[1].advantages, Some(vec![0.0, 1.0, 1.0]));
+
+        // A failed episode (return 0, the default failure reward) in a group that mostly lost
+        // would have a positive advantage; it gets none.
+        let mut failed = episode(2, 0.0);
+        failed.error = Some("trap".into());
+        let losing = vec![
+            (0, 0, episode(0, -1.0)),
+            (0, 1, episode(1, -1.0)),
+            (0, 2, failed),
+        ];
+        let job3: Job = toml::from_str(
+            "[model]\ninit_tiny = {}\n[rl]\nsteps = 1\ngroups_per_batch = 1\ngroup_size = 3\n",
+        )
+        .unwrap();
+        let (batches, _, _) = datums_of(&losing, &job3, &policies, Estimator::GroupMean);
+        let x = &batches.iter().find(|(n, _)| n == "x").unwrap().1;
+        assert!(x[0].advantages.as_ref().unwrap()[1] < 0.0);
+        assert_eq!(x[2].advantages, Some(vec![0.0, 0.0, 0.0]));
+        // Seat 1 won those games: the failed episode's return sits below the mean, and it
+        // keeps its negative advantage.
+        let o = &batches.iter().find(|(n, _)| n == "o").unwrap().1;
+        assert!(o[2].advantages.as_ref().unwrap()[1] < 0.0);
 
         // A frozen policy's seat trains nothing.
         let frozen = [policy("x", vec![0], true), policy("o", vec![1], false)];
