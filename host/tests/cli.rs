@@ -849,3 +849,30 @@ fn a_job_whose_plugin_always_fails_stops_itself_and_the_other_job_runs_as_it_run
     assert_eq!(metric_lines(&both_good), metric_lines(&solo_out));
     assert_eq!(summary["final_eval"], solo["final_eval"]);
 }
+
+#[test]
+fn a_missing_plugin_path_fails_before_any_model_file_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("typo.toml");
+    let missing = dir.path().join("no-such-plugin.wasm");
+    std::fs::write(&job, arithmetic_job(&missing, 3, "[rl]\nsteps = 1\n")).unwrap();
+    let out = dir.path().join("run");
+    let output = opentinker(&[
+        "train",
+        job.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("[environment] plugin") && stderr.contains("no-such-plugin.wasm"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("no-such-plugin.wasm").count(),
+        1,
+        "said once: {stderr}"
+    );
+    assert!(!out.exists(), "nothing is written: {stderr}");
+}

@@ -74,6 +74,9 @@ pub async fn run_jobs(
         !resume || runs.len() == 1,
         "--resume continues one job at a time"
     );
+    for run in &runs {
+        check_plugin_paths(run)?;
+    }
     let host = Arc::new(PluginHost::new(HostConfig::default())?);
     let mut groups: Vec<Vec<(usize, JobRun)>> = Vec::new();
     for (index, run) in runs.into_iter().enumerate() {
@@ -104,6 +107,29 @@ pub async fn run_jobs(
     }
     summaries.sort_by_key(|(index, _)| *index);
     Ok(summaries.into_iter().map(|(_, s)| s).collect())
+}
+
+/// Refuse a job whose plugin paths do not exist before anything is generated, loaded or
+/// written, naming the job and its section.
+fn check_plugin_paths(run: &JobRun) -> anyhow::Result<()> {
+    let job = &run.job;
+    let sections = [
+        ("environment", job.environment.as_ref().map(|s| &s.plugin)),
+        ("agent", job.agent.as_ref().map(|s| &s.plugin)),
+        ("reward", job.reward.as_ref().map(|s| &s.plugin)),
+    ];
+    for (section, path) in sections {
+        if let Some(path) = path
+            && !path.exists()
+        {
+            anyhow::bail!(
+                "job `{}`: [{section}] plugin {}: no such file or plugin crate",
+                run.name,
+                path.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Load the base model of a group of jobs, warm it up once (a full-parameter warm-up trains
