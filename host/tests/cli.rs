@@ -825,6 +825,12 @@ fn a_job_whose_plugin_always_fails_stops_itself_and_the_other_job_runs_as_it_run
             && stderr.contains("1 of 2 jobs failed: failing"),
         "{stderr}"
     );
+    // The progress lines show the evaluation before RL and the failures with their text.
+    assert!(
+        stderr.contains("before RL: reward 0.000 success 0.000 (4 failed)")
+            && stderr.contains("failed: invalid_output 6 (first: seed "),
+        "{stderr}"
+    );
     // The plugin's own words travel with the failure: in the error, the metrics and the rollouts.
     assert!(
         stderr.contains("step returned a reward of NaN") && stderr.contains("the first, seed "),
@@ -839,6 +845,10 @@ fn a_job_whose_plugin_always_fails_stops_itself_and_the_other_job_runs_as_it_run
                 .is_some_and(|m| m.contains("reward of NaN"))),
         "{failed_lines:?}"
     );
+    // Its evaluation before RL counts the failures by kind.
+    let initial = &failed_lines[0]["initial_evals"];
+    let first_policy = initial.as_object().unwrap().values().next().unwrap();
+    assert_eq!(first_policy["errors"]["invalid_output"], 4, "{initial}");
     let rollouts = std::fs::read_to_string(out.join("failing/rollouts/step-0.jsonl")).unwrap();
     assert!(rollouts.contains(r#""error_message":"step returned a reward of NaN""#));
     let summary: serde_json::Value =

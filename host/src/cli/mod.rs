@@ -4,6 +4,7 @@ mod model;
 mod plugin;
 mod progress;
 mod sample;
+mod terminal;
 mod train;
 
 use std::path::PathBuf;

@@ -116,21 +116,6 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-/// Plugin-controlled text as it may be printed on a terminal: control characters (escape codes,
-/// newlines, carriage returns) escaped, so a plugin cannot draw on the user's screen.
-fn terminal_safe(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            let escaped: Vec<char> = if c.is_control() {
-                c.escape_default().collect()
-            } else {
-                vec![c]
-            };
-            escaped
-        })
-        .collect()
-}
-
 fn print_summary(summary: &PlaySummary) {
     let bold = |s: &str| {
         if std::io::stdout().is_terminal() {
@@ -141,7 +126,7 @@ fn print_summary(summary: &PlaySummary) {
     };
     println!(
         "{} ({})",
-        bold(&terminal_safe(&summary.plugin)),
+        bold(&super::terminal::terminal_safe(&summary.plugin)),
         &summary.digest[..12]
     );
     println!(
@@ -162,18 +147,4 @@ fn print_summary(summary: &PlaySummary) {
         "  speed      {:.0} episodes/s, {:.0} steps/s, {} alive at most, {:.2} s",
         summary.episodes_per_s, summary.steps_per_s, summary.max_live_episodes, summary.elapsed_s
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::terminal_safe;
-
-    #[test]
-    fn control_characters_in_plugin_text_are_escaped() {
-        assert_eq!(
-            terminal_safe("evil\x1b[2J\nname\r"),
-            "evil\\u{1b}[2J\\nname\\r"
-        );
-        assert_eq!(terminal_safe("tic-tac-toe é"), "tic-tac-toe é");
-    }
 }

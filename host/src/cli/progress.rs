@@ -7,7 +7,8 @@ use std::io::IsTerminal;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::rl::driver::StepMetrics;
+use super::terminal::terminal_safe;
+use crate::rl::driver::{Evaluation, StepMetrics};
 use crate::rl::job::Job;
 
 /// A job's bar and what a step of each phase plays.
@@ -60,20 +61,41 @@ impl TrainProgress {
         }
     }
 
-    /// Show one metrics line of job `name`.
+    /// Show one metrics line of job `name`: its figures, the evaluation before RL (on the
+    /// first RL line) and any later one, and failed episodes with the first failure's text.
     pub fn show(&self, name: &str, line: &StepMetrics) {
-        let eval = match &line.eval {
-            Some(eval) => match eval.loss {
-                Some(loss) => format!("  eval loss {loss:.4}"),
-                None => format!(
-                    "  eval reward {:.3} success {:.3}",
-                    eval.reward_mean, eval.success_rate
-                ),
-            },
-            None => String::new(),
+        let before = line
+            .initial_evals
+            .values()
+            .next()
+            .map_or(String::new(), |eval| {
+                format!("  before RL:{}", describe(eval))
+            });
+        let eval = line
+            .eval
+            .as_ref()
+            .map_or(String::new(), |eval| format!("  eval:{}", describe(eval)));
+        let errors = match line.errors.is_empty() {
+            true => String::new(),
+            false => {
+                let counts: Vec<String> = line
+                    .errors
+                    .iter()
+                    .map(|(kind, count)| format!("{kind} {count}"))
+                    .collect();
+                let first = line
+                    .error_messages
+                    .values()
+                    .next()
+                    .map_or(String::new(), |m| {
+                        let shown: String = m.chars().take(120).collect();
+                        format!(" (first: {})", terminal_safe(&shown))
+                    });
+                format!("  failed: {}{first}", counts.join(", "))
+            }
         };
         let text = format!(
-            "{name} {:>6} {:>4}  reward {:.3}  loss {:.4}  tokens {:>6}  {:.1}s{eval}",
+            "{name} {:>6} {:>4}  reward {:.3}  loss {:.4}  tokens {:>6}  {:.1}s{before}{eval}{errors}",
             line.phase, line.step, line.reward_mean, line.loss, line.tokens, line.seconds
         );
         let Some(job) = self.bars.get(name) else {
@@ -99,6 +121,25 @@ impl TrainProgress {
     pub fn finish(&self) {
         for job in self.bars.values() {
             job.bar.finish();
+        }
+    }
+}
+
+/// An evaluation's figures: the held-out loss of SFT, or reward and success rate (and failed
+/// episodes) of an RL evaluation.
+fn describe(eval: &Evaluation) -> String {
+    match eval.loss {
+        Some(loss) => format!(" loss {loss:.4}"),
+        None => {
+            let failed: usize = eval.errors.values().sum();
+            let failed = match failed {
+                0 => String::new(),
+                n => format!(" ({n} failed)"),
+            };
+            format!(
+                " reward {:.3} success {:.3}{failed}",
+                eval.reward_mean, eval.success_rate
+            )
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::job::Job;
-use super::metrics::{Evaluation, StepMetrics, mean, metrics_of};
+use super::metrics::{Evaluation, StepMetrics, errors, mean, metrics_of};
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
 use super::run_folder::MetricsLog;
@@ -204,6 +204,7 @@ pub(super) async fn evaluate(
         success_rate: mean(returns.iter().map(|r| f64::from(u8::from(*r > 0.0)))),
         episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
         metrics,
+        errors: errors(&outcomes),
         loss: None,
     })
 }

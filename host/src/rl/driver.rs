@@ -12,7 +12,7 @@ use candle_core::DType;
 use super::context::{JobContext, ModelInfo, Reporter};
 use super::job::Job;
 use super::job_trainer::JobTrainer;
-use super::metrics::{Evaluation, Summary};
+use super::metrics::Summary;
 use super::render::Renderer;
 use super::rl_job::train_job;
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
@@ -26,7 +26,7 @@ use crate::sched::{SamplerService, TrainerService};
 use crate::train::{FULL_PARAMETERS, TrainingEngine};
 
 pub use super::context::Progress;
-pub use super::metrics::StepMetrics;
+pub use super::metrics::{Evaluation, StepMetrics};
 
 /// A base model loaded once for every job that trains on it: its weights (after the warm-up)
 /// in one adapter registry, the one sampling service that batches all their adapters, and the

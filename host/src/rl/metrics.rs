@@ -62,6 +62,9 @@ pub struct Evaluation {
     pub episode_steps: f64,
     /// The environment's metrics, averaged per episode.
     pub metrics: BTreeMap<String, f64>,
+    /// Failed episodes by error kind (they count as returns of the failure reward).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
+    pub errors: BTreeMap<String, usize>,
     /// SFT: the loss per token of the held-out conversations (`episodes` of them).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub loss: Option<f64>,
