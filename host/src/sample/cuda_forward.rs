@@ -333,10 +333,6 @@ impl CudaModel {
         &self.gpu
     }
 
-    pub fn options(&self) -> CudaModelOptions {
-        self.options
-    }
-
     /// Copies `adapter` into `slot` of every site's pool. An adapter of the unembedding is
     /// refused: the CUDA forward does not apply one yet.
     pub fn load_adapter(

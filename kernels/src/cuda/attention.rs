@@ -45,14 +45,6 @@ impl PagedKvCache {
             block_size,
         })
     }
-
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    pub fn blocks(&self) -> usize {
-        self.blocks
-    }
 }
 
 /// Where one row of a batch belongs: its sequence (an index into the block tables) and its

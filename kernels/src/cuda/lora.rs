@@ -94,14 +94,6 @@ impl LoraPool {
             .doing("writing an adapter's B")?;
         Ok(())
     }
-
-    pub fn slots(&self) -> usize {
-        self.slots
-    }
-
-    pub fn max_rank(&self) -> usize {
-        self.max_rank
-    }
 }
 
 /// The adapter a run of rows uses: its slot in the pools, its rank and its scale.

@@ -81,7 +81,6 @@ struct Kernels {
 /// One CUDA device with its stream and compiled kernels. Every op is queued on the stream;
 /// [`Gpu::download`] and [`Gpu::synchronize`] wait for it.
 pub struct Gpu {
-    context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     kernels: Kernels,
     name: String,
@@ -142,7 +141,6 @@ impl Gpu {
         };
         let stream = context.default_stream();
         Ok(Gpu {
-            context,
             stream,
             kernels,
             name,
@@ -162,10 +160,6 @@ impl Gpu {
     /// The stream every op is queued on (for timing with events).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
-    }
-
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.context
     }
 
     /// Copies `host` into a new device buffer.
