@@ -55,7 +55,12 @@ fn down(gpu: &Gpu, device: &CudaSlice<f32>) -> Vec<f32> {
 #[test]
 fn the_kernel_source_compiles_with_nvrtc() {
     match compile_kernels(Some("compute_90")) {
-        Ok(ptx) => assert!(ptx.to_src().contains(".entry paged_attention")),
+        Ok(ptx) => {
+            let ptx = ptx.to_src();
+            for kernel in ["paged_attention", "linear_f32", "linear_bf16", "lora_apply"] {
+                assert!(ptx.contains(&format!(".entry {kernel}")), "{kernel}");
+            }
+        }
         Err(error) if error.kind() == GpuErrorKind::NoCompiler => {
             skipped("the_kernel_source_compiles_with_nvrtc", &error)
         }

@@ -24,17 +24,33 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Weights as f32, or as bf16 bits widened to f32 (the upper half of the f32's bits): four
+// consecutive ones (chunk c), or one.
+__device__ __forceinline__ float bf16_to_float(unsigned short v) {
+    return __uint_as_float(((unsigned int)v) << 16);
+}
+__device__ __forceinline__ float4 load4(const float *w, int c) {
+    return reinterpret_cast<const float4 *>(w)[c];
+}
+__device__ __forceinline__ float4 load4(const unsigned short *w, int c) {
+    const uint2 packed = reinterpret_cast<const uint2 *>(w)[c];
+    return make_float4(__uint_as_float(packed.x << 16), __uint_as_float(packed.x & 0xffff0000u),
+                       __uint_as_float(packed.y << 16), __uint_as_float(packed.y & 0xffff0000u));
+}
+__device__ __forceinline__ float load1(const float *w, int k) { return w[k]; }
+__device__ __forceinline__ float load1(const unsigned short *w, int k) { return bf16_to_float(w[k]); }
+
 // acc[r] += dot(x row r, w) over `inp`, lane-strided; `rows` <= ROW_TILE rows of x, `inp` apart.
-// With `inp` a multiple of 4 the loads are float4 (x and w come from cudaMalloc, 256-byte aligned).
-// A row's sum runs in the same order whatever the other rows of the tile are.
-__device__ __forceinline__ void rows_dot(const float *__restrict__ x, const float *__restrict__ w,
+// With `inp` a multiple of 4 the loads are vectorised (x and w come from cudaMalloc, 256-byte
+// aligned). A row's sum runs in the same order whatever the other rows of the tile are.
+template <typename W>
+__device__ __forceinline__ void rows_dot(const float *__restrict__ x, const W *__restrict__ w,
                                          int inp, int rows, float acc[ROW_TILE]) {
     const int lane = threadIdx.x & 31;
     if ((inp & 3) == 0) {
-        const float4 *w4 = reinterpret_cast<const float4 *>(w);
         const int chunks = inp >> 2;
         for (int c = lane; c < chunks; c += 32) {
-            const float4 wv = w4[c];
+            const float4 wv = load4(w, c);
 #pragma unroll
             for (int r = 0; r < ROW_TILE; ++r) {
                 if (r < rows) {
@@ -48,7 +64,7 @@ __device__ __forceinline__ void rows_dot(const float *__restrict__ x, const floa
         }
     } else {
         for (int k = lane; k < inp; k += 32) {
-            const float wv = w[k];
+            const float wv = load1(w, k);
 #pragma unroll
             for (int r = 0; r < ROW_TILE; ++r) {
                 if (r < rows) acc[r] = fmaf(x[(size_t)r * inp + k], wv, acc[r]);
@@ -59,13 +75,15 @@ __device__ __forceinline__ void rows_dot(const float *__restrict__ x, const floa
     for (int r = 0; r < ROW_TILE; ++r) acc[r] = warp_sum(acc[r]);
 }
 
-// y (rows × out) = x (rows × inp) · Wᵀ, or y += ... when `accumulate`. W is out × inp.
+// y (rows × out) = x (rows × inp) · Wᵀ, or y += ... when `accumulate`. W is out × inp, of f32
+// or of bf16 (computed in f32: half the bytes a decode step streams).
 // Block: warps of one output column each; blockIdx.y: a tile of ROW_TILE rows. (Measured on an
 // H200: 32-row tiles, which read W once for a decode batch of 32, ran 1.2-2x slower than 8-row
 // tiles at 16 to 512 rows: fewer blocks and more registers per thread.)
-extern "C" __global__ void linear_f32(const float *__restrict__ x, const float *__restrict__ w,
-                                      float *__restrict__ y, int rows, int inp, int out,
-                                      int accumulate) {
+template <typename W>
+__device__ __forceinline__ void linear_tile(const float *__restrict__ x, const W *__restrict__ w,
+                                            float *__restrict__ y, int rows, int inp, int out,
+                                            int accumulate) {
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int j = blockIdx.x * warps + warp;
     const int r0 = blockIdx.y * ROW_TILE;
@@ -86,62 +104,16 @@ extern "C" __global__ void linear_f32(const float *__restrict__ x, const float *
     }
 }
 
-// bf16 weights (raw bits) widened to f32: the upper half of the f32's bits.
-__device__ __forceinline__ float bf16_to_float(unsigned short v) {
-    return __uint_as_float(((unsigned int)v) << 16);
+extern "C" __global__ void linear_f32(const float *__restrict__ x, const float *__restrict__ w,
+                                      float *__restrict__ y, int rows, int inp, int out,
+                                      int accumulate) {
+    linear_tile(x, w, y, rows, inp, out, accumulate);
 }
 
-// As linear_f32 with W in bf16 (computing in f32): half the bytes a decode step streams.
 extern "C" __global__ void linear_bf16(const float *__restrict__ x, const unsigned short *__restrict__ w,
                                        float *__restrict__ y, int rows, int inp, int out,
                                        int accumulate) {
-    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int j = blockIdx.x * warps + warp;
-    const int r0 = blockIdx.y * ROW_TILE;
-    if (j >= out) return;
-    const int n = min(ROW_TILE, rows - r0);
-    float acc[ROW_TILE];
-#pragma unroll
-    for (int r = 0; r < ROW_TILE; ++r) acc[r] = 0.0f;
-    const float *xs = x + (size_t)r0 * inp;
-    const unsigned short *wj = w + (size_t)j * inp;
-    if ((inp & 3) == 0) {
-        const uint2 *w4 = reinterpret_cast<const uint2 *>(wj);
-        for (int c = lane; c < (inp >> 2); c += 32) {
-            const uint2 packed = w4[c];
-            const float w0 = __uint_as_float(packed.x << 16), w1 = __uint_as_float(packed.x & 0xffff0000u);
-            const float w2 = __uint_as_float(packed.y << 16), w3 = __uint_as_float(packed.y & 0xffff0000u);
-#pragma unroll
-            for (int r = 0; r < ROW_TILE; ++r) {
-                if (r < n) {
-                    const float4 xv = reinterpret_cast<const float4 *>(xs + (size_t)r * inp)[c];
-                    acc[r] = fmaf(xv.x, w0, acc[r]);
-                    acc[r] = fmaf(xv.y, w1, acc[r]);
-                    acc[r] = fmaf(xv.z, w2, acc[r]);
-                    acc[r] = fmaf(xv.w, w3, acc[r]);
-                }
-            }
-        }
-    } else {
-        for (int k = lane; k < inp; k += 32) {
-            const float wv = bf16_to_float(wj[k]);
-#pragma unroll
-            for (int r = 0; r < ROW_TILE; ++r) {
-                if (r < n) acc[r] = fmaf(xs[(size_t)r * inp + k], wv, acc[r]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < ROW_TILE; ++r) acc[r] = warp_sum(acc[r]);
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < ROW_TILE; ++r) {
-            if (r < n) {
-                const size_t o = (size_t)(r0 + r) * out + j;
-                y[o] = accumulate ? y[o] + acc[r] : acc[r];
-            }
-        }
-    }
+    linear_tile(x, w, y, rows, inp, out, accumulate);
 }
 
 // A tile of the mixed-adapter LoRA apply: up to ROW_TILE consecutive rows that share one
