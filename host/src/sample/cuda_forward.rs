@@ -12,12 +12,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use opentinker_kernels::Heads;
 use opentinker_kernels::cuda::{
     AdapterRef, CudaSlice, DeviceIndices, DeviceSegment, Gpu, GpuError, LoraBatch, LoraPool,
     PagedKvCache, SequenceRow,
 };
 
+use super::forward::{attention_heads, out_of_vocabulary};
 use crate::lora::{Adapter, Site, Target};
 use crate::model::Transformer;
 use crate::model::config::{Architecture, ModelConfig};
@@ -407,24 +407,12 @@ impl CudaModel {
         let c = &self.config;
         let (hidden, head_dim, vocab) = (c.hidden_size, c.head_dim, c.vocab_size);
         let eps = c.rms_norm_eps as f32;
-        let shape = Heads {
-            heads: c.num_heads,
-            kv_heads: c.num_kv_heads,
-            head_dim,
-        };
+        let shape = attention_heads(c);
         let invalid = |what: String| CudaForwardError::InvalidInput(what);
         if sequences.iter().any(|s| s.tokens.is_empty()) {
             return Err(invalid("a sequence has no new tokens".into()));
         }
-        if let Some(bad) = sequences
-            .iter()
-            .flat_map(|s| s.tokens)
-            .find(|&&t| t as usize >= vocab)
-        {
-            return Err(invalid(format!(
-                "token id {bad} is outside the vocabulary of {vocab}"
-            )));
-        }
+        out_of_vocabulary(sequences.iter().flat_map(|s| s.tokens), vocab).map_err(invalid)?;
         if let Some(s) = sequences
             .iter()
             .find(|s| s.start + s.tokens.len() > self.weights.context)

@@ -205,6 +205,28 @@ fn add(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// The attention shape of `config`'s model, as the kernels take it.
+pub(crate) fn attention_heads(config: &ModelConfig) -> Heads {
+    Heads {
+        heads: config.num_heads,
+        kv_heads: config.num_kv_heads,
+        head_dim: config.head_dim,
+    }
+}
+
+/// Refuses the first token id outside a vocabulary of `vocab`, naming it.
+pub(crate) fn out_of_vocabulary<'a>(
+    mut tokens: impl Iterator<Item = &'a u32>,
+    vocab: usize,
+) -> Result<(), String> {
+    match tokens.find(|&&t| t as usize >= vocab) {
+        Some(bad) => Err(format!(
+            "token id {bad} is outside the vocabulary of {vocab}"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Run the new tokens of every sequence through the model, appending to their caches. Returns
 /// per sequence its logits, `rows × vocab` (every new token, or the last).
 pub fn forward(
@@ -214,21 +236,10 @@ pub fn forward(
     let c = &model.config;
     let (hidden, head_dim, vocab) = (c.hidden_size, c.head_dim, c.vocab_size);
     let eps = c.rms_norm_eps as f32;
-    let shape = Heads {
-        heads: c.num_heads,
-        kv_heads: c.num_kv_heads,
-        head_dim,
-    };
+    let shape = attention_heads(c);
     let (q_width, kv_width) = (c.num_heads * head_dim, c.num_kv_heads * head_dim);
-    if let Some(bad) = inputs
-        .iter()
-        .flat_map(|i| i.tokens)
-        .find(|&&t| t as usize >= vocab)
-    {
-        return Err(candle_core::Error::Msg(format!(
-            "token id {bad} is outside the vocabulary of {vocab}"
-        )));
-    }
+    out_of_vocabulary(inputs.iter().flat_map(|i| i.tokens), vocab)
+        .map_err(candle_core::Error::Msg)?;
     let rows = Rows::new(inputs.iter().map(|i| (i.tokens.len(), i.adapter)));
     let total = rows.total();
     let positions: Vec<usize> = inputs
