@@ -7,6 +7,7 @@
 //! path from transcripts to datums and the advantages, [`store`] writes state durably.
 
 pub mod allocator;
+pub mod api;
 pub mod cli;
 pub mod lora;
 pub mod model;
@@ -14,5 +15,6 @@ pub mod plugin;
 pub mod rl;
 pub mod sample;
 pub mod sched;
+pub mod server;
 pub mod store;
 pub mod train;

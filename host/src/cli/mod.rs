@@ -4,6 +4,7 @@ mod model;
 mod plugin;
 mod progress;
 mod sample;
+mod serve;
 mod terminal;
 mod train;
 
@@ -35,6 +36,13 @@ enum Command {
     Sample(sample::SampleArgs),
     /// Train a policy as job files describe (warm-up, then RL with plugin environments).
     Train(train::TrainArgs),
+    /// Serve the engine over HTTP in the Tinker wire protocol (the `tinker` SDK drives it).
+    Serve(serve::ServeArgs),
+    /// Make tenants of a server and their API keys.
+    Tenant {
+        #[command(subcommand)]
+        command: serve::TenantCommand,
+    },
     /// Build, inspect and run plugin components.
     Plugin {
         #[command(subcommand)]
@@ -86,5 +94,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plugin { command } => plugin::run(command),
         Command::Sample(args) => sample::run(args),
         Command::Train(args) => train::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Tenant { command } => serve::run_tenant(command),
     }
 }

@@ -2,8 +2,12 @@
 //! job that uses it. Sampling is continuously batched across adapters; training runs in clock
 //! cycles that fuse the waiting `forward_backward` calls of different jobs into one pass.
 
+pub mod base;
 pub mod sampler;
+pub mod service;
 pub mod trainer;
 
-pub use sampler::SamplerService;
+pub use base::{ServedBase, TINY_MODEL_NAME, tiny_model_dir};
+pub use sampler::{SamplerService, SamplerServiceError};
+pub use service::{Service, ServiceConfig};
 pub use trainer::{TrainerService, TrainerServiceError};

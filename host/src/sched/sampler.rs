@@ -8,9 +8,30 @@ use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
 
-use crate::sample::{RequestId, SampleOutput, SampleRequest, SamplingEngine};
+use crate::sample::{RequestId, SampleError, SampleOutput, SampleRequest, SamplingEngine};
 
-type Reply = oneshot::Sender<Result<SampleOutput, String>>;
+/// Why a sampling request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SamplerServiceError {
+    /// The loop has ended.
+    #[error("the sampler has stopped")]
+    Stopped,
+    /// The engine refused the request (bad input); nothing ran.
+    #[error(transparent)]
+    Refused(#[from] SampleError),
+    /// A decoding step failed while the request ran; every request of that step failed with it.
+    #[error("sampling step failed: {0}")]
+    StepFailed(String),
+}
+
+impl SamplerServiceError {
+    /// Whether the request itself was at fault (sending it again would fail the same way).
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, SamplerServiceError::Refused(refusal) if !matches!(refusal, SampleError::Model(_)))
+    }
+}
+
+type Reply = oneshot::Sender<Result<SampleOutput, SamplerServiceError>>;
 
 enum Command {
     Sample(Box<SampleRequest>, Reply),
@@ -33,16 +54,16 @@ impl SamplerService {
         (SamplerService { commands }, thread)
     }
 
-    /// Sample `request`; resolves when all its samples are done. Errors are the engine's
-    /// refusals (bad input) or a failed step, as text.
-    pub async fn sample(&self, request: SampleRequest) -> Result<SampleOutput, String> {
+    /// Sample `request`; resolves when all its samples are done.
+    pub async fn sample(
+        &self,
+        request: SampleRequest,
+    ) -> Result<SampleOutput, SamplerServiceError> {
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(Command::Sample(Box::new(request), reply))
-            .map_err(|_| "the sampler has stopped".to_string())?;
-        answer
-            .await
-            .map_err(|_| "the sampler has stopped".to_string())?
+            .map_err(|_| SamplerServiceError::Stopped)?;
+        answer.await.map_err(|_| SamplerServiceError::Stopped)?
     }
 }
 
@@ -71,10 +92,10 @@ fn serve(mut engine: SamplingEngine, commands: mpsc::Receiver<Command>) {
             }
             Err(error) => {
                 // A failed step leaves the running requests in an unknown state: fail them all.
-                let message = format!("sampling step failed: {error}");
+                let message = error.to_string();
                 for (id, reply) in waiting.drain() {
                     engine.abort(id);
-                    let _ = reply.send(Err(message.clone()));
+                    let _ = reply.send(Err(SamplerServiceError::StepFailed(message.clone())));
                 }
             }
         }
@@ -90,7 +111,7 @@ fn accept(engine: &mut SamplingEngine, waiting: &mut HashMap<RequestId, Reply>, 
             }
             Err(error) => {
                 // The asker may have gone; nothing to do then.
-                let _ = reply.send(Err(error.to_string()));
+                let _ = reply.send(Err(error.into()));
             }
         },
     }

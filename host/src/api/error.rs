@@ -1,0 +1,77 @@
+//! Errors of the op API: a kind that decides the answer (who is at fault, whether to retry) and
+//! a message for the person reading it.
+
+/// Whose fault a failure is, and whether trying again can help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiErrorKind {
+    /// The request is wrong (bad shape, bad token, unknown loss or key): retrying cannot help.
+    InvalidRequest,
+    /// No such id, or not the caller's (answered the same, so that ids do not leak).
+    NotFound,
+    /// No key, or a key that is not valid.
+    Unauthorized,
+    /// The same idempotency key was used for a different request.
+    Conflict,
+    /// The caller has too much work queued; retry later.
+    TooManyRequests,
+    /// The server could not do it now (stopping, restarting): retry.
+    Unavailable,
+    /// The server failed: not the caller's fault.
+    Internal,
+}
+
+impl ApiErrorKind {
+    /// Whether the client should send the same request again.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            ApiErrorKind::TooManyRequests | ApiErrorKind::Unavailable
+        )
+    }
+
+    /// Whether the fault lies with the request (a user error) rather than the server.
+    pub fn is_user_error(self) -> bool {
+        matches!(
+            self,
+            ApiErrorKind::InvalidRequest
+                | ApiErrorKind::NotFound
+                | ApiErrorKind::Unauthorized
+                | ApiErrorKind::Conflict
+        )
+    }
+}
+
+/// A failed op.
+#[derive(Clone, Debug, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[error("{message}")]
+pub struct ApiError {
+    pub kind: ApiErrorKind,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(kind: ApiErrorKind, message: impl Into<String>) -> Self {
+        ApiError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError::new(ApiErrorKind::InvalidRequest, message)
+    }
+
+    /// `what` (e.g. "model `s1:train:0`") is unknown, or not the caller's.
+    pub fn not_found(what: impl std::fmt::Display) -> Self {
+        ApiError::new(ApiErrorKind::NotFound, format!("{what} not found"))
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError::new(ApiErrorKind::Internal, message)
+    }
+
+    pub fn kind(&self) -> ApiErrorKind {
+        self.kind
+    }
+}

@@ -1,0 +1,359 @@
+//! The Tinker data model, and the ops of the service with their outputs. Field names and
+//! defaults are Tinker's, so the JSON forms match the SDK's where the wire uses JSON.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::ids::{CheckpointPath, ModelId, SamplerId, SessionId};
+
+/// A model's input: chunks of tokens (Tinker's other chunk kinds, images, are not served).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelInput {
+    pub chunks: Vec<Chunk>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Chunk {
+    EncodedText { tokens: Vec<u32> },
+}
+
+impl ModelInput {
+    pub fn from_tokens(tokens: Vec<u32>) -> Self {
+        ModelInput {
+            chunks: vec![Chunk::EncodedText { tokens }],
+        }
+    }
+
+    /// Every chunk's tokens, in order.
+    pub fn tokens(&self) -> Vec<u32> {
+        let mut all = Vec::new();
+        for Chunk::EncodedText { tokens } in &self.chunks {
+            all.extend_from_slice(tokens);
+        }
+        all
+    }
+}
+
+/// A dense tensor of one of the two dtypes the losses take.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorData {
+    pub values: TensorValues,
+    pub shape: Vec<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TensorValues {
+    Float32(Vec<f32>),
+    Int64(Vec<i64>),
+}
+
+impl TensorData {
+    /// A one-dimensional float tensor.
+    pub fn f32(values: Vec<f32>) -> Self {
+        TensorData {
+            shape: vec![values.len()],
+            values: TensorValues::Float32(values),
+        }
+    }
+
+    /// A one-dimensional integer tensor.
+    pub fn i64(values: Vec<i64>) -> Self {
+        TensorData {
+            shape: vec![values.len()],
+            values: TensorValues::Int64(values),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.values {
+            TensorValues::Float32(v) => v.len(),
+            TensorValues::Int64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One training example, pre-shifted: `loss_fn_inputs["target_tokens"][i]` follows
+/// `model_input[..=i]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Datum {
+    pub model_input: ModelInput,
+    pub loss_fn_inputs: BTreeMap<String, TensorData>,
+}
+
+/// A new adapter's shape. Tinker trains attention, MLP and unembedding by default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoraConfig {
+    pub rank: usize,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default = "yes")]
+    pub train_unembed: bool,
+    #[serde(default = "yes")]
+    pub train_mlp: bool,
+    #[serde(default = "yes")]
+    pub train_attn: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// AdamW settings of one `optim_step`, with Tinker's defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AdamParams {
+    pub learning_rate: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Clip the gradient to this global L2 norm; 0: no clipping.
+    pub grad_clip_norm: f64,
+}
+
+impl Default for AdamParams {
+    fn default() -> Self {
+        AdamParams {
+            learning_rate: 1e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-12,
+            weight_decay: 0.0,
+            grad_clip_norm: 0.0,
+        }
+    }
+}
+
+/// When a sample stops before `max_tokens`: absent, at the model's end-of-sequence ids.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    String(String),
+    Strings(Vec<String>),
+    /// Stop at one of these ids; empty: never stop early, not even at end-of-sequence.
+    Tokens(Vec<u32>),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    pub max_tokens: Option<usize>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    pub temperature: f64,
+    /// -1 keeps every token.
+    pub top_k: i64,
+    pub top_p: f64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            max_tokens: None,
+            seed: None,
+            stop: None,
+            temperature: 1.0,
+            top_k: -1,
+            top_p: 1.0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleRequest {
+    pub sampler: SamplerId,
+    pub prompt: ModelInput,
+    pub num_samples: usize,
+    pub params: SamplingParams,
+    /// The logprob of every prompt token given the ones before it.
+    pub prompt_logprobs: bool,
+    /// The `k` most likely tokens at every prompt position; 0: none.
+    pub topk_prompt_logprobs: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StopReason {
+    /// A stop token or string (or end-of-sequence) was sampled.
+    Stop,
+    /// `max_tokens`, or the end of the context.
+    Length,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SampledSequence {
+    pub stop_reason: StopReason,
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
+}
+
+/// The most likely `(token, logprob)` pairs at one position.
+pub type TopLogprobs = Vec<(u32, f32)>;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SampleResponse {
+    pub sequences: Vec<SampledSequence>,
+    /// Per prompt token; `None` for the first (nothing precedes it).
+    pub prompt_logprobs: Option<Vec<Option<f32>>>,
+    /// Per prompt token, the top `(token, logprob)` pairs; `None` for the first.
+    pub topk_prompt_logprobs: Option<Vec<Option<TopLogprobs>>>,
+    pub prompt_cache_hit_tokens: usize,
+}
+
+/// The datums of one `forward` / `forward_backward` call and the loss to take over them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ForwardBackwardInput {
+    pub data: Vec<Datum>,
+    /// `cross_entropy`, `importance_sampling`, `ppo`, `cispo` or `dro`.
+    pub loss_fn: String,
+    #[serde(default)]
+    pub loss_fn_config: BTreeMap<String, f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ForwardBackwardOutput {
+    pub loss_fn_output_type: String,
+    /// Per datum, named outputs: `logprobs` (float32, one per target token).
+    pub loss_fn_outputs: Vec<BTreeMap<String, TensorData>>,
+    /// Tinker's `name:reduction` keys, e.g. `loss:sum`.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OptimStepOutput {
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// A trained model, as `get_info` describes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub model_id: ModelId,
+    pub base_model: String,
+    pub arch: String,
+    pub lora_rank: usize,
+    /// A local directory holding the base model's tokenizer.
+    pub tokenizer_dir: String,
+}
+
+/// A sampling session, as `GET samplers/{id}` describes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SamplerInfo {
+    pub sampler_id: SamplerId,
+    pub base_model: String,
+    pub model_path: Option<String>,
+}
+
+/// A base model the service serves.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BaseModelInfo {
+    pub model_name: String,
+    pub max_context_length: usize,
+}
+
+/// What a sampling session samples from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum SamplerSource {
+    /// The base model with no adapter.
+    Base(String),
+    /// Adapter weights saved by `save_weights_for_sampler` or `save_state`.
+    Checkpoint(CheckpointPath),
+}
+
+/// One op of the service. Ops that name a model run in the order of their `seq` for that model.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    CreateSession,
+    CreateModel {
+        session: SessionId,
+        model_seq: u64,
+        base_model: String,
+        lora: LoraConfig,
+    },
+    /// A new model whose adapter (and optimizer state, when `with_optimizer`) is a checkpoint's.
+    CreateModelFromState {
+        session: SessionId,
+        model_seq: u64,
+        path: CheckpointPath,
+        with_optimizer: bool,
+    },
+    GetInfo {
+        model: ModelId,
+    },
+    ForwardBackward {
+        model: ModelId,
+        input: ForwardBackwardInput,
+        /// `forward`: no gradients.
+        forward_only: bool,
+    },
+    OptimStep {
+        model: ModelId,
+        params: AdamParams,
+    },
+    /// Save the adapter and its optimizer state (`save_state`).
+    SaveState {
+        model: ModelId,
+        name: String,
+    },
+    /// Replace the model's adapter (and optimizer state) with a checkpoint's.
+    LoadState {
+        model: ModelId,
+        path: CheckpointPath,
+        with_optimizer: bool,
+    },
+    /// Save the adapter for sampling under a name.
+    SaveWeightsForSampler {
+        model: ModelId,
+        name: String,
+    },
+    /// A sampling session on the adapter as it is now (no file written).
+    SnapshotForSampler {
+        model: ModelId,
+        sampler_seq: u64,
+    },
+    CreateSamplingSession {
+        session: SessionId,
+        sampler_seq: u64,
+        source: SamplerSource,
+    },
+    GetSampler {
+        sampler: SamplerId,
+    },
+    Sample(SampleRequest),
+}
+
+impl Op {
+    /// The model whose order the op takes its place in, if any.
+    pub fn model(&self) -> Option<&ModelId> {
+        match self {
+            Op::GetInfo { model }
+            | Op::ForwardBackward { model, .. }
+            | Op::OptimStep { model, .. }
+            | Op::SaveState { model, .. }
+            | Op::LoadState { model, .. }
+            | Op::SaveWeightsForSampler { model, .. }
+            | Op::SnapshotForSampler { model, .. } => Some(model),
+            _ => None,
+        }
+    }
+}
+
+/// What an op answers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OpOutput {
+    Session(SessionId),
+    Model(ModelId),
+    Info(ModelInfo),
+    ForwardBackward(ForwardBackwardOutput),
+    OptimStep(OptimStepOutput),
+    Checkpoint(CheckpointPath),
+    Sampler(SamplerId),
+    SamplerInfo(SamplerInfo),
+    Sample(SampleResponse),
+}

@@ -1,0 +1,94 @@
+//! `opentinker serve`: the service over HTTP in the Tinker wire protocol, and `opentinker tenant`,
+//! which makes the tenants and keys it accepts.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::sched::TINY_MODEL_NAME;
+use crate::server::tenants::Tenants;
+use crate::server::{AppState, DEFAULT_POLL_WAIT, ServerConfig, serve};
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Where to listen. Keep it on loopback unless a TLS proxy sits in front.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    addr: SocketAddr,
+    /// The server's database, checkpoints and generated models.
+    #[arg(long)]
+    data: PathBuf,
+    /// Serve the model directory DIR as NAME (repeatable). The built-in tiny model is always
+    /// served, as `opentinker/tiny`.
+    #[arg(long = "model", value_name = "NAME=DIR", value_parser = parse_model)]
+    models: Vec<(String, PathBuf)>,
+    /// Seconds a `retrieve_future` poll waits for an unfinished op before answering `try_again`.
+    #[arg(long, default_value_t = DEFAULT_POLL_WAIT.as_secs())]
+    poll_wait: u64,
+    /// KV-cache positions of running samples per base model (requests beyond it wait).
+    #[arg(long, default_value_t = 262_144)]
+    kv_positions: usize,
+}
+
+fn parse_model(text: &str) -> Result<(String, PathBuf), String> {
+    let (name, dir) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected NAME=DIR"))?;
+    if name.is_empty() || dir.is_empty() {
+        return Err(format!("{text:?}: expected NAME=DIR"));
+    }
+    Ok((name.to_string(), PathBuf::from(dir)))
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TenantCommand {
+    /// Make a tenant and print its API key (shown this once; only a salted hash is kept).
+    Create {
+        name: String,
+        /// The server's `--data` folder.
+        #[arg(long)]
+        data: PathBuf,
+    },
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = ServerConfig {
+        addr: args.addr,
+        data: args.data,
+        models: args.models,
+        poll_wait: Duration::from_secs(args.poll_wait),
+        kv_positions: args.kv_positions,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let state = Arc::new(AppState::open(&config)?);
+        let listener = tokio::net::TcpListener::bind(config.addr)
+            .await
+            .with_context(|| format!("listening on {}", config.addr))?;
+        let addr = listener.local_addr()?;
+        // The line tests and scripts wait for.
+        println!("opentinker serving on http://{addr} (models: {})", {
+            let mut names = vec![TINY_MODEL_NAME.to_string()];
+            names.extend(config.models.iter().map(|(n, _)| n.clone()));
+            names.join(", ")
+        });
+        serve(listener, state, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+    })
+}
+
+pub fn run_tenant(command: TenantCommand) -> anyhow::Result<()> {
+    match command {
+        TenantCommand::Create { name, data } => {
+            let tenants = Tenants::open(&data)?;
+            let (tenant, key) = tenants.create(&name)?;
+            eprintln!("tenant {tenant} created; its API key (shown only now):");
+            println!("{key}");
+            Ok(())
+        }
+    }
+}

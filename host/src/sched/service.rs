@@ -1,0 +1,831 @@
+//! The engine as a service: every tenant's sessions, models and samplers over the served base
+//! models, reached through typed ops ([`Op`]) rather than closures. A tenant sees only its own
+//! objects; another tenant's id is answered exactly as an unknown one.
+//!
+//! Ops that name a model run in the order of their `seq` for that model (the Tinker SDK numbers
+//! a training client's requests 1, 2, ... and may send chunks of one call at once); everything
+//! else runs as it arrives. Training work of all tenants meets in the base's training loop,
+//! which fuses the `forward_backward` calls waiting in one cycle into one pass.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use candle_core::DType;
+use tokio::sync::watch;
+
+use super::base::ServedBase;
+use super::{SamplerServiceError, TrainerServiceError};
+use crate::api::{
+    AdamParams, ApiError, ApiErrorKind, BaseModelInfo, CheckpointKind, CheckpointPath, Datum,
+    ForwardBackwardInput, ForwardBackwardOutput, LoraConfig, ModelId, ModelInfo, Op, OpOutput,
+    OptimStepOutput, SampleRequest, SampleResponse, SampledSequence, SamplerId, SamplerInfo,
+    SamplerSource, SessionId, StopReason, TenantId, TensorData, TensorValues,
+};
+use crate::lora::PolicyVersion;
+use crate::sample::{self, PolicyRef};
+use crate::train::{self, Loss, StepReport, TrainError, WorkItem};
+
+/// The LoRA alpha of adapters made through the API (Tinker's).
+const LORA_ALPHA: f64 = 32.0;
+/// The largest adapter rank the service makes.
+const MAX_LORA_RANK: usize = 256;
+/// `max_tokens` of a sample request that gives none.
+const DEFAULT_MAX_TOKENS: usize = 64;
+/// The most samples one request may ask for.
+const MAX_SAMPLES_PER_REQUEST: usize = 128;
+/// The loss inputs a datum may carry, by Tinker name.
+const LOSS_INPUTS: [&str; 4] = ["target_tokens", "weights", "advantages", "logprobs"];
+
+/// Where the service keeps its files.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    /// Checkpoints live under `data/checkpoints/TENANT/`.
+    pub data: PathBuf,
+}
+
+/// The turn of each op of one model: ops with `seq` run when every lower `seq` has run.
+struct OpOrder {
+    next: watch::Sender<u64>,
+}
+
+impl OpOrder {
+    fn new() -> Self {
+        OpOrder {
+            next: watch::Sender::new(1),
+        }
+    }
+
+    /// Wait for `seq`'s turn; the returned guard passes the turn on when dropped.
+    async fn turn(&self, model: &ModelId, seq: u64) -> Result<Turn<'_>, ApiError> {
+        let mut next = self.next.subscribe();
+        let current = *next.borrow();
+        if seq < current {
+            return Err(ApiError::new(
+                ApiErrorKind::Conflict,
+                format!("seq_id {seq} of model {model} was used already (the next is {current})"),
+            ));
+        }
+        next.wait_for(|n| *n == seq)
+            .await
+            .map_err(|_| ApiError::internal("the model's op order was dropped"))?;
+        Ok(Turn { order: self, seq })
+    }
+}
+
+struct Turn<'a> {
+    order: &'a OpOrder,
+    seq: u64,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let seq = self.seq;
+        self.order.next.send_if_modified(|n| {
+            let mine = *n == seq;
+            if mine {
+                *n = seq + 1;
+            }
+            mine
+        });
+    }
+}
+
+/// A model being trained: one adapter in its base's training loop.
+struct TrainedModel {
+    tenant: TenantId,
+    base: Arc<ServedBase>,
+    /// The adapter's name in the training loop and the registry (unique over tenants).
+    adapter: String,
+    lora_rank: usize,
+    order: OpOrder,
+}
+
+/// A sampling session: a fixed policy on a base.
+struct Sampler {
+    tenant: TenantId,
+    base: Arc<ServedBase>,
+    /// `None`: the base model. Held, so the version stays alive while the session does.
+    policy: Option<Arc<PolicyVersion>>,
+    model_path: Option<String>,
+}
+
+#[derive(Default)]
+struct Objects {
+    sessions: HashMap<SessionId, TenantId>,
+    models: HashMap<ModelId, Arc<TrainedModel>>,
+    samplers: HashMap<SamplerId, Arc<Sampler>>,
+    /// Numbers the registry names of policies loaded from checkpoints.
+    loaded_policies: u64,
+}
+
+/// Every served base and every tenant's objects on them.
+pub struct Service {
+    bases: BTreeMap<String, Arc<ServedBase>>,
+    config: ServiceConfig,
+    objects: Mutex<Objects>,
+}
+
+impl Service {
+    pub fn new(bases: Vec<ServedBase>, config: ServiceConfig) -> Self {
+        Service {
+            bases: bases
+                .into_iter()
+                .map(|b| (b.name.clone(), Arc::new(b)))
+                .collect(),
+            config,
+            objects: Mutex::new(Objects::default()),
+        }
+    }
+
+    /// The served base models.
+    pub fn capabilities(&self) -> Vec<BaseModelInfo> {
+        self.bases
+            .values()
+            .map(|b| BaseModelInfo {
+                model_name: b.name.clone(),
+                max_context_length: b.context,
+            })
+            .collect()
+    }
+
+    /// Run `op` for `tenant`. An op that names a model and carries `seq` waits for its turn in
+    /// that model's order.
+    pub async fn execute(
+        &self,
+        tenant: &TenantId,
+        op: Op,
+        seq: Option<u64>,
+    ) -> Result<OpOutput, ApiError> {
+        let model = match op.model() {
+            Some(id) => Some(self.model(tenant, id)?),
+            None => None,
+        };
+        let ordered = model.clone();
+        let _turn = match (&ordered, seq, op.model()) {
+            (Some(model), Some(seq), Some(id)) => Some(model.order.turn(id, seq).await?),
+            _ => None,
+        };
+        match op {
+            Op::CreateSession => Ok(OpOutput::Session(self.create_session(tenant))),
+            Op::CreateModel {
+                session,
+                model_seq,
+                base_model,
+                lora,
+            } => {
+                self.create_model(tenant, &session, model_seq, &base_model, &lora)
+                    .await
+            }
+            Op::CreateModelFromState {
+                session,
+                model_seq,
+                path,
+                with_optimizer,
+            } => {
+                self.create_model_from_state(tenant, &session, model_seq, &path, with_optimizer)
+                    .await
+            }
+            Op::GetInfo { model: id } => {
+                let model = model.ok_or_else(|| ApiError::not_found(format!("model {id}")))?;
+                Ok(OpOutput::Info(ModelInfo {
+                    model_id: id,
+                    base_model: model.base.name.clone(),
+                    arch: model.base.config.architecture.model_type().to_string(),
+                    lora_rank: model.lora_rank,
+                    tokenizer_dir: model.base.dir.display().to_string(),
+                }))
+            }
+            Op::ForwardBackward {
+                input,
+                forward_only,
+                ..
+            } => {
+                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
+                forward_backward(&model, input, forward_only)
+                    .await
+                    .map(OpOutput::ForwardBackward)
+            }
+            Op::OptimStep { params, .. } => {
+                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
+                optim_step(&model, params).await.map(OpOutput::OptimStep)
+            }
+            Op::SaveState { model: id, name } => {
+                let path = CheckpointPath::new(id, CheckpointKind::Weights, &name)?;
+                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
+                self.save(tenant, &model, &path, true).await?;
+                Ok(OpOutput::Checkpoint(path))
+            }
+            Op::SaveWeightsForSampler { model: id, name } => {
+                let path = CheckpointPath::new(id, CheckpointKind::SamplerWeights, &name)?;
+                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
+                self.save(tenant, &model, &path, false).await?;
+                Ok(OpOutput::Checkpoint(path))
+            }
+            Op::LoadState {
+                path,
+                with_optimizer,
+                ..
+            } => {
+                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
+                let dir = self.checkpoint_dir(tenant, &path)?;
+                let adapter = model.adapter.clone();
+                model
+                    .base
+                    .trainer
+                    .with(move |e| e.load_adapter(&adapter, &dir, with_optimizer))
+                    .await
+                    .map_err(trainer_error)?
+                    .map_err(train_error)?;
+                Ok(OpOutput::Checkpoint(path))
+            }
+            Op::SnapshotForSampler {
+                model: id,
+                sampler_seq,
+            } => {
+                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
+                let registry = Arc::clone(&model.base.registry);
+                let adapter = model.adapter.clone();
+                let policy = model
+                    .base
+                    .trainer
+                    .with(move |e| match e.adapter(&adapter) {
+                        Some(a) => registry
+                            .publish(&adapter, a)
+                            .map_err(|e| ApiError::internal(e.to_string())),
+                        None => Err(ApiError::internal("the model's adapter is gone")),
+                    })
+                    .await
+                    .map_err(trainer_error)??;
+                let sampler = SamplerId::of_session(&id.session, sampler_seq);
+                self.add_sampler(
+                    &sampler,
+                    Sampler {
+                        tenant: tenant.clone(),
+                        base: Arc::clone(&model.base),
+                        policy: Some(policy),
+                        model_path: None,
+                    },
+                )?;
+                Ok(OpOutput::Sampler(sampler))
+            }
+            Op::CreateSamplingSession {
+                session,
+                sampler_seq,
+                source,
+            } => {
+                self.session(tenant, &session)?;
+                let id = SamplerId::of_session(&session, sampler_seq);
+                let sampler = self.open_sampler(tenant, source).await?;
+                self.add_sampler(&id, sampler)?;
+                Ok(OpOutput::Sampler(id))
+            }
+            Op::GetSampler { sampler: id } => {
+                let sampler = self.sampler(tenant, &id)?;
+                Ok(OpOutput::SamplerInfo(SamplerInfo {
+                    sampler_id: id,
+                    base_model: sampler.base.name.clone(),
+                    model_path: sampler.model_path.clone(),
+                }))
+            }
+            Op::Sample(request) => {
+                let sampler = self.sampler(tenant, &request.sampler)?;
+                sample_with(&sampler, request).await.map(OpOutput::Sample)
+            }
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Objects> {
+        // The maps stay consistent across a panic: every change is one insert.
+        self.objects.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn create_session(&self, tenant: &TenantId) -> SessionId {
+        let mut bytes = [0u8; 12];
+        // Unguessable, though another tenant's session id would only answer "not found".
+        getrandom::fill(&mut bytes).unwrap_or_default();
+        let id = SessionId::new(&format!("s-{}", hex::encode(bytes)))
+            .unwrap_or_else(|_| unreachable!("hex is a plain name"));
+        self.lock().sessions.insert(id.clone(), tenant.clone());
+        id
+    }
+
+    fn session(&self, tenant: &TenantId, session: &SessionId) -> Result<(), ApiError> {
+        match self.lock().sessions.get(session) {
+            Some(owner) if owner == tenant => Ok(()),
+            _ => Err(ApiError::not_found(format!("session {session}"))),
+        }
+    }
+
+    fn model(&self, tenant: &TenantId, id: &ModelId) -> Result<Arc<TrainedModel>, ApiError> {
+        match self.lock().models.get(id) {
+            Some(model) if &model.tenant == tenant => Ok(Arc::clone(model)),
+            _ => Err(ApiError::not_found(format!("model {id}"))),
+        }
+    }
+
+    fn sampler(&self, tenant: &TenantId, id: &SamplerId) -> Result<Arc<Sampler>, ApiError> {
+        match self.lock().samplers.get(id) {
+            Some(sampler) if &sampler.tenant == tenant => Ok(Arc::clone(sampler)),
+            _ => Err(ApiError::not_found(format!("sampler {id}"))),
+        }
+    }
+
+    fn base(&self, name: &str) -> Result<Arc<ServedBase>, ApiError> {
+        self.bases.get(name).cloned().ok_or_else(|| {
+            ApiError::invalid(format!(
+                "base model {name:?} is not served here (served: {})",
+                self.bases.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })
+    }
+
+    fn add_sampler(&self, id: &SamplerId, sampler: Sampler) -> Result<(), ApiError> {
+        let mut objects = self.lock();
+        if objects.samplers.contains_key(id) {
+            return Err(ApiError::new(
+                ApiErrorKind::Conflict,
+                format!("sampler {id} exists already"),
+            ));
+        }
+        objects.samplers.insert(id.clone(), Arc::new(sampler));
+        Ok(())
+    }
+
+    /// Reserve `session`'s model number `seq` for a new model on `base`.
+    fn new_model(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+        seq: u64,
+        base: Arc<ServedBase>,
+        lora_rank: usize,
+    ) -> Result<(ModelId, Arc<TrainedModel>), ApiError> {
+        self.session(tenant, session)?;
+        let id = ModelId {
+            session: session.clone(),
+            seq,
+        };
+        let mut objects = self.lock();
+        if objects.models.contains_key(&id) {
+            return Err(ApiError::new(
+                ApiErrorKind::Conflict,
+                format!("model {id} exists already"),
+            ));
+        }
+        let model = Arc::new(TrainedModel {
+            tenant: tenant.clone(),
+            adapter: format!("{tenant}/{id}"),
+            base,
+            lora_rank,
+            order: OpOrder::new(),
+        });
+        objects.models.insert(id.clone(), Arc::clone(&model));
+        Ok((id, model))
+    }
+
+    fn forget_model(&self, id: &ModelId) {
+        self.lock().models.remove(id);
+    }
+
+    async fn create_model(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+        seq: u64,
+        base_model: &str,
+        lora: &LoraConfig,
+    ) -> Result<OpOutput, ApiError> {
+        if lora.rank == 0 || lora.rank > MAX_LORA_RANK {
+            return Err(ApiError::invalid(format!(
+                "lora_config.rank must be 1 to {MAX_LORA_RANK}, not {}",
+                lora.rank
+            )));
+        }
+        if !(lora.train_attn || lora.train_mlp || lora.train_unembed) {
+            return Err(ApiError::invalid(
+                "lora_config trains nothing: set train_attn, train_mlp or train_unembed",
+            ));
+        }
+        let base = self.base(base_model)?;
+        let (id, model) = self.new_model(tenant, session, seq, base, lora.rank)?;
+        let config = crate::lora::LoraConfig {
+            rank: lora.rank,
+            alpha: LORA_ALPHA,
+            rslora: false,
+            train_attention: lora.train_attn,
+            train_mlp: lora.train_mlp,
+            train_unembed: lora.train_unembed,
+            seed: lora.seed.unwrap_or(0),
+        };
+        let adapter = model.adapter.clone();
+        let added = model
+            .base
+            .trainer
+            .with(move |e| e.add_adapter(&adapter, config))
+            .await
+            .map_err(trainer_error)
+            .and_then(|r| r.map_err(train_error));
+        if let Err(error) = added {
+            self.forget_model(&id);
+            return Err(error);
+        }
+        Ok(OpOutput::Model(id))
+    }
+
+    async fn create_model_from_state(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+        seq: u64,
+        path: &CheckpointPath,
+        with_optimizer: bool,
+    ) -> Result<OpOutput, ApiError> {
+        let dir = self.checkpoint_dir(tenant, path)?;
+        let source = self.model(tenant, &path.model)?;
+        let base = Arc::clone(&source.base);
+        let (id, model) = self.new_model(tenant, session, seq, base, source.lora_rank)?;
+        let adapter = model.adapter.clone();
+        let loaded = model
+            .base
+            .trainer
+            .with(move |e| e.load_adapter(&adapter, &dir, with_optimizer))
+            .await
+            .map_err(trainer_error)
+            .and_then(|r| r.map_err(train_error));
+        if let Err(error) = loaded {
+            self.forget_model(&id);
+            return Err(error);
+        }
+        Ok(OpOutput::Model(id))
+    }
+
+    /// The folder of `path`, if it is one of `tenant`'s checkpoints: the path is looked up
+    /// under the tenant's own folder only, so another tenant's path is simply not there.
+    fn checkpoint_dir(
+        &self,
+        tenant: &TenantId,
+        path: &CheckpointPath,
+    ) -> Result<PathBuf, ApiError> {
+        let dir = self.tenant_dir(tenant, path);
+        if dir.is_dir() {
+            Ok(dir)
+        } else {
+            Err(ApiError::not_found(format!("checkpoint {path}")))
+        }
+    }
+
+    fn tenant_dir(&self, tenant: &TenantId, path: &CheckpointPath) -> PathBuf {
+        self.config
+            .data
+            .join("checkpoints")
+            .join(tenant.as_str())
+            .join(path.model.to_string())
+            .join(path.kind.as_str())
+            .join(&path.name)
+    }
+
+    /// Save `model`'s adapter at `path`: a copy is taken on the training loop, the files are
+    /// written off it, so another tenant's step does not wait for this disk.
+    async fn save(
+        &self,
+        tenant: &TenantId,
+        model: &TrainedModel,
+        path: &CheckpointPath,
+        with_optimizer: bool,
+    ) -> Result<(), ApiError> {
+        let adapter = model.adapter.clone();
+        let (copy, optimizer) = model
+            .base
+            .trainer
+            .with(move |e| {
+                let copy = e
+                    .adapter(&adapter)
+                    .ok_or_else(|| ApiError::internal("the model's adapter is gone"))?
+                    .frozen_copy()
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                let optimizer = with_optimizer
+                    .then(|| e.optimizer_state(&adapter))
+                    .flatten();
+                Ok::<_, ApiError>((copy, optimizer))
+            })
+            .await
+            .map_err(trainer_error)??;
+        let dir = self.tenant_dir(tenant, path);
+        let base_name = model.base.name.clone();
+        tokio::task::spawn_blocking(move || {
+            let optimizer = optimizer.as_ref().map(|(step, moments)| (*step, moments));
+            train::checkpoint::save(&dir, &copy, &base_name, optimizer)
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("saving the checkpoint: {e}")))?
+        .map_err(|e| ApiError::internal(format!("saving the checkpoint: {e}")))
+    }
+
+    /// The sampler of `source`: the base model, or a checkpoint's adapter published on its base.
+    async fn open_sampler(
+        &self,
+        tenant: &TenantId,
+        source: SamplerSource,
+    ) -> Result<Sampler, ApiError> {
+        match source {
+            SamplerSource::Base(name) => Ok(Sampler {
+                tenant: tenant.clone(),
+                base: self.base(&name)?,
+                policy: None,
+                model_path: None,
+            }),
+            SamplerSource::Checkpoint(path) => {
+                let dir = self.checkpoint_dir(tenant, &path)?;
+                let base = Arc::clone(&self.model(tenant, &path.model)?.base);
+                let name = {
+                    let mut objects = self.lock();
+                    objects.loaded_policies += 1;
+                    format!("{tenant}/loaded-{}", objects.loaded_policies)
+                };
+                let config = base.config.clone();
+                let registry = Arc::clone(&base.registry);
+                let policy = tokio::task::spawn_blocking(move || {
+                    let loaded = train::checkpoint::load(&dir, &config, DType::F32)
+                        .map_err(|e| ApiError::invalid(e.to_string()))?;
+                    registry
+                        .publish(&name, &loaded.adapter)
+                        .map_err(|e| ApiError::invalid(e.to_string()))
+                })
+                .await
+                .map_err(|e| ApiError::internal(format!("loading the checkpoint: {e}")))??;
+                Ok(Sampler {
+                    tenant: tenant.clone(),
+                    base,
+                    policy: Some(policy),
+                    model_path: Some(path.to_string()),
+                })
+            }
+        }
+    }
+}
+
+/// The engine's datum of an API datum, checked against the model's vocabulary and context.
+fn engine_datum(datum: &Datum, vocab: usize, context: usize) -> Result<train::Datum, String> {
+    for key in datum.loss_fn_inputs.keys() {
+        if !LOSS_INPUTS.contains(&key.as_str()) {
+            return Err(format!(
+                "unknown loss_fn_inputs key {key:?} (known: {})",
+                LOSS_INPUTS.join(", ")
+            ));
+        }
+    }
+    let input_tokens = datum.model_input.tokens();
+    let n = input_tokens.len();
+    if n == 0 {
+        return Err("model_input is empty".into());
+    }
+    if n > context {
+        return Err(format!(
+            "model_input has {n} tokens; the model's context holds {context}"
+        ));
+    }
+    let check_shape = |key: &str, tensor: &TensorData| {
+        if tensor.shape != [tensor.len()] || tensor.len() != n {
+            return Err(format!(
+                "loss_fn_inputs[{key:?}] has shape {:?}; it must be [{n}], one per model_input token",
+                tensor.shape
+            ));
+        }
+        Ok(())
+    };
+    let target = datum
+        .loss_fn_inputs
+        .get("target_tokens")
+        .ok_or("loss_fn_inputs has no \"target_tokens\"")?;
+    check_shape("target_tokens", target)?;
+    let TensorValues::Int64(targets) = &target.values else {
+        return Err("loss_fn_inputs[\"target_tokens\"] must be int64".into());
+    };
+    let mut target_tokens = Vec::with_capacity(n);
+    for &t in targets {
+        match u32::try_from(t) {
+            Ok(t) if (t as usize) < vocab => target_tokens.push(t),
+            _ => {
+                return Err(format!(
+                    "target token {t} is outside the vocabulary of {vocab}"
+                ));
+            }
+        }
+    }
+    if let Some(&t) = input_tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(format!(
+            "model_input token {t} is outside the vocabulary of {vocab}"
+        ));
+    }
+    let floats = |key: &str| -> Result<Option<Vec<f32>>, String> {
+        let Some(tensor) = datum.loss_fn_inputs.get(key) else {
+            return Ok(None);
+        };
+        check_shape(key, tensor)?;
+        match &tensor.values {
+            TensorValues::Float32(values) => Ok(Some(values.clone())),
+            TensorValues::Int64(_) => Err(format!("loss_fn_inputs[{key:?}] must be float32")),
+        }
+    };
+    Ok(train::Datum {
+        input_tokens,
+        target_tokens,
+        mask: vec![1.0; n],
+        weights: floats("weights")?,
+        advantages: floats("advantages")?,
+        sampler_logprobs: floats("logprobs")?,
+    })
+}
+
+async fn forward_backward(
+    model: &TrainedModel,
+    input: ForwardBackwardInput,
+    forward_only: bool,
+) -> Result<ForwardBackwardOutput, ApiError> {
+    let loss = Loss::from_config(&input.loss_fn, &input.loss_fn_config)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    if input.data.is_empty() {
+        return Err(ApiError::invalid(
+            "forward_backward needs at least one datum",
+        ));
+    }
+    let (vocab, context) = (model.base.config.vocab_size, model.base.context);
+    let datums = input
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            engine_datum(d, vocab, context)
+                .map_err(|e| ApiError::invalid(format!("datum {i}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let item = WorkItem {
+        adapter: model.adapter.clone(),
+        datums,
+        loss,
+    };
+    let trainer = &model.base.trainer;
+    let mut outputs = if forward_only {
+        trainer
+            .with(move |e| e.forward(&[item]))
+            .await
+            .map_err(trainer_error)?
+            .map_err(train_error)?
+    } else {
+        trainer
+            .forward_backward(vec![item])
+            .await
+            .map_err(trainer_error)?
+    };
+    let output = outputs
+        .pop()
+        .ok_or_else(|| ApiError::internal("the engine returned no output"))?;
+    Ok(ForwardBackwardOutput {
+        loss_fn_output_type: input.loss_fn,
+        loss_fn_outputs: output
+            .logprobs
+            .into_iter()
+            .map(|l| BTreeMap::from([("logprobs".to_string(), TensorData::f32(l))]))
+            .collect(),
+        metrics: output.metrics,
+    })
+}
+
+async fn optim_step(model: &TrainedModel, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
+    for (name, value) in [
+        ("learning_rate", params.learning_rate),
+        ("beta1", params.beta1),
+        ("beta2", params.beta2),
+        ("eps", params.eps),
+        ("weight_decay", params.weight_decay),
+        ("grad_clip_norm", params.grad_clip_norm),
+    ] {
+        if !value.is_finite() || value < 0.0 {
+            return Err(ApiError::invalid(format!(
+                "adam_params.{name} must be a finite number >= 0, not {value}"
+            )));
+        }
+    }
+    if params.beta1 >= 1.0 || params.beta2 >= 1.0 {
+        return Err(ApiError::invalid(
+            "adam_params.beta1 and beta2 must be below 1",
+        ));
+    }
+    let adapter = model.adapter.clone();
+    let engine_params = train::AdamParams {
+        learning_rate: params.learning_rate,
+        beta1: params.beta1,
+        beta2: params.beta2,
+        eps: params.eps,
+        weight_decay: params.weight_decay,
+        grad_clip_norm: params.grad_clip_norm,
+    };
+    let report = model
+        .base
+        .trainer
+        .with(move |e| e.optim_step(&adapter, &engine_params))
+        .await
+        .map_err(trainer_error)?
+        .map_err(train_error)?;
+    let metrics = match report {
+        StepReport::Updated { step, grad_norm } => BTreeMap::from([
+            ("grad_norm:mean".to_string(), grad_norm),
+            ("step:max".to_string(), step as f64),
+            ("skipped_non_finite:sum".to_string(), 0.0),
+        ]),
+        StepReport::SkippedNonFinite => {
+            BTreeMap::from([("skipped_non_finite:sum".to_string(), 1.0)])
+        }
+    };
+    Ok(OptimStepOutput { metrics })
+}
+
+async fn sample_with(
+    sampler: &Sampler,
+    request: SampleRequest,
+) -> Result<SampleResponse, ApiError> {
+    let p = &request.params;
+    if request.num_samples == 0 || request.num_samples > MAX_SAMPLES_PER_REQUEST {
+        return Err(ApiError::invalid(format!(
+            "num_samples must be 1 to {MAX_SAMPLES_PER_REQUEST}, not {}",
+            request.num_samples
+        )));
+    }
+    let top_k = match p.top_k {
+        -1 => None,
+        k if k >= 1 => Some(k as usize),
+        k => {
+            return Err(ApiError::invalid(format!(
+                "top_k must be -1 (every token) or at least 1, not {k}"
+            )));
+        }
+    };
+    let stop = p.stop.clone().map(|stop| match stop {
+        crate::api::Stop::String(s) => sample::Stop::Strings(vec![s]),
+        crate::api::Stop::Strings(s) => sample::Stop::Strings(s),
+        crate::api::Stop::Tokens(t) => sample::Stop::Tokens(t),
+    });
+    let prompt = request.prompt.tokens();
+    let room = sampler.base.context.saturating_sub(prompt.len()).max(1);
+    let params = sample::SamplingParams {
+        max_tokens: p.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS.min(room)),
+        temperature: p.temperature,
+        top_k,
+        top_p: p.top_p,
+        seed: p.seed,
+        stop,
+        num_samples: request.num_samples,
+    };
+    let mut engine_request = sample::SampleRequest::new(prompt, params);
+    engine_request.policy = sampler.policy.as_ref().map(|v| PolicyRef {
+        name: v.name.clone(),
+        version: Some(v.version),
+    });
+    engine_request.prompt_logprobs = request.prompt_logprobs;
+    engine_request.topk_prompt_logprobs = request.topk_prompt_logprobs;
+    let output = sampler
+        .base
+        .sampler
+        .sample(engine_request)
+        .await
+        .map_err(|e| match &e {
+            _ if e.is_refusal() => ApiError::invalid(e.to_string()),
+            SamplerServiceError::Stopped => ApiError::new(ApiErrorKind::Unavailable, e.to_string()),
+            _ => ApiError::internal(e.to_string()),
+        })?;
+    Ok(SampleResponse {
+        sequences: output
+            .samples
+            .into_iter()
+            .map(|s| SampledSequence {
+                stop_reason: match s.stop_reason {
+                    sample::StopReason::Stop => StopReason::Stop,
+                    sample::StopReason::Length => StopReason::Length,
+                },
+                tokens: s.tokens,
+                logprobs: s.logprobs,
+            })
+            .collect(),
+        prompt_logprobs: output.prompt_logprobs,
+        topk_prompt_logprobs: output.topk_prompt_logprobs,
+        prompt_cache_hit_tokens: output.cached_prompt_tokens,
+    })
+}
+
+fn train_error(error: TrainError) -> ApiError {
+    match error {
+        TrainError::BadDatum { .. } => ApiError::invalid(error.to_string()),
+        TrainError::Checkpoint(train::checkpoint::CheckpointError::Invalid { .. }) => {
+            ApiError::invalid(error.to_string())
+        }
+        _ => ApiError::internal(error.to_string()),
+    }
+}
+
+fn trainer_error(error: TrainerServiceError) -> ApiError {
+    match error {
+        TrainerServiceError::Stopped => ApiError::internal(error.to_string()),
+        TrainerServiceError::Train(error) => train_error(error),
+    }
+}

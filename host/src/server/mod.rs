@@ -1,0 +1,165 @@
+//! `opentinker serve`: the service over HTTP in the Tinker wire protocol, so that the official
+//! `tinker` Python SDK drives it unmodified (`TINKER_BASE_URL`, `TINKER_API_KEY`). Long ops answer
+//! at once with a request id and run as futures the client polls; every request is made by a
+//! tenant whose key is checked before any work.
+//!
+//! [`routes`] maps paths to ops, [`wire`] converts bodies, [`proto`] is the SDK's protobuf schema,
+//! [`futures`] holds running and finished ops, [`tenants`] the keys.
+
+pub mod futures;
+pub mod proto;
+pub mod routes;
+pub mod tenants;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::api::{ApiError, ApiErrorKind, TenantId};
+use crate::sched::{ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir};
+use futures::Futures;
+use tenants::Tenants;
+
+/// The largest request body accepted (the SDK sends `forward_backward` in chunks of about
+/// 5 MB); larger ones are answered 413.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// How long a `retrieve_future` poll waits for an unfinished op before answering `try_again`
+/// (the SDK's poll times out at 45 s).
+pub const DEFAULT_POLL_WAIT: Duration = Duration::from_secs(20);
+
+/// What `opentinker serve` is told.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub addr: SocketAddr,
+    /// The database, checkpoints and generated models live here.
+    pub data: PathBuf,
+    /// Base models by name, from local directories; the built-in tiny model is served as
+    /// [`TINY_MODEL_NAME`] besides these.
+    pub models: Vec<(String, PathBuf)>,
+    pub poll_wait: Duration,
+    /// KV positions of running samples per base model.
+    pub kv_positions: usize,
+}
+
+/// Everything a request handler reaches.
+pub struct AppState {
+    pub service: Service,
+    pub tenants: Tenants,
+    pub futures: Futures,
+    pub poll_wait: Duration,
+    /// Keys seen valid, by SHA-256, so that a request does not wait on the database.
+    known_keys: Mutex<HashMap<[u8; 32], TenantId>>,
+}
+
+impl AppState {
+    /// Load the models and open the database of `config`.
+    pub fn open(config: &ServerConfig) -> anyhow::Result<Self> {
+        let mut bases = vec![ServedBase::load(
+            TINY_MODEL_NAME,
+            &tiny_model_dir(&config.data)?,
+            config.kv_positions,
+        )?];
+        for (name, dir) in &config.models {
+            anyhow::ensure!(
+                name != TINY_MODEL_NAME,
+                "--model {name}=...: that name is the built-in tiny model's"
+            );
+            bases.push(ServedBase::load(name, dir, config.kv_positions)?);
+        }
+        let tenants = Tenants::open(&config.data).context("opening the server database")?;
+        Ok(AppState {
+            service: Service::new(
+                bases,
+                ServiceConfig {
+                    data: config.data.clone(),
+                },
+            ),
+            tenants,
+            futures: Futures::default(),
+            poll_wait: config.poll_wait,
+            known_keys: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The tenant of `key`; the database is read on a blocking thread, once per key.
+    pub async fn authenticate(self: &Arc<Self>, key: &str) -> Result<TenantId, ApiError> {
+        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        if let Some(tenant) = self.keys().get(&digest) {
+            return Ok(tenant.clone());
+        }
+        let (state, key) = (Arc::clone(self), key.to_string());
+        let tenant = tokio::task::spawn_blocking(move || state.tenants.authenticate(&key))
+            .await
+            .map_err(|e| ApiError::internal(format!("checking the key: {e}")))?
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .ok_or_else(|| ApiError::new(ApiErrorKind::Unauthorized, "invalid API key"))?;
+        self.keys().insert(digest, tenant.clone());
+        Ok(tenant)
+    }
+
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], TenantId>> {
+        self.known_keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// An [`ApiError`] as an HTTP answer: the status its kind calls for and a JSON body naming the
+/// problem (never empty: the SDK reads an empty 400 as a proxy's and retries).
+pub struct HttpError(pub ApiError);
+
+impl From<ApiError> for HttpError {
+    fn from(error: ApiError) -> Self {
+        HttpError(error)
+    }
+}
+
+/// The Tinker SDK's error category of a failure.
+pub fn category(kind: ApiErrorKind) -> &'static str {
+    if kind.is_user_error() {
+        "user"
+    } else {
+        "server"
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let status = match self.0.kind {
+            // 409 would be retried by the SDK; a replayed seq_id with another payload cannot
+            // succeed.
+            ApiErrorKind::InvalidRequest | ApiErrorKind::Conflict => StatusCode::BAD_REQUEST,
+            ApiErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ApiErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            ApiErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let body = json!({
+            "error": self.0.message,
+            "category": category(self.0.kind),
+            "kind": self.0.kind,
+        });
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+/// Serve on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    axum::serve(listener, routes::router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serving HTTP")
+}

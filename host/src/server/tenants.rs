@@ -1,0 +1,150 @@
+//! Tenants and their API keys, in the server's SQLite database (WAL mode). A key is shown once,
+//! when made; only a salted HMAC-SHA256 of it is stored. A key reads `tml-{id}_{secret}`: the
+//! id finds the row, the secret proves the holder.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use hmac::{Hmac, Mac};
+use rusqlite::{Connection, OptionalExtension, params};
+use sha2::Sha256;
+
+use crate::api::{ApiError, TenantId};
+
+/// The database file under the server's `--data` folder.
+pub const DATABASE_FILE: &str = "opentinker.sqlite3";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    #[error("a tenant named {0:?} exists already")]
+    NameTaken(String),
+    #[error(transparent)]
+    InvalidName(#[from] ApiError),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the server database: {0}")]
+    Database(#[from] rusqlite::Error),
+    #[error("no random numbers from the system: {0}")]
+    Random(#[from] getrandom::Error),
+}
+
+/// The tenants table of the server database.
+pub struct Tenants {
+    db: Mutex<Connection>,
+}
+
+fn key_hash(salt: &[u8], key: &str) -> Hmac<Sha256> {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(salt)
+        .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+    mac.update(key.as_bytes());
+    mac
+}
+
+fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
+    let mut buffer = vec![0u8; bytes];
+    getrandom::fill(&mut buffer)?;
+    Ok(hex::encode(buffer))
+}
+
+impl Tenants {
+    /// Open (or make) the database in `data`.
+    pub fn open(data: &Path) -> Result<Self, TenantError> {
+        std::fs::create_dir_all(data).map_err(|source| TenantError::Io {
+            path: data.display().to_string(),
+            source,
+        })?;
+        let db = Connection::open(data.join(DATABASE_FILE))?;
+        db.pragma_update(None, "journal_mode", "WAL")?;
+        db.pragma_update(None, "synchronous", "FULL")?;
+        db.busy_timeout(std::time::Duration::from_secs(5))?;
+        db.execute_batch(
+            "CREATE TABLE IF NOT EXISTS tenants (
+                 name TEXT PRIMARY KEY,
+                 key_id TEXT NOT NULL UNIQUE,
+                 salt BLOB NOT NULL,
+                 key_hash BLOB NOT NULL,
+                 created_at INTEGER NOT NULL
+             );",
+        )?;
+        Ok(Tenants { db: Mutex::new(db) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.db.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Make tenant `name` and its key; the key is returned once and never stored.
+    pub fn create(&self, name: &str) -> Result<(TenantId, String), TenantError> {
+        let tenant = TenantId::new(name)?;
+        let key_id = random_hex(8)?;
+        let key = format!("tml-{key_id}_{}", random_hex(24)?);
+        let salt = hex::decode(random_hex(16)?).unwrap_or_default();
+        let hash = key_hash(&salt, &key).finalize().into_bytes().to_vec();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let inserted = self.lock().execute(
+            "INSERT INTO tenants (name, key_id, salt, key_hash, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(name) DO NOTHING",
+            params![tenant.as_str(), key_id, salt, hash, now],
+        )?;
+        if inserted == 0 {
+            return Err(TenantError::NameTaken(name.to_string()));
+        }
+        Ok((tenant, key))
+    }
+
+    /// The tenant whose key `key` is, or `None` for a key that is not valid.
+    pub fn authenticate(&self, key: &str) -> Result<Option<TenantId>, TenantError> {
+        let Some((key_id, _)) = key.strip_prefix("tml-").and_then(|k| k.split_once('_')) else {
+            return Ok(None);
+        };
+        let row: Option<(String, Vec<u8>, Vec<u8>)> = self
+            .lock()
+            .query_row(
+                "SELECT name, salt, key_hash FROM tenants WHERE key_id = ?1",
+                params![key_id],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+            .optional()?;
+        let Some((name, salt, stored)) = row else {
+            return Ok(None);
+        };
+        // Constant-time comparison of the MACs.
+        if key_hash(&salt, key).verify_slice(&stored).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(TenantId::new(&name)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_authenticates_its_tenant_only_and_is_not_stored() {
+        let data = tempfile::tempdir().unwrap();
+        let tenants = Tenants::open(data.path()).unwrap();
+        let (alice, key) = tenants.create("alice").unwrap();
+        let (bob, other) = tenants.create("bob").unwrap();
+        assert_eq!(tenants.authenticate(&key).unwrap(), Some(alice));
+        assert_eq!(tenants.authenticate(&other).unwrap(), Some(bob));
+        let mut forged = key.clone();
+        forged.pop();
+        forged.push('x');
+        assert_eq!(tenants.authenticate(&forged).unwrap(), None);
+        assert_eq!(tenants.authenticate("tml-nothing").unwrap(), None);
+        assert!(matches!(
+            tenants.create("alice"),
+            Err(TenantError::NameTaken(_))
+        ));
+        drop(tenants);
+        let file = std::fs::read(data.path().join(DATABASE_FILE)).unwrap();
+        let secret = key.split_once('_').unwrap().1.as_bytes();
+        assert!(!file.windows(secret.len()).any(|w| w == secret));
+    }
+}
