@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run every test of opentinker from a fresh clone. Installs what the tests need first: the
 # pinned toolchain (rust-toolchain.toml) with its wasm32-wasip2 target, which the tests use to
-# build the plugin components of plugins/. No Python is needed. The suite is built with the `cuda`
+# build the plugin components of plugins/, and a Python virtual environment outside the repository
+# with the official `tinker` SDK (scripts/requirements-test.txt), which the compatibility suite
+# drives against `opentinker serve`; it is made once and reused. The suite is built with the `cuda`
 # feature, which needs no CUDA toolkit: the GPU tests compile and, on a machine without a GPU,
 # report themselves skipped (scripts/gpu-check.sh runs them on one).
 set -euo pipefail
@@ -9,6 +11,17 @@ cd "$(dirname "$0")/.."
 
 rustup toolchain install                        # the toolchain of rust-toolchain.toml, its components and targets
 rustup target add wasm32-wasip2
+
+# The SDK's virtual environment, remade only when the requirements change.
+venv="${OPENTINKER_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv}"
+requirements=scripts/requirements-test.txt
+stamp="$venv/requirements.sha256"
+if ! sha256sum --status -c "$stamp" 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
+    sha256sum "$requirements" > "$stamp"
+fi
+export OPENTINKER_TEST_PYTHON="$venv/bin/python"
 
 cargo fmt --all --check
 cargo test --workspace --locked --features cuda "$@"
