@@ -505,3 +505,31 @@ async fn a_bad_datum_in_a_cycle_fails_only_the_call_that_sent_it() {
     let untouched = service.with(|e| e.gradients("b")).await.unwrap();
     assert!(untouched.is_none(), "the bad call left gradients behind");
 }
+
+#[test]
+fn an_exported_state_continues_bit_for_bit_in_another_engine() {
+    let model = Arc::new(tiny_transformer(Architecture::Qwen2));
+    let mut engine = TrainingEngine::new(Arc::clone(&model), DType::F32);
+    engine.add_adapter("a", lora(4, 3)).unwrap();
+    let params = AdamParams {
+        learning_rate: 1e-2,
+        ..AdamParams::default()
+    };
+    let work = |seed| [item("a", Loss::CrossEntropy, &[seed], 12)];
+    engine.forward_backward(&work(1)).unwrap();
+    engine.optim_step("a", &params).unwrap();
+    // Saved between a forward_backward and its step: the gradients travel too.
+    engine.forward_backward(&work(2)).unwrap();
+    let bytes = engine.export_state("a").unwrap().encode().unwrap();
+    let state = opentinker::train::SlotState::decode(&bytes, DType::F32).unwrap();
+    let mut restored = TrainingEngine::new(model, DType::F32);
+    restored.import_state("a", state).unwrap();
+    for engine in [&mut engine, &mut restored] {
+        engine.optim_step("a", &params).unwrap();
+        engine.forward_backward(&work(3)).unwrap();
+        engine.optim_step("a", &params).unwrap();
+    }
+    assert_eq!(snapshot(&engine, "a"), snapshot(&restored, "a"));
+    let damaged = opentinker::train::SlotState::decode(&bytes[..bytes.len() / 2], DType::F32);
+    assert!(damaged.is_err());
+}

@@ -57,7 +57,7 @@ impl Target {
 }
 
 /// How an adapter is shaped, as the Tinker `lora_config` says it (and a job file's `[lora]`).
-#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoraConfig {
     pub rank: usize,

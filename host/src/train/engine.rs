@@ -13,6 +13,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::loss::{Loss, LossInputs, loss};
+use super::slot_state::{NamedState, SlotState};
 use crate::lora::{Adapter, AdapterError, LoraConfig};
 use crate::model::Transformer;
 use crate::model::transformer::{RowAdapters, WeightsError};
@@ -297,6 +298,91 @@ impl TrainingEngine {
         let (first, second) = slot.moments().ok()?;
         let moments = names.zip(first.into_iter().zip(second)).collect();
         Some((slot.step, moments))
+    }
+
+    /// Everything adapter `id`'s training depends on (a copy: training further leaves it).
+    pub fn export_state(&self, id: &str) -> Result<SlotState, TrainError> {
+        let slot = self
+            .slots
+            .get(id)
+            .ok_or_else(|| TrainError::UnknownAdapter(id.to_string()))?;
+        let adapter = slot
+            .trainable
+            .adapter()
+            .ok_or(TrainError::FullParameterEngine)?;
+        let allocated = !slot.first_moments.is_empty();
+        let tensors = slot
+            .trainable
+            .named_tensors()
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, var))| NamedState {
+                name,
+                value: var.as_tensor().detach(),
+                moments: allocated.then(|| {
+                    (
+                        slot.first_moments[i].clone(),
+                        slot.second_moments[i].clone(),
+                    )
+                }),
+                gradient: slot.gradients.as_ref().map(|g| g[i].clone()),
+            })
+            .collect();
+        Ok(SlotState {
+            config: adapter.config.clone(),
+            tensors,
+            step: slot.step,
+            saw_non_finite: slot.saw_non_finite,
+        })
+    }
+
+    /// Make adapter `id` (new, or replacing one of that name) exactly as `state` describes it.
+    pub fn import_state(&mut self, id: &str, state: SlotState) -> Result<(), TrainError> {
+        if self.full_parameters {
+            return Err(TrainError::FullParameterEngine);
+        }
+        let adapter = Adapter::new(&self.model.config, state.config, self.dtype)?;
+        let mut by_name: HashMap<String, NamedState> = state
+            .tensors
+            .into_iter()
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        let mut slot = Slot::fresh(Trainable::Lora(adapter));
+        let mut gradients = Vec::new();
+        for (name, var) in slot.trainable.named_tensors() {
+            let saved = by_name.remove(&name).ok_or_else(|| {
+                candle_core::Error::Msg(format!("the saved state has no tensor {name}"))
+            })?;
+            if saved.value.dims() != var.as_tensor().dims() {
+                return Err(candle_core::Error::Msg(format!(
+                    "the saved tensor {name} has shape {:?}, not {:?}",
+                    saved.value.dims(),
+                    var.as_tensor().dims()
+                ))
+                .into());
+            }
+            var.set(&saved.value.to_dtype(self.dtype)?)?;
+            if let Some((m, v)) = saved.moments {
+                slot.first_moments.push(m);
+                slot.second_moments.push(v);
+            }
+            gradients.extend(saved.gradient);
+        }
+        let count = slot.trainable.named_tensors().len();
+        if !by_name.is_empty()
+            || !(slot.first_moments.is_empty() || slot.first_moments.len() == count)
+            || !(gradients.is_empty() || gradients.len() == count)
+        {
+            return Err(candle_core::Error::Msg(
+                "the saved state does not match the adapter's tensors".into(),
+            )
+            .into());
+        }
+        slot.gradients = (!gradients.is_empty()).then_some(gradients);
+        slot.step = state.step;
+        slot.saw_non_finite = state.saw_non_finite;
+        self.slots.insert(id.to_string(), slot);
+        Ok(())
     }
 
     /// Save adapter `id` (with its optimizer state when `with_optimizer`) as a PEFT checkpoint.

@@ -4,9 +4,11 @@
 pub mod checkpoint;
 pub mod engine;
 pub mod loss;
+pub mod slot_state;
 
 pub use engine::{
     AdamParams, AdapterId, Datum, FULL_PARAMETERS, ItemOutput, StepReport, TrainError,
     TrainingEngine, WorkItem,
 };
 pub use loss::{Loss, LossError, LossInputs};
+pub use slot_state::{NamedState, SlotState, SlotStateError};
