@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -63,7 +62,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let state = Arc::new(AppState::open(&config)?);
+        let state = AppState::start(&config).await?;
         let listener = tokio::net::TcpListener::bind(config.addr)
             .await
             .with_context(|| format!("listening on {}", config.addr))?;

@@ -24,7 +24,7 @@ use crate::api::{
 };
 use crate::lora::PolicyVersion;
 use crate::sample::{self, PolicyRef};
-use crate::train::{self, Loss, StepReport, TrainError, WorkItem};
+use crate::train::{self, Loss, SlotState, StepReport, TrainError, TrainingEngine, WorkItem};
 
 /// The LoRA alpha of adapters made through the API (Tinker's).
 const LORA_ALPHA: f64 = 32.0;
@@ -50,44 +50,114 @@ struct OpOrder {
 }
 
 impl OpOrder {
-    fn new() -> Self {
+    /// An order whose next op is `next`.
+    fn new(next: u64) -> Self {
         OpOrder {
-            next: watch::Sender::new(1),
+            next: watch::Sender::new(next),
         }
     }
+}
 
-    /// Wait for `seq`'s turn; the returned guard passes the turn on when dropped.
-    async fn turn(&self, model: &ModelId, seq: u64) -> Result<Turn<'_>, ApiError> {
-        let mut next = self.next.subscribe();
+/// A model's turn for one op; dropping it passes the turn to the next `seq`.
+pub struct Turn {
+    model: Arc<TrainedModel>,
+    seq: u64,
+}
+
+impl Turn {
+    /// Wait for `seq`'s turn in `model`'s order.
+    async fn wait(model: Arc<TrainedModel>, id: &ModelId, seq: u64) -> Result<Turn, ApiError> {
+        let mut next = model.order.next.subscribe();
         let current = *next.borrow();
         if seq < current {
             return Err(ApiError::new(
                 ApiErrorKind::Conflict,
-                format!("seq_id {seq} of model {model} was used already (the next is {current})"),
+                format!("seq_id {seq} of model {id} was used already (the next is {current})"),
             ));
         }
         next.wait_for(|n| *n == seq)
             .await
             .map_err(|_| ApiError::internal("the model's op order was dropped"))?;
-        Ok(Turn { order: self, seq })
+        Ok(Turn { model, seq })
     }
 }
 
-struct Turn<'a> {
-    order: &'a OpOrder,
-    seq: u64,
-}
-
-impl Drop for Turn<'_> {
+impl Drop for Turn {
     fn drop(&mut self) {
         let seq = self.seq;
-        self.order.next.send_if_modified(|n| {
+        self.model.order.next.send_if_modified(|n| {
             let mine = *n == seq;
             if mine {
                 *n = seq + 1;
             }
             mine
         });
+    }
+}
+
+/// A change to the service's objects that a durable server records (with the answer of the op
+/// that made it, in one transaction) so that a restarted service is the same ([`Service::restore`]).
+#[derive(Clone, Debug)]
+pub enum Change {
+    Session {
+        id: SessionId,
+        tenant: TenantId,
+    },
+    /// A model made (`state` is then always given), or the op `applied_seq` of its order ran
+    /// (`state`: its training state after the op, when the op changed it).
+    Model {
+        id: ModelId,
+        tenant: TenantId,
+        base: String,
+        lora_rank: usize,
+        applied_seq: u64,
+        state: Option<Vec<u8>>,
+    },
+    Sampler {
+        id: SamplerId,
+        tenant: TenantId,
+        base: String,
+        source: SamplerRecord,
+    },
+}
+
+/// What a sampling session samples from, as recorded.
+#[derive(Clone, Debug)]
+pub enum SamplerRecord {
+    Base,
+    Checkpoint(CheckpointPath),
+    /// An adapter as it was when snapshotted ([`SlotState`] bytes without optimizer state).
+    Snapshot(Vec<u8>),
+}
+
+/// An op's result: its output (or error), the changes to record before answering, and the
+/// model's turn, held until the caller drops it (after recording), so that the next op of the
+/// model never runs before this one is durable.
+pub struct Executed {
+    pub outcome: Result<OpOutput, ApiError>,
+    pub changes: Vec<Change>,
+    pub hold: Hold,
+}
+
+/// A model's turn, passed on when this is dropped.
+pub struct Hold {
+    _turn: Option<Turn>,
+}
+
+impl Hold {
+    /// Nothing held.
+    pub fn none() -> Self {
+        Hold { _turn: None }
+    }
+}
+
+impl Executed {
+    fn failed(error: ApiError) -> Self {
+        Executed {
+            outcome: Err(error),
+            changes: Vec::new(),
+            hold: Hold::none(),
+        }
     }
 }
 
@@ -150,32 +220,93 @@ impl Service {
     }
 
     /// Run `op` for `tenant`. An op that names a model and carries `seq` waits for its turn in
-    /// that model's order.
-    pub async fn execute(
+    /// that model's order, and holds it until the returned [`Executed`] is dropped.
+    pub async fn execute(&self, tenant: &TenantId, op: Op, seq: Option<u64>) -> Executed {
+        let model = match op.model().map(|id| self.model(tenant, id)).transpose() {
+            Ok(model) => model,
+            Err(error) => return Executed::failed(error),
+        };
+        let id = op.model().cloned();
+        let turn = match (&model, seq, &id) {
+            (Some(model), Some(seq), Some(id)) => {
+                match Turn::wait(Arc::clone(model), id, seq).await {
+                    Ok(turn) => Some(turn),
+                    Err(error) => return Executed::failed(error),
+                }
+            }
+            _ => None,
+        };
+        let mutates = matches!(
+            op,
+            Op::ForwardBackward {
+                forward_only: false,
+                ..
+            } | Op::OptimStep { .. }
+                | Op::LoadState { .. }
+        );
+        let (mut outcome, mut changes) = match self.run(tenant, op, model.clone()).await {
+            Ok((output, changes)) => (Ok(output), changes),
+            Err(error) => (Err(error), Vec::new()),
+        };
+        if let (Some(turn), Some(model), Some(id)) = (&turn, model, id) {
+            // Even a failed op may have changed the state (a pass that failed half way).
+            let state = match mutates {
+                true => match model_state(&model).await {
+                    Ok(state) => Some(state),
+                    Err(error) => {
+                        outcome = Err(error);
+                        None
+                    }
+                },
+                false => None,
+            };
+            changes.push(Change::Model {
+                id,
+                tenant: tenant.clone(),
+                base: model.base.name.clone(),
+                lora_rank: model.lora_rank,
+                applied_seq: turn.seq,
+                state,
+            });
+        }
+        Executed {
+            outcome,
+            changes,
+            hold: Hold { _turn: turn },
+        }
+    }
+
+    /// The op itself, with the changes it makes besides a model's progress.
+    async fn run(
         &self,
         tenant: &TenantId,
         op: Op,
-        seq: Option<u64>,
-    ) -> Result<OpOutput, ApiError> {
-        let model = match op.model() {
-            Some(id) => Some(self.model(tenant, id)?),
-            None => None,
+        model: Option<Arc<TrainedModel>>,
+    ) -> Result<(OpOutput, Vec<Change>), ApiError> {
+        let model_of = |model: Option<Arc<TrainedModel>>| {
+            model.ok_or_else(|| ApiError::internal("the op names no model"))
         };
-        let ordered = model.clone();
-        let _turn = match (&ordered, seq, op.model()) {
-            (Some(model), Some(seq), Some(id)) => Some(model.order.turn(id, seq).await?),
-            _ => None,
-        };
-        match op {
-            Op::CreateSession => Ok(OpOutput::Session(self.create_session(tenant))),
+        let output = match op {
+            Op::CreateSession => {
+                let id = self.create_session(tenant);
+                let change = Change::Session {
+                    id: id.clone(),
+                    tenant: tenant.clone(),
+                };
+                return Ok((OpOutput::Session(id), vec![change]));
+            }
             Op::CreateModel {
                 session,
                 model_seq,
                 base_model,
                 lora,
             } => {
-                self.create_model(tenant, &session, model_seq, &base_model, &lora)
-                    .await
+                let config = self.lora_config(&lora)?;
+                let base = self.base(&base_model)?;
+                let (id, model) = self.new_model(tenant, &session, model_seq, base, lora.rank)?;
+                let adapter = model.adapter.clone();
+                let add = move |e: &mut TrainingEngine| e.add_adapter(&adapter, config);
+                return self.start_model(tenant, id, model, add).await;
             }
             Op::CreateModelFromState {
                 session,
@@ -183,51 +314,52 @@ impl Service {
                 path,
                 with_optimizer,
             } => {
-                self.create_model_from_state(tenant, &session, model_seq, &path, with_optimizer)
-                    .await
+                let dir = self.checkpoint_dir(tenant, &path)?;
+                let source = self.model(tenant, &path.model)?;
+                let base = Arc::clone(&source.base);
+                let (id, model) =
+                    self.new_model(tenant, &session, model_seq, base, source.lora_rank)?;
+                let adapter = model.adapter.clone();
+                let load =
+                    move |e: &mut TrainingEngine| e.load_adapter(&adapter, &dir, with_optimizer);
+                return self.start_model(tenant, id, model, load).await;
             }
             Op::GetInfo { model: id } => {
-                let model = model.ok_or_else(|| ApiError::not_found(format!("model {id}")))?;
-                Ok(OpOutput::Info(ModelInfo {
+                let model = model_of(model)?;
+                OpOutput::Info(ModelInfo {
                     model_id: id,
                     base_model: model.base.name.clone(),
                     arch: model.base.config.architecture.model_type().to_string(),
                     lora_rank: model.lora_rank,
                     tokenizer_dir: model.base.dir.display().to_string(),
-                }))
+                })
             }
             Op::ForwardBackward {
                 input,
                 forward_only,
                 ..
-            } => {
-                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
-                forward_backward(&model, input, forward_only)
-                    .await
-                    .map(OpOutput::ForwardBackward)
-            }
+            } => OpOutput::ForwardBackward(
+                forward_backward(&*model_of(model)?, input, forward_only).await?,
+            ),
             Op::OptimStep { params, .. } => {
-                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
-                optim_step(&model, params).await.map(OpOutput::OptimStep)
+                OpOutput::OptimStep(optim_step(&*model_of(model)?, params).await?)
             }
             Op::SaveState { model: id, name } => {
                 let path = CheckpointPath::new(id, CheckpointKind::Weights, &name)?;
-                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
-                self.save(tenant, &model, &path, true).await?;
-                Ok(OpOutput::Checkpoint(path))
+                self.save(tenant, &*model_of(model)?, &path, true).await?;
+                OpOutput::Checkpoint(path)
             }
             Op::SaveWeightsForSampler { model: id, name } => {
                 let path = CheckpointPath::new(id, CheckpointKind::SamplerWeights, &name)?;
-                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
-                self.save(tenant, &model, &path, false).await?;
-                Ok(OpOutput::Checkpoint(path))
+                self.save(tenant, &*model_of(model)?, &path, false).await?;
+                OpOutput::Checkpoint(path)
             }
             Op::LoadState {
                 path,
                 with_optimizer,
                 ..
             } => {
-                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
+                let model = model_of(model)?;
                 let dir = self.checkpoint_dir(tenant, &path)?;
                 let adapter = model.adapter.clone();
                 model
@@ -237,27 +369,16 @@ impl Service {
                     .await
                     .map_err(trainer_error)?
                     .map_err(train_error)?;
-                Ok(OpOutput::Checkpoint(path))
+                OpOutput::Checkpoint(path)
             }
             Op::SnapshotForSampler {
                 model: id,
                 sampler_seq,
             } => {
-                let model = model.ok_or_else(|| ApiError::internal("no model"))?;
-                let registry = Arc::clone(&model.base.registry);
-                let adapter = model.adapter.clone();
-                let policy = model
-                    .base
-                    .trainer
-                    .with(move |e| match e.adapter(&adapter) {
-                        Some(a) => registry
-                            .publish(&adapter, a)
-                            .map_err(|e| ApiError::internal(e.to_string())),
-                        None => Err(ApiError::internal("the model's adapter is gone")),
-                    })
-                    .await
-                    .map_err(trainer_error)??;
+                let model = model_of(model)?;
+                let state = adapter_values(&model).await?;
                 let sampler = SamplerId::of_session(&id.session, sampler_seq);
+                let policy = publish(&model.base, &format!("{tenant}/{sampler}"), &state).await?;
                 self.add_sampler(
                     &sampler,
                     Sampler {
@@ -267,7 +388,13 @@ impl Service {
                         model_path: None,
                     },
                 )?;
-                Ok(OpOutput::Sampler(sampler))
+                let change = Change::Sampler {
+                    id: sampler.clone(),
+                    tenant: tenant.clone(),
+                    base: model.base.name.clone(),
+                    source: SamplerRecord::Snapshot(state),
+                };
+                return Ok((OpOutput::Sampler(sampler), vec![change]));
             }
             Op::CreateSamplingSession {
                 session,
@@ -276,23 +403,168 @@ impl Service {
             } => {
                 self.session(tenant, &session)?;
                 let id = SamplerId::of_session(&session, sampler_seq);
+                let record = match &source {
+                    SamplerSource::Base(_) => SamplerRecord::Base,
+                    SamplerSource::Checkpoint(path) => SamplerRecord::Checkpoint(path.clone()),
+                };
                 let sampler = self.open_sampler(tenant, source).await?;
+                let change = Change::Sampler {
+                    id: id.clone(),
+                    tenant: tenant.clone(),
+                    base: sampler.base.name.clone(),
+                    source: record,
+                };
                 self.add_sampler(&id, sampler)?;
-                Ok(OpOutput::Sampler(id))
+                return Ok((OpOutput::Sampler(id), vec![change]));
             }
             Op::GetSampler { sampler: id } => {
                 let sampler = self.sampler(tenant, &id)?;
-                Ok(OpOutput::SamplerInfo(SamplerInfo {
+                OpOutput::SamplerInfo(SamplerInfo {
                     sampler_id: id,
                     base_model: sampler.base.name.clone(),
                     model_path: sampler.model_path.clone(),
-                }))
+                })
             }
             Op::Sample(request) => {
                 let sampler = self.sampler(tenant, &request.sampler)?;
-                sample_with(&sampler, request).await.map(OpOutput::Sample)
+                OpOutput::Sample(sample_with(&sampler, request).await?)
+            }
+        };
+        Ok((output, Vec::new()))
+    }
+
+    /// Restore the objects that `changes` (the latest record of each) describe: what a
+    /// restarted durable server calls before it serves.
+    pub async fn restore(&self, changes: Vec<Change>) -> Result<(), ApiError> {
+        for change in changes {
+            match change {
+                Change::Session { id, tenant } => {
+                    self.lock().sessions.insert(id, tenant);
+                }
+                Change::Model {
+                    id,
+                    tenant,
+                    base,
+                    lora_rank,
+                    applied_seq,
+                    state,
+                } => {
+                    let base = self.base(&base)?;
+                    let state = state.ok_or_else(|| {
+                        ApiError::internal(format!("model {id} was recorded without its state"))
+                    })?;
+                    let model = Arc::new(TrainedModel {
+                        adapter: format!("{tenant}/{id}"),
+                        tenant,
+                        base,
+                        lora_rank,
+                        order: OpOrder::new(applied_seq + 1),
+                    });
+                    let adapter = model.adapter.clone();
+                    model
+                        .base
+                        .trainer
+                        .with(move |e| {
+                            let state = SlotState::decode(&state, DType::F32)
+                                .map_err(|e| ApiError::internal(e.to_string()))?;
+                            e.import_state(&adapter, state).map_err(train_error)
+                        })
+                        .await
+                        .map_err(trainer_error)??;
+                    self.lock().models.insert(id, model);
+                }
+                Change::Sampler {
+                    id,
+                    tenant,
+                    base,
+                    source,
+                } => {
+                    let sampler = match source {
+                        SamplerRecord::Base => {
+                            self.open_sampler(&tenant, SamplerSource::Base(base))
+                                .await?
+                        }
+                        SamplerRecord::Checkpoint(path) => {
+                            self.open_sampler(&tenant, SamplerSource::Checkpoint(path))
+                                .await?
+                        }
+                        SamplerRecord::Snapshot(state) => {
+                            let base = self.base(&base)?;
+                            let policy = publish(&base, &format!("{tenant}/{id}"), &state).await?;
+                            Sampler {
+                                tenant,
+                                base,
+                                policy: Some(policy),
+                                model_path: None,
+                            }
+                        }
+                    };
+                    self.lock().samplers.insert(id, Arc::new(sampler));
+                }
             }
         }
+        Ok(())
+    }
+
+    /// Put a new model's adapter in the training loop with `make`, and record the model with
+    /// its state; a model whose adapter could not be made is forgotten.
+    async fn start_model(
+        &self,
+        tenant: &TenantId,
+        id: ModelId,
+        model: Arc<TrainedModel>,
+        make: impl FnOnce(&mut TrainingEngine) -> Result<(), TrainError> + Send + 'static,
+    ) -> Result<(OpOutput, Vec<Change>), ApiError> {
+        let made = model
+            .base
+            .trainer
+            .with(make)
+            .await
+            .map_err(trainer_error)
+            .and_then(|r| r.map_err(train_error));
+        let state = match made {
+            Ok(()) => model_state(&model).await,
+            Err(error) => Err(error),
+        };
+        let state = match state {
+            Ok(state) => state,
+            Err(error) => {
+                self.forget_model(&id);
+                return Err(error);
+            }
+        };
+        let change = Change::Model {
+            id: id.clone(),
+            tenant: tenant.clone(),
+            base: model.base.name.clone(),
+            lora_rank: model.lora_rank,
+            applied_seq: 0,
+            state: Some(state),
+        };
+        Ok((OpOutput::Model(id), vec![change]))
+    }
+
+    fn lora_config(&self, lora: &LoraConfig) -> Result<crate::lora::LoraConfig, ApiError> {
+        if lora.rank == 0 || lora.rank > MAX_LORA_RANK {
+            return Err(ApiError::invalid(format!(
+                "lora_config.rank must be 1 to {MAX_LORA_RANK}, not {}",
+                lora.rank
+            )));
+        }
+        if !(lora.train_attn || lora.train_mlp || lora.train_unembed) {
+            return Err(ApiError::invalid(
+                "lora_config trains nothing: set train_attn, train_mlp or train_unembed",
+            ));
+        }
+        Ok(crate::lora::LoraConfig {
+            rank: lora.rank,
+            alpha: LORA_ALPHA,
+            rslora: false,
+            train_attention: lora.train_attn,
+            train_mlp: lora.train_mlp,
+            train_unembed: lora.train_unembed,
+            seed: lora.seed.unwrap_or(0),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Objects> {
@@ -378,7 +650,7 @@ impl Service {
             adapter: format!("{tenant}/{id}"),
             base,
             lora_rank,
-            order: OpOrder::new(),
+            order: OpOrder::new(1),
         });
         objects.models.insert(id.clone(), Arc::clone(&model));
         Ok((id, model))
@@ -386,78 +658,6 @@ impl Service {
 
     fn forget_model(&self, id: &ModelId) {
         self.lock().models.remove(id);
-    }
-
-    async fn create_model(
-        &self,
-        tenant: &TenantId,
-        session: &SessionId,
-        seq: u64,
-        base_model: &str,
-        lora: &LoraConfig,
-    ) -> Result<OpOutput, ApiError> {
-        if lora.rank == 0 || lora.rank > MAX_LORA_RANK {
-            return Err(ApiError::invalid(format!(
-                "lora_config.rank must be 1 to {MAX_LORA_RANK}, not {}",
-                lora.rank
-            )));
-        }
-        if !(lora.train_attn || lora.train_mlp || lora.train_unembed) {
-            return Err(ApiError::invalid(
-                "lora_config trains nothing: set train_attn, train_mlp or train_unembed",
-            ));
-        }
-        let base = self.base(base_model)?;
-        let (id, model) = self.new_model(tenant, session, seq, base, lora.rank)?;
-        let config = crate::lora::LoraConfig {
-            rank: lora.rank,
-            alpha: LORA_ALPHA,
-            rslora: false,
-            train_attention: lora.train_attn,
-            train_mlp: lora.train_mlp,
-            train_unembed: lora.train_unembed,
-            seed: lora.seed.unwrap_or(0),
-        };
-        let adapter = model.adapter.clone();
-        let added = model
-            .base
-            .trainer
-            .with(move |e| e.add_adapter(&adapter, config))
-            .await
-            .map_err(trainer_error)
-            .and_then(|r| r.map_err(train_error));
-        if let Err(error) = added {
-            self.forget_model(&id);
-            return Err(error);
-        }
-        Ok(OpOutput::Model(id))
-    }
-
-    async fn create_model_from_state(
-        &self,
-        tenant: &TenantId,
-        session: &SessionId,
-        seq: u64,
-        path: &CheckpointPath,
-        with_optimizer: bool,
-    ) -> Result<OpOutput, ApiError> {
-        let dir = self.checkpoint_dir(tenant, path)?;
-        let source = self.model(tenant, &path.model)?;
-        let base = Arc::clone(&source.base);
-        let (id, model) = self.new_model(tenant, session, seq, base, source.lora_rank)?;
-        let adapter = model.adapter.clone();
-        let loaded = model
-            .base
-            .trainer
-            .with(move |e| e.load_adapter(&adapter, &dir, with_optimizer))
-            .await
-            .map_err(trainer_error)
-            .and_then(|r| r.map_err(train_error));
-        if let Err(error) = loaded {
-            self.forget_model(&id);
-            return Err(error);
-        }
-        Ok(OpOutput::Model(id))
     }
 
     /// The folder of `path`, if it is one of `tenant`'s checkpoints: the path is looked up
@@ -563,6 +763,63 @@ impl Service {
             }
         }
     }
+}
+
+/// `model`'s whole training state as bytes, taken on the training loop.
+async fn model_state(model: &TrainedModel) -> Result<Vec<u8>, ApiError> {
+    let adapter = model.adapter.clone();
+    model
+        .base
+        .trainer
+        .with(move |e| {
+            let state = e.export_state(&adapter).map_err(train_error)?;
+            state
+                .encode()
+                .map_err(|e| ApiError::internal(e.to_string()))
+        })
+        .await
+        .map_err(trainer_error)?
+}
+
+/// `model`'s adapter values alone (no optimizer state) as [`SlotState`] bytes.
+async fn adapter_values(model: &TrainedModel) -> Result<Vec<u8>, ApiError> {
+    let adapter = model.adapter.clone();
+    model
+        .base
+        .trainer
+        .with(move |e| {
+            let mut state = e.export_state(&adapter).map_err(train_error)?;
+            for tensor in &mut state.tensors {
+                tensor.moments = None;
+                tensor.gradient = None;
+            }
+            state
+                .encode()
+                .map_err(|e| ApiError::internal(e.to_string()))
+        })
+        .await
+        .map_err(trainer_error)?
+}
+
+/// Publish the adapter of `state` bytes on `base` under `name`, off the async workers.
+async fn publish(
+    base: &Arc<ServedBase>,
+    name: &str,
+    state: &[u8],
+) -> Result<Arc<PolicyVersion>, ApiError> {
+    let (base, name, state) = (Arc::clone(base), name.to_string(), state.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let damaged = |e: String| ApiError::internal(format!("a saved adapter: {e}"));
+        let state = SlotState::decode(&state, DType::F32).map_err(|e| damaged(e.to_string()))?;
+        let adapter = state
+            .adapter(&base.config, DType::F32)
+            .map_err(|e| damaged(e.to_string()))?;
+        base.registry
+            .publish(&name, &adapter)
+            .map_err(|e| ApiError::internal(e.to_string()))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("publishing an adapter: {e}")))?
 }
 
 /// The engine's datum of an API datum, checked against the model's vocabulary and context.

@@ -11,7 +11,9 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
+use super::journal::{AcceptedRequest, FinishedRequest, Journal};
 use crate::api::{ApiError, ApiErrorKind, TenantId};
+use crate::sched::service::{Change, Hold};
 
 /// A finished op's answer body.
 #[derive(Clone, Debug)]
@@ -40,9 +42,14 @@ impl Idempotency {
     pub fn new(key: String, body: &[u8]) -> Self {
         Idempotency {
             key,
-            payload: Sha256::digest(body).into(),
+            payload: accepted_payload(body),
         }
     }
+}
+
+/// The digest a request's payload is compared by.
+fn accepted_payload(body: &[u8]) -> [u8; 32] {
+    Sha256::digest(body).into()
 }
 
 #[derive(Default)]
@@ -52,71 +59,195 @@ struct Table {
     keys: HashMap<(TenantId, String), (String, [u8; 32])>,
 }
 
-#[derive(Default)]
+/// What an op's task gives back: its answer, the changes to record with it, and what must stay
+/// alive until they are recorded (the model's turn: the next op waits for this one's record).
+pub struct Finished {
+    pub outcome: Outcome,
+    pub changes: Vec<Change>,
+    pub hold: Hold,
+}
+
+/// A request to run as a future.
+pub struct Submission {
+    pub tenant: TenantId,
+    pub idempotency: Option<Idempotency>,
+    /// The route and body it came with, recorded to run it again after a restart.
+    pub route: String,
+    pub body: Vec<u8>,
+}
+
 pub struct Futures {
     table: Mutex<Table>,
+    journal: Arc<Journal>,
 }
 
 impl Futures {
+    pub fn new(journal: Arc<Journal>) -> Self {
+        Futures {
+            table: Mutex::new(Table::default()),
+            journal,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Run `work` as a future of `tenant` and return its request id (the first request's, for
-    /// a repeat).
-    pub fn submit<F>(
-        &self,
-        tenant: &TenantId,
-        idempotency: Option<Idempotency>,
-        work: F,
-    ) -> Result<String, ApiError>
+    /// Record `submission` as accepted, run `work` as its future and return its request id (the
+    /// first request's, for a repeat).
+    pub async fn submit<F>(&self, submission: Submission, work: F) -> Result<String, ApiError>
     where
-        F: Future<Output = Outcome> + Send + 'static,
+        F: Future<Output = Finished> + Send + 'static,
     {
-        let mut table = self.lock();
-        if let Some(key) = &idempotency
-            && let Some((id, payload)) = table.keys.get(&(tenant.clone(), key.key.clone()))
+        let Submission {
+            tenant,
+            idempotency,
+            route,
+            body,
+        } = submission;
+        let (id, outcome) = {
+            let mut table = self.lock();
+            if let Some(key) = &idempotency
+                && let Some((id, payload)) = table.keys.get(&(tenant.clone(), key.key.clone()))
+            {
+                return if *payload == key.payload {
+                    Ok(id.clone())
+                } else {
+                    Err(ApiError::new(
+                        ApiErrorKind::Conflict,
+                        format!(
+                            "request {} was sent before with a different payload (a seq_id is used once)",
+                            key.key
+                        ),
+                    ))
+                };
+            }
+            let mut bytes = [0u8; 16];
+            getrandom::fill(&mut bytes)
+                .map_err(|e| ApiError::internal(format!("no random request id: {e}")))?;
+            let id = format!("req-{}", hex::encode(bytes));
+            let (sender, outcome) = watch::channel(None);
+            table.entries.insert(
+                id.clone(),
+                Entry {
+                    tenant: tenant.clone(),
+                    outcome,
+                },
+            );
+            if let Some(key) = &idempotency {
+                table
+                    .keys
+                    .insert((tenant.clone(), key.key.clone()), (id.clone(), key.payload));
+            }
+            (id, sender)
+        };
+        let accepted = AcceptedRequest {
+            id: id.clone(),
+            tenant,
+            idempotency_key: idempotency.map(|k| k.key),
+            payload: accepted_payload(&body),
+            route,
+            body,
+        };
+        let journal = Arc::clone(&self.journal);
+        let recorded = tokio::task::spawn_blocking(move || journal.accept(&accepted)).await;
+        if let Err(error) = recorded
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
         {
-            return if *payload == key.payload {
-                Ok(id.clone())
-            } else {
-                Err(ApiError::new(
-                    ApiErrorKind::Conflict,
-                    format!(
-                        "request {} was sent before with a different payload (a seq_id is used once)",
-                        key.key
-                    ),
-                ))
-            };
+            let mut table = self.lock();
+            table.entries.remove(&id);
+            table.keys.retain(|_, (request, _)| *request != id);
+            return Err(ApiError::new(
+                ApiErrorKind::Unavailable,
+                format!("the request could not be recorded: {error}"),
+            ));
         }
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes)
-            .map_err(|e| ApiError::internal(format!("no random request id: {e}")))?;
-        let id = format!("req-{}", hex::encode(bytes));
+        self.run(id.clone(), outcome, work);
+        Ok(id)
+    }
+
+    /// Run an accepted request again (after a restart), under its recorded id.
+    pub fn resubmit<F>(&self, request: &AcceptedRequest, work: F)
+    where
+        F: Future<Output = Finished> + Send + 'static,
+    {
         let (sender, outcome) = watch::channel(None);
+        let mut table = self.lock();
         table.entries.insert(
-            id.clone(),
+            request.id.clone(),
             Entry {
-                tenant: tenant.clone(),
+                tenant: request.tenant.clone(),
                 outcome,
             },
         );
-        if let Some(key) = idempotency {
-            table
-                .keys
-                .insert((tenant.clone(), key.key), (id.clone(), key.payload));
+        if let Some(key) = &request.idempotency_key {
+            table.keys.insert(
+                (request.tenant.clone(), key.clone()),
+                (request.id.clone(), request.payload),
+            );
         }
         drop(table);
+        self.run(request.id.clone(), sender, work);
+    }
+
+    /// Answer finished requests (after a restart) as they were answered before.
+    pub fn restore(&self, finished: Vec<FinishedRequest>) {
+        let mut table = self.lock();
+        for request in finished {
+            let (_, outcome) = watch::channel(Some(Arc::new(request.outcome)));
+            if let Some(key) = request.idempotency_key {
+                table.keys.insert(
+                    (request.tenant.clone(), key),
+                    (request.id.clone(), request.payload),
+                );
+            }
+            table.entries.insert(
+                request.id,
+                Entry {
+                    tenant: request.tenant,
+                    outcome,
+                },
+            );
+        }
+    }
+
+    fn run<F>(&self, id: String, sender: watch::Sender<Option<Arc<Outcome>>>, work: F)
+    where
+        F: Future<Output = Finished> + Send + 'static,
+    {
+        let journal = Arc::clone(&self.journal);
         tokio::spawn(async move {
-            let outcome = match tokio::spawn(work).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(ApiError::internal(
-                    "the op failed unexpectedly (it panicked)",
-                )),
+            let finished = match tokio::spawn(work).await {
+                Ok(finished) => finished,
+                Err(_) => Finished {
+                    outcome: Err(ApiError::internal(
+                        "the op failed unexpectedly (it panicked)",
+                    )),
+                    changes: Vec::new(),
+                    hold: Hold::none(),
+                },
             };
-            let _ = sender.send(Some(Arc::new(outcome)));
+            let Finished {
+                outcome,
+                changes,
+                hold,
+            } = finished;
+            let outcome = Arc::new(outcome);
+            let (record, request) = (Arc::clone(&outcome), id.clone());
+            let recorded =
+                tokio::task::spawn_blocking(move || journal.finish(&request, &record, &changes))
+                    .await;
+            if let Err(error) = recorded
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+            {
+                tracing::error!(request = id, %error, "a finished request could not be recorded");
+            }
+            // The model's next op may run now that this one is recorded.
+            drop(hold);
+            let _ = sender.send(Some(outcome));
         });
-        Ok(id)
     }
 
     /// The outcome of `tenant`'s request `id`, waiting at most `wait` for it; `None` if it has
@@ -144,28 +275,42 @@ impl Futures {
 mod tests {
     use super::*;
 
+    fn submission(tenant: &TenantId, key: Option<(&str, &[u8])>) -> Submission {
+        Submission {
+            tenant: tenant.clone(),
+            idempotency: key.map(|(k, body)| Idempotency::new(k.into(), body)),
+            route: "test".into(),
+            body: key.map(|(_, b)| b.to_vec()).unwrap_or_default(),
+        }
+    }
+
+    async fn answer(value: i32) -> Finished {
+        Finished {
+            outcome: Ok(Answer::Json(serde_json::json!(value))),
+            changes: Vec::new(),
+            hold: Hold::none(),
+        }
+    }
+
     #[tokio::test]
     async fn repeats_share_one_run_and_other_tenants_see_nothing() {
-        let futures = Futures::default();
+        let data = tempfile::tempdir().unwrap();
+        let futures = Futures::new(Arc::new(Journal::open(data.path()).unwrap()));
         let alice = TenantId::new("alice").unwrap();
         let bob = TenantId::new("bob").unwrap();
-        let key = || Some(Idempotency::new("m#1".into(), b"payload"));
+        let key = Some(("m#1", b"payload".as_slice()));
         let first = futures
-            .submit(&alice, key(), async {
-                Ok(Answer::Json(serde_json::json!(1)))
-            })
+            .submit(submission(&alice, key), answer(1))
+            .await
             .unwrap();
         let again = futures
-            .submit(&alice, key(), async {
-                Ok(Answer::Json(serde_json::json!(2)))
-            })
+            .submit(submission(&alice, key), answer(2))
+            .await
             .unwrap();
         assert_eq!(first, again);
-        let changed = futures.submit(
-            &alice,
-            Some(Idempotency::new("m#1".into(), b"other")),
-            async { Ok(Answer::Json(serde_json::json!(3))) },
-        );
+        let changed = futures
+            .submit(submission(&alice, Some(("m#1", b"other"))), answer(3))
+            .await;
         assert_eq!(changed.unwrap_err().kind, ApiErrorKind::Conflict);
         let outcome = futures
             .retrieve(&alice, &first, Duration::from_secs(5))
@@ -178,11 +323,61 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn finished_and_accepted_requests_survive_a_restart() {
+        let data = tempfile::tempdir().unwrap();
+        let alice = TenantId::new("alice").unwrap();
+        let (done, waiting) = {
+            let futures = Futures::new(Arc::new(Journal::open(data.path()).unwrap()));
+            let done = futures
+                .submit(submission(&alice, Some(("m#1", b"a"))), answer(7))
+                .await
+                .unwrap();
+            futures
+                .retrieve(&alice, &done, Duration::from_secs(5))
+                .await
+                .unwrap()
+                .unwrap();
+            let waiting = futures
+                .submit(submission(&alice, Some(("m#2", b"b"))), async {
+                    std::future::pending().await
+                })
+                .await
+                .unwrap();
+            (done, waiting)
+        };
+        let journal = Arc::new(Journal::open(data.path()).unwrap());
+        let recorded = journal.load().unwrap();
+        assert_eq!(recorded.pending.len(), 1);
+        assert_eq!(recorded.pending[0].id, waiting);
+        assert_eq!(recorded.pending[0].body, b"b");
+        let futures = Futures::new(journal);
+        futures.restore(recorded.finished);
+        futures.resubmit(&recorded.pending[0], answer(8));
+        for (id, value) in [(&done, 7), (&waiting, 8)] {
+            let outcome = futures
+                .retrieve(&alice, id, Duration::from_secs(5))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(matches!(&*outcome, Ok(Answer::Json(v)) if v == value));
+        }
+        let repeat = futures
+            .submit(submission(&alice, Some(("m#1", b"a"))), answer(9))
+            .await
+            .unwrap();
+        assert_eq!(repeat, done);
+    }
+
+    #[tokio::test]
     async fn an_unfinished_op_answers_not_yet() {
-        let futures = Futures::default();
+        let data = tempfile::tempdir().unwrap();
+        let futures = Futures::new(Arc::new(Journal::open(data.path()).unwrap()));
         let alice = TenantId::new("alice").unwrap();
         let id = futures
-            .submit(&alice, None, std::future::pending())
+            .submit(submission(&alice, None), async {
+                std::future::pending().await
+            })
+            .await
             .unwrap();
         let outcome = futures
             .retrieve(&alice, &id, Duration::from_millis(50))

@@ -7,6 +7,7 @@
 //! [`futures`] holds running and finished ops, [`tenants`] the keys.
 
 pub mod futures;
+pub mod journal;
 pub mod proto;
 pub mod routes;
 pub mod tenants;
@@ -27,6 +28,7 @@ use sha2::{Digest, Sha256};
 use crate::api::{ApiError, ApiErrorKind, TenantId};
 use crate::sched::{ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir};
 use futures::Futures;
+use journal::Journal;
 use tenants::Tenants;
 
 /// The largest request body accepted (the SDK sends `forward_backward` in chunks of about
@@ -55,6 +57,7 @@ pub struct ServerConfig {
 pub struct AppState {
     pub service: Service,
     pub tenants: Tenants,
+    pub journal: Arc<Journal>,
     pub futures: Futures,
     pub poll_wait: Duration,
     /// Keys seen valid, by SHA-256, so that a request does not wait on the database.
@@ -62,8 +65,45 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Load the models and open the database of `config`.
-    pub fn open(config: &ServerConfig) -> anyhow::Result<Self> {
+    /// Load the models, open the database of `config`, restore what it records (sessions,
+    /// models with their training state, samplers, finished requests' answers) and run again the
+    /// requests that were accepted and had not finished.
+    pub async fn start(config: &ServerConfig) -> anyhow::Result<Arc<Self>> {
+        let data = config.data.clone();
+        let open = move || -> anyhow::Result<(Tenants, Journal)> {
+            let tenants = Tenants::open(&data).context("opening the server database")?;
+            let journal = Journal::open(&data).context("opening the server journal")?;
+            Ok((tenants, journal))
+        };
+        let (tenants, journal) = tokio::task::spawn_blocking(open).await??;
+        let service = {
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || Self::service(&config)).await??
+        };
+        let journal = Arc::new(journal);
+        let recorded = {
+            let journal = Arc::clone(&journal);
+            tokio::task::spawn_blocking(move || journal.load()).await??
+        };
+        service
+            .restore(recorded.objects)
+            .await
+            .context("restoring the recorded models and samplers")?;
+        let state = Arc::new(AppState {
+            service,
+            tenants,
+            futures: Futures::new(Arc::clone(&journal)),
+            journal,
+            poll_wait: config.poll_wait,
+            known_keys: Mutex::new(HashMap::new()),
+        });
+        state.futures.restore(recorded.finished);
+        routes::resume(&state, recorded.pending);
+        Ok(state)
+    }
+
+    /// The service over the served base models.
+    fn service(config: &ServerConfig) -> anyhow::Result<Service> {
         let mut bases = vec![ServedBase::load(
             TINY_MODEL_NAME,
             &tiny_model_dir(&config.data)?,
@@ -76,19 +116,12 @@ impl AppState {
             );
             bases.push(ServedBase::load(name, dir, config.kv_positions)?);
         }
-        let tenants = Tenants::open(&config.data).context("opening the server database")?;
-        Ok(AppState {
-            service: Service::new(
-                bases,
-                ServiceConfig {
-                    data: config.data.clone(),
-                },
-            ),
-            tenants,
-            futures: Futures::default(),
-            poll_wait: config.poll_wait,
-            known_keys: Mutex::new(HashMap::new()),
-        })
+        Ok(Service::new(
+            bases,
+            ServiceConfig {
+                data: config.data.clone(),
+            },
+        ))
     }
 
     /// The tenant of `key`; the database is read on a blocking thread, once per key.

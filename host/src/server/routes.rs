@@ -13,12 +13,14 @@ use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::futures::{Answer, Idempotency, Outcome};
+use super::futures::{Answer, Finished, Idempotency, Outcome, Submission};
+use super::journal::AcceptedRequest;
 use super::{AppState, HttpError, MAX_BODY_BYTES, category, wire};
 use crate::api::{
     ApiError, ApiErrorKind, CheckpointPath, ModelId, ModelInput, Op, OpOutput, SampleRequest,
     SamplerId, SamplerSource, SessionId, TenantId,
 };
+use crate::sched::service::{Change, Hold};
 
 type Shared = Arc<AppState>;
 type Answered = Result<Response, HttpError>;
@@ -34,17 +36,17 @@ pub fn router(state: Shared) -> Router {
         .route("/telemetry", post(telemetry))
         .route("/sessions/{id}/finish", post(empty_object))
         .route("/get_server_capabilities", get(capabilities))
-        .route("/create_model", post(create_model))
         .route("/get_info", post(get_info))
-        .route("/forward_backward", post(forward_backward))
-        .route("/optim_step", post(optim_step))
-        .route("/save_weights", post(save_weights))
-        .route("/save_weights_for_sampler", post(save_weights_for_sampler))
-        .route("/load_weights", post(load_weights))
         .route("/create_sampling_session", post(create_sampling_session))
         .route("/samplers/{id}", get(get_sampler))
-        .route("/asample", post(sample))
         .route("/retrieve_future", post(retrieve_future));
+    let api = FutureRoute::ALL.into_iter().fold(api, |api, route| {
+        let handler =
+            move |state: State<Shared>, caller: Caller, headers: HeaderMap, body: Bytes| {
+                submit(route, state, caller, headers, body)
+            };
+        api.route(&format!("/{}", route.name()), post(handler))
+    });
     Router::new()
         .nest("/api/v1", api)
         .fallback(|| async { HttpError(ApiError::new(ApiErrorKind::NotFound, "no such endpoint")) })
@@ -101,11 +103,7 @@ async fn create_session(
     body: Bytes,
 ) -> Answered {
     let _: wire::CreateSession = parse(&body)?;
-    match state
-        .service
-        .execute(&tenant, Op::CreateSession, None)
-        .await?
-    {
+    match direct(&state, &tenant, Op::CreateSession).await? {
         OpOutput::Session(id) => {
             Ok(Json(json!({"type": "create_session", "session_id": id})).into_response())
         }
@@ -119,80 +117,382 @@ fn unexpected(output: &OpOutput) -> HttpError {
     )))
 }
 
-/// Run `op` as a future of `tenant` whose answer `answer` makes from the op's output.
-fn submit(
-    state: &Shared,
-    tenant: &TenantId,
-    op: Op,
+/// Run an op that answers directly, recording its changes before the answer.
+async fn direct(state: &Shared, tenant: &TenantId, op: Op) -> Result<OpOutput, ApiError> {
+    let executed = state.service.execute(tenant, op, None).await;
+    let output = executed.outcome?;
+    record(state, executed.changes).await?;
+    Ok(output)
+}
+
+async fn record(state: &Shared, changes: Vec<Change>) -> Result<(), ApiError> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let journal = Arc::clone(&state.journal);
+    tokio::task::spawn_blocking(move || journal.record(&changes))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::new(ApiErrorKind::Unavailable, e.to_string()))
+}
+
+/// The routes whose requests run as futures: recorded when accepted, answered with a request
+/// id, and run again after a restart if they had not finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FutureRoute {
+    CreateModel,
+    ForwardBackward,
+    OptimStep,
+    SaveWeights,
+    SaveWeightsForSampler,
+    LoadWeights,
+    Sample,
+}
+
+impl FutureRoute {
+    pub const ALL: [FutureRoute; 7] = [
+        FutureRoute::CreateModel,
+        FutureRoute::ForwardBackward,
+        FutureRoute::OptimStep,
+        FutureRoute::SaveWeights,
+        FutureRoute::SaveWeightsForSampler,
+        FutureRoute::LoadWeights,
+        FutureRoute::Sample,
+    ];
+
+    /// The path under `/api/v1/`, and the route's name in the journal.
+    pub fn name(self) -> &'static str {
+        match self {
+            FutureRoute::CreateModel => "create_model",
+            FutureRoute::ForwardBackward => "forward_backward",
+            FutureRoute::OptimStep => "optim_step",
+            FutureRoute::SaveWeights => "save_weights",
+            FutureRoute::SaveWeightsForSampler => "save_weights_for_sampler",
+            FutureRoute::LoadWeights => "load_weights",
+            FutureRoute::Sample => "asample",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.name() == name)
+    }
+}
+
+/// A request of a future route, read into its op.
+pub struct Accepted {
+    pub op: Op,
+    pub seq: Option<u64>,
+    /// What makes a repeat of it: a training client's `(model_id, seq_id)`, a sampler's
+    /// `(sampler, seq_id)`, a new model's id, or else the client's `X-Idempotency-Key`.
+    pub key: Option<String>,
+    /// Fields of the submit answer besides the request id.
+    pub extra: Value,
+}
+
+fn seq_key(
+    scope: &impl std::fmt::Display,
     seq: Option<u64>,
-    idempotency: Option<Idempotency>,
-    answer: impl FnOnce(OpOutput) -> Outcome + Send + 'static,
-) -> Result<String, ApiError> {
-    let (worker, owner) = (Arc::clone(state), tenant.clone());
-    state.futures.submit(tenant, idempotency, async move {
-        worker
-            .service
-            .execute(&owner, op, seq)
-            .await
-            .and_then(answer)
+    header: Option<&str>,
+) -> Option<String> {
+    match seq {
+        Some(seq) => Some(format!("{scope}#{seq}")),
+        None => header.map(|k| format!("header:{k}")),
+    }
+}
+
+/// A checkpoint name the client gave, or one made from the op's place in the model's order.
+fn checkpoint_name(path: Option<String>, seq: Option<u64>) -> String {
+    path.unwrap_or_else(|| format!("seq-{}", seq.unwrap_or(0)))
+}
+
+/// Read a request of `route` into its op (also when it is run again after a restart).
+pub fn accept(
+    route: FutureRoute,
+    body: &[u8],
+    header_key: Option<&str>,
+) -> Result<Accepted, ApiError> {
+    let body = &Bytes::copy_from_slice(body);
+    Ok(match route {
+        FutureRoute::CreateModel => {
+            let request: wire::CreateModel = parse(body)?;
+            let session = SessionId::new(&request.session_id)?;
+            let lora = request.lora_config.ok_or_else(|| {
+                ApiError::invalid("lora_config is required: this server trains LoRA adapters")
+            })?;
+            let model = ModelId {
+                session: session.clone(),
+                seq: request.model_seq_id,
+            };
+            Accepted {
+                key: Some(format!("create {model}")),
+                extra: json!({ "model_id": model }),
+                op: Op::CreateModel {
+                    session,
+                    model_seq: request.model_seq_id,
+                    base_model: request.base_model,
+                    lora,
+                },
+                seq: None,
+            }
+        }
+        FutureRoute::ForwardBackward => {
+            let request = wire::forward_backward(body)?;
+            Accepted {
+                key: seq_key(&request.model_id, request.seq_id, header_key),
+                extra: json!({ "model_id": request.model_id }),
+                seq: request.seq_id,
+                op: Op::ForwardBackward {
+                    model: request.model_id,
+                    input: request.input,
+                    forward_only: request.forward_only,
+                },
+            }
+        }
+        FutureRoute::OptimStep => {
+            let request: wire::OptimStep = parse(body)?;
+            Accepted {
+                key: seq_key(&request.model_id, request.seq_id, header_key),
+                extra: json!({ "model_id": request.model_id }),
+                seq: request.seq_id,
+                op: Op::OptimStep {
+                    model: request.model_id,
+                    params: request.adam_params,
+                },
+            }
+        }
+        FutureRoute::SaveWeights => {
+            let request: wire::SaveWeights = parse(body)?;
+            Accepted {
+                key: seq_key(&request.model_id, request.seq_id, header_key),
+                extra: json!({ "model_id": request.model_id }),
+                seq: request.seq_id,
+                op: Op::SaveState {
+                    name: checkpoint_name(request.path, request.seq_id),
+                    model: request.model_id,
+                },
+            }
+        }
+        FutureRoute::SaveWeightsForSampler => {
+            let request: wire::SaveWeightsForSampler = parse(body)?;
+            let model = request.model_id.clone();
+            let op = match (request.path, request.sampling_session_seq_id) {
+                (Some(name), _) => Op::SaveWeightsForSampler { model, name },
+                (None, Some(sampler_seq)) => Op::SnapshotForSampler { model, sampler_seq },
+                (None, None) => {
+                    return Err(ApiError::invalid(
+                        "save_weights_for_sampler needs `path` or `sampling_session_seq_id`",
+                    ));
+                }
+            };
+            Accepted {
+                key: seq_key(&request.model_id, request.seq_id, header_key),
+                extra: json!({ "model_id": request.model_id }),
+                seq: request.seq_id,
+                op,
+            }
+        }
+        FutureRoute::LoadWeights => {
+            let request: wire::LoadWeights = parse(body)?;
+            let path: CheckpointPath = request.path.parse()?;
+            match (request.model_id, request.session_id, request.model_seq_id) {
+                (Some(model), None, _) => Accepted {
+                    key: seq_key(&model, request.seq_id, header_key),
+                    extra: json!({ "model_id": model }),
+                    seq: request.seq_id,
+                    op: Op::LoadState {
+                        model,
+                        path,
+                        with_optimizer: request.optimizer,
+                    },
+                },
+                (None, Some(session), Some(model_seq)) => {
+                    let session = SessionId::new(&session)?;
+                    let model = ModelId {
+                        session: session.clone(),
+                        seq: model_seq,
+                    };
+                    Accepted {
+                        key: Some(format!("create {model}")),
+                        extra: json!({ "model_id": model }),
+                        seq: None,
+                        op: Op::CreateModelFromState {
+                            session,
+                            model_seq,
+                            path,
+                            with_optimizer: request.optimizer,
+                        },
+                    }
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        "load_weights needs `model_id`, or `session_id` with `model_seq_id`",
+                    ));
+                }
+            }
+        }
+        FutureRoute::Sample => {
+            let request: wire::Sample = parse(body)?;
+            let unsupported = [
+                ("topk_sample_logprobs", request.topk_sample_logprobs > 0),
+                ("prompt_alt_tokens_k", request.prompt_alt_tokens_k > 0),
+                (
+                    "target_prompt_logprobs",
+                    request.target_prompt_logprobs.is_some(),
+                ),
+                (
+                    "prompt_logprobs_last_n",
+                    request.prompt_logprobs_last_n.is_some(),
+                ),
+            ];
+            if let Some((name, _)) = unsupported.iter().find(|(_, asked)| *asked) {
+                return Err(ApiError::invalid(format!(
+                    "asample: `{name}` is not served"
+                )));
+            }
+            let Some(id) = &request.sampling_session_id else {
+                return Err(ApiError::invalid(
+                    "asample needs a `sampling_session_id` (create one with create_sampling_session)",
+                ));
+            };
+            let sampler = SamplerId::parse(id)?;
+            Accepted {
+                key: seq_key(&sampler, request.seq_id, header_key),
+                extra: json!({ "num_samples": request.num_samples }),
+                seq: None,
+                op: Op::Sample(SampleRequest {
+                    sampler,
+                    prompt: ModelInput {
+                        chunks: request.prompt.chunks,
+                    },
+                    num_samples: request.num_samples,
+                    params: request.sampling_params,
+                    prompt_logprobs: request.prompt_logprobs.unwrap_or(false),
+                    topk_prompt_logprobs: request.topk_prompt_logprobs,
+                }),
+            }
+        }
     })
 }
 
-fn future_answer(request_id: String, extra: Value) -> Response {
-    let mut body = json!({ "request_id": request_id });
-    if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
-        body.extend(extra);
+/// The answer of a finished op of `route`, as the SDK reads it.
+fn answer(route: FutureRoute, output: OpOutput) -> Outcome {
+    let json = |value: Value| Ok(Answer::Json(value));
+    match (route, output) {
+        (FutureRoute::CreateModel, OpOutput::Model(id)) => {
+            json(json!({"type": "create_model", "model_id": id}))
+        }
+        (FutureRoute::ForwardBackward, OpOutput::ForwardBackward(output)) => {
+            Ok(Answer::Proto(wire::forward_backward_output(&output)))
+        }
+        (FutureRoute::OptimStep, OpOutput::OptimStep(output)) => {
+            json(json!({"metrics": output.metrics}))
+        }
+        (FutureRoute::SaveWeights, OpOutput::Checkpoint(path)) => {
+            json(json!({"type": "save_weights", "path": path}))
+        }
+        (FutureRoute::SaveWeightsForSampler, OpOutput::Checkpoint(path)) => {
+            json(json!({"type": "save_weights_for_sampler", "path": path}))
+        }
+        (FutureRoute::SaveWeightsForSampler, OpOutput::Sampler(id)) => {
+            json(json!({"type": "save_weights_for_sampler", "sampling_session_id": id}))
+        }
+        (FutureRoute::LoadWeights, OpOutput::Checkpoint(path)) => {
+            json(json!({"type": "load_weights", "path": path}))
+        }
+        (FutureRoute::LoadWeights, OpOutput::Model(id)) => {
+            json(json!({"type": "load_weights", "model_id": id}))
+        }
+        (FutureRoute::Sample, OpOutput::Sample(response)) => {
+            Ok(Answer::Proto(wire::sample_response(&response)))
+        }
+        (route, other) => Err(ApiError::internal(format!(
+            "{} answered {other:?}",
+            route.name()
+        ))),
     }
-    Json(body).into_response()
 }
 
-/// The idempotency key of op `name` at `seq` of `scope` (a model or sampler): a training
-/// client's `(model_id, seq_id)`.
-fn seq_key(scope: &str, seq: Option<u64>, body: &[u8], headers: &HeaderMap) -> Option<Idempotency> {
-    match seq {
-        Some(seq) => Some(Idempotency::new(format!("{scope}#{seq}"), body)),
-        None => headers
-            .get("x-idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .map(|k| Idempotency::new(format!("header:{k}"), body)),
+/// The work of an accepted request: run the op, make its answer, keep the model's turn until
+/// the journal has it.
+pub fn work(
+    state: &Shared,
+    tenant: &TenantId,
+    route: FutureRoute,
+    op: Op,
+    seq: Option<u64>,
+) -> impl std::future::Future<Output = Finished> + Send + 'static {
+    let (state, tenant) = (Arc::clone(state), tenant.clone());
+    async move {
+        let executed = state.service.execute(&tenant, op, seq).await;
+        Finished {
+            outcome: executed.outcome.and_then(|output| answer(route, output)),
+            changes: executed.changes,
+            hold: executed.hold,
+        }
     }
 }
 
-async fn create_model(
+/// Run again, under their recorded ids, the requests that were accepted and had not finished
+/// when the server stopped.
+pub fn resume(state: &Shared, pending: Vec<AcceptedRequest>) {
+    for request in pending {
+        let accepted = FutureRoute::from_name(&request.route)
+            .ok_or_else(|| ApiError::internal(format!("unknown route {:?}", request.route)))
+            .and_then(|route| Ok((route, accept(route, &request.body, None)?)));
+        match accepted {
+            Ok((route, accepted)) => {
+                let work = work(state, &request.tenant, route, accepted.op, accepted.seq);
+                state.futures.resubmit(&request, work);
+            }
+            Err(error) => state.futures.resubmit(&request, async move {
+                Finished {
+                    outcome: Err(error),
+                    changes: Vec::new(),
+                    hold: Hold::none(),
+                }
+            }),
+        }
+    }
+}
+
+async fn submit(
+    route: FutureRoute,
     State(state): State<Shared>,
     Caller(tenant): Caller,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Answered {
-    let request: wire::CreateModel = parse(&body)?;
-    let session = SessionId::new(&request.session_id)?;
-    let lora = request.lora_config.ok_or_else(|| {
-        ApiError::invalid("lora_config is required: this server trains LoRA adapters")
-    })?;
-    let model = ModelId {
-        session: session.clone(),
-        seq: request.model_seq_id,
+    if headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes() != b"identity")
+    {
+        return Err(ApiError::invalid(
+            "compressed bodies are not accepted (the server's client config does not ask for them)",
+        )
+        .into());
+    }
+    let header_key = headers
+        .get("x-idempotency-key")
+        .and_then(|v| v.to_str().ok());
+    let accepted = accept(route, &body, header_key)?;
+    let submission = Submission {
+        tenant: tenant.clone(),
+        idempotency: accepted.key.map(|key| Idempotency::new(key, &body)),
+        route: route.name().to_string(),
+        body: body.to_vec(),
     };
-    let key = Idempotency::new(format!("create {model}"), &body);
-    let op = Op::CreateModel {
-        session,
-        model_seq: request.model_seq_id,
-        base_model: request.base_model,
-        lora,
-    };
-    let id = submit(
-        &state,
-        &tenant,
-        op,
-        None,
-        Some(key),
-        |output| match output {
-            OpOutput::Model(id) => Ok(Answer::Json(
-                json!({"type": "create_model", "model_id": id}),
-            )),
-            other => Err(ApiError::internal(format!("unexpected {other:?}"))),
-        },
-    )?;
-    Ok(future_answer(id, json!({ "model_id": model })))
+    let work = work(&state, &tenant, route, accepted.op, accepted.seq);
+    let id = state.futures.submit(submission, work).await?;
+    let mut extra = accepted.extra;
+    if route == FutureRoute::Sample {
+        let n = extra["num_samples"].as_u64().unwrap_or(1);
+        extra = json!({ "sample_sequence_ids": (0..n).map(|i| format!("{id}:{i}")).collect::<Vec<_>>() });
+    }
+    let mut answer = json!({ "request_id": id });
+    if let (Some(answer), Value::Object(extra)) = (answer.as_object_mut(), extra) {
+        answer.extend(extra);
+    }
+    Ok(Json(answer).into_response())
 }
 
 async fn get_info(State(state): State<Shared>, Caller(tenant): Caller, body: Bytes) -> Answered {
@@ -200,7 +500,7 @@ async fn get_info(State(state): State<Shared>, Caller(tenant): Caller, body: Byt
     let op = Op::GetInfo {
         model: request.model_id,
     };
-    match state.service.execute(&tenant, op, None).await? {
+    match direct(&state, &tenant, op).await? {
         OpOutput::Info(info) => Ok(Json(json!({
             "type": "get_info",
             "model_id": info.model_id,
@@ -216,214 +516,6 @@ async fn get_info(State(state): State<Shared>, Caller(tenant): Caller, body: Byt
         .into_response()),
         other => Err(unexpected(&other)),
     }
-}
-
-async fn forward_backward(
-    State(state): State<Shared>,
-    Caller(tenant): Caller,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Answered {
-    if headers
-        .get(header::CONTENT_ENCODING)
-        .is_some_and(|v| v.as_bytes() != b"identity")
-    {
-        return Err(ApiError::invalid("forward_backward: compressed bodies are not accepted (the server does not ask for them)").into());
-    }
-    let request = wire::forward_backward(&body)?;
-    let key = seq_key(
-        &request.model_id.to_string(),
-        request.seq_id,
-        &body,
-        &headers,
-    );
-    let op = Op::ForwardBackward {
-        model: request.model_id.clone(),
-        input: request.input,
-        forward_only: request.forward_only,
-    };
-    let id = submit(
-        &state,
-        &tenant,
-        op,
-        request.seq_id,
-        key,
-        |output| match output {
-            OpOutput::ForwardBackward(output) => {
-                Ok(Answer::Proto(wire::forward_backward_output(&output)))
-            }
-            other => Err(ApiError::internal(format!("unexpected {other:?}"))),
-        },
-    )?;
-    Ok(future_answer(id, json!({ "model_id": request.model_id })))
-}
-
-async fn optim_step(
-    State(state): State<Shared>,
-    Caller(tenant): Caller,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Answered {
-    let request: wire::OptimStep = parse(&body)?;
-    let key = seq_key(
-        &request.model_id.to_string(),
-        request.seq_id,
-        &body,
-        &headers,
-    );
-    let op = Op::OptimStep {
-        model: request.model_id.clone(),
-        params: request.adam_params,
-    };
-    let id = submit(
-        &state,
-        &tenant,
-        op,
-        request.seq_id,
-        key,
-        |output| match output {
-            OpOutput::OptimStep(output) => Ok(Answer::Json(json!({"metrics": output.metrics}))),
-            other => Err(ApiError::internal(format!("unexpected {other:?}"))),
-        },
-    )?;
-    Ok(future_answer(id, json!({ "model_id": request.model_id })))
-}
-
-/// A checkpoint name the client gave, or one made from the op's place in the model's order.
-fn checkpoint_name(path: Option<String>, seq: Option<u64>) -> String {
-    path.unwrap_or_else(|| format!("seq-{}", seq.unwrap_or(0)))
-}
-
-async fn save_weights(
-    State(state): State<Shared>,
-    Caller(tenant): Caller,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Answered {
-    let request: wire::SaveWeights = parse(&body)?;
-    let key = seq_key(
-        &request.model_id.to_string(),
-        request.seq_id,
-        &body,
-        &headers,
-    );
-    let op = Op::SaveState {
-        model: request.model_id.clone(),
-        name: checkpoint_name(request.path, request.seq_id),
-    };
-    let id = submit(
-        &state,
-        &tenant,
-        op,
-        request.seq_id,
-        key,
-        |output| match output {
-            OpOutput::Checkpoint(path) => {
-                Ok(Answer::Json(json!({"type": "save_weights", "path": path})))
-            }
-            other => Err(ApiError::internal(format!("unexpected {other:?}"))),
-        },
-    )?;
-    Ok(future_answer(id, json!({ "model_id": request.model_id })))
-}
-
-async fn save_weights_for_sampler(
-    State(state): State<Shared>,
-    Caller(tenant): Caller,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Answered {
-    let request: wire::SaveWeightsForSampler = parse(&body)?;
-    let key = seq_key(
-        &request.model_id.to_string(),
-        request.seq_id,
-        &body,
-        &headers,
-    );
-    let model = request.model_id.clone();
-    let op = match (request.path, request.sampling_session_seq_id) {
-        (Some(name), _) => Op::SaveWeightsForSampler { model, name },
-        (None, Some(sampler_seq)) => Op::SnapshotForSampler { model, sampler_seq },
-        (None, None) => {
-            return Err(ApiError::invalid(
-                "save_weights_for_sampler needs `path` or `sampling_session_seq_id`",
-            )
-            .into());
-        }
-    };
-    let id = submit(
-        &state,
-        &tenant,
-        op,
-        request.seq_id,
-        key,
-        |output| match output {
-            OpOutput::Checkpoint(path) => Ok(Answer::Json(
-                json!({"type": "save_weights_for_sampler", "path": path}),
-            )),
-            OpOutput::Sampler(id) => Ok(Answer::Json(
-                json!({"type": "save_weights_for_sampler", "sampling_session_id": id}),
-            )),
-            other => Err(ApiError::internal(format!("unexpected {other:?}"))),
-        },
-    )?;
-    Ok(future_answer(id, json!({ "model_id": request.model_id })))
-}
-
-async fn load_weights(
-    State(state): State<Shared>,
-    Caller(tenant): Caller,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Answered {
-    let request: wire::LoadWeights = parse(&body)?;
-    let path: CheckpointPath = request.path.parse()?;
-    let (op, model, key) = match (request.model_id, request.session_id, request.model_seq_id) {
-        (Some(model), None, _) => {
-            let key = seq_key(&model.to_string(), request.seq_id, &body, &headers);
-            let op = Op::LoadState {
-                model: model.clone(),
-                path,
-                with_optimizer: request.optimizer,
-            };
-            (op, model, key)
-        }
-        (None, Some(session), Some(model_seq)) => {
-            let session = SessionId::new(&session)?;
-            let model = ModelId {
-                session: session.clone(),
-                seq: model_seq,
-            };
-            let key = Some(Idempotency::new(format!("create {model}"), &body));
-            let op = Op::CreateModelFromState {
-                session,
-                model_seq,
-                path,
-                with_optimizer: request.optimizer,
-            };
-            (op, model, key)
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                "load_weights needs `model_id`, or `session_id` with `model_seq_id`",
-            )
-            .into());
-        }
-    };
-    let seq = match &op {
-        Op::LoadState { .. } => request.seq_id,
-        _ => None,
-    };
-    let id = submit(&state, &tenant, op, seq, key, |output| match output {
-        OpOutput::Checkpoint(path) => {
-            Ok(Answer::Json(json!({"type": "load_weights", "path": path})))
-        }
-        OpOutput::Model(id) => Ok(Answer::Json(
-            json!({"type": "load_weights", "model_id": id}),
-        )),
-        other => Err(ApiError::internal(format!("unexpected {other:?}"))),
-    })?;
-    Ok(future_answer(id, json!({ "model_id": model })))
 }
 
 async fn create_sampling_session(
@@ -447,7 +539,7 @@ async fn create_sampling_session(
         sampler_seq: request.sampling_session_seq_id,
         source,
     };
-    match state.service.execute(&tenant, op, None).await? {
+    match direct(&state, &tenant, op).await? {
         OpOutput::Sampler(id) => Ok(Json(json!({
             "type": "create_sampling_session",
             "sampling_session_id": id,
@@ -465,68 +557,10 @@ async fn get_sampler(
     let op = Op::GetSampler {
         sampler: SamplerId::parse(&id)?,
     };
-    match state.service.execute(&tenant, op, None).await? {
+    match direct(&state, &tenant, op).await? {
         OpOutput::SamplerInfo(info) => Ok(Json(json!(info)).into_response()),
         other => Err(unexpected(&other)),
     }
-}
-
-async fn sample(
-    State(state): State<Shared>,
-    Caller(tenant): Caller,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Answered {
-    let request: wire::Sample = parse(&body)?;
-    let unsupported = [
-        ("topk_sample_logprobs", request.topk_sample_logprobs > 0),
-        ("prompt_alt_tokens_k", request.prompt_alt_tokens_k > 0),
-        (
-            "target_prompt_logprobs",
-            request.target_prompt_logprobs.is_some(),
-        ),
-        (
-            "prompt_logprobs_last_n",
-            request.prompt_logprobs_last_n.is_some(),
-        ),
-    ];
-    if let Some((name, _)) = unsupported.iter().find(|(_, asked)| *asked) {
-        return Err(ApiError::invalid(format!("asample: `{name}` is not served")).into());
-    }
-    let sampler = match (
-        &request.sampling_session_id,
-        &request.base_model,
-        &request.model_path,
-    ) {
-        (Some(id), _, _) => SamplerId::parse(id)?,
-        _ => {
-            return Err(ApiError::invalid(
-                "asample needs a `sampling_session_id` (create one with create_sampling_session)",
-            )
-            .into());
-        }
-    };
-    let key = seq_key(sampler.as_str(), request.seq_id, &body, &headers);
-    let num_samples = request.num_samples;
-    let op = Op::Sample(SampleRequest {
-        sampler,
-        prompt: ModelInput {
-            chunks: request.prompt.chunks,
-        },
-        num_samples,
-        params: request.sampling_params,
-        prompt_logprobs: request.prompt_logprobs.unwrap_or(false),
-        topk_prompt_logprobs: request.topk_prompt_logprobs,
-    });
-    let id = submit(&state, &tenant, op, None, key, |output| match output {
-        OpOutput::Sample(response) => Ok(Answer::Proto(wire::sample_response(&response))),
-        other => Err(ApiError::internal(format!("unexpected {other:?}"))),
-    })?;
-    let sequence_ids: Vec<String> = (0..num_samples).map(|i| format!("{id}:{i}")).collect();
-    Ok(future_answer(
-        id,
-        json!({ "sample_sequence_ids": sequence_ids }),
-    ))
 }
 
 async fn retrieve_future(

@@ -311,23 +311,27 @@ impl TrainingEngine {
             .adapter()
             .ok_or(TrainError::FullParameterEngine)?;
         let allocated = !slot.first_moments.is_empty();
+        // Values are copied (a step writes into the variables' storage); moments and gradients
+        // are replaced, never written into, so sharing them is a snapshot already.
         let tensors = slot
             .trainable
             .named_tensors()
             .into_iter()
             .enumerate()
-            .map(|(i, (name, var))| NamedState {
-                name,
-                value: var.as_tensor().detach(),
-                moments: allocated.then(|| {
-                    (
-                        slot.first_moments[i].clone(),
-                        slot.second_moments[i].clone(),
-                    )
-                }),
-                gradient: slot.gradients.as_ref().map(|g| g[i].clone()),
+            .map(|(i, (name, var))| {
+                Ok(NamedState {
+                    name,
+                    value: var.as_tensor().copy()?,
+                    moments: allocated.then(|| {
+                        (
+                            slot.first_moments[i].clone(),
+                            slot.second_moments[i].clone(),
+                        )
+                    }),
+                    gradient: slot.gradients.as_ref().map(|g| g[i].clone()),
+                })
             })
-            .collect();
+            .collect::<candle_core::Result<_>>()?;
         Ok(SlotState {
             config: adapter.config.clone(),
             tensors,
@@ -341,40 +345,29 @@ impl TrainingEngine {
         if self.full_parameters {
             return Err(TrainError::FullParameterEngine);
         }
-        let adapter = Adapter::new(&self.model.config, state.config, self.dtype)?;
-        let mut by_name: HashMap<String, NamedState> = state
-            .tensors
-            .into_iter()
-            .map(|t| (t.name.clone(), t))
-            .collect();
+        let adapter = state
+            .adapter(&self.model.config, self.dtype)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         let mut slot = Slot::fresh(Trainable::Lora(adapter));
         let mut gradients = Vec::new();
-        for (name, var) in slot.trainable.named_tensors() {
-            let saved = by_name.remove(&name).ok_or_else(|| {
-                candle_core::Error::Msg(format!("the saved state has no tensor {name}"))
-            })?;
-            if saved.value.dims() != var.as_tensor().dims() {
-                return Err(candle_core::Error::Msg(format!(
-                    "the saved tensor {name} has shape {:?}, not {:?}",
-                    saved.value.dims(),
-                    var.as_tensor().dims()
-                ))
-                .into());
+        for (name, _) in slot.trainable.named_tensors() {
+            let saved = state.tensors.iter().find(|t| t.name == name);
+            if let Some(saved) = saved {
+                if let Some((m, v)) = &saved.moments {
+                    slot.first_moments.push(m.to_dtype(self.dtype)?);
+                    slot.second_moments.push(v.to_dtype(self.dtype)?);
+                }
+                if let Some(g) = &saved.gradient {
+                    gradients.push(g.to_dtype(self.dtype)?);
+                }
             }
-            var.set(&saved.value.to_dtype(self.dtype)?)?;
-            if let Some((m, v)) = saved.moments {
-                slot.first_moments.push(m);
-                slot.second_moments.push(v);
-            }
-            gradients.extend(saved.gradient);
         }
-        let count = slot.trainable.named_tensors().len();
-        if !by_name.is_empty()
-            || !(slot.first_moments.is_empty() || slot.first_moments.len() == count)
+        let count = state.tensors.len();
+        if !(slot.first_moments.is_empty() || slot.first_moments.len() == count)
             || !(gradients.is_empty() || gradients.len() == count)
         {
             return Err(candle_core::Error::Msg(
-                "the saved state does not match the adapter's tensors".into(),
+                "the saved state has moments or gradients of only some tensors".into(),
             )
             .into());
         }

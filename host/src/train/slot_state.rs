@@ -7,7 +7,8 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::lora::LoraConfig;
+use crate::lora::{Adapter, LoraConfig};
+use crate::model::ModelConfig;
 
 /// One adapter's training state.
 #[derive(Clone, Debug)]
@@ -125,5 +126,38 @@ impl SlotState {
             step,
             saw_non_finite,
         })
+    }
+}
+
+impl SlotState {
+    /// The adapter these values make, for a base model of `model`'s shapes.
+    pub fn adapter(&self, model: &ModelConfig, dtype: DType) -> Result<Adapter, SlotStateError> {
+        let damaged = |what: String| SlotStateError::Damaged(what);
+        let adapter =
+            Adapter::new(model, self.config.clone(), dtype).map_err(|e| damaged(e.to_string()))?;
+        let named = adapter.named_tensors();
+        if named.len() != self.tensors.len() {
+            return Err(damaged(format!(
+                "{} tensors, the adapter has {}",
+                self.tensors.len(),
+                named.len()
+            )));
+        }
+        for (name, var) in named {
+            let saved = self
+                .tensors
+                .iter()
+                .find(|t| t.name == name)
+                .ok_or_else(|| damaged(format!("no tensor {name}")))?;
+            if saved.value.dims() != var.as_tensor().dims() {
+                return Err(damaged(format!(
+                    "tensor {name} has shape {:?}, not {:?}",
+                    saved.value.dims(),
+                    var.as_tensor().dims()
+                )));
+            }
+            var.set(&saved.value.to_dtype(dtype)?)?;
+        }
+        Ok(adapter)
     }
 }

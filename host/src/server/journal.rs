@@ -1,0 +1,358 @@
+//! The server's durable record, in its SQLite database (WAL, `synchronous=FULL`): every
+//! accepted request (before it is answered), every finished request's answer together with the
+//! changes its op made (one transaction, so an answer is never recorded without its effect nor
+//! the other way round), and the sessions, models (with their training state) and samplers those
+//! changes describe. A restarted server restores the objects, answers the finished requests from
+//! here, and runs the accepted ones again.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{Connection, params};
+
+use super::futures::{Answer, Outcome};
+use super::tenants::DATABASE_FILE;
+use crate::api::{ApiError, ApiErrorKind, ModelId, SamplerId, SessionId, TenantId};
+use crate::sched::service::{Change, SamplerRecord};
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("the server database: {0}")]
+    Database(#[from] rusqlite::Error),
+    #[error("the server database holds a damaged record: {0}")]
+    Damaged(String),
+}
+
+/// A request as it was accepted: what is needed to run it again.
+#[derive(Clone, Debug)]
+pub struct AcceptedRequest {
+    pub id: String,
+    pub tenant: TenantId,
+    pub idempotency_key: Option<String>,
+    pub payload: [u8; 32],
+    pub route: String,
+    pub body: Vec<u8>,
+}
+
+/// A finished request, as recorded.
+pub struct FinishedRequest {
+    pub id: String,
+    pub tenant: TenantId,
+    pub idempotency_key: Option<String>,
+    pub payload: [u8; 32],
+    pub outcome: Outcome,
+}
+
+/// Everything a restarted server needs.
+pub struct Recorded {
+    /// The latest record of every session, model and sampler.
+    pub objects: Vec<Change>,
+    pub finished: Vec<FinishedRequest>,
+    /// Accepted and not finished, in the order they were accepted.
+    pub pending: Vec<AcceptedRequest>,
+}
+
+pub struct Journal {
+    db: Mutex<Connection>,
+}
+
+fn digest(bytes: Vec<u8>) -> Result<[u8; 32], JournalError> {
+    bytes
+        .try_into()
+        .map_err(|_| JournalError::Damaged("a payload digest is not 32 bytes".into()))
+}
+
+impl Journal {
+    /// Open (or make) the journal in `data`'s database.
+    pub fn open(data: &Path) -> Result<Self, JournalError> {
+        let db = Connection::open(data.join(DATABASE_FILE))?;
+        db.pragma_update(None, "journal_mode", "WAL")?;
+        db.pragma_update(None, "synchronous", "FULL")?;
+        db.busy_timeout(std::time::Duration::from_secs(5))?;
+        db.execute_batch(
+            "CREATE TABLE IF NOT EXISTS sessions (
+                 id TEXT PRIMARY KEY,
+                 tenant TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS models (
+                 id TEXT PRIMARY KEY,
+                 tenant TEXT NOT NULL,
+                 base TEXT NOT NULL,
+                 lora_rank INTEGER NOT NULL,
+                 applied_seq INTEGER NOT NULL,
+                 state BLOB NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS samplers (
+                 id TEXT PRIMARY KEY,
+                 tenant TEXT NOT NULL,
+                 base TEXT NOT NULL,
+                 checkpoint TEXT,
+                 snapshot BLOB
+             );
+             CREATE TABLE IF NOT EXISTS requests (
+                 seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                 id TEXT NOT NULL UNIQUE,
+                 tenant TEXT NOT NULL,
+                 idempotency_key TEXT,
+                 payload BLOB NOT NULL,
+                 route TEXT NOT NULL,
+                 body BLOB NOT NULL,
+                 finished INTEGER NOT NULL DEFAULT 0,
+                 answer_kind TEXT,
+                 answer BLOB
+             );",
+        )?;
+        Ok(Journal { db: Mutex::new(db) })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.db.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Record an accepted request (before its id is answered).
+    pub fn accept(&self, request: &AcceptedRequest) -> Result<(), JournalError> {
+        self.lock().execute(
+            "INSERT INTO requests (id, tenant, idempotency_key, payload, route, body)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                request.id,
+                request.tenant.as_str(),
+                request.idempotency_key,
+                request.payload.as_slice(),
+                request.route,
+                request.body
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Record changes made outside any request (sessions, sampling sessions).
+    pub fn record(&self, changes: &[Change]) -> Result<(), JournalError> {
+        let mut db = self.lock();
+        let tx = db.transaction()?;
+        for change in changes {
+            apply(&tx, change)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Record request `id`'s answer and the changes its op made, in one transaction. The body
+    /// is dropped: a finished request is never run again.
+    pub fn finish(
+        &self,
+        id: &str,
+        outcome: &Outcome,
+        changes: &[Change],
+    ) -> Result<(), JournalError> {
+        let (kind, answer) = match outcome {
+            Ok(Answer::Json(value)) => ("json", value.to_string().into_bytes()),
+            Ok(Answer::Proto(bytes)) => ("proto", bytes.clone()),
+            Err(error) => (
+                "error",
+                serde_json::to_vec(error).map_err(|e| JournalError::Damaged(e.to_string()))?,
+            ),
+        };
+        let mut db = self.lock();
+        let tx = db.transaction()?;
+        for change in changes {
+            apply(&tx, change)?;
+        }
+        tx.execute(
+            "UPDATE requests SET finished = 1, answer_kind = ?2, answer = ?3, body = x''
+             WHERE id = ?1",
+            params![id, kind, answer],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Everything recorded.
+    pub fn load(&self) -> Result<Recorded, JournalError> {
+        let db = self.lock();
+        let tenant =
+            |name: String| TenantId::new(&name).map_err(|e| JournalError::Damaged(e.to_string()));
+        let mut objects = Vec::new();
+        let mut query = db.prepare("SELECT id, tenant FROM sessions")?;
+        for row in query.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get(1)?)))? {
+            let (id, owner) = row?;
+            objects.push(Change::Session {
+                id: SessionId::new(&id).map_err(|e| JournalError::Damaged(e.to_string()))?,
+                tenant: tenant(owner)?,
+            });
+        }
+        let mut query =
+            db.prepare("SELECT id, tenant, base, lora_rank, applied_seq, state FROM models")?;
+        let rows = query.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, Vec<u8>>(5)?,
+            ))
+        })?;
+        for row in rows {
+            let (id, owner, base, rank, applied, state) = row?;
+            objects.push(Change::Model {
+                id: id
+                    .parse::<ModelId>()
+                    .map_err(|e| JournalError::Damaged(e.to_string()))?,
+                tenant: tenant(owner)?,
+                base,
+                lora_rank: rank as usize,
+                applied_seq: applied as u64,
+                state: Some(state),
+            });
+        }
+        let mut query =
+            db.prepare("SELECT id, tenant, base, checkpoint, snapshot FROM samplers")?;
+        let rows = query.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Option<String>>(3)?,
+                r.get::<_, Option<Vec<u8>>>(4)?,
+            ))
+        })?;
+        for row in rows {
+            let (id, owner, base, checkpoint, snapshot) = row?;
+            let damaged = |e: ApiError| JournalError::Damaged(e.to_string());
+            let source = match (checkpoint, snapshot) {
+                (Some(path), _) => SamplerRecord::Checkpoint(path.parse().map_err(damaged)?),
+                (None, Some(bytes)) => SamplerRecord::Snapshot(bytes),
+                (None, None) => SamplerRecord::Base,
+            };
+            objects.push(Change::Sampler {
+                id: SamplerId::parse(&id).map_err(damaged)?,
+                tenant: tenant(owner)?,
+                base,
+                source,
+            });
+        }
+        let mut finished = Vec::new();
+        let mut pending = Vec::new();
+        let mut query = db.prepare(
+            "SELECT id, tenant, idempotency_key, payload, route, body, finished, answer_kind, answer
+             FROM requests ORDER BY seq",
+        )?;
+        let rows = query.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, Vec<u8>>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, Vec<u8>>(5)?,
+                r.get::<_, bool>(6)?,
+                r.get::<_, Option<String>>(7)?,
+                r.get::<_, Option<Vec<u8>>>(8)?,
+            ))
+        })?;
+        for row in rows {
+            let (id, owner, key, payload, route, body, done, kind, answer) = row?;
+            let (tenant, payload) = (tenant(owner)?, digest(payload)?);
+            if !done {
+                pending.push(AcceptedRequest {
+                    id,
+                    tenant,
+                    idempotency_key: key,
+                    payload,
+                    route,
+                    body,
+                });
+                continue;
+            }
+            let answer = answer.unwrap_or_default();
+            let outcome = match kind.as_deref() {
+                Some("json") => Ok(Answer::Json(
+                    serde_json::from_slice(&answer)
+                        .map_err(|e| JournalError::Damaged(e.to_string()))?,
+                )),
+                Some("proto") => Ok(Answer::Proto(answer)),
+                Some("error") => Err(serde_json::from_slice(&answer).unwrap_or_else(|_| {
+                    ApiError::new(ApiErrorKind::Internal, "the recorded error is damaged")
+                })),
+                other => return Err(JournalError::Damaged(format!("answer kind {other:?}"))),
+            };
+            finished.push(FinishedRequest {
+                id,
+                tenant,
+                idempotency_key: key,
+                payload,
+                outcome,
+            });
+        }
+        Ok(Recorded {
+            objects,
+            finished,
+            pending,
+        })
+    }
+}
+
+fn apply(tx: &rusqlite::Transaction<'_>, change: &Change) -> Result<(), JournalError> {
+    match change {
+        Change::Session { id, tenant } => {
+            tx.execute(
+                "INSERT OR REPLACE INTO sessions (id, tenant) VALUES (?1, ?2)",
+                params![id.as_str(), tenant.as_str()],
+            )?;
+        }
+        Change::Model {
+            id,
+            tenant,
+            base,
+            lora_rank,
+            applied_seq,
+            state: Some(state),
+        } => {
+            tx.execute(
+                "INSERT INTO models (id, tenant, base, lora_rank, applied_seq, state)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT(id) DO UPDATE SET
+                     applied_seq = max(applied_seq, excluded.applied_seq),
+                     state = excluded.state",
+                params![
+                    id.to_string(),
+                    tenant.as_str(),
+                    base,
+                    *lora_rank as i64,
+                    *applied_seq as i64,
+                    state
+                ],
+            )?;
+        }
+        Change::Model {
+            id,
+            applied_seq,
+            state: None,
+            ..
+        } => {
+            tx.execute(
+                "UPDATE models SET applied_seq = max(applied_seq, ?2) WHERE id = ?1",
+                params![id.to_string(), *applied_seq as i64],
+            )?;
+        }
+        Change::Sampler {
+            id,
+            tenant,
+            base,
+            source,
+        } => {
+            let (checkpoint, snapshot) = match source {
+                SamplerRecord::Base => (None, None),
+                SamplerRecord::Checkpoint(path) => (Some(path.to_string()), None),
+                SamplerRecord::Snapshot(bytes) => (None, Some(bytes.as_slice())),
+            };
+            tx.execute(
+                "INSERT OR REPLACE INTO samplers (id, tenant, base, checkpoint, snapshot)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![id.as_str(), tenant.as_str(), base, checkpoint, snapshot],
+            )?;
+        }
+    }
+    Ok(())
+}
