@@ -59,20 +59,12 @@ fn create_tenant(data: &Path, name: &str) -> String {
     key
 }
 
-fn start_server() -> Server {
-    let data = tempfile::tempdir().unwrap();
-    let alice = create_tenant(data.path(), "alice");
-    let bob = create_tenant(data.path(), "bob");
+/// Start `opentinker serve` on `data` at `addr`; returns the process, the URL it serves and the
+/// line it printed (which says what it restored).
+fn spawn_server(data: &Path, addr: &str) -> (Child, String, String) {
     let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--addr",
-            "127.0.0.1:0",
-            "--poll-wait",
-            "5",
-            "--data",
-        ])
-        .arg(data.path())
+        .args(["serve", "--addr", addr, "--poll-wait", "5", "--data"])
+        .arg(data)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -86,6 +78,14 @@ fn start_server() -> Server {
         .find(|w| w.starts_with("http://127.0.0.1:"))
         .unwrap_or_else(|| panic!("the server did not say where it listens: {line:?}"))
         .to_string();
+    (child, url, line)
+}
+
+fn start_server() -> Server {
+    let data = tempfile::tempdir().unwrap();
+    let alice = create_tenant(data.path(), "alice");
+    let bob = create_tenant(data.path(), "bob");
+    let (child, url, _) = spawn_server(data.path(), "127.0.0.1:0");
     Server {
         child,
         url,
@@ -95,13 +95,11 @@ fn start_server() -> Server {
     }
 }
 
-/// Run `tests/tinker_sdk/{script}` against a fresh server; its output is printed, and a failure
-/// (an assertion in the script, an SDK error) fails the test.
-fn run_script(script: &str) {
-    let Some(python) = python() else { return };
-    let server = start_server();
+/// The command that runs `tests/tinker_sdk/{script}` with the SDK pointed at `server`.
+fn script_command(python: &Path, script: &str, server: &Server) -> Command {
     let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tinker_sdk");
-    let output = Command::new(python)
+    let mut command = Command::new(python);
+    command
         .arg(scripts.join(script))
         .current_dir(&scripts)
         .env("TINKER_BASE_URL", &server.url)
@@ -114,7 +112,16 @@ fn run_script(script: &str) {
             "OPENTINKER_TINY_MODEL",
             server.data.path().join("models/opentinker-tiny"),
         )
-        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    command
+}
+
+/// Run `tests/tinker_sdk/{script}` against a fresh server; its output is printed, and a failure
+/// (an assertion in the script, an SDK error) fails the test.
+fn run_script(script: &str) {
+    let Some(python) = python() else { return };
+    let server = start_server();
+    let output = script_command(&python, script, &server)
         .output()
         .expect("running the SDK script");
     let text = format!(
@@ -154,4 +161,86 @@ fn saved_state_resumes_with_identical_next_step_losses() {
 #[test]
 fn tenants_cannot_see_each_others_objects() {
     run_script("tenants.py");
+}
+
+/// The final adapter of `durable_loop.py` (its safetensors bytes) and its losses.
+fn final_adapter(server: &Server, output: &std::process::Output) -> (Vec<u8>, String) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the loop failed:\n{stdout}{stderr}"
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    let result: serde_json::Value = serde_json::from_str(last).expect("the loop's result line");
+    let path = result["final"].as_str().unwrap();
+    let (model, rest) = path
+        .trim_start_matches("tinker://")
+        .split_once('/')
+        .unwrap();
+    let dir = server
+        .data
+        .path()
+        .join("checkpoints/alice")
+        .join(model)
+        .join(rest);
+    let bytes = std::fs::read(dir.join("adapter_model.safetensors")).unwrap();
+    (bytes, result["losses"].to_string())
+}
+
+#[test]
+fn a_loop_survives_sigkills_of_the_server_with_the_same_final_adapter() {
+    let Some(python) = python() else { return };
+    let reference = start_server();
+    let output = script_command(&python, "durable_loop.py", &reference)
+        .output()
+        .unwrap();
+    let (expected, expected_losses) = final_adapter(&reference, &output);
+    drop(reference);
+
+    // The same loop, with the server killed (SIGKILL) and restarted on the same port and data
+    // at moments drawn from the clock.
+    let mut server = start_server();
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let mut script = script_command(&python, "durable_loop.py", &server)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    let (mut kills, mut mid_loop) = (0, 0);
+    while kills < 4 && script.try_wait().unwrap().is_none() {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        std::thread::sleep(std::time::Duration::from_millis(200 + (seed >> 33) % 1200));
+        if script.try_wait().unwrap().is_some() {
+            break;
+        }
+        server.child.kill().unwrap();
+        server.child.wait().unwrap();
+        kills += 1;
+        let (child, _, line) = spawn_server(server.data.path(), &addr);
+        println!("{}", line.trim());
+        mid_loop += usize::from(line.contains("restored 1 sessions, 1 models"));
+        server.child = child;
+    }
+    let output = script.wait_with_output().unwrap();
+    let (bytes, losses) = final_adapter(&server, &output);
+    println!("{kills} kills; losses {losses}");
+    assert!(
+        mid_loop > 0,
+        "no kill fell inside the training loop: make it longer"
+    );
+    assert_eq!(
+        losses, expected_losses,
+        "the losses differ from the uninterrupted run's"
+    );
+    assert!(
+        bytes == expected,
+        "the final adapter differs from the uninterrupted run's"
+    );
 }

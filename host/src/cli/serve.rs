@@ -62,17 +62,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let state = AppState::start(&config).await?;
+        let (state, restored) = AppState::start(&config).await?;
         let listener = tokio::net::TcpListener::bind(config.addr)
             .await
             .with_context(|| format!("listening on {}", config.addr))?;
         let addr = listener.local_addr()?;
         // The line tests and scripts wait for.
-        println!("opentinker serving on http://{addr} (models: {})", {
-            let mut names = vec![TINY_MODEL_NAME.to_string()];
-            names.extend(config.models.iter().map(|(n, _)| n.clone()));
+        let mut names = vec![TINY_MODEL_NAME.to_string()];
+        names.extend(config.models.iter().map(|(n, _)| n.clone()));
+        println!(
+            "opentinker serving on http://{addr} (models: {}; {restored})",
             names.join(", ")
-        });
+        );
         serve(listener, state, async {
             let _ = tokio::signal::ctrl_c().await;
         })

@@ -26,6 +26,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::api::{ApiError, ApiErrorKind, TenantId};
+use crate::sched::service::Change;
 use crate::sched::{ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir};
 use futures::Futures;
 use journal::Journal;
@@ -53,6 +54,28 @@ pub struct ServerConfig {
     pub kv_positions: usize,
 }
 
+/// What a start found recorded from earlier runs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Restored {
+    pub sessions: usize,
+    pub models: usize,
+    pub samplers: usize,
+    /// Requests answered again as they were.
+    pub finished: usize,
+    /// Requests accepted and not finished, run again.
+    pub unfinished: usize,
+}
+
+impl std::fmt::Display for Restored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "restored {} sessions, {} models, {} samplers, {} finished requests; resumed {} unfinished",
+            self.sessions, self.models, self.samplers, self.finished, self.unfinished
+        )
+    }
+}
+
 /// Everything a request handler reaches.
 pub struct AppState {
     pub service: Service,
@@ -68,7 +91,7 @@ impl AppState {
     /// Load the models, open the database of `config`, restore what it records (sessions,
     /// models with their training state, samplers, finished requests' answers) and run again the
     /// requests that were accepted and had not finished.
-    pub async fn start(config: &ServerConfig) -> anyhow::Result<Arc<Self>> {
+    pub async fn start(config: &ServerConfig) -> anyhow::Result<(Arc<Self>, Restored)> {
         let data = config.data.clone();
         let open = move || -> anyhow::Result<(Tenants, Journal)> {
             let tenants = Tenants::open(&data).context("opening the server database")?;
@@ -85,6 +108,18 @@ impl AppState {
             let journal = Arc::clone(&journal);
             tokio::task::spawn_blocking(move || journal.load()).await??
         };
+        let mut restored = Restored {
+            finished: recorded.finished.len(),
+            unfinished: recorded.pending.len(),
+            ..Restored::default()
+        };
+        for object in &recorded.objects {
+            match object {
+                Change::Session { .. } => restored.sessions += 1,
+                Change::Model { .. } => restored.models += 1,
+                Change::Sampler { .. } => restored.samplers += 1,
+            }
+        }
         service
             .restore(recorded.objects)
             .await
@@ -99,7 +134,7 @@ impl AppState {
         });
         state.futures.restore(recorded.finished);
         routes::resume(&state, recorded.pending);
-        Ok(state)
+        Ok((state, restored))
     }
 
     /// The service over the served base models.
