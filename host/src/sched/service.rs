@@ -433,6 +433,53 @@ impl Service {
         Ok((output, Vec::new()))
     }
 
+    /// Check `op` for `tenant` without running it: unknown (or another tenant's) ids, bad
+    /// datums and bad parameters are refused here, before a request is accepted. The op is
+    /// checked again when it runs (a model may be gone by then).
+    pub fn validate(&self, tenant: &TenantId, op: &Op) -> Result<(), ApiError> {
+        match op {
+            Op::CreateSession | Op::GetInfo { .. } | Op::GetSampler { .. } => Ok(()),
+            Op::CreateModel {
+                session,
+                base_model,
+                lora,
+                ..
+            } => {
+                self.session(tenant, session)?;
+                self.base(base_model)?;
+                self.lora_config(lora).map(|_| ())
+            }
+            Op::CreateModelFromState { session, path, .. } => {
+                self.session(tenant, session)?;
+                self.checkpoint_dir(tenant, path).map(|_| ())
+            }
+            Op::ForwardBackward { model, input, .. } => {
+                work_item(&*self.model(tenant, model)?, input).map(|_| ())
+            }
+            Op::OptimStep { model, params } => {
+                self.model(tenant, model)?;
+                check_adam(params)
+            }
+            Op::SaveState { model, name } => {
+                self.model(tenant, model)?;
+                CheckpointPath::new(model.clone(), CheckpointKind::Weights, name).map(|_| ())
+            }
+            Op::SaveWeightsForSampler { model, name } => {
+                self.model(tenant, model)?;
+                CheckpointPath::new(model.clone(), CheckpointKind::SamplerWeights, name).map(|_| ())
+            }
+            Op::LoadState { model, path, .. } => {
+                self.model(tenant, model)?;
+                self.checkpoint_dir(tenant, path).map(|_| ())
+            }
+            Op::SnapshotForSampler { model, .. } => self.model(tenant, model).map(|_| ()),
+            Op::CreateSamplingSession { session, .. } => self.session(tenant, session),
+            Op::Sample(request) => {
+                engine_request(&*self.sampler(tenant, &request.sampler)?, request).map(|_| ())
+            }
+        }
+    }
+
     /// Restore the objects that `changes` (the latest record of each) describe: what a
     /// restarted durable server calls before it serves.
     pub async fn restore(&self, changes: Vec<Change>) -> Result<(), ApiError> {
@@ -895,11 +942,8 @@ fn engine_datum(datum: &Datum, vocab: usize, context: usize) -> Result<train::Da
     })
 }
 
-async fn forward_backward(
-    model: &TrainedModel,
-    input: ForwardBackwardInput,
-    forward_only: bool,
-) -> Result<ForwardBackwardOutput, ApiError> {
+/// The engine's work item of a `forward` / `forward_backward` call, every datum checked.
+fn work_item(model: &TrainedModel, input: &ForwardBackwardInput) -> Result<WorkItem, ApiError> {
     let loss = Loss::from_config(&input.loss_fn, &input.loss_fn_config)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     if input.data.is_empty() {
@@ -917,11 +961,19 @@ async fn forward_backward(
                 .map_err(|e| ApiError::invalid(format!("datum {i}: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let item = WorkItem {
+    Ok(WorkItem {
         adapter: model.adapter.clone(),
         datums,
         loss,
-    };
+    })
+}
+
+async fn forward_backward(
+    model: &TrainedModel,
+    input: ForwardBackwardInput,
+    forward_only: bool,
+) -> Result<ForwardBackwardOutput, ApiError> {
+    let item = work_item(model, &input)?;
     let trainer = &model.base.trainer;
     let mut outputs = if forward_only {
         trainer
@@ -949,7 +1001,8 @@ async fn forward_backward(
     })
 }
 
-async fn optim_step(model: &TrainedModel, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
+/// Refuse AdamW settings that cannot train.
+fn check_adam(params: &AdamParams) -> Result<(), ApiError> {
     for (name, value) in [
         ("learning_rate", params.learning_rate),
         ("beta1", params.beta1),
@@ -969,6 +1022,11 @@ async fn optim_step(model: &TrainedModel, params: AdamParams) -> Result<OptimSte
             "adam_params.beta1 and beta2 must be below 1",
         ));
     }
+    Ok(())
+}
+
+async fn optim_step(model: &TrainedModel, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
+    check_adam(&params)?;
     let adapter = model.adapter.clone();
     let engine_params = train::AdamParams {
         learning_rate: params.learning_rate,
@@ -998,10 +1056,11 @@ async fn optim_step(model: &TrainedModel, params: AdamParams) -> Result<OptimSte
     Ok(OptimStepOutput { metrics })
 }
 
-async fn sample_with(
+/// The engine's request of a sample request, checked.
+fn engine_request(
     sampler: &Sampler,
-    request: SampleRequest,
-) -> Result<SampleResponse, ApiError> {
+    request: &SampleRequest,
+) -> Result<sample::SampleRequest, ApiError> {
     let p = &request.params;
     if request.num_samples == 0 || request.num_samples > MAX_SAMPLES_PER_REQUEST {
         return Err(ApiError::invalid(format!(
@@ -1034,6 +1093,18 @@ async fn sample_with(
         stop,
         num_samples: request.num_samples,
     };
+    let vocab = sampler.base.config.vocab_size;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty"));
+    }
+    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid(format!(
+            "prompt token {t} is outside the vocabulary of {vocab}"
+        )));
+    }
+    params
+        .validate(vocab)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let mut engine_request = sample::SampleRequest::new(prompt, params);
     engine_request.policy = sampler.policy.as_ref().map(|v| PolicyRef {
         name: v.name.clone(),
@@ -1041,6 +1112,14 @@ async fn sample_with(
     });
     engine_request.prompt_logprobs = request.prompt_logprobs;
     engine_request.topk_prompt_logprobs = request.topk_prompt_logprobs;
+    Ok(engine_request)
+}
+
+async fn sample_with(
+    sampler: &Sampler,
+    request: SampleRequest,
+) -> Result<SampleResponse, ApiError> {
+    let engine_request = engine_request(sampler, &request)?;
     let output = sampler
         .base
         .sampler

@@ -51,7 +51,39 @@ pub fn router(state: Shared) -> Router {
         .nest("/api/v1", api)
         .fallback(|| async { HttpError(ApiError::new(ApiErrorKind::NotFound, "no such endpoint")) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// Give every error answer the Tinker error shape, also those that axum makes itself (an
+/// oversized body, a wrong method): a JSON body with `error` and `category`, never empty.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let text = axum::body::to_bytes(response.into_body(), 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = match text.is_empty() {
+        true => status.canonical_reason().unwrap_or("error").to_string(),
+        false => text,
+    };
+    let category = if status.is_server_error() {
+        "server"
+    } else {
+        "user"
+    };
+    (
+        status,
+        Json(json!({ "error": message, "category": category })),
+    )
+        .into_response()
 }
 
 /// The tenant making a request, from its `X-API-Key` (or `Authorization: Bearer`) header.
@@ -475,6 +507,7 @@ async fn submit(
         .get("x-idempotency-key")
         .and_then(|v| v.to_str().ok());
     let accepted = accept(route, &body, header_key)?;
+    state.service.validate(&tenant, &accepted.op)?;
     let submission = Submission {
         tenant: tenant.clone(),
         idempotency: accepted.key.map(|key| Idempotency::new(key, &body)),

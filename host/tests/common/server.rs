@@ -1,0 +1,79 @@
+//! `opentinker serve` on loopback for the tests that talk to it: a fresh data folder with
+//! tenants `alice` and `bob`, the process stopped when dropped.
+
+// Each test crate that includes this uses part of it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_opentinker");
+
+/// A server on loopback with tenants `alice` and `bob`; stopped when dropped.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    pub data: tempfile::TempDir,
+    pub alice: String,
+    pub bob: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn create_tenant(data: &Path, name: &str) -> String {
+    let output = Command::new(BIN)
+        .args(["tenant", "create", name, "--data"])
+        .arg(data)
+        .output()
+        .expect("running opentinker tenant create");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let key = String::from_utf8(output.stdout).unwrap().trim().to_string();
+    assert!(key.starts_with("tml-"), "{key}");
+    key
+}
+
+/// Start `opentinker serve` on `data` at `addr`; returns the process, the URL it serves and the
+/// line it printed (which says what it restored).
+pub fn spawn_server(data: &Path, addr: &str) -> (Child, String, String) {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--addr", addr, "--poll-wait", "5", "--data"])
+        .arg(data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting opentinker serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://127.0.0.1:"))
+        .unwrap_or_else(|| panic!("the server did not say where it listens: {line:?}"))
+        .to_string();
+    (child, url, line)
+}
+
+pub fn start_server() -> Server {
+    let data = tempfile::tempdir().unwrap();
+    let alice = create_tenant(data.path(), "alice");
+    let bob = create_tenant(data.path(), "bob");
+    let (child, url, _) = spawn_server(data.path(), "127.0.0.1:0");
+    Server {
+        child,
+        url,
+        data,
+        alice,
+        bob,
+    }
+}

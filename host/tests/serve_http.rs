@@ -1,0 +1,403 @@
+//! `opentinker serve` answering bad requests: each gets a 4xx with a JSON body in the Tinker
+//! error shape that names the problem, never a panic, a hang or a 500. Plain HTTP/1.1 over a
+//! socket, so that nothing between the test and the server is forgiving.
+
+#[path = "common/server.rs"]
+mod server;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use opentinker::server::proto;
+use prost::Message;
+use serde_json::{Value, json};
+use server::{Server, start_server};
+
+/// One request; the answer's status and JSON body (a protobuf body is given as its length).
+fn call(
+    server: &Server,
+    path: &str,
+    key: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> (u16, Value) {
+    let address = server.url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut head = format!(
+        "POST /api/v1/{path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if let Some(key) = key {
+        head.push_str(&format!("X-API-Key: {key}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    // A server may answer (413) before reading all of a large body.
+    let _ = stream.write_all(body);
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = match head.to_ascii_lowercase().contains("application/x-protobuf") {
+        true => json!({ "protobuf_bytes": body.len() }),
+        false => serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {body:?}")),
+    };
+    (status, body)
+}
+
+fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
+    call(
+        server,
+        path,
+        Some(&server.alice),
+        "application/json",
+        body.to_string().as_bytes(),
+    )
+}
+
+/// The status and the error text of a refused request.
+fn refused(answer: (u16, Value)) -> (u16, String) {
+    let (status, body) = answer;
+    assert!(
+        body["category"].is_string(),
+        "no Tinker error shape: {status} {body}"
+    );
+    (
+        status,
+        body["error"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// The result of a future, polled until it is there.
+fn result(server: &Server, request_id: &str) -> Value {
+    loop {
+        let (status, body) = post(
+            server,
+            "retrieve_future",
+            json!({ "request_id": request_id }),
+        );
+        assert_eq!(status, 200, "{body}");
+        if body["type"] != "try_again" {
+            return body;
+        }
+    }
+}
+
+/// A session and a model of `alice`.
+fn model(server: &Server) -> String {
+    let (_, session) = post(
+        server,
+        "create_session",
+        json!({"tags": [], "user_metadata": null, "sdk_version": "test"}),
+    );
+    let session = session["session_id"].as_str().unwrap().to_string();
+    let (status, submitted) = post(
+        server,
+        "create_model",
+        json!({"session_id": session, "model_seq_id": 0, "base_model": "opentinker/tiny", "lora_config": {"rank": 4}}),
+    );
+    assert_eq!(status, 200, "{submitted}");
+    result(server, submitted["request_id"].as_str().unwrap())["model_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn tensor_i64(values: &[i64]) -> proto::Tensor {
+    proto::Tensor {
+        encoding: Some(proto::tensor::Encoding::Dense(
+            values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        )),
+        dtype: proto::DType::Int64 as i32,
+        shape: vec![values.len() as i64],
+    }
+}
+
+fn datum(tokens: &[i32], targets: proto::Tensor) -> proto::Datum {
+    proto::Datum {
+        model_input: vec![proto::Chunk {
+            chunk: Some(proto::chunk::Chunk::EncodedText(proto::EncodedTextChunk {
+                tokens: tokens.iter().flat_map(|t| t.to_le_bytes()).collect(),
+            })),
+        }],
+        loss_fn_inputs: BTreeMap::from([("target_tokens".to_string(), targets)]),
+    }
+}
+
+fn forward_backward(server: &Server, request: proto::ForwardBackwardRequest) -> (u16, Value) {
+    call(
+        server,
+        "forward_backward",
+        Some(&server.alice),
+        "application/x-protobuf",
+        &request.encode_to_vec(),
+    )
+}
+
+fn request(
+    model: &str,
+    seq: i32,
+    data: Vec<proto::Datum>,
+    loss: &str,
+) -> proto::ForwardBackwardRequest {
+    proto::ForwardBackwardRequest {
+        model_id: model.to_string(),
+        seq_id: seq,
+        data,
+        loss_fn: loss.to_string(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn keys_are_checked_before_anything_else() {
+    let server = start_server();
+    let body = br#"{"tags": []}"#;
+    let (status, error) = refused(call(
+        &server,
+        "create_session",
+        None,
+        "application/json",
+        body,
+    ));
+    assert_eq!((status, error.as_str()), (401, "no API key (X-API-Key)"));
+    let (status, error) = refused(call(
+        &server,
+        "create_session",
+        Some("tml-0000_ffff"),
+        "application/json",
+        body,
+    ));
+    assert_eq!((status, error.as_str()), (401, "invalid API key"));
+}
+
+#[test]
+fn malformed_and_wrong_requests_get_a_4xx_that_names_the_problem() {
+    let server = start_server();
+    let model = model(&server);
+    let good = |seq| {
+        request(
+            &model,
+            seq,
+            vec![datum(&[1, 2, 3], tensor_i64(&[2, 3, 4]))],
+            "cross_entropy",
+        )
+    };
+    let cases: Vec<(&str, (u16, Value), u16, &str)> = vec![
+        (
+            "malformed JSON",
+            call(
+                &server,
+                "create_session",
+                Some(&server.alice),
+                "application/json",
+                b"{\"tags\": [",
+            ),
+            400,
+            "request body",
+        ),
+        (
+            "malformed protobuf",
+            call(
+                &server,
+                "forward_backward",
+                Some(&server.alice),
+                "application/x-protobuf",
+                b"\xff\xff\xff\xff",
+            ),
+            400,
+            "malformed protobuf",
+        ),
+        (
+            "unknown model",
+            forward_backward(
+                &server,
+                request(
+                    &model.replace(":train:0", ":train:7"),
+                    1,
+                    good(1).data,
+                    "cross_entropy",
+                ),
+            ),
+            404,
+            "not found",
+        ),
+        (
+            "out-of-vocabulary target",
+            forward_backward(
+                &server,
+                request(
+                    &model,
+                    1,
+                    vec![datum(&[1, 2, 3], tensor_i64(&[2, 3, 99_999]))],
+                    "cross_entropy",
+                ),
+            ),
+            400,
+            "outside the vocabulary",
+        ),
+        (
+            "negative token",
+            forward_backward(
+                &server,
+                request(
+                    &model,
+                    1,
+                    vec![datum(&[1, -2, 3], tensor_i64(&[2, 3, 4]))],
+                    "cross_entropy",
+                ),
+            ),
+            400,
+            "negative",
+        ),
+        (
+            "lengths that differ",
+            forward_backward(
+                &server,
+                request(
+                    &model,
+                    1,
+                    vec![datum(&[1, 2, 3], tensor_i64(&[2, 3]))],
+                    "cross_entropy",
+                ),
+            ),
+            400,
+            "one per model_input token",
+        ),
+        (
+            "wrong dtype",
+            {
+                let mut d = datum(&[1, 2, 3], tensor_i64(&[2, 3, 4]));
+                d.loss_fn_inputs
+                    .insert("weights".into(), tensor_i64(&[1, 1, 1]));
+                forward_backward(&server, request(&model, 1, vec![d], "cross_entropy"))
+            },
+            400,
+            "must be float32",
+        ),
+        (
+            "unknown loss input",
+            {
+                let mut d = datum(&[1, 2, 3], tensor_i64(&[2, 3, 4]));
+                d.loss_fn_inputs
+                    .insert("mask".into(), tensor_i64(&[1, 1, 1]));
+                forward_backward(&server, request(&model, 1, vec![d], "cross_entropy"))
+            },
+            400,
+            "unknown loss_fn_inputs key \"mask\"",
+        ),
+        (
+            "longer than the context",
+            {
+                let tokens: Vec<i32> = (0..40_000).map(|i| i % 500).collect();
+                let targets: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+                forward_backward(
+                    &server,
+                    request(
+                        &model,
+                        1,
+                        vec![datum(&tokens, tensor_i64(&targets))],
+                        "cross_entropy",
+                    ),
+                )
+            },
+            400,
+            "context holds",
+        ),
+        (
+            "unknown loss",
+            forward_backward(&server, request(&model, 1, good(1).data, "mse")),
+            400,
+            "unknown loss function \"mse\"",
+        ),
+        (
+            "unknown loss config key",
+            {
+                let mut r = good(1);
+                r.loss_fn = "ppo".into();
+                r.loss_fn_config.insert("clip".into(), 0.2);
+                forward_backward(&server, r)
+            },
+            400,
+            "unknown config key \"clip\"",
+        ),
+        (
+            "a bad optimizer setting",
+            post(
+                &server,
+                "optim_step",
+                json!({"model_id": model, "seq_id": 1, "adam_params": {"learning_rate": -1.0}}),
+            ),
+            400,
+            "learning_rate",
+        ),
+        (
+            "a path that is no checkpoint",
+            post(
+                &server,
+                "load_weights",
+                json!({"model_id": model, "seq_id": 1, "path": "file:///etc/passwd", "optimizer": false}),
+            ),
+            400,
+            "not a checkpoint path",
+        ),
+        (
+            "another model's checkpoint",
+            post(
+                &server,
+                "load_weights",
+                json!({"model_id": model, "seq_id": 1, "path": "tinker://s-else:train:0/weights/x", "optimizer": false}),
+            ),
+            404,
+            "not found",
+        ),
+        (
+            "an unknown endpoint",
+            post(&server, "no_such_thing", json!({})),
+            404,
+            "no such endpoint",
+        ),
+    ];
+    for (what, answer, status, text) in cases {
+        let (got, error) = refused(answer);
+        assert_eq!(got, status, "{what}: {error}");
+        assert!(
+            error.contains(text),
+            "{what}: {error:?} does not say {text:?}"
+        );
+    }
+
+    // A seq_id sent again with another payload is refused; the same payload is the same request.
+    let (status, first) = forward_backward(&server, good(1));
+    assert_eq!(status, 200, "{first}");
+    let (_, again) = forward_backward(&server, good(1));
+    assert_eq!(first["request_id"], again["request_id"]);
+    let mut other = good(1);
+    other.loss_fn_config.insert("beta".into(), 1.0);
+    other.loss_fn = "dro".into();
+    let (status, error) = refused(forward_backward(&server, other));
+    assert_eq!(status, 400);
+    assert!(error.contains("different payload"), "{error}");
+    let output = result(&server, first["request_id"].as_str().unwrap());
+    assert!(output["protobuf_bytes"].as_u64() > Some(0), "{output}");
+}
+
+#[test]
+fn an_oversized_body_is_refused_with_the_limit_in_tinker_shape() {
+    let server = start_server();
+    let body = vec![b' '; opentinker::server::MAX_BODY_BYTES + 1];
+    let (status, _) = refused(call(
+        &server,
+        "create_session",
+        Some(&server.alice),
+        "application/json",
+        &body,
+    ));
+    assert_eq!(status, 413);
+}
