@@ -8,7 +8,7 @@ use candle_core::{DType, Tensor};
 use opentinker::lora::LoraConfig;
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, Transformer};
-use opentinker::sched::TrainerService;
+use opentinker::sched::{FairShare, TrainerService};
 use opentinker::train::{AdamParams, Datum, Loss, StepReport, TrainingEngine, WorkItem};
 
 fn tiny_transformer(arch: Architecture) -> Transformer {
@@ -427,12 +427,16 @@ fn full_parameter_training_trains_every_weight_with_the_right_gradient() {
 /// gate: the service runs nothing more until the gate's sender is used, so calls made meanwhile
 /// all land in the next clock cycle.
 async fn gated_service() -> (TrainerService, std::sync::mpsc::Sender<()>) {
+    gated_service_sharing(FairShare::unlimited()).await
+}
+
+async fn gated_service_sharing(share: FairShare) -> (TrainerService, std::sync::mpsc::Sender<()>) {
     let model = Arc::new(tiny_transformer(Architecture::Qwen2));
     let mut engine = TrainingEngine::new(model, DType::F32);
     engine.add_adapter("a", lora(4, 1)).unwrap();
     engine.add_adapter("b", lora(8, 2)).unwrap();
     warm_up(&mut engine, &["a", "b"]);
-    let (service, _thread) = TrainerService::start(engine);
+    let (service, _thread) = TrainerService::start_sharing(engine, share);
     let (open, gate) = std::sync::mpsc::channel::<()>();
     // Polled once, the call is sent; the service runs it whether or not its answer is awaited.
     let mut closed = Box::pin(service.with(move |_| gate.recv()));
@@ -504,6 +508,55 @@ async fn a_bad_datum_in_a_cycle_fails_only_the_call_that_sent_it() {
     assert!(error.contains("work item 0, datum 0"), "{error}");
     let untouched = service.with(|e| e.gradients("b")).await.unwrap();
     assert!(untouched.is_none(), "the bad call left gradients behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_larger_than_a_pass_is_sliced_lets_a_small_call_through_and_sums_the_same() {
+    let share = FairShare {
+        pass_tokens: 40,
+        quantum: 20,
+    };
+    let (service, open) = gated_service_sharing(share).await;
+    // 48 datums of 14 tokens: at least 16 passes of 40 tokens, plenty of time to see the small
+    // call answered first.
+    let seeds: Vec<u32> = (1..=48).collect();
+    let big_item = item("a", Loss::CrossEntropy, &seeds, 14);
+    let big = service.forward_backward_for("heavy", vec![big_item.clone()]);
+    let small =
+        service.forward_backward_for("light", vec![item("b", Loss::CrossEntropy, &[9], 10)]);
+    tokio::pin!(big, small);
+    assert!(futures::poll!(&mut big).is_pending());
+    assert!(futures::poll!(&mut small).is_pending());
+    open.send(()).unwrap();
+    // The small call, sent after the big one, is answered while the big one still runs.
+    small.await.unwrap();
+    assert!(
+        futures::poll!(&mut big).is_pending(),
+        "the small call waited for all of the big one"
+    );
+    let sliced = big.await.unwrap();
+    assert_eq!(sliced[0].logprobs.len(), 48);
+    let sliced_gradients = service.with(|e| e.gradients("a").unwrap()).await.unwrap();
+    let (alone, alone_gradients) = service
+        .with(move |e| {
+            e.discard_gradients("a").unwrap();
+            let outputs = e.forward_backward(&[big_item]).unwrap();
+            (outputs, e.gradients("a").unwrap())
+        })
+        .await
+        .unwrap();
+    assert!((sliced[0].loss - alone[0].loss).abs() <= 1e-4 * alone[0].loss.abs());
+    assert_eq!(
+        sliced[0].metrics["tokens:sum"],
+        alone[0].metrics["tokens:sum"]
+    );
+    for (name, g) in &alone_gradients {
+        let difference = l2(&(g - &sliced_gradients[name]).unwrap());
+        assert!(
+            difference <= 1e-5 * l2(g),
+            "{name}: |sliced - alone| = {difference}"
+        );
+    }
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::sched::TINY_MODEL_NAME;
+use crate::sched::{FairShare, TINY_MODEL_NAME};
 use crate::server::tenants::Tenants;
 use crate::server::{AppState, DEFAULT_POLL_WAIT, ServerConfig, serve};
 
@@ -29,6 +29,13 @@ pub struct ServeArgs {
     /// KV-cache positions of running samples per base model (requests beyond it wait).
     #[arg(long, default_value_t = 262_144)]
     kv_positions: usize,
+    /// Tokens a fused training pass takes at most: a smaller pass lets a small request in
+    /// sooner under load, a larger one fuses more. Tenants share passes by deficit round robin.
+    #[arg(long, default_value_t = 4096)]
+    pass_tokens: u64,
+    /// Requests one tenant may have queued or running; past it requests are answered 429.
+    #[arg(long, default_value_t = 4096)]
+    max_queued_per_tenant: usize,
 }
 
 fn parse_model(text: &str) -> Result<(String, PathBuf), String> {
@@ -59,6 +66,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         models: args.models,
         poll_wait: Duration::from_secs(args.poll_wait),
         kv_positions: args.kv_positions,
+        max_queued_per_tenant: args.max_queued_per_tenant,
+        share: FairShare {
+            pass_tokens: args.pass_tokens.max(1),
+            quantum: (args.pass_tokens / 4).max(1),
+        },
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use candle_core::DType;
 
-use super::{SamplerService, TrainerService};
+use super::{FairShare, SamplerService, TrainerService};
 use crate::lora::AdapterRegistry;
 use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Model, ModelConfig};
@@ -33,8 +33,14 @@ pub struct ServedBase {
 
 impl ServedBase {
     /// Load the model in `dir` and start its loops. `kv_positions` bounds the KV cache of the
-    /// running samples (requests beyond it wait).
-    pub fn load(name: &str, dir: &Path, kv_positions: usize) -> anyhow::Result<Self> {
+    /// running samples (requests beyond it wait); `share` is how training passes are shared
+    /// between tenants.
+    pub fn load(
+        name: &str,
+        dir: &Path,
+        kv_positions: usize,
+        share: FairShare,
+    ) -> anyhow::Result<Self> {
         let Model {
             config,
             transformer,
@@ -55,8 +61,8 @@ impl ServedBase {
         );
         // The loops end when the last handle is dropped.
         let (sampler, _thread) = SamplerService::start(engine);
-        let (trainer, _thread) =
-            TrainerService::start(TrainingEngine::new(Arc::clone(registry.base()), DType::F32));
+        let engine = TrainingEngine::new(Arc::clone(registry.base()), DType::F32);
+        let (trainer, _thread) = TrainerService::start_sharing(engine, share);
         Ok(ServedBase {
             name: name.to_string(),
             dir: dir.to_path_buf(),

@@ -3,6 +3,7 @@
 //! cycles that fuse the waiting `forward_backward` calls of different jobs into one pass.
 
 pub mod base;
+pub mod fair;
 pub mod sampler;
 pub mod service;
 pub mod trainer;
@@ -10,4 +11,4 @@ pub mod trainer;
 pub use base::{ServedBase, TINY_MODEL_NAME, tiny_model_dir};
 pub use sampler::{SamplerService, SamplerServiceError};
 pub use service::{Service, ServiceConfig};
-pub use trainer::{TrainerService, TrainerServiceError};
+pub use trainer::{FairShare, TrainerService, TrainerServiceError};

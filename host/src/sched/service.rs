@@ -983,7 +983,7 @@ async fn forward_backward(
             .map_err(train_error)?
     } else {
         trainer
-            .forward_backward(vec![item])
+            .forward_backward_for(model.tenant.as_str(), vec![item])
             .await
             .map_err(trainer_error)?
     };

@@ -1,20 +1,29 @@
 //! The training loop: one thread owns a base model's [`TrainingEngine`] and serves the training
-//! work of every job that trains adapters on that base. Work is served in clock cycles: a cycle
-//! takes the calls that have arrived when it starts (later ones wait for the next cycle), runs
-//! the other calls in order, then fuses every `forward_backward` among them into one mixed batch
-//! (rows grouped by adapter), so jobs that train at the same moment share one pass.
+//! work of every job and tenant that trains adapters on that base. Work is served in clock
+//! cycles: a cycle takes the calls that have arrived when it starts, runs the other calls in
+//! order, then fuses waiting `forward_backward` calls into one mixed batch (rows grouped by
+//! adapter), so callers that train at the same moment share one pass.
 //!
-//! A job's calls are awaited one at a time, so a cycle holds at most one call per job and the
-//! fused calls of a cycle touch different adapters: running them together, after the cycle's
-//! other calls, changes nothing a job can see but the numbers' last bits (a fused pass pads rows
-//! to the longest of all its datums).
+//! Which `forward_backward` work a pass takes is decided by deficit round robin over tenants
+//! ([`FairQueue`]) with a token budget per pass: every busy tenant gets the same share of tokens,
+//! and a call larger than its share is taken in slices of whole datums over several passes (its
+//! gradients accumulate as if it had run at once), so a small call never waits behind a huge one
+//! for long. With no budget (`FairShare::unlimited`, what `opentinker train` uses), a pass takes
+//! every waiting call, as one fused batch.
+//!
+//! A caller's calls are awaited one at a time, so a cycle holds at most one call per model and
+//! the fused calls touch different adapters: running them together, after the cycle's other
+//! calls, changes nothing a caller can see but the numbers' last bits (a fused pass pads rows to
+//! the longest of all its datums).
 
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
 
+use super::fair::{Divisible, FairQueue, Taken, TenantKey};
 use crate::train::{ItemOutput, TrainError, TrainingEngine, WorkItem};
 
 /// Why a call to the training loop failed.
@@ -34,7 +43,30 @@ type Exclusive = Box<dyn FnOnce(&mut TrainingEngine) + Send>;
 
 enum Command {
     Exclusive(Exclusive),
-    ForwardBackward(Vec<WorkItem>, oneshot::Sender<Outputs>),
+    ForwardBackward {
+        tenant: TenantKey,
+        items: Vec<WorkItem>,
+        reply: oneshot::Sender<Outputs>,
+    },
+}
+
+/// How the loop shares passes between tenants.
+#[derive(Clone, Copy, Debug)]
+pub struct FairShare {
+    /// Tokens (input positions) a fused pass takes at most (a single datum may exceed it).
+    pub pass_tokens: u64,
+    /// Tokens each busy tenant earns per round of the deficit round robin.
+    pub quantum: u64,
+}
+
+impl FairShare {
+    /// Every waiting call in one pass: no slicing, no reordering between tenants.
+    pub fn unlimited() -> Self {
+        FairShare {
+            pass_tokens: u64::MAX,
+            quantum: u64::MAX / 4,
+        }
+    }
 }
 
 /// A handle to the training loop; clone it freely. The loop ends when every handle is dropped.
@@ -44,12 +76,17 @@ pub struct TrainerService {
 }
 
 impl TrainerService {
-    /// Start the loop on its own thread.
+    /// Start the loop on its own thread, every waiting call fused into one pass.
     pub fn start(engine: TrainingEngine) -> (Self, JoinHandle<()>) {
+        Self::start_sharing(engine, FairShare::unlimited())
+    }
+
+    /// Start the loop on its own thread, sharing passes between tenants as `share` says.
+    pub fn start_sharing(engine: TrainingEngine, share: FairShare) -> (Self, JoinHandle<()>) {
         let (commands, receiver) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("opentinker-trainer".into())
-            .spawn(move || serve(engine, receiver))
+            .spawn(move || serve(engine, receiver, share))
             .expect("spawning the trainer thread");
         (TrainerService { commands }, thread)
     }
@@ -83,83 +120,265 @@ impl TrainerService {
         &self,
         items: Vec<WorkItem>,
     ) -> Result<Vec<ItemOutput>, TrainerServiceError> {
+        self.forward_backward_for("", items).await
+    }
+
+    /// `forward_backward` of `items` on behalf of `tenant`, whose share of passes is fair.
+    pub async fn forward_backward_for(
+        &self,
+        tenant: &str,
+        items: Vec<WorkItem>,
+    ) -> Result<Vec<ItemOutput>, TrainerServiceError> {
         let (reply, answer) = oneshot::channel();
         self.commands
-            .send(Command::ForwardBackward(items, reply))
+            .send(Command::ForwardBackward {
+                tenant: tenant.to_string(),
+                items,
+                reply,
+            })
             .map_err(|_| TrainerServiceError::Stopped)?;
         Ok(answer.await.map_err(|_| TrainerServiceError::Stopped)??)
     }
 }
 
-fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>) {
-    while let Ok(first) = commands.recv() {
-        // The cycle: what has arrived by now; later calls wait for the next one.
-        let cycle: Vec<Command> = std::iter::once(first).chain(commands.try_iter()).collect();
-        let mut fused = Vec::new();
-        for command in cycle {
-            match command {
-                Command::Exclusive(call) => {
-                    // A panicking call drops its answer (its caller hears the trainer stopped);
-                    // the other jobs' work goes on.
-                    let _ = catch_unwind(AssertUnwindSafe(|| call(&mut engine)));
+/// The datums of a `forward_backward` call not yet run, as (item index, item with those datums).
+struct Remaining {
+    call: u64,
+    pieces: std::collections::VecDeque<(usize, WorkItem)>,
+}
+
+/// A slice of a call: some of its datums, by item.
+struct Slice {
+    call: u64,
+    pieces: Vec<(usize, WorkItem)>,
+}
+
+fn tokens(item: &WorkItem) -> u64 {
+    item.datums
+        .iter()
+        .map(|d| d.input_tokens.len().max(1) as u64)
+        .sum()
+}
+
+impl Divisible for Remaining {
+    type Part = Slice;
+
+    fn cost(&self) -> u64 {
+        self.pieces.iter().map(|(_, item)| tokens(item)).sum()
+    }
+
+    fn split(&mut self, budget: u64) -> Option<Slice> {
+        let mut slice = Slice {
+            call: self.call,
+            pieces: Vec::new(),
+        };
+        let mut spent = 0;
+        while let Some((index, item)) = self.pieces.front_mut() {
+            let mut taken = Vec::new();
+            while let Some(datum) = item.datums.first() {
+                let cost = datum.input_tokens.len().max(1) as u64;
+                if spent + cost > budget {
+                    break;
                 }
-                Command::ForwardBackward(items, reply) => fused.push((items, reply)),
+                spent += cost;
+                taken.push(item.datums.remove(0));
             }
+            if !taken.is_empty() {
+                slice.pieces.push((
+                    *index,
+                    WorkItem {
+                        adapter: item.adapter.clone(),
+                        datums: taken,
+                        loss: item.loss.clone(),
+                    },
+                ));
+            }
+            if !item.datums.is_empty() {
+                break;
+            }
+            self.pieces.pop_front();
         }
-        let _ = catch_unwind(AssertUnwindSafe(|| {
-            forward_backward_fused(&mut engine, fused)
-        }));
+        (!slice.pieces.is_empty()).then_some(slice)
     }
 }
 
-/// One `forward_backward` over every call's items, each call answered with its own outputs. If
-/// the engine refuses the fused pass (a bad datum, an unknown adapter: found before it computes
-/// anything), each call runs alone, so one job's bad input fails only that job.
+/// A call being served: its outputs so far, and where to answer.
+struct Call {
+    outputs: Vec<ItemOutput>,
+    reply: oneshot::Sender<Outputs>,
+    /// Set when a slice failed: the call is answered then, and its later slices are dropped.
+    failed: bool,
+}
+
+/// Add a slice's output of one item to what the call has so far.
+fn merge(into: &mut ItemOutput, part: ItemOutput) {
+    into.logprobs.extend(part.logprobs);
+    into.loss += part.loss;
+    for (key, value) in part.metrics {
+        let slot = into
+            .metrics
+            .entry(key.clone())
+            .or_insert(match key.rsplit(':').next() {
+                Some("max") => f64::NEG_INFINITY,
+                Some("min") => f64::INFINITY,
+                _ => 0.0,
+            });
+        *slot = match key.rsplit(':').next() {
+            Some("max") => slot.max(value),
+            Some("min") => slot.min(value),
+            _ => *slot + value,
+        };
+    }
+}
+
+fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: FairShare) {
+    let mut queue: FairQueue<Remaining> = FairQueue::new(share.quantum);
+    let mut calls: HashMap<u64, Call> = HashMap::new();
+    let mut next_call = 0u64;
+    loop {
+        // Wait for work only when none is queued.
+        let first = match queue.is_empty() {
+            true => match commands.recv() {
+                Ok(command) => Some(command),
+                Err(_) => return,
+            },
+            false => None,
+        };
+        // The cycle: what has arrived by now; later calls wait for the next one.
+        for command in first.into_iter().chain(commands.try_iter()) {
+            match command {
+                Command::Exclusive(call) => {
+                    // A panicking call drops its answer (its caller hears the trainer stopped);
+                    // the other callers' work goes on.
+                    let _ = catch_unwind(AssertUnwindSafe(|| call(&mut engine)));
+                }
+                Command::ForwardBackward {
+                    tenant,
+                    items,
+                    reply,
+                } => {
+                    next_call += 1;
+                    calls.insert(
+                        next_call,
+                        Call {
+                            outputs: vec![ItemOutput::default(); items.len()],
+                            reply,
+                            failed: false,
+                        },
+                    );
+                    queue.push(
+                        &tenant,
+                        Remaining {
+                            call: next_call,
+                            pieces: items.into_iter().enumerate().collect(),
+                        },
+                    );
+                }
+            }
+        }
+        if queue.is_empty() {
+            continue;
+        }
+        let mut slices = Vec::new();
+        let mut finishing = Vec::new();
+        for (_, taken) in queue.take(share.pass_tokens) {
+            match taken {
+                Taken::Whole(rest) => {
+                    finishing.push(rest.call);
+                    slices.push(Slice {
+                        call: rest.call,
+                        pieces: rest.pieces.into_iter().collect(),
+                    });
+                }
+                Taken::Part(slice) => slices.push(slice),
+            }
+        }
+        slices.retain(|s| calls.get(&s.call).is_some_and(|c| !c.failed));
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            forward_backward_fused(&mut engine, &mut calls, slices)
+        }));
+        for id in finishing {
+            if let Some(call) = calls.remove(&id)
+                && !call.failed
+            {
+                let _ = call.reply.send(Ok(call.outputs));
+            }
+        }
+    }
+}
+
+/// Fail call `id` with `error` now; its later slices are dropped.
+fn fail(calls: &mut HashMap<u64, Call>, id: u64, error: TrainError) {
+    if let Some(call) = calls.get_mut(&id)
+        && !call.failed
+    {
+        call.failed = true;
+        let (reply, _) = oneshot::channel();
+        let reply = std::mem::replace(&mut call.reply, reply);
+        let _ = reply.send(Err(error));
+    }
+}
+
+/// One `forward_backward` over every slice, each slice's outputs added to its call's. If the
+/// engine refuses the fused pass (a bad datum, an unknown adapter: found before it computes
+/// anything), each call's slice runs alone, so one caller's bad input fails only that caller.
 fn forward_backward_fused(
     engine: &mut TrainingEngine,
-    calls: Vec<(Vec<WorkItem>, oneshot::Sender<Outputs>)>,
+    calls: &mut HashMap<u64, Call>,
+    slices: Vec<Slice>,
 ) {
-    if calls.len() < 2 {
-        for (items, reply) in calls {
-            let _ = reply.send(engine.forward_backward(&items));
+    let mut all = Vec::new();
+    let mut owners = Vec::new();
+    for slice in &slices {
+        for (index, item) in &slice.pieces {
+            all.push(item.clone());
+            owners.push((slice.call, *index));
         }
+    }
+    if all.is_empty() {
         return;
     }
-    let mut sizes = Vec::with_capacity(calls.len());
-    let mut replies = Vec::with_capacity(calls.len());
-    let mut all = Vec::new();
-    for (items, reply) in calls {
-        sizes.push(items.len());
-        replies.push(reply);
-        all.extend(items);
-    }
     tracing::debug!(
-        calls = sizes.len(),
+        slices = slices.len(),
         items = all.len(),
         "fused forward_backward"
     );
+    let record =
+        |calls: &mut HashMap<u64, Call>, owners: &[(u64, usize)], outputs: Vec<ItemOutput>| {
+            for (&(id, index), output) in owners.iter().zip(outputs) {
+                if let Some(call) = calls.get_mut(&id) {
+                    merge(&mut call.outputs[index], output);
+                }
+            }
+        };
     match engine.forward_backward(&all) {
-        Ok(outputs) => {
-            let mut outputs = outputs.into_iter();
-            for (size, reply) in sizes.into_iter().zip(replies) {
-                let _ = reply.send(Ok(outputs.by_ref().take(size).collect()));
+        Ok(outputs) => record(calls, &owners, outputs),
+        Err(TrainError::BadDatum { .. } | TrainError::UnknownAdapter(_)) if slices.len() > 1 => {
+            for slice in slices {
+                let items: Vec<WorkItem> = slice.pieces.iter().map(|(_, i)| i.clone()).collect();
+                let owners: Vec<(u64, usize)> = slice
+                    .pieces
+                    .iter()
+                    .map(|(index, _)| (slice.call, *index))
+                    .collect();
+                match engine.forward_backward(&items) {
+                    Ok(outputs) => record(calls, &owners, outputs),
+                    Err(error) => fail(calls, slice.call, error),
+                }
             }
         }
-        Err(TrainError::BadDatum { .. } | TrainError::UnknownAdapter(_)) => {
-            let mut rest = all.as_slice();
-            for (size, reply) in sizes.into_iter().zip(replies) {
-                let (items, after) = rest.split_at(size);
-                rest = after;
-                let _ = reply.send(engine.forward_backward(items));
+        Err(error @ (TrainError::BadDatum { .. } | TrainError::UnknownAdapter(_))) => {
+            if let Some(slice) = slices.first() {
+                fail(calls, slice.call, error);
             }
         }
         // A failure while computing may have left some gradients accumulated: running the
-        // calls again would count them twice, so every call of the pass fails.
+        // slices again would count them twice, so every call of the pass fails.
         Err(error) => {
             let message = format!("a fused training pass failed: {error}");
-            for reply in replies {
+            for slice in &slices {
                 let error = candle_core::Error::Msg(message.clone());
-                let _ = reply.send(Err(TrainError::Candle(error)));
+                fail(calls, slice.call, TrainError::Candle(error));
             }
         }
     }

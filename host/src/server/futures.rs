@@ -47,6 +47,16 @@ impl Idempotency {
     }
 }
 
+fn lock(table: &Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
+    table.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn finished_one(table: &mut Table, tenant: &TenantId) {
+    if let Some(count) = table.unfinished.get_mut(tenant) {
+        *count = count.saturating_sub(1);
+    }
+}
+
 /// The digest a request's payload is compared by.
 fn accepted_payload(body: &[u8]) -> [u8; 32] {
     Sha256::digest(body).into()
@@ -57,6 +67,8 @@ struct Table {
     entries: HashMap<String, Entry>,
     /// (tenant, idempotency key) -> (request id, payload digest).
     keys: HashMap<(TenantId, String), (String, [u8; 32])>,
+    /// Requests of each tenant accepted and not finished.
+    unfinished: HashMap<TenantId, usize>,
 }
 
 /// What an op's task gives back: its answer, the changes to record with it, and what must stay
@@ -77,20 +89,23 @@ pub struct Submission {
 }
 
 pub struct Futures {
-    table: Mutex<Table>,
+    table: Arc<Mutex<Table>>,
     journal: Arc<Journal>,
+    /// Unfinished requests a tenant may have; past it a request is answered 429.
+    max_unfinished: usize,
 }
 
 impl Futures {
-    pub fn new(journal: Arc<Journal>) -> Self {
+    pub fn new(journal: Arc<Journal>, max_unfinished: usize) -> Self {
         Futures {
-            table: Mutex::new(Table::default()),
+            table: Arc::new(Mutex::new(Table::default())),
             journal,
+            max_unfinished,
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.table)
     }
 
     /// Record `submission` as accepted, run `work` as its future and return its request id (the
@@ -122,6 +137,16 @@ impl Futures {
                     ))
                 };
             }
+            let unfinished = table.unfinished.get(&tenant).copied().unwrap_or(0);
+            if unfinished >= self.max_unfinished {
+                return Err(ApiError::new(
+                    ApiErrorKind::TooManyRequests,
+                    format!(
+                        "{unfinished} requests of yours are queued or running; send more when some finish"
+                    ),
+                ));
+            }
+            *table.unfinished.entry(tenant.clone()).or_default() += 1;
             let mut bytes = [0u8; 16];
             getrandom::fill(&mut bytes)
                 .map_err(|e| ApiError::internal(format!("no random request id: {e}")))?;
@@ -141,9 +166,10 @@ impl Futures {
             }
             (id, sender)
         };
+        let tenant_of_failed = tenant.clone();
         let accepted = AcceptedRequest {
             id: id.clone(),
-            tenant,
+            tenant: tenant.clone(),
             idempotency_key: idempotency.map(|k| k.key),
             payload: accepted_payload(&body),
             route,
@@ -158,12 +184,13 @@ impl Futures {
             let mut table = self.lock();
             table.entries.remove(&id);
             table.keys.retain(|_, (request, _)| *request != id);
+            finished_one(&mut table, &tenant_of_failed);
             return Err(ApiError::new(
                 ApiErrorKind::Unavailable,
                 format!("the request could not be recorded: {error}"),
             ));
         }
-        self.run(id.clone(), outcome, work);
+        self.run(id.clone(), tenant, outcome, work);
         Ok(id)
     }
 
@@ -187,8 +214,9 @@ impl Futures {
                 (request.id.clone(), request.payload),
             );
         }
+        *table.unfinished.entry(request.tenant.clone()).or_default() += 1;
         drop(table);
-        self.run(request.id.clone(), sender, work);
+        self.run(request.id.clone(), request.tenant.clone(), sender, work);
     }
 
     /// Answer finished requests (after a restart) as they were answered before.
@@ -212,11 +240,17 @@ impl Futures {
         }
     }
 
-    fn run<F>(&self, id: String, sender: watch::Sender<Option<Arc<Outcome>>>, work: F)
-    where
+    fn run<F>(
+        &self,
+        id: String,
+        tenant: TenantId,
+        sender: watch::Sender<Option<Arc<Outcome>>>,
+        work: F,
+    ) where
         F: Future<Output = Finished> + Send + 'static,
     {
         let journal = Arc::clone(&self.journal);
+        let table = Arc::clone(&self.table);
         tokio::spawn(async move {
             let finished = match tokio::spawn(work).await {
                 Ok(finished) => finished,
@@ -246,6 +280,7 @@ impl Futures {
             }
             // The model's next op may run now that this one is recorded.
             drop(hold);
+            finished_one(&mut lock(&table), &tenant);
             let _ = sender.send(Some(outcome));
         });
     }
@@ -295,7 +330,7 @@ mod tests {
     #[tokio::test]
     async fn repeats_share_one_run_and_other_tenants_see_nothing() {
         let data = tempfile::tempdir().unwrap();
-        let futures = Futures::new(Arc::new(Journal::open(data.path()).unwrap()));
+        let futures = Futures::new(Arc::new(Journal::open(data.path()).unwrap()), 100);
         let alice = TenantId::new("alice").unwrap();
         let bob = TenantId::new("bob").unwrap();
         let key = Some(("m#1", b"payload".as_slice()));
@@ -327,7 +362,7 @@ mod tests {
         let data = tempfile::tempdir().unwrap();
         let alice = TenantId::new("alice").unwrap();
         let (done, waiting) = {
-            let futures = Futures::new(Arc::new(Journal::open(data.path()).unwrap()));
+            let futures = Futures::new(Arc::new(Journal::open(data.path()).unwrap()), 100);
             let done = futures
                 .submit(submission(&alice, Some(("m#1", b"a"))), answer(7))
                 .await
@@ -350,7 +385,7 @@ mod tests {
         assert_eq!(recorded.pending.len(), 1);
         assert_eq!(recorded.pending[0].id, waiting);
         assert_eq!(recorded.pending[0].body, b"b");
-        let futures = Futures::new(journal);
+        let futures = Futures::new(journal, 100);
         futures.restore(recorded.finished);
         futures.resubmit(&recorded.pending[0], answer(8));
         for (id, value) in [(&done, 7), (&waiting, 8)] {
@@ -369,9 +404,49 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_tenant_past_its_queue_cap_is_told_to_come_back_and_others_are_not() {
+        let data = tempfile::tempdir().unwrap();
+        let futures = Futures::new(Arc::new(Journal::open(data.path()).unwrap()), 2);
+        let (alice, bob) = (
+            TenantId::new("alice").unwrap(),
+            TenantId::new("bob").unwrap(),
+        );
+        let (release, released) = tokio::sync::watch::channel(false);
+        let blocked = |mut released: watch::Receiver<bool>| async move {
+            let _ = released.wait_for(|r| *r).await;
+            answer(1).await
+        };
+        for _ in 0..2 {
+            let work = blocked(released.clone());
+            futures
+                .submit(submission(&alice, None), work)
+                .await
+                .unwrap();
+        }
+        let refused = futures.submit(submission(&alice, None), answer(2)).await;
+        assert_eq!(refused.unwrap_err().kind, ApiErrorKind::TooManyRequests);
+        futures
+            .submit(submission(&bob, None), answer(3))
+            .await
+            .unwrap();
+        release.send(true).unwrap();
+        for _ in 0..100 {
+            if futures
+                .submit(submission(&alice, None), answer(4))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("alice's finished requests did not free her queue");
+    }
+
+    #[tokio::test]
     async fn an_unfinished_op_answers_not_yet() {
         let data = tempfile::tempdir().unwrap();
-        let futures = Futures::new(Arc::new(Journal::open(data.path()).unwrap()));
+        let futures = Futures::new(Arc::new(Journal::open(data.path()).unwrap()), 100);
         let alice = TenantId::new("alice").unwrap();
         let id = futures
             .submit(submission(&alice, None), async {

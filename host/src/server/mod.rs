@@ -27,7 +27,9 @@ use sha2::{Digest, Sha256};
 
 use crate::api::{ApiError, ApiErrorKind, TenantId};
 use crate::sched::service::Change;
-use crate::sched::{ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir};
+use crate::sched::{
+    FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
+};
 use futures::Futures;
 use journal::Journal;
 use tenants::Tenants;
@@ -52,6 +54,11 @@ pub struct ServerConfig {
     pub poll_wait: Duration,
     /// KV positions of running samples per base model.
     pub kv_positions: usize,
+    /// How each base's training passes are shared between tenants.
+    pub share: FairShare,
+    /// Requests a tenant may have queued or running; more are answered 429 (the SDK backs off
+    /// and sends them again).
+    pub max_queued_per_tenant: usize,
 }
 
 /// What a start found recorded from earlier runs.
@@ -127,7 +134,7 @@ impl AppState {
         let state = Arc::new(AppState {
             service,
             tenants,
-            futures: Futures::new(Arc::clone(&journal)),
+            futures: Futures::new(Arc::clone(&journal), config.max_queued_per_tenant),
             journal,
             poll_wait: config.poll_wait,
             known_keys: Mutex::new(HashMap::new()),
@@ -143,13 +150,19 @@ impl AppState {
             TINY_MODEL_NAME,
             &tiny_model_dir(&config.data)?,
             config.kv_positions,
+            config.share,
         )?];
         for (name, dir) in &config.models {
             anyhow::ensure!(
                 name != TINY_MODEL_NAME,
                 "--model {name}=...: that name is the built-in tiny model's"
             );
-            bases.push(ServedBase::load(name, dir, config.kv_positions)?);
+            bases.push(ServedBase::load(
+                name,
+                dir,
+                config.kv_positions,
+                config.share,
+            )?);
         }
         Ok(Service::new(
             bases,
