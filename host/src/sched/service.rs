@@ -32,6 +32,9 @@ const LORA_ALPHA: f64 = 32.0;
 const MAX_LORA_RANK: usize = 256;
 /// `max_tokens` of a sample request that gives none.
 const DEFAULT_MAX_TOKENS: usize = 64;
+/// Snapshot samplers a model keeps (`save_weights_and_get_sampling_client` each RL step); the
+/// oldest is let go past it, so a long loop does not hold every adapter it ever sampled with.
+const MAX_SNAPSHOTS_PER_MODEL: usize = 8;
 /// The most samples one request may ask for.
 const MAX_SAMPLES_PER_REQUEST: usize = 128;
 /// The loss inputs a datum may carry, by Tinker name.
@@ -119,6 +122,10 @@ pub enum Change {
         base: String,
         source: SamplerRecord,
     },
+    /// A sampler let go (an old snapshot of a model that made too many).
+    SamplerDropped {
+        id: SamplerId,
+    },
 }
 
 /// What a sampling session samples from, as recorded.
@@ -185,6 +192,8 @@ struct Objects {
     sessions: HashMap<SessionId, TenantId>,
     models: HashMap<ModelId, Arc<TrainedModel>>,
     samplers: HashMap<SamplerId, Arc<Sampler>>,
+    /// Each model's snapshot samplers, oldest first.
+    snapshots: HashMap<ModelId, std::collections::VecDeque<SamplerId>>,
     /// Numbers the registry names of policies loaded from checkpoints.
     loaded_policies: u64,
 }
@@ -378,7 +387,8 @@ impl Service {
                 let model = model_of(model)?;
                 let state = adapter_values(&model).await?;
                 let sampler = SamplerId::of_session(&id.session, sampler_seq);
-                let policy = publish(&model.base, &format!("{tenant}/{sampler}"), &state).await?;
+                // One registry name per model: its versions are freed as its samplers are let go.
+                let policy = publish(&model.base, &model.adapter, &state).await?;
                 self.add_sampler(
                     &sampler,
                     Sampler {
@@ -388,13 +398,24 @@ impl Service {
                         model_path: None,
                     },
                 )?;
-                let change = Change::Sampler {
+                let mut changes = vec![Change::Sampler {
                     id: sampler.clone(),
                     tenant: tenant.clone(),
                     base: model.base.name.clone(),
                     source: SamplerRecord::Snapshot(state),
+                }];
+                let mut objects = self.lock();
+                let kept = objects.snapshots.entry(id).or_default();
+                kept.push_back(sampler.clone());
+                let dropped: Vec<SamplerId> = match kept.len() > MAX_SNAPSHOTS_PER_MODEL {
+                    true => kept.pop_front().into_iter().collect(),
+                    false => Vec::new(),
                 };
-                return Ok((OpOutput::Sampler(sampler), vec![change]));
+                for id in dropped {
+                    objects.samplers.remove(&id);
+                    changes.push(Change::SamplerDropped { id });
+                }
+                return Ok((OpOutput::Sampler(sampler), changes));
             }
             Op::CreateSamplingSession {
                 session,
@@ -547,6 +568,9 @@ impl Service {
                         }
                     };
                     self.lock().samplers.insert(id, Arc::new(sampler));
+                }
+                Change::SamplerDropped { id } => {
+                    self.lock().samplers.remove(&id);
                 }
             }
         }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -30,7 +30,15 @@ type Slot = watch::Receiver<Option<Arc<Outcome>>>;
 struct Entry {
     tenant: TenantId,
     outcome: Slot,
+    /// Its idempotency key, forgotten with it.
+    key: Option<String>,
+    /// When it finished; finished entries leave memory after [`KEEP_FINISHED`] (the journal
+    /// still answers for them).
+    finished: Option<Instant>,
 }
+
+/// How long a finished request's answer stays in memory.
+pub const KEEP_FINISHED: Duration = Duration::from_secs(120);
 
 /// What identifies a repeat of a request: its key and a digest of its payload.
 pub struct Idempotency {
@@ -62,13 +70,25 @@ fn accepted_payload(body: &[u8]) -> [u8; 32] {
     Sha256::digest(body).into()
 }
 
-#[derive(Default)]
 struct Table {
     entries: HashMap<String, Entry>,
     /// (tenant, idempotency key) -> (request id, payload digest).
     keys: HashMap<(TenantId, String), (String, [u8; 32])>,
     /// Requests of each tenant accepted and not finished.
     unfinished: HashMap<TenantId, usize>,
+    /// When finished entries were last let go.
+    swept: Instant,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table {
+            entries: HashMap::new(),
+            keys: HashMap::new(),
+            unfinished: HashMap::new(),
+            swept: Instant::now(),
+        }
+    }
 }
 
 /// What an op's task gives back: its answer, the changes to record with it, and what must stay
@@ -152,11 +172,14 @@ impl Futures {
                 .map_err(|e| ApiError::internal(format!("no random request id: {e}")))?;
             let id = format!("req-{}", hex::encode(bytes));
             let (sender, outcome) = watch::channel(None);
+            sweep(&mut table);
             table.entries.insert(
                 id.clone(),
                 Entry {
                     tenant: tenant.clone(),
                     outcome,
+                    key: idempotency.as_ref().map(|k| k.key.clone()),
+                    finished: None,
                 },
             );
             if let Some(key) = &idempotency {
@@ -206,6 +229,8 @@ impl Futures {
             Entry {
                 tenant: request.tenant.clone(),
                 outcome,
+                key: request.idempotency_key.clone(),
+                finished: None,
             },
         );
         if let Some(key) = &request.idempotency_key {
@@ -224,9 +249,9 @@ impl Futures {
         let mut table = self.lock();
         for request in finished {
             let (_, outcome) = watch::channel(Some(Arc::new(request.outcome)));
-            if let Some(key) = request.idempotency_key {
+            if let Some(key) = &request.idempotency_key {
                 table.keys.insert(
-                    (request.tenant.clone(), key),
+                    (request.tenant.clone(), key.clone()),
                     (request.id.clone(), request.payload),
                 );
             }
@@ -235,6 +260,8 @@ impl Futures {
                 Entry {
                     tenant: request.tenant,
                     outcome,
+                    key: request.idempotency_key,
+                    finished: Some(Instant::now()),
                 },
             );
         }
@@ -280,7 +307,13 @@ impl Futures {
             }
             // The model's next op may run now that this one is recorded.
             drop(hold);
-            finished_one(&mut lock(&table), &tenant);
+            {
+                let mut table = lock(&table);
+                finished_one(&mut table, &tenant);
+                if let Some(entry) = table.entries.get_mut(&id) {
+                    entry.finished = Some(Instant::now());
+                }
+            }
             let _ = sender.send(Some(outcome));
         });
     }
@@ -293,15 +326,61 @@ impl Futures {
         id: &str,
         wait: Duration,
     ) -> Result<Option<Arc<Outcome>>, ApiError> {
-        let mut slot = match self.lock().entries.get(id) {
-            Some(entry) if &entry.tenant == tenant => entry.outcome.clone(),
-            _ => return Err(ApiError::not_found(format!("request {id:?}"))),
+        let found = self
+            .lock()
+            .entries
+            .get(id)
+            .map(|e| (e.tenant.clone(), e.outcome.clone()));
+        let mut slot = match found {
+            Some((owner, slot)) if &owner == tenant => slot,
+            Some(_) => return Err(ApiError::not_found(format!("request {id:?}"))),
+            // Answered long ago: the journal still has it.
+            None => return self.recorded(tenant, id).await.map(Some),
         };
         let ready = tokio::time::timeout(wait, slot.wait_for(Option::is_some)).await;
         match ready {
             Ok(Ok(outcome)) => Ok(outcome.clone()),
             Ok(Err(_)) => Err(ApiError::internal("the op's task ended without an answer")),
             Err(_) => Ok(None),
+        }
+    }
+}
+
+impl Futures {
+    /// A finished request's answer from the journal.
+    async fn recorded(&self, tenant: &TenantId, id: &str) -> Result<Arc<Outcome>, ApiError> {
+        let (journal, request) = (Arc::clone(&self.journal), id.to_string());
+        let answer = tokio::task::spawn_blocking(move || journal.answer(&request))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| ApiError::new(ApiErrorKind::Unavailable, e.to_string()))?;
+        match answer {
+            Some((owner, outcome)) if &owner == tenant => Ok(Arc::new(outcome)),
+            _ => Err(ApiError::not_found(format!("request {id:?}"))),
+        }
+    }
+}
+
+/// Let go of finished entries older than [`KEEP_FINISHED`], with their idempotency keys.
+fn sweep(table: &mut Table) {
+    let now = Instant::now();
+    if now.duration_since(table.swept) < Duration::from_secs(5) {
+        return;
+    }
+    table.swept = now;
+    let old: Vec<(String, TenantId, Option<String>)> = table
+        .entries
+        .iter()
+        .filter(|(_, e)| {
+            e.finished
+                .is_some_and(|f| now.duration_since(f) > KEEP_FINISHED)
+        })
+        .map(|(id, e)| (id.clone(), e.tenant.clone(), e.key.clone()))
+        .collect();
+    for (id, tenant, key) in old {
+        table.entries.remove(&id);
+        if let Some(key) = key {
+            table.keys.remove(&(tenant, key));
         }
     }
 }
@@ -381,7 +460,7 @@ mod tests {
             (done, waiting)
         };
         let journal = Arc::new(Journal::open(data.path()).unwrap());
-        let recorded = journal.load().unwrap();
+        let recorded = journal.load(KEEP_FINISHED).unwrap();
         assert_eq!(recorded.pending.len(), 1);
         assert_eq!(recorded.pending[0].id, waiting);
         assert_eq!(recorded.pending[0].body, b"b");
@@ -401,6 +480,18 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(repeat, done);
+        // An answer no longer in memory comes from the journal, to its tenant only.
+        let journal = Arc::new(Journal::open(data.path()).unwrap());
+        let forgetful = Futures::new(journal, 100);
+        let outcome = forgetful
+            .retrieve(&alice, &done, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(&*outcome, Ok(Answer::Json(v)) if v == 7));
+        let bob = TenantId::new("bob").unwrap();
+        let hidden = forgetful.retrieve(&bob, &done, Duration::from_secs(1)).await;
+        assert_eq!(hidden.unwrap_err().kind, ApiErrorKind::NotFound);
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::futures::{Answer, Outcome};
 use super::tenants::DATABASE_FILE;
@@ -99,7 +99,8 @@ impl Journal {
                  body BLOB NOT NULL,
                  finished INTEGER NOT NULL DEFAULT 0,
                  answer_kind TEXT,
-                 answer BLOB
+                 answer BLOB,
+                 finished_at INTEGER
              );",
         )?;
         Ok(Journal { db: Mutex::new(db) })
@@ -159,16 +160,39 @@ impl Journal {
             apply(&tx, change)?;
         }
         tx.execute(
-            "UPDATE requests SET finished = 1, answer_kind = ?2, answer = ?3, body = x''
+            "UPDATE requests SET finished = 1, answer_kind = ?2, answer = ?3, body = x'',
+                 finished_at = ?4
              WHERE id = ?1",
-            params![id, kind, answer],
+            params![id, kind, answer, unix_now()],
         )?;
         tx.commit()?;
         Ok(())
     }
 
-    /// Everything recorded.
-    pub fn load(&self) -> Result<Recorded, JournalError> {
+    /// The answer of finished request `id`, with its tenant.
+    pub fn answer(&self, id: &str) -> Result<Option<(TenantId, Outcome)>, JournalError> {
+        let row: Option<(String, Option<String>, Option<Vec<u8>>)> = self
+            .lock()
+            .query_row(
+                "SELECT tenant, answer_kind, answer FROM requests WHERE id = ?1 AND finished = 1",
+                params![id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        let Some((tenant, kind, answer)) = row else {
+            return Ok(None);
+        };
+        let tenant = TenantId::new(&tenant).map_err(|e| JournalError::Damaged(e.to_string()))?;
+        Ok(Some((
+            tenant,
+            outcome(kind.as_deref(), answer.unwrap_or_default())?,
+        )))
+    }
+
+    /// Everything recorded; of the finished requests, those that finished within `recent`
+    /// (older ones are answered from the journal when asked for).
+    pub fn load(&self, recent: std::time::Duration) -> Result<Recorded, JournalError> {
+        let since = unix_now() - recent.as_secs() as i64;
         let db = self.lock();
         let tenant =
             |name: String| TenantId::new(&name).map_err(|e| JournalError::Damaged(e.to_string()));
@@ -236,9 +260,9 @@ impl Journal {
         let mut pending = Vec::new();
         let mut query = db.prepare(
             "SELECT id, tenant, idempotency_key, payload, route, body, finished, answer_kind, answer
-             FROM requests ORDER BY seq",
+             FROM requests WHERE finished = 0 OR finished_at >= ?1 ORDER BY seq",
         )?;
-        let rows = query.query_map([], |r| {
+        let rows = query.query_map(params![since], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,
@@ -265,18 +289,7 @@ impl Journal {
                 });
                 continue;
             }
-            let answer = answer.unwrap_or_default();
-            let outcome = match kind.as_deref() {
-                Some("json") => Ok(Answer::Json(
-                    serde_json::from_slice(&answer)
-                        .map_err(|e| JournalError::Damaged(e.to_string()))?,
-                )),
-                Some("proto") => Ok(Answer::Proto(answer)),
-                Some("error") => Err(serde_json::from_slice(&answer).unwrap_or_else(|_| {
-                    ApiError::new(ApiErrorKind::Internal, "the recorded error is damaged")
-                })),
-                other => return Err(JournalError::Damaged(format!("answer kind {other:?}"))),
-            };
+            let outcome = outcome(kind.as_deref(), answer.unwrap_or_default())?;
             finished.push(FinishedRequest {
                 id,
                 tenant,
@@ -291,6 +304,26 @@ impl Journal {
             pending,
         })
     }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// A recorded answer.
+fn outcome(kind: Option<&str>, answer: Vec<u8>) -> Result<Outcome, JournalError> {
+    Ok(match kind {
+        Some("json") => Ok(Answer::Json(
+            serde_json::from_slice(&answer).map_err(|e| JournalError::Damaged(e.to_string()))?,
+        )),
+        Some("proto") => Ok(Answer::Proto(answer)),
+        Some("error") => Err(serde_json::from_slice(&answer).unwrap_or_else(|_| {
+            ApiError::new(ApiErrorKind::Internal, "the recorded error is damaged")
+        })),
+        other => return Err(JournalError::Damaged(format!("answer kind {other:?}"))),
+    })
 }
 
 fn apply(tx: &rusqlite::Transaction<'_>, change: &Change) -> Result<(), JournalError> {
@@ -352,6 +385,9 @@ fn apply(tx: &rusqlite::Transaction<'_>, change: &Change) -> Result<(), JournalE
                  VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![id.as_str(), tenant.as_str(), base, checkpoint, snapshot],
             )?;
+        }
+        Change::SamplerDropped { id } => {
+            tx.execute("DELETE FROM samplers WHERE id = ?1", params![id.as_str()])?;
         }
     }
     Ok(())

@@ -113,7 +113,7 @@ impl AppState {
         let journal = Arc::new(journal);
         let recorded = {
             let journal = Arc::clone(&journal);
-            tokio::task::spawn_blocking(move || journal.load()).await??
+            tokio::task::spawn_blocking(move || journal.load(futures::KEEP_FINISHED)).await??
         };
         let mut restored = Restored {
             finished: recorded.finished.len(),
@@ -125,6 +125,7 @@ impl AppState {
                 Change::Session { .. } => restored.sessions += 1,
                 Change::Model { .. } => restored.models += 1,
                 Change::Sampler { .. } => restored.samplers += 1,
+                Change::SamplerDropped { .. } => {}
             }
         }
         service
