@@ -12,7 +12,7 @@ mod server;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use server::{BIN, Server, spawn_server, start_server};
+use server::{BIN, Server, create_tenant, spawn_server, start_server};
 
 fn python() -> Option<PathBuf> {
     match std::env::var_os("OPENTINKER_TEST_PYTHON") {
@@ -177,4 +177,75 @@ fn a_loop_survives_sigkills_of_the_server_with_the_same_final_adapter() {
         bytes == expected,
         "the final adapter differs from the uninterrupted run's"
     );
+}
+
+/// The resident memory of process `pid`, in kB.
+fn resident_kb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Eight tenants each run a sample + train loop through the SDK for `OPENTINKER_LOAD_SECONDS`
+/// (40 by default; the README's figures are from 180): no request fails, each tenant's share of
+/// training tokens is within 0.8x-1.25x of an equal share, and the server's resident memory is
+/// flat after warm-up. The light tenant's latency alone and under a flood is printed (a figure,
+/// not a check: this machine is shared).
+#[test]
+fn eight_tenants_share_the_server_fairly_under_load() {
+    let Some(python) = python() else { return };
+    let server = start_server();
+    let mut keys = vec![server.alice.clone(), server.bob.clone()];
+    for i in 0..6 {
+        keys.push(create_tenant(server.data.path(), &format!("tenant-{i}")));
+    }
+    let seconds: u64 = std::env::var("OPENTINKER_LOAD_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    let pid = server.child.id();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                samples.extend(resident_kb(pid));
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+            samples
+        })
+    };
+    let output = script_command(&python, "load.py", &server)
+        .env("LOAD_TENANT_KEYS", keys.join(","))
+        .env("LOAD_SECONDS", seconds.to_string())
+        .output()
+        .unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let memory = sampler.join().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let figures: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+    // Memory over the loops' phase (the first `seconds`): after its first third, flat.
+    let loops = &memory[..memory.len().min(seconds as usize)];
+    let warm = loops[loops.len() / 3] as f64;
+    let end = *loops.last().unwrap() as f64;
+    println!(
+        "{figures}\nresident memory: {} kB after warm-up, {} kB at the end of the loops, peak {} kB",
+        warm,
+        end,
+        memory.iter().max().unwrap()
+    );
+    assert_eq!(figures["failures"], 0, "{figures}");
+    let (low, high) = (
+        figures["share_min"].as_f64().unwrap(),
+        figures["share_max"].as_f64().unwrap(),
+    );
+    assert!(low >= 0.8 && high <= 1.25, "unfair shares: {figures}");
+    assert!(end <= warm * 1.1, "memory grew from {warm} kB to {end} kB");
 }

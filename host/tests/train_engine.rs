@@ -515,6 +515,7 @@ async fn a_call_larger_than_a_pass_is_sliced_lets_a_small_call_through_and_sums_
     let share = FairShare {
         pass_tokens: 40,
         quantum: 20,
+        cycle: None,
     };
     let (service, open) = gated_service_sharing(share).await;
     // 48 datums of 14 tokens: at least 16 passes of 40 tokens, plenty of time to see the small

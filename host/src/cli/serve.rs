@@ -29,10 +29,14 @@ pub struct ServeArgs {
     /// KV-cache positions of running samples per base model (requests beyond it wait).
     #[arg(long, default_value_t = 262_144)]
     kv_positions: usize,
-    /// Tokens a fused training pass takes at most: a smaller pass lets a small request in
-    /// sooner under load, a larger one fuses more. Tenants share passes by deficit round robin.
-    #[arg(long, default_value_t = 4096)]
+    /// Tokens a fused training pass takes at most. Tenants share passes by deficit round robin.
+    #[arg(long, default_value_t = 16_384)]
     pass_tokens: u64,
+    /// Milliseconds a training pass should take: passes are sized from the measured tokens per
+    /// second, so a small request that arrives under load waits about this long (0: passes of
+    /// `--pass-tokens`). Shorter passes let requests in sooner; longer ones fuse more.
+    #[arg(long, default_value_t = 20)]
+    cycle_ms: u64,
     /// Requests one tenant may have queued or running; past it requests are answered 429.
     #[arg(long, default_value_t = 4096)]
     max_queued_per_tenant: usize,
@@ -69,7 +73,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_queued_per_tenant: args.max_queued_per_tenant,
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),
-            quantum: (args.pass_tokens / 4).max(1),
+            quantum: 128,
+            cycle: (args.cycle_ms > 0).then(|| Duration::from_millis(args.cycle_ms)),
         },
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -1,8 +1,13 @@
-//! Deficit round robin over tenants: each tenant's work waits in its own queue, and each round
-//! every tenant with work earns a quantum of credit (times its weight) and spends it on its
-//! queue's head, so that every busy tenant gets the same share of the cost (tokens), whatever
-//! the size and number of its requests. Work may be split: the head is taken in parts of at most
-//! the credit, so one huge request cannot hold the device for long while others wait.
+//! Fair queueing between tenants by virtual time (start-time fair queueing, the virtual-time
+//! form of deficit round robin): each tenant's work waits in its own queue with a tag, the
+//! virtual time at which its next part starts; a pass always takes the part with the smallest
+//! tag, and a part costing `c` moves its tenant's tag on by `c / weight`. So every busy tenant gets
+//! the same share of the cost (tokens), whatever the size and number of its requests; a tenant
+//! that was idle starts at the smallest waiting tag, its work before larger work of the same tag
+//! (it neither banks credit nor waits behind the busy tenants' backlogs, so its small request
+//! goes in the next pass); and work is taken in
+//! parts of at most a quantum, so one huge request cannot hold the device while others wait. A
+//! unit that cannot be split and does not fit a pass runs first in a pass of its own.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -13,33 +18,38 @@ pub type TenantKey = String;
 pub trait Divisible: Sized {
     /// What remains of the work (e.g. its tokens).
     fn cost(&self) -> u64;
+    /// The cost of the smallest part `split` can take (its first unit).
+    fn unit_cost(&self) -> u64;
     /// Take a part costing at most `budget` off the front, or `None` when the first unit alone
     /// costs more (a unit is never split).
     fn split(&mut self, budget: u64) -> Option<Self::Part>;
     type Part;
 }
 
-/// One tenant's queue and credit.
+/// One tenant's queue and virtual start tag.
 struct Tenant<T> {
     queue: VecDeque<T>,
-    deficit: u64,
+    tag: f64,
     weight: u64,
+    /// Order of first arrival: breaks ties between equal tags.
+    order: u64,
 }
 
-/// The queues of every tenant, taken from in deficit-round-robin order.
+/// The queues of every tenant, taken from in order of virtual start tags.
 pub struct FairQueue<T: Divisible> {
     tenants: HashMap<TenantKey, Tenant<T>>,
-    /// Tenants with work, in round-robin order.
-    active: VecDeque<TenantKey>,
+    /// The tag of the part taken last.
+    virtual_time: f64,
+    /// The most a part takes of one piece of work before others get their turn.
     quantum: u64,
 }
 
 impl<T: Divisible> FairQueue<T> {
-    /// A queue whose tenants earn `quantum` of cost per round (times their weight).
+    /// A queue whose parts cost at most `quantum` (a unit that costs more is taken whole).
     pub fn new(quantum: u64) -> Self {
         FairQueue {
             tenants: HashMap::new(),
-            active: VecDeque::new(),
+            virtual_time: 0.0,
             quantum: quantum.max(1),
         }
     }
@@ -50,101 +60,84 @@ impl<T: Divisible> FairQueue<T> {
     }
 
     fn tenant(&mut self, key: &str) -> &mut Tenant<T> {
+        let order = self.tenants.len() as u64;
         self.tenants.entry(key.to_string()).or_insert(Tenant {
             queue: VecDeque::new(),
-            deficit: 0,
+            tag: 0.0,
             weight: 1,
+            order,
         })
     }
 
     pub fn push(&mut self, tenant: &str, work: T) {
+        // Now, in virtual time: the smallest tag of the work waiting (what runs next).
+        let now = self
+            .tenants
+            .values()
+            .filter(|t| !t.queue.is_empty())
+            .map(|t| t.tag)
+            .min_by(f64::total_cmp)
+            .unwrap_or(self.virtual_time);
         let entry = self.tenant(tenant);
-        entry.queue.push_back(work);
-        if entry.queue.len() == 1 && !self.active.iter().any(|t| t == tenant) {
-            self.active.push_back(tenant.to_string());
+        if entry.queue.is_empty() {
+            // An idle tenant starts now: no credit saved from idleness (its tag is never
+            // behind what runs next), no debt either.
+            entry.tag = entry.tag.max(now);
         }
+        entry.queue.push_back(work);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.active.is_empty()
+        self.tenants.values().all(|t| t.queue.is_empty())
     }
 
-    /// Every queued piece of work, in no particular order (to fail them all).
-    pub fn drain(&mut self) -> Vec<T> {
-        self.active.clear();
-        self.tenants
-            .values_mut()
-            .flat_map(|t| {
-                t.deficit = 0;
-                t.queue.drain(..)
-            })
-            .collect()
-    }
-
-    /// Parts of work costing about `budget` in all, in deficit-round-robin order, each with its
-    /// tenant; work fully taken comes back whole (`Taken::Whole`) so its owner can be answered.
-    /// Always takes something when there is work (a part larger than `budget` alone if need be).
+    /// Parts of work costing about `budget` in all, smallest tag first, each with its tenant;
+    /// work fully taken comes back whole (`Taken::Whole`) so its owner can be answered. Always
+    /// takes something when there is work (one unit larger than `budget` alone if need be).
     pub fn take(&mut self, budget: u64) -> Vec<(TenantKey, Taken<T>)> {
         let mut taken = Vec::new();
         let mut spent = 0u64;
-        let mut idle_rounds = 0;
-        while spent < budget && !self.active.is_empty() && idle_rounds < 2 {
-            let mut progress = false;
-            for _ in 0..self.active.len() {
-                let Some(key) = self.active.pop_front() else {
-                    break;
-                };
-                let quantum = self.quantum;
-                let tenant = self.tenant(&key);
-                tenant.deficit = tenant.deficit.saturating_add(quantum * tenant.weight);
-                while let Some(head) = tenant.queue.front_mut() {
-                    let room = budget.saturating_sub(spent);
-                    let limit = match taken.is_empty() {
-                        // Something is always taken, however small the budget.
-                        true => tenant.deficit,
-                        false => tenant.deficit.min(room),
-                    };
-                    let cost = head.cost();
-                    let part = match cost <= limit {
-                        true => None,
-                        false => head.split(limit),
-                    };
-                    if let Some(part) = part {
-                        let cost = cost - head.cost();
-                        tenant.deficit -= cost.min(tenant.deficit);
-                        spent += cost;
-                        taken.push((key.clone(), Taken::Part(part)));
-                        progress = true;
-                        break;
-                    }
-                    // Whole: it fits, or it is one unit the tenant has earned the credit for
-                    // (such a unit may go past the budget: it is never split).
-                    if cost > tenant.deficit {
-                        break;
-                    }
-                    let work = tenant.queue.pop_front().expect("a head");
-                    tenant.deficit -= cost;
-                    spent += cost;
-                    taken.push((key.clone(), Taken::Whole(work)));
-                    progress = true;
-                    if spent >= budget {
-                        break;
-                    }
-                }
-                if tenant.queue.is_empty() {
-                    // An idle tenant keeps no credit.
-                    tenant.deficit = 0;
-                } else {
-                    self.active.push_back(key);
-                }
-                if spent >= budget {
-                    break;
-                }
-            }
-            idle_rounds = if progress { 0 } else { idle_rounds + 1 };
-            if !taken.is_empty() && !progress {
+        while spent < budget {
+            let next = self
+                .tenants
+                .iter()
+                .filter(|(_, t)| !t.queue.is_empty())
+                // Equal tags: the smaller work first (a newcomer starts at the tag of the
+                // work in service), then the older tenant.
+                .min_by(|(_, a), (_, b)| {
+                    let cost = |t: &Tenant<T>| t.queue.front().map_or(0, Divisible::cost);
+                    a.tag
+                        .total_cmp(&b.tag)
+                        .then(cost(a).cmp(&cost(b)))
+                        .then(a.order.cmp(&b.order))
+                })
+                .map(|(key, _)| key.clone());
+            let Some(key) = next else {
                 break;
+            };
+            let quantum = self.quantum;
+            let tenant = self.tenants.get_mut(&key).expect("a tenant with work");
+            let head = tenant.queue.front_mut().expect("a head");
+            let mut room = budget - spent;
+            if taken.is_empty() {
+                room = room.max(head.unit_cost());
             }
+            let limit = room.min(quantum.max(head.unit_cost()));
+            let cost = head.cost();
+            let (part, cost) = if cost <= limit {
+                let work = tenant.queue.pop_front().expect("a head");
+                (Taken::Whole(work), cost)
+            } else {
+                match head.split(limit) {
+                    Some(part) => (Taken::Part(part), cost - head.cost()),
+                    // The smallest tag does not fit what is left of the pass: the pass is full.
+                    None => break,
+                }
+            };
+            self.virtual_time = self.virtual_time.max(tenant.tag);
+            tenant.tag += cost as f64 / tenant.weight as f64;
+            spent += cost;
+            taken.push((key, part));
         }
         taken
     }
@@ -159,15 +152,15 @@ pub enum Taken<T: Divisible> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
+mod tests_support {
+    use super::Divisible;
 
     /// Work of `units` units of `size` each.
     #[derive(Debug)]
-    struct Units {
-        id: u32,
-        units: u64,
-        size: u64,
+    pub struct Units {
+        pub id: u32,
+        pub units: u64,
+        pub size: u64,
     }
 
     impl Divisible for Units {
@@ -175,6 +168,10 @@ mod tests {
 
         fn cost(&self) -> u64 {
             self.units * self.size
+        }
+
+        fn unit_cost(&self) -> u64 {
+            self.size
         }
 
         fn split(&mut self, budget: u64) -> Option<(u32, u64)> {
@@ -186,6 +183,12 @@ mod tests {
             Some((self.id, n * self.size))
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::Units;
+    use super::*;
 
     fn cost(taken: &Taken<Units>) -> u64 {
         match taken {
@@ -293,5 +296,42 @@ mod tests {
         }
         done.sort();
         assert_eq!(done, vec![1, 2]);
+    }
+}
+
+#[cfg(test)]
+mod fresh_tests {
+    use super::tests_support::Units;
+    use super::*;
+
+    #[test]
+    fn a_tenant_that_just_sent_work_goes_before_the_busy_ones() {
+        let mut queue = FairQueue::new(256);
+        for tenant in ["a", "b", "c"] {
+            for i in 0..10 {
+                queue.push(
+                    tenant,
+                    Units {
+                        id: i,
+                        units: 4,
+                        size: 128,
+                    },
+                );
+            }
+        }
+        // A pass fits one unit: the busy tenants take turns.
+        for _ in 0..5 {
+            queue.take(100);
+        }
+        queue.push(
+            "light",
+            Units {
+                id: 99,
+                units: 1,
+                size: 32,
+            },
+        );
+        let next = queue.take(100);
+        assert_eq!(next[0].0, "light");
     }
 }

@@ -137,6 +137,34 @@ pub enum SamplerRecord {
     Snapshot(Vec<u8>),
 }
 
+/// What an op made: its output, the changes besides the model's progress, and the model's
+/// training state when the op changed it (taken on the training loop with the op).
+struct Ran {
+    output: OpOutput,
+    changes: Vec<Change>,
+    state: Option<Vec<u8>>,
+}
+
+impl Ran {
+    fn with_state(output: OpOutput, state: Option<Vec<u8>>) -> Self {
+        Ran {
+            output,
+            changes: Vec::new(),
+            state,
+        }
+    }
+}
+
+impl From<(OpOutput, Vec<Change>)> for Ran {
+    fn from((output, changes): (OpOutput, Vec<Change>)) -> Self {
+        Ran {
+            output,
+            changes,
+            state: None,
+        }
+    }
+}
+
 /// An op's result: its output (or error), the changes to record before answering, and the
 /// model's turn, held until the caller drops it (after recording), so that the next op of the
 /// model never runs before this one is durable.
@@ -253,21 +281,23 @@ impl Service {
             } | Op::OptimStep { .. }
                 | Op::LoadState { .. }
         );
-        let (mut outcome, mut changes) = match self.run(tenant, op, model.clone()).await {
-            Ok((output, changes)) => (Ok(output), changes),
-            Err(error) => (Err(error), Vec::new()),
+        let (mut outcome, mut changes, captured) = match self.run(tenant, op, model.clone()).await {
+            Ok(ran) => (Ok(ran.output), ran.changes, ran.state),
+            Err(error) => (Err(error), Vec::new(), None),
         };
         if let (Some(turn), Some(model), Some(id)) = (&turn, model, id) {
-            // Even a failed op may have changed the state (a pass that failed half way).
-            let state = match mutates {
-                true => match model_state(&model).await {
+            // Even a failed op may have changed the state (a pass that failed half way): then
+            // it is read now.
+            let state = match (mutates, captured) {
+                (true, Some(state)) => Some(state),
+                (true, None) => match model_state(&model).await {
                     Ok(state) => Some(state),
                     Err(error) => {
                         outcome = Err(error);
                         None
                     }
                 },
-                false => None,
+                (false, _) => None,
             };
             changes.push(Change::Model {
                 id,
@@ -291,7 +321,7 @@ impl Service {
         tenant: &TenantId,
         op: Op,
         model: Option<Arc<TrainedModel>>,
-    ) -> Result<(OpOutput, Vec<Change>), ApiError> {
+    ) -> Result<Ran, ApiError> {
         let model_of = |model: Option<Arc<TrainedModel>>| {
             model.ok_or_else(|| ApiError::internal("the op names no model"))
         };
@@ -302,7 +332,7 @@ impl Service {
                     id: id.clone(),
                     tenant: tenant.clone(),
                 };
-                return Ok((OpOutput::Session(id), vec![change]));
+                return Ok((OpOutput::Session(id), vec![change]).into());
             }
             Op::CreateModel {
                 session,
@@ -315,7 +345,10 @@ impl Service {
                 let (id, model) = self.new_model(tenant, &session, model_seq, base, lora.rank)?;
                 let adapter = model.adapter.clone();
                 let add = move |e: &mut TrainingEngine| e.add_adapter(&adapter, config);
-                return self.start_model(tenant, id, model, add).await;
+                return self
+                    .start_model(tenant, id, model, add)
+                    .await
+                    .map(Into::into);
             }
             Op::CreateModelFromState {
                 session,
@@ -331,7 +364,10 @@ impl Service {
                 let adapter = model.adapter.clone();
                 let load =
                     move |e: &mut TrainingEngine| e.load_adapter(&adapter, &dir, with_optimizer);
-                return self.start_model(tenant, id, model, load).await;
+                return self
+                    .start_model(tenant, id, model, load)
+                    .await
+                    .map(Into::into);
             }
             Op::GetInfo { model: id } => {
                 let model = model_of(model)?;
@@ -347,11 +383,14 @@ impl Service {
                 input,
                 forward_only,
                 ..
-            } => OpOutput::ForwardBackward(
-                forward_backward(&*model_of(model)?, input, forward_only).await?,
-            ),
+            } => {
+                let (output, state) =
+                    forward_backward(&*model_of(model)?, input, forward_only).await?;
+                return Ok(Ran::with_state(OpOutput::ForwardBackward(output), state));
+            }
             Op::OptimStep { params, .. } => {
-                OpOutput::OptimStep(optim_step(&*model_of(model)?, params).await?)
+                let (output, state) = optim_step(&*model_of(model)?, params).await?;
+                return Ok(Ran::with_state(OpOutput::OptimStep(output), Some(state)));
             }
             Op::SaveState { model: id, name } => {
                 let path = CheckpointPath::new(id, CheckpointKind::Weights, &name)?;
@@ -371,14 +410,17 @@ impl Service {
                 let model = model_of(model)?;
                 let dir = self.checkpoint_dir(tenant, &path)?;
                 let adapter = model.adapter.clone();
-                model
+                let state = model
                     .base
                     .trainer
-                    .with(move |e| e.load_adapter(&adapter, &dir, with_optimizer))
+                    .with(move |e| {
+                        e.load_adapter(&adapter, &dir, with_optimizer)
+                            .map_err(train_error)?;
+                        encoded_state(e, &adapter)
+                    })
                     .await
-                    .map_err(trainer_error)?
-                    .map_err(train_error)?;
-                OpOutput::Checkpoint(path)
+                    .map_err(trainer_error)??;
+                return Ok(Ran::with_state(OpOutput::Checkpoint(path), Some(state)));
             }
             Op::SnapshotForSampler {
                 model: id,
@@ -415,7 +457,7 @@ impl Service {
                     objects.samplers.remove(&id);
                     changes.push(Change::SamplerDropped { id });
                 }
-                return Ok((OpOutput::Sampler(sampler), changes));
+                return Ok((OpOutput::Sampler(sampler), changes).into());
             }
             Op::CreateSamplingSession {
                 session,
@@ -436,7 +478,7 @@ impl Service {
                     source: record,
                 };
                 self.add_sampler(&id, sampler)?;
-                return Ok((OpOutput::Sampler(id), vec![change]));
+                return Ok((OpOutput::Sampler(id), vec![change]).into());
             }
             Op::GetSampler { sampler: id } => {
                 let sampler = self.sampler(tenant, &id)?;
@@ -451,7 +493,7 @@ impl Service {
                 OpOutput::Sample(sample_with(&sampler, request).await?)
             }
         };
-        Ok((output, Vec::new()))
+        Ok((output, Vec::new()).into())
     }
 
     /// Check `op` for `tenant` without running it: unknown (or another tenant's) ids, bad
@@ -836,6 +878,14 @@ impl Service {
     }
 }
 
+/// Adapter `adapter`'s whole training state as bytes (on the training loop).
+fn encoded_state(engine: &TrainingEngine, adapter: &str) -> Result<Vec<u8>, ApiError> {
+    let state = engine.export_state(adapter).map_err(train_error)?;
+    state
+        .encode()
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
 /// `model`'s whole training state as bytes, taken on the training loop.
 async fn model_state(model: &TrainedModel) -> Result<Vec<u8>, ApiError> {
     let adapter = model.adapter.clone();
@@ -992,29 +1042,36 @@ fn work_item(model: &TrainedModel, input: &ForwardBackwardInput) -> Result<WorkI
     })
 }
 
+/// A `forward` or `forward_backward`, with the model's training state right after a
+/// `forward_backward` (taken in the same cycle, so the answer does not wait for another).
 async fn forward_backward(
     model: &TrainedModel,
     input: ForwardBackwardInput,
     forward_only: bool,
-) -> Result<ForwardBackwardOutput, ApiError> {
+) -> Result<(ForwardBackwardOutput, Option<Vec<u8>>), ApiError> {
     let item = work_item(model, &input)?;
     let trainer = &model.base.trainer;
-    let mut outputs = if forward_only {
-        trainer
+    let (mut outputs, state) = if forward_only {
+        let outputs = trainer
             .with(move |e| e.forward(&[item]))
             .await
             .map_err(trainer_error)?
-            .map_err(train_error)?
+            .map_err(train_error)?;
+        (outputs, None)
     } else {
-        trainer
-            .forward_backward_for(model.tenant.as_str(), vec![item])
+        let adapter = model.adapter.clone();
+        let (outputs, state) = trainer
+            .forward_backward_then(model.tenant.as_str(), vec![item], move |e| {
+                encoded_state(e, &adapter)
+            })
             .await
-            .map_err(trainer_error)?
+            .map_err(trainer_error)?;
+        (outputs, state.and_then(Result::ok))
     };
     let output = outputs
         .pop()
         .ok_or_else(|| ApiError::internal("the engine returned no output"))?;
-    Ok(ForwardBackwardOutput {
+    let output = ForwardBackwardOutput {
         loss_fn_output_type: input.loss_fn,
         loss_fn_outputs: output
             .logprobs
@@ -1022,7 +1079,8 @@ async fn forward_backward(
             .map(|l| BTreeMap::from([("logprobs".to_string(), TensorData::f32(l))]))
             .collect(),
         metrics: output.metrics,
-    })
+    };
+    Ok((output, state))
 }
 
 /// Refuse AdamW settings that cannot train.
@@ -1049,7 +1107,11 @@ fn check_adam(params: &AdamParams) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn optim_step(model: &TrainedModel, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
+/// An `optim_step`, with the model's training state after it.
+async fn optim_step(
+    model: &TrainedModel,
+    params: AdamParams,
+) -> Result<(OptimStepOutput, Vec<u8>), ApiError> {
     check_adam(&params)?;
     let adapter = model.adapter.clone();
     let engine_params = train::AdamParams {
@@ -1060,13 +1122,17 @@ async fn optim_step(model: &TrainedModel, params: AdamParams) -> Result<OptimSte
         weight_decay: params.weight_decay,
         grad_clip_norm: params.grad_clip_norm,
     };
-    let report = model
+    let (report, state) = model
         .base
         .trainer
-        .with(move |e| e.optim_step(&adapter, &engine_params))
+        .with(move |e| {
+            let report = e
+                .optim_step(&adapter, &engine_params)
+                .map_err(train_error)?;
+            Ok::<_, ApiError>((report, encoded_state(e, &adapter)?))
+        })
         .await
-        .map_err(trainer_error)?
-        .map_err(train_error)?;
+        .map_err(trainer_error)??;
     let metrics = match report {
         StepReport::Updated { step, grad_norm } => BTreeMap::from([
             ("grad_norm:mean".to_string(), grad_norm),
@@ -1077,7 +1143,7 @@ async fn optim_step(model: &TrainedModel, params: AdamParams) -> Result<OptimSte
             BTreeMap::from([("skipped_non_finite:sum".to_string(), 1.0)])
         }
     };
-    Ok(OptimStepOutput { metrics })
+    Ok((OptimStepOutput { metrics }, state))
 }
 
 /// The engine's request of a sample request, checked.

@@ -47,6 +47,8 @@ enum Command {
         tenant: TenantKey,
         items: Vec<WorkItem>,
         reply: oneshot::Sender<Outputs>,
+        /// Run right after the call's last pass, before anything else.
+        then: Option<Exclusive>,
     },
 }
 
@@ -57,6 +59,10 @@ pub struct FairShare {
     pub pass_tokens: u64,
     /// Tokens each busy tenant earns per round of the deficit round robin.
     pub quantum: u64,
+    /// The time a pass should take: passes are sized from the tokens per second measured so
+    /// far (at most `pass_tokens`), so that a call that arrives while one runs waits about this
+    /// long. `None`: always `pass_tokens`.
+    pub cycle: Option<std::time::Duration>,
 }
 
 impl FairShare {
@@ -65,7 +71,40 @@ impl FairShare {
         FairShare {
             pass_tokens: u64::MAX,
             quantum: u64::MAX / 4,
+            cycle: None,
         }
+    }
+}
+
+/// The fewest tokens a timed pass takes (a measured rate can be off at the start).
+const MIN_PASS_TOKENS: u64 = 64;
+
+/// Tokens per second of the passes so far, as a moving average.
+struct Rate {
+    tokens_per_second: Option<f64>,
+}
+
+impl Rate {
+    /// The tokens of the next pass.
+    fn budget(&self, share: &FairShare) -> u64 {
+        match (share.cycle, self.tokens_per_second) {
+            (None, _) => share.pass_tokens,
+            (Some(_), None) => MIN_PASS_TOKENS.min(share.pass_tokens),
+            (Some(cycle), Some(rate)) => ((rate * cycle.as_secs_f64()) as u64)
+                .clamp(MIN_PASS_TOKENS, share.pass_tokens.max(MIN_PASS_TOKENS)),
+        }
+    }
+
+    fn observe(&mut self, tokens: u64, elapsed: std::time::Duration) {
+        let seconds = elapsed.as_secs_f64();
+        if tokens == 0 || seconds <= 0.0 {
+            return;
+        }
+        let rate = tokens as f64 / seconds;
+        self.tokens_per_second = Some(match self.tokens_per_second {
+            Some(old) => 0.8 * old + 0.2 * rate,
+            None => rate,
+        });
     }
 }
 
@@ -129,12 +168,41 @@ impl TrainerService {
         tenant: &str,
         items: Vec<WorkItem>,
     ) -> Result<Vec<ItemOutput>, TrainerServiceError> {
+        self.send_forward_backward(tenant, items, None).await
+    }
+
+    /// `forward_backward_for`, then `then` on the engine right after the call's last pass (to
+    /// read the adapters it changed without waiting for another cycle). `then`'s result is
+    /// `None` if the call failed.
+    pub async fn forward_backward_then<T: Send + 'static>(
+        &self,
+        tenant: &str,
+        items: Vec<WorkItem>,
+        then: impl FnOnce(&mut TrainingEngine) -> T + Send + 'static,
+    ) -> Result<(Vec<ItemOutput>, Option<T>), TrainerServiceError> {
+        let (sender, result) = oneshot::channel();
+        let then: Exclusive = Box::new(move |engine| {
+            let _ = sender.send(then(engine));
+        });
+        let outputs = self
+            .send_forward_backward(tenant, items, Some(then))
+            .await?;
+        Ok((outputs, result.await.ok()))
+    }
+
+    async fn send_forward_backward(
+        &self,
+        tenant: &str,
+        items: Vec<WorkItem>,
+        then: Option<Exclusive>,
+    ) -> Result<Vec<ItemOutput>, TrainerServiceError> {
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(Command::ForwardBackward {
                 tenant: tenant.to_string(),
                 items,
                 reply,
+                then,
             })
             .map_err(|_| TrainerServiceError::Stopped)?;
         Ok(answer.await.map_err(|_| TrainerServiceError::Stopped)??)
@@ -165,6 +233,13 @@ impl Divisible for Remaining {
 
     fn cost(&self) -> u64 {
         self.pieces.iter().map(|(_, item)| tokens(item)).sum()
+    }
+
+    fn unit_cost(&self) -> u64 {
+        self.pieces
+            .iter()
+            .find_map(|(_, item)| item.datums.first())
+            .map_or(0, |d| d.input_tokens.len().max(1) as u64)
     }
 
     fn split(&mut self, budget: u64) -> Option<Slice> {
@@ -206,6 +281,7 @@ impl Divisible for Remaining {
 struct Call {
     outputs: Vec<ItemOutput>,
     reply: oneshot::Sender<Outputs>,
+    then: Option<Exclusive>,
     /// Set when a slice failed: the call is answered then, and its later slices are dropped.
     failed: bool,
 }
@@ -235,6 +311,9 @@ fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: F
     let mut queue: FairQueue<Remaining> = FairQueue::new(share.quantum);
     let mut calls: HashMap<u64, Call> = HashMap::new();
     let mut next_call = 0u64;
+    let mut rate = Rate {
+        tokens_per_second: None,
+    };
     loop {
         // Wait for work only when none is queued.
         let first = match queue.is_empty() {
@@ -256,6 +335,7 @@ fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: F
                     tenant,
                     items,
                     reply,
+                    then,
                 } => {
                     next_call += 1;
                     calls.insert(
@@ -263,6 +343,7 @@ fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: F
                         Call {
                             outputs: vec![ItemOutput::default(); items.len()],
                             reply,
+                            then,
                             failed: false,
                         },
                     );
@@ -281,7 +362,7 @@ fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: F
         }
         let mut slices = Vec::new();
         let mut finishing = Vec::new();
-        for (_, taken) in queue.take(share.pass_tokens) {
+        for (_, taken) in queue.take(rate.budget(&share)) {
             match taken {
                 Taken::Whole(rest) => {
                     finishing.push(rest.call);
@@ -294,13 +375,30 @@ fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: F
             }
         }
         slices.retain(|s| calls.get(&s.call).is_some_and(|c| !c.failed));
+        let tokens: u64 = slices
+            .iter()
+            .flat_map(|s| &s.pieces)
+            .map(|(_, item)| tokens(item))
+            .sum();
+        let started = std::time::Instant::now();
         let _ = catch_unwind(AssertUnwindSafe(|| {
             forward_backward_fused(&mut engine, &mut calls, slices)
         }));
+        let elapsed = started.elapsed();
+        tracing::debug!(
+            tokens,
+            ?elapsed,
+            budget = rate.budget(&share),
+            "training pass"
+        );
+        rate.observe(tokens, elapsed);
         for id in finishing {
             if let Some(call) = calls.remove(&id)
                 && !call.failed
             {
+                if let Some(then) = call.then {
+                    let _ = catch_unwind(AssertUnwindSafe(|| then(&mut engine)));
+                }
                 let _ = call.reply.send(Ok(call.outputs));
             }
         }

@@ -38,7 +38,7 @@ struct Entry {
 }
 
 /// How long a finished request's answer stays in memory.
-pub const KEEP_FINISHED: Duration = Duration::from_secs(120);
+pub const KEEP_FINISHED: Duration = Duration::from_secs(30);
 
 /// What identifies a repeat of a request: its key and a digest of its payload.
 pub struct Idempotency {
@@ -490,7 +490,9 @@ mod tests {
             .unwrap();
         assert!(matches!(&*outcome, Ok(Answer::Json(v)) if v == 7));
         let bob = TenantId::new("bob").unwrap();
-        let hidden = forgetful.retrieve(&bob, &done, Duration::from_secs(1)).await;
+        let hidden = forgetful
+            .retrieve(&bob, &done, Duration::from_secs(1))
+            .await;
         assert_eq!(hidden.unwrap_err().kind, ApiErrorKind::NotFound);
     }
 

@@ -26,7 +26,7 @@ impl Drop for Server {
     }
 }
 
-fn create_tenant(data: &Path, name: &str) -> String {
+pub fn create_tenant(data: &Path, name: &str) -> String {
     let output = Command::new(BIN)
         .args(["tenant", "create", name, "--data"])
         .arg(data)
