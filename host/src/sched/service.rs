@@ -1114,21 +1114,11 @@ async fn optim_step(
 ) -> Result<(OptimStepOutput, Vec<u8>), ApiError> {
     check_adam(&params)?;
     let adapter = model.adapter.clone();
-    let engine_params = train::AdamParams {
-        learning_rate: params.learning_rate,
-        beta1: params.beta1,
-        beta2: params.beta2,
-        eps: params.eps,
-        weight_decay: params.weight_decay,
-        grad_clip_norm: params.grad_clip_norm,
-    };
     let (report, state) = model
         .base
         .trainer
         .with(move |e| {
-            let report = e
-                .optim_step(&adapter, &engine_params)
-                .map_err(train_error)?;
+            let report = e.optim_step(&adapter, &params).map_err(train_error)?;
             Ok::<_, ApiError>((report, encoded_state(e, &adapter)?))
         })
         .await

@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::futures::{Answer, Outcome};
-use super::tenants::DATABASE_FILE;
+use super::tenants::open_database;
 use crate::api::{ApiError, ApiErrorKind, ModelId, SamplerId, SessionId, TenantId};
 use crate::sched::service::{Change, SamplerRecord};
 
@@ -65,10 +65,7 @@ fn digest(bytes: Vec<u8>) -> Result<[u8; 32], JournalError> {
 impl Journal {
     /// Open (or make) the journal in `data`'s database.
     pub fn open(data: &Path) -> Result<Self, JournalError> {
-        let db = Connection::open(data.join(DATABASE_FILE))?;
-        db.pragma_update(None, "journal_mode", "WAL")?;
-        db.pragma_update(None, "synchronous", "FULL")?;
-        db.busy_timeout(std::time::Duration::from_secs(5))?;
+        let db = open_database(data)?;
         db.execute_batch(
             "CREATE TABLE IF NOT EXISTS sessions (
                  id TEXT PRIMARY KEY,

@@ -36,6 +36,16 @@ pub struct Tenants {
     db: Mutex<Connection>,
 }
 
+/// A connection to the server database in `data`: WAL (readers never wait for the writer),
+/// every commit fsynced.
+pub fn open_database(data: &Path) -> rusqlite::Result<Connection> {
+    let db = Connection::open(data.join(DATABASE_FILE))?;
+    db.pragma_update(None, "journal_mode", "WAL")?;
+    db.pragma_update(None, "synchronous", "FULL")?;
+    db.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(db)
+}
+
 fn key_hash(salt: &[u8], key: &str) -> Hmac<Sha256> {
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(salt)
         .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
@@ -56,10 +66,7 @@ impl Tenants {
             path: data.display().to_string(),
             source,
         })?;
-        let db = Connection::open(data.join(DATABASE_FILE))?;
-        db.pragma_update(None, "journal_mode", "WAL")?;
-        db.pragma_update(None, "synchronous", "FULL")?;
-        db.busy_timeout(std::time::Duration::from_secs(5))?;
+        let db = open_database(data)?;
         db.execute_batch(
             "CREATE TABLE IF NOT EXISTS tenants (
                  name TEXT PRIMARY KEY,

@@ -60,30 +60,8 @@ pub struct ItemOutput {
     pub metrics: BTreeMap<String, f64>,
 }
 
-/// AdamW settings of one `optim_step`, with the Tinker defaults.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamParams {
-    pub learning_rate: f64,
-    pub beta1: f64,
-    pub beta2: f64,
-    pub eps: f64,
-    pub weight_decay: f64,
-    /// Clip the adapter's gradient to this global L2 norm; 0 means no clipping.
-    pub grad_clip_norm: f64,
-}
-
-impl Default for AdamParams {
-    fn default() -> Self {
-        AdamParams {
-            learning_rate: 1e-4,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-12,
-            weight_decay: 0.0,
-            grad_clip_norm: 0.0,
-        }
-    }
-}
+/// AdamW settings of one `optim_step` (Tinker's, with its defaults).
+pub use crate::api::AdamParams;
 
 /// What an `optim_step` did.
 #[derive(Clone, Debug, PartialEq)]
