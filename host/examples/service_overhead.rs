@@ -1,0 +1,104 @@
+//! In-process side of the service overhead benchmark (`scripts/bench-service.sh`): the time of
+//! one `forward_backward` + `optim_step` of the tiny model through `sched::Service`, the ops the
+//! server runs for the SDK, without HTTP, futures or the journal. Prints milliseconds per step.
+//!
+//!     cargo run --release --example service_overhead -- DATA_DIR STEPS
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use opentinker::api::{
+    AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelId, ModelInput, Op, OpOutput,
+    TenantId, TensorData,
+};
+use opentinker::sched::{
+    FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
+};
+
+/// The benchmark's batch: 8 datums of 128 tokens (the Python side builds the same).
+fn batch() -> Vec<Datum> {
+    (0..8u32)
+        .map(|i| {
+            let tokens: Vec<u32> = (0..129).map(|j| (7 * i + 3 * j) % 500 + 3).collect();
+            Datum {
+                model_input: ModelInput::from_tokens(tokens[..128].to_vec()),
+                loss_fn_inputs: BTreeMap::from([
+                    (
+                        "target_tokens".to_string(),
+                        TensorData::i64(tokens[1..].iter().map(|&t| t as i64).collect()),
+                    ),
+                    ("weights".to_string(), TensorData::f32(vec![1.0; 128])),
+                ]),
+            }
+        })
+        .collect()
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let data =
+        std::path::PathBuf::from(args.next().unwrap_or_else(|| "target/bench-service".into()));
+    let steps: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20);
+    let share = FairShare {
+        pass_tokens: 16_384,
+        quantum: 128,
+        cycle: None,
+    };
+    let base = ServedBase::load(TINY_MODEL_NAME, &tiny_model_dir(&data)?, 65_536, share)?;
+    let service = Service::new(vec![base], ServiceConfig { data });
+    let tenant = TenantId::new("bench")?;
+    let run = |op, seq| service.execute(&tenant, op, seq);
+    let OpOutput::Session(session) = run(Op::CreateSession, None).await.outcome? else {
+        anyhow::bail!("no session");
+    };
+    let lora = LoraConfig {
+        rank: 8,
+        seed: None,
+        train_unembed: true,
+        train_mlp: true,
+        train_attn: true,
+    };
+    let create = Op::CreateModel {
+        session,
+        model_seq: 0,
+        base_model: TINY_MODEL_NAME.into(),
+        lora,
+    };
+    let OpOutput::Model(model) = run(create, None).await.outcome? else {
+        anyhow::bail!("no model");
+    };
+    let step = |model: ModelId, seq: u64| {
+        let forward_backward = Op::ForwardBackward {
+            model: model.clone(),
+            input: ForwardBackwardInput {
+                data: batch(),
+                loss_fn: "cross_entropy".into(),
+                loss_fn_config: BTreeMap::new(),
+            },
+            forward_only: false,
+        };
+        let optim = Op::OptimStep {
+            model,
+            params: AdamParams::default(),
+        };
+        async move {
+            run(forward_backward, Some(seq)).await.outcome?;
+            run(optim, Some(seq + 1)).await.outcome?;
+            anyhow::Ok(())
+        }
+    };
+    let mut seq = 1;
+    for _ in 0..3 {
+        step(model.clone(), seq).await?;
+        seq += 2;
+    }
+    let started = Instant::now();
+    for _ in 0..steps {
+        step(model.clone(), seq).await?;
+        seq += 2;
+    }
+    let ms = started.elapsed().as_secs_f64() * 1000.0 / steps as f64;
+    println!("{{\"in_process_ms_per_step\": {ms:.2}}}");
+    Ok(())
+}

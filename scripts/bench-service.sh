@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The service's overhead: one `forward_backward` + `optim_step` of the tiny model (8 datums of
+# 128 tokens) through the official `tinker` SDK against a release `opentinker serve` (HTTP,
+# futures, the journal's fsynced records), and the same ops in process through `sched::Service`
+# (host/examples/service_overhead.rs), measured one after the other in one run; prints both and
+# the ratio. The SDK's venv is the test script's (made here if missing).
+#
+#   scripts/bench-service.sh [STEPS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps="${1:-30}"
+
+venv="${OPENTINKER_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv}"
+if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
+fi
+cargo build --release --locked --quiet --bin opentinker --example service_overhead
+bin=target/release/opentinker
+
+data="$(mktemp -d)"
+server=""
+cleanup() {
+    [ -n "$server" ] && kill "$server" 2>/dev/null || true
+    rm -rf "$data"
+}
+trap cleanup EXIT
+
+key="$("$bin" tenant create bench --data "$data/server" 2>/dev/null)"
+port=$((20000 + RANDOM % 20000))
+"$bin" serve --data "$data/server" --addr "127.0.0.1:$port" > "$data/serve.log" 2>&1 &
+server=$!
+until grep -q "serving on" "$data/serve.log"; do sleep 0.2; done
+
+echo "$(date -u +%F) on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $steps steps"
+sdk="$(cd host/tests/tinker_sdk && TINKER_BASE_URL="http://127.0.0.1:$port" TINKER_API_KEY="$key" \
+    STEPS="$steps" "$venv/bin/python" overhead.py 2>/dev/null | tail -1)"
+kill "$server"; server=""
+local="$(target/release/examples/service_overhead "$data/local" "$steps")"
+python3 - "$sdk" "$local" <<'PY'
+import json, sys
+sdk, local = (json.loads(a) for a in sys.argv[1:])
+s, l = sdk["sdk_ms_per_step"], local["in_process_ms_per_step"]
+print(f"through the SDK: {s:.1f} ms/step; in process: {l:.1f} ms/step; ratio {s / l:.2f}x (goal <= 1.2x)")
+PY
