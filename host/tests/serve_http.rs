@@ -401,3 +401,37 @@ fn an_oversized_body_is_refused_with_the_limit_in_tinker_shape() {
     ));
     assert_eq!(status, 413);
 }
+
+#[test]
+fn a_session_keeps_its_latest_sampling_sessions_and_lets_the_oldest_go() {
+    let server = start_server();
+    let (_, session) = post(
+        &server,
+        "create_session",
+        json!({"tags": [], "user_metadata": null, "sdk_version": "test"}),
+    );
+    let session = session["session_id"].as_str().unwrap().to_string();
+    let mut ids = Vec::new();
+    for seq in 0..65 {
+        let (status, body) = post(
+            &server,
+            "create_sampling_session",
+            json!({"session_id": session, "sampling_session_seq_id": seq, "base_model": "opentinker/tiny"}),
+        );
+        assert_eq!(status, 200, "{body}");
+        ids.push(body["sampling_session_id"].as_str().unwrap().to_string());
+    }
+    let sample = |id: &str| {
+        post(
+            &server,
+            "asample",
+            json!({"sampling_session_id": id, "seq_id": 1, "num_samples": 1,
+                   "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+                   "sampling_params": {"max_tokens": 1}}),
+        )
+    };
+    let (status, error) = refused(sample(&ids[0]));
+    assert_eq!(status, 404, "{error}");
+    let (status, body) = sample(&ids[64]);
+    assert_eq!(status, 200, "{body}");
+}

@@ -7,7 +7,7 @@
 //! else runs as it arrives. Training work of all tenants meets in the base's training loop,
 //! which fuses the `forward_backward` calls waiting in one cycle into one pass.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -35,6 +35,9 @@ const DEFAULT_MAX_TOKENS: usize = 64;
 /// Snapshot samplers a model keeps (`save_weights_and_get_sampling_client` each RL step); the
 /// oldest is let go past it, so a long loop does not hold every adapter it ever sampled with.
 const MAX_SNAPSHOTS_PER_MODEL: usize = 8;
+/// Sampling sessions a client session keeps (`create_sampling_client` each evaluation); the
+/// oldest is let go past it.
+const MAX_SAMPLERS_PER_SESSION: usize = 64;
 /// The most samples one request may ask for.
 const MAX_SAMPLES_PER_REQUEST: usize = 128;
 /// The loss inputs a datum may carry, by Tinker name.
@@ -221,7 +224,9 @@ struct Objects {
     models: HashMap<ModelId, Arc<TrainedModel>>,
     samplers: HashMap<SamplerId, Arc<Sampler>>,
     /// Each model's snapshot samplers, oldest first.
-    snapshots: HashMap<ModelId, std::collections::VecDeque<SamplerId>>,
+    snapshots: HashMap<ModelId, VecDeque<SamplerId>>,
+    /// Each session's sampling sessions made by `create_sampling_session`, oldest first.
+    session_samplers: HashMap<SessionId, VecDeque<SamplerId>>,
     /// Numbers the registry names of policies loaded from checkpoints.
     loaded_policies: u64,
 }
@@ -447,14 +452,14 @@ impl Service {
                     source: SamplerRecord::Snapshot(state),
                 }];
                 let mut objects = self.lock();
-                let kept = objects.snapshots.entry(id).or_default();
-                kept.push_back(sampler.clone());
-                let dropped: Vec<SamplerId> = match kept.len() > MAX_SNAPSHOTS_PER_MODEL {
-                    true => kept.pop_front().into_iter().collect(),
-                    false => Vec::new(),
-                };
+                let Objects {
+                    snapshots,
+                    samplers,
+                    ..
+                } = &mut *objects;
+                let dropped = keep_latest(snapshots, id, &sampler, MAX_SNAPSHOTS_PER_MODEL);
                 for id in dropped {
-                    objects.samplers.remove(&id);
+                    samplers.remove(&id);
                     changes.push(Change::SamplerDropped { id });
                 }
                 return Ok((OpOutput::Sampler(sampler), changes).into());
@@ -478,7 +483,19 @@ impl Service {
                     source: record,
                 };
                 self.add_sampler(&id, sampler)?;
-                return Ok((OpOutput::Sampler(id), vec![change]).into());
+                let mut changes = vec![change];
+                let mut objects = self.lock();
+                let Objects {
+                    session_samplers,
+                    samplers,
+                    ..
+                } = &mut *objects;
+                let dropped = keep_latest(session_samplers, session, &id, MAX_SAMPLERS_PER_SESSION);
+                for id in dropped {
+                    samplers.remove(&id);
+                    changes.push(Change::SamplerDropped { id });
+                }
+                return Ok((OpOutput::Sampler(id), changes).into());
             }
             Op::GetSampler { sampler: id } => {
                 let sampler = self.sampler(tenant, &id)?;
@@ -884,6 +901,19 @@ fn encoded_state(engine: &TrainingEngine, adapter: &str) -> Result<Vec<u8>, ApiE
     state
         .encode()
         .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// Add `sampler` to `owner`'s list and return those past the `limit` latest (to let go of).
+fn keep_latest<K: std::hash::Hash + Eq>(
+    lists: &mut HashMap<K, VecDeque<SamplerId>>,
+    owner: K,
+    sampler: &SamplerId,
+    limit: usize,
+) -> Vec<SamplerId> {
+    let list = lists.entry(owner).or_default();
+    list.push_back(sampler.clone());
+    let excess = list.len().saturating_sub(limit);
+    list.drain(..excess).collect()
 }
 
 /// `model`'s whole training state as bytes, taken on the training loop.
