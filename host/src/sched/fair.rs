@@ -91,6 +91,14 @@ impl<T: Divisible> FairQueue<T> {
         self.tenants.values().all(|t| t.queue.is_empty())
     }
 
+    /// How many tenants have work waiting.
+    pub fn busy_tenants(&self) -> usize {
+        self.tenants
+            .values()
+            .filter(|t| !t.queue.is_empty())
+            .count()
+    }
+
     /// Parts of work costing about `budget` in all, smallest tag first, each with its tenant;
     /// work fully taken comes back whole (`Taken::Whole`) so its owner can be answered. Always
     /// takes something when there is work (one unit larger than `budget` alone if need be).

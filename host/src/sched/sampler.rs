@@ -1,6 +1,10 @@
 //! The sampling loop: one thread owns a [`SamplingEngine`] and serves requests from any number
 //! of episodes (async tasks), so that every episode waiting for a completion decodes in the same
 //! batch. Requests that arrive while a step runs join at the next step (continuous batching).
+//!
+//! Requests wait in per-tenant queues and reach the engine by fair queueing over their cost
+//! (prompt plus sampled tokens, [`FairQueue`]); the engine is kept only a few requests ahead
+//! of what it runs, so a tenant that sends many requests does not queue everyone behind them.
 
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -8,7 +12,12 @@ use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
 
+use super::fair::{Divisible, FairQueue, Taken};
 use crate::sample::{RequestId, SampleError, SampleOutput, SampleRequest, SamplingEngine};
+
+/// Requests handed to the engine beyond those it runs (when several tenants wait): enough to
+/// fill a step's free room, few enough that the fair queue decides the order.
+const ENGINE_AHEAD: usize = 8;
 
 /// Why a sampling request failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +43,35 @@ impl SamplerServiceError {
 type Reply = oneshot::Sender<Result<SampleOutput, SamplerServiceError>>;
 
 enum Command {
-    Sample(Box<SampleRequest>, Reply),
+    Sample {
+        tenant: String,
+        request: Box<SampleRequest>,
+        reply: Reply,
+    },
+}
+
+/// A request waiting for the engine; taken whole (a request is never split).
+struct Pending {
+    request: Box<SampleRequest>,
+    reply: Reply,
+}
+
+impl Divisible for Pending {
+    type Part = std::convert::Infallible;
+
+    fn cost(&self) -> u64 {
+        let params = &self.request.params;
+        let sampled = params.max_tokens.saturating_mul(params.num_samples);
+        self.request.prompt.len().saturating_add(sampled) as u64
+    }
+
+    fn unit_cost(&self) -> u64 {
+        self.cost()
+    }
+
+    fn split(&mut self, _budget: u64) -> Option<Self::Part> {
+        None
+    }
 }
 
 /// A handle to the sampling loop; clone it freely. The loop ends when every handle is dropped.
@@ -59,9 +96,22 @@ impl SamplerService {
         &self,
         request: SampleRequest,
     ) -> Result<SampleOutput, SamplerServiceError> {
+        self.sample_for("", request).await
+    }
+
+    /// Sample `request` on behalf of `tenant`, whose share of the engine is fair.
+    pub async fn sample_for(
+        &self,
+        tenant: &str,
+        request: SampleRequest,
+    ) -> Result<SampleOutput, SamplerServiceError> {
         let (reply, answer) = oneshot::channel();
         self.commands
-            .send(Command::Sample(Box::new(request), reply))
+            .send(Command::Sample {
+                tenant: tenant.to_string(),
+                request: Box::new(request),
+                reply,
+            })
             .map_err(|_| SamplerServiceError::Stopped)?;
         answer.await.map_err(|_| SamplerServiceError::Stopped)?
     }
@@ -69,15 +119,27 @@ impl SamplerService {
 
 fn serve(mut engine: SamplingEngine, commands: mpsc::Receiver<Command>) {
     let mut waiting: HashMap<RequestId, Reply> = HashMap::new();
+    // The cost unit is a token; one request per take is enough to keep the engine fed.
+    let mut queue: FairQueue<Pending> = FairQueue::new(256);
     loop {
-        if !engine.has_work() {
+        if !engine.has_work() && queue.is_empty() {
             match commands.recv() {
-                Ok(command) => accept(&mut engine, &mut waiting, command),
+                Ok(command) => enqueue(&mut queue, command),
                 Err(_) => return,
             }
         }
         while let Ok(command) = commands.try_recv() {
-            accept(&mut engine, &mut waiting, command);
+            enqueue(&mut queue, command);
+        }
+        // With one tenant there is nobody to be fair to: everything goes in at once (the
+        // engine admits what fits, in order).
+        while !queue.is_empty() && (engine.load().0 < ENGINE_AHEAD || queue.busy_tenants() == 1) {
+            for (_, taken) in queue.take(1) {
+                match taken {
+                    Taken::Whole(pending) => accept(&mut engine, &mut waiting, pending),
+                    Taken::Part(never) => match never {},
+                }
+            }
         }
         if !engine.has_work() {
             continue;
@@ -102,17 +164,25 @@ fn serve(mut engine: SamplingEngine, commands: mpsc::Receiver<Command>) {
     }
 }
 
-/// Queue a request in the engine, or answer its refusal at once.
-fn accept(engine: &mut SamplingEngine, waiting: &mut HashMap<RequestId, Reply>, command: Command) {
+fn enqueue(queue: &mut FairQueue<Pending>, command: Command) {
     match command {
-        Command::Sample(request, reply) => match engine.add_request(*request) {
-            Ok(id) => {
-                waiting.insert(id, reply);
-            }
-            Err(error) => {
-                // The asker may have gone; nothing to do then.
-                let _ = reply.send(Err(error.into()));
-            }
-        },
+        Command::Sample {
+            tenant,
+            request,
+            reply,
+        } => queue.push(&tenant, Pending { request, reply }),
+    }
+}
+
+/// Queue a request in the engine, or answer its refusal at once.
+fn accept(engine: &mut SamplingEngine, waiting: &mut HashMap<RequestId, Reply>, pending: Pending) {
+    match engine.add_request(*pending.request) {
+        Ok(id) => {
+            waiting.insert(id, pending.reply);
+        }
+        Err(error) => {
+            // The asker may have gone; nothing to do then.
+            let _ = pending.reply.send(Err(error.into()));
+        }
     }
 }

@@ -1233,7 +1233,7 @@ async fn sample_with(
     let output = sampler
         .base
         .sampler
-        .sample(engine_request)
+        .sample_for(sampler.tenant.as_str(), engine_request)
         .await
         .map_err(|e| match &e {
             _ if e.is_refusal() => ApiError::invalid(e.to_string()),
