@@ -10,29 +10,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${1:-30}"
 
-venv="${OPENTINKER_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv}"
-if [ ! -x "$venv/bin/python" ]; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
-fi
 cargo build --release --locked --quiet --bin opentinker --example service_overhead
-bin=target/release/opentinker
-
-data="$(mktemp -d)"
-server=""
-cleanup() {
-    [ -n "$server" ] && kill "$server" 2>/dev/null || true
-    rm -rf "$data"
-}
-trap cleanup EXIT
+source scripts/service-common.sh
 
 key="$("$bin" tenant create bench --data "$data/server" 2>/dev/null)"
-port=$((20000 + RANDOM % 20000))
-"$bin" serve --data "$data/server" --addr "127.0.0.1:$port" > "$data/serve.log" 2>&1 &
-server=$!
-until grep -q "serving on" "$data/serve.log"; do sleep 0.2; done
+start_server "$data/server"
 
-echo "$(date -u +%F) on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $steps steps"
+echo "$(machine), $steps steps"
 sdk="$(cd host/tests/tinker_sdk && TINKER_BASE_URL="http://127.0.0.1:$port" TINKER_API_KEY="$key" \
     STEPS="$steps" "$venv/bin/python" overhead.py 2>/dev/null | tail -1)"
 kill "$server"; server=""

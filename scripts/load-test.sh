@@ -10,37 +10,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-180}"
 
-venv="${OPENTINKER_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv}"
-if [ ! -x "$venv/bin/python" ]; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
-fi
-cargo build --release --locked --quiet
-bin=target/release/opentinker
-
-data="$(mktemp -d)"
-server=""
-cleanup() {
-    [ -n "$server" ] && kill "$server" 2>/dev/null || true
-    rm -rf "$data"
-}
-trap cleanup EXIT
+cargo build --release --locked --quiet --bin opentinker
+source scripts/service-common.sh
 
 keys=""
 for i in 1 2 3 4 5 6 7 8; do
     keys="$keys,$("$bin" tenant create "tenant-$i" --data "$data" 2>/dev/null)"
 done
-port=$((20000 + RANDOM % 20000))
-"$bin" serve --data "$data" --addr "127.0.0.1:$port" > "$data/serve.log" 2>&1 &
-server=$!
-until grep -q "serving on" "$data/serve.log"; do sleep 0.2; done
+start_server "$data"
 
 # Resident memory once a second while the test runs.
 ( while kill -0 "$server" 2>/dev/null; do
       awk '/VmRSS/ {print $2}' "/proc/$server/status" >> "$data/rss"; sleep 1
   done ) &
 
-echo "$(date -u +%F) on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+machine
 (cd host/tests/tinker_sdk && TINKER_BASE_URL="http://127.0.0.1:$port" TINKER_API_KEY="${keys%%,*}" \
     LOAD_TENANT_KEYS="${keys#,}" LOAD_SECONDS="$seconds" "$venv/bin/python" load.py 2>/dev/null | tail -1)
 awk -v s="$seconds" 'NR == int(s / 3) {warm = $1} NR == s {end = $1} {if ($1 > peak) peak = $1}

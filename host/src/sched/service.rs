@@ -457,11 +457,8 @@ impl Service {
                     samplers,
                     ..
                 } = &mut *objects;
-                let dropped = keep_latest(snapshots, id, &sampler, MAX_SNAPSHOTS_PER_MODEL);
-                for id in dropped {
-                    samplers.remove(&id);
-                    changes.push(Change::SamplerDropped { id });
-                }
+                let limit = MAX_SNAPSHOTS_PER_MODEL;
+                changes.extend(keep_latest(snapshots, samplers, id, &sampler, limit));
                 return Ok((OpOutput::Sampler(sampler), changes).into());
             }
             Op::CreateSamplingSession {
@@ -490,11 +487,8 @@ impl Service {
                     samplers,
                     ..
                 } = &mut *objects;
-                let dropped = keep_latest(session_samplers, session, &id, MAX_SAMPLERS_PER_SESSION);
-                for id in dropped {
-                    samplers.remove(&id);
-                    changes.push(Change::SamplerDropped { id });
-                }
+                let limit = MAX_SAMPLERS_PER_SESSION;
+                changes.extend(keep_latest(session_samplers, samplers, session, &id, limit));
                 return Ok((OpOutput::Sampler(id), changes).into());
             }
             Op::GetSampler { sampler: id } => {
@@ -903,17 +897,24 @@ fn encoded_state(engine: &TrainingEngine, adapter: &str) -> Result<Vec<u8>, ApiE
         .map_err(|e| ApiError::internal(e.to_string()))
 }
 
-/// Add `sampler` to `owner`'s list and return those past the `limit` latest (to let go of).
+/// Add `sampler` to `owner`'s list, let go of those past the `limit` latest, and return their
+/// records' removal.
 fn keep_latest<K: std::hash::Hash + Eq>(
     lists: &mut HashMap<K, VecDeque<SamplerId>>,
+    samplers: &mut HashMap<SamplerId, Arc<Sampler>>,
     owner: K,
     sampler: &SamplerId,
     limit: usize,
-) -> Vec<SamplerId> {
+) -> Vec<Change> {
     let list = lists.entry(owner).or_default();
     list.push_back(sampler.clone());
     let excess = list.len().saturating_sub(limit);
-    list.drain(..excess).collect()
+    list.drain(..excess)
+        .map(|id| {
+            samplers.remove(&id);
+            Change::SamplerDropped { id }
+        })
+        .collect()
 }
 
 /// `model`'s whole training state as bytes, taken on the training loop.

@@ -1,0 +1,31 @@
+# Sourced by the service's benchmark scripts: the SDK's venv (the test script's, made if
+# missing) and a release `opentinker serve` on loopback with its own data folder, stopped and
+# removed on exit. After `start_server`: $bin, $data, $port, $server.
+
+venv="${OPENTINKER_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv}"
+if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
+fi
+bin=target/release/opentinker
+
+data="$(mktemp -d)"
+server=""
+cleanup() {
+    if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; fi
+    rm -rf "$data"
+}
+trap cleanup EXIT
+
+# start_server DATA_DIR: serve DATA_DIR on a random loopback port; returns once it listens.
+start_server() {
+    port=$((20000 + RANDOM % 20000))
+    "$bin" serve --data "$1" --addr "127.0.0.1:$port" > "$data/serve.log" 2>&1 &
+    server=$!
+    until grep -q "serving on" "$data/serve.log"; do sleep 0.2; done
+}
+
+# The line the figures are printed under.
+machine() {
+    echo "$(date -u +%F) on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+}
