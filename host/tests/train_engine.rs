@@ -560,6 +560,33 @@ async fn a_call_larger_than_a_pass_is_sliced_lets_a_small_call_through_and_sums_
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_of_weight_three_gets_more_of_the_passes_than_an_equal_share() {
+    let share = FairShare {
+        pass_tokens: 42,
+        quantum: 14,
+        cycle: None,
+    };
+    let (service, open) = gated_service_sharing(share).await;
+    service.set_weight("gold", 3);
+    let seeds: Vec<u32> = (1..=12).collect();
+    let gold =
+        service.forward_backward_for("gold", vec![item("a", Loss::CrossEntropy, &seeds, 14)]);
+    let basic =
+        service.forward_backward_for("basic", vec![item("b", Loss::CrossEntropy, &seeds, 14)]);
+    tokio::pin!(gold, basic);
+    assert!(futures::poll!(&mut gold).is_pending());
+    assert!(futures::poll!(&mut basic).is_pending());
+    open.send(()).unwrap();
+    // Sliced over passes, gold is served three datums to basic's one.
+    let first = tokio::select! {
+        biased;
+        _ = &mut basic => "basic",
+        _ = &mut gold => "gold",
+    };
+    assert_eq!(first, "gold");
+}
+
 #[test]
 fn an_exported_state_continues_bit_for_bit_in_another_engine() {
     let model = Arc::new(tiny_transformer(Architecture::Qwen2));

@@ -60,6 +60,10 @@ pub enum TenantCommand {
         /// The server's `--data` folder.
         #[arg(long)]
         data: PathBuf,
+        /// The tenant's share of each model's training and sampling relative to others', when
+        /// they are busy at the same time (1: an equal share).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        weight: u64,
     },
 }
 
@@ -100,9 +104,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 pub fn run_tenant(command: TenantCommand) -> anyhow::Result<()> {
     match command {
-        TenantCommand::Create { name, data } => {
+        TenantCommand::Create { name, data, weight } => {
             let tenants = Tenants::open(&data)?;
-            let (tenant, key) = tenants.create(&name)?;
+            let (tenant, key) = tenants.create(&name, weight)?;
             eprintln!("tenant {tenant} created; its API key (shown only now):");
             println!("{key}");
             Ok(())

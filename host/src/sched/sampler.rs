@@ -43,6 +43,8 @@ impl SamplerServiceError {
 type Reply = oneshot::Sender<Result<SampleOutput, SamplerServiceError>>;
 
 enum Command {
+    /// A tenant's share relative to others'.
+    Weight { tenant: String, weight: u64 },
     Sample {
         tenant: String,
         request: Box<SampleRequest>,
@@ -97,6 +99,15 @@ impl SamplerService {
         request: SampleRequest,
     ) -> Result<SampleOutput, SamplerServiceError> {
         self.sample_for("", request).await
+    }
+
+    /// Give `tenant` `weight` times an equal share of the engine.
+    pub fn set_weight(&self, tenant: &str, weight: u64) {
+        // A stopped loop has nobody to share with.
+        let _ = self.commands.send(Command::Weight {
+            tenant: tenant.to_string(),
+            weight,
+        });
     }
 
     /// Sample `request` on behalf of `tenant`, whose share of the engine is fair.
@@ -166,6 +177,7 @@ fn serve(mut engine: SamplingEngine, commands: mpsc::Receiver<Command>) {
 
 fn enqueue(queue: &mut FairQueue<Pending>, command: Command) {
     match command {
+        Command::Weight { tenant, weight } => queue.set_weight(&tenant, weight),
         Command::Sample {
             tenant,
             request,

@@ -250,6 +250,14 @@ impl Service {
         }
     }
 
+    /// Give `tenant` `weight` times an equal share of every base's training and sampling.
+    pub fn set_weight(&self, tenant: &TenantId, weight: u64) {
+        for base in self.bases.values() {
+            base.trainer.set_weight(tenant.as_str(), weight);
+            base.sampler.set_weight(tenant.as_str(), weight);
+        }
+    }
+
     /// The served base models.
     pub fn capabilities(&self) -> Vec<BaseModelInfo> {
         self.bases

@@ -43,6 +43,11 @@ type Exclusive = Box<dyn FnOnce(&mut TrainingEngine) + Send>;
 
 enum Command {
     Exclusive(Exclusive),
+    /// A tenant's share relative to others'.
+    Weight {
+        tenant: TenantKey,
+        weight: u64,
+    },
     ForwardBackward {
         tenant: TenantKey,
         items: Vec<WorkItem>,
@@ -152,6 +157,15 @@ impl TrainerService {
     pub fn detach(&self, work: impl FnOnce(&mut TrainingEngine) + Send + 'static) {
         // A stopped loop has nothing left to free.
         let _ = self.commands.send(Command::Exclusive(Box::new(work)));
+    }
+
+    /// Give `tenant` `weight` times an equal share of the passes.
+    pub fn set_weight(&self, tenant: &str, weight: u64) {
+        // A stopped loop has nobody to share with.
+        let _ = self.commands.send(Command::Weight {
+            tenant: tenant.to_string(),
+            weight,
+        });
     }
 
     /// `forward_backward` of `items`, fused with the other jobs' calls of the same cycle.
@@ -331,6 +345,7 @@ fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: F
                     // the other callers' work goes on.
                     let _ = catch_unwind(AssertUnwindSafe(|| call(&mut engine)));
                 }
+                Command::Weight { tenant, weight } => queue.set_weight(&tenant, weight),
                 Command::ForwardBackward {
                     tenant,
                     items,

@@ -180,11 +180,13 @@ impl AppState {
             return Ok(tenant.clone());
         }
         let (state, key) = (Arc::clone(self), key.to_string());
-        let tenant = tokio::task::spawn_blocking(move || state.tenants.authenticate(&key))
-            .await
-            .map_err(|e| ApiError::internal(format!("checking the key: {e}")))?
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .ok_or_else(|| ApiError::new(ApiErrorKind::Unauthorized, "invalid API key"))?;
+        let (tenant, weight) =
+            tokio::task::spawn_blocking(move || state.tenants.authenticate(&key))
+                .await
+                .map_err(|e| ApiError::internal(format!("checking the key: {e}")))?
+                .map_err(|e| ApiError::internal(e.to_string()))?
+                .ok_or_else(|| ApiError::new(ApiErrorKind::Unauthorized, "invalid API key"))?;
+        self.service.set_weight(&tenant, weight);
         self.keys().insert(digest, tenant.clone());
         Ok(tenant)
     }

@@ -73,7 +73,8 @@ impl Tenants {
                  key_id TEXT NOT NULL UNIQUE,
                  salt BLOB NOT NULL,
                  key_hash BLOB NOT NULL,
-                 created_at INTEGER NOT NULL
+                 created_at INTEGER NOT NULL,
+                 weight INTEGER NOT NULL DEFAULT 1
              );",
         )?;
         Ok(Tenants { db: Mutex::new(db) })
@@ -83,8 +84,9 @@ impl Tenants {
         self.db.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Make tenant `name` and its key; the key is returned once and never stored.
-    pub fn create(&self, name: &str) -> Result<(TenantId, String), TenantError> {
+    /// Make tenant `name` and its key; the key is returned once and never stored. `weight` is
+    /// the tenant's share of the loops relative to others (1: an equal share).
+    pub fn create(&self, name: &str, weight: u64) -> Result<(TenantId, String), TenantError> {
         let tenant = TenantId::new(name)?;
         let key_id = random_hex(8)?;
         let key = format!("tml-{key_id}_{}", random_hex(24)?);
@@ -94,9 +96,16 @@ impl Tenants {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
         let inserted = self.lock().execute(
-            "INSERT INTO tenants (name, key_id, salt, key_hash, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(name) DO NOTHING",
-            params![tenant.as_str(), key_id, salt, hash, now],
+            "INSERT INTO tenants (name, key_id, salt, key_hash, created_at, weight)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(name) DO NOTHING",
+            params![
+                tenant.as_str(),
+                key_id,
+                salt,
+                hash,
+                now,
+                weight.max(1) as i64
+            ],
         )?;
         if inserted == 0 {
             return Err(TenantError::NameTaken(name.to_string()));
@@ -104,27 +113,27 @@ impl Tenants {
         Ok((tenant, key))
     }
 
-    /// The tenant whose key `key` is, or `None` for a key that is not valid.
-    pub fn authenticate(&self, key: &str) -> Result<Option<TenantId>, TenantError> {
+    /// The tenant whose key `key` is, with its weight, or `None` for a key that is not valid.
+    pub fn authenticate(&self, key: &str) -> Result<Option<(TenantId, u64)>, TenantError> {
         let Some((key_id, _)) = key.strip_prefix("tml-").and_then(|k| k.split_once('_')) else {
             return Ok(None);
         };
-        let row: Option<(String, Vec<u8>, Vec<u8>)> = self
+        let row: Option<(String, Vec<u8>, Vec<u8>, i64)> = self
             .lock()
             .query_row(
-                "SELECT name, salt, key_hash FROM tenants WHERE key_id = ?1",
+                "SELECT name, salt, key_hash, weight FROM tenants WHERE key_id = ?1",
                 params![key_id],
-                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
             )
             .optional()?;
-        let Some((name, salt, stored)) = row else {
+        let Some((name, salt, stored, weight)) = row else {
             return Ok(None);
         };
         // Constant-time comparison of the MACs.
         if key_hash(&salt, key).verify_slice(&stored).is_err() {
             return Ok(None);
         }
-        Ok(Some(TenantId::new(&name)?))
+        Ok(Some((TenantId::new(&name)?, weight.max(1) as u64)))
     }
 }
 
@@ -136,17 +145,17 @@ mod tests {
     fn a_key_authenticates_its_tenant_only_and_is_not_stored() {
         let data = tempfile::tempdir().unwrap();
         let tenants = Tenants::open(data.path()).unwrap();
-        let (alice, key) = tenants.create("alice").unwrap();
-        let (bob, other) = tenants.create("bob").unwrap();
-        assert_eq!(tenants.authenticate(&key).unwrap(), Some(alice));
-        assert_eq!(tenants.authenticate(&other).unwrap(), Some(bob));
+        let (alice, key) = tenants.create("alice", 1).unwrap();
+        let (bob, other) = tenants.create("bob", 3).unwrap();
+        assert_eq!(tenants.authenticate(&key).unwrap(), Some((alice, 1)));
+        assert_eq!(tenants.authenticate(&other).unwrap(), Some((bob, 3)));
         let mut forged = key.clone();
         forged.pop();
         forged.push('x');
         assert_eq!(tenants.authenticate(&forged).unwrap(), None);
         assert_eq!(tenants.authenticate("tml-nothing").unwrap(), None);
         assert!(matches!(
-            tenants.create("alice"),
+            tenants.create("alice", 1),
             Err(TenantError::NameTaken(_))
         ));
         drop(tenants);
