@@ -110,7 +110,27 @@ fn token_ids(value: Option<&Value>) -> Vec<u32> {
     }
 }
 
+/// A token id the model's vocabulary does not have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("token id {token} is outside the vocabulary of {vocab}")]
+pub struct OutOfVocabulary {
+    pub token: u32,
+    pub vocab: usize,
+}
+
 impl ModelConfig {
+    /// Refuse the first of `tokens` outside the vocabulary, naming it.
+    pub fn check_tokens<'a>(
+        &self,
+        tokens: impl IntoIterator<Item = &'a u32>,
+    ) -> Result<(), OutOfVocabulary> {
+        let vocab = self.vocab_size;
+        match tokens.into_iter().find(|&&t| t as usize >= vocab) {
+            Some(&token) => Err(OutOfVocabulary { token, vocab }),
+            None => Ok(()),
+        }
+    }
+
     /// Read `config.json` of a model directory.
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
         let path = dir.join("config.json");

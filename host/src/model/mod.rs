@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, ModelConfig, OutOfVocabulary};
 pub use tokenizer::Tokenizer;
 pub use transformer::Transformer;
 

@@ -17,7 +17,7 @@ use opentinker_kernels::cuda::{
     PagedKvCache, SequenceRow,
 };
 
-use super::forward::{attention_heads, out_of_vocabulary};
+use super::forward::attention_heads;
 use crate::lora::{Adapter, Site, Target};
 use crate::model::Transformer;
 use crate::model::config::{Architecture, ModelConfig};
@@ -412,7 +412,8 @@ impl CudaModel {
         if sequences.iter().any(|s| s.tokens.is_empty()) {
             return Err(invalid("a sequence has no new tokens".into()));
         }
-        out_of_vocabulary(sequences.iter().flat_map(|s| s.tokens), vocab).map_err(invalid)?;
+        c.check_tokens(sequences.iter().flat_map(|s| s.tokens))
+            .map_err(|e| invalid(e.to_string()))?;
         if let Some(s) = sequences
             .iter()
             .find(|s| s.start + s.tokens.len() > self.weights.context)

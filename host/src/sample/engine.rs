@@ -41,6 +41,28 @@ pub struct SampleRequest {
 }
 
 impl SampleRequest {
+    /// Refuse what no engine of a model of `config` with `context` positions can run (the
+    /// engine checks it again, with its own budget and policies, when the request arrives).
+    pub fn check(&self, config: &ModelConfig, context: usize) -> Result<(), SampleError> {
+        self.params.validate(config.vocab_size)?;
+        if self.prompt.is_empty() {
+            return Err(SampleError::EmptyPrompt);
+        }
+        config
+            .check_tokens(&self.prompt)
+            .map_err(|e| SampleError::TokenOutOfVocabulary {
+                token: e.token,
+                vocab: e.vocab,
+            })?;
+        if self.prompt.len() > context {
+            return Err(SampleError::PromptTooLong {
+                len: self.prompt.len(),
+                context,
+            });
+        }
+        Ok(())
+    }
+
     pub fn new(prompt: Vec<u32>, params: SamplingParams) -> Self {
         SampleRequest {
             prompt,
@@ -196,21 +218,8 @@ impl SamplingEngine {
     /// refused here and changes nothing.
     pub fn add_request(&mut self, request: SampleRequest) -> Result<RequestId, SampleError> {
         let model = self.registry.base();
-        let vocab = model.config.vocab_size;
         let context = model.context_length();
-        request.params.validate(vocab)?;
-        if request.prompt.is_empty() {
-            return Err(SampleError::EmptyPrompt);
-        }
-        if let Some(&token) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(SampleError::TokenOutOfVocabulary { token, vocab });
-        }
-        if request.prompt.len() > context {
-            return Err(SampleError::PromptTooLong {
-                len: request.prompt.len(),
-                context,
-            });
-        }
+        request.check(&model.config, context)?;
         if matches!(request.params.stop, Some(Stop::Strings(_))) && self.tokenizer.is_none() {
             return Err(SampleError::NoTokenizer);
         }

@@ -214,19 +214,6 @@ pub(crate) fn attention_heads(config: &ModelConfig) -> Heads {
     }
 }
 
-/// Refuses the first token id outside a vocabulary of `vocab`, naming it.
-pub(crate) fn out_of_vocabulary<'a>(
-    mut tokens: impl Iterator<Item = &'a u32>,
-    vocab: usize,
-) -> Result<(), String> {
-    match tokens.find(|&&t| t as usize >= vocab) {
-        Some(bad) => Err(format!(
-            "token id {bad} is outside the vocabulary of {vocab}"
-        )),
-        None => Ok(()),
-    }
-}
-
 /// Run the new tokens of every sequence through the model, appending to their caches. Returns
 /// per sequence its logits, `rows × vocab` (every new token, or the last).
 pub fn forward(
@@ -238,8 +225,8 @@ pub fn forward(
     let eps = c.rms_norm_eps as f32;
     let shape = attention_heads(c);
     let (q_width, kv_width) = (c.num_heads * head_dim, c.num_kv_heads * head_dim);
-    out_of_vocabulary(inputs.iter().flat_map(|i| i.tokens), vocab)
-        .map_err(candle_core::Error::Msg)?;
+    c.check_tokens(inputs.iter().flat_map(|i| i.tokens))
+        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     let rows = Rows::new(inputs.iter().map(|i| (i.tokens.len(), i.adapter)));
     let total = rows.total();
     let positions: Vec<usize> = inputs

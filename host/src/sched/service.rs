@@ -23,8 +23,11 @@ use crate::api::{
     SamplerSource, SessionId, StopReason, TenantId, TensorData, TensorValues,
 };
 use crate::lora::PolicyVersion;
+use crate::model::ModelConfig;
 use crate::sample::{self, PolicyRef};
-use crate::train::{self, Loss, SlotState, StepReport, TrainError, TrainingEngine, WorkItem};
+use crate::train::{
+    self, Loss, SlotState, SlotStateError, StepReport, TrainError, TrainingEngine, WorkItem,
+};
 
 /// The LoRA alpha of adapters made through the API (Tinker's).
 const LORA_ALPHA: f64 = 32.0;
@@ -969,11 +972,9 @@ async fn publish(
 ) -> Result<Arc<PolicyVersion>, ApiError> {
     let (base, name, state) = (Arc::clone(base), name.to_string(), state.to_vec());
     tokio::task::spawn_blocking(move || {
-        let damaged = |e: String| ApiError::internal(format!("a saved adapter: {e}"));
-        let state = SlotState::decode(&state, DType::F32).map_err(|e| damaged(e.to_string()))?;
-        let adapter = state
-            .adapter(&base.config, DType::F32)
-            .map_err(|e| damaged(e.to_string()))?;
+        let damaged = |e: SlotStateError| ApiError::internal(format!("a saved adapter: {e}"));
+        let state = SlotState::decode(&state, DType::F32).map_err(damaged)?;
+        let adapter = state.adapter(&base.config, DType::F32).map_err(damaged)?;
         base.registry
             .publish(&name, &adapter)
             .map_err(|e| ApiError::internal(e.to_string()))
@@ -983,66 +984,67 @@ async fn publish(
 }
 
 /// The engine's datum of an API datum, checked against the model's vocabulary and context.
-fn engine_datum(datum: &Datum, vocab: usize, context: usize) -> Result<train::Datum, String> {
-    for key in datum.loss_fn_inputs.keys() {
-        if !LOSS_INPUTS.contains(&key.as_str()) {
-            return Err(format!(
-                "unknown loss_fn_inputs key {key:?} (known: {})",
-                LOSS_INPUTS.join(", ")
-            ));
-        }
+fn engine_datum(
+    index: usize,
+    datum: &Datum,
+    config: &ModelConfig,
+    context: usize,
+) -> Result<train::Datum, ApiError> {
+    let bad = |problem: String| ApiError::invalid(format!("datum {index}: {problem}"));
+    if let Some(key) = datum
+        .loss_fn_inputs
+        .keys()
+        .find(|k| !LOSS_INPUTS.contains(&k.as_str()))
+    {
+        return Err(bad(format!(
+            "unknown loss_fn_inputs key {key:?} (known: {})",
+            LOSS_INPUTS.join(", ")
+        )));
     }
     let input_tokens = datum.model_input.tokens();
     let n = input_tokens.len();
     if n == 0 {
-        return Err("model_input is empty".into());
+        return Err(bad("model_input is empty".into()));
     }
     if n > context {
-        return Err(format!(
+        return Err(bad(format!(
             "model_input has {n} tokens; the model's context holds {context}"
-        ));
+        )));
     }
-    let check_shape = |key: &str, tensor: &TensorData| {
+    let shaped = |key: &str| {
+        let tensor = datum.loss_fn_inputs.get(key)?;
         if tensor.shape != [tensor.len()] || tensor.len() != n {
-            return Err(format!(
+            return Some(Err(bad(format!(
                 "loss_fn_inputs[{key:?}] has shape {:?}; it must be [{n}], one per model_input token",
                 tensor.shape
-            ));
+            ))));
         }
-        Ok(())
+        Some(Ok(&tensor.values))
     };
-    let target = datum
-        .loss_fn_inputs
-        .get("target_tokens")
-        .ok_or("loss_fn_inputs has no \"target_tokens\"")?;
-    check_shape("target_tokens", target)?;
-    let TensorValues::Int64(targets) = &target.values else {
-        return Err("loss_fn_inputs[\"target_tokens\"] must be int64".into());
-    };
-    let mut target_tokens = Vec::with_capacity(n);
-    for &t in targets {
-        match u32::try_from(t) {
-            Ok(t) if (t as usize) < vocab => target_tokens.push(t),
-            _ => {
-                return Err(format!(
-                    "target token {t} is outside the vocabulary of {vocab}"
-                ));
-            }
+    let targets = match shaped("target_tokens") {
+        None => return Err(bad("loss_fn_inputs has no \"target_tokens\"".into())),
+        Some(Err(error)) => return Err(error),
+        Some(Ok(TensorValues::Int64(targets))) => targets,
+        Some(Ok(TensorValues::Float32(_))) => {
+            return Err(bad("loss_fn_inputs[\"target_tokens\"] must be int64".into()));
         }
-    }
-    if let Some(&t) = input_tokens.iter().find(|&&t| t as usize >= vocab) {
-        return Err(format!(
-            "model_input token {t} is outside the vocabulary of {vocab}"
-        ));
-    }
-    let floats = |key: &str| -> Result<Option<Vec<f32>>, String> {
-        let Some(tensor) = datum.loss_fn_inputs.get(key) else {
-            return Ok(None);
-        };
-        check_shape(key, tensor)?;
-        match &tensor.values {
-            TensorValues::Float32(values) => Ok(Some(values.clone())),
-            TensorValues::Int64(_) => Err(format!("loss_fn_inputs[{key:?}] must be float32")),
+    };
+    let target_tokens = targets
+        .iter()
+        .map(|&t| u32::try_from(t).map_err(|_| bad(format!("target token {t} is negative"))))
+        .collect::<Result<Vec<u32>, _>>()?;
+    config
+        .check_tokens(&target_tokens)
+        .map_err(|e| bad(format!("target {e}")))?;
+    config
+        .check_tokens(&input_tokens)
+        .map_err(|e| bad(format!("model_input {e}")))?;
+    let floats = |key: &str| match shaped(key) {
+        None => Ok(None),
+        Some(Err(error)) => Err(error),
+        Some(Ok(TensorValues::Float32(values))) => Ok(Some(values.clone())),
+        Some(Ok(TensorValues::Int64(_))) => {
+            Err(bad(format!("loss_fn_inputs[{key:?}] must be float32")))
         }
     };
     Ok(train::Datum {
@@ -1064,15 +1066,11 @@ fn work_item(model: &TrainedModel, input: &ForwardBackwardInput) -> Result<WorkI
             "forward_backward needs at least one datum",
         ));
     }
-    let (vocab, context) = (model.base.config.vocab_size, model.base.context);
     let datums = input
         .data
         .iter()
         .enumerate()
-        .map(|(i, d)| {
-            engine_datum(d, vocab, context)
-                .map_err(|e| ApiError::invalid(format!("datum {i}: {e}")))
-        })
+        .map(|(i, d)| engine_datum(i, d, &model.base.config, model.base.context))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(WorkItem {
         adapter: model.adapter.clone(),
@@ -1212,19 +1210,10 @@ fn engine_request(
         stop,
         num_samples: request.num_samples,
     };
-    let vocab = sampler.base.config.vocab_size;
-    if prompt.is_empty() {
-        return Err(ApiError::invalid("the prompt is empty"));
-    }
-    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::invalid(format!(
-            "prompt token {t} is outside the vocabulary of {vocab}"
-        )));
-    }
-    params
-        .validate(vocab)
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let mut engine_request = sample::SampleRequest::new(prompt, params);
+    engine_request
+        .check(&sampler.base.config, sampler.base.context)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     engine_request.policy = sampler.policy.as_ref().map(|v| PolicyRef {
         name: v.name.clone(),
         version: Some(v.version),

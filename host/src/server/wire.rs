@@ -124,17 +124,29 @@ pub struct ForwardBackward {
     pub forward_only: bool,
 }
 
-fn int32_tokens(bytes: &[u8], what: &str) -> Result<Vec<u32>, ApiError> {
-    if !bytes.len().is_multiple_of(4) {
+/// Little-endian values of `N` bytes each, read with `read`; `dtype` names them in the error.
+fn little_endian<T, const N: usize>(
+    bytes: &[u8],
+    what: &str,
+    dtype: &str,
+    read: fn([u8; N]) -> T,
+) -> Result<Vec<T>, ApiError> {
+    if !bytes.len().is_multiple_of(N) {
         return Err(ApiError::invalid(format!(
-            "{what}: {} bytes is not a whole number of int32 tokens",
+            "{what}: {} bytes is not a whole number of {dtype} values",
             bytes.len()
         )));
     }
-    bytes
-        .chunks_exact(4)
-        .map(|b| {
-            let t = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    Ok(bytes
+        .chunks_exact(N)
+        .map(|b| read(b.try_into().unwrap_or([0; N])))
+        .collect())
+}
+
+fn int32_tokens(bytes: &[u8], what: &str) -> Result<Vec<u32>, ApiError> {
+    little_endian(bytes, what, "int32", i32::from_le_bytes)?
+        .into_iter()
+        .map(|t| {
             u32::try_from(t)
                 .map_err(|_| ApiError::invalid(format!("{what}: token id {t} is negative")))
         })
@@ -153,32 +165,10 @@ fn tensor(t: proto::Tensor, what: &str) -> Result<TensorData, ApiError> {
     };
     let values = match proto::DType::try_from(t.dtype) {
         Ok(proto::DType::Float32) => {
-            if !bytes.len().is_multiple_of(4) {
-                return Err(ApiError::invalid(format!(
-                    "{what}: float32 data of {} bytes",
-                    bytes.len()
-                )));
-            }
-            TensorValues::Float32(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-            )
+            TensorValues::Float32(little_endian(&bytes, what, "float32", f32::from_le_bytes)?)
         }
         Ok(proto::DType::Int64) => {
-            if !bytes.len().is_multiple_of(8) {
-                return Err(ApiError::invalid(format!(
-                    "{what}: int64 data of {} bytes",
-                    bytes.len()
-                )));
-            }
-            TensorValues::Int64(
-                bytes
-                    .chunks_exact(8)
-                    .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()))
-                    .collect(),
-            )
+            TensorValues::Int64(little_endian(&bytes, what, "int64", i64::from_le_bytes)?)
         }
         _ => {
             return Err(ApiError::invalid(format!(
