@@ -58,6 +58,8 @@ async fn main() -> anyhow::Result<()> {
         train_unembed: true,
         train_mlp: true,
         train_attn: true,
+        alpha: None,
+        rslora: false,
     };
     let create = Op::CreateModel {
         session,

@@ -9,6 +9,7 @@
 pub mod allocator;
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod lora;
 pub mod model;
 pub mod plugin;
@@ -17,4 +18,5 @@ pub mod sample;
 pub mod sched;
 pub mod server;
 pub mod store;
+pub mod text;
 pub mod train;

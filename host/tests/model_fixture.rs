@@ -5,7 +5,8 @@ mod common;
 
 use candle_core::{Device, Tensor};
 use common::{fixture, max_abs_diff};
-use opentinker::model::{ChatMessage, ChatTemplate, Model, Tokenizer};
+use opentinker::model::Model;
+use opentinker::text::{ChatMessage, ChatTemplate, Tokenizer};
 
 fn check_logits(family: &str) {
     let dir = fixture(family);

@@ -1,7 +1,8 @@
 //! `opentinker model init-tiny`: deterministic from its seed, complete, and loadable.
 
 use opentinker::model::tiny::{TOKENIZER_VOCAB, TinyShape, init_tiny};
-use opentinker::model::{Architecture, ChatMessage, Model};
+use opentinker::model::{Architecture, Model};
+use opentinker::text::ChatMessage;
 
 fn files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
     let mut files: Vec<_> = std::fs::read_dir(dir)

@@ -99,6 +99,13 @@ pub struct LoraConfig {
     pub train_mlp: bool,
     #[serde(default = "yes")]
     pub train_attn: bool,
+    /// The LoRA scale's numerator; absent: Tinker's 32. (An opentinker extension.)
+    #[serde(default)]
+    pub alpha: Option<f64>,
+    /// rsLoRA: scale by `alpha / sqrt(rank)` instead of `alpha / rank`. (An opentinker
+    /// extension.)
+    #[serde(default)]
+    pub rslora: bool,
 }
 
 fn yes() -> bool {

@@ -8,10 +8,11 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::lora::AdapterRegistry;
-use crate::model::{ChatMessage, Model};
+use crate::model::Model;
 use crate::sample::{
     EngineConfig, PolicyRef, SampleRequest, SamplingEngine, SamplingParams, StopReason,
 };
+use crate::text::ChatMessage;
 
 #[derive(Debug, clap::Args)]
 pub struct SampleArgs {

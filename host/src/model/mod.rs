@@ -1,13 +1,11 @@
 //! The base model: a Hugging Face model directory (config, safetensors weights, tokenizer, chat
 //! template) loaded into a candle transformer, and the generated tiny preset.
 
-pub mod chat;
 pub mod config;
 pub mod frozen;
 pub mod gemm;
 pub mod logprobs;
 pub mod tiny;
-pub mod tokenizer;
 pub mod transformer;
 pub mod unembed;
 
@@ -15,12 +13,11 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
-pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Architecture, ModelConfig, OutOfVocabulary};
-pub use tokenizer::Tokenizer;
 pub use transformer::Transformer;
 
 use crate::lora::Adapter;
+use crate::text::{ChatTemplate, Tokenizer, tokenizer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

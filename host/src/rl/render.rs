@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use crate::model::{ChatMessage, ChatTemplate, Tokenizer};
+use crate::text::{ChatMessage, ChatTemplate, Tokenizer};
 
 const PROBE_USER: &str = "opentinker-probe-user";
 const PROBE_ASSISTANT: &str = "opentinker-probe-assistant";

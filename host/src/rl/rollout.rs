@@ -15,12 +15,12 @@ use serde::Serialize;
 
 use super::render::Renderer;
 use super::transcript::{SpanKind, TokenSequence, Transcript};
-use crate::model::ChatMessage;
 use crate::plugin::{
     AgentSession, CallError, Limits, Message, Plugin, Transcript as PluginTranscript,
 };
 use crate::sample::{PolicyRef, SampleRequest, SamplingParams};
 use crate::sched::SamplerService;
+use crate::text::ChatMessage;
 
 /// Where a player's actions come from.
 #[derive(Clone, Debug, PartialEq)]

@@ -20,7 +20,7 @@ use super::metrics::{Evaluation, StepMetrics, errors, mean};
 use super::render::Renderer;
 use super::rollout::Actor;
 use super::transcript::{TokenSequence, Transcript};
-use crate::model::ChatMessage;
+use crate::text::ChatMessage;
 use crate::train::{Datum, Loss};
 
 /// One line of a chat JSONL file.

@@ -17,7 +17,8 @@ use super::forward::{KvCache, SequenceInput, forward};
 use super::params::{ParamsError, SamplingParams, Stop, choose, sample_rng};
 use super::prefix::{PolicyKey, PrefixCache};
 use crate::lora::{AdapterRegistry, PolicyVersion, RegistryError};
-use crate::model::{ModelConfig, Tokenizer};
+use crate::model::ModelConfig;
+use crate::text::Tokenizer;
 
 pub type RequestId = u64;
 

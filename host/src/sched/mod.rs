@@ -3,6 +3,7 @@
 //! cycles that fuse the waiting `forward_backward` calls of different jobs into one pass.
 
 pub mod base;
+pub mod convert;
 pub mod fair;
 pub mod sampler;
 pub mod service;

@@ -15,36 +15,22 @@ use candle_core::DType;
 use tokio::sync::watch;
 
 use super::base::ServedBase;
-use super::{SamplerServiceError, TrainerServiceError};
+use super::convert::{self, sampler_error, train_error, trainer_error};
 use crate::api::{
-    AdamParams, ApiError, ApiErrorKind, BaseModelInfo, CheckpointKind, CheckpointPath, Datum,
-    ForwardBackwardInput, ForwardBackwardOutput, LoraConfig, ModelId, ModelInfo, Op, OpOutput,
-    OptimStepOutput, SampleRequest, SampleResponse, SampledSequence, SamplerId, SamplerInfo,
-    SamplerSource, SessionId, StopReason, TenantId, TensorData, TensorValues,
+    AdamParams, ApiError, ApiErrorKind, BaseModelInfo, CheckpointKind, CheckpointPath,
+    ForwardBackwardInput, ForwardBackwardOutput, ModelId, ModelInfo, Op, OpOutput, OptimStepOutput,
+    SampleRequest, SampleResponse, SamplerId, SamplerInfo, SamplerSource, SessionId, TenantId,
 };
 use crate::lora::PolicyVersion;
-use crate::model::ModelConfig;
 use crate::sample::{self, PolicyRef};
-use crate::train::{
-    self, Loss, SlotState, SlotStateError, StepReport, TrainError, TrainingEngine, WorkItem,
-};
+use crate::train::{self, SlotState, SlotStateError, TrainError, TrainingEngine, WorkItem};
 
-/// The LoRA alpha of adapters made through the API (Tinker's).
-const LORA_ALPHA: f64 = 32.0;
-/// The largest adapter rank the service makes.
-const MAX_LORA_RANK: usize = 256;
-/// `max_tokens` of a sample request that gives none.
-const DEFAULT_MAX_TOKENS: usize = 64;
 /// Snapshot samplers a model keeps (`save_weights_and_get_sampling_client` each RL step); the
 /// oldest is let go past it, so a long loop does not hold every adapter it ever sampled with.
 const MAX_SNAPSHOTS_PER_MODEL: usize = 8;
 /// Sampling sessions a client session keeps (`create_sampling_client` each evaluation); the
 /// oldest is let go past it.
 const MAX_SAMPLERS_PER_SESSION: usize = 64;
-/// The most samples one request may ask for.
-const MAX_SAMPLES_PER_REQUEST: usize = 128;
-/// The loss inputs a datum may carry, by Tinker name.
-const LOSS_INPUTS: [&str; 4] = ["target_tokens", "weights", "advantages", "logprobs"];
 
 /// Where the service keeps its files.
 #[derive(Clone, Debug)]
@@ -356,7 +342,7 @@ impl Service {
                 base_model,
                 lora,
             } => {
-                let config = self.lora_config(&lora)?;
+                let config = convert::lora_config(&lora)?;
                 let base = self.base(&base_model)?;
                 let (id, model) = self.new_model(tenant, &session, model_seq, base, lora.rank)?;
                 let adapter = model.adapter.clone();
@@ -532,7 +518,7 @@ impl Service {
             } => {
                 self.session(tenant, session)?;
                 self.base(base_model)?;
-                self.lora_config(lora).map(|_| ())
+                convert::lora_config(lora).map(|_| ())
             }
             Op::CreateModelFromState { session, path, .. } => {
                 self.session(tenant, session)?;
@@ -543,7 +529,7 @@ impl Service {
             }
             Op::OptimStep { model, params } => {
                 self.model(tenant, model)?;
-                check_adam(params)
+                convert::check_adam(params)
             }
             Op::SaveState { model, name } => {
                 self.model(tenant, model)?;
@@ -677,29 +663,6 @@ impl Service {
             state: Some(state),
         };
         Ok((OpOutput::Model(id), vec![change]))
-    }
-
-    fn lora_config(&self, lora: &LoraConfig) -> Result<crate::lora::LoraConfig, ApiError> {
-        if lora.rank == 0 || lora.rank > MAX_LORA_RANK {
-            return Err(ApiError::invalid(format!(
-                "lora_config.rank must be 1 to {MAX_LORA_RANK}, not {}",
-                lora.rank
-            )));
-        }
-        if !(lora.train_attn || lora.train_mlp || lora.train_unembed) {
-            return Err(ApiError::invalid(
-                "lora_config trains nothing: set train_attn, train_mlp or train_unembed",
-            ));
-        }
-        Ok(crate::lora::LoraConfig {
-            rank: lora.rank,
-            alpha: LORA_ALPHA,
-            rslora: false,
-            train_attention: lora.train_attn,
-            train_mlp: lora.train_mlp,
-            train_unembed: lora.train_unembed,
-            seed: lora.seed.unwrap_or(0),
-        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Objects> {
@@ -983,100 +946,37 @@ async fn publish(
     .map_err(|e| ApiError::internal(format!("publishing an adapter: {e}")))?
 }
 
-/// The engine's datum of an API datum, checked against the model's vocabulary and context.
-fn engine_datum(
-    index: usize,
-    datum: &Datum,
-    config: &ModelConfig,
-    context: usize,
-) -> Result<train::Datum, ApiError> {
-    let bad = |problem: String| ApiError::invalid(format!("datum {index}: {problem}"));
-    if let Some(key) = datum
-        .loss_fn_inputs
-        .keys()
-        .find(|k| !LOSS_INPUTS.contains(&k.as_str()))
-    {
-        return Err(bad(format!(
-            "unknown loss_fn_inputs key {key:?} (known: {})",
-            LOSS_INPUTS.join(", ")
-        )));
-    }
-    let input_tokens = datum.model_input.tokens();
-    let n = input_tokens.len();
-    if n == 0 {
-        return Err(bad("model_input is empty".into()));
-    }
-    if n > context {
-        return Err(bad(format!(
-            "model_input has {n} tokens; the model's context holds {context}"
-        )));
-    }
-    let shaped = |key: &str| {
-        let tensor = datum.loss_fn_inputs.get(key)?;
-        if tensor.shape != [tensor.len()] || tensor.len() != n {
-            return Some(Err(bad(format!(
-                "loss_fn_inputs[{key:?}] has shape {:?}; it must be [{n}], one per model_input token",
-                tensor.shape
-            ))));
-        }
-        Some(Ok(&tensor.values))
-    };
-    let targets = match shaped("target_tokens") {
-        None => return Err(bad("loss_fn_inputs has no \"target_tokens\"".into())),
-        Some(Err(error)) => return Err(error),
-        Some(Ok(TensorValues::Int64(targets))) => targets,
-        Some(Ok(TensorValues::Float32(_))) => {
-            return Err(bad("loss_fn_inputs[\"target_tokens\"] must be int64".into()));
-        }
-    };
-    let target_tokens = targets
-        .iter()
-        .map(|&t| u32::try_from(t).map_err(|_| bad(format!("target token {t} is negative"))))
-        .collect::<Result<Vec<u32>, _>>()?;
-    config
-        .check_tokens(&target_tokens)
-        .map_err(|e| bad(format!("target {e}")))?;
-    config
-        .check_tokens(&input_tokens)
-        .map_err(|e| bad(format!("model_input {e}")))?;
-    let floats = |key: &str| match shaped(key) {
-        None => Ok(None),
-        Some(Err(error)) => Err(error),
-        Some(Ok(TensorValues::Float32(values))) => Ok(Some(values.clone())),
-        Some(Ok(TensorValues::Int64(_))) => {
-            Err(bad(format!("loss_fn_inputs[{key:?}] must be float32")))
-        }
-    };
-    Ok(train::Datum {
-        input_tokens,
-        target_tokens,
-        mask: vec![1.0; n],
-        weights: floats("weights")?,
-        advantages: floats("advantages")?,
-        sampler_logprobs: floats("logprobs")?,
-    })
+/// The engine's work item of a `forward` / `forward_backward` call on `model`, every datum
+/// checked.
+fn work_item(model: &TrainedModel, input: &ForwardBackwardInput) -> Result<WorkItem, ApiError> {
+    convert::work_item(
+        &model.adapter,
+        input,
+        &model.base.config,
+        model.base.context,
+    )
 }
 
-/// The engine's work item of a `forward` / `forward_backward` call, every datum checked.
-fn work_item(model: &TrainedModel, input: &ForwardBackwardInput) -> Result<WorkItem, ApiError> {
-    let loss = Loss::from_config(&input.loss_fn, &input.loss_fn_config)
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
-    if input.data.is_empty() {
-        return Err(ApiError::invalid(
-            "forward_backward needs at least one datum",
-        ));
-    }
-    let datums = input
-        .data
-        .iter()
-        .enumerate()
-        .map(|(i, d)| engine_datum(i, d, &model.base.config, model.base.context))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(WorkItem {
-        adapter: model.adapter.clone(),
-        datums,
-        loss,
-    })
+/// The engine's request of a sample request on `sampler`, checked.
+fn engine_request(
+    sampler: &Sampler,
+    request: &SampleRequest,
+) -> Result<sample::SampleRequest, ApiError> {
+    let base = &sampler.base;
+    let mut engine_request = convert::engine_request(
+        &request.prompt,
+        request.num_samples,
+        &request.params,
+        &base.config,
+        base.context,
+    )?;
+    engine_request.policy = sampler.policy.as_ref().map(|v| PolicyRef {
+        name: v.name.clone(),
+        version: Some(v.version),
+    });
+    engine_request.prompt_logprobs = request.prompt_logprobs;
+    engine_request.topk_prompt_logprobs = request.topk_prompt_logprobs;
+    Ok(engine_request)
 }
 
 /// A `forward` or `forward_backward`, with the model's training state right after a
@@ -1108,40 +1008,7 @@ async fn forward_backward(
     let output = outputs
         .pop()
         .ok_or_else(|| ApiError::internal("the engine returned no output"))?;
-    let output = ForwardBackwardOutput {
-        loss_fn_output_type: input.loss_fn,
-        loss_fn_outputs: output
-            .logprobs
-            .into_iter()
-            .map(|l| BTreeMap::from([("logprobs".to_string(), TensorData::f32(l))]))
-            .collect(),
-        metrics: output.metrics,
-    };
-    Ok((output, state))
-}
-
-/// Refuse AdamW settings that cannot train.
-fn check_adam(params: &AdamParams) -> Result<(), ApiError> {
-    for (name, value) in [
-        ("learning_rate", params.learning_rate),
-        ("beta1", params.beta1),
-        ("beta2", params.beta2),
-        ("eps", params.eps),
-        ("weight_decay", params.weight_decay),
-        ("grad_clip_norm", params.grad_clip_norm),
-    ] {
-        if !value.is_finite() || value < 0.0 {
-            return Err(ApiError::invalid(format!(
-                "adam_params.{name} must be a finite number >= 0, not {value}"
-            )));
-        }
-    }
-    if params.beta1 >= 1.0 || params.beta2 >= 1.0 {
-        return Err(ApiError::invalid(
-            "adam_params.beta1 and beta2 must be below 1",
-        ));
-    }
-    Ok(())
+    Ok((convert::forward_output(input.loss_fn, output), state))
 }
 
 /// An `optim_step`, with the model's training state after it.
@@ -1149,7 +1016,7 @@ async fn optim_step(
     model: &TrainedModel,
     params: AdamParams,
 ) -> Result<(OptimStepOutput, Vec<u8>), ApiError> {
-    check_adam(&params)?;
+    convert::check_adam(&params)?;
     let adapter = model.adapter.clone();
     let (report, state) = model
         .base
@@ -1160,67 +1027,7 @@ async fn optim_step(
         })
         .await
         .map_err(trainer_error)??;
-    let metrics = match report {
-        StepReport::Updated { step, grad_norm } => BTreeMap::from([
-            ("grad_norm:mean".to_string(), grad_norm),
-            ("step:max".to_string(), step as f64),
-            ("skipped_non_finite:sum".to_string(), 0.0),
-        ]),
-        StepReport::SkippedNonFinite => {
-            BTreeMap::from([("skipped_non_finite:sum".to_string(), 1.0)])
-        }
-    };
-    Ok((OptimStepOutput { metrics }, state))
-}
-
-/// The engine's request of a sample request, checked.
-fn engine_request(
-    sampler: &Sampler,
-    request: &SampleRequest,
-) -> Result<sample::SampleRequest, ApiError> {
-    let p = &request.params;
-    if request.num_samples == 0 || request.num_samples > MAX_SAMPLES_PER_REQUEST {
-        return Err(ApiError::invalid(format!(
-            "num_samples must be 1 to {MAX_SAMPLES_PER_REQUEST}, not {}",
-            request.num_samples
-        )));
-    }
-    let top_k = match p.top_k {
-        -1 => None,
-        k if k >= 1 => Some(k as usize),
-        k => {
-            return Err(ApiError::invalid(format!(
-                "top_k must be -1 (every token) or at least 1, not {k}"
-            )));
-        }
-    };
-    let stop = p.stop.clone().map(|stop| match stop {
-        crate::api::Stop::String(s) => sample::Stop::Strings(vec![s]),
-        crate::api::Stop::Strings(s) => sample::Stop::Strings(s),
-        crate::api::Stop::Tokens(t) => sample::Stop::Tokens(t),
-    });
-    let prompt = request.prompt.tokens();
-    let room = sampler.base.context.saturating_sub(prompt.len()).max(1);
-    let params = sample::SamplingParams {
-        max_tokens: p.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS.min(room)),
-        temperature: p.temperature,
-        top_k,
-        top_p: p.top_p,
-        seed: p.seed,
-        stop,
-        num_samples: request.num_samples,
-    };
-    let mut engine_request = sample::SampleRequest::new(prompt, params);
-    engine_request
-        .check(&sampler.base.config, sampler.base.context)
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
-    engine_request.policy = sampler.policy.as_ref().map(|v| PolicyRef {
-        name: v.name.clone(),
-        version: Some(v.version),
-    });
-    engine_request.prompt_logprobs = request.prompt_logprobs;
-    engine_request.topk_prompt_logprobs = request.topk_prompt_logprobs;
-    Ok(engine_request)
+    Ok((convert::optim_output(report), state))
 }
 
 async fn sample_with(
@@ -1233,43 +1040,6 @@ async fn sample_with(
         .sampler
         .sample_for(sampler.tenant.as_str(), engine_request)
         .await
-        .map_err(|e| match &e {
-            _ if e.is_refusal() => ApiError::invalid(e.to_string()),
-            SamplerServiceError::Stopped => ApiError::new(ApiErrorKind::Unavailable, e.to_string()),
-            _ => ApiError::internal(e.to_string()),
-        })?;
-    Ok(SampleResponse {
-        sequences: output
-            .samples
-            .into_iter()
-            .map(|s| SampledSequence {
-                stop_reason: match s.stop_reason {
-                    sample::StopReason::Stop => StopReason::Stop,
-                    sample::StopReason::Length => StopReason::Length,
-                },
-                tokens: s.tokens,
-                logprobs: s.logprobs,
-            })
-            .collect(),
-        prompt_logprobs: output.prompt_logprobs,
-        topk_prompt_logprobs: output.topk_prompt_logprobs,
-        prompt_cache_hit_tokens: output.cached_prompt_tokens,
-    })
-}
-
-fn train_error(error: TrainError) -> ApiError {
-    match error {
-        TrainError::BadDatum { .. } => ApiError::invalid(error.to_string()),
-        TrainError::Checkpoint(train::checkpoint::CheckpointError::Invalid { .. }) => {
-            ApiError::invalid(error.to_string())
-        }
-        _ => ApiError::internal(error.to_string()),
-    }
-}
-
-fn trainer_error(error: TrainerServiceError) -> ApiError {
-    match error {
-        TrainerServiceError::Stopped => ApiError::internal(error.to_string()),
-        TrainerServiceError::Train(error) => train_error(error),
-    }
+        .map_err(sampler_error)?;
+    Ok(convert::sample_response(output))
 }

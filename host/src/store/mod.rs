@@ -2,7 +2,7 @@
 //! then renamed over the destination, so a crash leaves the old file or the new one, never half.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A temporary file in `dir`, readable by all like any file the process would create (the
 /// default of temporary files is owner-only), ending like `like` (so writers that pick a format
@@ -68,39 +68,76 @@ pub fn write_atomic_via_path(
     Ok(())
 }
 
-/// Replace the folder `dir` atomically with one that `fill` writes: `fill` writes into a
-/// temporary sibling folder, every file in it is fsynced, and it is renamed over `dir` (an old
-/// `dir` is moved aside first and removed after), so `dir` is never half written.
+/// A folder being written under a temporary name beside `dir`, which [`StagedDir::commit`]
+/// fsyncs and renames over `dir` (an old `dir` is moved aside first and removed after), so `dir`
+/// is never half written. Dropped without a commit, it is removed. For writers that fill the
+/// folder across `await`s; [`write_atomic_dir`] is the one-call form.
+pub struct StagedDir {
+    dir: PathBuf,
+    temp: tempfile::TempDir,
+}
+
+impl StagedDir {
+    pub fn new(dir: &Path) -> std::io::Result<Self> {
+        let temp = tempfile::Builder::new()
+            .prefix(".writing-")
+            .tempdir_in(parent_folder(dir)?)?;
+        Ok(StagedDir {
+            dir: dir.to_path_buf(),
+            temp,
+        })
+    }
+
+    /// Where to write the folder's files.
+    pub fn path(&self) -> &Path {
+        self.temp.path()
+    }
+
+    /// Fsync what was written and put it in place of `dir`.
+    pub fn commit(self) -> std::io::Result<()> {
+        let parent = parent_folder(&self.dir)?;
+        sync_tree(self.temp.path())?;
+        let temp = self.temp.keep();
+        let old = if self.dir.exists() {
+            let aside = tempfile::Builder::new()
+                .prefix(".replaced-")
+                .tempdir_in(parent)?
+                .keep();
+            std::fs::rename(&self.dir, aside.join("old"))?;
+            Some(aside)
+        } else {
+            None
+        };
+        std::fs::rename(&temp, &self.dir)?;
+        sync_folder(parent);
+        if let Some(aside) = old {
+            std::fs::remove_dir_all(aside)?;
+        }
+        Ok(())
+    }
+}
+
+/// Fsync every file and folder under `dir`, and `dir` itself.
+fn sync_tree(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            sync_tree(&entry.path())?;
+        } else {
+            std::fs::File::open(entry.path())?.sync_all()?;
+        }
+    }
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Replace the folder `dir` atomically with one that `fill` writes (see [`StagedDir`]).
 pub fn write_atomic_dir(
     dir: &Path,
     fill: impl FnOnce(&Path) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
-    let parent = parent_folder(dir)?;
-    let temp = tempfile::Builder::new()
-        .prefix(".writing-")
-        .tempdir_in(parent)?;
-    fill(temp.path())?;
-    for entry in std::fs::read_dir(temp.path())? {
-        std::fs::File::open(entry?.path())?.sync_all()?;
-    }
-    std::fs::File::open(temp.path())?.sync_all()?;
-    let temp = temp.keep();
-    let old = if dir.exists() {
-        let aside = tempfile::Builder::new()
-            .prefix(".replaced-")
-            .tempdir_in(parent)?
-            .keep();
-        std::fs::rename(dir, aside.join("old"))?;
-        Some(aside)
-    } else {
-        None
-    };
-    std::fs::rename(&temp, dir)?;
-    sync_folder(parent);
-    if let Some(aside) = old {
-        std::fs::remove_dir_all(aside)?;
-    }
-    Ok(())
+    let staged = StagedDir::new(dir)?;
+    fill(staged.path())?;
+    staged.commit()
 }
 
 /// Write `bytes` to `path` atomically.

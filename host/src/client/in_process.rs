@@ -1,0 +1,523 @@
+//! The clients on this process's engines: a [`LocalModel`] loaded from a model folder (optionally
+//! warmed up by training every weight with a [`FullParameterTrainer`]) is served as a
+//! [`LocalService`], whose training clients share one training loop (fusing their
+//! `forward_backward` calls) and whose sampling clients share one continuously batched sampler.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context;
+use async_trait::async_trait;
+use candle_core::DType;
+
+use super::{SamplingClient, ServiceClient, TrainingClient};
+use crate::api::{
+    AdamParams, ApiError, ApiErrorKind, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig,
+    ModelInput, OptimStepOutput, SampleResponse, SamplingParams,
+};
+use crate::lora::{AdapterRegistry, PolicyVersion};
+use crate::model::tiny::{TinyShape, init_tiny};
+use crate::model::{Architecture, Model, ModelConfig, Transformer};
+use crate::sample::{EngineConfig, PolicyRef, SamplingEngine};
+use crate::sched::convert::{self, sampler_error, train_error, trainer_error};
+use crate::sched::{SamplerService, TrainerService};
+use crate::text::{ChatTemplate, Tokenizer};
+use crate::train::{FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
+
+/// The settings of a generated tiny model, by the names a job file uses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TinyModelSpec {
+    /// `tiny` or `qwen2.5-0.5b`.
+    pub shape: String,
+    /// `qwen2`, `llama` or `qwen3`.
+    pub arch: String,
+    pub seed: u64,
+}
+
+impl TinyModelSpec {
+    /// Refuse a shape or architecture that does not exist, naming the accepted ones.
+    pub fn check(&self) -> Result<(), ApiError> {
+        self.parsed().map(|_| ())
+    }
+
+    fn parsed(&self) -> Result<(TinyShape, Architecture), ApiError> {
+        let shape = match self.shape.as_str() {
+            "tiny" => TinyShape::Tiny,
+            "qwen2.5-0.5b" => TinyShape::Qwen05b,
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "model.init_tiny.shape: {other:?} is not one of \"tiny\", \"qwen2.5-0.5b\""
+                )));
+            }
+        };
+        let arch = match self.arch.as_str() {
+            "qwen2" => Architecture::Qwen2,
+            "llama" => Architecture::Llama,
+            "qwen3" => Architecture::Qwen3,
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "model.init_tiny.arch: {other:?} is not one of \"qwen2\", \"llama\", \"qwen3\""
+                )));
+            }
+        };
+        Ok((shape, arch))
+    }
+
+    /// Generate the model into `dir` unless it is there: whole or absent, so a run killed
+    /// while generating it generates it again.
+    pub fn generate(&self, dir: &Path) -> anyhow::Result<()> {
+        if dir.is_dir() {
+            return Ok(());
+        }
+        let (shape, arch) = self.parsed()?;
+        crate::store::write_atomic_dir(dir, |temp| {
+            init_tiny(temp, shape, arch, self.seed).map_err(std::io::Error::other)
+        })
+        .with_context(|| format!("generating the tiny model in {}", dir.display()))
+    }
+}
+
+/// A model folder loaded into this process, before it is served.
+pub struct LocalModel {
+    dir: PathBuf,
+    config: ModelConfig,
+    transformer: Transformer,
+    tokenizer: Arc<Tokenizer>,
+    chat_template: Option<ChatTemplate>,
+}
+
+impl LocalModel {
+    pub fn load(dir: &Path) -> anyhow::Result<Self> {
+        let Model {
+            config,
+            transformer,
+            tokenizer,
+            chat_template,
+            ..
+        } = Model::load(dir)?;
+        Ok(LocalModel {
+            dir: dir.to_path_buf(),
+            config,
+            transformer,
+            tokenizer: Arc::new(tokenizer),
+            chat_template,
+        })
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// `None` when the folder has no chat template.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.transformer.context_length()
+    }
+
+    /// Take the weights of a model folder that [`FullParameterTrainer::save_state`] wrote.
+    pub fn load_weights(&mut self, dir: &Path) -> anyhow::Result<()> {
+        self.transformer = Transformer::load(self.config.clone(), dir)
+            .with_context(|| format!("loading the weights of {}", dir.display()))?;
+        Ok(())
+    }
+
+    /// A training client of every weight of the model (a full-parameter warm-up), on a training
+    /// loop of its own; [`FullParameterTrainer::finish`] gives the model back, trained.
+    pub fn full_parameter_trainer(self) -> anyhow::Result<FullParameterTrainer> {
+        let LocalModel {
+            dir,
+            config,
+            transformer,
+            tokenizer,
+            chat_template,
+        } = self;
+        let context = transformer.context_length();
+        let (trainer, _thread) =
+            TrainerService::start(TrainingEngine::full_parameters(transformer, DType::F32)?);
+        Ok(FullParameterTrainer {
+            trainer,
+            dir,
+            config,
+            context,
+            tokenizer,
+            chat_template,
+        })
+    }
+
+    /// Serve the model as `name` (what adapters' checkpoints record as their base), its
+    /// sampler holding at most `kv_budget_positions` KV positions at once.
+    pub fn serve(self, name: String, kv_budget_positions: usize) -> LocalService {
+        let context = self.transformer.context_length();
+        let registry = AdapterRegistry::new(Arc::new(self.transformer));
+        let engine = SamplingEngine::new(
+            Arc::clone(&registry),
+            Some(self.tokenizer),
+            self.config.eos_token_ids.clone(),
+            EngineConfig {
+                kv_budget_positions,
+                prefix_cache_positions: 0,
+            },
+        );
+        // The loops' threads end when the last client drops its handles.
+        let (sampler, _thread) = SamplerService::start(engine);
+        let (trainer, _thread) =
+            TrainerService::start(TrainingEngine::new(Arc::clone(registry.base()), DType::F32));
+        LocalService(Arc::new(Served {
+            name,
+            config: self.config,
+            context,
+            registry,
+            sampler,
+            trainer,
+            next_adapter: AtomicU64::new(0),
+        }))
+    }
+}
+
+/// A whole model in training (see [`LocalModel::full_parameter_trainer`]).
+pub struct FullParameterTrainer {
+    trainer: TrainerService,
+    /// The folder the model came from, whose other files a saved model copies.
+    dir: PathBuf,
+    config: ModelConfig,
+    context: usize,
+    tokenizer: Arc<Tokenizer>,
+    chat_template: Option<ChatTemplate>,
+}
+
+impl FullParameterTrainer {
+    /// The model as trained so far.
+    pub async fn finish(self) -> anyhow::Result<LocalModel> {
+        let transformer = self.trainer.with(|e| e.model_snapshot()).await??;
+        Ok(LocalModel {
+            dir: self.dir,
+            config: self.config,
+            transformer,
+            tokenizer: self.tokenizer,
+            chat_template: self.chat_template,
+        })
+    }
+
+    fn work_item(&self, input: &ForwardBackwardInput) -> Result<WorkItem, ApiError> {
+        convert::work_item(FULL_PARAMETERS, input, &self.config, self.context)
+    }
+}
+
+#[async_trait]
+impl TrainingClient for FullParameterTrainer {
+    async fn forward(
+        &self,
+        input: ForwardBackwardInput,
+    ) -> Result<ForwardBackwardOutput, ApiError> {
+        let item = self.work_item(&input)?;
+        let outputs = self
+            .trainer
+            .with(move |e| e.forward(&[item]))
+            .await
+            .map_err(trainer_error)?
+            .map_err(train_error)?;
+        only_output(input.loss_fn, outputs)
+    }
+
+    async fn forward_backward(
+        &self,
+        input: ForwardBackwardInput,
+    ) -> Result<ForwardBackwardOutput, ApiError> {
+        let item = self.work_item(&input)?;
+        let outputs = self
+            .trainer
+            .forward_backward(vec![item])
+            .await
+            .map_err(trainer_error)?;
+        only_output(input.loss_fn, outputs)
+    }
+
+    async fn optim_step(&self, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
+        optim_step(&self.trainer, FULL_PARAMETERS, params).await
+    }
+
+    async fn save_weights_and_get_sampling_client(
+        &self,
+    ) -> Result<Arc<dyn SamplingClient>, ApiError> {
+        Err(ApiError::invalid(
+            "a full-parameter warm-up is sampled only once it is served as a base model",
+        ))
+    }
+
+    /// Write the whole model as a model folder: the source folder's files (config, tokenizer,
+    /// chat template) and the trained weights.
+    async fn save_state(&self, dir: &Path, _with_optimizer: bool) -> Result<(), ApiError> {
+        let (source, dir) = (self.dir.clone(), dir.to_path_buf());
+        self.trainer
+            .with(move |e| -> anyhow::Result<()> {
+                let model = e.model_snapshot()?;
+                std::fs::create_dir_all(&dir)?;
+                for entry in std::fs::read_dir(&source)? {
+                    let path = entry?.path();
+                    let name = path.file_name().unwrap_or_default().to_string_lossy();
+                    if path.is_file() && !name.starts_with("model.safetensors") {
+                        std::fs::copy(&path, dir.join(&*name))?;
+                    }
+                }
+                let tensors: std::collections::HashMap<String, candle_core::Tensor> =
+                    model.named_weights().into_iter().collect();
+                candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
+                Ok(())
+            })
+            .await
+            .map_err(trainer_error)?
+            .map_err(|e| ApiError::internal(format!("saving the model: {e:#}")))
+    }
+}
+
+/// A model served in this process; clone it freely.
+#[derive(Clone)]
+pub struct LocalService(Arc<Served>);
+
+struct Served {
+    name: String,
+    config: ModelConfig,
+    context: usize,
+    registry: Arc<AdapterRegistry>,
+    sampler: SamplerService,
+    trainer: TrainerService,
+    /// Numbers the adapters, so that two clients of one label never share a slot.
+    next_adapter: AtomicU64,
+}
+
+impl LocalService {
+    async fn new_client(
+        &self,
+        label: &str,
+        make: impl FnOnce(&mut TrainingEngine, &str) -> Result<(), crate::train::TrainError>
+        + Send
+        + 'static,
+    ) -> Result<Arc<dyn TrainingClient>, ApiError> {
+        let n = self.0.next_adapter.fetch_add(1, Ordering::Relaxed);
+        let adapter = format!("{label}#{n}");
+        let id = adapter.clone();
+        self.0
+            .trainer
+            .with(move |e| make(e, &id))
+            .await
+            .map_err(trainer_error)?
+            .map_err(train_error)?;
+        Ok(Arc::new(LocalTraining {
+            served: Arc::clone(&self.0),
+            adapter,
+            label: label.to_string(),
+        }))
+    }
+}
+
+#[async_trait]
+impl ServiceClient for LocalService {
+    fn base_model(&self) -> &str {
+        &self.0.name
+    }
+
+    fn context_length(&self) -> usize {
+        self.0.context
+    }
+
+    fn check_loss(&self, loss_fn: &str, config: &BTreeMap<String, f64>) -> Result<(), ApiError> {
+        Loss::from_config(loss_fn, config)
+            .map(|_| ())
+            .map_err(|e| ApiError::invalid(e.to_string()))
+    }
+
+    async fn create_lora_training_client(
+        &self,
+        label: &str,
+        config: &LoraConfig,
+    ) -> Result<Arc<dyn TrainingClient>, ApiError> {
+        let config = convert::lora_config(config)?;
+        self.new_client(label, move |e, id| e.add_adapter(id, config))
+            .await
+    }
+
+    async fn create_training_client_from_state(
+        &self,
+        label: &str,
+        dir: &Path,
+        with_optimizer: bool,
+    ) -> Result<Arc<dyn TrainingClient>, ApiError> {
+        let dir = dir.to_path_buf();
+        self.new_client(label, move |e, id| e.load_adapter(id, &dir, with_optimizer))
+            .await
+    }
+
+    fn base_sampling_client(&self) -> Arc<dyn SamplingClient> {
+        Arc::new(LocalSampling {
+            served: Arc::clone(&self.0),
+            policy: None,
+        })
+    }
+}
+
+/// An adapter slot in the served model's training loop.
+struct LocalTraining {
+    served: Arc<Served>,
+    /// The slot's name in the training loop.
+    adapter: String,
+    /// What its published versions are called in the adapter registry.
+    label: String,
+}
+
+impl LocalTraining {
+    fn work_item(&self, input: &ForwardBackwardInput) -> Result<WorkItem, ApiError> {
+        convert::work_item(
+            &self.adapter,
+            input,
+            &self.served.config,
+            self.served.context,
+        )
+    }
+}
+
+#[async_trait]
+impl TrainingClient for LocalTraining {
+    async fn forward(
+        &self,
+        input: ForwardBackwardInput,
+    ) -> Result<ForwardBackwardOutput, ApiError> {
+        let item = self.work_item(&input)?;
+        let outputs = self
+            .served
+            .trainer
+            .with(move |e| e.forward(&[item]))
+            .await
+            .map_err(trainer_error)?
+            .map_err(train_error)?;
+        only_output(input.loss_fn, outputs)
+    }
+
+    async fn forward_backward(
+        &self,
+        input: ForwardBackwardInput,
+    ) -> Result<ForwardBackwardOutput, ApiError> {
+        let item = self.work_item(&input)?;
+        let outputs = self
+            .served
+            .trainer
+            .forward_backward(vec![item])
+            .await
+            .map_err(trainer_error)?;
+        only_output(input.loss_fn, outputs)
+    }
+
+    async fn optim_step(&self, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
+        optim_step(&self.served.trainer, &self.adapter, params).await
+    }
+
+    async fn save_weights_and_get_sampling_client(
+        &self,
+    ) -> Result<Arc<dyn SamplingClient>, ApiError> {
+        let (id, name) = (self.adapter.clone(), self.label.clone());
+        let registry = Arc::clone(&self.served.registry);
+        let version = self
+            .served
+            .trainer
+            .with(move |e| -> Result<Arc<PolicyVersion>, ApiError> {
+                let adapter = e
+                    .adapter(&id)
+                    .ok_or_else(|| ApiError::internal(format!("no adapter {id}")))?;
+                registry
+                    .publish(&name, adapter)
+                    .map_err(|e| ApiError::internal(e.to_string()))
+            })
+            .await
+            .map_err(trainer_error)??;
+        Ok(Arc::new(LocalSampling {
+            served: Arc::clone(&self.served),
+            policy: Some(version),
+        }))
+    }
+
+    async fn save_state(&self, dir: &Path, with_optimizer: bool) -> Result<(), ApiError> {
+        let (id, dir) = (self.adapter.clone(), dir.to_path_buf());
+        let base = self.served.name.clone();
+        self.served
+            .trainer
+            .with(move |e| e.save_adapter(&id, &dir, &base, with_optimizer))
+            .await
+            .map_err(trainer_error)?
+            .map_err(train_error)
+    }
+}
+
+impl Drop for LocalTraining {
+    fn drop(&mut self) {
+        let id = self.adapter.clone();
+        self.served.trainer.detach(move |e| {
+            // A slot already gone has nothing to free.
+            let _ = e.remove_adapter(&id);
+        });
+    }
+}
+
+/// A frozen adapter version (held, so the registry keeps it), or the base model.
+struct LocalSampling {
+    served: Arc<Served>,
+    policy: Option<Arc<PolicyVersion>>,
+}
+
+#[async_trait]
+impl SamplingClient for LocalSampling {
+    async fn sample(
+        &self,
+        prompt: ModelInput,
+        num_samples: usize,
+        params: SamplingParams,
+    ) -> Result<SampleResponse, ApiError> {
+        let served = &self.served;
+        let mut request = convert::engine_request(
+            &prompt,
+            num_samples,
+            &params,
+            &served.config,
+            served.context,
+        )?;
+        request.policy = self.policy.as_ref().map(|v| PolicyRef {
+            name: v.name.clone(),
+            version: Some(v.version),
+        });
+        let output = served
+            .sampler
+            .sample(request)
+            .await
+            .map_err(sampler_error)?;
+        Ok(convert::sample_response(output))
+    }
+}
+
+/// The one output of a call of one work item.
+fn only_output(
+    loss_fn: String,
+    mut outputs: Vec<crate::train::ItemOutput>,
+) -> Result<ForwardBackwardOutput, ApiError> {
+    let output = outputs
+        .pop()
+        .ok_or_else(|| ApiError::new(ApiErrorKind::Internal, "the engine returned no output"))?;
+    Ok(convert::forward_output(loss_fn, output))
+}
+
+async fn optim_step(
+    trainer: &TrainerService,
+    adapter: &str,
+    params: AdamParams,
+) -> Result<OptimStepOutput, ApiError> {
+    convert::check_adam(&params)?;
+    let id = adapter.to_string();
+    let report = trainer
+        .with(move |e| e.optim_step(&id, &params))
+        .await
+        .map_err(trainer_error)?
+        .map_err(train_error)?;
+    Ok(convert::optim_output(report))
+}

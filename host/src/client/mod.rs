@@ -1,0 +1,93 @@
+//! The engine as its clients see it, in the shape of the Tinker SDK: a [`ServiceClient`] of one
+//! base model makes [`TrainingClient`]s (one LoRA adapter and its optimizer each) and
+//! [`SamplingClient`]s (a frozen version of an adapter, or the base model). Every value that
+//! crosses is an op API type ([`crate::api`]); every error is an [`ApiError`].
+//!
+//! The RL driver, SFT and evaluations are written against these traits only, as the
+//! tinker-cookbook's RL loop is a client of Tinker: [`in_process`] runs them on this process's
+//! engines through the scheduler's loops.
+
+pub mod in_process;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::api::{
+    AdamParams, ApiError, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig, ModelInput,
+    OptimStepOutput, SampleResponse, SamplingParams,
+};
+
+/// One base model and what can be made on it.
+#[async_trait]
+pub trait ServiceClient: Send + Sync {
+    /// The base model's name, as the adapters' checkpoints record it.
+    fn base_model(&self) -> &str;
+
+    /// The base model's context, in tokens.
+    fn context_length(&self) -> usize;
+
+    /// Refuse a loss name or config that no `forward_backward` would take.
+    fn check_loss(&self, loss_fn: &str, config: &BTreeMap<String, f64>) -> Result<(), ApiError>;
+
+    /// A new adapter of `config` and a fresh optimizer. `label` names it in logs and in the
+    /// sampling clients made from it.
+    async fn create_lora_training_client(
+        &self,
+        label: &str,
+        config: &LoraConfig,
+    ) -> Result<Arc<dyn TrainingClient>, ApiError>;
+
+    /// An adapter loaded from a checkpoint folder that [`TrainingClient::save_state`] wrote,
+    /// with its optimizer state when `with_optimizer` (else a fresh optimizer).
+    async fn create_training_client_from_state(
+        &self,
+        label: &str,
+        dir: &Path,
+        with_optimizer: bool,
+    ) -> Result<Arc<dyn TrainingClient>, ApiError>;
+
+    /// Samples of the base model with no adapter.
+    fn base_sampling_client(&self) -> Arc<dyn SamplingClient>;
+}
+
+/// One trainable adapter and its optimizer. Dropping the last handle frees it on the service.
+#[async_trait]
+pub trait TrainingClient: Send + Sync {
+    /// The logprobs and loss of `input`'s datums, without gradients.
+    async fn forward(&self, input: ForwardBackwardInput)
+    -> Result<ForwardBackwardOutput, ApiError>;
+
+    /// The logprobs and loss of `input`'s datums, accumulating gradients (fused by the service
+    /// with other clients' calls of the same cycle).
+    async fn forward_backward(
+        &self,
+        input: ForwardBackwardInput,
+    ) -> Result<ForwardBackwardOutput, ApiError>;
+
+    /// An AdamW step on the accumulated gradients.
+    async fn optim_step(&self, params: AdamParams) -> Result<OptimStepOutput, ApiError>;
+
+    /// A sampling client on the adapter as it is now; later training does not change it.
+    async fn save_weights_and_get_sampling_client(
+        &self,
+    ) -> Result<Arc<dyn SamplingClient>, ApiError>;
+
+    /// Write the adapter (with its optimizer state when `with_optimizer`) as a checkpoint folder
+    /// `dir` on this machine.
+    async fn save_state(&self, dir: &Path, with_optimizer: bool) -> Result<(), ApiError>;
+}
+
+/// Samples of one frozen policy.
+#[async_trait]
+pub trait SamplingClient: Send + Sync {
+    /// `num_samples` continuations of `prompt`.
+    async fn sample(
+        &self,
+        prompt: ModelInput,
+        num_samples: usize,
+        params: SamplingParams,
+    ) -> Result<SampleResponse, ApiError>;
+}

@@ -1,0 +1,304 @@
+//! The op API's values as the engines take them, checked, and the engines' answers and errors as
+//! the API gives them back. The service and the in-process client share these, so a datum, a
+//! LoRA config or a sample request means the same whoever sends it.
+
+use std::collections::BTreeMap;
+
+use crate::api::{
+    AdamParams, ApiError, ApiErrorKind, Datum, ForwardBackwardInput, ForwardBackwardOutput,
+    LoraConfig, ModelInput, OptimStepOutput, SampleResponse, SampledSequence, SamplingParams,
+    StopReason, TensorData, TensorValues,
+};
+use crate::model::ModelConfig;
+use crate::sample;
+use crate::train::{self, ItemOutput, Loss, StepReport, TrainError, WorkItem};
+
+use super::{SamplerServiceError, TrainerServiceError};
+
+/// The LoRA alpha of adapters whose config gives none (Tinker's).
+const LORA_ALPHA: f64 = 32.0;
+/// The largest adapter rank the service makes.
+const MAX_LORA_RANK: usize = 256;
+/// `max_tokens` of a sample request that gives none.
+const DEFAULT_MAX_TOKENS: usize = 64;
+/// The most samples one request may ask for.
+const MAX_SAMPLES_PER_REQUEST: usize = 128;
+/// The loss inputs a datum may carry: Tinker's, and `mask` (an opentinker extension: 1 where a
+/// target counts in the loss and in `tokens:sum`, 0 for context; absent, every target counts).
+const LOSS_INPUTS: [&str; 5] = ["target_tokens", "weights", "advantages", "logprobs", "mask"];
+
+/// The engine's adapter config of an API LoRA config, checked.
+pub fn lora_config(lora: &LoraConfig) -> Result<crate::lora::LoraConfig, ApiError> {
+    if lora.rank == 0 || lora.rank > MAX_LORA_RANK {
+        return Err(ApiError::invalid(format!(
+            "lora_config.rank must be 1 to {MAX_LORA_RANK}, not {}",
+            lora.rank
+        )));
+    }
+    if !(lora.train_attn || lora.train_mlp || lora.train_unembed) {
+        return Err(ApiError::invalid(
+            "lora_config trains nothing: set train_attn, train_mlp or train_unembed",
+        ));
+    }
+    let alpha = lora.alpha.unwrap_or(LORA_ALPHA);
+    if !alpha.is_finite() || alpha <= 0.0 {
+        return Err(ApiError::invalid(format!(
+            "lora_config.alpha must be a finite number above 0, not {alpha}"
+        )));
+    }
+    Ok(crate::lora::LoraConfig {
+        rank: lora.rank,
+        alpha,
+        rslora: lora.rslora,
+        train_attention: lora.train_attn,
+        train_mlp: lora.train_mlp,
+        train_unembed: lora.train_unembed,
+        seed: lora.seed.unwrap_or(0),
+    })
+}
+
+/// The engine's datum of an API datum, checked against the model's vocabulary and context.
+pub fn engine_datum(
+    index: usize,
+    datum: &Datum,
+    config: &ModelConfig,
+    context: usize,
+) -> Result<train::Datum, ApiError> {
+    let bad = |problem: String| ApiError::invalid(format!("datum {index}: {problem}"));
+    if let Some(key) = datum
+        .loss_fn_inputs
+        .keys()
+        .find(|k| !LOSS_INPUTS.contains(&k.as_str()))
+    {
+        return Err(bad(format!(
+            "unknown loss_fn_inputs key {key:?} (known: {})",
+            LOSS_INPUTS.join(", ")
+        )));
+    }
+    let input_tokens = datum.model_input.tokens();
+    let n = input_tokens.len();
+    if n == 0 {
+        return Err(bad("model_input is empty".into()));
+    }
+    if n > context {
+        return Err(bad(format!(
+            "model_input has {n} tokens; the model's context holds {context}"
+        )));
+    }
+    let shaped = |key: &str| {
+        let tensor = datum.loss_fn_inputs.get(key)?;
+        if tensor.shape != [tensor.len()] || tensor.len() != n {
+            return Some(Err(bad(format!(
+                "loss_fn_inputs[{key:?}] has shape {:?}; it must be [{n}], one per model_input token",
+                tensor.shape
+            ))));
+        }
+        Some(Ok(&tensor.values))
+    };
+    let targets = match shaped("target_tokens") {
+        None => return Err(bad("loss_fn_inputs has no \"target_tokens\"".into())),
+        Some(Err(error)) => return Err(error),
+        Some(Ok(TensorValues::Int64(targets))) => targets,
+        Some(Ok(TensorValues::Float32(_))) => {
+            return Err(bad("loss_fn_inputs[\"target_tokens\"] must be int64".into()));
+        }
+    };
+    let target_tokens = targets
+        .iter()
+        .map(|&t| u32::try_from(t).map_err(|_| bad(format!("target token {t} is negative"))))
+        .collect::<Result<Vec<u32>, _>>()?;
+    config
+        .check_tokens(&target_tokens)
+        .map_err(|e| bad(format!("target {e}")))?;
+    config
+        .check_tokens(&input_tokens)
+        .map_err(|e| bad(format!("model_input {e}")))?;
+    let floats = |key: &str| match shaped(key) {
+        None => Ok(None),
+        Some(Err(error)) => Err(error),
+        Some(Ok(TensorValues::Float32(values))) => Ok(Some(values.clone())),
+        Some(Ok(TensorValues::Int64(_))) => {
+            Err(bad(format!("loss_fn_inputs[{key:?}] must be float32")))
+        }
+    };
+    Ok(train::Datum {
+        input_tokens,
+        target_tokens,
+        mask: floats("mask")?.unwrap_or_else(|| vec![1.0; n]),
+        weights: floats("weights")?,
+        advantages: floats("advantages")?,
+        sampler_logprobs: floats("logprobs")?,
+    })
+}
+
+/// The engine's work item for `adapter` of a `forward` / `forward_backward` call, every datum
+/// checked.
+pub fn work_item(
+    adapter: &str,
+    input: &ForwardBackwardInput,
+    config: &ModelConfig,
+    context: usize,
+) -> Result<WorkItem, ApiError> {
+    let loss = Loss::from_config(&input.loss_fn, &input.loss_fn_config)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    if input.data.is_empty() {
+        return Err(ApiError::invalid(
+            "forward_backward needs at least one datum",
+        ));
+    }
+    let datums = input
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| engine_datum(i, d, config, context))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(WorkItem {
+        adapter: adapter.to_string(),
+        datums,
+        loss,
+    })
+}
+
+/// The answer to a `forward` / `forward_backward` of loss `loss_fn` from the engine's output.
+pub fn forward_output(loss_fn: String, output: ItemOutput) -> ForwardBackwardOutput {
+    ForwardBackwardOutput {
+        loss_fn_output_type: loss_fn,
+        loss_fn_outputs: output
+            .logprobs
+            .into_iter()
+            .map(|l| BTreeMap::from([("logprobs".to_string(), TensorData::f32(l))]))
+            .collect(),
+        metrics: output.metrics,
+    }
+}
+
+/// Refuse AdamW settings that cannot train.
+pub fn check_adam(params: &AdamParams) -> Result<(), ApiError> {
+    for (name, value) in [
+        ("learning_rate", params.learning_rate),
+        ("beta1", params.beta1),
+        ("beta2", params.beta2),
+        ("eps", params.eps),
+        ("weight_decay", params.weight_decay),
+        ("grad_clip_norm", params.grad_clip_norm),
+    ] {
+        if !value.is_finite() || value < 0.0 {
+            return Err(ApiError::invalid(format!(
+                "adam_params.{name} must be a finite number >= 0, not {value}"
+            )));
+        }
+    }
+    if params.beta1 >= 1.0 || params.beta2 >= 1.0 {
+        return Err(ApiError::invalid(
+            "adam_params.beta1 and beta2 must be below 1",
+        ));
+    }
+    Ok(())
+}
+
+/// The answer to an `optim_step` from the engine's report, with Tinker's metric keys.
+pub fn optim_output(report: StepReport) -> OptimStepOutput {
+    let metrics = match report {
+        StepReport::Updated { step, grad_norm } => BTreeMap::from([
+            ("grad_norm:mean".to_string(), grad_norm),
+            ("step:max".to_string(), step as f64),
+            ("skipped_non_finite:sum".to_string(), 0.0),
+        ]),
+        StepReport::SkippedNonFinite => {
+            BTreeMap::from([("skipped_non_finite:sum".to_string(), 1.0)])
+        }
+    };
+    OptimStepOutput { metrics }
+}
+
+/// The engine's request (on the base model; the caller names the adapter) of `num_samples`
+/// samples of `prompt`, checked against a model of `config` with `context` positions.
+pub fn engine_request(
+    prompt: &ModelInput,
+    num_samples: usize,
+    params: &SamplingParams,
+    config: &ModelConfig,
+    context: usize,
+) -> Result<sample::SampleRequest, ApiError> {
+    if num_samples == 0 || num_samples > MAX_SAMPLES_PER_REQUEST {
+        return Err(ApiError::invalid(format!(
+            "num_samples must be 1 to {MAX_SAMPLES_PER_REQUEST}, not {num_samples}"
+        )));
+    }
+    let top_k = match params.top_k {
+        -1 => None,
+        k if k >= 1 => Some(k as usize),
+        k => {
+            return Err(ApiError::invalid(format!(
+                "top_k must be -1 (every token) or at least 1, not {k}"
+            )));
+        }
+    };
+    let stop = params.stop.clone().map(|stop| match stop {
+        crate::api::Stop::String(s) => sample::Stop::Strings(vec![s]),
+        crate::api::Stop::Strings(s) => sample::Stop::Strings(s),
+        crate::api::Stop::Tokens(t) => sample::Stop::Tokens(t),
+    });
+    let prompt = prompt.tokens();
+    let room = context.saturating_sub(prompt.len()).max(1);
+    let engine_params = sample::SamplingParams {
+        max_tokens: params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS.min(room)),
+        temperature: params.temperature,
+        top_k,
+        top_p: params.top_p,
+        seed: params.seed,
+        stop,
+        num_samples,
+    };
+    let request = sample::SampleRequest::new(prompt, engine_params);
+    request
+        .check(config, context)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    Ok(request)
+}
+
+/// The answer to a sample request from the engine's output.
+pub fn sample_response(output: sample::SampleOutput) -> SampleResponse {
+    SampleResponse {
+        sequences: output
+            .samples
+            .into_iter()
+            .map(|s| SampledSequence {
+                stop_reason: match s.stop_reason {
+                    sample::StopReason::Stop => StopReason::Stop,
+                    sample::StopReason::Length => StopReason::Length,
+                },
+                tokens: s.tokens,
+                logprobs: s.logprobs,
+            })
+            .collect(),
+        prompt_logprobs: output.prompt_logprobs,
+        topk_prompt_logprobs: output.topk_prompt_logprobs,
+        prompt_cache_hit_tokens: output.cached_prompt_tokens,
+    }
+}
+
+pub fn train_error(error: TrainError) -> ApiError {
+    match error {
+        TrainError::BadDatum { .. } => ApiError::invalid(error.to_string()),
+        TrainError::Checkpoint(train::checkpoint::CheckpointError::Invalid { .. }) => {
+            ApiError::invalid(error.to_string())
+        }
+        _ => ApiError::internal(error.to_string()),
+    }
+}
+
+pub fn trainer_error(error: TrainerServiceError) -> ApiError {
+    match error {
+        TrainerServiceError::Stopped => ApiError::internal(error.to_string()),
+        TrainerServiceError::Train(error) => train_error(error),
+    }
+}
+
+pub fn sampler_error(error: SamplerServiceError) -> ApiError {
+    match &error {
+        _ if error.is_refusal() => ApiError::invalid(error.to_string()),
+        SamplerServiceError::Stopped => ApiError::new(ApiErrorKind::Unavailable, error.to_string()),
+        _ => ApiError::internal(error.to_string()),
+    }
+}
