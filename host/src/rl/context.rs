@@ -1,5 +1,5 @@
-//! What every episode of a job shares (its plugins, the model's renderer, the sampler), and the
-//! steps built on it: playing batches of episodes and greedy evaluation.
+//! What every episode of a job shares (its plugins, the model's renderer), and the steps built on
+//! it: playing batches of episodes and greedy evaluation.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,18 +11,14 @@ use super::metrics::{Evaluation, StepMetrics, errors, mean, metrics_of};
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
 use super::run_folder::MetricsLog;
-use crate::lora::PolicyVersion;
-use crate::model::ModelConfig;
+use crate::api::SamplingParams;
 use crate::plugin::{Limits, Plugin, PluginHost};
-use crate::sample::{PolicyRef, SamplingParams};
-use crate::sched::SamplerService;
 
 /// Evaluation seeds start here; training seeds stay below.
 const EVAL_SEEDS: u64 = 1 << 40;
 
-/// What a loaded model offers every job on it besides its weights.
+/// What a base model offers every job on it besides its weights.
 pub(super) struct ModelInfo {
-    pub(super) config: ModelConfig,
     pub(super) renderer: Renderer,
     pub(super) context: usize,
 }
@@ -36,7 +32,6 @@ pub(super) struct JobContext {
     pub(super) config: String,
     pub(super) limits: Limits,
     pub(super) model: Arc<ModelInfo>,
-    pub(super) sampler: Option<SamplerService>,
 }
 
 impl JobContext {
@@ -50,7 +45,6 @@ impl JobContext {
         host: &PluginHost,
         job: &Job,
         model: Arc<ModelInfo>,
-        sampler: Option<SamplerService>,
     ) -> anyhow::Result<Self> {
         let load = async |path: &Path| -> anyhow::Result<Plugin> {
             let wasm = crate::plugin::build::component_path(path)?;
@@ -79,7 +73,6 @@ impl JobContext {
                 .unwrap_or_default(),
             limits: Limits::default(),
             model,
-            sampler,
         })
     }
 }
@@ -108,7 +101,7 @@ impl Reporter {
 
 pub(super) fn sampling_params(job: &Job) -> SamplingParams {
     SamplingParams {
-        max_tokens: job.rl.max_tokens,
+        max_tokens: Some(job.rl.max_tokens),
         temperature: job.rl.temperature,
         stop: None,
         ..SamplingParams::default()
@@ -131,7 +124,6 @@ pub(super) fn rollout<'a>(
             .zip(job.reward.as_ref().map(|r| r.weight)),
         limits: &cx.limits,
         renderer: &cx.model.renderer,
-        sampler: cx.sampler.as_ref(),
         params,
         max_turns: job.rl.max_turns,
         context: cx.model.context,
@@ -207,12 +199,4 @@ pub(super) async fn evaluate(
         errors: errors(&outcomes),
         loss: None,
     })
-}
-
-/// The actor that samples from `version`.
-pub(super) fn actor_of(version: &PolicyVersion) -> Actor {
-    Actor::Policy(Some(PolicyRef {
-        name: version.name.clone(),
-        version: Some(version.version),
-    }))
 }

@@ -2,8 +2,49 @@
 //! `targets = tokens[1..]`, and per target token a weight (SFT) or an advantage and the sampler's
 //! logprob (RL). Context tokens (prompt, observations, template glue) never count.
 
+use std::collections::BTreeMap;
+
 use super::transcript::{SpanKind, TokenSequence};
-use crate::train::Datum;
+use crate::api::{self, ModelInput, TensorData};
+
+/// A training example as RL and SFT build it, pre-shifted: target `i` follows `input[..=i]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Datum {
+    pub input_tokens: Vec<u32>,
+    pub target_tokens: Vec<u32>,
+    /// 1 where a target token counts (action tokens), 0 for context and observations.
+    pub mask: Vec<f32>,
+    /// SFT weights (cross-entropy).
+    pub weights: Option<Vec<f32>>,
+    pub advantages: Option<Vec<f32>>,
+    pub sampler_logprobs: Option<Vec<f32>>,
+}
+
+impl Datum {
+    /// The op API's datum: Tinker's loss inputs by name, and the mask as `mask`.
+    pub fn to_api(&self) -> api::Datum {
+        let mut inputs = BTreeMap::from([
+            (
+                "target_tokens".to_string(),
+                TensorData::i64(self.target_tokens.iter().map(|&t| i64::from(t)).collect()),
+            ),
+            ("mask".to_string(), TensorData::f32(self.mask.clone())),
+        ]);
+        for (key, values) in [
+            ("weights", &self.weights),
+            ("advantages", &self.advantages),
+            ("logprobs", &self.sampler_logprobs),
+        ] {
+            if let Some(values) = values {
+                inputs.insert(key.to_string(), TensorData::f32(values.clone()));
+            }
+        }
+        api::Datum {
+            model_input: ModelInput::from_tokens(self.input_tokens.clone()),
+            loss_fn_inputs: inputs,
+        }
+    }
+}
 
 /// Per token of `sequence`: (counts, turn, sampler logprob).
 fn per_token(sequence: &TokenSequence) -> Vec<(bool, Option<usize>, f32)> {

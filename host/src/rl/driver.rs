@@ -7,37 +7,26 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use candle_core::DType;
 
 use super::context::{JobContext, ModelInfo, Reporter};
 use super::job::Job;
-use super::job_trainer::JobTrainer;
 use super::metrics::Summary;
 use super::render::Renderer;
 use super::rl_job::train_job;
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::sft::run_sft;
-use crate::lora::AdapterRegistry;
-use crate::model::tiny::init_tiny;
-use crate::model::{Model, Transformer};
+use crate::client::in_process::LocalModel;
+use crate::client::{ServiceClient, TrainingClient};
 use crate::plugin::{HostConfig, PluginHost};
-use crate::sample::{EngineConfig, SamplingEngine};
-use crate::sched::{SamplerService, TrainerService};
-use crate::train::{FULL_PARAMETERS, TrainingEngine};
 
 pub use super::context::Progress;
 pub use super::metrics::{Evaluation, StepMetrics};
 
-/// A base model loaded once for every job that trains on it: its weights (after the warm-up)
-/// in one adapter registry, the one sampling service that batches all their adapters, and the
-/// one training service that holds all their adapters' weights and optimizer states.
+/// A base model served once for every job that trains on it (after the warm-up): one
+/// service whose sampler batches all their adapters and whose training loop fuses their steps.
 pub(super) struct SharedBase {
     pub(super) info: Arc<ModelInfo>,
-    pub(super) registry: Arc<AdapterRegistry>,
-    pub(super) sampler: SamplerService,
-    pub(super) trainer: TrainerService,
-    /// What the jobs' adapter checkpoints name as their base model.
-    pub(super) name: String,
+    pub(super) service: Arc<dyn ServiceClient>,
 }
 
 /// One job of a `train` command: its name (the job file's stem) and output folder.
@@ -154,19 +143,14 @@ async fn prepare_base(
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let model_dir = model_dir(&first.job, &first.out)?;
-    let Model {
-        config,
-        transformer,
-        tokenizer,
-        chat_template,
-        ..
-    } = Model::load(&model_dir)?;
-    let template = chat_template.context("the model has no chat template")?;
-    let tokenizer = Arc::new(tokenizer);
+    let mut model = LocalModel::load(&model_dir)?;
+    let template = model
+        .chat_template()
+        .cloned()
+        .context("the model has no chat template")?;
     let info = Arc::new(ModelInfo {
-        renderer: Renderer::new(template, Arc::clone(&tokenizer))?,
-        context: transformer.context_length(),
-        config,
+        renderer: Renderer::new(template, Arc::clone(model.tokenizer()))?,
+        context: model.context_length(),
     });
     let full_warmup = first.job.sft.as_ref().filter(|w| w.full_parameters);
     let saved_base = match (resume, full_warmup) {
@@ -184,9 +168,9 @@ async fn prepare_base(
     }
     let covered = |i: usize| checkpoints[i].as_ref().map(|(_, c)| c.metric_lines);
     let mut sft_evals = None;
-    let (transformer, base_dir, logs) = match (full_warmup, saved_base) {
+    let (model, base_dir, logs) = match (full_warmup, saved_base) {
         (Some(_), Some(base_lines)) => {
-            let model = Transformer::load(info.config.clone(), &folders[0].base_dir())?;
+            model.load_weights(&folders[0].base_dir())?;
             let logs = (0..folders.len())
                 .map(|i| folders[i].metrics(covered(i).unwrap_or(base_lines)))
                 .collect::<anyhow::Result<Vec<_>>>()?;
@@ -201,33 +185,27 @@ async fn prepare_base(
                     .collect::<anyhow::Result<_>>()?,
                 progress: progress.clone(),
             };
-            let cx = JobContext::load(host, &first.job, Arc::clone(&info), None).await?;
-            let (warm, _thread) =
-                TrainerService::start(TrainingEngine::full_parameters(transformer, DType::F32)?);
-            let warm = JobTrainer::unscoped(warm);
-            sft_evals = run_sft(
-                &cx,
-                &first.job,
-                warmup,
-                &warm,
-                FULL_PARAMETERS,
-                &mut reporter,
-            )
-            .await?;
-            let model = warm.run(|e| e.model_snapshot()).await??;
+            let cx = JobContext::load(host, &first.job, Arc::clone(&info)).await?;
+            let trainer = model.full_parameter_trainer()?;
+            sft_evals = run_sft(&cx, &first.job, warmup, &trainer, &mut reporter).await?;
             for folder in &folders {
-                folder.save_base(&model, &model_dir, reporter.lines())?;
+                let staged = folder.stage_base()?;
+                trainer.save_state(staged.path(), false).await?;
+                folder.commit_base(staged, reporter.lines())?;
             }
-            (model, folders[0].base_dir(), reporter.logs)
+            (
+                trainer.finish().await?,
+                folders[0].base_dir(),
+                reporter.logs,
+            )
         }
         (None, _) => {
             let logs = (0..folders.len())
                 .map(|i| folders[i].metrics(covered(i).unwrap_or(0)))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            (transformer, model_dir, logs)
+            (model, model_dir, logs)
         }
     };
-    let registry = AdapterRegistry::new(Arc::new(transformer));
     let kv_budget_positions = group
         .iter()
         .map(|(_, run)| {
@@ -237,25 +215,10 @@ async fn prepare_base(
             concurrency * per_episode.min(info.context)
         })
         .sum();
-    let engine = SamplingEngine::new(
-        Arc::clone(&registry),
-        Some(tokenizer),
-        info.config.eos_token_ids.clone(),
-        EngineConfig {
-            kv_budget_positions,
-            prefix_cache_positions: 0,
-        },
-    );
-    // The services' threads end when the last job drops its handles.
-    let (sampler, _thread) = SamplerService::start(engine);
-    let (trainer, _thread) =
-        TrainerService::start(TrainingEngine::new(Arc::clone(registry.base()), DType::F32));
+    let service = model.serve(base_dir.display().to_string(), kv_budget_positions);
     let base = Arc::new(SharedBase {
         info,
-        registry,
-        sampler,
-        trainer,
-        name: base_dir.display().to_string(),
+        service: Arc::new(service),
     });
     let starts = group
         .into_iter()
@@ -280,17 +243,7 @@ fn model_dir(job: &Job, out: &Path) -> anyhow::Result<PathBuf> {
         (Some(dir), _) => Ok(dir.clone()),
         (None, Some(tiny)) => {
             let dir = out.join("model");
-            if !dir.is_dir() {
-                let (shape, arch) = (
-                    tiny.shape().map_err(anyhow::Error::msg)?,
-                    tiny.arch().map_err(anyhow::Error::msg)?,
-                );
-                // Whole or absent, so a run killed while generating it regenerates it.
-                crate::store::write_atomic_dir(&dir, |temp| {
-                    init_tiny(temp, shape, arch, tiny.seed).map_err(std::io::Error::other)
-                })
-                .with_context(|| format!("generating the tiny model in {}", dir.display()))?;
-            }
+            tiny.spec().generate(&dir)?;
             Ok(dir)
         }
         (None, None) => anyhow::bail!("the job names no model"),

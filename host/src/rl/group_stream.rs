@@ -23,14 +23,12 @@ use super::context::JobContext;
 use super::job::{Job, StaleGroups};
 use super::rl_job::play_group;
 use super::rollout::{Actor, EpisodeOutcome};
-use crate::lora::PolicyVersion;
 
-/// The policies a group is launched with: the actor of each player, and the versions they
-/// sample from (held so that the registry keeps them while the group plays).
+/// The policies a group is launched with: the actor of each player (each holding the version
+/// it samples from while the group plays).
 #[derive(Clone)]
 pub(super) struct Launch {
     pub(super) actors: Vec<Actor>,
-    pub(super) versions: Vec<Arc<PolicyVersion>>,
     /// Training steps done when the group was launched.
     pub(super) version: usize,
 }
@@ -86,7 +84,6 @@ impl GroupStream {
         let (cx, job, launch) = (Arc::clone(&self.cx), Arc::clone(&self.job), launch.clone());
         self.playing.push(tokio::spawn(async move {
             let episodes = play_group(&cx, &job, id, &launch.actors).await?;
-            drop(launch.versions);
             Ok(PlayedGroup {
                 id,
                 version: launch.version,

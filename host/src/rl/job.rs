@@ -6,16 +6,15 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::advantage::Estimator;
-use crate::lora::LoraConfig;
-use crate::model::Architecture;
-use crate::model::tiny::TinyShape;
+use crate::api::LoraConfig;
+use crate::client::in_process::TinyModelSpec;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Job {
     pub model: ModelSection,
     #[serde(default)]
-    pub lora: LoraConfig,
+    pub lora: LoraSection,
     /// The environment RL (and a demonstration warm-up) plays; an SFT job on a file needs none.
     #[serde(default)]
     pub environment: Option<PluginSection>,
@@ -102,24 +101,54 @@ fn default_arch() -> String {
 }
 
 impl InitTiny {
-    pub fn shape(&self) -> Result<TinyShape, String> {
-        match self.shape.as_str() {
-            "tiny" => Ok(TinyShape::Tiny),
-            "qwen2.5-0.5b" => Ok(TinyShape::Qwen05b),
-            other => Err(format!(
-                "model.init_tiny.shape: {other:?} is not one of \"tiny\", \"qwen2.5-0.5b\""
-            )),
+    pub fn spec(&self) -> TinyModelSpec {
+        TinyModelSpec {
+            shape: self.shape.clone(),
+            arch: self.arch.clone(),
+            seed: self.seed,
         }
     }
+}
 
-    pub fn arch(&self) -> Result<Architecture, String> {
-        match self.arch.as_str() {
-            "qwen2" => Ok(Architecture::Qwen2),
-            "llama" => Ok(Architecture::Llama),
-            "qwen3" => Ok(Architecture::Qwen3),
-            other => Err(format!(
-                "model.init_tiny.arch: {other:?} is not one of \"qwen2\", \"llama\", \"qwen3\""
-            )),
+/// The shape of every trainable policy's adapter (`[lora]`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraSection {
+    pub rank: usize,
+    pub alpha: f64,
+    /// rsLoRA: scale by `alpha / sqrt(rank)` instead of `alpha / rank`.
+    pub rslora: bool,
+    pub train_attention: bool,
+    pub train_mlp: bool,
+    pub train_unembed: bool,
+    pub seed: u64,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        LoraSection {
+            rank: 16,
+            alpha: 32.0,
+            rslora: false,
+            train_attention: true,
+            train_mlp: true,
+            train_unembed: false,
+            seed: 0,
+        }
+    }
+}
+
+impl LoraSection {
+    /// The adapter config a training client is made with.
+    pub fn config(&self) -> LoraConfig {
+        LoraConfig {
+            rank: self.rank,
+            seed: Some(self.seed),
+            train_unembed: self.train_unembed,
+            train_mlp: self.train_mlp,
+            train_attn: self.train_attention,
+            alpha: Some(self.alpha),
+            rslora: self.rslora,
         }
     }
 }
@@ -462,10 +491,7 @@ impl Job {
         match (&self.model.dir, &self.model.init_tiny) {
             (Some(_), Some(_)) => return Err("model: give `dir` or `init_tiny`, not both".into()),
             (None, None) => return Err("model: give `dir` or `init_tiny`".into()),
-            (None, Some(tiny)) => {
-                tiny.shape()?;
-                tiny.arch()?;
-            }
+            (None, Some(tiny)) => tiny.spec().check().map_err(|e| e.message)?,
             _ => {}
         }
         self.rl.estimator()?;

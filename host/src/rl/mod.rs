@@ -8,7 +8,6 @@ pub mod datum;
 pub mod driver;
 mod group_stream;
 pub mod job;
-mod job_trainer;
 pub mod metrics;
 pub mod render;
 pub mod report;
@@ -16,6 +15,7 @@ mod rl_job;
 pub mod rollout;
 pub mod run_folder;
 pub mod sft;
+mod train_step;
 pub mod transcript;
 
 pub use advantage::{Estimator, GroupReturns, advantages, fold_kl};

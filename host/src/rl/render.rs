@@ -152,28 +152,33 @@ fn render(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::model::Model;
-    use crate::model::tiny::{TinyShape, init_tiny};
+    use crate::client::in_process::{LocalModel, TinyModelSpec};
+
+    /// The tokenizer and chat template of a generated tiny model in `dir`.
+    pub(in crate::rl) fn tiny_text(dir: &std::path::Path) -> (Arc<Tokenizer>, ChatTemplate) {
+        let model = dir.join("model");
+        TinyModelSpec {
+            shape: "tiny".into(),
+            arch: "qwen2".into(),
+            seed: 0,
+        }
+        .generate(&model)
+        .unwrap();
+        let model = LocalModel::load(&model).unwrap();
+        let template = model.chat_template().unwrap().clone();
+        (Arc::clone(model.tokenizer()), template)
+    }
 
     /// Appending turn by turn gives exactly the tokens of rendering the whole conversation at
     /// once (when the completion is what the tokenizer would make of its text).
     #[test]
     fn appended_turns_equal_the_whole_conversation_rendered() {
         let dir = tempfile::tempdir().unwrap();
-        init_tiny(
-            dir.path(),
-            TinyShape::Tiny,
-            crate::model::Architecture::Qwen2,
-            0,
-        )
-        .unwrap();
-        let model = Model::load(dir.path()).unwrap();
-        let tokenizer = Arc::new(model.tokenizer);
-        let template = model.chat_template.unwrap();
+        let (tokenizer, template) = tiny_text(dir.path());
         let whole_template = ChatTemplate::new(
-            &std::fs::read_to_string(dir.path().join("tokenizer_config.json"))
+            &std::fs::read_to_string(dir.path().join("model/tokenizer_config.json"))
                 .map(|t| {
                     serde_json::from_str::<serde_json::Value>(&t).unwrap()["chat_template"]
                         .as_str()

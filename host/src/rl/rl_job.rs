@@ -12,14 +12,12 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::advantage::{Estimator, GroupReturns, advantages, fold_kl};
-use super::context::{
-    JobContext, Progress, Reporter, actor_of, evaluate, rollout, sampling_params,
-};
+use super::context::{JobContext, Progress, Reporter, evaluate, rollout, sampling_params};
+use super::datum::Datum;
 use super::datum::rl_datum;
 use super::driver::{JobStart, SharedBase};
 use super::group_stream::{GroupStream, Launch, PlayedGroup};
 use super::job::{Job, PolicySection};
-use super::job_trainer::{JobTrainer, PolicyBatch, Slots};
 use super::metrics::{
     Evaluation, PolicyEvaluations, StepMetrics, Summary, error_messages_of, errors_of, mean,
     metrics_of, std,
@@ -27,9 +25,12 @@ use super::metrics::{
 use super::rollout::{Actor, EpisodeOutcome, RolloutRecord};
 use super::run_folder::{Cursor, RunFolder};
 use super::sft::run_sft;
-use crate::lora::PolicyVersion;
+use super::train_step::{LossFn, PolicyBatch, forward_cross_entropy, train_step};
+use crate::client::{SamplingClient, ServiceClient, TrainingClient};
 use crate::plugin::{Plugin, PluginHost};
-use crate::train::{Datum, Loss};
+
+/// The training client of each trainable policy of a job, by policy name.
+type Trainers = BTreeMap<String, Arc<dyn TrainingClient>>;
 
 /// Steps in a row in which every episode failed after which a job stops itself: a plugin that
 /// fails every time must not spin through a whole run.
@@ -38,24 +39,17 @@ const FAILING_STEPS_BEFORE_STOP: usize = 3;
 /// The current version of each trainable policy of a job.
 struct Versions {
     policies: Vec<PolicySection>,
-    versions: BTreeMap<String, Arc<PolicyVersion>>,
+    /// What a frozen policy plays: the base model.
+    base: Arc<dyn SamplingClient>,
+    versions: BTreeMap<String, Arc<dyn SamplingClient>>,
 }
 
 impl Versions {
-    /// Publish the trainer's adapters as the next versions, under `job/policy` in the shared
-    /// registry.
-    async fn publish(
-        &mut self,
-        base: &SharedBase,
-        job: &str,
-        trainer: &JobTrainer,
-    ) -> anyhow::Result<()> {
-        for policy in self.policies.iter().filter(|p| p.trainable) {
-            let name = format!("{job}/{}", policy.name);
-            let version = trainer
-                .publish(&policy.name, Arc::clone(&base.registry), name)
-                .await?;
-            self.versions.insert(policy.name.clone(), version);
+    /// Take each trainable policy's adapter as it is now as its next version.
+    async fn publish(&mut self, trainers: &Trainers) -> anyhow::Result<()> {
+        for (name, trainer) in trainers {
+            let version = trainer.save_weights_and_get_sampling_client().await?;
+            self.versions.insert(name.clone(), version);
         }
         Ok(())
     }
@@ -64,17 +58,14 @@ impl Versions {
     fn launch(&self, trained: usize) -> Launch {
         Launch {
             actors: self.actors(),
-            versions: self.versions.values().cloned().collect(),
             version: trained,
         }
     }
 
     /// The actor of `policy`: its current version, or the base model when it is frozen.
     fn actor(&self, policy: &PolicySection) -> Actor {
-        match self.versions.get(&policy.name) {
-            Some(version) => actor_of(version),
-            None => Actor::Policy(None),
-        }
+        let version = self.versions.get(&policy.name).unwrap_or(&self.base);
+        Actor::Policy(Arc::clone(version))
     }
 
     /// The actor of each player (the last serves any player beyond).
@@ -88,7 +79,7 @@ impl Versions {
         (0..seats)
             .map(|seat| {
                 let policy = self.policies.iter().find(|p| p.controls(seat));
-                policy.map_or(Actor::Policy(None), |p| self.actor(p))
+                policy.map_or_else(|| Actor::Policy(Arc::clone(&self.base)), |p| self.actor(p))
             })
             .collect()
     }
@@ -143,15 +134,8 @@ pub(super) async fn train_job(
         ..
     } = start;
     let job = &run.job;
-    let cx = Arc::new(
-        JobContext::load(
-            host,
-            job,
-            Arc::clone(&base.info),
-            Some(base.sampler.clone()),
-        )
-        .await?,
-    );
+    let cx = Arc::new(JobContext::load(host, job, Arc::clone(&base.info)).await?);
+    let service = base.service.as_ref();
     let mut reporter = Reporter {
         name: run.name.clone(),
         logs: vec![log],
@@ -159,45 +143,55 @@ pub(super) async fn train_job(
     };
     let policies = job.policies();
     let trainable: Vec<&PolicySection> = policies.iter().filter(|p| p.trainable).collect();
-    let trainer = JobTrainer::new(base.trainer.clone(), &run.name);
-    let mut slots = Slots::new(&trainer);
+    // Each policy's adapter lives as long as its client: a job that ends, however it ends,
+    // frees its adapters and the service goes on serving the other jobs.
+    let label = |policy: &str| format!("{}/{policy}", run.name);
+    let mut trainers = Trainers::new();
     for policy in &trainable {
-        slots.hold(&policy.name);
-        slots.hold(&reference_name(&policy.name));
+        let trainer = match &checkpoint {
+            Some((dir, _)) => {
+                service
+                    .create_training_client_from_state(
+                        &label(&policy.name),
+                        &dir.join(&policy.name),
+                        true,
+                    )
+                    .await?
+            }
+            None => {
+                service
+                    .create_lora_training_client(&label(&policy.name), &job.lora.config())
+                    .await?
+            }
+        };
+        trainers.insert(policy.name.clone(), trainer);
     }
-    match &checkpoint {
-        Some((dir, _)) => {
-            for policy in &trainable {
-                trainer
-                    .load_adapter(&policy.name, dir.join(&policy.name), true)
-                    .await?;
-            }
-        }
-        None => {
-            for policy in &trainable {
-                trainer.add_adapter(&policy.name, job.lora.clone()).await?;
-            }
-            // A LoRA SFT trains the single policy's adapter (the job check sees to that).
-            if let (Some(sft), [policy]) = (
-                job.sft.as_ref().filter(|w| !w.full_parameters),
-                trainable.as_slice(),
-            ) {
-                sft_evals = run_sft(&cx, job, sft, &trainer, &policy.name, &mut reporter).await?;
-            }
-        }
+    // A LoRA SFT trains the single policy's adapter (the job check sees to that).
+    if let (None, Some(sft), [policy]) = (
+        &checkpoint,
+        job.sft.as_ref().filter(|w| !w.full_parameters),
+        trainable.as_slice(),
+    ) {
+        let trainer = trainer_of(&trainers, &policy.name)?;
+        sft_evals = run_sft(&cx, job, sft, trainer.as_ref(), &mut reporter).await?;
     }
     if job.rl.steps == 0 {
-        return sft_summary(job, base, &folder, &trainer, &trainable, sft_evals).await;
+        return sft_summary(job, service, &folder, &trainers, &trainable, sft_evals).await;
     }
-    let loss = Loss::from_config(&job.rl.loss, &job.rl.loss_config)?;
+    let loss = LossFn {
+        name: job.rl.loss.clone(),
+        config: job.rl.loss_config.clone(),
+    };
+    service.check_loss(&loss.name, &loss.config)?;
     let estimator = job.rl.estimator().map_err(anyhow::Error::msg)?;
     let mut versions = Versions {
         policies: policies.clone(),
+        base: service.base_sampling_client(),
         versions: BTreeMap::new(),
     };
-    versions.publish(base, &run.name, &trainer).await?;
+    versions.publish(&trainers).await?;
     let references = match job.rl.kl_coef > 0.0 {
-        true => Some(load_references(job, &folder, &trainer, &trainable, &base.name).await?),
+        true => Some(load_references(job, &folder, service, &trainers, &run.name).await?),
         false => None,
     };
 
@@ -252,11 +246,15 @@ pub(super) async fn train_job(
         let entropy = sampled_entropy(&batches);
         let kl = match &references {
             Some(references) => {
-                Some(fold_kl_penalty(&trainer, references, &mut batches, job.rl.kl_coef).await?)
+                Some(fold_kl_penalty(references, &mut batches, job.rl.kl_coef).await?)
             }
             None => None,
         };
-        let training = trainer.train(batches, loss.clone(), job.rl.learning_rate);
+        let training = train_step(
+            with_trainers(&trainers, batches)?,
+            &loss,
+            job.rl.learning_rate,
+        );
         let (loss_value, tokens) = match &mut stream {
             // Async: groups play on with this version while it trains into the next.
             Some(stream) => {
@@ -266,7 +264,7 @@ pub(super) async fn train_job(
             }
             None => training.await?,
         };
-        versions.publish(base, &run.name, &trainer).await?;
+        versions.publish(&trainers).await?;
         folder.write_rollouts(step, &records)?;
         let last = step + 1 == job.rl.steps;
         let evaluations = if last || (job.eval.every > 0 && (step + 1) % job.eval.every == 0) {
@@ -328,7 +326,7 @@ pub(super) async fn train_job(
                 initial_evals: initial_evals.clone(),
                 last_evals: last_evals.clone(),
             };
-            save_checkpoint(&trainer, &folder, cursor, &trainable, &base.name).await?;
+            save_checkpoint(&trainers, &folder, cursor).await?;
             folder.write_report()?;
         }
     }
@@ -339,8 +337,8 @@ pub(super) async fn train_job(
             true => checkpoint.join(&policy.name),
             false => checkpoint.clone(),
         };
-        trainer
-            .save_adapter(&policy.name, dir, &base.name, true)
+        trainer_of(&trainers, &policy.name)?
+            .save_state(&dir, true)
             .await?;
     }
     let per_policy = match multi_agent {
@@ -366,31 +364,43 @@ pub(super) async fn train_job(
     })
 }
 
-/// Save checkpoint `cursor` with every trainable policy's adapter and optimizer state, written
-/// on the trainer's thread so that no training step lands halfway through.
+/// Save checkpoint `cursor` with every trainable policy's adapter and optimizer state, whole
+/// or not at all.
 async fn save_checkpoint(
-    trainer: &JobTrainer,
+    trainers: &Trainers,
     folder: &RunFolder,
     cursor: Cursor,
-    trainable: &[&PolicySection],
-    base_name: &str,
 ) -> anyhow::Result<()> {
-    let policies: Vec<(String, String)> = trainable
-        .iter()
-        .map(|p| (p.name.clone(), trainer.id(&p.name)))
-        .collect();
-    let (folder, base_name) = (folder.clone(), base_name.to_string());
-    trainer
-        .run(move |engine| {
-            folder.save_checkpoint(&cursor, |temp| {
-                for (name, id) in &policies {
-                    engine.save_adapter(id, &temp.join(name), &base_name, true)?;
-                }
-                Ok(())
-            })
-        })
-        .await??;
+    let staged = folder.stage_checkpoint(&cursor)?;
+    for (name, trainer) in trainers {
+        trainer.save_state(&staged.path().join(name), true).await?;
+    }
+    folder.commit_checkpoint(staged, &cursor)?;
     Ok(())
+}
+
+/// The training client of `policy`.
+fn trainer_of(trainers: &Trainers, policy: &str) -> anyhow::Result<Arc<dyn TrainingClient>> {
+    trainers
+        .get(policy)
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("policy {policy} has no training client"))
+}
+
+/// Each policy's batch with the policy's training client.
+fn with_trainers(
+    trainers: &Trainers,
+    batches: Vec<PolicyBatch>,
+) -> anyhow::Result<Vec<(&dyn TrainingClient, Vec<Datum>)>> {
+    batches
+        .into_iter()
+        .map(|(policy, datums)| {
+            let trainer = trainers
+                .get(&policy)
+                .ok_or_else(|| anyhow::anyhow!("policy {policy} has no training client"))?;
+            Ok((trainer.as_ref(), datums))
+        })
+        .collect()
 }
 
 /// The trainer's name for `policy`'s KL reference.
@@ -398,46 +408,46 @@ fn reference_name(policy: &str) -> String {
     format!("{policy}@reference")
 }
 
-/// The KL reference of each trainable policy, loaded into the trainer as `<policy>@reference`:
-/// the job's `kl_reference`, or the policy as it is now (RL's start), saved in `reference/` so a
-/// resumed run compares with the same one. Returns (policy, reference adapter) names.
+/// The KL reference of each trainable policy, as a training client of its own (used for
+/// `forward` only): the job's `kl_reference`, or the policy as it is now (RL's start), saved in
+/// `reference/` so a resumed run compares with the same one. Returns (policy, reference).
 async fn load_references(
     job: &Job,
     folder: &RunFolder,
-    trainer: &JobTrainer,
-    trainable: &[&PolicySection],
-    base_name: &str,
-) -> anyhow::Result<Vec<(String, String)>> {
-    let mut names = Vec::new();
-    for policy in trainable {
-        let dir = match (&job.rl.kl_reference, trainable.len()) {
+    service: &dyn ServiceClient,
+    trainers: &Trainers,
+    job_name: &str,
+) -> anyhow::Result<Vec<(String, Arc<dyn TrainingClient>)>> {
+    let mut references = Vec::new();
+    for (policy, trainer) in trainers {
+        let dir = match (&job.rl.kl_reference, trainers.len()) {
             (Some(dir), 1) => dir.clone(),
-            (Some(dir), _) => dir.join(&policy.name),
+            (Some(dir), _) => dir.join(policy),
             (None, _) => {
-                let dir = folder.root().join("reference").join(&policy.name);
+                let dir = folder.root().join("reference").join(policy);
                 if !dir.is_dir() {
-                    trainer
-                        .save_adapter(&policy.name, dir.clone(), base_name, false)
-                        .await?;
+                    trainer.save_state(&dir, false).await?;
                 }
                 dir
             }
         };
-        let reference = reference_name(&policy.name);
-        trainer
-            .load_adapter(&reference, dir, false)
+        let reference = service
+            .create_training_client_from_state(
+                &format!("{job_name}/{}", reference_name(policy)),
+                &dir,
+                false,
+            )
             .await
-            .with_context(|| format!("the KL reference of policy {}", policy.name))?;
-        names.push((policy.name.clone(), reference));
+            .with_context(|| format!("the KL reference of policy {policy}"))?;
+        references.push((policy.clone(), reference));
     }
-    Ok(names)
+    Ok(references)
 }
 
 /// Fold `coef` times each sampled token's log-ratio to its policy's reference into its
 /// advantage; returns the mean log-ratio over the tokens trained on.
 async fn fold_kl_penalty(
-    trainer: &JobTrainer,
-    references: &[(String, String)],
+    references: &[(String, Arc<dyn TrainingClient>)],
     batches: &mut [(String, Vec<Datum>)],
     coef: f64,
 ) -> anyhow::Result<f64> {
@@ -449,10 +459,7 @@ async fn fold_kl_penalty(
         if datums.is_empty() {
             continue;
         }
-        let outputs = trainer
-            .forward_cross_entropy(reference, datums.clone())
-            .await?;
-        let reference_logprobs = outputs.into_iter().flat_map(|o| o.logprobs);
+        let (reference_logprobs, _) = forward_cross_entropy(reference.as_ref(), datums).await?;
         for (datum, reference) in datums.iter_mut().zip(reference_logprobs) {
             let sampled = datum.sampler_logprobs.clone().unwrap_or_default();
             for ((m, p), r) in datum.mask.iter().zip(&sampled).zip(&reference) {
@@ -488,19 +495,19 @@ fn sampled_entropy(batches: &[(String, Vec<Datum>)]) -> f64 {
 /// base model).
 async fn sft_summary(
     job: &Job,
-    base: &SharedBase,
+    service: &dyn ServiceClient,
     folder: &RunFolder,
-    trainer: &JobTrainer,
+    trainers: &Trainers,
     trainable: &[&PolicySection],
     sft_evals: Option<(Evaluation, Evaluation)>,
 ) -> anyhow::Result<Summary> {
     let checkpoint = match job.sft.as_ref().is_some_and(|s| s.full_parameters) {
-        true => PathBuf::from(&base.name),
+        true => PathBuf::from(service.base_model()),
         false => {
             let dir = folder.checkpoint_dir("final");
             if let Some(policy) = trainable.first() {
-                trainer
-                    .save_adapter(&policy.name, dir.clone(), &base.name, true)
+                trainer_of(trainers, &policy.name)?
+                    .save_state(&dir, true)
                     .await?;
             }
             dir

@@ -10,23 +10,24 @@
 //! the job's failure reward for every player who acted; the kind is kept for the metrics.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 
 use super::render::Renderer;
 use super::transcript::{SpanKind, TokenSequence, Transcript};
+use crate::api::{ModelInput, SamplingParams};
+use crate::client::SamplingClient;
 use crate::plugin::{
     AgentSession, CallError, Limits, Message, Plugin, Transcript as PluginTranscript,
 };
-use crate::sample::{PolicyRef, SampleRequest, SamplingParams};
-use crate::sched::SamplerService;
 use crate::text::ChatMessage;
 
 /// Where a player's actions come from.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone)]
 pub enum Actor {
     /// Sampled from an adapter version (or the base model).
-    Policy(Option<PolicyRef>),
+    Policy(Arc<dyn SamplingClient>),
     /// The environment's demonstration for the player to move (SFT warm-up data).
     Demonstration,
 }
@@ -41,8 +42,6 @@ pub struct Rollout<'a> {
     pub reward: Option<(&'a Plugin, f64)>,
     pub limits: &'a Limits,
     pub renderer: &'a Renderer,
-    /// Serves the policy actors; `None` for a rollout of demonstrations only.
-    pub sampler: Option<&'a SamplerService>,
     /// The sampling parameters of every turn (each turn's seed is derived from the episode's).
     pub params: SamplingParams,
     /// The job's turn limit (the environment's own limit applies too).
@@ -387,18 +386,19 @@ impl Rollout<'_> {
                 return Err(Failure::kind("context_exceeded"));
             }
             let (tokens, logprobs, text) = match actor {
-                Actor::Policy(policy) => {
+                Actor::Policy(sampler) => {
                     let mut params = self.params.clone();
                     params.seed = Some(turn_seed(seed, turns));
-                    params.max_tokens = params.max_tokens.min(self.context - prompt.len());
-                    let mut request = SampleRequest::new(prompt, params);
-                    request.policy = policy.clone();
-                    let sampler = self.sampler.ok_or_else(|| Failure::kind("sampler"))?;
+                    let room = self.context - prompt.len();
+                    params.max_tokens = Some(params.max_tokens.map_or(room, |m| m.min(room)));
                     let mut output = sampler
-                        .sample(request)
+                        .sample(ModelInput::from_tokens(prompt), 1, params)
                         .await
                         .map_err(|e| Failure::with("sampler", e))?;
-                    let sample = output.samples.swap_remove(0);
+                    let sample = output
+                        .sequences
+                        .pop()
+                        .ok_or_else(|| Failure::kind("sampler"))?;
                     let text = self
                         .renderer
                         .action_text(&sample.tokens)

@@ -20,8 +20,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::metrics::{Evaluation, StepMetrics};
-use crate::model::Transformer;
-use crate::store::{write_atomic, write_atomic_dir};
+use crate::store::{StagedDir, write_atomic};
 
 const METRICS: &str = "metrics.jsonl";
 const CURSOR: &str = "cursor.json";
@@ -125,32 +124,21 @@ impl RunFolder {
         self.root.join("base")
     }
 
-    /// Save the warmed-up model as `base/`: the weights, the other files of `source` (config,
-    /// tokenizer, chat template), and the metric lines of the warm-up.
-    pub fn save_base(
-        &self,
-        model: &Transformer,
-        source: &Path,
-        metric_lines: usize,
-    ) -> anyhow::Result<()> {
+    /// A warmed-up base model being written: its files go into the staged folder, then
+    /// [`RunFolder::commit_base`] puts it in place.
+    pub fn stage_base(&self) -> anyhow::Result<StagedDir> {
         let dir = self.base_dir();
-        write_atomic_dir(&dir, |temp| {
-            for entry in std::fs::read_dir(source)? {
-                let path = entry?.path();
-                let name = path.file_name().unwrap_or_default().to_string_lossy();
-                if path.is_file() && !name.starts_with("model.safetensors") {
-                    std::fs::copy(&path, temp.join(&*name))?;
-                }
-            }
-            let tensors: std::collections::HashMap<String, candle_core::Tensor> =
-                model.named_weights().into_iter().collect();
-            candle_core::safetensors::save(&tensors, temp.join("model.safetensors"))
-                .map_err(std::io::Error::other)?;
-            std::fs::write(
-                temp.join(WARMUP),
-                serde_json::to_vec(&serde_json::json!({ "metric_lines": metric_lines }))?,
-            )
-        })
+        StagedDir::new(&dir).with_context(|| format!("writing {}", dir.display()))
+    }
+
+    /// Put a staged base in place, recording that it covers the first `metric_lines` lines.
+    pub fn commit_base(&self, staged: StagedDir, metric_lines: usize) -> anyhow::Result<()> {
+        let dir = self.base_dir();
+        std::fs::write(
+            staged.path().join(WARMUP),
+            serde_json::to_vec(&serde_json::json!({ "metric_lines": metric_lines }))?,
+        )
+        .and_then(|()| staged.commit())
         .with_context(|| format!("writing {}", dir.display()))
     }
 
@@ -172,23 +160,21 @@ impl RunFolder {
         self.root.join("checkpoints").join(name)
     }
 
-    /// Write `checkpoints/step-N/`: `write_policies` saves each policy into its own subfolder of
-    /// the temporary folder it is given; the cursor goes next to them.
-    pub fn save_checkpoint(
-        &self,
-        cursor: &Cursor,
-        write_policies: impl FnOnce(&Path) -> anyhow::Result<()>,
-    ) -> anyhow::Result<PathBuf> {
+    /// Checkpoint `cursor` being written: the policies' folders go into the staged folder,
+    /// then [`RunFolder::commit_checkpoint`] puts it in place with the cursor, so a checkpoint
+    /// is whole or absent.
+    pub fn stage_checkpoint(&self, cursor: &Cursor) -> anyhow::Result<StagedDir> {
         let dir = self.checkpoint_dir(&format!("step-{}", cursor.steps));
-        let mut failure = None;
-        write_atomic_dir(&dir, |temp| {
-            if let Err(e) = write_policies(temp) {
-                failure = Some(e);
-                return Err(std::io::Error::other("writing the policies failed"));
-            }
-            std::fs::write(temp.join(CURSOR), serde_json::to_vec_pretty(cursor)?)
-        })
-        .map_err(|e| failure.take().unwrap_or_else(|| e.into()))
+        StagedDir::new(&dir).with_context(|| format!("writing {}", dir.display()))
+    }
+
+    pub fn commit_checkpoint(&self, staged: StagedDir, cursor: &Cursor) -> anyhow::Result<PathBuf> {
+        let dir = self.checkpoint_dir(&format!("step-{}", cursor.steps));
+        std::fs::write(
+            staged.path().join(CURSOR),
+            serde_json::to_vec_pretty(cursor)?,
+        )
+        .and_then(|()| staged.commit())
         .with_context(|| format!("writing {}", dir.display()))?;
         Ok(dir)
     }
@@ -279,11 +265,9 @@ mod tests {
                 initial_evals: evals.clone(),
                 last_evals: evals.clone(),
             };
-            run.save_checkpoint(&cursor, |temp| {
-                std::fs::create_dir(temp.join("policy"))?;
-                Ok(())
-            })
-            .unwrap();
+            let staged = run.stage_checkpoint(&cursor).unwrap();
+            std::fs::create_dir(staged.path().join("policy")).unwrap();
+            run.commit_checkpoint(staged, &cursor).unwrap();
         }
         // A checkpoint cut short by a kill has no cursor and is ignored.
         std::fs::create_dir_all(run.checkpoint_dir("step-12")).unwrap();
@@ -291,14 +275,20 @@ mod tests {
         assert_eq!(cursor.steps, 10);
         assert_eq!(cursor.metric_lines, 11);
         assert!(dir.ends_with("step-10") && dir.join("policy").is_dir());
-        let failed = run.save_checkpoint(
-            &Cursor {
+        // One whose policies failed to write is never committed, and leaves nothing behind.
+        let staged = run
+            .stage_checkpoint(&Cursor {
                 steps: 20,
                 ..cursor
-            },
-            |_| anyhow::bail!("disk full"),
-        );
-        assert!(format!("{:#}", failed.unwrap_err()).contains("disk full"));
+            })
+            .unwrap();
+        std::fs::create_dir(staged.path().join("policy")).unwrap();
+        drop(staged);
         assert_eq!(run.latest_checkpoint().unwrap().unwrap().1.steps, 10);
+        let left: Vec<_> = std::fs::read_dir(run.root().join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(!left.iter().any(|name| name.starts_with('.')), "{left:?}");
     }
 }

@@ -13,15 +13,15 @@ use anyhow::Context;
 use serde::Deserialize;
 
 use super::context::{JobContext, Reporter, play_batch};
-use super::datum::sft_datum;
+use super::datum::{Datum, sft_datum};
 use super::job::{Job, SftSection};
-use super::job_trainer::{JobTrainer, loss_per_token};
 use super::metrics::{Evaluation, StepMetrics, errors, mean};
 use super::render::Renderer;
 use super::rollout::Actor;
+use super::train_step::{LossFn, forward_cross_entropy, loss_per_token, train_step};
 use super::transcript::{TokenSequence, Transcript};
+use crate::client::TrainingClient;
 use crate::text::ChatMessage;
-use crate::train::{Datum, Loss};
 
 /// One line of a chat JSONL file.
 #[derive(Debug, Deserialize)]
@@ -135,14 +135,13 @@ impl SftData {
     }
 }
 
-/// Supervised steps (the `[sft]` section: demonstrations or a chat file), training `policy`
-/// of `trainer`. Returns the held-out loss before and after, when there is a held-out set.
+/// Supervised steps (the `[sft]` section: demonstrations or a chat file), training `trainer`.
+/// Returns the held-out loss before and after, when there is a held-out set.
 pub(super) async fn run_sft(
     cx: &JobContext,
     job: &Job,
     sft: &SftSection,
-    trainer: &JobTrainer,
-    policy: &str,
+    trainer: &dyn TrainingClient,
     reporter: &mut Reporter,
 ) -> anyhow::Result<Option<(Evaluation, Evaluation)>> {
     let data = SftData::load(sft, &cx.model.renderer)?;
@@ -153,10 +152,8 @@ pub(super) async fn run_sft(
         if held_out.is_empty() {
             return Ok(None);
         }
-        let outputs = trainer
-            .forward_cross_entropy(policy, held_out.clone())
-            .await?;
-        let (loss, _) = loss_per_token(&outputs);
+        let (_, output) = forward_cross_entropy(trainer, held_out).await?;
+        let (loss, _) = loss_per_token(&[output]);
         Ok(Some(Evaluation {
             episodes: held_out.len(),
             loss: Some(loss),
@@ -195,13 +192,12 @@ pub(super) async fn run_sft(
                 (datums, Vec::new())
             }
         };
-        let (loss_value, tokens) = trainer
-            .train(
-                vec![(policy.to_string(), datums)],
-                Loss::CrossEntropy,
-                sft.learning_rate,
-            )
-            .await?;
+        let (loss_value, tokens) = train_step(
+            vec![(trainer, datums)],
+            &LossFn::cross_entropy(),
+            sft.learning_rate,
+        )
+        .await?;
         let due = step + 1 == sft.steps || (sft.eval_every > 0 && (step + 1) % sft.eval_every == 0);
         let eval = match due {
             true => held_out_loss().await?,
@@ -238,20 +234,8 @@ mod tests {
     #[test]
     fn only_assistant_tokens_are_actions_and_the_tokens_are_the_whole_rendering() {
         let dir = tempfile::tempdir().unwrap();
-        crate::model::tiny::init_tiny(
-            dir.path(),
-            crate::model::tiny::TinyShape::Tiny,
-            crate::model::Architecture::Qwen2,
-            0,
-        )
-        .unwrap();
-        let load = || crate::model::Model::load(dir.path()).unwrap();
-        let (model, template) = (load(), load().chat_template.unwrap());
-        let renderer = Renderer::new(
-            model.chat_template.unwrap(),
-            std::sync::Arc::new(model.tokenizer),
-        )
-        .unwrap();
+        let (tokenizer, template) = crate::rl::render::tests::tiny_text(dir.path());
+        let renderer = Renderer::new(template.clone(), tokenizer).unwrap();
         let conversation = [
             ChatMessage::new("system", "Be brief."),
             ChatMessage::new("user", "2 + 2?"),

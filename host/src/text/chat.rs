@@ -22,6 +22,7 @@ impl ChatMessage {
 }
 
 /// A compiled chat template with the special tokens it may refer to.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,

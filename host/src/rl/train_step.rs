@@ -1,0 +1,99 @@
+//! Training through the clients: a step of several policies at once (each policy's
+//! `forward_backward` sent together, so the service fuses them into one pass, then each
+//! policy's `optim_step`), and a policy's logprobs of datums without gradients.
+
+use std::collections::BTreeMap;
+
+use super::datum::Datum;
+use crate::api::{AdamParams, ForwardBackwardInput, ForwardBackwardOutput, TensorValues};
+use crate::client::TrainingClient;
+
+/// The datums of one policy in a training step.
+pub(super) type PolicyBatch = (String, Vec<Datum>);
+
+/// A loss by its Tinker name and config.
+#[derive(Clone, Debug)]
+pub(super) struct LossFn {
+    pub(super) name: String,
+    pub(super) config: BTreeMap<String, f64>,
+}
+
+impl LossFn {
+    pub(super) fn cross_entropy() -> Self {
+        LossFn {
+            name: "cross_entropy".into(),
+            config: BTreeMap::new(),
+        }
+    }
+
+    fn input(&self, datums: &[Datum]) -> ForwardBackwardInput {
+        ForwardBackwardInput {
+            data: datums.iter().map(Datum::to_api).collect(),
+            loss_fn: self.name.clone(),
+            loss_fn_config: self.config.clone(),
+        }
+    }
+}
+
+/// One training step: a `forward_backward` of each policy's datums, all sent at once, then an
+/// `optim_step` of each policy that had some. Returns the loss per counted token and the
+/// counted tokens.
+pub(super) async fn train_step(
+    batches: Vec<(&dyn TrainingClient, Vec<Datum>)>,
+    loss: &LossFn,
+    learning_rate: f64,
+) -> anyhow::Result<(f64, usize)> {
+    let batches: Vec<_> = batches
+        .into_iter()
+        .filter(|(_, datums)| !datums.is_empty())
+        .collect();
+    if batches.is_empty() {
+        return Ok((0.0, 0));
+    }
+    let outputs = futures::future::try_join_all(
+        batches
+            .iter()
+            .map(|(client, datums)| client.forward_backward(loss.input(datums))),
+    )
+    .await?;
+    let params = AdamParams {
+        learning_rate,
+        grad_clip_norm: 1.0,
+        ..AdamParams::default()
+    };
+    for (client, _) in &batches {
+        client.optim_step(params).await?;
+    }
+    Ok(loss_per_token(&outputs))
+}
+
+/// `client`'s logprob of each datum's targets and its cross-entropy, without gradients.
+pub(super) async fn forward_cross_entropy(
+    client: &dyn TrainingClient,
+    datums: &[Datum],
+) -> anyhow::Result<(Vec<Vec<f32>>, ForwardBackwardOutput)> {
+    let output = client
+        .forward(LossFn::cross_entropy().input(datums))
+        .await?;
+    let logprobs = output
+        .loss_fn_outputs
+        .iter()
+        .map(|named| match named.get("logprobs").map(|t| &t.values) {
+            Some(TensorValues::Float32(values)) => Ok(values.clone()),
+            _ => Err(anyhow::anyhow!("a forward output has no float32 logprobs")),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok((logprobs, output))
+}
+
+/// The summed losses of `outputs` per token that counts, and those tokens.
+pub(super) fn loss_per_token(outputs: &[ForwardBackwardOutput]) -> (f64, usize) {
+    let sum = |key: &str| -> f64 {
+        outputs
+            .iter()
+            .map(|o| o.metrics.get(key).copied().unwrap_or(0.0))
+            .sum()
+    };
+    let tokens = sum("tokens:sum");
+    (sum("loss:sum") / tokens.max(1.0), tokens as usize)
+}
