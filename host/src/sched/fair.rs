@@ -8,6 +8,12 @@
 //! goes in the next pass); and work is taken in
 //! parts of at most a quantum, so one huge request cannot hold the device while others wait. A
 //! unit that cannot be split and does not fit a pass runs first in a pass of its own.
+//!
+//! A pass that starts with a small request taken whole (at most a quantum: a light tenant's
+//! call) is a short pass: it takes only more requests that finish in it, and leaves the large
+//! ones' parts to the next pass. So a light tenant waits for the pass in service and its own
+//! short one, not for a full pass of the heavy tenants' work; their shares are unchanged (tags
+//! move by cost alone).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -105,6 +111,7 @@ impl<T: Divisible> FairQueue<T> {
     pub fn take(&mut self, budget: u64) -> Vec<(TenantKey, Taken<T>)> {
         let mut taken = Vec::new();
         let mut spent = 0u64;
+        let mut short = false;
         while spent < budget {
             let next = self
                 .tenants
@@ -132,6 +139,11 @@ impl<T: Divisible> FairQueue<T> {
             }
             let limit = room.min(quantum.max(head.unit_cost()));
             let cost = head.cost();
+            if taken.is_empty() {
+                short = cost <= limit && cost <= quantum;
+            } else if short && cost > limit.min(quantum) {
+                break;
+            }
             let (part, cost) = if cost <= limit {
                 let work = tenant.queue.pop_front().expect("a head");
                 (Taken::Whole(work), cost)
@@ -341,5 +353,59 @@ mod fresh_tests {
         );
         let next = queue.take(100);
         assert_eq!(next[0].0, "light");
+    }
+
+    #[test]
+    fn a_small_request_taken_whole_gets_a_short_pass_without_the_heavy_parts() {
+        let mut queue = FairQueue::new(256);
+        for tenant in ["heavy-1", "heavy-2"] {
+            queue.push(
+                tenant,
+                Units {
+                    id: 0,
+                    units: 64,
+                    size: 32,
+                },
+            );
+        }
+        // The heavy tenants' passes are full ones.
+        let full: u64 = queue.take(1024).iter().map(|(_, t)| cost(t)).sum();
+        assert_eq!(full, 1024);
+        for id in [7, 8] {
+            queue.push(
+                "light",
+                Units {
+                    id,
+                    units: 1,
+                    size: 32,
+                },
+            );
+        }
+        queue.push(
+            "other-light",
+            Units {
+                id: 9,
+                units: 2,
+                size: 32,
+            },
+        );
+        // The light requests finish in a pass of their own; no heavy part rides along. (The
+        // light tenant's second request is behind the heavy tenants' next part in virtual
+        // time: it waits for the next pass, as fairness says.)
+        let short = queue.take(1024);
+        let tenants: Vec<&str> = short.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(tenants, ["light", "other-light"]);
+        assert!(short.iter().all(|(_, t)| matches!(t, Taken::Whole(_))));
+        // Then the heavy work goes on in full passes, with the light request in its turn.
+        let next = queue.take(1024);
+        assert_eq!(next.iter().map(|(_, t)| cost(t)).sum::<u64>(), 1024);
+        assert!(next.iter().any(|(t, _)| t == "light"));
+    }
+
+    fn cost(taken: &Taken<Units>) -> u64 {
+        match taken {
+            Taken::Whole(w) => w.cost(),
+            Taken::Part((_, c)) => *c,
+        }
     }
 }
