@@ -20,7 +20,7 @@ trap cleanup EXIT
 # start_server DATA_DIR: serve DATA_DIR on a random loopback port; returns once it listens.
 start_server() {
     port=$((20000 + RANDOM % 20000))
-    "$bin" serve --data "$1" --addr "127.0.0.1:$port" > "$data/serve.log" 2>&1 &
+    "$bin" serve --data "$1" --addr "127.0.0.1:$port" ${SERVE_FLAGS:-} > "$data/serve.log" 2>&1 &
     server=$!
     until grep -q "serving on" "$data/serve.log"; do sleep 0.2; done
 }

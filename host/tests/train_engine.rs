@@ -516,6 +516,7 @@ async fn a_call_larger_than_a_pass_is_sliced_lets_a_small_call_through_and_sums_
         pass_tokens: 40,
         quantum: 20,
         cycle: None,
+        solo_cycle: None,
     };
     let (service, open) = gated_service_sharing(share).await;
     // 48 datums of 14 tokens: at least 16 passes of 40 tokens, plenty of time to see the small
@@ -566,6 +567,7 @@ async fn a_tenant_of_weight_three_gets_more_of_the_passes_than_an_equal_share() 
         pass_tokens: 42,
         quantum: 14,
         cycle: None,
+        solo_cycle: None,
     };
     let (service, open) = gated_service_sharing(share).await;
     service.set_weight("gold", 3);

@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// `--pass-tokens`). Shorter passes let requests in sooner; longer ones fuse more.
     #[arg(long, default_value_t = 20)]
     cycle_ms: u64,
+    /// Milliseconds a training pass should take while one tenant alone has work (0: as
+    /// `--cycle-ms`). Longer passes waste less; a newcomer waits for at most one of them.
+    #[arg(long, default_value_t = 100)]
+    solo_cycle_ms: u64,
     /// Requests one tenant may have queued or running; past it requests are answered 429.
     #[arg(long, default_value_t = 4096)]
     max_queued_per_tenant: usize,
@@ -79,6 +83,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             pass_tokens: args.pass_tokens.max(1),
             quantum: 128,
             cycle: (args.cycle_ms > 0).then(|| Duration::from_millis(args.cycle_ms)),
+            solo_cycle: (args.solo_cycle_ms > 0).then(|| Duration::from_millis(args.solo_cycle_ms)),
         },
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

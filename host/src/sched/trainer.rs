@@ -68,6 +68,10 @@ pub struct FairShare {
     /// far (at most `pass_tokens`), so that a call that arrives while one runs waits about this
     /// long. `None`: always `pass_tokens`.
     pub cycle: Option<std::time::Duration>,
+    /// The time a pass should take while one tenant alone has work: longer, since nobody waits
+    /// behind it (a newcomer waits at most this long once, then passes are `cycle` long), and
+    /// every pass costs a little besides its tokens. `None`: `cycle`.
+    pub solo_cycle: Option<std::time::Duration>,
 }
 
 impl FairShare {
@@ -77,6 +81,7 @@ impl FairShare {
             pass_tokens: u64::MAX,
             quantum: u64::MAX / 4,
             cycle: None,
+            solo_cycle: None,
         }
     }
 }
@@ -90,9 +95,13 @@ struct Rate {
 }
 
 impl Rate {
-    /// The tokens of the next pass.
-    fn budget(&self, share: &FairShare) -> u64 {
-        match (share.cycle, self.tokens_per_second) {
+    /// The tokens of the next pass, with `busy` tenants waiting.
+    fn budget(&self, share: &FairShare, busy: usize) -> u64 {
+        let cycle = match busy {
+            0 | 1 => share.solo_cycle.or(share.cycle),
+            _ => share.cycle,
+        };
+        match (cycle, self.tokens_per_second) {
             (None, _) => share.pass_tokens,
             (Some(_), None) => MIN_PASS_TOKENS.min(share.pass_tokens),
             (Some(cycle), Some(rate)) => ((rate * cycle.as_secs_f64()) as u64)
@@ -377,7 +386,8 @@ fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: F
         }
         let mut slices = Vec::new();
         let mut finishing = Vec::new();
-        for (_, taken) in queue.take(rate.budget(&share)) {
+        let budget = rate.budget(&share, queue.busy_tenants());
+        for (_, taken) in queue.take(budget) {
             match taken {
                 Taken::Whole(rest) => {
                     finishing.push(rest.call);
@@ -400,12 +410,7 @@ fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: F
             forward_backward_fused(&mut engine, &mut calls, slices)
         }));
         let elapsed = started.elapsed();
-        tracing::debug!(
-            tokens,
-            ?elapsed,
-            budget = rate.budget(&share),
-            "training pass"
-        );
+        tracing::debug!(tokens, ?elapsed, budget, "training pass");
         rate.observe(tokens, elapsed);
         for id in finishing {
             if let Some(call) = calls.remove(&id)
