@@ -3,15 +3,13 @@
 
 use std::sync::Arc;
 
-use opentinker::lora::AdapterRegistry;
-use opentinker::model::tiny::{TinyShape, init_tiny};
-use opentinker::model::{Architecture, Model};
+use opentinker::api::SamplingParams;
+use opentinker::client::ServiceClient;
+use opentinker::client::in_process::{LocalModel, TinyModelSpec};
 use opentinker::plugin::Limits;
 use opentinker::rl::render::Renderer;
 use opentinker::rl::rollout::{Actor, Rollout};
 use opentinker::rl::{SpanKind, rl_datum};
-use opentinker::sample::{EngineConfig, SamplingEngine, SamplingParams};
-use opentinker::sched::SamplerService;
 
 /// A 5-turn guess-number episode with the built-in chat agent: one sequence, five action spans
 /// in turn order, the prompt of each turn extending the previous one, and one datum whose mask
@@ -19,22 +17,22 @@ use opentinker::sched::SamplerService;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_five_turn_episode_is_one_datum() {
     let dir = tempfile::tempdir().unwrap();
-    init_tiny(dir.path(), TinyShape::Tiny, Architecture::Qwen2, 4).unwrap();
-    let model = Model::load(dir.path()).unwrap();
-    let tokenizer = Arc::new(model.tokenizer);
-    let renderer = Renderer::new(model.chat_template.unwrap(), Arc::clone(&tokenizer)).unwrap();
-    let context = model.transformer.context_length();
-    let registry = AdapterRegistry::new(Arc::new(model.transformer));
-    let engine = SamplingEngine::new(
-        registry,
-        Some(tokenizer),
-        model.config.eos_token_ids.clone(),
-        EngineConfig {
-            kv_budget_positions: 8192,
-            prefix_cache_positions: 0,
-        },
-    );
-    let (sampler, _thread) = SamplerService::start(engine);
+    let model_dir = dir.path().join("model");
+    TinyModelSpec {
+        shape: "tiny".into(),
+        arch: "qwen2".into(),
+        seed: 4,
+    }
+    .generate(&model_dir)
+    .unwrap();
+    let model = LocalModel::load(&model_dir).unwrap();
+    let renderer = Renderer::new(
+        model.chat_template().unwrap().clone(),
+        Arc::clone(model.tokenizer()),
+    )
+    .unwrap();
+    let context = model.context_length();
+    let service = model.serve("tiny".into(), 8192);
     let host = opentinker_tests::test_host();
     let environment = opentinker_tests::load(&host, "guess-number").await;
     let limits = Limits::default();
@@ -45,9 +43,8 @@ async fn a_five_turn_episode_is_one_datum() {
         reward: None,
         limits: &limits,
         renderer: &renderer,
-        sampler: Some(&sampler),
         params: SamplingParams {
-            max_tokens: 6,
+            max_tokens: Some(6),
             ..SamplingParams::default()
         },
         max_turns: 16,
@@ -55,7 +52,11 @@ async fn a_five_turn_episode_is_one_datum() {
         failure_reward: -1.0,
     };
     let outcome = rollout
-        .play(r#"{"secret": 777}"#, 11, &[Actor::Policy(None)])
+        .play(
+            r#"{"secret": 777}"#,
+            11,
+            &[Actor::Policy(service.base_sampling_client())],
+        )
         .await;
     assert_eq!(outcome.error, None);
     assert_eq!(outcome.steps, 5, "the random policy should not find 777");

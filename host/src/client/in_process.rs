@@ -214,27 +214,14 @@ impl TrainingClient for FullParameterTrainer {
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        let item = self.work_item(&input)?;
-        let outputs = self
-            .trainer
-            .with(move |e| e.forward(&[item]))
-            .await
-            .map_err(trainer_error)?
-            .map_err(train_error)?;
-        only_output(input.loss_fn, outputs)
+        forward(&self.trainer, self.work_item(&input)?, input.loss_fn).await
     }
 
     async fn forward_backward(
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        let item = self.work_item(&input)?;
-        let outputs = self
-            .trainer
-            .forward_backward(vec![item])
-            .await
-            .map_err(trainer_error)?;
-        only_output(input.loss_fn, outputs)
+        forward_backward(&self.trainer, self.work_item(&input)?, input.loss_fn).await
     }
 
     async fn optim_step(&self, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
@@ -386,29 +373,14 @@ impl TrainingClient for LocalTraining {
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        let item = self.work_item(&input)?;
-        let outputs = self
-            .served
-            .trainer
-            .with(move |e| e.forward(&[item]))
-            .await
-            .map_err(trainer_error)?
-            .map_err(train_error)?;
-        only_output(input.loss_fn, outputs)
+        forward(&self.served.trainer, self.work_item(&input)?, input.loss_fn).await
     }
 
     async fn forward_backward(
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        let item = self.work_item(&input)?;
-        let outputs = self
-            .served
-            .trainer
-            .forward_backward(vec![item])
-            .await
-            .map_err(trainer_error)?;
-        only_output(input.loss_fn, outputs)
+        forward_backward(&self.served.trainer, self.work_item(&input)?, input.loss_fn).await
     }
 
     async fn optim_step(&self, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
@@ -494,6 +466,33 @@ impl SamplingClient for LocalSampling {
             .map_err(sampler_error)?;
         Ok(convert::sample_response(output))
     }
+}
+
+/// A `forward` of one work item on the training loop.
+async fn forward(
+    trainer: &TrainerService,
+    item: WorkItem,
+    loss_fn: String,
+) -> Result<ForwardBackwardOutput, ApiError> {
+    let outputs = trainer
+        .with(move |e| e.forward(&[item]))
+        .await
+        .map_err(trainer_error)?
+        .map_err(train_error)?;
+    only_output(loss_fn, outputs)
+}
+
+/// A `forward_backward` of one work item, fused with the other calls of its cycle.
+async fn forward_backward(
+    trainer: &TrainerService,
+    item: WorkItem,
+    loss_fn: String,
+) -> Result<ForwardBackwardOutput, ApiError> {
+    let outputs = trainer
+        .forward_backward(vec![item])
+        .await
+        .map_err(trainer_error)?;
+    only_output(loss_fn, outputs)
 }
 
 /// The one output of a call of one work item.
