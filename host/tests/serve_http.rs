@@ -286,11 +286,11 @@ fn malformed_and_wrong_requests_get_a_4xx_that_names_the_problem() {
             {
                 let mut d = datum(&[1, 2, 3], tensor_i64(&[2, 3, 4]));
                 d.loss_fn_inputs
-                    .insert("mask".into(), tensor_i64(&[1, 1, 1]));
+                    .insert("loss_mask".into(), tensor_i64(&[1, 1, 1]));
                 forward_backward(&server, request(&model, 1, vec![d], "cross_entropy"))
             },
             400,
-            "unknown loss_fn_inputs key \"mask\"",
+            "unknown loss_fn_inputs key \"loss_mask\"",
         ),
         (
             "longer than the context",
