@@ -38,22 +38,28 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 20)]
     cycle_ms: u64,
     /// Milliseconds a training pass should take while one tenant alone has work (0: as
-    /// `--cycle-ms`). Longer passes waste less; a newcomer waits for at most one of them.
-    #[arg(long, default_value_t = 100)]
+    /// `--cycle-ms`; unused when that is 0). Longer passes cost less per token, but how many
+    /// datums share a pass then depends on timing, and with datums of different lengths the
+    /// padding moves results by float rounding: a loop is no longer bit-reproducible.
+    #[arg(long, default_value_t = 0)]
     solo_cycle_ms: u64,
     /// Requests one tenant may have queued or running; past it requests are answered 429.
     #[arg(long, default_value_t = 4096)]
     max_queued_per_tenant: usize,
 }
 
-fn parse_model(text: &str) -> Result<(String, PathBuf), String> {
-    let (name, dir) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?}: expected NAME=DIR"))?;
-    if name.is_empty() || dir.is_empty() {
-        return Err(format!("{text:?}: expected NAME=DIR"));
+/// A `--model` value that is not `NAME=DIR`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?}: expected NAME=DIR")]
+struct NotNameEqualsDir(String);
+
+fn parse_model(text: &str) -> Result<(String, PathBuf), NotNameEqualsDir> {
+    match text.split_once('=') {
+        Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(dir)))
+        }
+        _ => Err(NotNameEqualsDir(text.to_string())),
     }
-    Ok((name.to_string(), PathBuf::from(dir)))
 }
 
 #[derive(Debug, clap::Subcommand)]

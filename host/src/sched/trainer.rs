@@ -70,7 +70,7 @@ pub struct FairShare {
     pub cycle: Option<std::time::Duration>,
     /// The time a pass should take while one tenant alone has work: longer, since nobody waits
     /// behind it (a newcomer waits at most this long once, then passes are `cycle` long), and
-    /// every pass costs a little besides its tokens. `None`: `cycle`.
+    /// every pass costs a little besides its tokens. `None`: `cycle`. Unused without a `cycle`.
     pub solo_cycle: Option<std::time::Duration>,
 }
 
@@ -97,10 +97,11 @@ struct Rate {
 impl Rate {
     /// The tokens of the next pass, with `busy` tenants waiting.
     fn budget(&self, share: &FairShare, busy: usize) -> u64 {
-        let cycle = match busy {
-            0 | 1 => share.solo_cycle.or(share.cycle),
-            _ => share.cycle,
-        };
+        // No cycle: passes are never timed, alone or not.
+        let cycle = share.cycle.map(|cycle| match busy {
+            0 | 1 => share.solo_cycle.unwrap_or(cycle),
+            _ => cycle,
+        });
         match (cycle, self.tokens_per_second) {
             (None, _) => share.pass_tokens,
             (Some(_), None) => MIN_PASS_TOKENS.min(share.pass_tokens),

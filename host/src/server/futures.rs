@@ -198,12 +198,8 @@ impl Futures {
             route,
             body,
         };
-        let journal = Arc::clone(&self.journal);
-        let recorded = tokio::task::spawn_blocking(move || journal.accept(&accepted)).await;
-        if let Err(error) = recorded
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-        {
+        let recorded = self.journal.off_thread(move |j| j.accept(&accepted)).await;
+        if let Err(error) = recorded {
             let mut table = self.lock();
             table.entries.remove(&id);
             table.keys.retain(|_, (request, _)| *request != id);
@@ -296,13 +292,10 @@ impl Futures {
             } = finished;
             let outcome = Arc::new(outcome);
             let (record, request) = (Arc::clone(&outcome), id.clone());
-            let recorded =
-                tokio::task::spawn_blocking(move || journal.finish(&request, &record, &changes))
-                    .await;
-            if let Err(error) = recorded
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()))
-            {
+            let recorded = journal
+                .off_thread(move |j| j.finish(&request, &record, &changes))
+                .await;
+            if let Err(error) = recorded {
                 tracing::error!(request = id, %error, "a finished request could not be recorded");
             }
             // The model's next op may run now that this one is recorded.
@@ -349,11 +342,8 @@ impl Futures {
 impl Futures {
     /// A finished request's answer from the journal.
     async fn recorded(&self, tenant: &TenantId, id: &str) -> Result<Arc<Outcome>, ApiError> {
-        let (journal, request) = (Arc::clone(&self.journal), id.to_string());
-        let answer = tokio::task::spawn_blocking(move || journal.answer(&request))
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .map_err(|e| ApiError::new(ApiErrorKind::Unavailable, e.to_string()))?;
+        let request = id.to_string();
+        let answer = self.journal.off_thread(move |j| j.answer(&request)).await?;
         match answer {
             Some((owner, outcome)) if &owner == tenant => Ok(Arc::new(outcome)),
             _ => Err(ApiError::not_found(format!("request {id:?}"))),

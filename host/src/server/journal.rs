@@ -6,7 +6,7 @@
 //! here, and runs the accepted ones again.
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -21,6 +21,19 @@ pub enum JournalError {
     Database(#[from] rusqlite::Error),
     #[error("the server database holds a damaged record: {0}")]
     Damaged(String),
+    #[error("the server database's worker task ended: {0}")]
+    Worker(#[from] tokio::task::JoinError),
+}
+
+impl From<JournalError> for ApiError {
+    /// A database that cannot record is unavailable (the client may retry); a worker that
+    /// ended abnormally is the server's own fault.
+    fn from(error: JournalError) -> Self {
+        match error {
+            JournalError::Worker(_) => ApiError::internal(error.to_string()),
+            _ => ApiError::new(ApiErrorKind::Unavailable, error.to_string()),
+        }
+    }
 }
 
 /// A request as it was accepted: what is needed to run it again.
@@ -63,6 +76,16 @@ fn digest(bytes: Vec<u8>) -> Result<[u8; 32], JournalError> {
 }
 
 impl Journal {
+    /// Run `work` on the journal on a blocking thread (SQLite's calls block and fsync), off
+    /// the async workers.
+    pub async fn off_thread<T: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl FnOnce(&Journal) -> Result<T, JournalError> + Send + 'static,
+    ) -> Result<T, JournalError> {
+        let journal = Arc::clone(self);
+        tokio::task::spawn_blocking(move || work(&journal)).await?
+    }
+
     /// Open (or make) the journal in `data`'s database.
     pub fn open(data: &Path) -> Result<Self, JournalError> {
         let db = open_database(data)?;

@@ -161,11 +161,11 @@ async fn record(state: &Shared, changes: Vec<Change>) -> Result<(), ApiError> {
     if changes.is_empty() {
         return Ok(());
     }
-    let journal = Arc::clone(&state.journal);
-    tokio::task::spawn_blocking(move || journal.record(&changes))
+    state
+        .journal
+        .off_thread(move |j| j.record(&changes))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::new(ApiErrorKind::Unavailable, e.to_string()))
+        .map_err(ApiError::from)
 }
 
 /// The routes whose requests run as futures: recorded when accepted, answered with a request
