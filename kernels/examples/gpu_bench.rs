@@ -98,7 +98,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         for rows in [1, 16, 64, 512] {
             let x = gpu.upload(&values(rows * inp, 2))?;
             let mut y = gpu.zeros(rows * out)?;
-            let us = time_us(&gpu, || gpu.linear(&x, &w, inp, &mut y, false))?;
+            let us = time_us(&gpu, || gpu.linear(&x, &w, None, inp, &mut y, false))?;
             let gbps = (inp * out * 4) as f64 / us / 1e3;
             println!("| {shape} | {inp} -> {out} | {rows} | {us:.1} | {gbps:.0} |");
             results.record(format!(
@@ -128,7 +128,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         for rows in [16, 64] {
             let x = gpu.upload(&values(rows * inp, 4))?;
             let mut y = gpu.zeros(rows * out)?;
-            let base = time_us(&gpu, || gpu.linear(&x, &w, inp, &mut y, false))?;
+            let base = time_us(&gpu, || gpu.linear(&x, &w, None, inp, &mut y, false))?;
             for adapters in [1usize, 4, 16, 64].into_iter().filter(|&a| a <= rows) {
                 // The sampler sorts rows by adapter: `adapters` runs of equal length.
                 let per = rows / adapters;
@@ -143,14 +143,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                         adapter: Some(adapter(slot)),
                     })
                     .collect();
-                let batch = gpu.lora_batch(&segments)?;
+                let mut batch = gpu.lora_batch(&segments)?;
                 let fused = time_us(&gpu, || {
-                    gpu.linear(&x, &w, inp, &mut y, false)?;
-                    gpu.lora_apply(&x, &mut y, &pool, &batch)
+                    gpu.linear(&x, &w, None, inp, &mut y, false)?;
+                    gpu.lora_apply(&x, &mut y, &pool, &mut batch)
                 })?;
                 // A per-adapter loop: one apply per adapter, each over the whole batch with only
                 // that adapter's rows adapted (how a one-adapter-at-a-time engine serves it).
-                let loops: Vec<_> = (0..adapters)
+                let mut loops: Vec<_> = (0..adapters)
                     .map(|slot| {
                         let segments: Vec<DeviceSegment> = (0..adapters)
                             .map(|s| DeviceSegment {
@@ -162,8 +162,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     })
                     .collect::<Result<_, _>>()?;
                 let looped = time_us(&gpu, || {
-                    gpu.linear(&x, &w, inp, &mut y, false)?;
-                    for batch in &loops {
+                    gpu.linear(&x, &w, None, inp, &mut y, false)?;
+                    for batch in &mut loops {
                         gpu.lora_apply(&x, &mut y, &pool, batch)?;
                     }
                     Ok(())

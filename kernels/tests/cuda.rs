@@ -57,7 +57,14 @@ fn the_kernel_source_compiles_with_nvrtc() {
     match compile_kernels(Some("compute_90")) {
         Ok(ptx) => {
             let ptx = ptx.to_src();
-            for kernel in ["paged_attention", "linear_f32", "linear_bf16", "lora_apply"] {
+            for kernel in [
+                "paged_attention",
+                "linear_f32",
+                "linear_bf16",
+                "lora_shrink",
+                "lora_expand",
+                "rms_norm_into",
+            ] {
                 assert!(ptx.contains(&format!(".entry {kernel}")), "{kernel}");
             }
         }
@@ -97,13 +104,14 @@ fn linear_matches_the_cpu_and_rows_do_not_depend_on_the_batch() {
         linear(&x, &w, inp, &mut want, false);
         let (dx, dw) = (up(&gpu, &x), up(&gpu, &w));
         let mut y = gpu.zeros(rows * out).expect("zeros");
-        gpu.linear(&dx, &dw, inp, &mut y, false).expect("linear");
+        gpu.linear(&dx, &dw, None, inp, &mut y, false)
+            .expect("linear");
         let got = down(&gpu, &y);
         assert_close(&format!("linear {rows}x{inp}x{out}"), &got, &want, 1e-4);
         for row in [0, rows / 2, rows - 1] {
             let alone_x = up(&gpu, &x[row * inp..(row + 1) * inp]);
             let mut alone = gpu.zeros(out).expect("zeros");
-            gpu.linear(&alone_x, &dw, inp, &mut alone, false)
+            gpu.linear(&alone_x, &dw, None, inp, &mut alone, false)
                 .expect("linear");
             assert_eq!(
                 down(&gpu, &alone),
@@ -112,14 +120,23 @@ fn linear_matches_the_cpu_and_rows_do_not_depend_on_the_batch() {
             );
         }
         // Accumulating adds exactly the same sums.
-        gpu.linear(&dx, &dw, inp, &mut y, true).expect("linear");
+        gpu.linear(&dx, &dw, None, inp, &mut y, true)
+            .expect("linear");
         let doubled: Vec<f32> = got.iter().map(|v| v + v).collect();
         assert_eq!(down(&gpu, &y), doubled);
+        // A fused bias is added after the sum, as a separate add_bias would add it.
+        let bias = up(&gpu, &values(out, 3));
+        let mut fused = gpu.zeros(rows * out).expect("zeros");
+        gpu.linear(&dx, &dw, Some(&bias), inp, &mut fused, false)
+            .expect("linear");
+        let mut separate = up(&gpu, &got);
+        gpu.add_bias(&mut separate, &bias).expect("bias");
+        assert_eq!(down(&gpu, &fused), down(&gpu, &separate), "bias");
     }
     let (x, w) = (up(&gpu, &[0.0; 10]), up(&gpu, &[0.0; 12]));
     let mut y = gpu.zeros(3).expect("zeros");
     let error = gpu
-        .linear(&x, &w, 4, &mut y, false)
+        .linear(&x, &w, None, 4, &mut y, false)
         .expect_err("10 is not rows × 4");
     assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
 }
@@ -139,7 +156,7 @@ fn bf16_weights_compute_as_their_rounded_f32_values() {
         let on_device = gpu.to_bf16(&up(&gpu, &w)).expect("to_bf16");
         assert_eq!(gpu.stream().clone_dtoh(&on_device).expect("download"), bits);
         let mut y = gpu.zeros(rows * out).expect("zeros");
-        gpu.linear_bf16(&dx, &dw, inp, &mut y, false)
+        gpu.linear_bf16(&dx, &dw, None, inp, &mut y, false)
             .expect("linear_bf16");
         let got = down(&gpu, &y);
         assert_close(
@@ -150,8 +167,15 @@ fn bf16_weights_compute_as_their_rounded_f32_values() {
         );
         let row = rows - 1;
         let mut alone = gpu.zeros(out).expect("zeros");
-        gpu.linear_bf16(&up(&gpu, &x[row * inp..]), &dw, inp, &mut alone, false)
-            .expect("linear_bf16");
+        gpu.linear_bf16(
+            &up(&gpu, &x[row * inp..]),
+            &dw,
+            None,
+            inp,
+            &mut alone,
+            false,
+        )
+        .expect("linear_bf16");
         assert_eq!(down(&gpu, &alone), got[row * out..]);
         // The embedding gather widens the same bits.
         let indices = gpu.indices(&[out - 1, 0]).expect("indices");
@@ -229,8 +253,9 @@ fn lora_apply_matches_the_cpu_and_rows_do_not_depend_on_their_segments() {
         lora_apply(&x, inp, &mut want, out, &cpu_segments);
         let dx = up(&gpu, &x);
         let mut y = up(&gpu, &base);
-        let batch = gpu.lora_batch(&segments).expect("batch");
-        gpu.lora_apply(&dx, &mut y, &pool, &batch).expect("apply");
+        let mut batch = gpu.lora_batch(&segments).expect("batch");
+        gpu.lora_apply(&dx, &mut y, &pool, &mut batch)
+            .expect("apply");
         let got = down(&gpu, &y);
         assert_close(&format!("lora {inp}->{out}"), &got, &want, 1e-4);
         // The same rows as one-row segments (a decode batch): bit-identical.
@@ -247,13 +272,14 @@ fn lora_apply_matches_the_cpu_and_rows_do_not_depend_on_their_segments() {
             })
             .collect();
         let mut y = up(&gpu, &base);
-        let batch = gpu.lora_batch(&one_by_one).expect("batch");
-        gpu.lora_apply(&dx, &mut y, &pool, &batch).expect("apply");
+        let mut batch = gpu.lora_batch(&one_by_one).expect("batch");
+        gpu.lora_apply(&dx, &mut y, &pool, &mut batch)
+            .expect("apply");
         assert_eq!(down(&gpu, &y), got);
     }
     // A batch naming a slot the pool does not have is refused before any launch.
     let pool = LoraPool::new(&gpu, 2, 8, 8, 4).expect("pool");
-    let batch = gpu
+    let mut batch = gpu
         .lora_batch(&[DeviceSegment {
             rows: 1,
             adapter: Some(AdapterRef {
@@ -265,7 +291,7 @@ fn lora_apply_matches_the_cpu_and_rows_do_not_depend_on_their_segments() {
         .expect("batch");
     let (x, mut y) = (up(&gpu, &[0.0; 8]), gpu.zeros(8).expect("zeros"));
     let error = gpu
-        .lora_apply(&x, &mut y, &pool, &batch)
+        .lora_apply(&x, &mut y, &pool, &mut batch)
         .expect_err("slot 2 of 2");
     assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
 }
@@ -282,6 +308,12 @@ fn row_ops_match_the_cpu() {
     gpu.rms_norm(&mut dx, &up(&gpu, &weight), 1e-6)
         .expect("rms_norm");
     assert_close("rms_norm", &down(&gpu, &dx), &want, 1e-4);
+    let source = up(&gpu, &x);
+    let mut normed = gpu.zeros(x.len()).expect("zeros");
+    gpu.rms_norm_into(&source, &mut normed, &up(&gpu, &weight), 1e-6)
+        .expect("rms_norm_into");
+    assert_eq!(down(&gpu, &normed), down(&gpu, &dx), "rms_norm_into");
+    assert_eq!(down(&gpu, &source), x, "rms_norm_into leaves its input");
 
     let (heads, head_dim, max_positions) = (3, 64, 40);
     let positions = [0usize, 7, 39, 12, 3];

@@ -82,24 +82,19 @@ impl Matrix {
         })
     }
 
-    fn len(&self) -> usize {
-        match self {
-            Matrix::F32(m) => m.len(),
-            Matrix::Bf16(m) => m.len(),
-        }
-    }
-
-    /// `y = x · selfᵀ`.
+    /// `y = x · selfᵀ + bias`, or `y +=` that when `accumulate`.
     fn project(
         &self,
         gpu: &Gpu,
         x: &CudaSlice<f32>,
+        bias: Option<&CudaSlice<f32>>,
         inp: usize,
         y: &mut CudaSlice<f32>,
+        accumulate: bool,
     ) -> Result<(), GpuError> {
         match self {
-            Matrix::F32(m) => gpu.linear(x, m, inp, y, false),
-            Matrix::Bf16(m) => gpu.linear_bf16(x, m, inp, y, false),
+            Matrix::F32(m) => gpu.linear(x, m, bias, inp, y, accumulate),
+            Matrix::Bf16(m) => gpu.linear_bf16(x, m, bias, inp, y, accumulate),
         }
     }
 
@@ -123,6 +118,63 @@ struct CudaLinear {
     inp: usize,
 }
 
+impl CudaLinear {
+    /// `y = x · Wᵀ + b` (or `y +=` that when `accumulate`) plus each row's adapter delta from
+    /// `pool`, the site's adapters.
+    fn apply(
+        &self,
+        gpu: &Gpu,
+        pool: Option<&LoraPool>,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        lora: &mut LoraBatch,
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
+        self.weight
+            .project(gpu, x, self.bias.as_ref(), self.inp, y, accumulate)?;
+        if let Some(pool) = pool {
+            gpu.lora_apply(x, y, pool, lora)?;
+        }
+        Ok(())
+    }
+}
+
+/// The activations of a forward call, kept for the next call of the same number of rows: a
+/// decode loop makes that call every step, so its buffers are allocated once.
+struct Activations {
+    rows: usize,
+    /// The residual stream.
+    x: CudaSlice<f32>,
+    /// A norm of `x`: the input of the attention and of the MLP.
+    normed: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    attended: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+}
+
+impl Activations {
+    fn new(gpu: &Gpu, config: &ModelConfig, rows: usize) -> Result<Activations, GpuError> {
+        let (hidden, head_dim) = (config.hidden_size, config.head_dim);
+        let q_width = config.num_heads * head_dim;
+        let kv_width = config.num_kv_heads * head_dim;
+        let inter = config.intermediate_size;
+        Ok(Activations {
+            rows,
+            x: gpu.zeros(rows * hidden)?,
+            normed: gpu.zeros(rows * hidden)?,
+            q: gpu.zeros(rows * q_width)?,
+            k: gpu.zeros(rows * kv_width)?,
+            v: gpu.zeros(rows * kv_width)?,
+            attended: gpu.zeros(rows * q_width)?,
+            gate: gpu.zeros(rows * inter)?,
+            up: gpu.zeros(rows * inter)?,
+        })
+    }
+}
+
 struct CudaLayer {
     input_norm: CudaSlice<f32>,
     q: CudaLinear,
@@ -137,20 +189,6 @@ struct CudaLayer {
     down: CudaLinear,
 }
 
-impl CudaLayer {
-    fn projection(&self, target: Target) -> &CudaLinear {
-        match target {
-            Target::Q => &self.q,
-            Target::K => &self.k,
-            Target::V => &self.v,
-            Target::O => &self.o,
-            Target::Gate => &self.gate,
-            Target::Up => &self.up,
-            Target::Down => &self.down,
-        }
-    }
-}
-
 /// A base model on one device, with its KV caches and adapter pools.
 pub struct CudaModel {
     gpu: Arc<Gpu>,
@@ -159,6 +197,8 @@ pub struct CudaModel {
     caches: Vec<PagedKvCache>,
     pools: BTreeMap<Site, LoraPool>,
     options: CudaModelOptions,
+    /// The last call's activations, reused by a call of as many rows.
+    activations: Option<Activations>,
 }
 
 fn upload(gpu: &Gpu, tensor: &Tensor) -> Result<CudaSlice<f32>, CudaForwardError> {
@@ -322,6 +362,7 @@ impl CudaModel {
             caches,
             pools,
             options,
+            activations: None,
         })
     }
 
@@ -440,51 +481,69 @@ impl CudaModel {
             .collect();
         let tables: Vec<Vec<usize>> = sequences.iter().map(|s| s.blocks.to_vec()).collect();
         let attention = gpu.attention_batch(&self.caches[0], &rows, &tables)?;
-        let lora = gpu.lora_batch(&segments(sequences))?;
+        let mut lora = gpu.lora_batch(&segments(sequences))?;
+        let mut a = match self.activations.take() {
+            Some(kept) if kept.rows == total => kept,
+            _ => Activations::new(&gpu, c, total)?,
+        };
+        let pool = |layer: usize, target: Target| self.pools.get(&Site::Layer(layer, target));
 
-        let mut x = gpu.zeros(total * hidden)?;
         self.weights
             .embed
-            .gather(&gpu, hidden, &gpu.indices(&tokens)?, &mut x)?;
-        for li in 0..self.weights.layers.len() {
-            let layer = &self.weights.layers[li];
-            let mut h = copy(&gpu, &x)?;
-            gpu.rms_norm(&mut h, &layer.input_norm, eps)?;
-            let mut q = self.project(li, Target::Q, &h, &lora)?;
-            let mut k = self.project(li, Target::K, &h, &lora)?;
-            let v = self.project(li, Target::V, &h, &lora)?;
+            .gather(&gpu, hidden, &gpu.indices(&tokens)?, &mut a.x)?;
+        for (li, layer) in self.weights.layers.iter().enumerate() {
+            gpu.rms_norm_into(&a.x, &mut a.normed, &layer.input_norm, eps)?;
+            let h = &a.normed;
+            layer
+                .q
+                .apply(&gpu, pool(li, Target::Q), h, &mut a.q, &mut lora, false)?;
+            layer
+                .k
+                .apply(&gpu, pool(li, Target::K), h, &mut a.k, &mut lora, false)?;
+            layer
+                .v
+                .apply(&gpu, pool(li, Target::V), h, &mut a.v, &mut lora, false)?;
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                gpu.rms_norm(&mut q, qn, eps)?;
-                gpu.rms_norm(&mut k, kn, eps)?;
+                gpu.rms_norm(&mut a.q, qn, eps)?;
+                gpu.rms_norm(&mut a.k, kn, eps)?;
             }
-            gpu.rope(
-                &mut q,
-                head_dim,
-                attention.positions(),
-                &self.weights.cos,
-                &self.weights.sin,
+            let (cos, sin) = (&self.weights.cos, &self.weights.sin);
+            gpu.rope(&mut a.q, head_dim, attention.positions(), cos, sin)?;
+            gpu.rope(&mut a.k, head_dim, attention.positions(), cos, sin)?;
+            gpu.kv_write(&mut self.caches[li], &attention, &a.k, &a.v)?;
+            gpu.paged_attention(&self.caches[li], &attention, &a.q, shape, &mut a.attended)?;
+            // The output projections add into the residual stream in place.
+            layer.o.apply(
+                &gpu,
+                pool(li, Target::O),
+                &a.attended,
+                &mut a.x,
+                &mut lora,
+                true,
             )?;
-            gpu.rope(
-                &mut k,
-                head_dim,
-                attention.positions(),
-                &self.weights.cos,
-                &self.weights.sin,
-            )?;
-            gpu.kv_write(&mut self.caches[li], &attention, &k, &v)?;
-            let mut attended = gpu.zeros(q.len())?;
-            gpu.paged_attention(&self.caches[li], &attention, &q, shape, &mut attended)?;
-            let o = self.project(li, Target::O, &attended, &lora)?;
-            gpu.add(&mut x, &o)?;
 
-            let layer = &self.weights.layers[li];
-            let mut h = copy(&gpu, &x)?;
-            gpu.rms_norm(&mut h, &layer.post_attention_norm, eps)?;
-            let mut gate = self.project(li, Target::Gate, &h, &lora)?;
-            let up = self.project(li, Target::Up, &h, &lora)?;
-            gpu.silu_mul(&mut gate, &up)?;
-            let down = self.project(li, Target::Down, &gate, &lora)?;
-            gpu.add(&mut x, &down)?;
+            gpu.rms_norm_into(&a.x, &mut a.normed, &layer.post_attention_norm, eps)?;
+            let h = &a.normed;
+            layer.gate.apply(
+                &gpu,
+                pool(li, Target::Gate),
+                h,
+                &mut a.gate,
+                &mut lora,
+                false,
+            )?;
+            layer
+                .up
+                .apply(&gpu, pool(li, Target::Up), h, &mut a.up, &mut lora, false)?;
+            gpu.silu_mul(&mut a.gate, &a.up)?;
+            layer.down.apply(
+                &gpu,
+                pool(li, Target::Down),
+                &a.gate,
+                &mut a.x,
+                &mut lora,
+                true,
+            )?;
         }
         let mut last = Vec::with_capacity(sequences.len());
         let mut end = 0;
@@ -493,33 +552,13 @@ impl CudaModel {
             last.push(end - 1);
         }
         let mut kept = gpu.zeros(last.len() * hidden)?;
-        gpu.gather_rows(&x, hidden, &gpu.indices(&last)?, &mut kept)?;
+        gpu.gather_rows(&a.x, hidden, &gpu.indices(&last)?, &mut kept)?;
+        self.activations = Some(a);
         gpu.rms_norm(&mut kept, &self.weights.norm, eps)?;
         let mut logits = gpu.zeros(last.len() * vocab)?;
         let unembedding = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
-        unembedding.project(&gpu, &kept, hidden, &mut logits)?;
+        unembedding.project(&gpu, &kept, None, hidden, &mut logits, false)?;
         Ok(logits)
-    }
-
-    /// `x · Wᵀ + b` plus each row's adapter delta at this layer's `target`.
-    fn project(
-        &self,
-        layer: usize,
-        target: Target,
-        x: &CudaSlice<f32>,
-        lora: &LoraBatch,
-    ) -> Result<CudaSlice<f32>, CudaForwardError> {
-        let linear = self.weights.layers[layer].projection(target);
-        let out = linear.weight.len() / linear.inp;
-        let mut y = self.gpu.zeros(x.len() / linear.inp * out)?;
-        linear.weight.project(&self.gpu, x, linear.inp, &mut y)?;
-        if let Some(bias) = &linear.bias {
-            self.gpu.add_bias(&mut y, bias)?;
-        }
-        if let Some(pool) = self.pools.get(&Site::Layer(layer, target)) {
-            self.gpu.lora_apply(x, &mut y, pool, lora)?;
-        }
-        Ok(y)
     }
 
     /// Greedy generation of `new_tokens` tokens after each prompt (no stop token), every
@@ -607,13 +646,4 @@ fn segments(sequences: &[CudaSequence<'_>]) -> Vec<DeviceSegment> {
         }
     }
     runs
-}
-
-fn copy(gpu: &Gpu, x: &CudaSlice<f32>) -> Result<CudaSlice<f32>, GpuError> {
-    gpu.stream()
-        .clone_dtod(x)
-        .map_err(|source| GpuError::Driver {
-            doing: "copying on the device",
-            source,
-        })
 }

@@ -75,15 +75,16 @@ __device__ __forceinline__ void rows_dot(const float *__restrict__ x, const W *_
     for (int r = 0; r < ROW_TILE; ++r) acc[r] = warp_sum(acc[r]);
 }
 
-// y (rows × out) = x (rows × inp) · Wᵀ, or y += ... when `accumulate`. W is out × inp, of f32
-// or of bf16 (computed in f32: half the bytes a decode step streams).
+// y (rows × out) = x (rows × inp) · Wᵀ (+ bias), or y += ... when `accumulate`. W is out × inp,
+// of f32 or of bf16 (computed in f32: half the bytes a decode step streams); `bias` (out wide)
+// may be null. The bias is added after the sum, as a separate add would add it.
 // Block: warps of one output column each; blockIdx.y: a tile of ROW_TILE rows. (Measured on an
 // H200: 32-row tiles, which read W once for a decode batch of 32, ran 1.2-2x slower than 8-row
 // tiles at 16 to 512 rows: fewer blocks and more registers per thread.)
 template <typename W>
 __device__ __forceinline__ void linear_tile(const float *__restrict__ x, const W *__restrict__ w,
-                                            float *__restrict__ y, int rows, int inp, int out,
-                                            int accumulate) {
+                                            const float *__restrict__ bias, float *__restrict__ y,
+                                            int rows, int inp, int out, int accumulate) {
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int j = blockIdx.x * warps + warp;
     const int r0 = blockIdx.y * ROW_TILE;
@@ -98,22 +99,24 @@ __device__ __forceinline__ void linear_tile(const float *__restrict__ x, const W
         for (int r = 0; r < ROW_TILE; ++r) {
             if (r < n) {
                 const size_t o = (size_t)(r0 + r) * out + j;
-                y[o] = accumulate ? y[o] + acc[r] : acc[r];
+                float v = accumulate ? y[o] + acc[r] : acc[r];
+                if (bias) v += bias[j];
+                y[o] = v;
             }
         }
     }
 }
 
 extern "C" __global__ void linear_f32(const float *__restrict__ x, const float *__restrict__ w,
-                                      float *__restrict__ y, int rows, int inp, int out,
-                                      int accumulate) {
-    linear_tile(x, w, y, rows, inp, out, accumulate);
+                                      const float *__restrict__ bias, float *__restrict__ y,
+                                      int rows, int inp, int out, int accumulate) {
+    linear_tile(x, w, bias, y, rows, inp, out, accumulate);
 }
 
 extern "C" __global__ void linear_bf16(const float *__restrict__ x, const unsigned short *__restrict__ w,
-                                       float *__restrict__ y, int rows, int inp, int out,
-                                       int accumulate) {
-    linear_tile(x, w, y, rows, inp, out, accumulate);
+                                       const float *__restrict__ bias, float *__restrict__ y,
+                                       int rows, int inp, int out, int accumulate) {
+    linear_tile(x, w, bias, y, rows, inp, out, accumulate);
 }
 
 // A tile of the mixed-adapter LoRA apply: up to ROW_TILE consecutive rows that share one
@@ -127,52 +130,67 @@ struct LoraTile {
 
 // The largest rank a LoRA pool may have: a tile's rank-space rows live in shared memory.
 #define MAX_LORA_RANK 128
-// Output columns one block of lora_apply expands, and how many it stages at a time.
+// Output columns one block of lora_expand expands, and how many it stages at a time.
 #define LORA_COLUMNS 256
 #define LORA_STAGE 32
 
-// y[r, j] += Σ_k s[r, k] · B[j, k] with s = scale · x Aᵀ, for each tile's rows, A and B from the
-// tile's slot of the pools (A: slots × max_rank × inp, B: slots × out × max_rank). blockIdx.x: a
-// tile; blockIdx.y: LORA_COLUMNS columns. Each block first computes its tile's shrink (a warp per
-// rank index) into shared memory, then expands its columns LORA_STAGE at a time: the stage's rows
-// of B (contiguous in the pool) are copied to shared memory with coalesced loads, and warp r adds
-// row r's delta to LORA_STAGE consecutive columns. One launch, no scratch buffer; the blocks of a
-// tile compute the same shrink in the same order, so they agree bit for bit.
-extern "C" __global__ void lora_apply(const float *__restrict__ x, const float *__restrict__ a_pool,
-                                      const float *__restrict__ b_pool,
-                                      const LoraTile *__restrict__ tiles,
-                                      const float *__restrict__ scales, float *__restrict__ y,
-                                      int inp, int out, int max_rank) {
-    __shared__ float shrunk[ROW_TILE][MAX_LORA_RANK];
+// The shrink of the mixed-adapter LoRA apply: s[r, k] = scale · Σ_i x[r, i] A[k, i] for each
+// tile's rows and each k below the tile's rank, A from the tile's slot of the pool (slots ×
+// max_rank × inp), into `shrunk` (rows × stride). blockIdx.x: a tile; blockIdx.y: a group of
+// rank indices, a warp each. Done once per tile, so `lora_expand`'s column blocks do not each
+// read the tile's A again (they did when one kernel did both: at 16 adapters, over a hundred
+// times A's bytes through L2 for each site).
+extern "C" __global__ void lora_shrink(const float *__restrict__ x, const float *__restrict__ a_pool,
+                                       const LoraTile *__restrict__ tiles,
+                                       const float *__restrict__ scales, float *__restrict__ shrunk,
+                                       int inp, int max_rank, int stride) {
+    const LoraTile t = tiles[blockIdx.x];
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int k = blockIdx.y * warps + warp;
+    if (k >= t.rank) return;
+    float acc[ROW_TILE];
+#pragma unroll
+    for (int r = 0; r < ROW_TILE; ++r) acc[r] = 0.0f;
+    const float *a = a_pool + ((size_t)t.slot * max_rank + k) * inp;
+    rows_dot(x + (size_t)t.row * inp, a, inp, t.rows, acc);
+    if (lane == 0) {
+        const float scale = scales[blockIdx.x];
+#pragma unroll
+        for (int r = 0; r < ROW_TILE; ++r) {
+            if (r < t.rows) shrunk[(size_t)(t.row + r) * stride + k] = scale * acc[r];
+        }
+    }
+}
+
+// The expand: y[r, j] += Σ_k s[r, k] · B[j, k] for each tile's rows, B from the tile's slot of
+// the pool (slots × out × max_rank). blockIdx.x: a tile; blockIdx.y: LORA_COLUMNS columns. The
+// tile's rank-space rows are read into shared memory once, then the columns are expanded
+// LORA_STAGE at a time: the stage's rows of B (contiguous in the pool) are copied to shared
+// memory with coalesced loads, and warp r adds row r's delta to LORA_STAGE consecutive columns,
+// summing over k in order.
+extern "C" __global__ void lora_expand(const float *__restrict__ shrunk, const float *__restrict__ b_pool,
+                                       const LoraTile *__restrict__ tiles, float *__restrict__ y,
+                                       int out, int max_rank, int stride) {
+    __shared__ float rank_rows[ROW_TILE][MAX_LORA_RANK];
     // One padding column keeps the lanes' reads of a staged row on different banks.
     __shared__ float staged[LORA_STAGE][MAX_LORA_RANK + 1];
     const LoraTile t = tiles[blockIdx.x];
-    const float scale = scales[blockIdx.x];
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int k = warp; k < t.rank; k += warps) {
-        float acc[ROW_TILE];
-#pragma unroll
-        for (int r = 0; r < ROW_TILE; ++r) acc[r] = 0.0f;
-        const float *a = a_pool + ((size_t)t.slot * max_rank + k) * inp;
-        rows_dot(x + (size_t)t.row * inp, a, inp, t.rows, acc);
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < ROW_TILE; ++r) shrunk[r][k] = scale * acc[r];
-        }
-    }
+    for (int i = threadIdx.x; i < t.rows * t.rank; i += blockDim.x)
+        rank_rows[i / t.rank][i % t.rank] = shrunk[(size_t)(t.row + i / t.rank) * stride + i % t.rank];
     const int first = blockIdx.y * LORA_COLUMNS;
     const int end = min(out, first + LORA_COLUMNS);
     for (int j0 = first; j0 < end; j0 += LORA_STAGE) {
         const int columns = min(LORA_STAGE, end - j0);
         __syncthreads();
         const float *b = b_pool + ((size_t)t.slot * out + j0) * max_rank;
-        for (int i = threadIdx.x; i < columns * max_rank; i += blockDim.x)
-            staged[i / max_rank][i % max_rank] = b[i];
+        for (int i = threadIdx.x; i < columns * t.rank; i += blockDim.x)
+            staged[i / t.rank][i % t.rank] = b[(size_t)(i / t.rank) * max_rank + i % t.rank];
         __syncthreads();
         for (int r = warp; r < t.rows; r += warps) {
             if (lane < columns) {
                 float sum = 0.0f;
-                for (int k = 0; k < t.rank; ++k) sum = fmaf(shrunk[r][k], staged[lane][k], sum);
+                for (int k = 0; k < t.rank; ++k) sum = fmaf(rank_rows[r][k], staged[lane][k], sum);
                 y[(size_t)(t.row + r) * out + j0 + lane] += sum;
             }
         }
@@ -192,16 +210,26 @@ template <typename T> __device__ T block_sum(T v, T *scratch) {
     return total;
 }
 
-// RMSNorm of each row (n wide) in place. Block per row.
-extern "C" __global__ void rms_norm(float *__restrict__ x, const float *__restrict__ weight, int n,
-                                   float eps) {
+// RMSNorm of each row (n wide) of x into out (which may be x). Block per row.
+__device__ __forceinline__ void rms_norm_row(const float *x, float *out, const float *__restrict__ weight,
+                                             int n, float eps) {
     __shared__ float scratch[1024];
-    float *row = x + (size_t)blockIdx.x * n;
+    const float *row = x + (size_t)blockIdx.x * n;
+    float *normed = out + (size_t)blockIdx.x * n;
     float sum = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) sum = fmaf(row[i], row[i], sum);
     const float mean_square = block_sum(sum, scratch) / (float)n;
     const float inv = 1.0f / sqrtf(mean_square + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = row[i] * inv * weight[i];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) normed[i] = row[i] * inv * weight[i];
+}
+
+extern "C" __global__ void rms_norm(float *x, const float *__restrict__ weight, int n, float eps) {
+    rms_norm_row(x, x, weight, n, eps);
+}
+
+extern "C" __global__ void rms_norm_into(const float *__restrict__ x, float *__restrict__ out,
+                                        const float *__restrict__ weight, int n, float eps) {
+    rms_norm_row(x, out, weight, n, eps);
 }
 
 // Rotary embedding (rotate halves) of x (rows × heads × head_dim) in place, row r at

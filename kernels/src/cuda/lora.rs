@@ -3,16 +3,19 @@
 //! largest rank), and a batch's segments become tiles of at most `ROW_TILE` rows of one adapter,
 //! made once per forward pass and used at every site. Prefill and training segments (many rows
 //! of one adapter: SGMV) and decode batches (a row per sequence, each its own adapter: BGMV) run
-//! the same two kernels; only the tiles differ.
+//! the same two kernels (shrink into the batch's rank-space scratch, then expand); only the
+//! tiles differ.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::error::{DriverContext, GpuError, ensure};
 use super::{Gpu, ROW_TILE, grid, grid_y, int};
 
-/// Threads of a block of `lora_apply`: a warp per rank index, then a thread per column.
+/// Threads of a block of `lora_shrink` (a warp per rank index) and of `lora_expand`.
 const APPLY_THREADS: u32 = 256;
-/// Output columns per block (`LORA_COLUMNS` in `kernels.cu`).
+/// Rank indices per block of `lora_shrink`: a warp each.
+const SHRINK_RANKS: usize = APPLY_THREADS as usize / 32;
+/// Output columns per block of `lora_expand` (`LORA_COLUMNS` in `kernels.cu`).
 const APPLY_COLUMNS: usize = 256;
 /// The largest rank of a pool (`MAX_LORA_RANK` in `kernels.cu`): a tile's rank-space rows live
 /// in the block's shared memory.
@@ -111,11 +114,13 @@ pub struct DeviceSegment {
     pub adapter: Option<AdapterRef>,
 }
 
-/// A batch's segments as device tiles, for every site of one forward pass.
+/// A batch's segments as device tiles, for every site of one forward pass, with the scratch its
+/// shrinks write (`rows × max_rank`, reused by each site in turn).
 pub struct LoraBatch {
     /// `{first row, rows, slot, rank}` per tile (`LoraTile` in `kernels.cu`).
     tiles: CudaSlice<i32>,
     scales: CudaSlice<f32>,
+    shrunk: CudaSlice<f32>,
     tile_count: usize,
     rows: usize,
     /// The highest slot and rank any tile uses, checked against each pool at apply.
@@ -158,6 +163,7 @@ impl Gpu {
         Ok(LoraBatch {
             tiles: self.upload(&tiles)?,
             scales: self.upload(&scales)?,
+            shrunk: self.zeros(row.max(1) * max_rank.max(1))?,
             tile_count,
             rows: row,
             slot_end,
@@ -167,12 +173,13 @@ impl Gpu {
 
     /// `y (rows × out) += scale · (x Aᵀ) Bᵀ` for every row of the batch with an adapter, `A`
     /// and `B` from that adapter's slot of `pool`; `x` is `rows × inp`. As [`crate::lora_apply`].
+    /// Two launches: the shrink into the batch's scratch, then the expand into `y`.
     pub fn lora_apply(
         &self,
         x: &CudaSlice<f32>,
         y: &mut CudaSlice<f32>,
         pool: &LoraPool,
-        batch: &LoraBatch,
+        batch: &mut LoraBatch,
     ) -> Result<(), GpuError> {
         let (rows, inp, out, max_rank) = (batch.rows, pool.inp, pool.out, pool.max_rank);
         ensure(x.len() == rows * inp, || {
@@ -197,19 +204,44 @@ impl Gpu {
         if batch.tile_count == 0 {
             return Ok(());
         }
-        let (inp_i, out_i, max_rank_i) =
-            (int(inp, "inp")?, int(out, "out")?, int(max_rank, "rank")?);
-        let mut launch = self.stream().launch_builder(&self.kernels.lora_apply);
-        launch
+        let (inp_i, out_i, max_rank_i, stride_i) = (
+            int(inp, "inp")?,
+            int(out, "out")?,
+            int(max_rank, "rank")?,
+            int(batch.max_rank, "rank")?,
+        );
+        let mut shrink = self.stream().launch_builder(&self.kernels.lora_shrink);
+        shrink
             .arg(x)
             .arg(&pool.a)
-            .arg(&pool.b)
             .arg(&batch.tiles)
             .arg(&batch.scales)
-            .arg(y)
+            .arg(&mut batch.shrunk)
             .arg(&inp_i)
+            .arg(&max_rank_i)
+            .arg(&stride_i);
+        let config = LaunchConfig {
+            grid_dim: (
+                grid(batch.tile_count)?,
+                grid_y(batch.max_rank.div_ceil(SHRINK_RANKS))?,
+                1,
+            ),
+            block_dim: (APPLY_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `lora_shrink`; every tile's rows are inside `x` and the scratch
+        // (`rows × batch.max_rank`), its slot and rank inside the pool (checked above and when
+        // the batch was made).
+        unsafe { shrink.launch(config) }.doing("launching lora_shrink")?;
+        let mut expand = self.stream().launch_builder(&self.kernels.lora_expand);
+        expand
+            .arg(&batch.shrunk)
+            .arg(&pool.b)
+            .arg(&batch.tiles)
+            .arg(y)
             .arg(&out_i)
-            .arg(&max_rank_i);
+            .arg(&max_rank_i)
+            .arg(&stride_i);
         let config = LaunchConfig {
             grid_dim: (
                 grid(batch.tile_count)?,
@@ -219,9 +251,9 @@ impl Gpu {
             block_dim: (APPLY_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches `lora_apply`; every tile's rows are inside `x` and `y`, its slot and
-        // rank inside the pool (checked above and when the batch was made).
-        unsafe { launch.launch(config) }.doing("launching lora_apply")?;
+        // SAFETY: matches `lora_expand`; the same tiles, inside `y` and the scratch the shrink
+        // just wrote, on the same stream.
+        unsafe { expand.launch(config) }.doing("launching lora_expand")?;
         Ok(())
     }
 }

@@ -61,8 +61,10 @@ pub fn compile_kernels(arch: Option<&str>) -> Result<Ptx, GpuError> {
 /// The compiled kernels of one device.
 struct Kernels {
     linear: CudaFunction,
-    lora_apply: CudaFunction,
+    lora_shrink: CudaFunction,
+    lora_expand: CudaFunction,
     rms_norm: CudaFunction,
+    rms_norm_into: CudaFunction,
     rope: CudaFunction,
     silu_mul: CudaFunction,
     log_softmax: CudaFunction,
@@ -112,6 +114,7 @@ impl Gpu {
         // SAFETY: every op of a `Gpu` runs on its one stream, in order, so cudarc's per-buffer
         // events (which order work across streams) would only add two event records per launch.
         unsafe { context.disable_event_tracking() };
+        keep_freed_memory(&context)?;
         let compute_capability = context
             .compute_capability()
             .doing("reading the compute capability")?;
@@ -123,8 +126,10 @@ impl Gpu {
         let function = |name: &'static str| module.load_function(name).doing(name);
         let kernels = Kernels {
             linear: function("linear_f32")?,
-            lora_apply: function("lora_apply")?,
+            lora_shrink: function("lora_shrink")?,
+            lora_expand: function("lora_expand")?,
             rms_norm: function("rms_norm")?,
+            rms_norm_into: function("rms_norm_into")?,
             rope: function("rope")?,
             silu_mul: function("silu_mul")?,
             log_softmax: function("log_softmax")?,
@@ -189,17 +194,18 @@ impl Gpu {
         self.stream.synchronize().doing("synchronising")
     }
 
-    /// `y (rows × out) = x (rows × inp) · Wᵀ` (or `y +=` when `accumulate`), `W` being
-    /// `out × inp`; as [`crate::linear`].
+    /// `y (rows × out) = x (rows × inp) · Wᵀ + bias` (or `y +=` when `accumulate`), `W` being
+    /// `out × inp` and `bias` (`out` wide) optional; as [`crate::linear`] followed by the bias.
     pub fn linear(
         &self,
         x: &CudaSlice<f32>,
         w: &CudaSlice<f32>,
+        bias: Option<&CudaSlice<f32>>,
         inp: usize,
         y: &mut CudaSlice<f32>,
         accumulate: bool,
     ) -> Result<(), GpuError> {
-        self.launch_linear(&self.kernels.linear, x, w, inp, y, accumulate)
+        self.launch_linear(&self.kernels.linear, x, w, bias, inp, y, accumulate)
     }
 
     /// [`Gpu::linear`] with `W` in bf16 (raw bits, see [`bf16_bits`]), computed in f32.
@@ -207,18 +213,21 @@ impl Gpu {
         &self,
         x: &CudaSlice<f32>,
         w: &CudaSlice<u16>,
+        bias: Option<&CudaSlice<f32>>,
         inp: usize,
         y: &mut CudaSlice<f32>,
         accumulate: bool,
     ) -> Result<(), GpuError> {
-        self.launch_linear(&self.kernels.linear_bf16, x, w, inp, y, accumulate)
+        self.launch_linear(&self.kernels.linear_bf16, x, w, bias, inp, y, accumulate)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn launch_linear<W>(
         &self,
         function: &CudaFunction,
         x: &CudaSlice<f32>,
         w: &CudaSlice<W>,
+        bias: Option<&CudaSlice<f32>>,
         inp: usize,
         y: &mut CudaSlice<f32>,
         accumulate: bool,
@@ -232,6 +241,9 @@ impl Gpu {
         })?;
         ensure(y.len() == rows * out, || {
             format!("y must be {rows} × {out}, has {} values", y.len())
+        })?;
+        ensure(bias.is_none_or(|b| b.len() == out), || {
+            format!("the bias must have {out} values")
         })?;
         if rows == 0 || out == 0 {
             return Ok(());
@@ -247,17 +259,22 @@ impl Gpu {
             block_dim: (32 * LINEAR_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
+        let no_bias: u64 = 0;
         let mut launch = self.stream.launch_builder(function);
+        launch.arg(x).arg(w);
+        match bias {
+            Some(bias) => launch.arg(bias),
+            None => launch.arg(&no_bias),
+        };
         launch
-            .arg(x)
-            .arg(w)
             .arg(y)
             .arg(&rows_i)
             .arg(&inp_i)
             .arg(&out_i)
             .arg(&accumulate);
         // SAFETY: the argument list matches `linear_f32` and `linear_bf16` (W of f32 or of bf16
-        // bits as `W`), and the shapes were checked against the buffers' lengths above.
+        // bits as `W`; a null pointer for no bias), and the shapes were checked against the
+        // buffers' lengths above.
         unsafe { launch.launch(config) }.doing("launching a projection")?;
         Ok(())
     }
@@ -282,6 +299,34 @@ impl Gpu {
         launch.arg(x).arg(weight).arg(&n_i).arg(&eps);
         // SAFETY: matches `rms_norm`; one block per whole row of `x`.
         unsafe { launch.launch(row_blocks(rows)?) }.doing("launching rms_norm")?;
+        Ok(())
+    }
+
+    /// RMSNorm of each row of `x` into `out` (rows of `weight.len()`), leaving `x` as it is:
+    /// the residual stream is normed into the next op's input without a copy.
+    pub fn rms_norm_into(
+        &self,
+        x: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        weight: &CudaSlice<f32>,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let n = weight.len();
+        ensure(n > 0 && x.len().is_multiple_of(n), || {
+            format!("x has {} values, not rows × {n}", x.len())
+        })?;
+        ensure(out.len() == x.len(), || {
+            "out must have x's shape".to_string()
+        })?;
+        let rows = x.len() / n;
+        if rows == 0 {
+            return Ok(());
+        }
+        let n_i = int(n, "row width")?;
+        let mut launch = self.stream.launch_builder(&self.kernels.rms_norm_into);
+        launch.arg(x).arg(out).arg(weight).arg(&n_i).arg(&eps);
+        // SAFETY: matches `rms_norm_into`; one block per whole row of `x` and of `out`.
+        unsafe { launch.launch(row_blocks(rows)?) }.doing("launching rms_norm_into")?;
         Ok(())
     }
 
@@ -577,6 +622,28 @@ pub fn bf16_bits(value: f32) -> u16 {
 /// The f32 a bf16's bits stand for.
 pub fn bf16_value(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
+}
+
+/// Lets the device's default memory pool keep what is freed instead of handing it back to the
+/// driver at every synchronisation (its default): a decode loop synchronises every step to read
+/// its tokens, and would otherwise map its activations' memory anew each step.
+fn keep_freed_memory(context: &CudaContext) -> Result<(), GpuError> {
+    if !context.has_async_alloc() {
+        return Ok(());
+    }
+    let mut threshold = u64::MAX;
+    // SAFETY: the device is the context's own; the release threshold attribute takes a u64.
+    unsafe {
+        let pool = cudarc::driver::result::device::get_default_mem_pool(context.cu_device())
+            .doing("reading the device's memory pool")?;
+        cudarc::driver::result::mem_pool::set_attribute(
+            pool,
+            cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&raw mut threshold).cast(),
+        )
+        .doing("setting the memory pool's release threshold")?;
+    }
+    Ok(())
 }
 
 /// A size as the kernels' `int`.
