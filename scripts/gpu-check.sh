@@ -7,9 +7,11 @@
 #   scripts/gpu-check.sh --build   # where cargo is: builds the tests and the benchmark into target/gpu-check/
 #   scripts/gpu-check.sh           # on the GPU machine (no Rust toolchain needed): runs them
 #   scripts/gpu-check.sh --no-peft # the same without PEFT's mixed-adapter decode (about 2 minutes less)
+#   scripts/gpu-check.sh --quick   # the GPU tests and our figures only (no memcheck, no peers)
 #
 # Logs and figures go to $OUT when it is set, else to target/gpu-check/results/. Fails when a GPU
-# test fails or skips itself (a GPU machine must run every one).
+# test fails or skips itself (a GPU machine must run every one); the figures are still taken
+# after a failed test, since a device's time is scarce.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=target/gpu-check
@@ -32,7 +34,13 @@ if [[ "${1:-}" == "--build" ]]; then
 fi
 
 peer_options=()
-[[ "${1:-}" == "--no-peft" ]] && peer_options=(--no-peft)
+quick=false
+case "${1:-}" in
+    --no-peft) peer_options=(--no-peft) ;;
+    --quick) quick=true ;;
+    "") ;;
+    *) echo "unknown option ${1}: see the head of $0" >&2; exit 2 ;;
+esac
 for binary in gpu_bench gpu_decode cuda-tests cuda-forward-tests; do
     [[ -x "$dir/$binary" ]] || { echo "$dir/$binary is missing: run scripts/gpu-check.sh --build first" >&2; exit 1; }
 done
@@ -52,21 +60,35 @@ echo "library path: $LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 date -u +"date: %Y-%m-%d %H:%M UTC"
 
+failed=()
 echo "== GPU tests"
-{ "$dir/cuda-tests" --test-threads 1 && "$dir/cuda-forward-tests" --test-threads 1; } 2>&1 | tee "$out/tests.log"
-if grep -q ': skipped:' "$out/tests.log"; then
-    echo "FAIL: a GPU test skipped itself on the GPU machine" >&2
-    exit 1
+if ! { "$dir/cuda-tests" --test-threads 1 && "$dir/cuda-forward-tests" --test-threads 1; } 2>&1 | tee "$out/tests.log"; then
+    failed+=("GPU tests")
 fi
-if command -v compute-sanitizer >/dev/null; then
+if grep -q ': skipped:' "$out/tests.log"; then
+    failed+=("a GPU test skipped itself on the GPU machine")
+fi
+if ! $quick && command -v compute-sanitizer >/dev/null; then
     echo "== GPU tests under compute-sanitizer (memcheck)"
-    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$dir/cuda-tests" --test-threads 1 \
-        >"$out/memcheck.log" 2>&1 && echo "memcheck: clean" || { tail -n 40 "$out/memcheck.log"; echo "FAIL: memcheck" >&2; exit 1; }
+    if timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$dir/cuda-tests" --test-threads 1 \
+        >"$out/memcheck.log" 2>&1; then
+        echo "memcheck: clean"
+    else
+        tail -n 40 "$out/memcheck.log"
+        failed+=("memcheck")
+    fi
 fi
 
 echo "== kernel figures"
-"$dir/gpu_bench" "$out/gpu_bench.jsonl" | tee "$out/gpu_bench.md"
+"$dir/gpu_bench" "$out/gpu_bench.jsonl" | tee "$out/gpu_bench.md" || failed+=("gpu_bench")
 echo "== decode figures"
-timeout 200 "$dir/gpu_decode" "$out/gpu_decode.jsonl" | tee "$out/gpu_decode.md"
-echo "== PyTorch and transformers on the same shapes"
-PYTHONUNBUFFERED=1 timeout 240 python3 bench/python/gpu_peer.py "${peer_options[@]}" "$out/gpu_bench.jsonl" "$out/gpu_decode.jsonl" | tee "$out/gpu_peer.md"
+timeout 200 "$dir/gpu_decode" "$out/gpu_decode.jsonl" | tee "$out/gpu_decode.md" || failed+=("gpu_decode")
+if ! $quick; then
+    echo "== PyTorch and transformers on the same shapes"
+    PYTHONUNBUFFERED=1 timeout 240 python3 bench/python/gpu_peer.py "${peer_options[@]}" "$out/gpu_bench.jsonl" \
+        "$out/gpu_decode.jsonl" | tee "$out/gpu_peer.md" || failed+=("the peers")
+fi
+if ((${#failed[@]})); then
+    printf 'FAIL: %s\n' "${failed[@]}" >&2
+    exit 1
+fi

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use opentinker::model::ModelConfig;
-use opentinker::sample::cuda_forward::{CudaModel, CudaModelOptions, WeightFormat};
+use opentinker::sample::cuda_forward::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
 use opentinker_kernels::cuda::{AdapterRef, Gpu};
 use serde_json::json;
 
@@ -79,6 +79,43 @@ fn step_ms(
     Ok((full - prefill) / (NEW_TOKENS - 1) as f64 * 1000.0)
 }
 
+/// Milliseconds the host takes to queue one decode step of `batch` sequences at position
+/// `PROMPT` (the forward returns once its launches are queued, before the device has run them),
+/// the mean of 20 steps, each waited for before the next: when this is close to the step's
+/// time, the step is bound by the host's launches, not by the device.
+fn enqueue_ms(
+    model: &mut CudaModel,
+    batch: usize,
+    adapters: &[Option<AdapterRef>],
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let per = (PROMPT + 1).div_ceil(16);
+    let tables: Vec<Vec<usize>> = (0..batch)
+        .map(|i| (i * per..(i + 1) * per).collect())
+        .collect();
+    let tokens: Vec<u32> = (0..batch as u32).collect();
+    let sequences: Vec<CudaSequence<'_>> = (0..batch)
+        .map(|i| CudaSequence {
+            tokens: &tokens[i..=i],
+            start: PROMPT,
+            blocks: &tables[i],
+            adapter: adapters.get(i).copied().flatten(),
+        })
+        .collect();
+    let mut total = 0.0;
+    for round in 0..23 {
+        model.gpu().synchronize()?;
+        let started = Instant::now();
+        let logits = model.forward(&sequences)?;
+        let elapsed = started.elapsed().as_secs_f64();
+        model.gpu().synchronize()?;
+        drop(logits);
+        if round >= 3 {
+            total += elapsed;
+        }
+    }
+    Ok(total / 20.0 * 1000.0)
+}
+
 fn main() {
     if let Err(error) = run() {
         eprintln!("gpu_decode: {error}");
@@ -96,8 +133,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "\ndecode step of the CUDA forward (greedy; prompt {PROMPT}, {NEW_TOKENS} new tokens)"
     );
-    println!("| shape | weights | batch | adapters | step ms | tokens/s | step / base step |");
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| shape | weights | batch | adapters | step ms | tokens/s | step / base step | host queues a step in (ms) |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for ((name, json), weights) in shapes().into_iter().flat_map(|shape| {
         [
             (shape.clone(), WeightFormat::F32),
@@ -122,17 +161,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .collect::<Result<_, _>>()?;
         for batch in [1usize, 16, 64] {
             let base = step_ms(&mut model, batch, &[])?;
-            let mut runs = vec![(0usize, base)];
+            let mut runs = vec![(0usize, base, enqueue_ms(&mut model, batch, &[])?)];
             if batch >= 16 {
                 // Rows sorted by adapter, as the sampler batches them: 16 equal runs.
                 let spread: Vec<Option<AdapterRef>> =
                     (0..batch).map(|i| Some(adapters[i * 16 / batch])).collect();
-                runs.push((16, step_ms(&mut model, batch, &spread)?));
+                let ms = step_ms(&mut model, batch, &spread)?;
+                runs.push((16, ms, enqueue_ms(&mut model, batch, &spread)?));
             }
-            for (count, ms) in runs {
+            for (count, ms, host_ms) in runs {
                 let tokens_per_second = batch as f64 / ms * 1000.0;
                 println!(
-                    "| {name} | {dtype} | {batch} | {count} | {ms:.2} | {tokens_per_second:.0} | {:.2} |",
+                    "| {name} | {dtype} | {batch} | {count} | {ms:.2} | {tokens_per_second:.0} | {:.2} | {host_ms:.2} |",
                     ms / base
                 );
                 if let Some(file) = &mut results {
@@ -140,7 +180,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                         "kind": "decode", "shape": name, "config": json, "weights": dtype,
                         "batch": batch,
                         "adapters": count, "rank": RANK, "prompt": PROMPT,
-                        "new_tokens": NEW_TOKENS, "step_ms": ms,
+                        "new_tokens": NEW_TOKENS, "step_ms": ms, "host_ms": host_ms,
                     });
                     writeln!(file, "{line}")?;
                 }

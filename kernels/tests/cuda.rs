@@ -61,6 +61,8 @@ fn the_kernel_source_compiles_with_nvrtc() {
                 "paged_attention",
                 "linear_f32",
                 "linear_bf16",
+                "linear_wide_f32",
+                "linear_wide_bf16",
                 "lora_shrink",
                 "lora_expand",
                 "rms_norm_into",
@@ -89,14 +91,18 @@ fn a_missing_device_is_named_not_a_crash() {
 #[test]
 fn linear_matches_the_cpu_and_rows_do_not_depend_on_the_batch() {
     let Some(gpu) = gpu("linear") else { return };
-    // Widths that take the float4 path (multiples of 4) and the scalar one; row counts across
-    // and inside the row tile.
+    // Widths that take the float4 path (multiples of 4) and the scalar one; row counts of the
+    // narrow tiling (up to 8) and of the wide one (partial row tiles and column pairs too); a row
+    // alone (narrow) must equal that row in a wide batch bit for bit.
     for (rows, inp, out) in [
         (1, 64, 40),
         (7, 37, 33),
         (19, 128, 96),
         (64, 896, 200),
         (3, 5, 1),
+        (21, 37, 33),
+        (20, 64, 33),
+        (9, 5, 1),
     ] {
         let x = values(rows * inp, 1);
         let w = values(out * inp, 2);

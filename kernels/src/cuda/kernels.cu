@@ -40,71 +40,135 @@ __device__ __forceinline__ float4 load4(const unsigned short *w, int c) {
 __device__ __forceinline__ float load1(const float *w, int k) { return w[k]; }
 __device__ __forceinline__ float load1(const unsigned short *w, int k) { return bf16_to_float(w[k]); }
 
-// acc[r] += dot(x row r, w) over `inp`, lane-strided; `rows` <= ROW_TILE rows of x, `inp` apart.
-// With `inp` a multiple of 4 the loads are vectorised (x and w come from cudaMalloc, 256-byte
-// aligned). A row's sum runs in the same order whatever the other rows of the tile are.
-template <typename W>
-__device__ __forceinline__ void rows_dot(const float *__restrict__ x, const W *__restrict__ w,
-                                         int inp, int rows, float acc[ROW_TILE]) {
+// acc[r][c] += dot(x row r, W row c) over `inp`, lane-strided: lane l sums the float4 chunks
+// l, l + 32, ... (or, when `inp` is not a multiple of 4, the elements l, l + 32, ...) in order,
+// then the lanes meet in the butterfly. `rows` <= R rows of x and `cols` <= C rows of W, each
+// `inp` apart. Every output's sum runs in this one order whatever R, C and the other rows and
+// columns of the tile are, so tiles of any shape give a row the same bits. (x and W come from
+// cudaMalloc, 256-byte aligned, so the vectorised loads are aligned.)
+template <typename W, int R, int C>
+__device__ __forceinline__ void tile_dot(const float *__restrict__ x, const W *__restrict__ w, int inp,
+                                         int rows, int cols, float acc[R][C]) {
     const int lane = threadIdx.x & 31;
     if ((inp & 3) == 0) {
         const int chunks = inp >> 2;
-        for (int c = lane; c < chunks; c += 32) {
-            const float4 wv = load4(w, c);
+        for (int ch = lane; ch < chunks; ch += 32) {
+            float4 wv[C];
 #pragma unroll
-            for (int r = 0; r < ROW_TILE; ++r) {
+            for (int c = 0; c < C; ++c)
+                wv[c] = c < cols ? load4(w + (size_t)c * inp, ch) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
                 if (r < rows) {
-                    const float4 xv = reinterpret_cast<const float4 *>(x + (size_t)r * inp)[c];
-                    acc[r] = fmaf(xv.x, wv.x, acc[r]);
-                    acc[r] = fmaf(xv.y, wv.y, acc[r]);
-                    acc[r] = fmaf(xv.z, wv.z, acc[r]);
-                    acc[r] = fmaf(xv.w, wv.w, acc[r]);
+                    const float4 xv = reinterpret_cast<const float4 *>(x + (size_t)r * inp)[ch];
+#pragma unroll
+                    for (int c = 0; c < C; ++c) {
+                        acc[r][c] = fmaf(xv.x, wv[c].x, acc[r][c]);
+                        acc[r][c] = fmaf(xv.y, wv[c].y, acc[r][c]);
+                        acc[r][c] = fmaf(xv.z, wv[c].z, acc[r][c]);
+                        acc[r][c] = fmaf(xv.w, wv[c].w, acc[r][c]);
+                    }
                 }
             }
         }
     } else {
         for (int k = lane; k < inp; k += 32) {
-            const float wv = load1(w, k);
+            float wv[C];
 #pragma unroll
-            for (int r = 0; r < ROW_TILE; ++r) {
-                if (r < rows) acc[r] = fmaf(x[(size_t)r * inp + k], wv, acc[r]);
+            for (int c = 0; c < C; ++c) wv[c] = c < cols ? load1(w + (size_t)c * inp, k) : 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (r < rows) {
+                    const float xv = x[(size_t)r * inp + k];
+#pragma unroll
+                    for (int c = 0; c < C; ++c) acc[r][c] = fmaf(xv, wv[c], acc[r][c]);
+                }
             }
         }
     }
 #pragma unroll
-    for (int r = 0; r < ROW_TILE; ++r) acc[r] = warp_sum(acc[r]);
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[r][c] = warp_sum(acc[r][c]);
+    }
 }
 
-// y (rows × out) = x (rows × inp) · Wᵀ (+ bias), or y += ... when `accumulate`. W is out × inp,
-// of f32 or of bf16 (computed in f32: half the bytes a decode step streams); `bias` (out wide)
-// may be null. The bias is added after the sum, as a separate add would add it.
-// Block: warps of one output column each; blockIdx.y: a tile of ROW_TILE rows. (Measured on an
-// H200: 32-row tiles, which read W once for a decode batch of 32, ran 1.2-2x slower than 8-row
-// tiles at 16 to 512 rows: fewer blocks and more registers per thread.)
-template <typename W>
-__device__ __forceinline__ void linear_tile(const float *__restrict__ x, const W *__restrict__ w,
-                                            const float *__restrict__ bias, float *__restrict__ y,
-                                            int rows, int inp, int out, int accumulate) {
-    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int j = blockIdx.x * warps + warp;
-    const int r0 = blockIdx.y * ROW_TILE;
-    if (j >= out) return;
-    const int n = min(ROW_TILE, rows - r0);
-    float acc[ROW_TILE];
+// One warp's tile of a projection: rows r0.. (at most R) × columns j0.. (at most C) of
+// y = x · Wᵀ (+ bias), or y += ... when `accumulate`. The bias is added after the sum, as a
+// separate add would add it. After the butterfly every lane holds every sum; lane i stores
+// output i of the tile.
+template <typename W, int R, int C>
+__device__ __forceinline__ void linear_warp_tile(const float *__restrict__ x, const W *__restrict__ w,
+                                                 const float *__restrict__ bias, float *__restrict__ y,
+                                                 int rows, int inp, int out, int r0, int j0,
+                                                 int accumulate) {
+    const int lane = threadIdx.x & 31;
+    const int n = min(R, rows - r0), cols = min(C, out - j0);
+    float acc[R][C];
 #pragma unroll
-    for (int r = 0; r < ROW_TILE; ++r) acc[r] = 0.0f;
-    rows_dot(x + (size_t)r0 * inp, w + (size_t)j * inp, inp, n, acc);
-    if (lane == 0) {
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-        for (int r = 0; r < ROW_TILE; ++r) {
-            if (r < n) {
-                const size_t o = (size_t)(r0 + r) * out + j;
-                float v = accumulate ? y[o] + acc[r] : acc[r];
-                if (bias) v += bias[j];
+        for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
+    }
+    tile_dot<W, R, C>(x + (size_t)r0 * inp, w + (size_t)j0 * inp, inp, n, cols, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            if (((r * C + c) & 31) == lane && r < n && c < cols) {
+                const size_t o = (size_t)(r0 + r) * out + j0 + c;
+                float v = accumulate ? y[o] + acc[r][c] : acc[r][c];
+                if (bias) v += bias[j0 + c];
                 y[o] = v;
             }
         }
     }
+}
+
+// y (rows × out) = x (rows × inp) · Wᵀ (+ bias), or y += ... when `accumulate`. W is out × inp,
+// of f32 or of bf16 (computed in f32: half the bytes a decode step streams); `bias` (out wide)
+// may be null. Two tilings of the same sums (`tile_dot`'s order), so a row's bits do not depend
+// on which one ran it:
+// - narrow, for up to ROW_TILE rows (decode): a warp per output column, blockIdx.y a tile of
+//   ROW_TILE rows; as many warps as columns keep the weights streaming at full bandwidth.
+// - wide, for more rows: a warp per WIDE_ROWS × WIDE_COLS outputs, so each weight read serves
+//   WIDE_ROWS rows and each x read WIDE_COLS columns (the narrow tiling re-read the x tile once
+//   per column, which bound it at 16 to 512 rows); blockIdx.x is the row tile, so the blocks
+//   that share a column group run together and read its weights from HBM once.
+#define WIDE_ROWS 16
+#define WIDE_COLS 2
+template <typename W>
+__device__ __forceinline__ void linear_tile(const float *__restrict__ x, const W *__restrict__ w,
+                                            const float *__restrict__ bias, float *__restrict__ y,
+                                            int rows, int inp, int out, int accumulate) {
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    const int j = blockIdx.x * warps + warp;
+    if (j >= out) return;
+    linear_warp_tile<W, ROW_TILE, 1>(x, w, bias, y, rows, inp, out, blockIdx.y * ROW_TILE, j, accumulate);
+}
+
+template <typename W>
+__device__ __forceinline__ void linear_wide(const float *__restrict__ x, const W *__restrict__ w,
+                                            const float *__restrict__ bias, float *__restrict__ y,
+                                            int rows, int inp, int out, int accumulate) {
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    const int j0 = (blockIdx.y * warps + warp) * WIDE_COLS;
+    if (j0 >= out) return;
+    linear_warp_tile<W, WIDE_ROWS, WIDE_COLS>(x, w, bias, y, rows, inp, out, blockIdx.x * WIDE_ROWS, j0,
+                                             accumulate);
+}
+
+extern "C" __global__ void linear_wide_f32(const float *__restrict__ x, const float *__restrict__ w,
+                                           const float *__restrict__ bias, float *__restrict__ y,
+                                           int rows, int inp, int out, int accumulate) {
+    linear_wide(x, w, bias, y, rows, inp, out, accumulate);
+}
+
+extern "C" __global__ void linear_wide_bf16(const float *__restrict__ x,
+                                            const unsigned short *__restrict__ w,
+                                            const float *__restrict__ bias, float *__restrict__ y,
+                                            int rows, int inp, int out, int accumulate) {
+    linear_wide(x, w, bias, y, rows, inp, out, accumulate);
 }
 
 extern "C" __global__ void linear_f32(const float *__restrict__ x, const float *__restrict__ w,
@@ -148,16 +212,16 @@ extern "C" __global__ void lora_shrink(const float *__restrict__ x, const float 
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int k = blockIdx.y * warps + warp;
     if (k >= t.rank) return;
-    float acc[ROW_TILE];
+    float acc[ROW_TILE][1];
 #pragma unroll
-    for (int r = 0; r < ROW_TILE; ++r) acc[r] = 0.0f;
+    for (int r = 0; r < ROW_TILE; ++r) acc[r][0] = 0.0f;
     const float *a = a_pool + ((size_t)t.slot * max_rank + k) * inp;
-    rows_dot(x + (size_t)t.row * inp, a, inp, t.rows, acc);
-    if (lane == 0) {
+    tile_dot<float, ROW_TILE, 1>(x + (size_t)t.row * inp, a, inp, t.rows, 1, acc);
+    if (lane < t.rows) {
         const float scale = scales[blockIdx.x];
 #pragma unroll
         for (int r = 0; r < ROW_TILE; ++r) {
-            if (r < t.rows) shrunk[(size_t)(t.row + r) * stride + k] = scale * acc[r];
+            if (r == lane) shrunk[(size_t)(t.row + r) * stride + k] = scale * acc[r][0];
         }
     }
 }

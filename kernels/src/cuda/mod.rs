@@ -26,8 +26,12 @@ pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 
 /// Rows of one tile of the projection and LoRA kernels (`ROW_TILE` in `kernels.cu`).
 const ROW_TILE: usize = 8;
-/// Output columns per block of the projection (one warp each).
+/// Warps per block of the projection.
 const LINEAR_WARPS: u32 = 8;
+/// Rows and columns of one warp's tile in the projection's wide tiling (`WIDE_ROWS` and
+/// `WIDE_COLS` in `kernels.cu`).
+const WIDE_ROWS: usize = 16;
+const WIDE_COLS: usize = 2;
 /// Threads of the row-reduction kernels (a power of two: their reduction tree is fixed by it).
 const REDUCE_THREADS: u32 = 256;
 /// Threads of the elementwise kernels.
@@ -76,6 +80,8 @@ struct Kernels {
     argmax_rows: CudaFunction,
     fill_uniform: CudaFunction,
     linear_bf16: CudaFunction,
+    linear_wide: CudaFunction,
+    linear_wide_bf16: CudaFunction,
     gather_rows_bf16: CudaFunction,
     to_bf16: CudaFunction,
 }
@@ -141,6 +147,8 @@ impl Gpu {
             argmax_rows: function("argmax_rows")?,
             fill_uniform: function("fill_uniform")?,
             linear_bf16: function("linear_bf16")?,
+            linear_wide: function("linear_wide_f32")?,
+            linear_wide_bf16: function("linear_wide_bf16")?,
             gather_rows_bf16: function("gather_rows_bf16")?,
             to_bf16: function("to_bf16")?,
         };
@@ -205,7 +213,8 @@ impl Gpu {
         y: &mut CudaSlice<f32>,
         accumulate: bool,
     ) -> Result<(), GpuError> {
-        self.launch_linear(&self.kernels.linear, x, w, bias, inp, y, accumulate)
+        let kernels = [&self.kernels.linear, &self.kernels.linear_wide];
+        self.launch_linear(kernels, x, w, bias, inp, y, accumulate)
     }
 
     /// [`Gpu::linear`] with `W` in bf16 (raw bits, see [`bf16_bits`]), computed in f32.
@@ -218,13 +227,16 @@ impl Gpu {
         y: &mut CudaSlice<f32>,
         accumulate: bool,
     ) -> Result<(), GpuError> {
-        self.launch_linear(&self.kernels.linear_bf16, x, w, bias, inp, y, accumulate)
+        let kernels = [&self.kernels.linear_bf16, &self.kernels.linear_wide_bf16];
+        self.launch_linear(kernels, x, w, bias, inp, y, accumulate)
     }
 
+    /// Launches the narrow tiling (`[0]`) of the projection for up to `ROW_TILE` rows, the
+    /// wide one (`[1]`) for more: the same sums in the same order (see `kernels.cu`).
     #[allow(clippy::too_many_arguments)]
     fn launch_linear<W>(
         &self,
-        function: &CudaFunction,
+        [narrow, wide]: [&CudaFunction; 2],
         x: &CudaSlice<f32>,
         w: &CudaSlice<W>,
         bias: Option<&CudaSlice<f32>>,
@@ -250,12 +262,15 @@ impl Gpu {
         }
         let (rows_i, inp_i, out_i) = (int(rows, "rows")?, int(inp, "inp")?, int(out, "out")?);
         let accumulate = i32::from(accumulate);
+        let (function, grid_dim) = if rows <= ROW_TILE {
+            let columns = out.div_ceil(LINEAR_WARPS as usize);
+            (narrow, (grid(columns)?, 1, 1))
+        } else {
+            let columns = out.div_ceil(LINEAR_WARPS as usize * WIDE_COLS);
+            (wide, (grid(rows.div_ceil(WIDE_ROWS))?, grid_y(columns)?, 1))
+        };
         let config = LaunchConfig {
-            grid_dim: (
-                grid(out.div_ceil(LINEAR_WARPS as usize))?,
-                grid_y(rows.div_ceil(ROW_TILE))?,
-                1,
-            ),
+            grid_dim,
             block_dim: (32 * LINEAR_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
