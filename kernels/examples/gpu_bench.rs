@@ -108,6 +108,23 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!(
+        "
+projection with bf16 weights (computed in f32): microseconds per call, weight bytes / time"
+    );
+    println!("| shape | in -> out | rows | us | GB/s |");
+    println!("|---|---|---:|---:|---:|");
+    for (shape, inp, out) in [("7B", 3584, 18944), ("7B", 18944, 3584)] {
+        let w = gpu.to_bf16(&gpu.upload(&values(inp * out, 1))?)?;
+        for rows in [1, 16, 64] {
+            let x = gpu.upload(&values(rows * inp, 2))?;
+            let mut y = gpu.zeros(rows * out)?;
+            let us = time_us(&gpu, || gpu.linear_bf16(&x, &w, None, inp, &mut y, false))?;
+            let gbps = (inp * out * 2) as f64 / us / 1e3;
+            println!("| {shape} | {inp} -> {out} | {rows} | {us:.1} | {gbps:.0} |");
+        }
+    }
+
+    println!(
         "\nmixed-adapter LoRA (rank 16) on a decode batch: projection + LoRA vs the projection alone"
     );
     println!(

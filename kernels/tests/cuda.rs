@@ -203,9 +203,15 @@ fn bf16_weights_compute_as_their_rounded_f32_values() {
 #[test]
 fn lora_apply_matches_the_cpu_and_rows_do_not_depend_on_their_segments() {
     let Some(gpu) = gpu("lora_apply") else { return };
-    for (inp, out) in [(896, 128), (37, 29)] {
-        // Adapter i has rank 4·(i + 1) (ranks 4, 8, 12 in a pool of rank 16).
-        let ranks = [4, 8, 12];
+    // Widths of one and of many 512-wide shrink segments, on the float4 path and the scalar
+    // one; outputs of one and of several 256-column expand blocks; ranks whose B columns are
+    // staged at once (up to 32) and in several stages (40 and 100).
+    for (inp, out, ranks, pool_rank) in [
+        (896, 128, [4, 8, 12], 16),
+        (37, 29, [4, 8, 12], 16),
+        (4864, 300, [4, 40, 100], 128),
+        (1283, 529, [16, 2, 33], 40),
+    ] {
         let a: Vec<Vec<f32>> = (0..3)
             .map(|i| values(ranks[i] * inp, 10 + i as u64))
             .collect();
@@ -213,7 +219,7 @@ fn lora_apply_matches_the_cpu_and_rows_do_not_depend_on_their_segments() {
             .map(|i| values(out * ranks[i], 20 + i as u64))
             .collect();
         let scales = [0.5, 2.0, 1.25];
-        let mut pool = LoraPool::new(&gpu, 5, inp, out, 16).expect("pool");
+        let mut pool = LoraPool::new(&gpu, 5, inp, out, pool_rank).expect("pool");
         // Slots 1, 2 and 4 hold adapters 0, 1 and 2.
         let slots = [1, 2, 4];
         for i in 0..3 {

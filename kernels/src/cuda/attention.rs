@@ -9,9 +9,12 @@ use super::error::{DriverContext, GpuError, ensure};
 use super::{DeviceIndices, Gpu, elementwise, grid, grid_y, int};
 use crate::Heads;
 
-/// Shared memory a block may take without opting in: the scores of one row, so at most this
-/// many positions (`/ 4`) per sequence.
-const SCORES_BYTES: usize = 48 * 1024;
+/// Threads of a block of `paged_attention` (`ATTENTION_THREADS` in `kernels.cu`; a power of
+/// two, which its reductions need).
+const ATTENTION_THREADS: u32 = 128;
+/// Shared memory a block may take without opting in (48 KiB), less the kernel's own reduction
+/// scratch: the scores of one row, so at most this many positions (`/ 4`) per sequence.
+const SCORES_BYTES: usize = 47 * 1024;
 
 /// The keys and values of every sequence: `blocks × kv_heads × block_size × head_dim` each.
 pub struct PagedKvCache {
@@ -228,7 +231,7 @@ impl Gpu {
             .arg(&scale);
         let config = LaunchConfig {
             grid_dim: (grid(rows)?, grid_y(heads.heads)?, 1),
-            block_dim: (32, 1, 1),
+            block_dim: (ATTENTION_THREADS, 1, 1),
             shared_mem_bytes: (batch.positions.end * 4) as u32,
         };
         // SAFETY: matches `paged_attention`; positions, blocks and shapes were checked against

@@ -40,27 +40,28 @@ __device__ __forceinline__ float4 load4(const unsigned short *w, int c) {
 __device__ __forceinline__ float load1(const float *w, int k) { return w[k]; }
 __device__ __forceinline__ float load1(const unsigned short *w, int k) { return bf16_to_float(w[k]); }
 
-// acc[r][c] += dot(x row r, W row c) over `inp`, lane-strided: lane l sums the float4 chunks
-// l, l + 32, ... (or, when `inp` is not a multiple of 4, the elements l, l + 32, ...) in order,
-// then the lanes meet in the butterfly. `rows` <= R rows of x and `cols` <= C rows of W, each
-// `inp` apart. Every output's sum runs in this one order whatever R, C and the other rows and
-// columns of the tile are, so tiles of any shape give a row the same bits. (x and W come from
-// cudaMalloc, 256-byte aligned, so the vectorised loads are aligned.)
+// acc[r][c] += dot(x row r, W row c) over `len` elements, lane-strided: lane l sums the float4
+// chunks l, l + 32, ... (or, when `len` or `stride` is not a multiple of 4, the elements l,
+// l + 32, ...) in order, then the lanes meet in the butterfly. `rows` <= R rows of x and
+// `cols` <= C rows of W, each `stride` apart. Every output's sum runs in this one order whatever
+// R, C and the other rows and columns of the tile are, so tiles of any shape give a row the
+// same bits. (x and W come from cudaMalloc, 256-byte aligned, so the vectorised loads are
+// aligned when the stride and the start are multiples of 4.)
 template <typename W, int R, int C>
-__device__ __forceinline__ void tile_dot(const float *__restrict__ x, const W *__restrict__ w, int inp,
-                                         int rows, int cols, float acc[R][C]) {
+__device__ __forceinline__ void tile_dot(const float *__restrict__ x, const W *__restrict__ w, int len,
+                                         int stride, int rows, int cols, float acc[R][C]) {
     const int lane = threadIdx.x & 31;
-    if ((inp & 3) == 0) {
-        const int chunks = inp >> 2;
+    if ((len & 3) == 0 && (stride & 3) == 0) {
+        const int chunks = len >> 2;
         for (int ch = lane; ch < chunks; ch += 32) {
             float4 wv[C];
 #pragma unroll
             for (int c = 0; c < C; ++c)
-                wv[c] = c < cols ? load4(w + (size_t)c * inp, ch) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                wv[c] = c < cols ? load4(w + (size_t)c * stride, ch) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 if (r < rows) {
-                    const float4 xv = reinterpret_cast<const float4 *>(x + (size_t)r * inp)[ch];
+                    const float4 xv = reinterpret_cast<const float4 *>(x + (size_t)r * stride)[ch];
 #pragma unroll
                     for (int c = 0; c < C; ++c) {
                         acc[r][c] = fmaf(xv.x, wv[c].x, acc[r][c]);
@@ -72,14 +73,14 @@ __device__ __forceinline__ void tile_dot(const float *__restrict__ x, const W *_
             }
         }
     } else {
-        for (int k = lane; k < inp; k += 32) {
+        for (int k = lane; k < len; k += 32) {
             float wv[C];
 #pragma unroll
-            for (int c = 0; c < C; ++c) wv[c] = c < cols ? load1(w + (size_t)c * inp, k) : 0.0f;
+            for (int c = 0; c < C; ++c) wv[c] = c < cols ? load1(w + (size_t)c * stride, k) : 0.0f;
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 if (r < rows) {
-                    const float xv = x[(size_t)r * inp + k];
+                    const float xv = x[(size_t)r * stride + k];
 #pragma unroll
                     for (int c = 0; c < C; ++c) acc[r][c] = fmaf(xv, wv[c], acc[r][c]);
                 }
@@ -93,29 +94,20 @@ __device__ __forceinline__ void tile_dot(const float *__restrict__ x, const W *_
     }
 }
 
-// One warp's tile of a projection: rows r0.. (at most R) × columns j0.. (at most C) of
-// y = x · Wᵀ (+ bias), or y += ... when `accumulate`. The bias is added after the sum, as a
+// Stores one warp's tile of a projection, rows r0.. (`rows` of them) × columns j0.. (`cols`):
+// y = acc (+ bias), or y += ... when `accumulate`. The bias is added after the sum, as a
 // separate add would add it. After the butterfly every lane holds every sum; lane i stores
 // output i of the tile.
-template <typename W, int R, int C>
-__device__ __forceinline__ void linear_warp_tile(const float *__restrict__ x, const W *__restrict__ w,
-                                                 const float *__restrict__ bias, float *__restrict__ y,
-                                                 int rows, int inp, int out, int r0, int j0,
-                                                 int accumulate) {
+template <int R, int C>
+__device__ __forceinline__ void store_tile(float acc[R][C], const float *__restrict__ bias,
+                                           float *__restrict__ y, int out, int r0, int rows, int j0,
+                                           int cols, int accumulate) {
     const int lane = threadIdx.x & 31;
-    const int n = min(R, rows - r0), cols = min(C, out - j0);
-    float acc[R][C];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
-    }
-    tile_dot<W, R, C>(x + (size_t)r0 * inp, w + (size_t)j0 * inp, inp, n, cols, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-            if (((r * C + c) & 31) == lane && r < n && c < cols) {
+            if (((r * C + c) & 31) == lane && r < rows && c < cols) {
                 const size_t o = (size_t)(r0 + r) * out + j0 + c;
                 float v = accumulate ? y[o] + acc[r][c] : acc[r][c];
                 if (bias) v += bias[j0 + c];
@@ -132,11 +124,15 @@ __device__ __forceinline__ void linear_warp_tile(const float *__restrict__ x, co
 // - narrow, for up to ROW_TILE rows (decode): a warp per output column, blockIdx.y a tile of
 //   ROW_TILE rows; as many warps as columns keep the weights streaming at full bandwidth.
 // - wide, for more rows: a warp per WIDE_ROWS × WIDE_COLS outputs, so each weight read serves
-//   WIDE_ROWS rows and each x read WIDE_COLS columns (the narrow tiling re-read the x tile once
-//   per column, which bound it at 16 to 512 rows); blockIdx.x is the row tile, so the blocks
-//   that share a column group run together and read its weights from HBM once.
+//   WIDE_ROWS rows and each x read WIDE_COLS columns, and the block's warps share each x tile
+//   through shared memory (the narrow tiling re-read the x tile from L2 once per column, which
+//   bound it from 16 rows on); blockIdx.x is the row tile, so the blocks that share a column
+//   group run together and read its weights from HBM once.
 #define WIDE_ROWS 16
-#define WIDE_COLS 2
+#define WIDE_COLS 4
+// float4 chunks of each x row a wide block stages at a time (a multiple of 32, so each lane
+// still takes chunks lane, lane + 32, ... in order across stages).
+#define WIDE_STAGE 64
 template <typename W>
 __device__ __forceinline__ void linear_tile(const float *__restrict__ x, const W *__restrict__ w,
                                             const float *__restrict__ bias, float *__restrict__ y,
@@ -144,18 +140,78 @@ __device__ __forceinline__ void linear_tile(const float *__restrict__ x, const W
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
     const int j = blockIdx.x * warps + warp;
     if (j >= out) return;
-    linear_warp_tile<W, ROW_TILE, 1>(x, w, bias, y, rows, inp, out, blockIdx.y * ROW_TILE, j, accumulate);
+    const int r0 = blockIdx.y * ROW_TILE, n = min(ROW_TILE, rows - r0);
+    float acc[ROW_TILE][1];
+#pragma unroll
+    for (int r = 0; r < ROW_TILE; ++r) acc[r][0] = 0.0f;
+    tile_dot<W, ROW_TILE, 1>(x + (size_t)r0 * inp, w + (size_t)j * inp, inp, inp, n, 1, acc);
+    store_tile<ROW_TILE, 1>(acc, bias, y, out, r0, n, j, 1, accumulate);
 }
 
 template <typename W>
 __device__ __forceinline__ void linear_wide(const float *__restrict__ x, const W *__restrict__ w,
                                             const float *__restrict__ bias, float *__restrict__ y,
                                             int rows, int inp, int out, int accumulate) {
-    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    __shared__ float4 staged[WIDE_ROWS][WIDE_STAGE];
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r0 = blockIdx.x * WIDE_ROWS, n = min(WIDE_ROWS, rows - r0);
     const int j0 = (blockIdx.y * warps + warp) * WIDE_COLS;
-    if (j0 >= out) return;
-    linear_warp_tile<W, WIDE_ROWS, WIDE_COLS>(x, w, bias, y, rows, inp, out, blockIdx.x * WIDE_ROWS, j0,
-                                             accumulate);
+    // Warps past the last column still stage their share of x.
+    const int cols = max(0, min(WIDE_COLS, out - j0));
+    float acc[WIDE_ROWS][WIDE_COLS];
+#pragma unroll
+    for (int r = 0; r < WIDE_ROWS; ++r) {
+#pragma unroll
+        for (int c = 0; c < WIDE_COLS; ++c) acc[r][c] = 0.0f;
+    }
+    if ((inp & 3) != 0) {
+        // Odd widths (tests, tiny models): the same order, unstaged.
+        if (cols == 0) return;
+        tile_dot<W, WIDE_ROWS, WIDE_COLS>(x + (size_t)r0 * inp, w + (size_t)j0 * inp, inp, inp, n, cols,
+                                          acc);
+        store_tile<WIDE_ROWS, WIDE_COLS>(acc, bias, y, out, r0, n, j0, cols, accumulate);
+        return;
+    }
+    const int chunks = inp >> 2;
+    const float4 *x4 = reinterpret_cast<const float4 *>(x + (size_t)r0 * inp);
+    for (int base = 0; base < chunks; base += WIDE_STAGE) {
+        const int stage = min(WIDE_STAGE, chunks - base);
+        __syncthreads();
+#pragma unroll 4
+        for (int i = threadIdx.x; i < WIDE_ROWS * WIDE_STAGE; i += blockDim.x) {
+            const int r = i / WIDE_STAGE, c = i % WIDE_STAGE;
+            if (r < n && c < stage) staged[r][c] = x4[(size_t)r * chunks + base + c];
+        }
+        __syncthreads();
+        if (cols == 0) continue;
+        for (int c = lane; c < stage; c += 32) {
+            float4 wv[WIDE_COLS];
+#pragma unroll
+            for (int cc = 0; cc < WIDE_COLS; ++cc)
+                wv[cc] = cc < cols ? load4(w + (size_t)(j0 + cc) * inp, base + c)
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int r = 0; r < WIDE_ROWS; ++r) {
+                if (r < n) {
+                    const float4 xv = staged[r][c];
+#pragma unroll
+                    for (int cc = 0; cc < WIDE_COLS; ++cc) {
+                        acc[r][cc] = fmaf(xv.x, wv[cc].x, acc[r][cc]);
+                        acc[r][cc] = fmaf(xv.y, wv[cc].y, acc[r][cc]);
+                        acc[r][cc] = fmaf(xv.z, wv[cc].z, acc[r][cc]);
+                        acc[r][cc] = fmaf(xv.w, wv[cc].w, acc[r][cc]);
+                    }
+                }
+            }
+        }
+    }
+    if (cols == 0) return;
+#pragma unroll
+    for (int r = 0; r < WIDE_ROWS; ++r) {
+#pragma unroll
+        for (int c = 0; c < WIDE_COLS; ++c) acc[r][c] = warp_sum(acc[r][c]);
+    }
+    store_tile<WIDE_ROWS, WIDE_COLS>(acc, bias, y, out, r0, n, j0, cols, accumulate);
 }
 
 extern "C" __global__ void linear_wide_f32(const float *__restrict__ x, const float *__restrict__ w,
@@ -194,68 +250,85 @@ struct LoraTile {
 
 // The largest rank a LoRA pool may have: a tile's rank-space rows live in shared memory.
 #define MAX_LORA_RANK 128
-// Output columns one block of lora_expand expands, and how many it stages at a time.
+// Output columns one block of lora_expand expands, and the floats of B it stages at a time
+// (each staged column padded to rank + 1 floats: rank 32 stages all 256 columns at once).
 #define LORA_COLUMNS 256
-#define LORA_STAGE 32
+#define LORA_STAGE_FLOATS (LORA_COLUMNS * 33)
+// Elements of x in one segment of the shrink's sum, and the most segments (inp <= 32768).
+#define SHRINK_SEGMENT 512
+#define SHRINK_MAX_SEGMENTS 64
 
 // The shrink of the mixed-adapter LoRA apply: s[r, k] = scale · Σ_i x[r, i] A[k, i] for each
 // tile's rows and each k below the tile's rank, A from the tile's slot of the pool (slots ×
-// max_rank × inp), into `shrunk` (rows × stride). blockIdx.x: a tile; blockIdx.y: a group of
-// rank indices, a warp each. Done once per tile, so `lora_expand`'s column blocks do not each
-// read the tile's A again (they did when one kernel did both: at 16 adapters, over a hundred
-// times A's bytes through L2 for each site).
+// max_rank × inp), into `shrunk` (rows × stride). A block per (tile, k): its warps take the
+// SHRINK_SEGMENT-long segments of the sum (lane-strided within, as `tile_dot`), and thread r
+// adds row r's segments in order, so the order depends only on inp. (A warp per (tile, k) over
+// the whole width waited on one load after another with too few warps to hide it: tens of
+// microseconds a site at 16 adapters.) Done once per tile, so `lora_expand`'s column blocks do
+// not each read the tile's A again.
 extern "C" __global__ void lora_shrink(const float *__restrict__ x, const float *__restrict__ a_pool,
                                        const LoraTile *__restrict__ tiles,
                                        const float *__restrict__ scales, float *__restrict__ shrunk,
                                        int inp, int max_rank, int stride) {
+    __shared__ float partial[SHRINK_MAX_SEGMENTS][ROW_TILE];
     const LoraTile t = tiles[blockIdx.x];
-    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int k = blockIdx.y * warps + warp;
+    const int k = blockIdx.y;
     if (k >= t.rank) return;
-    float acc[ROW_TILE][1];
-#pragma unroll
-    for (int r = 0; r < ROW_TILE; ++r) acc[r][0] = 0.0f;
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int segments = (inp + SHRINK_SEGMENT - 1) / SHRINK_SEGMENT;
     const float *a = a_pool + ((size_t)t.slot * max_rank + k) * inp;
-    tile_dot<float, ROW_TILE, 1>(x + (size_t)t.row * inp, a, inp, t.rows, 1, acc);
-    if (lane < t.rows) {
-        const float scale = scales[blockIdx.x];
+    const float *xt = x + (size_t)t.row * inp;
+    for (int sg = warp; sg < segments; sg += warps) {
+        const int begin = sg * SHRINK_SEGMENT;
+        float acc[ROW_TILE][1];
 #pragma unroll
-        for (int r = 0; r < ROW_TILE; ++r) {
-            if (r == lane) shrunk[(size_t)(t.row + r) * stride + k] = scale * acc[r][0];
+        for (int r = 0; r < ROW_TILE; ++r) acc[r][0] = 0.0f;
+        tile_dot<float, ROW_TILE, 1>(xt + begin, a + begin, min(SHRINK_SEGMENT, inp - begin), inp, t.rows, 1,
+                                     acc);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < ROW_TILE; ++r) partial[sg][r] = acc[r][0];
         }
+    }
+    __syncthreads();
+    if (threadIdx.x < t.rows) {
+        float total = 0.0f;
+        for (int sg = 0; sg < segments; ++sg) total += partial[sg][threadIdx.x];
+        shrunk[(size_t)(t.row + threadIdx.x) * stride + k] = scales[blockIdx.x] * total;
     }
 }
 
 // The expand: y[r, j] += Σ_k s[r, k] · B[j, k] for each tile's rows, B from the tile's slot of
 // the pool (slots × out × max_rank). blockIdx.x: a tile; blockIdx.y: LORA_COLUMNS columns. The
-// tile's rank-space rows are read into shared memory once, then the columns are expanded
-// LORA_STAGE at a time: the stage's rows of B (contiguous in the pool) are copied to shared
-// memory with coalesced loads, and warp r adds row r's delta to LORA_STAGE consecutive columns,
-// summing over k in order.
+// tile's rank-space rows are read into shared memory once, then as many of the block's columns
+// of B as fit LORA_STAGE_FLOATS are copied to shared memory at a time (coalesced loads), and
+// warp r adds row r's delta to every staged column, a lane per column, summing over k in order.
 extern "C" __global__ void lora_expand(const float *__restrict__ shrunk, const float *__restrict__ b_pool,
                                        const LoraTile *__restrict__ tiles, float *__restrict__ y,
                                        int out, int max_rank, int stride) {
     __shared__ float rank_rows[ROW_TILE][MAX_LORA_RANK];
-    // One padding column keeps the lanes' reads of a staged row on different banks.
-    __shared__ float staged[LORA_STAGE][MAX_LORA_RANK + 1];
+    __shared__ float staged[LORA_STAGE_FLOATS];
     const LoraTile t = tiles[blockIdx.x];
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int padded = t.rank + 1;
     for (int i = threadIdx.x; i < t.rows * t.rank; i += blockDim.x)
         rank_rows[i / t.rank][i % t.rank] = shrunk[(size_t)(t.row + i / t.rank) * stride + i % t.rank];
     const int first = blockIdx.y * LORA_COLUMNS;
     const int end = min(out, first + LORA_COLUMNS);
-    for (int j0 = first; j0 < end; j0 += LORA_STAGE) {
-        const int columns = min(LORA_STAGE, end - j0);
+    const int per_stage = min(LORA_COLUMNS, LORA_STAGE_FLOATS / padded);
+    for (int j0 = first; j0 < end; j0 += per_stage) {
+        const int columns = min(per_stage, end - j0);
         __syncthreads();
         const float *b = b_pool + ((size_t)t.slot * out + j0) * max_rank;
+#pragma unroll 8
         for (int i = threadIdx.x; i < columns * t.rank; i += blockDim.x)
-            staged[i / t.rank][i % t.rank] = b[(size_t)(i / t.rank) * max_rank + i % t.rank];
+            staged[(i / t.rank) * padded + i % t.rank] = b[(size_t)(i / t.rank) * max_rank + i % t.rank];
         __syncthreads();
         for (int r = warp; r < t.rows; r += warps) {
-            if (lane < columns) {
+            for (int c = lane; c < columns; c += 32) {
                 float sum = 0.0f;
-                for (int k = 0; k < t.rank; ++k) sum = fmaf(rank_rows[r][k], staged[lane][k], sum);
-                y[(size_t)(t.row + r) * out + j0 + lane] += sum;
+                for (int k = 0; k < t.rank; ++k) sum = fmaf(rank_rows[r][k], staged[c * padded + k], sum);
+                y[(size_t)(t.row + r) * out + j0 + c] += sum;
             }
         }
     }
@@ -369,10 +442,15 @@ extern "C" __global__ void kv_write(const float *__restrict__ k, const float *__
 
 // Causal attention of q (rows × heads × head_dim) over a paged KV cache: row r of sequence
 // row_sequence[r] at position row_position[r] attends to that sequence's positions 0..=p, keys
-// and values found through its block table. One warp per (row, head); the scores live in dynamic
-// shared memory (p + 1 floats). Lane l scores positions l, l + 32, ... (each a dot over the head
-// in order), so every sum's order depends only on p: a row's output is the same in a prefill, a
-// decode step or any batch.
+// and values found through its block table. A block of ATTENTION_THREADS per (row, head); the
+// scores live in dynamic shared memory (p + 1 floats). Warp w scores positions w, w + warps, ...,
+// each a dot whose lanes take dimensions lane, lane + 32, ... (coalesced reads of the key) and
+// meet in the butterfly; the softmax's max and sum run over a fixed thread-strided split and the
+// block's fixed tree; thread d sums dimension d's weighted values over the positions in order.
+// Every order depends only on p and the head size, so a row's output is the same in a prefill,
+// a decode step or any batch. (One warp per (row, head) with a lane per position read each key
+// and value one dependent load at a time: latency-bound, milliseconds of a 7B decode step.)
+#define ATTENTION_THREADS 128
 extern "C" __global__ void paged_attention(const float *__restrict__ q, const float *__restrict__ k_cache,
                                           const float *__restrict__ v_cache,
                                           const int *__restrict__ block_tables, int max_blocks,
@@ -381,35 +459,47 @@ extern "C" __global__ void paged_attention(const float *__restrict__ q, const fl
                                           int heads, int kv_heads, int head_dim, int block_size,
                                           float scale) {
     extern __shared__ float scores[];
-    const int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    __shared__ float reduce[ATTENTION_THREADS];
+    const int r = blockIdx.x, h = blockIdx.y;
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kv_head = h / (heads / kv_heads);
     const int n = row_position[r] + 1;
     const int *table = block_tables + (size_t)row_sequence[r] * max_blocks;
     const float *query = q + ((size_t)r * heads + h) * head_dim;
-    float m = NEG_INFINITY;
-    for (int p = lane; p < n; p += 32) {
+    for (int p = warp; p < n; p += warps) {
         const float *key = k_cache + cache_offset(table, p, kv_head, kv_heads, block_size, head_dim);
         float s = 0.0f;
-        for (int d = 0; d < head_dim; ++d) s = fmaf(query[d], key[d], s);
-        s *= scale;
-        scores[p] = s;
-        m = fmaxf(m, s);
+        for (int d = lane; d < head_dim; d += 32) s = fmaf(query[d], key[d], s);
+        s = warp_sum(s);
+        if (lane == 0) scores[p] = s * scale;
     }
-    m = warp_max(m);
-    float total = 0.0f;
-    for (int p = lane; p < n; p += 32) {
+    __syncthreads();
+    float m = NEG_INFINITY;
+    for (int p = threadIdx.x; p < n; p += blockDim.x) m = fmaxf(m, scores[p]);
+    reduce[threadIdx.x] = m;
+    __syncthreads();
+    for (int offset = blockDim.x >> 1; offset > 0; offset >>= 1) {
+        if (threadIdx.x < offset) reduce[threadIdx.x] = fmaxf(reduce[threadIdx.x], reduce[threadIdx.x + offset]);
+        __syncthreads();
+    }
+    m = reduce[0];
+    __syncthreads();
+    float partial = 0.0f;
+    for (int p = threadIdx.x; p < n; p += blockDim.x) {
         const float e = expf(scores[p] - m);
         scores[p] = e;
-        total += e;
+        partial += e;
     }
-    total = warp_sum(total);
-    __syncwarp();
+    const float total = block_sum(partial, reduce);
     float *o = out + ((size_t)r * heads + h) * head_dim;
-    for (int d = lane; d < head_dim; d += 32) {
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
+        const float *values = v_cache + (size_t)kv_head * block_size * head_dim + d;
+#pragma unroll 8
         for (int p = 0; p < n; ++p) {
-            const float *value = v_cache + cache_offset(table, p, kv_head, kv_heads, block_size, head_dim);
-            acc = fmaf(scores[p] / total, value[d], acc);
+            const size_t block = table[p / block_size];
+            const float value = values[(block * kv_heads * block_size + p % block_size) * head_dim];
+            acc = fmaf(scores[p] / total, value, acc);
         }
         o[d] = acc;
     }

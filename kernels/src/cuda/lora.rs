@@ -11,10 +11,11 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::error::{DriverContext, GpuError, ensure};
 use super::{Gpu, ROW_TILE, grid, grid_y, int};
 
-/// Threads of a block of `lora_shrink` (a warp per rank index) and of `lora_expand`.
+/// Threads of a block of `lora_shrink` and of `lora_expand`.
 const APPLY_THREADS: u32 = 256;
-/// Rank indices per block of `lora_shrink`: a warp each.
-const SHRINK_RANKS: usize = APPLY_THREADS as usize / 32;
+/// The widest input a pool takes: `lora_shrink` keeps one partial sum per 512 inputs, at most
+/// 64 (`SHRINK_SEGMENT` and `SHRINK_MAX_SEGMENTS` in `kernels.cu`).
+pub const MAX_LORA_INPUT: usize = 512 * 64;
 /// Output columns per block of `lora_expand` (`LORA_COLUMNS` in `kernels.cu`).
 const APPLY_COLUMNS: usize = 256;
 /// The largest rank of a pool (`MAX_LORA_RANK` in `kernels.cu`): a tile's rank-space rows live
@@ -43,6 +44,11 @@ impl LoraPool {
     ) -> Result<LoraPool, GpuError> {
         ensure(slots > 0 && max_rank > 0 && inp > 0 && out > 0, || {
             "a LoRA pool needs slots, a rank and both widths".to_string()
+        })?;
+        ensure(inp <= MAX_LORA_INPUT, || {
+            format!(
+                "input width {inp} is above the widest the GPU LoRA kernels take, {MAX_LORA_INPUT}"
+            )
         })?;
         ensure(max_rank <= MAX_LORA_RANK, || {
             format!("rank {max_rank} is above the largest the GPU kernels take, {MAX_LORA_RANK}")
@@ -221,11 +227,7 @@ impl Gpu {
             .arg(&max_rank_i)
             .arg(&stride_i);
         let config = LaunchConfig {
-            grid_dim: (
-                grid(batch.tile_count)?,
-                grid_y(batch.max_rank.div_ceil(SHRINK_RANKS))?,
-                1,
-            ),
+            grid_dim: (grid(batch.tile_count)?, grid_y(batch.max_rank)?, 1),
             block_dim: (APPLY_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };

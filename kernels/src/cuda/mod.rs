@@ -19,7 +19,7 @@ pub use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use error::{DriverContext, ensure};
 pub use error::{GpuError, GpuErrorKind};
-pub use lora::{AdapterRef, DeviceSegment, LoraBatch, LoraPool, MAX_LORA_RANK};
+pub use lora::{AdapterRef, DeviceSegment, LoraBatch, LoraPool, MAX_LORA_INPUT, MAX_LORA_RANK};
 
 /// The source of every kernel, compiled at run time.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
@@ -31,7 +31,7 @@ const LINEAR_WARPS: u32 = 8;
 /// Rows and columns of one warp's tile in the projection's wide tiling (`WIDE_ROWS` and
 /// `WIDE_COLS` in `kernels.cu`).
 const WIDE_ROWS: usize = 16;
-const WIDE_COLS: usize = 2;
+const WIDE_COLS: usize = 4;
 /// Threads of the row-reduction kernels (a power of two: their reduction tree is fixed by it).
 const REDUCE_THREADS: u32 = 256;
 /// Threads of the elementwise kernels.
