@@ -15,7 +15,7 @@ mod common;
 use common::values;
 
 use cudarc::driver::sys::CUevent_flags;
-use opentinker_kernels::cuda::{AdapterRef, DeviceSegment, Gpu, GpuError, LoraPool};
+use opentinker_kernels::cuda::{AdapterRef, DeviceSegment, Gpu, GpuError, LoraPool, LoraSite};
 
 /// Launches per timed run; the mean of the fastest of `RUNS` runs is reported.
 const LAUNCHES: usize = 50;
@@ -98,7 +98,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         for rows in [1, 16, 64, 512] {
             let x = gpu.upload(&values(rows * inp, 2))?;
             let mut y = gpu.zeros(rows * out)?;
-            let us = time_us(&gpu, || gpu.linear(&x, &w, None, inp, &mut y, false))?;
+            let us = time_us(&gpu, || gpu.linear(&x, &w, None, None, inp, &mut y, false))?;
             let gbps = (inp * out * 4) as f64 / us / 1e3;
             println!("| {shape} | {inp} -> {out} | {rows} | {us:.1} | {gbps:.0} |");
             results.record(format!(
@@ -118,14 +118,16 @@ projection with bf16 weights (computed in f32): microseconds per call, weight by
         for rows in [1, 16, 64] {
             let x = gpu.upload(&values(rows * inp, 2))?;
             let mut y = gpu.zeros(rows * out)?;
-            let us = time_us(&gpu, || gpu.linear_bf16(&x, &w, None, inp, &mut y, false))?;
+            let us = time_us(&gpu, || {
+                gpu.linear_bf16(&x, &w, None, None, inp, &mut y, false)
+            })?;
             let gbps = (inp * out * 2) as f64 / us / 1e3;
             println!("| {shape} | {inp} -> {out} | {rows} | {us:.1} | {gbps:.0} |");
         }
     }
 
     println!(
-        "\nmixed-adapter LoRA (rank 16) on a decode batch: projection + LoRA vs the projection alone"
+        "\nmixed-adapter LoRA (rank 16) on a decode batch: projection + LoRA (one shrink launch, the projection expanding as it stores) vs the projection alone"
     );
     println!(
         "| shape | in -> out | rows | adapters | base us | fused us | fused / base | per-adapter loop us | loop / base |"
@@ -145,7 +147,7 @@ projection with bf16 weights (computed in f32): microseconds per call, weight by
         for rows in [16, 64] {
             let x = gpu.upload(&values(rows * inp, 4))?;
             let mut y = gpu.zeros(rows * out)?;
-            let base = time_us(&gpu, || gpu.linear(&x, &w, None, inp, &mut y, false))?;
+            let base = time_us(&gpu, || gpu.linear(&x, &w, None, None, inp, &mut y, false))?;
             for adapters in [1usize, 4, 16, 64].into_iter().filter(|&a| a <= rows) {
                 // The sampler sorts rows by adapter: `adapters` runs of equal length.
                 let per = rows / adapters;
@@ -162,8 +164,11 @@ projection with bf16 weights (computed in f32): microseconds per call, weight by
                     .collect();
                 let mut batch = gpu.lora_batch(&segments)?;
                 let fused = time_us(&gpu, || {
-                    gpu.linear(&x, &w, None, inp, &mut y, false)?;
-                    gpu.lora_apply(&x, &mut y, &pool, &mut batch)
+                    let site = LoraSite {
+                        pool: &pool,
+                        batch: &mut batch,
+                    };
+                    gpu.linear(&x, &w, None, Some(site), inp, &mut y, false)
                 })?;
                 // A per-adapter loop: one apply per adapter, each over the whole batch with only
                 // that adapter's rows adapted (how a one-adapter-at-a-time engine serves it).
@@ -179,7 +184,7 @@ projection with bf16 weights (computed in f32): microseconds per call, weight by
                     })
                     .collect::<Result<_, _>>()?;
                 let looped = time_us(&gpu, || {
-                    gpu.linear(&x, &w, None, inp, &mut y, false)?;
+                    gpu.linear(&x, &w, None, None, inp, &mut y, false)?;
                     for batch in &mut loops {
                         gpu.lora_apply(&x, &mut y, &pool, batch)?;
                     }

@@ -13,8 +13,8 @@ mod common;
 use common::values;
 
 use opentinker_kernels::cuda::{
-    AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, LoraPool, PagedKvCache, SequenceRow,
-    bf16_bits, bf16_value, compile_kernels,
+    AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, LoraPool, LoraSite, PagedKvCache,
+    SequenceRow, bf16_bits, bf16_value, compile_kernels,
 };
 use opentinker_kernels::{Heads, LoraPair, Segment, causal_attention, linear, lora_apply, ops};
 
@@ -92,17 +92,18 @@ fn a_missing_device_is_named_not_a_crash() {
 fn linear_matches_the_cpu_and_rows_do_not_depend_on_the_batch() {
     let Some(gpu) = gpu("linear") else { return };
     // Widths that take the float4 path (multiples of 4) and the scalar one; row counts of the
-    // narrow tiling (up to 8) and of the wide one (partial row tiles and column pairs too); a row
-    // alone (narrow) must equal that row in a wide batch bit for bit.
+    // narrow tiling (up to 8 rows a tile) and, with outputs wide enough to fill a device, of the
+    // wide one (partial row tiles and column groups too); a row alone (narrow) must equal that
+    // row in a batch bit for bit.
     for (rows, inp, out) in [
         (1, 64, 40),
         (7, 37, 33),
         (19, 128, 96),
         (64, 896, 200),
         (3, 5, 1),
-        (21, 37, 33),
-        (20, 64, 33),
-        (9, 5, 1),
+        (40, 256, 4101),
+        (17, 37, 8200),
+        (33, 1030, 4099),
     ] {
         let x = values(rows * inp, 1);
         let w = values(out * inp, 2);
@@ -110,14 +111,14 @@ fn linear_matches_the_cpu_and_rows_do_not_depend_on_the_batch() {
         linear(&x, &w, inp, &mut want, false);
         let (dx, dw) = (up(&gpu, &x), up(&gpu, &w));
         let mut y = gpu.zeros(rows * out).expect("zeros");
-        gpu.linear(&dx, &dw, None, inp, &mut y, false)
+        gpu.linear(&dx, &dw, None, None, inp, &mut y, false)
             .expect("linear");
         let got = down(&gpu, &y);
         assert_close(&format!("linear {rows}x{inp}x{out}"), &got, &want, 1e-4);
         for row in [0, rows / 2, rows - 1] {
             let alone_x = up(&gpu, &x[row * inp..(row + 1) * inp]);
             let mut alone = gpu.zeros(out).expect("zeros");
-            gpu.linear(&alone_x, &dw, None, inp, &mut alone, false)
+            gpu.linear(&alone_x, &dw, None, None, inp, &mut alone, false)
                 .expect("linear");
             assert_eq!(
                 down(&gpu, &alone),
@@ -126,14 +127,14 @@ fn linear_matches_the_cpu_and_rows_do_not_depend_on_the_batch() {
             );
         }
         // Accumulating adds exactly the same sums.
-        gpu.linear(&dx, &dw, None, inp, &mut y, true)
+        gpu.linear(&dx, &dw, None, None, inp, &mut y, true)
             .expect("linear");
         let doubled: Vec<f32> = got.iter().map(|v| v + v).collect();
         assert_eq!(down(&gpu, &y), doubled);
         // A fused bias is added after the sum, as a separate add_bias would add it.
         let bias = up(&gpu, &values(out, 3));
         let mut fused = gpu.zeros(rows * out).expect("zeros");
-        gpu.linear(&dx, &dw, Some(&bias), inp, &mut fused, false)
+        gpu.linear(&dx, &dw, Some(&bias), None, inp, &mut fused, false)
             .expect("linear");
         let mut separate = up(&gpu, &got);
         gpu.add_bias(&mut separate, &bias).expect("bias");
@@ -142,7 +143,7 @@ fn linear_matches_the_cpu_and_rows_do_not_depend_on_the_batch() {
     let (x, w) = (up(&gpu, &[0.0; 10]), up(&gpu, &[0.0; 12]));
     let mut y = gpu.zeros(3).expect("zeros");
     let error = gpu
-        .linear(&x, &w, None, 4, &mut y, false)
+        .linear(&x, &w, None, None, 4, &mut y, false)
         .expect_err("10 is not rows × 4");
     assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
 }
@@ -162,7 +163,7 @@ fn bf16_weights_compute_as_their_rounded_f32_values() {
         let on_device = gpu.to_bf16(&up(&gpu, &w)).expect("to_bf16");
         assert_eq!(gpu.stream().clone_dtoh(&on_device).expect("download"), bits);
         let mut y = gpu.zeros(rows * out).expect("zeros");
-        gpu.linear_bf16(&dx, &dw, None, inp, &mut y, false)
+        gpu.linear_bf16(&dx, &dw, None, None, inp, &mut y, false)
             .expect("linear_bf16");
         let got = down(&gpu, &y);
         assert_close(
@@ -176,6 +177,7 @@ fn bf16_weights_compute_as_their_rounded_f32_values() {
         gpu.linear_bf16(
             &up(&gpu, &x[row * inp..]),
             &dw,
+            None,
             None,
             inp,
             &mut alone,
@@ -288,6 +290,38 @@ fn lora_apply_matches_the_cpu_and_rows_do_not_depend_on_their_segments() {
         gpu.lora_apply(&dx, &mut y, &pool, &mut batch)
             .expect("apply");
         assert_eq!(down(&gpu, &y), got);
+        // A projection that expands as it stores gives the projection-then-apply bits, in both
+        // tilings (the second batch fills a device: the wide one).
+        for copies in [1, 40] {
+            let rows_n = rows * copies;
+            let xs: Vec<f32> = x.iter().copied().cycle().take(rows_n * inp).collect();
+            let w = values(out * inp, 32);
+            let segments: Vec<DeviceSegment> = segments
+                .iter()
+                .copied()
+                .cycle()
+                .take(segments.len() * copies)
+                .collect();
+            let (dx, dw) = (up(&gpu, &xs), up(&gpu, &w));
+            let mut batch = gpu.lora_batch(&segments).expect("batch");
+            let mut separate = gpu.zeros(rows_n * out).expect("zeros");
+            gpu.linear(&dx, &dw, None, None, inp, &mut separate, false)
+                .expect("linear");
+            gpu.lora_apply(&dx, &mut separate, &pool, &mut batch)
+                .expect("apply");
+            let mut fused = gpu.zeros(rows_n * out).expect("zeros");
+            let site = LoraSite {
+                pool: &pool,
+                batch: &mut batch,
+            };
+            gpu.linear(&dx, &dw, None, Some(site), inp, &mut fused, false)
+                .expect("fused");
+            assert_eq!(
+                down(&gpu, &fused),
+                down(&gpu, &separate),
+                "fused {inp}->{out} × {copies}"
+            );
+        }
     }
     // A batch naming a slot the pool does not have is refused before any launch.
     let pool = LoraPool::new(&gpu, 2, 8, 8, 4).expect("pool");

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use candle_core::Tensor;
 use opentinker_kernels::cuda::{
     AdapterRef, CudaSlice, DeviceIndices, DeviceSegment, Gpu, GpuError, LoraBatch, LoraPool,
-    PagedKvCache, SequenceRow,
+    LoraSite, PagedKvCache, SequenceRow,
 };
 
 use super::forward::attention_heads;
@@ -82,19 +82,21 @@ impl Matrix {
         })
     }
 
-    /// `y = x · selfᵀ + bias`, or `y +=` that when `accumulate`.
+    /// `y = x · selfᵀ + bias` plus the rows' adapter deltas, or `y +=` that when `accumulate`.
+    #[allow(clippy::too_many_arguments)]
     fn project(
         &self,
         gpu: &Gpu,
         x: &CudaSlice<f32>,
         bias: Option<&CudaSlice<f32>>,
+        lora: Option<LoraSite<'_>>,
         inp: usize,
         y: &mut CudaSlice<f32>,
         accumulate: bool,
     ) -> Result<(), GpuError> {
         match self {
-            Matrix::F32(m) => gpu.linear(x, m, bias, inp, y, accumulate),
-            Matrix::Bf16(m) => gpu.linear_bf16(x, m, bias, inp, y, accumulate),
+            Matrix::F32(m) => gpu.linear(x, m, bias, lora, inp, y, accumulate),
+            Matrix::Bf16(m) => gpu.linear_bf16(x, m, bias, lora, inp, y, accumulate),
         }
     }
 
@@ -130,12 +132,9 @@ impl CudaLinear {
         lora: &mut LoraBatch,
         accumulate: bool,
     ) -> Result<(), GpuError> {
+        let site = pool.map(|pool| LoraSite { pool, batch: lora });
         self.weight
-            .project(gpu, x, self.bias.as_ref(), self.inp, y, accumulate)?;
-        if let Some(pool) = pool {
-            gpu.lora_apply(x, y, pool, lora)?;
-        }
-        Ok(())
+            .project(gpu, x, self.bias.as_ref(), site, self.inp, y, accumulate)
     }
 }
 
@@ -557,7 +556,7 @@ impl CudaModel {
         gpu.rms_norm(&mut kept, &self.weights.norm, eps)?;
         let mut logits = gpu.zeros(last.len() * vocab)?;
         let unembedding = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
-        unembedding.project(&gpu, &kept, None, hidden, &mut logits, false)?;
+        unembedding.project(&gpu, &kept, None, None, hidden, &mut logits, false)?;
         Ok(logits)
     }
 

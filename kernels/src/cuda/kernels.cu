@@ -47,27 +47,38 @@ __device__ __forceinline__ float load1(const unsigned short *w, int k) { return 
 // R, C and the other rows and columns of the tile are, so tiles of any shape give a row the
 // same bits. (x and W come from cudaMalloc, 256-byte aligned, so the vectorised loads are
 // aligned when the stride and the start are multiples of 4.)
-template <typename W, int R, int C>
+template <typename W, int R, int C, int U>
 __device__ __forceinline__ void tile_dot(const float *__restrict__ x, const W *__restrict__ w, int len,
                                          int stride, int rows, int cols, float acc[R][C]) {
     const int lane = threadIdx.x & 31;
     if ((len & 3) == 0 && (stride & 3) == 0) {
         const int chunks = len >> 2;
-        for (int ch = lane; ch < chunks; ch += 32) {
-            float4 wv[C];
+        // U of the lane's chunks at a time: their weight loads are issued together before any
+        // of their sums wait on them (a decode projection is otherwise one memory latency per
+        // chunk); the sums still take the chunks in order.
+        for (int ch = lane; ch < chunks; ch += 32 * U) {
+            float4 wv[U][C];
 #pragma unroll
-            for (int c = 0; c < C; ++c)
-                wv[c] = c < cols ? load4(w + (size_t)c * stride, ch) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int u = 0; u < U; ++u) {
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                if (r < rows) {
-                    const float4 xv = reinterpret_cast<const float4 *>(x + (size_t)r * stride)[ch];
+                for (int c = 0; c < C; ++c)
+                    wv[u][c] = ch + 32 * u < chunks && c < cols ? load4(w + (size_t)c * stride, ch + 32 * u)
+                                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
 #pragma unroll
-                    for (int c = 0; c < C; ++c) {
-                        acc[r][c] = fmaf(xv.x, wv[c].x, acc[r][c]);
-                        acc[r][c] = fmaf(xv.y, wv[c].y, acc[r][c]);
-                        acc[r][c] = fmaf(xv.z, wv[c].z, acc[r][c]);
-                        acc[r][c] = fmaf(xv.w, wv[c].w, acc[r][c]);
+            for (int u = 0; u < U; ++u) {
+                if (ch + 32 * u >= chunks) break;
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    if (r < rows) {
+                        const float4 xv = reinterpret_cast<const float4 *>(x + (size_t)r * stride)[ch + 32 * u];
+#pragma unroll
+                        for (int c = 0; c < C; ++c) {
+                            acc[r][c] = fmaf(xv.x, wv[u][c].x, acc[r][c]);
+                            acc[r][c] = fmaf(xv.y, wv[u][c].y, acc[r][c]);
+                            acc[r][c] = fmaf(xv.z, wv[u][c].z, acc[r][c]);
+                            acc[r][c] = fmaf(xv.w, wv[u][c].w, acc[r][c]);
+                        }
                     }
                 }
             }
@@ -94,26 +105,56 @@ __device__ __forceinline__ void tile_dot(const float *__restrict__ x, const W *_
     }
 }
 
+// A projection's fused LoRA expand: the shrink's output (rows × stride, scaled), the site's B
+// pool (slots × out × max_rank) and {slot, rank} per row (rank 0: no adapter); null `b_pool`
+// for none.
+struct FusedLora {
+    const float *shrunk;
+    const float *b_pool;
+    const int *row_adapters;
+    int max_rank;
+    int stride;
+};
+
 // Stores one warp's tile of a projection, rows r0.. (`rows` of them) × columns j0.. (`cols`):
-// y = acc (+ bias), or y += ... when `accumulate`. The bias is added after the sum, as a
-// separate add would add it. After the butterfly every lane holds every sum; lane i stores
-// output i of the tile.
+// y = acc (+ bias) (+ the row's adapter delta), or y += ... when `accumulate`. The bias is added
+// after the sum, as a separate add would add it, and the delta after that, summed over k in
+// order as `lora_expand` sums it, so the bits are those of the projection followed by
+// `lora_apply`. After the butterfly every lane holds every sum; lane i stores output i.
 template <int R, int C>
 __device__ __forceinline__ void store_tile(float acc[R][C], const float *__restrict__ bias,
-                                           float *__restrict__ y, int out, int r0, int rows, int j0,
-                                           int cols, int accumulate) {
+                                           const FusedLora &lora, float *__restrict__ y, int out, int r0,
+                                           int rows, int j0, int cols, int accumulate) {
     const int lane = threadIdx.x & 31;
+    // This lane's outputs, picked out of the registers at compile-time indices, then stored by
+    // one loop (not once per output: the store with its expand is a loop of its own).
+    constexpr int MINE = (R * C + 31) / 32;
+    float mine[MINE];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-            if (((r * C + c) & 31) == lane && r < rows && c < cols) {
-                const size_t o = (size_t)(r0 + r) * out + j0 + c;
-                float v = accumulate ? y[o] + acc[r][c] : acc[r][c];
-                if (bias) v += bias[j0 + c];
-                y[o] = v;
+            if (((r * C + c) & 31) == lane) mine[(r * C + c) >> 5] = acc[r][c];
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MINE; ++m) {
+        const int i = m * 32 + lane, r = i / C, c = i % C;
+        if (i >= R * C || r >= rows || c >= cols) continue;
+        const size_t o = (size_t)(r0 + r) * out + j0 + c;
+        float v = accumulate ? y[o] + mine[m] : mine[m];
+        if (bias) v += bias[j0 + c];
+        if (lora.b_pool) {
+            const int slot = lora.row_adapters[2 * (r0 + r)], rank = lora.row_adapters[2 * (r0 + r) + 1];
+            if (rank > 0) {
+                const float *b = lora.b_pool + ((size_t)slot * out + j0 + c) * lora.max_rank;
+                const float *s = lora.shrunk + (size_t)(r0 + r) * lora.stride;
+                float sum = 0.0f;
+                for (int k = 0; k < rank; ++k) sum = fmaf(s[k], b[k], sum);
+                v += sum;
             }
         }
+        y[o] = v;
     }
 }
 
@@ -136,7 +177,8 @@ __device__ __forceinline__ void store_tile(float acc[R][C], const float *__restr
 template <typename W>
 __device__ __forceinline__ void linear_tile(const float *__restrict__ x, const W *__restrict__ w,
                                             const float *__restrict__ bias, float *__restrict__ y,
-                                            int rows, int inp, int out, int accumulate) {
+                                            int rows, int inp, int out, int accumulate,
+                                            const FusedLora &lora) {
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
     const int j = blockIdx.x * warps + warp;
     if (j >= out) return;
@@ -144,14 +186,15 @@ __device__ __forceinline__ void linear_tile(const float *__restrict__ x, const W
     float acc[ROW_TILE][1];
 #pragma unroll
     for (int r = 0; r < ROW_TILE; ++r) acc[r][0] = 0.0f;
-    tile_dot<W, ROW_TILE, 1>(x + (size_t)r0 * inp, w + (size_t)j * inp, inp, inp, n, 1, acc);
-    store_tile<ROW_TILE, 1>(acc, bias, y, out, r0, n, j, 1, accumulate);
+    tile_dot<W, ROW_TILE, 1, 4>(x + (size_t)r0 * inp, w + (size_t)j * inp, inp, inp, n, 1, acc);
+    store_tile<ROW_TILE, 1>(acc, bias, lora, y, out, r0, n, j, 1, accumulate);
 }
 
 template <typename W>
 __device__ __forceinline__ void linear_wide(const float *__restrict__ x, const W *__restrict__ w,
                                             const float *__restrict__ bias, float *__restrict__ y,
-                                            int rows, int inp, int out, int accumulate) {
+                                            int rows, int inp, int out, int accumulate,
+                                            const FusedLora &lora) {
     __shared__ float4 staged[WIDE_ROWS][WIDE_STAGE];
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r0 = blockIdx.x * WIDE_ROWS, n = min(WIDE_ROWS, rows - r0);
@@ -167,9 +210,9 @@ __device__ __forceinline__ void linear_wide(const float *__restrict__ x, const W
     if ((inp & 3) != 0) {
         // Odd widths (tests, tiny models): the same order, unstaged.
         if (cols == 0) return;
-        tile_dot<W, WIDE_ROWS, WIDE_COLS>(x + (size_t)r0 * inp, w + (size_t)j0 * inp, inp, inp, n, cols,
+        tile_dot<W, WIDE_ROWS, WIDE_COLS, 1>(x + (size_t)r0 * inp, w + (size_t)j0 * inp, inp, inp, n, cols,
                                           acc);
-        store_tile<WIDE_ROWS, WIDE_COLS>(acc, bias, y, out, r0, n, j0, cols, accumulate);
+        store_tile<WIDE_ROWS, WIDE_COLS>(acc, bias, lora, y, out, r0, n, j0, cols, accumulate);
         return;
     }
     const int chunks = inp >> 2;
@@ -211,33 +254,24 @@ __device__ __forceinline__ void linear_wide(const float *__restrict__ x, const W
 #pragma unroll
         for (int c = 0; c < WIDE_COLS; ++c) acc[r][c] = warp_sum(acc[r][c]);
     }
-    store_tile<WIDE_ROWS, WIDE_COLS>(acc, bias, y, out, r0, n, j0, cols, accumulate);
+    store_tile<WIDE_ROWS, WIDE_COLS>(acc, bias, lora, y, out, r0, n, j0, cols, accumulate);
 }
 
-extern "C" __global__ void linear_wide_f32(const float *__restrict__ x, const float *__restrict__ w,
-                                           const float *__restrict__ bias, float *__restrict__ y,
-                                           int rows, int inp, int out, int accumulate) {
-    linear_wide(x, w, bias, y, rows, inp, out, accumulate);
-}
-
-extern "C" __global__ void linear_wide_bf16(const float *__restrict__ x,
-                                            const unsigned short *__restrict__ w,
-                                            const float *__restrict__ bias, float *__restrict__ y,
-                                            int rows, int inp, int out, int accumulate) {
-    linear_wide(x, w, bias, y, rows, inp, out, accumulate);
-}
-
-extern "C" __global__ void linear_f32(const float *__restrict__ x, const float *__restrict__ w,
-                                      const float *__restrict__ bias, float *__restrict__ y,
-                                      int rows, int inp, int out, int accumulate) {
-    linear_tile(x, w, bias, y, rows, inp, out, accumulate);
-}
-
-extern "C" __global__ void linear_bf16(const float *__restrict__ x, const unsigned short *__restrict__ w,
-                                       const float *__restrict__ bias, float *__restrict__ y,
-                                       int rows, int inp, int out, int accumulate) {
-    linear_tile(x, w, bias, y, rows, inp, out, accumulate);
-}
+// The projection's entry points: x, W, bias (or null), y, the shape, then the fused LoRA
+// expand (null `b_pool` for none; see `FusedLora`).
+#define LINEAR_ENTRY(name, W, body)                                                                   \
+    extern "C" __global__ void name(const float *__restrict__ x, const W *__restrict__ w,            \
+                                    const float *__restrict__ bias, float *__restrict__ y, int rows, \
+                                    int inp, int out, int accumulate, const float *shrunk,           \
+                                    const float *b_pool, const int *row_adapters, int max_rank,      \
+                                    int stride) {                                                    \
+        const FusedLora lora = {shrunk, b_pool, row_adapters, max_rank, stride};                     \
+        body(x, w, bias, y, rows, inp, out, accumulate, lora);                                       \
+    }
+LINEAR_ENTRY(linear_f32, float, linear_tile)
+LINEAR_ENTRY(linear_bf16, unsigned short, linear_tile)
+LINEAR_ENTRY(linear_wide_f32, float, linear_wide)
+LINEAR_ENTRY(linear_wide_bf16, unsigned short, linear_wide)
 
 // A tile of the mixed-adapter LoRA apply: up to ROW_TILE consecutive rows that share one
 // adapter, as {first row, rows, slot in the pools, rank}.
@@ -283,7 +317,7 @@ extern "C" __global__ void lora_shrink(const float *__restrict__ x, const float 
         float acc[ROW_TILE][1];
 #pragma unroll
         for (int r = 0; r < ROW_TILE; ++r) acc[r][0] = 0.0f;
-        tile_dot<float, ROW_TILE, 1>(xt + begin, a + begin, min(SHRINK_SEGMENT, inp - begin), inp, t.rows, 1,
+        tile_dot<float, ROW_TILE, 1, 4>(xt + begin, a + begin, min(SHRINK_SEGMENT, inp - begin), inp, t.rows, 1,
                                      acc);
         if (lane == 0) {
 #pragma unroll

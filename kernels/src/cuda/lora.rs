@@ -125,6 +125,9 @@ pub struct DeviceSegment {
 pub struct LoraBatch {
     /// `{first row, rows, slot, rank}` per tile (`LoraTile` in `kernels.cu`).
     tiles: CudaSlice<i32>,
+    /// `{slot, rank}` per row, rank 0 for a row without an adapter: how a projection that
+    /// expands as it stores finds each row's `B`.
+    row_adapters: CudaSlice<i32>,
     scales: CudaSlice<f32>,
     shrunk: CudaSlice<f32>,
     tile_count: usize,
@@ -137,9 +140,16 @@ pub struct LoraBatch {
 impl Gpu {
     /// Cuts `segments` into tiles of at most `ROW_TILE` rows and copies them to the device.
     pub fn lora_batch(&self, segments: &[DeviceSegment]) -> Result<LoraBatch, GpuError> {
-        let (mut tiles, mut scales) = (Vec::new(), Vec::new());
+        let (mut tiles, mut scales, mut row_adapters) = (Vec::new(), Vec::new(), Vec::new());
         let (mut row, mut slot_end, mut max_rank) = (0, 0, 0);
         for segment in segments {
+            let (slot, rank) = match segment.adapter {
+                Some(adapter) => (int(adapter.slot, "slot")?, int(adapter.rank, "rank")?),
+                None => (0, 0),
+            };
+            for _ in 0..segment.rows {
+                row_adapters.extend([slot, rank]);
+            }
             if let Some(adapter) = segment.adapter {
                 ensure(adapter.rank > 0, || "an adapter of rank 0".to_string())?;
                 slot_end = slot_end.max(adapter.slot + 1);
@@ -166,8 +176,12 @@ impl Gpu {
             tiles.extend([0; 4]);
             scales.push(0.0);
         }
+        if row_adapters.is_empty() {
+            row_adapters.extend([0; 2]);
+        }
         Ok(LoraBatch {
             tiles: self.upload(&tiles)?,
+            row_adapters: self.upload(&row_adapters)?,
             scales: self.upload(&scales)?,
             shrunk: self.zeros(row.max(1) * max_rank.max(1))?,
             tile_count,
@@ -179,7 +193,8 @@ impl Gpu {
 
     /// `y (rows × out) += scale · (x Aᵀ) Bᵀ` for every row of the batch with an adapter, `A`
     /// and `B` from that adapter's slot of `pool`; `x` is `rows × inp`. As [`crate::lora_apply`].
-    /// Two launches: the shrink into the batch's scratch, then the expand into `y`.
+    /// Two launches: the shrink into the batch's scratch, then the expand into `y`. (The
+    /// sampler's projections expand as they store instead: [`LoraSite`].)
     pub fn lora_apply(
         &self,
         x: &CudaSlice<f32>,
@@ -187,54 +202,18 @@ impl Gpu {
         pool: &LoraPool,
         batch: &mut LoraBatch,
     ) -> Result<(), GpuError> {
-        let (rows, inp, out, max_rank) = (batch.rows, pool.inp, pool.out, pool.max_rank);
-        ensure(x.len() == rows * inp, || {
-            format!("x must be {rows} × {inp}")
-        })?;
+        let (rows, out) = (batch.rows, pool.out);
         ensure(y.len() == rows * out, || {
             format!("y must be {rows} × {out}")
         })?;
-        ensure(batch.slot_end <= pool.slots, || {
-            format!(
-                "the batch uses slot {} of a pool of {}",
-                batch.slot_end - 1,
-                pool.slots
-            )
-        })?;
-        ensure(batch.max_rank <= max_rank, || {
-            format!(
-                "the batch uses rank {} in a pool of rank {max_rank}",
-                batch.max_rank
-            )
-        })?;
-        if batch.tile_count == 0 {
+        if !self.lora_shrink(x, pool, batch)? {
             return Ok(());
         }
-        let (inp_i, out_i, max_rank_i, stride_i) = (
-            int(inp, "inp")?,
+        let (out_i, max_rank_i, stride_i) = (
             int(out, "out")?,
-            int(max_rank, "rank")?,
+            int(pool.max_rank, "rank")?,
             int(batch.max_rank, "rank")?,
         );
-        let mut shrink = self.stream().launch_builder(&self.kernels.lora_shrink);
-        shrink
-            .arg(x)
-            .arg(&pool.a)
-            .arg(&batch.tiles)
-            .arg(&batch.scales)
-            .arg(&mut batch.shrunk)
-            .arg(&inp_i)
-            .arg(&max_rank_i)
-            .arg(&stride_i);
-        let config = LaunchConfig {
-            grid_dim: (grid(batch.tile_count)?, grid_y(batch.max_rank)?, 1),
-            block_dim: (APPLY_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: matches `lora_shrink`; every tile's rows are inside `x` and the scratch
-        // (`rows × batch.max_rank`), its slot and rank inside the pool (checked above and when
-        // the batch was made).
-        unsafe { shrink.launch(config) }.doing("launching lora_shrink")?;
         let mut expand = self.stream().launch_builder(&self.kernels.lora_expand);
         expand
             .arg(&batch.shrunk)
@@ -257,5 +236,107 @@ impl Gpu {
         // just wrote, on the same stream.
         unsafe { expand.launch(config) }.doing("launching lora_expand")?;
         Ok(())
+    }
+
+    /// Checks `x` and the batch against `pool` and launches the shrink into the batch's
+    /// scratch; `false` when no row has an adapter (nothing launched).
+    pub(super) fn lora_shrink(
+        &self,
+        x: &CudaSlice<f32>,
+        pool: &LoraPool,
+        batch: &mut LoraBatch,
+    ) -> Result<bool, GpuError> {
+        let (rows, inp, max_rank) = (batch.rows, pool.inp, pool.max_rank);
+        ensure(x.len() == rows * inp, || {
+            format!("x must be {rows} × {inp}")
+        })?;
+        ensure(batch.slot_end <= pool.slots, || {
+            format!(
+                "the batch uses slot {} of a pool of {}",
+                batch.slot_end - 1,
+                pool.slots
+            )
+        })?;
+        ensure(batch.max_rank <= max_rank, || {
+            format!(
+                "the batch uses rank {} in a pool of rank {max_rank}",
+                batch.max_rank
+            )
+        })?;
+        if batch.tile_count == 0 {
+            return Ok(false);
+        }
+        let (inp_i, max_rank_i, stride_i) = (
+            int(inp, "inp")?,
+            int(max_rank, "rank")?,
+            int(batch.max_rank, "rank")?,
+        );
+        let mut shrink = self.stream().launch_builder(&self.kernels.lora_shrink);
+        shrink
+            .arg(x)
+            .arg(&pool.a)
+            .arg(&batch.tiles)
+            .arg(&batch.scales)
+            .arg(&mut batch.shrunk)
+            .arg(&inp_i)
+            .arg(&max_rank_i)
+            .arg(&stride_i);
+        let config = LaunchConfig {
+            grid_dim: (grid(batch.tile_count)?, grid_y(batch.max_rank)?, 1),
+            block_dim: (APPLY_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `lora_shrink`; every tile's rows are inside `x` and the scratch
+        // (`rows × batch.max_rank`), its slot and rank inside the pool (checked above and when
+        // the batch was made).
+        unsafe { shrink.launch(config) }.doing("launching lora_shrink")?;
+        Ok(true)
+    }
+}
+
+/// A projection site's adapters for one batch: given to [`Gpu::linear`], the projection adds
+/// each row's `scale · (x Aᵀ) Bᵀ` as it stores its output, after one shrink launch, with the
+/// same sums as [`Gpu::lora_apply`] after the projection (so the same bits), one launch fewer.
+pub struct LoraSite<'a> {
+    pub pool: &'a LoraPool,
+    pub batch: &'a mut LoraBatch,
+}
+
+/// What the projection kernels take for a fused expand: the scratch, `B`'s pool, each row's
+/// adapter, the pool's rank and the scratch's row stride; null pointers for none.
+pub(super) struct FusedExpand<'a> {
+    pub(super) shrunk: &'a CudaSlice<f32>,
+    pub(super) b_pool: &'a CudaSlice<f32>,
+    pub(super) row_adapters: &'a CudaSlice<i32>,
+    pub(super) max_rank: i32,
+    pub(super) stride: i32,
+}
+
+impl LoraSite<'_> {
+    /// Shrinks `x` (a projection `inp -> out`'s input) and says what the projection needs to
+    /// expand; `None` when no row has an adapter.
+    pub(super) fn prepare<'s>(
+        &'s mut self,
+        gpu: &Gpu,
+        x: &CudaSlice<f32>,
+        inp: usize,
+        out: usize,
+    ) -> Result<Option<FusedExpand<'s>>, GpuError> {
+        ensure(self.pool.inp == inp && self.pool.out == out, || {
+            format!(
+                "a LoRA pool of {} -> {} on a projection of {inp} -> {out}",
+                self.pool.inp, self.pool.out
+            )
+        })?;
+        if !gpu.lora_shrink(x, self.pool, self.batch)? {
+            return Ok(None);
+        }
+        Ok(Some(FusedExpand {
+            shrunk: &self.batch.shrunk,
+            b_pool: &self.pool.b,
+            row_adapters: &self.batch.row_adapters,
+            max_rank: int(self.pool.max_rank, "rank")?,
+            stride: int(self.batch.max_rank, "rank")?,
+        }))
     }
 }

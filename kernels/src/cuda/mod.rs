@@ -19,7 +19,9 @@ pub use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use error::{DriverContext, ensure};
 pub use error::{GpuError, GpuErrorKind};
-pub use lora::{AdapterRef, DeviceSegment, LoraBatch, LoraPool, MAX_LORA_INPUT, MAX_LORA_RANK};
+pub use lora::{
+    AdapterRef, DeviceSegment, LoraBatch, LoraPool, LoraSite, MAX_LORA_INPUT, MAX_LORA_RANK,
+};
 
 /// The source of every kernel, compiled at run time.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
@@ -93,6 +95,8 @@ pub struct Gpu {
     kernels: Kernels,
     name: String,
     compute_capability: (i32, i32),
+    /// Streaming multiprocessors: how many blocks fill the device.
+    multiprocessors: usize,
 }
 
 impl Gpu {
@@ -125,6 +129,12 @@ impl Gpu {
             .compute_capability()
             .doing("reading the compute capability")?;
         let name = context.name().doing("reading the device name")?;
+        let multiprocessors = context
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .doing("reading the multiprocessor count")?
+            .max(1) as usize;
         let (major, minor) = compute_capability;
         let arch = format!("compute_{major}{minor}");
         let ptx = compile_kernels(Some(&arch))?;
@@ -158,6 +168,7 @@ impl Gpu {
             kernels,
             name,
             compute_capability,
+            multiprocessors,
         })
     }
 
@@ -203,36 +214,43 @@ impl Gpu {
     }
 
     /// `y (rows × out) = x (rows × inp) · Wᵀ + bias` (or `y +=` when `accumulate`), `W` being
-    /// `out × inp` and `bias` (`out` wide) optional; as [`crate::linear`] followed by the bias.
+    /// `out × inp` and `bias` (`out` wide) optional, plus each row's adapter delta when `lora`
+    /// names the site's adapters; as [`crate::linear`] followed by the bias and
+    /// [`crate::lora_apply`].
+    #[allow(clippy::too_many_arguments)]
     pub fn linear(
         &self,
         x: &CudaSlice<f32>,
         w: &CudaSlice<f32>,
         bias: Option<&CudaSlice<f32>>,
+        lora: Option<LoraSite<'_>>,
         inp: usize,
         y: &mut CudaSlice<f32>,
         accumulate: bool,
     ) -> Result<(), GpuError> {
         let kernels = [&self.kernels.linear, &self.kernels.linear_wide];
-        self.launch_linear(kernels, x, w, bias, inp, y, accumulate)
+        self.launch_linear(kernels, x, w, bias, lora, inp, y, accumulate)
     }
 
     /// [`Gpu::linear`] with `W` in bf16 (raw bits, see [`bf16_bits`]), computed in f32.
+    #[allow(clippy::too_many_arguments)]
     pub fn linear_bf16(
         &self,
         x: &CudaSlice<f32>,
         w: &CudaSlice<u16>,
         bias: Option<&CudaSlice<f32>>,
+        lora: Option<LoraSite<'_>>,
         inp: usize,
         y: &mut CudaSlice<f32>,
         accumulate: bool,
     ) -> Result<(), GpuError> {
         let kernels = [&self.kernels.linear_bf16, &self.kernels.linear_wide_bf16];
-        self.launch_linear(kernels, x, w, bias, inp, y, accumulate)
+        self.launch_linear(kernels, x, w, bias, lora, inp, y, accumulate)
     }
 
-    /// Launches the narrow tiling (`[0]`) of the projection for up to `ROW_TILE` rows, the
-    /// wide one (`[1]`) for more: the same sums in the same order (see `kernels.cu`).
+    /// Launches the narrow tiling (`[0]`) of the projection for up to `ROW_TILE` rows a tile,
+    /// the wide one (`[1]`) where it fills the device: the same sums in the same order (see
+    /// `kernels.cu`).
     #[allow(clippy::too_many_arguments)]
     fn launch_linear<W>(
         &self,
@@ -240,6 +258,7 @@ impl Gpu {
         x: &CudaSlice<f32>,
         w: &CudaSlice<W>,
         bias: Option<&CudaSlice<f32>>,
+        lora: Option<LoraSite<'_>>,
         inp: usize,
         y: &mut CudaSlice<f32>,
         accumulate: bool,
@@ -260,26 +279,41 @@ impl Gpu {
         if rows == 0 || out == 0 {
             return Ok(());
         }
+        let mut lora = lora;
+        let expand = match &mut lora {
+            Some(site) => site.prepare(self, x, inp, out)?,
+            None => None,
+        };
         let (rows_i, inp_i, out_i) = (int(rows, "rows")?, int(inp, "inp")?, int(out, "out")?);
         let accumulate = i32::from(accumulate);
-        let (function, grid_dim) = if rows <= ROW_TILE {
-            let columns = out.div_ceil(LINEAR_WARPS as usize);
-            (narrow, (grid(columns)?, 1, 1))
+        // The wide tiling where its blocks fill the device twice over (measured on an H200:
+        // with fewer, e.g. 16 rows of a 3584-wide output, the narrow one was faster).
+        let wide_columns = out.div_ceil(LINEAR_WARPS as usize * WIDE_COLS);
+        let wide_blocks = rows.div_ceil(WIDE_ROWS) * wide_columns;
+        let (function, grid_dim) = if rows > ROW_TILE && wide_blocks >= 2 * self.multiprocessors {
+            (
+                wide,
+                (grid(rows.div_ceil(WIDE_ROWS))?, grid_y(wide_columns)?, 1),
+            )
         } else {
-            let columns = out.div_ceil(LINEAR_WARPS as usize * WIDE_COLS);
-            (wide, (grid(rows.div_ceil(WIDE_ROWS))?, grid_y(columns)?, 1))
+            let columns = out.div_ceil(LINEAR_WARPS as usize);
+            (
+                narrow,
+                (grid(columns)?, grid_y(rows.div_ceil(ROW_TILE))?, 1),
+            )
         };
         let config = LaunchConfig {
             grid_dim,
             block_dim: (32 * LINEAR_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let no_bias: u64 = 0;
+        let null: u64 = 0;
+        let no_rank: i32 = 0;
         let mut launch = self.stream.launch_builder(function);
         launch.arg(x).arg(w);
         match bias {
             Some(bias) => launch.arg(bias),
-            None => launch.arg(&no_bias),
+            None => launch.arg(&null),
         };
         launch
             .arg(y)
@@ -287,9 +321,24 @@ impl Gpu {
             .arg(&inp_i)
             .arg(&out_i)
             .arg(&accumulate);
+        match &expand {
+            Some(e) => launch
+                .arg(e.shrunk)
+                .arg(e.b_pool)
+                .arg(e.row_adapters)
+                .arg(&e.max_rank)
+                .arg(&e.stride),
+            None => launch
+                .arg(&null)
+                .arg(&null)
+                .arg(&null)
+                .arg(&no_rank)
+                .arg(&no_rank),
+        };
         // SAFETY: the argument list matches `linear_f32` and `linear_bf16` (W of f32 or of bf16
-        // bits as `W`; a null pointer for no bias), and the shapes were checked against the
-        // buffers' lengths above.
+        // bits as `W`; null pointers for no bias and no adapters), and the shapes were checked
+        // against the buffers' lengths above, the adapters' against the pool when the site
+        // shrank `x`.
         unsafe { launch.launch(config) }.doing("launching a projection")?;
         Ok(())
     }
