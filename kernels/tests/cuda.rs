@@ -63,6 +63,8 @@ fn the_kernel_source_compiles_with_nvrtc() {
                 "linear_bf16",
                 "linear_wide_f32",
                 "linear_wide_bf16",
+                "linear_row_f32",
+                "linear_row_bf16",
                 "lora_shrink",
                 "lora_expand",
                 "rms_norm_into",
@@ -316,11 +318,35 @@ fn lora_apply_matches_the_cpu_and_rows_do_not_depend_on_their_segments() {
             };
             gpu.linear(&dx, &dw, None, Some(site), inp, &mut fused, false)
                 .expect("fused");
+            let fused = down(&gpu, &fused);
             assert_eq!(
-                down(&gpu, &fused),
+                fused,
                 down(&gpu, &separate),
                 "fused {inp}->{out} × {copies}"
             );
+            // Row 0 alone (the single-row kernel) with its adapter: the same bits.
+            let mut alone_batch = gpu
+                .lora_batch(&[DeviceSegment {
+                    rows: 1,
+                    adapter: segments[0].adapter,
+                }])
+                .expect("batch");
+            let mut alone = gpu.zeros(out).expect("zeros");
+            let site = LoraSite {
+                pool: &pool,
+                batch: &mut alone_batch,
+            };
+            gpu.linear(
+                &up(&gpu, &xs[..inp]),
+                &dw,
+                None,
+                Some(site),
+                inp,
+                &mut alone,
+                false,
+            )
+            .expect("fused row");
+            assert_eq!(down(&gpu, &alone), fused[..out], "fused row {inp}->{out}");
         }
     }
     // A batch naming a slot the pool does not have is refused before any launch.

@@ -118,43 +118,39 @@ struct FusedLora {
 
 // Stores one warp's tile of a projection, rows r0.. (`rows` of them) × columns j0.. (`cols`):
 // y = acc (+ bias) (+ the row's adapter delta), or y += ... when `accumulate`. The bias is added
-// after the sum, as a separate add would add it, and the delta after that, summed over k in
-// order as `lora_expand` sums it, so the bits are those of the projection followed by
-// `lora_apply`. After the butterfly every lane holds every sum; lane i stores output i.
+// after the sum, as a separate add would add it. After the butterfly every lane holds every
+// sum; lane i stores output i. The adapter delta is then added to what the lane stored, summed
+// over k in order as `lora_expand` sums it, so the bits are those of the projection followed
+// by `lora_apply`; it runs as one loop over the lane's outputs (unrolled per output, as the
+// plain store is, it made the kernels slow to compile and slower to run).
 template <int R, int C>
 __device__ __forceinline__ void store_tile(float acc[R][C], const float *__restrict__ bias,
                                            const FusedLora &lora, float *__restrict__ y, int out, int r0,
                                            int rows, int j0, int cols, int accumulate) {
     const int lane = threadIdx.x & 31;
-    // This lane's outputs, picked out of the registers at compile-time indices, then stored by
-    // one loop (not once per output: the store with its expand is a loop of its own).
-    constexpr int MINE = (R * C + 31) / 32;
-    float mine[MINE];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-            if (((r * C + c) & 31) == lane) mine[(r * C + c) >> 5] = acc[r][c];
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < MINE; ++m) {
-        const int i = m * 32 + lane, r = i / C, c = i % C;
-        if (i >= R * C || r >= rows || c >= cols) continue;
-        const size_t o = (size_t)(r0 + r) * out + j0 + c;
-        float v = accumulate ? y[o] + mine[m] : mine[m];
-        if (bias) v += bias[j0 + c];
-        if (lora.b_pool) {
-            const int slot = lora.row_adapters[2 * (r0 + r)], rank = lora.row_adapters[2 * (r0 + r) + 1];
-            if (rank > 0) {
-                const float *b = lora.b_pool + ((size_t)slot * out + j0 + c) * lora.max_rank;
-                const float *s = lora.shrunk + (size_t)(r0 + r) * lora.stride;
-                float sum = 0.0f;
-                for (int k = 0; k < rank; ++k) sum = fmaf(s[k], b[k], sum);
-                v += sum;
+            if (((r * C + c) & 31) == lane && r < rows && c < cols) {
+                const size_t o = (size_t)(r0 + r) * out + j0 + c;
+                float v = accumulate ? y[o] + acc[r][c] : acc[r][c];
+                if (bias) v += bias[j0 + c];
+                y[o] = v;
             }
         }
-        y[o] = v;
+    }
+    if (!lora.b_pool) return;
+    for (int i = lane; i < R * C; i += 32) {
+        const int r = i / C, c = i % C;
+        if (r >= rows || c >= cols) continue;
+        const int slot = lora.row_adapters[2 * (r0 + r)], rank = lora.row_adapters[2 * (r0 + r) + 1];
+        if (rank == 0) continue;
+        const float *b = lora.b_pool + ((size_t)slot * out + j0 + c) * lora.max_rank;
+        const float *s = lora.shrunk + (size_t)(r0 + r) * lora.stride;
+        float sum = 0.0f;
+        for (int k = 0; k < rank; ++k) sum = fmaf(s[k], b[k], sum);
+        y[(size_t)(r0 + r) * out + j0 + c] += sum;
     }
 }
 
@@ -162,8 +158,9 @@ __device__ __forceinline__ void store_tile(float acc[R][C], const float *__restr
 // of f32 or of bf16 (computed in f32: half the bytes a decode step streams); `bias` (out wide)
 // may be null. Two tilings of the same sums (`tile_dot`'s order), so a row's bits do not depend
 // on which one ran it:
-// - narrow, for up to ROW_TILE rows (decode): a warp per output column, blockIdx.y a tile of
-//   ROW_TILE rows; as many warps as columns keep the weights streaming at full bandwidth.
+// - narrow, for up to ROW_TILE rows a tile (decode): a warp per output column, blockIdx.y a tile
+//   of ROW_TILE rows; as many warps as columns keep the weights streaming at full bandwidth. A
+//   single row (batch-1 decode) has its own variant with four chunks' loads in flight.
 // - wide, for more rows: a warp per WIDE_ROWS × WIDE_COLS outputs, so each weight read serves
 //   WIDE_ROWS rows and each x read WIDE_COLS columns, and the block's warps share each x tile
 //   through shared memory (the narrow tiling re-read the x tile from L2 once per column, which
@@ -174,20 +171,40 @@ __device__ __forceinline__ void store_tile(float acc[R][C], const float *__restr
 // float4 chunks of each x row a wide block stages at a time (a multiple of 32, so each lane
 // still takes chunks lane, lane + 32, ... in order across stages).
 #define WIDE_STAGE 64
+// The narrow tiling with R rows a tile; U chunks' weight loads issued together (see
+// `tile_dot`). Measured on an H200: U = 4 with 8-row tiles ran the 18944 -> 3584 projection
+// 1.6x (1 row) to 3.3x (16 rows) slower than U = 1, while with 1-row tiles it is what lets a
+// batch-1 decode step keep enough loads in flight.
+template <typename W, int R, int U>
+__device__ __forceinline__ void linear_narrow(const float *__restrict__ x, const W *__restrict__ w,
+                                              const float *__restrict__ bias, float *__restrict__ y,
+                                              int rows, int inp, int out, int accumulate,
+                                              const FusedLora &lora) {
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    const int j = blockIdx.x * warps + warp;
+    if (j >= out) return;
+    const int r0 = blockIdx.y * R, n = min(R, rows - r0);
+    float acc[R][1];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+    tile_dot<W, R, 1, U>(x + (size_t)r0 * inp, w + (size_t)j * inp, inp, inp, n, 1, acc);
+    store_tile<R, 1>(acc, bias, lora, y, out, r0, n, j, 1, accumulate);
+}
+
 template <typename W>
 __device__ __forceinline__ void linear_tile(const float *__restrict__ x, const W *__restrict__ w,
                                             const float *__restrict__ bias, float *__restrict__ y,
                                             int rows, int inp, int out, int accumulate,
                                             const FusedLora &lora) {
-    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
-    const int j = blockIdx.x * warps + warp;
-    if (j >= out) return;
-    const int r0 = blockIdx.y * ROW_TILE, n = min(ROW_TILE, rows - r0);
-    float acc[ROW_TILE][1];
-#pragma unroll
-    for (int r = 0; r < ROW_TILE; ++r) acc[r][0] = 0.0f;
-    tile_dot<W, ROW_TILE, 1, 4>(x + (size_t)r0 * inp, w + (size_t)j * inp, inp, inp, n, 1, acc);
-    store_tile<ROW_TILE, 1>(acc, bias, lora, y, out, r0, n, j, 1, accumulate);
+    linear_narrow<W, ROW_TILE, 1>(x, w, bias, y, rows, inp, out, accumulate, lora);
+}
+
+template <typename W>
+__device__ __forceinline__ void linear_row(const float *__restrict__ x, const W *__restrict__ w,
+                                           const float *__restrict__ bias, float *__restrict__ y,
+                                           int rows, int inp, int out, int accumulate,
+                                           const FusedLora &lora) {
+    linear_narrow<W, 1, 4>(x, w, bias, y, rows, inp, out, accumulate, lora);
 }
 
 template <typename W>
@@ -272,6 +289,8 @@ LINEAR_ENTRY(linear_f32, float, linear_tile)
 LINEAR_ENTRY(linear_bf16, unsigned short, linear_tile)
 LINEAR_ENTRY(linear_wide_f32, float, linear_wide)
 LINEAR_ENTRY(linear_wide_bf16, unsigned short, linear_wide)
+LINEAR_ENTRY(linear_row_f32, float, linear_row)
+LINEAR_ENTRY(linear_row_bf16, unsigned short, linear_row)
 
 // A tile of the mixed-adapter LoRA apply: up to ROW_TILE consecutive rows that share one
 // adapter, as {first row, rows, slot in the pools, rank}.

@@ -84,6 +84,8 @@ struct Kernels {
     linear_bf16: CudaFunction,
     linear_wide: CudaFunction,
     linear_wide_bf16: CudaFunction,
+    linear_row: CudaFunction,
+    linear_row_bf16: CudaFunction,
     gather_rows_bf16: CudaFunction,
     to_bf16: CudaFunction,
 }
@@ -159,6 +161,8 @@ impl Gpu {
             linear_bf16: function("linear_bf16")?,
             linear_wide: function("linear_wide_f32")?,
             linear_wide_bf16: function("linear_wide_bf16")?,
+            linear_row: function("linear_row_f32")?,
+            linear_row_bf16: function("linear_row_bf16")?,
             gather_rows_bf16: function("gather_rows_bf16")?,
             to_bf16: function("to_bf16")?,
         };
@@ -228,7 +232,11 @@ impl Gpu {
         y: &mut CudaSlice<f32>,
         accumulate: bool,
     ) -> Result<(), GpuError> {
-        let kernels = [&self.kernels.linear, &self.kernels.linear_wide];
+        let kernels = [
+            &self.kernels.linear_row,
+            &self.kernels.linear,
+            &self.kernels.linear_wide,
+        ];
         self.launch_linear(kernels, x, w, bias, lora, inp, y, accumulate)
     }
 
@@ -244,17 +252,21 @@ impl Gpu {
         y: &mut CudaSlice<f32>,
         accumulate: bool,
     ) -> Result<(), GpuError> {
-        let kernels = [&self.kernels.linear_bf16, &self.kernels.linear_wide_bf16];
+        let kernels = [
+            &self.kernels.linear_row_bf16,
+            &self.kernels.linear_bf16,
+            &self.kernels.linear_wide_bf16,
+        ];
         self.launch_linear(kernels, x, w, bias, lora, inp, y, accumulate)
     }
 
-    /// Launches the narrow tiling (`[0]`) of the projection for up to `ROW_TILE` rows a tile,
-    /// the wide one (`[1]`) where it fills the device: the same sums in the same order (see
-    /// `kernels.cu`).
+    /// Launches the projection's single-row kernel (`[0]`) for one row, its narrow tiling
+    /// (`[1]`, `ROW_TILE` rows a tile) for more, or its wide one (`[2]`) where that fills the
+    /// device: the same sums in the same order (see `kernels.cu`).
     #[allow(clippy::too_many_arguments)]
     fn launch_linear<W>(
         &self,
-        [narrow, wide]: [&CudaFunction; 2],
+        [single, narrow, wide]: [&CudaFunction; 3],
         x: &CudaSlice<f32>,
         w: &CudaSlice<W>,
         bias: Option<&CudaSlice<f32>>,
@@ -295,6 +307,8 @@ impl Gpu {
                 wide,
                 (grid(rows.div_ceil(WIDE_ROWS))?, grid_y(wide_columns)?, 1),
             )
+        } else if rows == 1 {
+            (single, (grid(out.div_ceil(LINEAR_WARPS as usize))?, 1, 1))
         } else {
             let columns = out.div_ceil(LINEAR_WARPS as usize);
             (
