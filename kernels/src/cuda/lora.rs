@@ -3,8 +3,9 @@
 //! largest rank), and a batch's segments become tiles of at most `ROW_TILE` rows of one adapter,
 //! made once per forward pass and used at every site. Prefill and training segments (many rows
 //! of one adapter: SGMV) and decode batches (a row per sequence, each its own adapter: BGMV) run
-//! the same two kernels (shrink into the batch's rank-space scratch, then expand); only the
-//! tiles differ.
+//! the same kernels, a shrink into the batch's rank-space scratch, then the expand (its own
+//! kernel in [`Gpu::lora_apply`], or done by the projection as it stores, through
+//! [`LoraSite`]); only the tiles differ.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
