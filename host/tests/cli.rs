@@ -886,3 +886,79 @@ fn a_missing_plugin_path_fails_before_any_model_file_is_written() {
     );
     assert!(!out.exists(), "nothing is written: {stderr}");
 }
+
+#[test]
+fn play_shows_the_final_evaluation_and_replay_reproduces_a_recorded_episode() {
+    let dir = tempfile::tempdir().unwrap();
+    let jobs = short_examples(dir.path());
+    let job = jobs
+        .iter()
+        .find(|j| j.file_name().is_some_and(|n| n == "tictactoe.toml"))
+        .expect("the tic-tac-toe example");
+    let out = dir.path().join("run");
+    let summary = train_json(job, &out);
+    let (job, run) = (job.to_str().unwrap(), out.to_str().unwrap());
+
+    // Greedy play of the final adapter on the evaluation's seeds is the final evaluation.
+    let output = opentinker(&["play", job, "--run", run, "--greedy", "--json"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (played, episodes) = lines.split_last().unwrap();
+    assert_eq!(played["summary"], summary["final_eval"], "{played}");
+    assert_eq!(episodes.len(), 4);
+    assert!(
+        episodes
+            .iter()
+            .all(|e| e["messages"][0].as_array().is_some_and(|m| m.len() >= 2)),
+        "each game is shown: {episodes:?}"
+    );
+    // The same, printed for a person.
+    let output = opentinker(&["play", job, "--run", run, "--greedy", "--episodes", "1"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("episode 1/1") && stdout.contains("assistant: "),
+        "{stdout}"
+    );
+
+    // A recorded training episode comes back token for token from its seed...
+    let rollouts = out.join("rollouts/step-1.jsonl");
+    let replay = |file: &Path| opentinker(&["replay", file.to_str().unwrap(), "--index", "1"]);
+    let output = replay(&rollouts);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("reproduced step 1 group 0 episode 1"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // ...and an edited record is caught, naming what differs.
+    let text = std::fs::read_to_string(&rollouts).unwrap();
+    let mut lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let tokens = lines[1]["sequences"][0]["tokens"].as_array_mut().unwrap();
+    let last = tokens.len() - 2;
+    tokens[last] = (tokens[last].as_u64().unwrap() ^ 1).into();
+    let edited: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&rollouts, edited).unwrap();
+    let output = replay(&rollouts);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success()
+            && stderr.contains("did not reproduce the record")
+            && stderr.contains(&format!("at token {last}")),
+        "{stderr}"
+    );
+    // A step the run did not checkpoint cannot be replayed, and says so.
+    std::fs::remove_dir_all(out.join("checkpoints/step-1")).unwrap();
+    std::fs::write(&rollouts, text).unwrap();
+    let stderr = String::from_utf8_lossy(&replay(&rollouts).stderr).into_owned();
+    assert!(stderr.contains("did not checkpoint"), "{stderr}");
+}

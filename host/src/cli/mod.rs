@@ -7,6 +7,7 @@ mod sample;
 mod serve;
 mod terminal;
 mod train;
+mod watch;
 
 use std::path::PathBuf;
 
@@ -36,6 +37,10 @@ enum Command {
     Sample(sample::SampleArgs),
     /// Train a policy as job files describe (warm-up, then RL with plugin environments).
     Train(train::TrainArgs),
+    /// Play episodes of a job's environment with its trained policy and print them.
+    Play(watch::PlayArgs),
+    /// Re-run a recorded training episode from its seed and check it comes back exactly.
+    Replay(watch::ReplayArgs),
     /// Serve the engine over HTTP in the Tinker wire protocol (the `tinker` SDK drives it).
     Serve(serve::ServeArgs),
     /// Make tenants of a server and their API keys.
@@ -94,6 +99,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plugin { command } => plugin::run(command),
         Command::Sample(args) => sample::run(args),
         Command::Train(args) => train::run(args),
+        Command::Play(args) => watch::run_play(args),
+        Command::Replay(args) => watch::run_replay(args),
         Command::Serve(args) => serve::run(args),
         Command::Tenant { command } => serve::run_tenant(command),
     }

@@ -62,6 +62,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             };
             JobRun {
                 name,
+                file: path,
                 job: Arc::new(job),
                 out,
             }

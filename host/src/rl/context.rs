@@ -168,6 +168,19 @@ pub(super) async fn play_batch(
     )
 }
 
+/// The seeds of an evaluation of `episodes` episodes.
+pub(super) fn eval_seeds(episodes: usize) -> Vec<u64> {
+    (0..episodes as u64).map(|i| EVAL_SEEDS + i).collect()
+}
+
+/// The job's sampling parameters at temperature 0: how evaluations play.
+pub(super) fn greedy_params(job: &Job) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        ..sampling_params(job)
+    }
+}
+
 /// Greedy play on the evaluation seeds of the environment under `config`, scored by the return
 /// of `player` (success: a positive return).
 pub(super) async fn evaluate(
@@ -177,26 +190,25 @@ pub(super) async fn evaluate(
     actors: &[Actor],
     player: usize,
 ) -> anyhow::Result<Evaluation> {
-    let seeds: Vec<u64> = (0..job.eval.episodes as u64)
-        .map(|i| EVAL_SEEDS + i)
-        .collect();
-    let greedy = SamplingParams {
-        temperature: 0.0,
-        ..sampling_params(job)
-    };
-    let outcomes = play_batch(cx, job, config, &seeds, actors, Some(greedy)).await?;
+    let seeds = eval_seeds(job.eval.episodes);
+    let outcomes = play_batch(cx, job, config, &seeds, actors, Some(greedy_params(job))).await?;
+    Ok(summarize(&outcomes, player))
+}
+
+/// An evaluation's figures of played episodes, scored by the return of `player`.
+pub(super) fn summarize(outcomes: &[EpisodeOutcome], player: usize) -> Evaluation {
     let metrics = metrics_of(&outcomes.iter().collect::<Vec<_>>());
     let returns: Vec<f64> = outcomes
         .iter()
         .map(|o| o.returns().get(player).copied().unwrap_or(0.0))
         .collect();
-    Ok(Evaluation {
+    Evaluation {
         episodes: outcomes.len(),
         reward_mean: mean(returns.iter().copied()),
         success_rate: mean(returns.iter().map(|r| f64::from(u8::from(*r > 0.0)))),
         episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
         metrics,
-        errors: errors(&outcomes),
+        errors: errors(outcomes),
         loss: None,
-    })
+    }
 }

@@ -29,9 +29,10 @@ pub(super) struct SharedBase {
     pub(super) service: Arc<dyn ServiceClient>,
 }
 
-/// One job of a `train` command: its name (the job file's stem) and output folder.
+/// One job of a `train` command: its name (the job file's stem), the file, and output folder.
 pub struct JobRun {
     pub name: String,
+    pub file: PathBuf,
     pub job: Arc<Job>,
     pub out: PathBuf,
 }
@@ -139,7 +140,9 @@ async fn prepare_base(
                 "--resume {}: no such run folder",
                 run.out.display()
             );
-            RunFolder::create(&run.out)
+            let folder = RunFolder::create(&run.out)?;
+            folder.record_job_file(&run.file)?;
+            Ok(folder)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let model_dir = model_dir(&first.job, &first.out)?;
@@ -238,7 +241,7 @@ async fn prepare_base(
 }
 
 /// The job's model directory; a tiny model is generated into the run's folder once.
-fn model_dir(job: &Job, out: &Path) -> anyhow::Result<PathBuf> {
+pub(super) fn model_dir(job: &Job, out: &Path) -> anyhow::Result<PathBuf> {
     match (&job.model.dir, &job.model.init_tiny) {
         (Some(dir), _) => Ok(dir.clone()),
         (None, Some(tiny)) => {

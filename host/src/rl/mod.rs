@@ -17,6 +17,7 @@ pub mod run_folder;
 pub mod sft;
 mod train_step;
 pub mod transcript;
+pub mod watch;
 
 pub use advantage::{Estimator, GroupReturns, advantages, fold_kl};
 pub use datum::{rl_datum, sft_datum};

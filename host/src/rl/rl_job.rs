@@ -37,11 +37,11 @@ type Trainers = BTreeMap<String, Arc<dyn TrainingClient>>;
 const FAILING_STEPS_BEFORE_STOP: usize = 3;
 
 /// The current version of each trainable policy of a job.
-struct Versions {
-    policies: Vec<PolicySection>,
+pub(super) struct Versions {
+    pub(super) policies: Vec<PolicySection>,
     /// What a frozen policy plays: the base model.
-    base: Arc<dyn SamplingClient>,
-    versions: BTreeMap<String, Arc<dyn SamplingClient>>,
+    pub(super) base: Arc<dyn SamplingClient>,
+    pub(super) versions: BTreeMap<String, Arc<dyn SamplingClient>>,
 }
 
 impl Versions {
@@ -69,7 +69,7 @@ impl Versions {
     }
 
     /// The actor of each player (the last serves any player beyond).
-    fn actors(&self) -> Vec<Actor> {
+    pub(super) fn actors(&self) -> Vec<Actor> {
         let seats = self
             .policies
             .iter()
@@ -84,8 +84,23 @@ impl Versions {
             .collect()
     }
 
-    /// Evaluate each trainable policy: greedy, on its own evaluation config as player 0, or on
-    /// the job's environment in its seat with every policy in its own.
+    /// What `policy`'s evaluation plays: its own evaluation config with it as player 0, or the
+    /// job's environment with every policy in its seat; (config, actors, the player scored).
+    pub(super) fn evaluation_of(
+        &self,
+        cx: &JobContext,
+        policy: &PolicySection,
+    ) -> (String, Vec<Actor>, usize) {
+        match policy.eval_config_json() {
+            Some(config) => (config, vec![self.actor(policy)], 0),
+            None => {
+                let seat = policy.players.first().copied().unwrap_or(0);
+                (cx.config.clone(), self.actors(), seat)
+            }
+        }
+    }
+
+    /// Evaluate each trainable policy, greedy, as [`Versions::evaluation_of`] says.
     async fn evaluate(
         &self,
         cx: &JobContext,
@@ -93,13 +108,8 @@ impl Versions {
     ) -> anyhow::Result<BTreeMap<String, Evaluation>> {
         let mut evaluations = BTreeMap::new();
         for policy in self.policies.iter().filter(|p| p.trainable) {
-            let evaluation = match policy.eval_config_json() {
-                Some(config) => evaluate(cx, job, &config, &[self.actor(policy)], 0).await?,
-                None => {
-                    let seat = policy.players.first().copied().unwrap_or(0);
-                    evaluate(cx, job, &cx.config, &self.actors(), seat).await?
-                }
-            };
+            let (config, actors, player) = self.evaluation_of(cx, policy);
+            let evaluation = evaluate(cx, job, &config, &actors, player).await?;
             evaluations.insert(policy.name.clone(), evaluation);
         }
         Ok(evaluations)

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::render::Renderer;
 use super::transcript::{SpanKind, TokenSequence, Transcript};
@@ -75,7 +75,7 @@ pub struct EpisodeOutcome {
 }
 
 /// One line of `rollouts/step-N.jsonl`: an episode as text and as the tokens trained on.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct RolloutRecord {
     pub group: usize,
     pub index: usize,
@@ -92,7 +92,7 @@ pub struct RolloutRecord {
 
 /// A player's token sequence: `mask` is 1 on sampled tokens (the ones trained on), and
 /// `advantages` and `logprobs` hold their advantage and sampler logprob (0 elsewhere).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct SequenceRecord {
     pub player: usize,
     pub tokens: Vec<u32>,

@@ -5,7 +5,8 @@
 //! - `base/`: the model after a full-parameter warm-up (a model directory of its own), with
 //!   `warmup.json`, the number of metric lines it covers;
 //! - `checkpoints/step-N/`: after N RL steps, one PEFT adapter folder per trained policy (with its
-//!   optimizer state) and `cursor.json` (steps done, metric lines covered, evaluations so far).
+//!   optimizer state) and `cursor.json` (steps done, metric lines covered, evaluations so far);
+//! - `job.json`: the job file the run was trained from, so `replay` finds the job of a rollout.
 //!
 //! Every folder is written under a temporary name, fsynced and renamed, so a run killed at any
 //! moment leaves whole checkpoints only. No random state needs saving: every episode's seed and
@@ -25,6 +26,7 @@ use crate::store::{StagedDir, write_atomic};
 const METRICS: &str = "metrics.jsonl";
 const CURSOR: &str = "cursor.json";
 const WARMUP: &str = "warmup.json";
+const JOB: &str = "job.json";
 
 /// Where training stands after a checkpoint.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -71,6 +73,37 @@ impl RunFolder {
         Ok(RunFolder {
             root: root.to_path_buf(),
         })
+    }
+
+    /// A run folder that a `train` wrote, to read from.
+    pub fn open(root: &Path) -> anyhow::Result<Self> {
+        anyhow::ensure!(root.is_dir(), "{}: no such run folder", root.display());
+        Ok(RunFolder {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// Record `job_file` (made absolute) as the job this run trains.
+    pub fn record_job_file(&self, job_file: &Path) -> anyhow::Result<()> {
+        let absolute = std::path::absolute(job_file)
+            .with_context(|| format!("resolving {}", job_file.display()))?;
+        let path = self.root.join(JOB);
+        let text = serde_json::to_vec_pretty(&serde_json::json!({ "file": absolute }))?;
+        write_atomic(&path, &text).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// The job file [`RunFolder::record_job_file`] recorded, if any.
+    pub fn job_file(&self) -> anyhow::Result<Option<PathBuf>> {
+        let path = self.root.join(JOB);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+        let file = value["file"]
+            .as_str()
+            .with_context(|| format!("{}: no `file`", path.display()))?;
+        Ok(Some(PathBuf::from(file)))
     }
 
     pub fn root(&self) -> &Path {
