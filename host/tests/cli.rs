@@ -820,7 +820,7 @@ fn a_job_whose_plugin_always_fails_stops_itself_and_the_other_job_runs_as_it_run
     assert!(!output.status.success(), "{stderr}");
     assert!(
         stderr.contains("failing: failed")
-            && stderr.contains("every episode of its last 3 steps failed")
+            && stderr.contains("stopped at RL step 0: every episode of the step failed (6)")
             && stderr.contains("invalid_output")
             && stderr.contains("1 of 2 jobs failed: failing"),
         "{stderr}"
@@ -851,8 +851,21 @@ fn a_job_whose_plugin_always_fails_stops_itself_and_the_other_job_runs_as_it_run
     assert_eq!(first_policy["errors"]["invalid_output"], 4, "{initial}");
     let rollouts = std::fs::read_to_string(out.join("failing/rollouts/step-0.jsonl")).unwrap();
     assert!(rollouts.contains(r#""error_message":"step returned a reward of NaN""#));
-    let summary: serde_json::Value =
-        serde_json::from_str(String::from_utf8_lossy(&output.stdout).trim()).unwrap();
+    // With --json, the good job's summary and the failed job's error, one line each.
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let [summary, failure] = lines.as_slice() else {
+        panic!("{lines:?}")
+    };
+    assert_eq!(failure["job"], "failing");
+    assert!(
+        failure["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("reward of NaN") && e.contains("seed ")),
+        "{failure}"
+    );
     assert_eq!(summary["steps"], 4);
     let both_good = PathBuf::from(summary["out"].as_str().unwrap());
     let solo_out = PathBuf::from(solo["out"].as_str().unwrap());
@@ -961,4 +974,70 @@ fn play_shows_the_final_evaluation_and_replay_reproduces_a_recorded_episode() {
     std::fs::write(&rollouts, text).unwrap();
     let stderr = String::from_utf8_lossy(&replay(&rollouts).stderr).into_owned();
     assert!(stderr.contains("did not checkpoint"), "{stderr}");
+}
+
+#[test]
+fn a_job_whose_plugin_fails_one_episode_in_seven_trains_and_shows_the_plugins_words() {
+    let wasm = build("adversarial/trap-at-step");
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("sometimes.toml");
+    let text = format!(
+        r#"
+[model]
+init_tiny = {{ seed = 5 }}
+[environment]
+plugin = {wasm:?}
+config = {{ trap_every = 7 }}
+[rl]
+steps = 2
+groups_per_batch = 2
+group_size = 7
+max_turns = 4
+max_tokens = 3
+failure_reward = -1.0
+[eval]
+episodes = 4
+"#
+    );
+    std::fs::write(&job, text).unwrap();
+    let out = dir.path().join("run");
+    let output = opentinker(&[
+        "train",
+        job.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let lines = metric_lines(&out);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let trapped: u64 = lines
+        .iter()
+        .map(|l| l["errors"]["trap"].as_u64().unwrap_or(0))
+        .sum();
+    assert!((1..=6).contains(&trapped), "about 1 in 7 of 28: {lines:?}");
+    assert!(
+        lines.iter().all(|l| l["tokens"].as_u64().unwrap() > 0),
+        "{lines:?}"
+    );
+    // The plugin's own words: in the metrics, the rollouts and the terminal.
+    let message = lines
+        .iter()
+        .find_map(|l| l["error_messages"]["trap"].as_str())
+        .expect("a trap's message in the metrics")
+        .to_string();
+    assert!(!message.is_empty());
+    let rollouts: String = (0..2)
+        .map(|s| std::fs::read_to_string(out.join(format!("rollouts/step-{s}.jsonl"))).unwrap())
+        .collect();
+    assert!(rollouts.contains(r#""error":"trap""#), "{rollouts}");
+    assert!(rollouts.contains(r#""error_message":""#), "{rollouts}");
+    let first_line = message.lines().next().unwrap_or_default();
+    assert!(
+        stderr.contains("failed: trap")
+            && stderr.contains("(first: seed ")
+            && stderr.contains(first_line),
+        "{first_line}: {stderr}"
+    );
 }

@@ -97,6 +97,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             ),
             Err(error) => {
                 eprintln!("{name}: failed: {error:#}");
+                if args.json {
+                    let line = serde_json::json!({ "job": name, "error": format!("{error:#}") });
+                    println!("{line}");
+                }
                 failed.push(name.as_str());
             }
         }

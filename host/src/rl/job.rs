@@ -266,6 +266,10 @@ pub struct RlSection {
     pub skip_equal_groups: bool,
     #[serde(default)]
     pub failure_reward: f64,
+    /// The job stops when more than this fraction of its episodes failed over its last three
+    /// RL steps, or every episode of one step did; 1 never stops it.
+    #[serde(default = "default_max_failure_rate")]
+    pub max_failure_rate: f64,
     #[serde(default)]
     pub seed: u64,
     /// `"sync"` (sample, train, publish) or `"async"` (groups play on while a step trains, so a
@@ -288,6 +292,10 @@ pub struct RlSection {
     /// absent: each policy as it was when RL started.
     #[serde(default)]
     pub kl_reference: Option<PathBuf>,
+}
+
+fn default_max_failure_rate() -> f64 {
+    0.5
 }
 
 fn default_mode() -> String {
@@ -356,6 +364,7 @@ impl Default for RlSection {
             gamma: default_gamma(),
             skip_equal_groups: true,
             failure_reward: 0.0,
+            max_failure_rate: default_max_failure_rate(),
             seed: 0,
             kl_coef: 0.0,
             kl_reference: None,
@@ -498,6 +507,12 @@ impl Job {
         self.rl.asynchronous()?;
         if self.rl.group_size == 0 || self.rl.groups_per_batch == 0 {
             return Err("rl: `group_size` and `groups_per_batch` must be at least 1".into());
+        }
+        if !(self.rl.max_failure_rate > 0.0 && self.rl.max_failure_rate <= 1.0) {
+            return Err(format!(
+                "rl.max_failure_rate: {} is not a fraction above 0 and at most 1",
+                self.rl.max_failure_rate
+            ));
         }
         let demonstrations = self.sft.as_ref().is_some_and(|s| s.jsonl().is_none());
         if self.environment.is_none() && (self.rl.steps > 0 || demonstrations) {

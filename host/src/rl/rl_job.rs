@@ -32,9 +32,52 @@ use crate::plugin::{Plugin, PluginHost};
 /// The training client of each trainable policy of a job, by policy name.
 type Trainers = BTreeMap<String, Arc<dyn TrainingClient>>;
 
-/// Steps in a row in which every episode failed after which a job stops itself: a plugin that
-/// fails every time must not spin through a whole run.
-const FAILING_STEPS_BEFORE_STOP: usize = 3;
+/// The RL steps over which a job's failure rate is measured.
+const FAILURE_WINDOW: usize = 3;
+
+/// Whether a job's episodes fail too often to go on: every episode of a step failed, or more
+/// than `rl.max_failure_rate` of those of its last [`FAILURE_WINDOW`] steps (a plugin that fails
+/// every time, or most times, must not spin through a whole run training on nothing).
+struct FailureWatch {
+    max_rate: f64,
+    /// (failed, played) of the latest steps.
+    recent: std::collections::VecDeque<(usize, usize)>,
+}
+
+impl FailureWatch {
+    fn new(max_rate: f64) -> Self {
+        FailureWatch {
+            max_rate,
+            recent: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Count a step's episodes; why the job must stop, if it must.
+    fn record(&mut self, outcomes: &[&EpisodeOutcome]) -> Option<String> {
+        let failed = outcomes.iter().filter(|o| o.error.is_some()).count();
+        self.recent.push_back((failed, outcomes.len()));
+        if self.recent.len() > FAILURE_WINDOW {
+            self.recent.pop_front();
+        }
+        if self.max_rate >= 1.0 {
+            return None;
+        }
+        if failed > 0 && failed == outcomes.len() {
+            return Some(format!("every episode of the step failed ({failed})"));
+        }
+        let (failed, played) = self
+            .recent
+            .iter()
+            .fold((0, 0), |(f, p), (failed, played)| (f + failed, p + played));
+        (played > 0 && failed as f64 > self.max_rate * played as f64).then(|| {
+            format!(
+                "{failed} of the {played} episodes of the last {} steps failed, more than                  rl.max_failure_rate = {}",
+                self.recent.len(),
+                self.max_rate
+            )
+        })
+    }
+}
 
 /// The current version of each trainable policy of a job.
 pub(super) struct Versions {
@@ -216,7 +259,7 @@ pub(super) async fn train_job(
     let asynchronous = job.rl.asynchronous().map_err(anyhow::Error::msg)?;
     let mut stream =
         asynchronous.then(|| GroupStream::new(Arc::clone(&cx), Arc::clone(&run.job), first_step));
-    let mut failing_steps = 0;
+    let mut failures = FailureWatch::new(job.rl.max_failure_rate);
     for step in first_step..job.rl.steps {
         let started = Instant::now();
         let (played, policy_lag, stale_groups) = match &mut stream {
@@ -226,17 +269,35 @@ pub(super) async fn train_job(
             }
             None => (play_step(&cx, job, step, &versions.actors()).await?, 0, 0),
         };
-        failing_steps = match played.iter().all(|(_, _, o)| o.error.is_some()) {
-            true => failing_steps + 1,
-            false => 0,
-        };
-        if failing_steps >= FAILING_STEPS_BEFORE_STOP {
-            let outcomes: Vec<&EpisodeOutcome> = played.iter().map(|(_, _, o)| o).collect();
-            let kinds: Vec<String> = errors_of(&outcomes)
+        let all: Vec<&EpisodeOutcome> = played.iter().map(|(_, _, o)| o).collect();
+        let stop = failures.record(&all);
+        let (mut batches, records, groups_trained) = datums_of(&played, job, &policies, estimator);
+        if let Some(why) = stop {
+            // The step's rollouts and metrics line carry the failures' own words; nothing trains.
+            folder.write_rollouts(step, &records)?;
+            reporter.line(&StepMetrics {
+                step,
+                phase: "rl",
+                reward_mean: mean(
+                    all.iter()
+                        .map(|o| o.returns().first().copied().unwrap_or(0.0)),
+                ),
+                episode_steps: mean(all.iter().map(|o| o.steps as f64)),
+                errors: errors_of(&all),
+                error_messages: error_messages_of(&all),
+                env_metrics: metrics_of(&all),
+                initial_evals: match step {
+                    0 => initial_evals.clone(),
+                    _ => BTreeMap::new(),
+                },
+                seconds: started.elapsed().as_secs_f64(),
+                ..StepMetrics::default()
+            })?;
+            let kinds: Vec<String> = errors_of(&all)
                 .iter()
                 .map(|(kind, count)| format!("{kind}: {count}"))
                 .collect();
-            let first = played.iter().map(|(_, _, o)| o).find(|o| o.error.is_some());
+            let first = all.iter().find(|o| o.error.is_some());
             let example = first.map_or(String::new(), |o| {
                 format!(
                     "; the first, seed {}: {}: {}",
@@ -246,13 +307,11 @@ pub(super) async fn train_job(
                 )
             });
             anyhow::bail!(
-                "job `{}` stopped: every episode of its last {FAILING_STEPS_BEFORE_STOP} steps \
-                 failed (last step: {}){example}",
+                "job `{}` stopped at RL step {step}: {why} ({}){example}",
                 run.name,
                 kinds.join(", ")
             );
         }
-        let (mut batches, records, groups_trained) = datums_of(&played, job, &policies, estimator);
         let entropy = sampled_entropy(&batches);
         let kl = match &references {
             Some(references) => {
@@ -283,7 +342,6 @@ pub(super) async fn train_job(
         } else {
             None
         };
-        let all: Vec<&EpisodeOutcome> = played.iter().map(|(_, _, o)| o).collect();
         let rewards: Vec<f64> = all
             .iter()
             .map(|o| o.returns().first().copied().unwrap_or(0.0))
@@ -760,6 +818,48 @@ mod tests {
             messages: vec![Vec::new(), Vec::new()],
             scores: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_job_stops_when_a_step_fails_whole_or_most_of_its_recent_episodes_fail() {
+        let outcomes = |failed: usize, played: usize| -> Vec<EpisodeOutcome> {
+            (0..played)
+                .map(|i| {
+                    let mut o = episode(i as u32, 0.0);
+                    if i < failed {
+                        o.fail("trap".into(), Some("boom".into()), 0.0);
+                    }
+                    o
+                })
+                .collect()
+        };
+        let record = |watch: &mut FailureWatch, failed: usize, played: usize| {
+            let step = outcomes(failed, played);
+            watch.record(&step.iter().collect::<Vec<_>>())
+        };
+        let mut watch = FailureWatch::new(0.5);
+        assert_eq!(record(&mut watch, 4, 8), None, "half is not more than half");
+        assert_eq!(record(&mut watch, 3, 8), None);
+        let why = record(&mut watch, 6, 8).expect("13 of 24 failed");
+        assert!(
+            why.contains("13 of the 24 episodes of the last 3 steps"),
+            "{why}"
+        );
+        // The window slides: the first step's failures leave it.
+        let mut watch = FailureWatch::new(0.5);
+        for _ in 0..3 {
+            assert_eq!(record(&mut watch, 4, 8), None);
+        }
+        assert_eq!(record(&mut watch, 0, 8), None);
+        let mut watch = FailureWatch::new(0.9);
+        assert!(
+            record(&mut watch, 8, 8)
+                .unwrap()
+                .contains("every episode of the step")
+        );
+        // A rate of 1 never stops a job.
+        let mut watch = FailureWatch::new(1.0);
+        assert_eq!(record(&mut watch, 8, 8), None);
     }
 
     #[test]
