@@ -1041,3 +1041,31 @@ episodes = 4
         "{first_line}: {stderr}"
     );
 }
+
+#[test]
+fn a_plugin_of_the_wrong_kind_fails_before_any_model_file_is_written() {
+    let wasm = build("arithmetic");
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("mixed-up.toml");
+    // The arithmetic environment named as the agent.
+    let rest = format!("[agent]\nplugin = {wasm:?}\n[rl]\nsteps = 1\n");
+    std::fs::write(&job, arithmetic_job(&wasm, 3, &rest)).unwrap();
+    let out = dir.path().join("run");
+    let output = opentinker(&[
+        "train",
+        job.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("job `mixed-up`: [agent] plugin")
+            && stderr.contains("is not an agent plugin (it implements: environment)"),
+        "{stderr}"
+    );
+    assert!(
+        !out.join("model").exists() && !out.join("metrics.jsonl").exists(),
+        "no model generated: {stderr}"
+    );
+}

@@ -94,9 +94,14 @@ impl TrainProgress {
                 format!("  failed: {}{first}", counts.join(", "))
             }
         };
+        // An SFT step has no episodes, so no reward: its figures are the loss and the tokens.
+        let reward = match line.phase {
+            "rl" => format!("  reward {:.3}", line.reward_mean),
+            _ => String::new(),
+        };
         let text = format!(
-            "{name} {:>6} {:>4}  reward {:.3}  loss {:.4}  tokens {:>6}  {:.1}s{before}{eval}{errors}",
-            line.phase, line.step, line.reward_mean, line.loss, line.tokens, line.seconds
+            "{name} {:>6} {:>4}{reward}  loss {:.4}  tokens {:>6}  {:.1}s{before}{eval}{errors}",
+            line.phase, line.step, line.loss, line.tokens, line.seconds
         );
         let Some(job) = self.bars.get(name) else {
             eprintln!("{text}");
@@ -109,13 +114,19 @@ impl TrainProgress {
         let seconds = line.seconds.max(1e-9);
         job.bar.println(text);
         job.bar.set_position(done as u64);
-        job.bar.set_message(format!(
-            "{} reward {:.3}  {:.1} episodes/s  {:.0} tokens/s",
-            line.phase,
-            line.reward_mean,
-            episodes as f64 / seconds,
-            line.tokens as f64 / seconds
-        ));
+        job.bar.set_message(match line.phase {
+            "rl" => format!(
+                "rl reward {:.3}  {:.1} episodes/s  {:.0} tokens/s",
+                line.reward_mean,
+                episodes as f64 / seconds,
+                line.tokens as f64 / seconds
+            ),
+            phase => format!(
+                "{phase} loss {:.4}  {:.0} tokens/s",
+                line.loss,
+                line.tokens as f64 / seconds
+            ),
+        });
     }
 
     pub fn finish(&self) {

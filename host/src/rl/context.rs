@@ -12,7 +12,7 @@ use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
 use super::run_folder::MetricsLog;
 use crate::api::SamplingParams;
-use crate::plugin::{Limits, Plugin, PluginHost};
+use crate::plugin::{Limits, Plugin, PluginHost, PluginKind};
 
 /// Evaluation seeds start here; training seeds stay below.
 const EVAL_SEEDS: u64 = 1 << 40;
@@ -34,6 +34,66 @@ pub(super) struct JobContext {
     pub(super) model: Arc<ModelInfo>,
 }
 
+/// A job's plugins, loaded and checked to be of the kind their section names.
+#[derive(Clone)]
+pub(super) struct JobPlugins {
+    environment: Option<Plugin>,
+    agent: Option<Plugin>,
+    reward: Option<Plugin>,
+}
+
+impl JobPlugins {
+    /// Build (from a crate folder) or read each plugin the job names, compile it, and check it
+    /// implements its section's kind: what a job can have wrong in its plugins is found before
+    /// any model is generated or loaded. `name` names the job in errors.
+    pub(super) async fn load(host: &PluginHost, job: &Job, name: &str) -> anyhow::Result<Self> {
+        let load = async |section: &str, path: &Path, kind: PluginKind| -> anyhow::Result<Plugin> {
+            let wasm = crate::plugin::build::component_path(path)
+                .with_context(|| format!("job `{name}`: [{section}] plugin {}", path.display()))?;
+            let plugin = host
+                .load_file(&wasm)
+                .await
+                .with_context(|| format!("job `{name}`: [{section}] plugin {}", wasm.display()))?;
+            let kinds = &plugin.description().kinds;
+            anyhow::ensure!(
+                kinds.contains(&kind),
+                "job `{name}`: [{section}] plugin {} is not {} plugin (it implements: {})",
+                wasm.display(),
+                match kind {
+                    PluginKind::Environment => "an environment",
+                    PluginKind::Agent => "an agent",
+                    PluginKind::Reward => "a reward",
+                },
+                kinds
+                    .iter()
+                    .map(|k| format!("{k:?}").to_lowercase())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            Ok(plugin)
+        };
+        let environment = match &job.environment {
+            Some(section) => {
+                Some(load("environment", &section.plugin, PluginKind::Environment).await?)
+            }
+            None => None,
+        };
+        let agent = match &job.agent {
+            Some(section) => Some(load("agent", &section.plugin, PluginKind::Agent).await?),
+            None => None,
+        };
+        let reward = match &job.reward {
+            Some(section) => Some(load("reward", &section.plugin, PluginKind::Reward).await?),
+            None => None,
+        };
+        Ok(JobPlugins {
+            environment,
+            agent,
+            reward,
+        })
+    }
+}
+
 impl JobContext {
     pub(super) fn environment(&self) -> anyhow::Result<&Plugin> {
         self.environment
@@ -41,31 +101,12 @@ impl JobContext {
             .context("the job has no [environment] to play")
     }
 
-    pub(super) async fn load(
-        host: &PluginHost,
-        job: &Job,
-        model: Arc<ModelInfo>,
-    ) -> anyhow::Result<Self> {
-        let load = async |path: &Path| -> anyhow::Result<Plugin> {
-            let wasm = crate::plugin::build::component_path(path)?;
-            Ok(host.load_file(&wasm).await?)
-        };
-        let environment = match &job.environment {
-            Some(section) => Some(load(&section.plugin).await?),
-            None => None,
-        };
-        let agent = match &job.agent {
-            Some(section) => Some(load(&section.plugin).await?),
-            None => None,
-        };
-        let reward = match &job.reward {
-            Some(section) => Some(load(&section.plugin).await?),
-            None => None,
-        };
-        Ok(JobContext {
-            environment,
-            agent,
-            reward,
+    /// The context of `job` with its (checked) plugins on a base model.
+    pub(super) fn new(plugins: JobPlugins, job: &Job, model: Arc<ModelInfo>) -> Self {
+        JobContext {
+            environment: plugins.environment,
+            agent: plugins.agent,
+            reward: plugins.reward,
             config: job
                 .environment
                 .as_ref()
@@ -73,7 +114,7 @@ impl JobContext {
                 .unwrap_or_default(),
             limits: Limits::default(),
             model,
-        })
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::context::{JobContext, ModelInfo, Reporter};
+use super::context::{JobContext, JobPlugins, ModelInfo, Reporter};
 use super::job::Job;
 use super::metrics::Summary;
 use super::render::Renderer;
@@ -47,6 +47,7 @@ pub(super) struct JobStart {
     pub(super) checkpoint: Option<(PathBuf, Cursor)>,
     /// The held-out loss before and after a full-parameter SFT that made the base.
     pub(super) sft_evals: Option<(Evaluation, Evaluation)>,
+    pub(super) plugins: JobPlugins,
 }
 
 /// Run `runs` in one process: jobs with the same base model (the same model and warm-up) share
@@ -67,23 +68,24 @@ pub async fn run_jobs(
     for run in &runs {
         check_plugin_paths(run)?;
     }
-    let host = Arc::new(PluginHost::new(HostConfig::default())?);
-    let mut groups: Vec<Vec<(usize, JobRun)>> = Vec::new();
+    let host = PluginHost::new(HostConfig::default())?;
+    let mut groups: Vec<Vec<(usize, JobRun, JobPlugins)>> = Vec::new();
     for (index, run) in runs.into_iter().enumerate() {
+        let plugins = JobPlugins::load(&host, &run.job, &run.name).await?;
         match groups.iter_mut().find(|g| g[0].1.job.same_base(&run.job)) {
-            Some(group) => group.push((index, run)),
-            None => groups.push(vec![(index, run)]),
+            Some(group) => group.push((index, run, plugins)),
+            None => groups.push(vec![(index, run, plugins)]),
         }
     }
     let mut handles = Vec::new();
     for group in groups {
-        let (base, starts) = prepare_base(&host, group, resume, &progress).await?;
+        let (base, starts) = prepare_base(group, resume, &progress).await?;
         for start in starts {
-            let (host, base, progress) = (Arc::clone(&host), Arc::clone(&base), progress.clone());
+            let (base, progress) = (Arc::clone(&base), progress.clone());
             let index = start.index;
             handles.push((
                 index,
-                tokio::spawn(async move { train_job(&host, &base, start, progress).await }),
+                tokio::spawn(async move { train_job(&base, start, progress).await }),
             ));
         }
     }
@@ -126,15 +128,14 @@ fn check_plugin_paths(run: &JobRun) -> anyhow::Result<()> {
 /// the model itself, saved as `base/` in every job's folder so a resumed run does not warm up
 /// again), and start its sampling service.
 async fn prepare_base(
-    host: &PluginHost,
-    group: Vec<(usize, JobRun)>,
+    group: Vec<(usize, JobRun, JobPlugins)>,
     resume: bool,
     progress: &Progress,
 ) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
-    let first = &group[0].1;
+    let (_, first, first_plugins) = &group[0];
     let folders = group
         .iter()
-        .map(|(_, run)| {
+        .map(|(_, run, _)| {
             anyhow::ensure!(
                 !resume || run.out.is_dir(),
                 "--resume {}: no such run folder",
@@ -188,7 +189,7 @@ async fn prepare_base(
                     .collect::<anyhow::Result<_>>()?,
                 progress: progress.clone(),
             };
-            let cx = JobContext::load(host, &first.job, Arc::clone(&info)).await?;
+            let cx = JobContext::new(first_plugins.clone(), &first.job, Arc::clone(&info));
             let trainer = model.full_parameter_trainer()?;
             sft_evals = run_sft(&cx, &first.job, warmup, &trainer, &mut reporter).await?;
             for folder in &folders {
@@ -211,7 +212,7 @@ async fn prepare_base(
     };
     let kv_budget_positions = group
         .iter()
-        .map(|(_, run)| {
+        .map(|(_, run, _)| {
             let rl = &run.job.rl;
             let concurrency = (rl.group_size * rl.groups_per_batch).max(run.job.eval.episodes);
             let per_episode = (256 + rl.max_tokens) * rl.max_turns.max(1);
@@ -228,14 +229,17 @@ async fn prepare_base(
         .zip(folders)
         .zip(logs)
         .zip(checkpoints)
-        .map(|((((index, run), folder), log), checkpoint)| JobStart {
-            index,
-            run,
-            folder,
-            log,
-            checkpoint,
-            sft_evals: sft_evals.clone(),
-        })
+        .map(
+            |((((index, run, plugins), folder), log), checkpoint)| JobStart {
+                index,
+                run,
+                folder,
+                log,
+                checkpoint,
+                sft_evals: sft_evals.clone(),
+                plugins,
+            },
+        )
         .collect();
     Ok((base, starts))
 }

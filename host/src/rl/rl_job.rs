@@ -27,7 +27,7 @@ use super::run_folder::{Cursor, RunFolder};
 use super::sft::run_sft;
 use super::train_step::{LossFn, PolicyBatch, forward_cross_entropy, train_step};
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
-use crate::plugin::{Plugin, PluginHost};
+use crate::plugin::Plugin;
 
 /// The training client of each trainable policy of a job, by policy name.
 type Trainers = BTreeMap<String, Arc<dyn TrainingClient>>;
@@ -173,7 +173,6 @@ fn headline(evaluations: &BTreeMap<String, Evaluation>, policies: &[PolicySectio
 /// versions, score, build datums, train one step, publish the next versions; evaluate and
 /// checkpoint as the job says.
 pub(super) async fn train_job(
-    host: &PluginHost,
     base: &SharedBase,
     start: JobStart,
     progress: Progress,
@@ -184,10 +183,11 @@ pub(super) async fn train_job(
         log,
         checkpoint,
         mut sft_evals,
+        plugins,
         ..
     } = start;
     let job = &run.job;
-    let cx = Arc::new(JobContext::load(host, job, Arc::clone(&base.info)).await?);
+    let cx = Arc::new(JobContext::new(plugins, job, Arc::clone(&base.info)));
     let service = base.service.as_ref();
     let mut reporter = Reporter {
         name: run.name.clone(),

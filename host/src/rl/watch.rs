@@ -11,8 +11,8 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::context::{
-    JobContext, ModelInfo, eval_seeds, greedy_params, play_batch, rollout, sampling_params,
-    summarize,
+    JobContext, JobPlugins, ModelInfo, eval_seeds, greedy_params, play_batch, rollout,
+    sampling_params, summarize,
 };
 use super::driver::model_dir;
 use super::job::{Job, PolicySection};
@@ -84,6 +84,8 @@ impl Stage {
         adapters: &AdapterChoice,
         watched: &str,
     ) -> anyhow::Result<(Stage, Option<tempfile::TempDir>)> {
+        let host = PluginHost::new(HostConfig::default())?;
+        let plugins = JobPlugins::load(&host, job, "play").await?;
         let mut scratch = None;
         let dir = match (run, &job.model.dir) {
             (Some(run), _) => model_dir(job, run.root())?,
@@ -117,8 +119,7 @@ impl Stage {
         let kv_budget = episodes.max(1) * (256 + job.rl.max_tokens) * job.rl.max_turns.max(1);
         let service: Arc<dyn ServiceClient> =
             Arc::new(model.serve(dir.display().to_string(), kv_budget));
-        let host = PluginHost::new(HostConfig::default())?;
-        let cx = JobContext::load(&host, job, info).await?;
+        let cx = JobContext::new(plugins, job, info);
 
         let policies = job.policies();
         let multi_agent = policies.len() > 1;
