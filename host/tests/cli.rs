@@ -1069,3 +1069,28 @@ fn a_plugin_of_the_wrong_kind_fails_before_any_model_file_is_written() {
         "no model generated: {stderr}"
     );
 }
+
+#[test]
+fn plugin_run_samples_each_error_kinds_messages() {
+    let wasm = build("adversarial/trap-at-step");
+    let output = opentinker(&[
+        "plugin",
+        "run",
+        wasm.to_str().unwrap(),
+        "--episodes",
+        "6",
+        "--json",
+    ]);
+    let summary = json(&output);
+    assert_eq!(summary["errors"]["trap"], 6, "{summary}");
+    let sampled = summary["error_messages"]["trap"].as_array().unwrap();
+    // Every trap has the same words: one distinct message, with its first episode's seed.
+    assert_eq!(sampled.len(), 1, "{summary}");
+    assert_eq!(sampled[0]["seed"], 0);
+    assert!(
+        sampled[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unreachable")),
+        "{summary}"
+    );
+}

@@ -139,6 +139,13 @@ fn print_summary(summary: &PlaySummary) {
     println!("  length     {:.2} steps mean", summary.mean_steps);
     for (kind, count) in &summary.errors {
         println!("  error      {kind}: {count}");
+        for sampled in summary.error_messages.get(kind).into_iter().flatten() {
+            println!(
+                "             seed {}: {}",
+                sampled.seed,
+                super::terminal::terminal_safe(&sampled.message)
+            );
+        }
     }
     if summary.log_bytes_dropped > 0 {
         println!("  log        {} bytes dropped", summary.log_bytes_dropped);

@@ -45,6 +45,16 @@ impl Default for PlayOptions {
     }
 }
 
+/// Distinct messages kept per error kind in a [`PlaySummary`].
+pub const MESSAGES_PER_KIND: usize = 3;
+
+/// One distinct error message of a run, and the first episode that gave it.
+#[derive(Clone, Debug, Serialize)]
+pub struct SampledMessage {
+    pub seed: u64,
+    pub message: String,
+}
+
 /// The outcome of a run, as `opentinker plugin run --json` prints it.
 #[derive(Clone, Debug, Serialize)]
 pub struct PlaySummary {
@@ -58,6 +68,9 @@ pub struct PlaySummary {
     pub mean_steps: f64,
     /// Failed episodes, by error kind.
     pub errors: BTreeMap<ErrorKind, u32>,
+    /// Up to [`MESSAGES_PER_KIND`] distinct messages of each error kind, in episode order, each
+    /// with the seed of its first episode: the plugin's own words.
+    pub error_messages: BTreeMap<ErrorKind, Vec<SampledMessage>>,
     /// The most episodes alive at once.
     pub max_live_episodes: usize,
     /// Log bytes dropped over all episodes (each episode's log is bounded).
@@ -220,8 +233,18 @@ fn summarise(
     elapsed: Duration,
 ) -> PlaySummary {
     let mut errors = BTreeMap::new();
-    for error in records.iter().filter_map(|r| r.error.as_ref()) {
+    let mut error_messages: BTreeMap<ErrorKind, Vec<SampledMessage>> = BTreeMap::new();
+    for record in records {
+        let Some(error) = &record.error else { continue };
         *errors.entry(error.kind).or_insert(0) += 1;
+        let sampled = error_messages.entry(error.kind).or_default();
+        if sampled.len() < MESSAGES_PER_KIND && !sampled.iter().any(|m| m.message == error.message)
+        {
+            sampled.push(SampledMessage {
+                seed: record.seed,
+                message: error.message.clone(),
+            });
+        }
     }
     let completed: Vec<&EpisodeRecord> = records.iter().filter(|r| r.error.is_none()).collect();
     let mean = |values: Vec<f64>| {
@@ -246,6 +269,7 @@ fn summarise(
         ),
         mean_steps: mean(completed.iter().map(|r| f64::from(r.steps)).collect()),
         errors,
+        error_messages,
         max_live_episodes,
         log_bytes_dropped,
         elapsed_s: elapsed.as_secs_f64(),
