@@ -105,12 +105,15 @@ pub fn run_play(args: PlayArgs) -> anyhow::Result<()> {
         .iter()
         .map(|(policy, source)| format!("{policy}: {source}"))
         .collect();
+    let episodes = match played.outcomes.len() {
+        1 => "1 episode".to_string(),
+        n => format!("{n} episodes"),
+    };
     println!(
-        "policy `{}` as player {} ({}); {} episodes, {}",
+        "policy `{}` as player {} ({}); {episodes}, {}",
         played.policy,
         played.player,
         sources.join(", "),
-        played.outcomes.len(),
         match options.greedy {
             true => "greedy",
             false => "sampled as in training",
@@ -132,11 +135,17 @@ pub fn run_play(args: PlayArgs) -> anyhow::Result<()> {
             let messages = &outcome.messages[player];
             println!("  player {player}:");
             for message in messages {
-                println!(
-                    "    {}: {}",
-                    terminal_safe(&message.role),
-                    terminal_safe(&message.content)
-                );
+                // Line breaks are the message's own (a board); other control characters are
+                // escaped, so a plugin cannot draw on the terminal.
+                let role = terminal_safe(&message.role);
+                let indent = " ".repeat(role.chars().count() + 6);
+                for (i, line) in message.content.split('\n').enumerate() {
+                    match i {
+                        0 => println!("    {role}: {}", terminal_safe(line)),
+                        _ if line.is_empty() => println!(),
+                        _ => println!("{indent}{}", terminal_safe(line)),
+                    }
+                }
             }
         }
         let returns = outcome.returns();
@@ -169,9 +178,13 @@ fn summary_line(player: usize, summary: &Evaluation) -> String {
             .join(", "),
     };
     format!(
-        "summary (player {player}): {} episodes, reward {:.3}, success {:.3}, {:.1} steps an \
+        "summary (player {player}): {} episode{}, reward {:.3}, success {:.3}, {:.1} steps an \
          episode, failures: {errors}",
-        summary.episodes, summary.reward_mean, summary.success_rate, summary.episode_steps
+        summary.episodes,
+        if summary.episodes == 1 { "" } else { "s" },
+        summary.reward_mean,
+        summary.success_rate,
+        summary.episode_steps
     )
 }
 
