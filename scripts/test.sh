@@ -5,7 +5,8 @@
 # with the official `tinker` SDK (scripts/requirements-test.txt), which the compatibility suite
 # drives against `opentinker serve`; it is made once and reused. The suite is built with the `cuda`
 # feature, which needs no CUDA toolkit: the GPU tests compile and, on a machine without a GPU,
-# report themselves skipped (scripts/gpu-check.sh runs them on one).
+# report themselves skipped (scripts/gpu-check.sh runs them on one). Then every benchmark's
+# quick mode (scripts/bench.sh all --quick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,3 +26,10 @@ export OPENTINKER_TEST_PYTHON="$venv/bin/python"
 
 cargo fmt --all --check
 cargo test --workspace --locked --features cuda "$@"
+
+# Every benchmark in its quick mode (tiny shapes, one iteration, no peers), so that one that no
+# longer builds or panics fails here rather than waiting for the next person who runs it. Not
+# when the tests were narrowed by arguments.
+if [[ $# -eq 0 ]]; then
+    scripts/bench.sh all --quick
+fi

@@ -2,11 +2,13 @@
 //! attention and MLP projections, f32, cross-entropy), beside PyTorch + PEFT with the same shapes,
 //! batch and threads (`bench/python/lora_training.py`, run when `PYTHON` has torch and peft).
 //!
-//!     RAYON_NUM_THREADS=2 PYTHON=~/.cache/opentinker/pyenv/bin/python \
+//!     RAYON_NUM_THREADS=2 PYTHON=~/.cache/opentinker/bench-venv/bin/python \
 //!         cargo bench -p opentinker --bench lora_training [-- qwen2.5-0.5b]
 //!
 //! The tiny shape runs 16 sequences of 128 tokens; `qwen2.5-0.5b` 4 of 256 (it writes a 2 GB
 //! model to a temporary folder first).
+
+mod support;
 
 use std::process::Command;
 use std::sync::Arc;
@@ -104,20 +106,25 @@ fn pytorch(shape: &str, steps: usize) -> Option<f64> {
 fn main() -> anyhow::Result<()> {
     opentinker::allocator::keep_freed_memory();
     let big = std::env::args().any(|a| a == "qwen2.5-0.5b");
-    let (shape, name, batch, length, steps) = if big {
+    let (shape, name, batch, length, steps) = if support::quick() {
+        (TinyShape::Tiny, "tiny", 2, 16, 1)
+    } else if big {
         (TinyShape::Qwen05b, "qwen2.5-0.5b", 4, 256, 2)
     } else {
         (TinyShape::Tiny, "tiny", 16, 128, 5)
     };
     // PyTorch first, so that the two never hold a 0.5B model in memory at the same time.
-    let theirs = pytorch(name, steps);
+    let theirs = match support::quick() {
+        true => None,
+        false => pytorch(name, steps),
+    };
     let ours = ours(shape, batch, length, steps)?;
     println!("{name:<14} {batch}x{length}  opentinker       {ours:>10.0} tokens/s");
     if let Some(theirs) = theirs {
         println!("{name:<14} {batch}x{length}  PyTorch + PEFT   {theirs:>10.0} tokens/s");
         println!(
-            "{name:<14} ratio (ours / PyTorch + PEFT): {:.2}",
-            ours / theirs
+            "{name:<14} ours / PyTorch + PEFT: {}",
+            support::ratio(ours, theirs)
         );
     }
     Ok(())

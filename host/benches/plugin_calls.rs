@@ -9,6 +9,8 @@
 //!
 //! Run: `cargo bench -p opentinker --bench plugin_calls`
 
+mod support;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -288,6 +290,12 @@ fn plugin_calls(c: &mut Criterion) {
     let limits = Limits::default();
     let mut group = c.benchmark_group("tictactoe");
     group.measurement_time(Duration::from_secs(4));
+    if support::quick() {
+        group
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(50))
+            .measurement_time(Duration::from_millis(200));
+    }
 
     group.bench_function("wasm_plugin/step", |b| {
         b.to_async(&rt).iter_custom(|iters| {
@@ -322,7 +330,12 @@ fn plugin_calls(c: &mut Criterion) {
         b.iter_custom(|iters| rt.block_on(hyper_env.time_steps(iters)))
     });
 
-    if let Some((server, addr)) = start_fastapi() {
+    // The quick run (the test script's) has no peers.
+    let fastapi = match support::quick() {
+        true => None,
+        false => start_fastapi(),
+    };
+    if let Some((server, addr)) = fastapi {
         let mut fastapi = rt.block_on(HttpEnv::connect(addr));
         group.bench_function("python_fastapi/step", |b| {
             b.iter_custom(|iters| rt.block_on(fastapi.time_steps(iters)))

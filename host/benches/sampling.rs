@@ -9,8 +9,10 @@
 //!
 //! Run:
 //!
-//!     RAYON_NUM_THREADS=2 PYTHON=~/.cache/opentinker/pyenv/bin/python \
+//!     RAYON_NUM_THREADS=2 PYTHON=~/.cache/opentinker/bench-venv/bin/python \
 //!         cargo bench -p opentinker --bench sampling [-- qwen2.5-0.5b]
+
+mod support;
 
 use std::path::Path;
 use std::process::Command;
@@ -201,7 +203,12 @@ fn main() -> anyhow::Result<()> {
     // transformers first, so that the two never hold a 0.5B model at the same time.
     let theirs: Vec<(usize, Option<f64>)> = [1, 16]
         .into_iter()
-        .map(|b| (b, python(dir.path(), b)))
+        .map(|b| {
+            (
+                b,
+                (!support::quick()).then(|| python(dir.path(), b)).flatten(),
+            )
+        })
         .collect();
 
     let model = Model::load(dir.path())?;
@@ -254,8 +261,8 @@ fn main() -> anyhow::Result<()> {
         let ours = (batch * 32) as f64 / generate(&registry, batch, 16, 32);
         match theirs {
             Some(theirs) => println!(
-                "  batch {batch:>2}: opentinker {ours:>9.1} tokens/s, transformers {theirs:>9.1} tokens/s: {:.2}x",
-                ours / theirs
+                "  batch {batch:>2}: opentinker {ours:>9.1} tokens/s, transformers {theirs:>9.1} tokens/s: {}",
+                support::ratio(ours, theirs)
             ),
             None => println!("  batch {batch:>2}: opentinker {ours:>9.1} tokens/s"),
         }

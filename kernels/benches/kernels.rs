@@ -17,6 +17,12 @@ fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
+    // `scripts/bench.sh --quick` (the test script): one timing of each, to check the benchmark
+    // runs; its figures mean nothing.
+    let runs = match std::env::var_os("OPENTINKER_BENCH_QUICK") {
+        Some(_) => 1,
+        None => 20,
+    };
     println!("linear: out (m x n) = x (m x k) W^T");
     for (m, k, n) in [
         (1, 896, 4864),
@@ -30,7 +36,7 @@ fn main() {
         let x = vec![0.5f32; m * k];
         let w = vec![0.25f32; n * k];
         let mut out = vec![0.0f32; m * n];
-        let seconds = best_of(20, || linear(&x, &w, k, &mut out, false));
+        let seconds = best_of(runs, || linear(&x, &w, k, &mut out, false));
         let flops = 2.0 * (m * k * n) as f64;
         let bytes = (n * k * 4) as f64;
         println!(
@@ -58,7 +64,7 @@ fn main() {
             .collect();
         let x = vec![0.5f32; 64 * inp];
         let mut y = vec![0.0f32; 64 * out];
-        let seconds = best_of(20, || lora_apply(&x, inp, &mut y, out, &segments));
+        let seconds = best_of(runs, || lora_apply(&x, inp, &mut y, out, &segments));
         println!("  {distinct:>2} adapters: {:>9.1} us", seconds * 1e6);
     }
 }

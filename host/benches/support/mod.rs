@@ -1,0 +1,25 @@
+//! What the benchmarks share: the quick mode `scripts/bench.sh --quick` runs in the test script
+//! (tiny shapes, one iteration, no peers: it checks a benchmark still builds and runs; its
+//! figures mean nothing), and the refusal to report a ratio measured on a busy machine.
+#![allow(dead_code)] // each benchmark uses what it needs of this module
+
+/// Whether the run is the quick one.
+pub fn quick() -> bool {
+    std::env::var_os("OPENTINKER_BENCH_QUICK").is_some()
+}
+
+/// Why ratios are not reported: the machine was busy when the run started
+/// (`scripts/bench.sh` measures the load and says so here).
+pub fn busy() -> Option<String> {
+    std::env::var("OPENTINKER_BENCH_BUSY")
+        .ok()
+        .filter(|why| !why.is_empty())
+}
+
+/// `ours / theirs` to print (`2.31x`), or why it is withheld.
+pub fn ratio(ours: f64, theirs: f64) -> String {
+    match busy() {
+        Some(why) => format!("ratio not reported: {why}"),
+        None => format!("{:.2}x", ours / theirs),
+    }
+}

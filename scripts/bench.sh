@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Every benchmark of the README with its peers, in one command:
+#
+#   scripts/bench.sh [plugins|training|sampling|service|all] [--quick]
+#
+# Makes (or reuses) the peers' virtual environment outside the repository from
+# bench/python/requirements.txt (PyTorch, transformers, PEFT, FastAPI, uvicorn; the service
+# benchmark uses the test script's venv with the `tinker` SDK), runs the chosen benchmarks with
+# the README's thread settings (2 threads), prints their tables under the date, the machine's CPU
+# and its load, and writes each as JSON into target/bench-results/. A ratio against a peer is not
+# reported when the machine was busy at the start (1-minute load above BENCH_MAX_LOAD, default a
+# quarter of the cores): the benchmarks say so instead.
+#
+# --quick (the test script runs `all --quick`): tiny shapes, one iteration, no peers and no
+# venv; it checks that every benchmark builds and runs, and its figures mean nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+which="all"
+quick=false
+for arg in "$@"; do
+    case "$arg" in
+        plugins | training | sampling | service | all) which="$arg" ;;
+        --quick) quick=true ;;
+        *) echo "unknown argument $arg: see the head of $0" >&2; exit 2 ;;
+    esac
+done
+
+results=target/bench-results
+mkdir -p "$results"
+cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || echo unknown)"
+cores="$(nproc)"
+load="$(cut -d' ' -f1 /proc/loadavg)"
+max_load="${BENCH_MAX_LOAD:-$(python3 -c "print($cores / 4)")}"
+date="$(date -u +%Y-%m-%d)"
+export RAYON_NUM_THREADS=2
+if python3 -c "import sys; sys.exit(0 if float('$load') > float('$max_load') else 1)"; then
+    export OPENTINKER_BENCH_BUSY="the machine was busy at the start (load $load on $cores cores, above $max_load)"
+    echo "NOTE: $OPENTINKER_BENCH_BUSY; ratios are not reported" >&2
+else
+    unset OPENTINKER_BENCH_BUSY
+fi
+
+if $quick; then
+    export OPENTINKER_BENCH_QUICK=1
+else
+    unset OPENTINKER_BENCH_QUICK
+    # The peers' virtual environment, remade only when the requirements change.
+    venv="${OPENTINKER_BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/bench-venv}"
+    requirements=bench/python/requirements.txt
+    stamp="$venv/requirements.sha256"
+    if ! sha256sum --status -c "$stamp" 2>/dev/null; then
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
+        sha256sum "$requirements" > "$stamp"
+    fi
+    export PYTHON="$venv/bin/python"
+fi
+
+echo "$date, $cpu, $cores cores, load $load$($quick && echo ', quick: figures mean nothing')"
+
+# Run one benchmark: its output is printed and kept, then written as JSON with the machine's
+# details into target/bench-results/NAME.json.
+run() {
+    local name="$1"
+    shift
+    echo
+    echo "== $name: $*"
+    local output
+    output="$("$@")"
+    echo "$output"
+    OUTPUT="$output" python3 - "$results/$name.json" "$name" "$*" "$date" "$cpu" "$cores" "$load" \
+        "$quick" <<'PY'
+import json, os, sys
+path, name, command, date, cpu, cores, load, quick = sys.argv[1:]
+record = {
+    "benchmark": name, "command": command, "date": date, "cpu": cpu, "cores": int(cores),
+    "load_at_start": float(load), "quick": quick == "true",
+    "busy": os.environ.get("OPENTINKER_BENCH_BUSY"),
+    "output": os.environ["OUTPUT"].splitlines(),
+}
+with open(path, "w") as f:
+    json.dump(record, f, indent=1)
+PY
+}
+
+# The plugin benchmark's table from criterion's estimates (criterion prints its own lines too).
+plugin_table() {
+    python3 - target/criterion/tictactoe <<'PY'
+import json, os, sys
+root = sys.argv[1]
+def mean_us(name):
+    path = os.path.join(root, name, "new", "estimates.json")
+    if not os.path.exists(path):
+        return None
+    return json.load(open(path))["mean"]["point_estimate"] / 1000
+rows = [("step call on a live episode (Wasm plugin)", "wasm_plugin_step"),
+        ("fresh episode: store + instantiate + construct + observe", "wasm_plugin_fresh_episode"),
+        ("one step over HTTP, Rust hyper server", "rust_hyper_step"),
+        ("one step over HTTP, Python FastAPI + uvicorn", "python_fastapi_step")]
+print("| what | time |")
+print("|---|---|")
+times = {}
+for label, name in rows:
+    times[name] = mean_us(name)
+    if times[name] is not None:
+        print(f"| {label} | {times[name]:.1f} us |")
+wasm, fastapi = times["wasm_plugin_step"], times["python_fastapi_step"]
+busy = os.environ.get("OPENTINKER_BENCH_BUSY")
+if wasm and fastapi:
+    ratio = f"ratio not reported: {busy}" if busy else f"{fastapi / wasm:.0f}x (goal >= 100x)"
+    print(f"| FastAPI step / Wasm step | {ratio} |")
+PY
+}
+
+if [[ "$which" == plugins || "$which" == all ]]; then
+    run plugins cargo bench --locked -q -p opentinker --bench plugin_calls
+    run plugins_table plugin_table
+fi
+if [[ "$which" == training || "$which" == all ]]; then
+    run lora_training cargo bench --locked -q -p opentinker --bench lora_training
+    shape=qwen2.5-0.5b
+    $quick && shape=tiny
+    run lora_vs_full cargo bench --locked -q -p opentinker --bench lora_vs_full -- "$shape"
+fi
+if [[ "$which" == sampling || "$which" == all ]]; then
+    run sampling cargo bench --locked -q -p opentinker --bench sampling
+    run kernels cargo bench --locked -q -p opentinker-kernels --bench kernels
+fi
+if [[ "$which" == service || "$which" == all ]]; then
+    steps=30
+    $quick && steps=2
+    run service scripts/bench-service.sh "$steps"
+fi
