@@ -117,14 +117,22 @@ if [[ "$which" == plugins || "$which" == all ]]; then
     run plugins cargo bench --locked -q -p opentinker --bench plugin_calls
     run plugins_table plugin_table
 fi
+# The README's shapes: the tiny one, and the Qwen2.5-0.5B one (each of its benchmarks writes a
+# 2 GB model to a temporary folder first); the quick run takes the tiny one only.
 if [[ "$which" == training || "$which" == all ]]; then
     run lora_training cargo bench --locked -q -p opentinker --bench lora_training
-    shape=qwen2.5-0.5b
-    $quick && shape=tiny
-    run lora_vs_full cargo bench --locked -q -p opentinker --bench lora_vs_full -- "$shape"
+    if ! $quick; then
+        run lora_training_0.5b cargo bench --locked -q -p opentinker --bench lora_training -- qwen2.5-0.5b
+        run lora_vs_full cargo bench --locked -q -p opentinker --bench lora_vs_full -- qwen2.5-0.5b
+    else
+        run lora_vs_full cargo bench --locked -q -p opentinker --bench lora_vs_full -- tiny
+    fi
 fi
 if [[ "$which" == sampling || "$which" == all ]]; then
     run sampling cargo bench --locked -q -p opentinker --bench sampling
+    if ! $quick; then
+        run sampling_0.5b cargo bench --locked -q -p opentinker --bench sampling -- qwen2.5-0.5b
+    fi
     run kernels cargo bench --locked -q -p opentinker-kernels --bench kernels
 fi
 if [[ "$which" == service || "$which" == all ]]; then
