@@ -46,14 +46,9 @@ if $quick; then
 else
     unset OPENTINKER_BENCH_QUICK
     # The peers' virtual environment, remade only when the requirements change.
+    source scripts/venv.sh
     venv="${OPENTINKER_BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/bench-venv}"
-    requirements=bench/python/requirements.txt
-    stamp="$venv/requirements.sha256"
-    if ! sha256sum --status -c "$stamp" 2>/dev/null; then
-        python3 -m venv "$venv"
-        "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
-        sha256sum "$requirements" > "$stamp"
-    fi
+    make_venv "$venv" bench/python/requirements.txt
     export PYTHON="$venv/bin/python"
 fi
 

@@ -2,11 +2,9 @@
 # missing) and a release `opentinker serve` on loopback with its own data folder, stopped and
 # removed on exit. After `start_server`: $bin, $data, $port, $server.
 
+source scripts/venv.sh
 venv="${OPENTINKER_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv}"
-if [ ! -x "$venv/bin/python" ]; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
-fi
+make_venv "$venv" scripts/requirements-test.txt
 bin=target/release/opentinker
 
 data="$(mktemp -d)"

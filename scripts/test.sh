@@ -14,14 +14,9 @@ rustup toolchain install                        # the toolchain of rust-toolchai
 rustup target add wasm32-wasip2
 
 # The SDK's virtual environment, remade only when the requirements change.
+source scripts/venv.sh
 venv="${OPENTINKER_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv}"
-requirements=scripts/requirements-test.txt
-stamp="$venv/requirements.sha256"
-if ! sha256sum --status -c "$stamp" 2>/dev/null; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
-    sha256sum "$requirements" > "$stamp"
-fi
+make_venv "$venv" scripts/requirements-test.txt
 export OPENTINKER_TEST_PYTHON="$venv/bin/python"
 
 cargo fmt --all --check

@@ -12,6 +12,7 @@ use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
 use super::run_folder::MetricsLog;
 use crate::api::SamplingParams;
+use crate::client::in_process::LocalModel;
 use crate::plugin::{Limits, Plugin, PluginHost, PluginKind};
 
 /// Evaluation seeds start here; training seeds stay below.
@@ -21,6 +22,19 @@ const EVAL_SEEDS: u64 = 1 << 40;
 pub(super) struct ModelInfo {
     pub(super) renderer: Renderer,
     pub(super) context: usize,
+}
+
+impl ModelInfo {
+    pub(super) fn of(model: &LocalModel) -> anyhow::Result<Self> {
+        let template = model
+            .chat_template()
+            .cloned()
+            .context("the model has no chat template")?;
+        Ok(ModelInfo {
+            renderer: Renderer::new(template, Arc::clone(model.tokenizer()))?,
+            context: model.context_length(),
+        })
+    }
 }
 
 /// What every episode of a job shares.

@@ -6,12 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Context;
-
 use super::context::{JobContext, JobPlugins, ModelInfo, Reporter};
 use super::job::Job;
 use super::metrics::Summary;
-use super::render::Renderer;
 use super::rl_job::train_job;
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::sft::run_sft;
@@ -148,14 +145,7 @@ async fn prepare_base(
         .collect::<anyhow::Result<Vec<_>>>()?;
     let model_dir = model_dir(&first.job, &first.out)?;
     let mut model = LocalModel::load(&model_dir)?;
-    let template = model
-        .chat_template()
-        .cloned()
-        .context("the model has no chat template")?;
-    let info = Arc::new(ModelInfo {
-        renderer: Renderer::new(template, Arc::clone(model.tokenizer()))?,
-        context: model.context_length(),
-    });
+    let info = Arc::new(ModelInfo::of(&model)?);
     let full_warmup = first.job.sft.as_ref().filter(|w| w.full_parameters);
     let saved_base = match (resume, full_warmup) {
         (true, Some(_)) => folders[0].saved_base()?,

@@ -17,7 +17,6 @@ use super::context::{
 use super::driver::model_dir;
 use super::job::{Job, PolicySection};
 use super::metrics::Evaluation;
-use super::render::Renderer;
 use super::rl_job::Versions;
 use super::rollout::{EpisodeOutcome, RolloutRecord};
 use super::run_folder::RunFolder;
@@ -104,14 +103,7 @@ impl Stage {
         {
             model.load_weights(&run.base_dir())?;
         }
-        let template = model
-            .chat_template()
-            .cloned()
-            .context("the model has no chat template")?;
-        let info = Arc::new(ModelInfo {
-            renderer: Renderer::new(template, Arc::clone(model.tokenizer()))?,
-            context: model.context_length(),
-        });
+        let info = Arc::new(ModelInfo::of(&model)?);
         let episodes = job
             .eval
             .episodes
