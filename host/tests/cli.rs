@@ -349,34 +349,37 @@ fn metric_lines(out: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-#[test]
-fn an_async_job_whose_environment_traps_on_some_episodes_finishes_and_reports_them() {
+/// A job on the trap-at-step plugin, whose episodes with a seed that is a multiple of
+/// `trap_every` trap: 2 RL steps of 2 groups of `group_size`, failure reward -1, `rl_extra` added
+/// to its `[rl]` section.
+fn trap_job(trap_every: u64, group_size: usize, rl_extra: &str) -> String {
     let wasm = build("adversarial/trap-at-step");
-    let dir = tempfile::tempdir().unwrap();
-    let job = dir.path().join("traps.toml");
-    std::fs::write(
-        &job,
-        format!(
-            r#"
+    format!(
+        r#"
 [model]
 init_tiny = {{ seed = 5 }}
 [environment]
 plugin = {wasm:?}
-config = {{ trap_every = 2 }}
+config = {{ trap_every = {trap_every} }}
 [rl]
 steps = 2
 groups_per_batch = 2
-group_size = 4
+group_size = {group_size}
 max_turns = 4
 max_tokens = 3
 failure_reward = -1.0
-mode = "async"
+{rl_extra}
 [eval]
 episodes = 4
 "#
-        ),
     )
-    .unwrap();
+}
+
+#[test]
+fn an_async_job_whose_environment_traps_on_some_episodes_finishes_and_reports_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("traps.toml");
+    std::fs::write(&job, trap_job(2, 4, "mode = \"async\"\n")).unwrap();
     let out = dir.path().join("run");
     let summary = train_json(&job, &out);
     assert_eq!(summary["steps"], 2);
@@ -978,28 +981,9 @@ fn play_shows_the_final_evaluation_and_replay_reproduces_a_recorded_episode() {
 
 #[test]
 fn a_job_whose_plugin_fails_one_episode_in_seven_trains_and_shows_the_plugins_words() {
-    let wasm = build("adversarial/trap-at-step");
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("sometimes.toml");
-    let text = format!(
-        r#"
-[model]
-init_tiny = {{ seed = 5 }}
-[environment]
-plugin = {wasm:?}
-config = {{ trap_every = 7 }}
-[rl]
-steps = 2
-groups_per_batch = 2
-group_size = 7
-max_turns = 4
-max_tokens = 3
-failure_reward = -1.0
-[eval]
-episodes = 4
-"#
-    );
-    std::fs::write(&job, text).unwrap();
+    std::fs::write(&job, trap_job(7, 7, "")).unwrap();
     let out = dir.path().join("run");
     let output = opentinker(&[
         "train",
