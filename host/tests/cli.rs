@@ -1078,3 +1078,25 @@ fn plugin_run_samples_each_error_kinds_messages() {
         "{summary}"
     );
 }
+
+#[test]
+fn a_job_whose_rewards_ignore_the_actions_is_reported_as_having_no_signal() {
+    // trap-at-step pays 0.5 a step whatever the action; with a trap period no seed of this job
+    // reaches, every episode returns the same.
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("unlearnable.toml");
+    std::fs::write(&job, trap_job(1_000_000_007, 4, "seed = 1\n")).unwrap();
+    let summary = train_json(&job, &dir.path().join("run"));
+    let diagnosis = summary["diagnosis"].as_str().expect("a diagnosis");
+    assert!(
+        diagnosis.contains("did not improve")
+            && diagnosis.contains("100% of groups tied")
+            && diagnosis.contains("Likely cause: no signal")
+            && diagnosis.contains("rl.group_size"),
+        "{diagnosis}"
+    );
+    for line in metric_lines(&dir.path().join("run")) {
+        assert_eq!(line["tied_groups"], 1.0, "{line}");
+        assert_eq!(line["advantage_abs_mean"], 0.0, "{line}");
+    }
+}

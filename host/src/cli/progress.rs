@@ -71,10 +71,12 @@ impl TrainProgress {
             .map_or(String::new(), |eval| {
                 format!("  before RL:{}", describe(eval))
             });
-        let eval = line
-            .eval
-            .as_ref()
-            .map_or(String::new(), |eval| format!("  eval:{}", describe(eval)));
+        let agreement = line.greedy_agreement.map_or(String::new(), |a| {
+            format!(" (greedy as before: {:.0}%)", a * 100.0)
+        });
+        let eval = line.eval.as_ref().map_or(String::new(), |eval| {
+            format!("  eval:{}{agreement}", describe(eval))
+        });
         let errors = match line.errors.is_empty() {
             true => String::new(),
             false => {
@@ -95,8 +97,12 @@ impl TrainProgress {
             }
         };
         // An SFT step has no episodes, so no reward: its figures are the loss and the tokens.
+        // An RL step's signal: groups whose returns tie, and the mean |advantage|.
         let reward = match line.phase {
-            "rl" => format!("  reward {:.3}", line.reward_mean),
+            "rl" => format!(
+                "  reward {:.3}  tied {:.2}  |adv| {:.3}",
+                line.reward_mean, line.tied_groups, line.advantage_abs_mean
+            ),
             _ => String::new(),
         };
         let text = format!(

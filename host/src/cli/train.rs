@@ -89,12 +89,17 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     for (name, summary) in names.iter().zip(&summaries) {
         match summary {
             Ok(summary) if args.json => println!("{}", serde_json::to_string(summary)?),
-            Ok(summary) => eprintln!(
-                "{name}: eval reward {:.3} -> {:.3}; adapter in {}",
-                summary.initial_eval.reward_mean,
-                summary.final_eval.reward_mean,
-                summary.checkpoint.display()
-            ),
+            Ok(summary) => {
+                eprintln!(
+                    "{name}: eval reward {:.3} -> {:.3}; adapter in {}",
+                    summary.initial_eval.reward_mean,
+                    summary.final_eval.reward_mean,
+                    summary.checkpoint.display()
+                );
+                if let Some(diagnosis) = &summary.diagnosis {
+                    eprintln!("{name}: {diagnosis}");
+                }
+            }
             Err(error) => {
                 eprintln!("{name}: failed: {error:#}");
                 if args.json {

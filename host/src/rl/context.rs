@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use super::diagnosis::action_digests;
 use super::job::Job;
 use super::metrics::{Evaluation, StepMetrics, errors, mean, metrics_of};
 use super::render::Renderer;
@@ -265,5 +266,6 @@ pub(super) fn summarize(outcomes: &[EpisodeOutcome], player: usize) -> Evaluatio
         metrics,
         errors: errors(outcomes),
         loss: None,
+        actions: action_digests(outcomes, player),
     }
 }

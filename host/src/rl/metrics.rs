@@ -28,6 +28,14 @@ pub struct StepMetrics {
     /// The mean negative logprob of the sampled tokens trained on (an estimate of the policy's
     /// entropy on its own samples).
     pub entropy: f64,
+    /// The fraction of groups (per trained seat) whose returns all tie: they teach nothing.
+    pub tied_groups: f64,
+    /// The mean absolute advantage of the trained seats' turns.
+    pub advantage_abs_mean: f64,
+    /// On a step with an evaluation: the fraction of its episodes in which the greedy policy
+    /// acted exactly as at the evaluation before (1: the updates changed no greedy choice).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub greedy_agreement: Option<f64>,
     /// With a KL penalty: the mean of log π(t) - log π_ref(t) over the sampled tokens trained on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kl: Option<f64>,
@@ -68,6 +76,9 @@ pub struct Evaluation {
     /// SFT: the loss per token of the held-out conversations (`episodes` of them).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub loss: Option<f64>,
+    /// A digest of the scored player's actions in each episode, to compare two evaluations.
+    #[serde(skip)]
+    pub actions: Vec<u64>,
 }
 
 /// What `train --json` prints.
@@ -81,6 +92,9 @@ pub struct Summary {
     /// Multi-agent jobs: each trainable policy's first and last evaluation.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub policies: BTreeMap<String, PolicyEvaluations>,
+    /// When the evaluation did not improve: why, as far as the run's figures tell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diagnosis: Option<String>,
 }
 
 /// A policy's first and last evaluation.

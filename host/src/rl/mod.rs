@@ -5,6 +5,7 @@
 pub mod advantage;
 mod context;
 pub mod datum;
+mod diagnosis;
 pub mod driver;
 mod group_stream;
 pub mod job;

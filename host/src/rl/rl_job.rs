@@ -15,6 +15,7 @@ use super::advantage::{Estimator, GroupReturns, advantages, fold_kl};
 use super::context::{JobContext, Progress, Reporter, evaluate, rollout, sampling_params};
 use super::datum::Datum;
 use super::datum::rl_datum;
+use super::diagnosis::{RunSignals, greedy_agreement, signal_of};
 use super::driver::{JobStart, SharedBase};
 use super::group_stream::{GroupStream, Launch, PlayedGroup};
 use super::job::{Job, PolicySection};
@@ -249,7 +250,15 @@ pub(super) async fn train_job(
     };
 
     let (first_step, initial_evals, mut last_evals) = match checkpoint {
-        Some((_, cursor)) => (cursor.steps, cursor.initial_evals, cursor.last_evals),
+        Some((_, cursor)) => {
+            let mut last_evals = cursor.last_evals;
+            for (name, actions) in cursor.last_actions {
+                if let Some(evaluation) = last_evals.get_mut(&name) {
+                    evaluation.actions = actions;
+                }
+            }
+            (cursor.steps, cursor.initial_evals, last_evals)
+        }
         None => {
             let evaluations = versions.evaluate(&cx, job).await?;
             (0, evaluations.clone(), evaluations)
@@ -260,6 +269,7 @@ pub(super) async fn train_job(
     let mut stream =
         asynchronous.then(|| GroupStream::new(Arc::clone(&cx), Arc::clone(&run.job), first_step));
     let mut failures = FailureWatch::new(job.rl.max_failure_rate);
+    let mut signals = RunSignals::default();
     for step in first_step..job.rl.steps {
         let started = Instant::now();
         let (played, policy_lag, stale_groups) = match &mut stream {
@@ -313,6 +323,9 @@ pub(super) async fn train_job(
             );
         }
         let entropy = sampled_entropy(&batches);
+        let signal = signal_of(&played, job, &policies, estimator);
+        let failed = all.iter().filter(|o| o.error.is_some()).count();
+        signals.step(signal, entropy, failed as f64 / all.len().max(1) as f64);
         let kl = match &references {
             Some(references) => {
                 Some(fold_kl_penalty(references, &mut batches, job.rl.kl_coef).await?)
@@ -336,8 +349,12 @@ pub(super) async fn train_job(
         versions.publish(&trainers).await?;
         folder.write_rollouts(step, &records)?;
         let last = step + 1 == job.rl.steps;
+        let mut agreement = None;
         let evaluations = if last || (job.eval.every > 0 && (step + 1) % job.eval.every == 0) {
+            let previous = headline(&last_evals, &policies);
             last_evals = versions.evaluate(&cx, job).await?;
+            agreement = greedy_agreement(&previous, &headline(&last_evals, &policies));
+            signals.evaluation(agreement);
             Some(last_evals.clone())
         } else {
             None
@@ -373,6 +390,9 @@ pub(super) async fn train_job(
             policy_lag,
             stale_groups,
             entropy,
+            tied_groups: signal.tied_groups,
+            advantage_abs_mean: signal.advantage_abs_mean,
+            greedy_agreement: agreement,
             kl,
             errors: errors_of(&all),
             error_messages: error_messages_of(&all),
@@ -393,6 +413,10 @@ pub(super) async fn train_job(
                 metric_lines: reporter.lines(),
                 initial_evals: initial_evals.clone(),
                 last_evals: last_evals.clone(),
+                last_actions: last_evals
+                    .iter()
+                    .map(|(name, e)| (name.clone(), e.actions.clone()))
+                    .collect(),
             };
             save_checkpoint(&trainers, &folder, cursor).await?;
             folder.write_report()?;
@@ -422,13 +446,19 @@ pub(super) async fn train_job(
             .collect(),
         false => BTreeMap::new(),
     };
+    let (initial_eval, final_eval) = (
+        headline(&initial_evals, &policies),
+        headline(&last_evals, &policies),
+    );
+    let diagnosis = signals.report(job, &initial_eval, &final_eval);
     Ok(Summary {
         steps: job.rl.steps,
-        initial_eval: headline(&initial_evals, &policies),
-        final_eval: headline(&last_evals, &policies),
+        initial_eval,
+        final_eval,
         checkpoint,
         out: folder.root().to_path_buf(),
         policies: per_policy,
+        diagnosis,
     })
 }
 
@@ -590,6 +620,7 @@ async fn sft_summary(
         checkpoint,
         out: folder.root().to_path_buf(),
         policies: BTreeMap::new(),
+        diagnosis: None,
     })
 }
 

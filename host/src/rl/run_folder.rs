@@ -39,6 +39,10 @@ pub struct Cursor {
     pub initial_evals: BTreeMap<String, Evaluation>,
     /// Each trainable policy's latest evaluation.
     pub last_evals: BTreeMap<String, Evaluation>,
+    /// What each policy did in its latest evaluation's episodes (their digests), so that the
+    /// next evaluation's greedy agreement is the same after a resume.
+    #[serde(default)]
+    pub last_actions: BTreeMap<String, Vec<u64>>,
 }
 
 /// `metrics.jsonl`, appended one line at a time.
@@ -297,6 +301,7 @@ mod tests {
                 metric_lines: steps + 1,
                 initial_evals: evals.clone(),
                 last_evals: evals.clone(),
+                last_actions: BTreeMap::new(),
             };
             let staged = run.stage_checkpoint(&cursor).unwrap();
             std::fs::create_dir(staged.path().join("policy")).unwrap();
