@@ -316,6 +316,20 @@ episodes = 4
         assert!(line["errors"].as_object().unwrap().is_empty(), "{line}");
     }
     assert!(lines[3]["eval"]["reward_mean"].is_number());
+    // Each RL step's diagnostics: how far the adapter moved (nothing here: every group tied,
+    // so every advantage and gradient was zero), and the group signal.
+    for line in &lines[2..] {
+        assert_eq!(line["tied_groups"], 1.0, "{line}");
+        assert_eq!(line["update_ratio"], 0.0, "{line}");
+        assert!(
+            (0.0..=1.0).contains(&line["tied_groups"].as_f64().unwrap()),
+            "{line}"
+        );
+        assert!(
+            line["advantage_abs_mean"].as_f64().unwrap() >= 0.0,
+            "{line}"
+        );
+    }
 
     let misspelt = dir.path().join("misspelt.toml");
     std::fs::write(&misspelt, text.replace("max_tokens = 6", "max_tokenz = 6")).unwrap();

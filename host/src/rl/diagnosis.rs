@@ -106,6 +106,8 @@ pub(super) struct RunSignals {
     advantage_sum: f64,
     entropy_sum: f64,
     failed_sum: f64,
+    /// Each training step's update norm relative to the weights.
+    update_ratios: Vec<f64>,
     /// Each evaluation's agreement with the one before.
     agreements: Vec<f64>,
 }
@@ -117,6 +119,10 @@ impl RunSignals {
         self.advantage_sum += signal.advantage_abs_mean;
         self.entropy_sum += entropy;
         self.failed_sum += failed_fraction;
+    }
+
+    pub(super) fn update(&mut self, ratio: Option<f64>) {
+        self.update_ratios.extend(ratio);
     }
 
     pub(super) fn evaluation(&mut self, agreement: Option<f64>) {
@@ -144,9 +150,16 @@ impl RunSignals {
             self.failed_sum / n,
         );
         let unchanged = !self.agreements.is_empty() && self.agreements.iter().all(|&a| a >= 0.999);
+        let updates = match self.update_ratios.is_empty() {
+            true => String::new(),
+            false => format!(
+                ", updates {:.1e} of the adapter's weights a step",
+                self.update_ratios.iter().sum::<f64>() / self.update_ratios.len() as f64
+            ),
+        };
         let figures = format!(
             "over {} RL steps: {:.0}% of groups tied, mean |advantage| {advantage:.3}, sampled \
-             entropy {entropy:.3}, {:.0}% of episodes failed{}",
+             entropy {entropy:.3}, {:.0}% of episodes failed{updates}{}",
             self.steps,
             tied * 100.0,
             failed * 100.0,

@@ -32,6 +32,10 @@ pub struct StepMetrics {
     pub tied_groups: f64,
     /// The mean absolute advantage of the trained seats' turns.
     pub advantage_abs_mean: f64,
+    /// The step's update norm relative to the adapter's weights (the largest among the
+    /// policies trained), when one trained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update_ratio: Option<f64>,
     /// On a step with an evaluation: the fraction of its episodes in which the greedy policy
     /// acted exactly as at the evaluation before (1: the updates changed no greedy choice).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -337,7 +337,7 @@ pub(super) async fn train_job(
             &loss,
             job.rl.learning_rate,
         );
-        let (loss_value, tokens) = match &mut stream {
+        let trained = match &mut stream {
             // Async: groups play on with this version while it trains into the next.
             Some(stream) => {
                 stream
@@ -346,6 +346,7 @@ pub(super) async fn train_job(
             }
             None => training.await?,
         };
+        signals.update(trained.update_ratio);
         versions.publish(&trainers).await?;
         folder.write_rollouts(step, &records)?;
         let last = step + 1 == job.rl.steps;
@@ -384,8 +385,9 @@ pub(super) async fn train_job(
             reward_mean: mean(rewards.iter().copied()),
             reward_std: std(&rewards),
             episode_steps: mean(all.iter().map(|o| o.steps as f64)),
-            tokens,
-            loss: loss_value,
+            tokens: trained.tokens,
+            loss: trained.loss,
+            update_ratio: trained.update_ratio,
             groups_trained,
             policy_lag,
             stale_groups,

@@ -192,12 +192,13 @@ pub(super) async fn run_sft(
                 (datums, Vec::new())
             }
         };
-        let (loss_value, tokens) = train_step(
+        let trained = train_step(
             vec![(trainer, datums)],
             &LossFn::cross_entropy(),
             sft.learning_rate,
         )
         .await?;
+        let (loss_value, tokens) = (trained.loss, trained.tokens);
         let due = step + 1 == sft.steps || (sft.eval_every > 0 && (step + 1) % sft.eval_every == 0);
         let eval = match due {
             true => held_out_loss().await?,

@@ -35,20 +35,31 @@ impl LossFn {
     }
 }
 
+/// What one training step did.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct StepOutcome {
+    /// The loss per counted token.
+    pub(super) loss: f64,
+    /// The counted tokens.
+    pub(super) tokens: usize,
+    /// The largest update norm relative to the adapter's weights among the policies trained
+    /// (`None` when nothing trained or the service did not say).
+    pub(super) update_ratio: Option<f64>,
+}
+
 /// One training step: a `forward_backward` of each policy's datums, all sent at once, then an
-/// `optim_step` of each policy that had some. Returns the loss per counted token and the
-/// counted tokens.
+/// `optim_step` of each policy that had some.
 pub(super) async fn train_step(
     batches: Vec<(&dyn TrainingClient, Vec<Datum>)>,
     loss: &LossFn,
     learning_rate: f64,
-) -> anyhow::Result<(f64, usize)> {
+) -> anyhow::Result<StepOutcome> {
     let batches: Vec<_> = batches
         .into_iter()
         .filter(|(_, datums)| !datums.is_empty())
         .collect();
     if batches.is_empty() {
-        return Ok((0.0, 0));
+        return Ok(StepOutcome::default());
     }
     let outputs = futures::future::try_join_all(
         batches
@@ -61,10 +72,23 @@ pub(super) async fn train_step(
         grad_clip_norm: 1.0,
         ..AdamParams::default()
     };
+    let mut update_ratio: Option<f64> = None;
     for (client, _) in &batches {
-        client.optim_step(params).await?;
+        let output = client.optim_step(params).await?;
+        let metric = |name: &str| output.metrics.get(name).copied();
+        if let (Some(update), Some(weights)) =
+            (metric("update_norm:mean"), metric("weight_norm:mean"))
+            && weights > 0.0
+        {
+            update_ratio = Some(update_ratio.unwrap_or(0.0).max(update / weights));
+        }
     }
-    Ok(loss_per_token(&outputs))
+    let (loss, tokens) = loss_per_token(&outputs);
+    Ok(StepOutcome {
+        loss,
+        tokens,
+        update_ratio,
+    })
 }
 
 /// `client`'s logprob of each datum's targets and its cross-entropy, without gradients.

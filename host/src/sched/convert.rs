@@ -199,8 +199,15 @@ pub fn check_adam(params: &AdamParams) -> Result<(), ApiError> {
 /// The answer to an `optim_step` from the engine's report, with Tinker's metric keys.
 pub fn optim_output(report: StepReport) -> OptimStepOutput {
     let metrics = match report {
-        StepReport::Updated { step, grad_norm } => BTreeMap::from([
+        StepReport::Updated {
+            step,
+            grad_norm,
+            update_norm,
+            weight_norm,
+        } => BTreeMap::from([
             ("grad_norm:mean".to_string(), grad_norm),
+            ("update_norm:mean".to_string(), update_norm),
+            ("weight_norm:mean".to_string(), weight_norm),
             ("step:max".to_string(), step as f64),
             ("skipped_non_finite:sum".to_string(), 0.0),
         ]),

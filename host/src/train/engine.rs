@@ -66,8 +66,14 @@ pub use crate::api::AdamParams;
 /// What an `optim_step` did.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StepReport {
-    /// The adapter was updated; its step count and gradient norm before clipping.
-    Updated { step: u64, grad_norm: f64 },
+    /// The adapter was updated; its step count, gradient norm before clipping, and the norms of
+    /// the update and of the weights before it (their ratio says how far a step moved it).
+    Updated {
+        step: u64,
+        grad_norm: f64,
+        update_norm: f64,
+        weight_norm: f64,
+    },
     /// A non-finite loss or gradient was seen since the last step: nothing changed but the
     /// accumulated gradients, which are dropped.
     SkippedNonFinite,
@@ -505,6 +511,10 @@ impl TrainingEngine {
         slot.step += 1;
         let t = slot.step as i32;
         let (bias1, bias2) = (1.0 - params.beta1.powi(t), 1.0 - params.beta2.powi(t));
+        let square_norm = |t: &Tensor| -> candle_core::Result<f64> {
+            t.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()
+        };
+        let (mut update_square, mut weight_square) = (0.0, 0.0);
         for (i, (var, g)) in vars.iter().zip(&gradients).enumerate() {
             let g = (g * clip)?;
             let m = ((&slot.first_moments[i] * params.beta1)? + (&g * (1.0 - params.beta1))?)?;
@@ -513,13 +523,18 @@ impl TrainingEngine {
             let update = ((&m / bias1)? / ((&v / bias2)?.sqrt()? + params.eps)?)?;
             let w = var.as_tensor();
             let decayed = (w * (1.0 - params.learning_rate * params.weight_decay))?;
-            var.set(&(decayed - (update * params.learning_rate)?)?)?;
+            let updated = (decayed - (update * params.learning_rate)?)?;
+            update_square += square_norm(&(&updated - w)?)?;
+            weight_square += square_norm(w)?;
+            var.set(&updated)?;
             slot.first_moments[i] = m;
             slot.second_moments[i] = v;
         }
         Ok(StepReport::Updated {
             step: slot.step,
             grad_norm,
+            update_norm: update_square.sqrt(),
+            weight_norm: weight_square.sqrt(),
         })
     }
 
