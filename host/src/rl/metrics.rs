@@ -40,7 +40,9 @@ pub struct StepMetrics {
     /// acted exactly as at the evaluation before (1: the updates changed no greedy choice).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub greedy_agreement: Option<f64>,
-    /// With a KL penalty: the mean of log π(t) - log π_ref(t) over the sampled tokens trained on.
+    /// The mean of log π(t) - log π_ref(t) over the sampled tokens trained on, π_ref being the
+    /// policy as RL started (or the job's reference): every step with a KL penalty, else on the
+    /// steps that evaluate.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kl: Option<f64>,
     pub errors: BTreeMap<String, usize>,

@@ -244,10 +244,9 @@ pub(super) async fn train_job(
         versions: BTreeMap::new(),
     };
     versions.publish(&trainers).await?;
-    let references = match job.rl.kl_coef > 0.0 {
-        true => Some(load_references(job, &folder, service, &trainers, &run.name).await?),
-        false => None,
-    };
+    // Each policy as RL started (or the job's reference): the KL penalty's reference, and what
+    // the evaluation steps measure the policy's drift from.
+    let references = load_references(job, &folder, service, &trainers, &run.name).await?;
 
     let (first_step, initial_evals, mut last_evals) = match checkpoint {
         Some((_, cursor)) => {
@@ -326,11 +325,13 @@ pub(super) async fn train_job(
         let signal = signal_of(&played, job, &policies, estimator);
         let failed = all.iter().filter(|o| o.error.is_some()).count();
         signals.step(signal, entropy, failed as f64 / all.len().max(1) as f64);
-        let kl = match &references {
-            Some(references) => {
-                Some(fold_kl_penalty(references, &mut batches, job.rl.kl_coef).await?)
-            }
-            None => None,
+        // The KL to the reference: every step with a penalty, which folds it into the
+        // advantages; on evaluation steps without one, measured only (a zero fold).
+        let last = step + 1 == job.rl.steps;
+        let evaluates = last || (job.eval.every > 0 && (step + 1) % job.eval.every == 0);
+        let kl = match job.rl.kl_coef > 0.0 || evaluates {
+            true => Some(fold_kl_penalty(&references, &mut batches, job.rl.kl_coef).await?),
+            false => None,
         };
         let training = train_step(
             with_trainers(&trainers, batches)?,
@@ -349,9 +350,8 @@ pub(super) async fn train_job(
         signals.update(trained.update_ratio);
         versions.publish(&trainers).await?;
         folder.write_rollouts(step, &records)?;
-        let last = step + 1 == job.rl.steps;
         let mut agreement = None;
-        let evaluations = if last || (job.eval.every > 0 && (step + 1) % job.eval.every == 0) {
+        let evaluations = if evaluates {
             let previous = headline(&last_evals, &policies);
             last_evals = versions.evaluate(&cx, job).await?;
             agreement = greedy_agreement(&previous, &headline(&last_evals, &policies));
