@@ -71,6 +71,8 @@ struct Stage {
     sources: BTreeMap<String, String>,
     /// The adapters' training clients: an adapter lives as long as its client.
     _trainers: Vec<Arc<dyn TrainingClient>>,
+    /// Where a tiny model was generated when there was no run folder to hold it.
+    _scratch: Option<tempfile::TempDir>,
 }
 
 impl Stage {
@@ -82,7 +84,7 @@ impl Stage {
         run: Option<&RunFolder>,
         adapters: &AdapterChoice,
         watched: &str,
-    ) -> anyhow::Result<(Stage, Option<tempfile::TempDir>)> {
+    ) -> anyhow::Result<Stage> {
         let host = PluginHost::new(HostConfig::default())?;
         let plugins = JobPlugins::load(&host, job, "play").await?;
         let mut scratch = None;
@@ -135,19 +137,17 @@ impl Stage {
             trainers.push(trainer);
         }
         let base: Arc<dyn SamplingClient> = service.base_sampling_client();
-        Ok((
-            Stage {
-                cx,
-                versions: Versions {
-                    policies,
-                    base,
-                    versions,
-                },
-                sources,
-                _trainers: trainers,
+        Ok(Stage {
+            cx,
+            versions: Versions {
+                policies,
+                base,
+                versions,
             },
-            scratch,
-        ))
+            sources,
+            _trainers: trainers,
+            _scratch: scratch,
+        })
     }
 }
 
@@ -221,7 +221,7 @@ fn watched_policy(job: &Job, name: Option<&str>) -> anyhow::Result<PolicySection
 pub async fn play(job: &Job, options: &PlayOptions) -> anyhow::Result<Played> {
     let policy = watched_policy(job, options.policy.as_deref())?;
     let run = options.run.as_deref().map(RunFolder::open).transpose()?;
-    let (stage, _scratch) = Stage::new(job, run.as_ref(), &options.adapters, &policy.name).await?;
+    let stage = Stage::new(job, run.as_ref(), &options.adapters, &policy.name).await?;
     let (config, actors, player) = stage.versions.evaluation_of(&stage.cx, &policy);
     let episodes = options.episodes.unwrap_or(job.eval.episodes);
     let seeds = match options.first_seed {
@@ -327,7 +327,7 @@ pub async fn replay(
             job.checkpoint.every
         ),
     };
-    let (stage, _scratch) = Stage::new(&job, Some(&run), &adapters, "").await?;
+    let stage = Stage::new(&job, Some(&run), &adapters, "").await?;
     let actors = stage.versions.actors();
     let group_seed = recorded
         .seed
