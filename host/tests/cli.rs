@@ -60,6 +60,19 @@ fn train_json(job: &Path, out: &Path) -> serde_json::Value {
     json(&opentinker(&["train", job, "--out", out, "--json"]))
 }
 
+/// `train JOB --out OUT`, which must fail: its standard error.
+fn train_refused(job: &Path, out: &Path) -> String {
+    let output = opentinker(&[
+        "train",
+        job.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{stderr}");
+    stderr
+}
+
 /// A small arithmetic job (operands 0 to 9, LoRA rank 4) on a tiny model generated from `seed`:
 /// its model, LoRA and environment sections, then `rest`.
 fn arithmetic_job(wasm: &Path, seed: u64, rest: &str) -> String {
@@ -904,14 +917,7 @@ fn a_missing_plugin_path_fails_before_any_model_file_is_written() {
     let missing = dir.path().join("no-such-plugin.wasm");
     std::fs::write(&job, arithmetic_job(&missing, 3, "[rl]\nsteps = 1\n")).unwrap();
     let out = dir.path().join("run");
-    let output = opentinker(&[
-        "train",
-        job.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "{stderr}");
+    let stderr = train_refused(&job, &out);
     assert!(
         stderr.contains("[environment] plugin") && stderr.contains("no-such-plugin.wasm"),
         "{stderr}"
@@ -1056,14 +1062,7 @@ fn a_plugin_of_the_wrong_kind_fails_before_any_model_file_is_written() {
     let rest = format!("[agent]\nplugin = {wasm:?}\n[rl]\nsteps = 1\n");
     std::fs::write(&job, arithmetic_job(&wasm, 3, &rest)).unwrap();
     let out = dir.path().join("run");
-    let output = opentinker(&[
-        "train",
-        job.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "{stderr}");
+    let stderr = train_refused(&job, &out);
     assert!(
         stderr.contains("job `mixed-up`: [agent] plugin")
             && stderr.contains("is not an agent plugin (it implements: environment)"),
