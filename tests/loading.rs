@@ -1,9 +1,13 @@
 //! Loading components: the compile cache, and clear refusals of what the host cannot run.
 
+use std::time::{Duration, Instant};
+
 use opentinker::plugin::{
-    HostConfig, LimitError, Limits, LoadError, PluginHost, PluginKind, WIT_VERSION,
+    CompileLimits, CompileResource, HostConfig, LimitError, Limits, LoadError, PluginHost,
+    PluginKind, StructureError, WIT_VERSION,
 };
-use opentinker_tests::{load, plugin_wasm, test_host};
+use opentinker_tests::hostile::{Patch, patched};
+use opentinker_tests::{children_peak_resident_bytes, load, plugin_wasm, test_host};
 
 fn host_with_cache(dir: &std::path::Path) -> PluginHost {
     PluginHost::new(HostConfig {
@@ -339,4 +343,153 @@ async fn the_cache_evicts_the_entries_used_longest_ago_past_its_size_bound() {
     // The last one loaded is still there.
     let last = host.load_file(&plugin_wasm("math-answer")).await.unwrap();
     assert!(last.load_report().cache_hit);
+}
+
+/// A plugin of the project's own with a compile bomb appended: 258 KB that take Cranelift minutes
+/// and gigabytes (1.7 GB resident after 10 s, still compiling after 2 minutes, in a process
+/// without limits).
+fn compile_bomb() -> Vec<u8> {
+    let plugin = std::fs::read(plugin_wasm("arithmetic")).unwrap();
+    patched(
+        &plugin,
+        Patch::CompileBomb {
+            locals: 2_000,
+            loops: 500,
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compile_bomb_is_refused_within_ten_seconds_and_a_gibibyte() {
+    let host = test_host();
+    let bomb = compile_bomb();
+    let started = Instant::now();
+    let error = host.load(bomb).await.err().unwrap();
+    let took = started.elapsed();
+    // The worker's address space is capped at the default 1 GiB, so no child of this process
+    // (the workers, and the cargo builds of the plugins) ever held more.
+    assert!(
+        matches!(
+            error,
+            LoadError::CompileLimit {
+                resource: CompileResource::Memory | CompileResource::CpuTime,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(took < Duration::from_secs(10), "refused after {took:?}");
+    let peak = children_peak_resident_bytes();
+    assert!(peak <= 1 << 30, "a child held {peak} bytes");
+    // The host is unharmed: a good plugin still loads and runs.
+    let plugin = load(&host, "arithmetic").await;
+    plugin.environment_info(&Limits::default()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compilation_past_its_cpu_time_is_stopped() {
+    let host = PluginHost::new(HostConfig {
+        max_instances: 16,
+        compile: CompileLimits {
+            cpu_time_ms: 1_000,
+            memory_bytes: 4 << 30,
+            ..CompileLimits::default()
+        },
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let started = Instant::now();
+    let error = host.load(compile_bomb()).await.err().unwrap();
+    assert!(
+        matches!(
+            error,
+            LoadError::CompileLimit {
+                resource: CompileResource::CpuTime,
+                limit: 1_000
+            }
+        ),
+        "{error}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(error.to_string().contains("1000 ms of CPU time"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compilation_past_its_wall_time_is_stopped() {
+    let host = PluginHost::new(HostConfig {
+        max_instances: 16,
+        compile: CompileLimits {
+            wall_time_ms: 300,
+            memory_bytes: 4 << 30,
+            ..CompileLimits::default()
+        },
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let started = Instant::now();
+    let error = host.load(compile_bomb()).await.err().unwrap();
+    assert!(
+        matches!(
+            error,
+            LoadError::CompileLimit {
+                resource: CompileResource::WallTime,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn components_defining_too_much_are_refused_before_compiling() {
+    let host = test_host();
+    let plugin = std::fs::read(plugin_wasm("arithmetic")).unwrap();
+    let cases = [
+        (Patch::CoreInstances { count: 300 }, "core instances"),
+        (Patch::Memories { count: 4, pages: 1 }, "linear memories"),
+    ];
+    for (patch, what) in cases {
+        let started = Instant::now();
+        let error = host.load(patched(&plugin, patch)).await.err().unwrap();
+        match &error {
+            LoadError::Structure(StructureError::AboveLimit { what: named, .. }) => {
+                assert_eq!(named, what, "{error}")
+            }
+            other => panic!("{patch:?}: {other}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "{patch:?}");
+    }
+    // Within the limits, the same patches load and run.
+    for patch in [
+        Patch::CoreInstances { count: 20 },
+        Patch::Memories { count: 3, pages: 1 },
+    ] {
+        let plugin = host.load(patched(&plugin, patch)).await.unwrap();
+        let (summary, _) = opentinker_tests::play(&plugin, 2, Limits::default()).await;
+        assert_eq!(summary.completed, 2, "{patch:?}: {summary:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_compile_worker_is_a_clear_error() {
+    let host = PluginHost::new(HostConfig {
+        max_instances: 16,
+        compile_worker: Some("/nonexistent/opentinker".into()),
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let error = host
+        .load(std::fs::read(plugin_wasm("arithmetic")).unwrap())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(error, LoadError::CompilerUnavailable(_)),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("/nonexistent/opentinker"),
+        "{error}"
+    );
 }

@@ -3,7 +3,10 @@
 
 use opentinker::plugin::random_play::{PlayOptions, PlaySummary, play_random};
 use opentinker::plugin::{EpisodeRecord, ErrorKind, HostConfig, Limits, PluginHost};
-use opentinker_tests::{assert_all_failed_with, load, play, test_host};
+use std::time::Duration;
+
+use opentinker_tests::hostile::{Patch, patched};
+use opentinker_tests::{assert_all_failed_with, load, play, plugin_wasm, test_host};
 
 /// A short call timeout keeps the timeout cases quick; everything else is the default.
 fn quick_timeout() -> Limits {
@@ -340,4 +343,108 @@ async fn a_hundred_million_players_are_refused_before_any_per_player_work() {
         .err()
         .unwrap();
     assert_eq!(error.kind, ErrorKind::InvalidOutput, "{error}");
+}
+
+/// Arithmetic with `extra` more linear memories of 1 MiB each.
+async fn with_memories(host: &PluginHost, extra: u32) -> opentinker::plugin::Plugin {
+    let plugin = std::fs::read(plugin_wasm("arithmetic")).unwrap();
+    host.load(patched(
+        &plugin,
+        Patch::Memories {
+            count: extra,
+            pages: 16,
+        },
+    ))
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_memories_of_an_instance_share_one_budget() {
+    let host = test_host();
+    let limits = Limits {
+        memory_bytes: 3 << 20,
+        ..Limits::default()
+    };
+    // The plugin alone fits in 3 MiB; with three more memories of 1 MiB it does not, though each
+    // memory alone would.
+    let (alone, _) = play(&load(&host, "arithmetic").await, 4, limits.clone()).await;
+    assert_eq!(alone.completed, 4, "{alone:?}");
+    let error = with_memories(&host, 3)
+        .await
+        .start_episode("{}", "{}", 1, &limits)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(error.kind, ErrorKind::MemoryLimit, "{error}");
+}
+
+/// Whether `start` is still waiting after 200 ms.
+async fn still_waiting<T: Send + 'static>(start: &tokio::task::JoinHandle<T>) -> bool {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    !start.is_finished()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_plugin_cannot_take_every_slot_and_many_memories_take_more_slots() {
+    let host = PluginHost::new(HostConfig {
+        max_instances: 8,
+        max_instances_per_plugin: 4,
+        ..Default::default()
+    })
+    .unwrap();
+    let greedy = load(&host, "tictactoe").await;
+    let other = load(&host, "arithmetic").await;
+    let limits = Limits::default();
+    let mut held = Vec::new();
+    for seed in 0..4 {
+        held.push(
+            greedy
+                .start_episode("{}", "{}", seed, &limits)
+                .await
+                .unwrap(),
+        );
+    }
+    // The greedy plugin's fifth episode waits for its own share, holding nothing meanwhile ...
+    let fifth = tokio::spawn({
+        let (greedy, limits) = (greedy.clone(), limits.clone());
+        async move { greedy.start_episode("{}", "{}", 9, &limits).await.map(drop) }
+    });
+    assert!(
+        still_waiting(&fifth).await,
+        "a fifth instance of one plugin started"
+    );
+    // ... while another plugin starts at once, on the slots left.
+    let started = tokio::time::timeout(
+        Duration::from_secs(5),
+        other.start_episode("{}", "{}", 1, &limits),
+    )
+    .await;
+    assert!(matches!(started, Ok(Ok(_))), "the other plugin waited");
+    held.pop();
+    let fifth = tokio::time::timeout(Duration::from_secs(5), fifth).await;
+    assert!(matches!(fifth, Ok(Ok(Ok(())))), "{fifth:?}");
+    drop(held);
+
+    // An instance of four memories takes two slots (two memories each): on four slots, two run
+    // and the third waits, instead of failing for want of pooled memories.
+    let host = PluginHost::new(HostConfig {
+        max_instances: 4,
+        ..Default::default()
+    })
+    .unwrap();
+    let wide = with_memories(&host, 3).await;
+    assert_eq!(wide.max_instances(), 2);
+    let mut held = Vec::new();
+    for seed in 0..2 {
+        held.push(wide.start_episode("{}", "{}", seed, &limits).await.unwrap());
+    }
+    let third = tokio::spawn({
+        let (wide, limits) = (wide.clone(), limits.clone());
+        async move { wide.start_episode("{}", "{}", 9, &limits).await.map(drop) }
+    });
+    assert!(still_waiting(&third).await, "a third wide instance started");
+    held.pop();
+    let third = tokio::time::timeout(Duration::from_secs(5), third).await;
+    assert!(matches!(third, Ok(Ok(Ok(())))), "{third:?}");
 }

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: building the plugin components of this repository
 //! (once per test process) and loading them into a host.
 
+pub mod hostile;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -38,6 +40,7 @@ pub fn plugin_wasm(name: &str) -> PathBuf {
 pub fn test_host() -> PluginHost {
     PluginHost::new(HostConfig {
         max_instances: 2_500,
+        max_instances_per_plugin: 2_500,
         ..HostConfig::default()
     })
     .expect("starting a plugin host")
@@ -48,6 +51,15 @@ pub async fn load(host: &PluginHost, name: &str) -> Plugin {
     host.load_file(&plugin_wasm(name))
         .await
         .unwrap_or_else(|e| panic!("loading plugin {name}: {e}"))
+}
+
+/// The largest resident memory of any child process this process has waited for (and of their
+/// waited-for descendants), in bytes.
+pub fn children_peak_resident_bytes() -> u64 {
+    // SAFETY: `getrusage` fills the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024
 }
 
 /// This process's resident memory, in bytes.

@@ -53,6 +53,9 @@ enum Command {
         #[command(subcommand)]
         command: plugin::PluginCommand,
     },
+    /// Compile one component read on stdin, for the plugin host that starts this bounded worker.
+    #[command(name = "compile-worker", hide = true)]
+    CompileWorker { request: String },
 }
 
 /// Options shared by the commands that load plugins.
@@ -103,5 +106,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay(args) => watch::run_replay(args),
         Command::Serve(args) => serve::run(args),
         Command::Tenant { command } => serve::run_tenant(command),
+        Command::CompileWorker { request } => {
+            std::process::exit(crate::plugin::compiler::run_worker(&request))
+        }
     }
 }

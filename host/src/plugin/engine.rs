@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use super::compiler::CompileLimits;
 use super::limits::Limits;
 
 /// How a plugin host is set up. The defaults suit a shared multi-tenant server.
@@ -30,6 +32,14 @@ pub struct HostConfig {
     /// Plugin instances alive at once (one per live episode or call); beyond it, a new instance
     /// waits for a free slot.
     pub max_instances: u32,
+    /// Instances of one loaded plugin alive at once, so that one plugin (one job) cannot hold
+    /// every slot of the host; beyond it, its new instance waits.
+    pub max_instances_per_plugin: u32,
+    /// What compiling one component may cost (it runs in a bounded worker process).
+    pub compile: CompileLimits,
+    /// The program to compile in (`opentinker`, run as its `compile-worker`); `None` finds it
+    /// as [`find_worker`](super::compiler::find_worker) says.
+    pub compile_worker: Option<PathBuf>,
 }
 
 impl Default for HostConfig {
@@ -42,6 +52,9 @@ impl Default for HostConfig {
             maxima: Limits::default_maxima(),
             max_component_bytes: 64 * 1024 * 1024,
             max_instances: 4096,
+            max_instances_per_plugin: 1024,
+            compile: CompileLimits::default(),
+            compile_worker: None,
         }
     }
 }
@@ -56,31 +69,74 @@ const MAX_WASM_STACK: usize = 512 * 1024;
 /// Guard pages after each linear memory, so most bounds checks are free.
 const MEMORY_GUARD: u64 = 32 * 1024 * 1024;
 
-pub(crate) fn build_engine(config: &HostConfig) -> wasmtime::Result<Engine> {
-    let max_memory = config.maxima.memory_bytes;
-    let instances = config.max_instances;
-    let mut pool = PoolingAllocationConfig::default();
-    pool.total_component_instances(instances)
-        // A Rust component has a main module plus a shim and a fixup module.
-        .total_core_instances(instances.saturating_mul(4))
-        .total_memories(instances.saturating_mul(2))
-        .total_tables(instances.saturating_mul(4))
-        .total_stacks(instances)
-        .max_memory_size(usize::try_from(max_memory).unwrap_or(usize::MAX))
-        .max_memories_per_component(4)
-        .max_tables_per_component(8);
+/// The engine settings that decide how a component compiles: the same in the host and in its
+/// compile worker, so the worker's artifacts load in the host's engine.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct EngineSettings {
+    pub(crate) fuel: bool,
+    pub(crate) max_memory_bytes: u64,
+}
 
+impl EngineSettings {
+    pub(crate) fn of(config: &HostConfig) -> Self {
+        EngineSettings {
+            fuel: config.fuel,
+            max_memory_bytes: config.maxima.memory_bytes,
+        }
+    }
+}
+
+/// Compilation and runtime settings, without an allocation strategy.
+pub(crate) fn wasm_config(settings: &EngineSettings) -> Config {
     let mut wasm = Config::new();
-    wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
-        .epoch_interruption(true)
-        .consume_fuel(config.fuel)
+    wasm.epoch_interruption(true)
+        .consume_fuel(settings.fuel)
         .max_wasm_stack(MAX_WASM_STACK)
         .async_stack_size(MAX_WASM_STACK + 512 * 1024)
-        .memory_reservation(max_memory)
+        .memory_reservation(settings.max_memory_bytes)
         .memory_guard_size(MEMORY_GUARD)
         .memory_reservation_for_growth(0)
         .wasm_component_model(true);
+    wasm
+}
+
+/// Core instances one component may create: its modules' instances, and the shims of its
+/// adapters (a Rust plugin has 18); the pool holds this many per instance slot, so no component
+/// can take the core instances of others.
+pub(crate) const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 64;
+/// Linear memories one component may define; the pool holds two per slot, and a component of
+/// more takes more slots (see `Plugin::slot_weight`).
+pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
+const MEMORIES_PER_SLOT: u32 = 2;
+pub(crate) const MAX_TABLES_PER_COMPONENT: u32 = 8;
+
+pub(crate) fn build_engine(config: &HostConfig) -> wasmtime::Result<Engine> {
+    let settings = EngineSettings::of(config);
+    let instances = config.max_instances;
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(instances)
+        .total_core_instances(instances.saturating_mul(MAX_CORE_INSTANCES_PER_COMPONENT))
+        .total_memories(
+            instances
+                .saturating_mul(MEMORIES_PER_SLOT)
+                .max(MAX_MEMORIES_PER_COMPONENT),
+        )
+        .total_tables(instances.saturating_mul(MAX_TABLES_PER_COMPONENT))
+        .total_stacks(instances)
+        .max_memory_size(usize::try_from(settings.max_memory_bytes).unwrap_or(usize::MAX))
+        .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
+        .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
+        .max_tables_per_component(MAX_TABLES_PER_COMPONENT);
+    let mut wasm = wasm_config(&settings);
+    wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&wasm)
+}
+
+/// The instance slots one instance of a component with `memories` linear memories takes on a
+/// host of `slots`, so that the slots in use never need more memories than the pool holds (which
+/// holds at least one component's worth on the smallest host).
+pub(crate) fn slot_weight(memories: u32, slots: u32) -> u32 {
+    memories.div_ceil(MEMORIES_PER_SLOT).clamp(1, slots.max(1))
 }
 
 /// A thread that advances the engine's epoch every [`EPOCH_TICK`], stopped on drop.

@@ -118,9 +118,41 @@ pub enum LoadError {
     ForbiddenImports { forbidden: String },
     #[error("the component cannot be instantiated by this host: {0}")]
     Link(String),
+    #[error(transparent)]
+    Structure(#[from] crate::plugin::structure::StructureError),
+    #[error("compiling the component went past this host's limit of {limit} {}", resource.unit())]
+    CompileLimit {
+        resource: CompileResource,
+        limit: u64,
+    },
+    #[error("the component could not be compiled: no compile worker: {0}")]
+    CompilerUnavailable(String),
+    #[error("the compile worker failed: {0}")]
+    CompilerCrashed(String),
     #[error("reading {path}: {source}")]
     Read {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+}
+
+/// What compiling a component ran out of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompileResource {
+    Memory,
+    CpuTime,
+    WallTime,
+    ArtifactBytes,
+}
+
+impl CompileResource {
+    fn unit(self) -> &'static str {
+        match self {
+            CompileResource::Memory => "bytes of memory",
+            CompileResource::CpuTime => "ms of CPU time",
+            CompileResource::WallTime => "ms of wall time",
+            CompileResource::ArtifactBytes => "bytes of compiled code",
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! The plugin host: one wasmtime engine and linker shared by every plugin, and the loading of a
-//! component into a [`Plugin`]: size cap, compile (or reuse the on-disk cache), check its
-//! imports and exports, pre-instantiate.
+//! component into a [`Plugin`]: size cap, compile in a bounded worker (or reuse the on-disk
+//! cache), check its imports and exports, pre-instantiate.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,7 +14,10 @@ use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use super::bindings::opentinker::plugin::host;
 use super::bindings::{AgentIndices, EnvironmentIndices, RewardIndices};
 use super::cache::CompileCache;
-use super::engine::{EpochTicker, HostConfig, build_engine};
+use super::compiler::{compile_in_worker, find_worker};
+use super::engine::{
+    EngineSettings, EpochTicker, HostConfig, MAX_MEMORIES_PER_COMPONENT, build_engine, slot_weight,
+};
 use super::error::LoadError;
 use super::inspect::{self, PluginDescription};
 use super::limits::{LimitError, Limits};
@@ -26,8 +29,8 @@ use super::wasi;
 /// Share one per process (it is cheap to clone a [`Plugin`], not to build a host).
 pub struct PluginHost {
     engine: Engine,
-    /// One permit per instance slot of the pooling allocator: a new instance waits for a slot
-    /// instead of failing when every slot is in use.
+    /// One permit per instance slot of the pooling allocator (a plugin of many memories takes
+    /// several): a new instance waits for its slots instead of failing when they are in use.
     instance_slots: Arc<Semaphore>,
     linker: Linker<StoreState>,
     config: HostConfig,
@@ -102,12 +105,20 @@ impl PluginHost {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::Link(format!("{e:#}")))?;
+        let memories = component
+            .resources_required()
+            .map_or(MAX_MEMORIES_PER_COMPONENT, |required| required.num_memories);
         let environment = EnvironmentIndices::new(&pre).ok();
         let agent = AgentIndices::new(&pre).ok();
         let reward = RewardIndices::new(&pre).ok();
         Ok(Plugin(Arc::new(PluginInner {
             engine: self.engine.clone(),
             instance_slots: self.instance_slots.clone(),
+            slot_weight: slot_weight(memories, self.config.max_instances),
+            plugin_slots: Arc::new(Semaphore::new(
+                self.config.max_instances_per_plugin as usize,
+            )),
+            plugin_slots_total: self.config.max_instances_per_plugin as usize,
             max_instances: self.config.max_instances as usize,
             pre,
             fuel_metering: self.config.fuel,
@@ -164,14 +175,19 @@ impl PluginHost {
             ),
             None => {
                 let started = Instant::now();
-                let engine = self.engine.clone();
-                let component =
-                    tokio::task::spawn_blocking(move || Component::new(&engine, &bytes))
-                        .await
-                        .map_err(|e| {
-                            LoadError::NotAComponent(format!("compiler task failed: {e}"))
-                        })?
-                        .map_err(|e| LoadError::NotAComponent(format!("{e:#}")))?;
+                let program = match &self.config.compile_worker {
+                    Some(program) => program.clone(),
+                    None => find_worker()?,
+                };
+                let settings = EngineSettings::of(&self.config);
+                let component = compile_in_worker(
+                    &self.engine,
+                    &program,
+                    &settings,
+                    &self.config.compile,
+                    &bytes,
+                )
+                .await?;
                 // A cache that cannot be written costs the next load a compilation, not this one.
                 if let Some(cache) = &self.cache
                     && let Err(error) = cache.put(&digest, &component)
@@ -197,6 +213,11 @@ pub struct Plugin(pub(crate) Arc<PluginInner>);
 pub(crate) struct PluginInner {
     pub(crate) engine: Engine,
     pub(crate) instance_slots: Arc<Semaphore>,
+    /// The host's slots one instance of this plugin takes.
+    pub(crate) slot_weight: u32,
+    /// This plugin's share of the host's slots: its instances alive at once.
+    pub(crate) plugin_slots: Arc<Semaphore>,
+    pub(crate) plugin_slots_total: usize,
     pub(crate) max_instances: usize,
     pub(crate) pre: InstancePre<StoreState>,
     pub(crate) fuel_metering: bool,
@@ -229,9 +250,11 @@ impl Plugin {
         &self.0.description.digest
     }
 
-    /// The most instances (episodes, calls) of this host's plugins alive at once.
+    /// The most instances (episodes, calls) of this plugin alive at once: its share of the
+    /// host's slots, and the host's slots over what one instance takes.
     pub fn max_instances(&self) -> usize {
-        self.0.max_instances
+        let by_weight = self.0.max_instances / self.0.slot_weight.max(1) as usize;
+        by_weight.min(self.0.plugin_slots_total)
     }
 
     pub fn load_report(&self) -> LoadReport {

@@ -132,8 +132,8 @@ impl ResourceLimiter for MemoryLimiter {
 pub(crate) struct Sandbox {
     pub(crate) store: Store<StoreState>,
     pub(crate) instance: Instance,
-    /// The pooling-allocator slot this instance holds until it is dropped.
-    _slot: OwnedSemaphorePermit,
+    /// The plugin's and the pooling allocator's slots this instance holds until it is dropped.
+    _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     limits: Limits,
     fuel_metering: bool,
     failure: Option<CallError>,
@@ -151,17 +151,26 @@ impl Sandbox {
         plugin
             .check_limits(limits)
             .map_err(|e| CallError::new(ErrorKind::InvalidRequest, e.to_string()))?;
-        let slot = plugin
-            .instance_slots
+        let closed = |_| {
+            CallError::new(
+                ErrorKind::InvalidRequest,
+                "the plugin host is shutting down",
+            )
+        };
+        // The plugin's own share first, so that a plugin at its cap waits without holding any of
+        // the host's slots; both semaphores are FIFO, so waiters are served in turn.
+        let plugin_slot = plugin
+            .plugin_slots
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| {
-                CallError::new(
-                    ErrorKind::InvalidRequest,
-                    "the plugin host is shutting down",
-                )
-            })?;
+            .map_err(closed)?;
+        let host_slots = plugin
+            .instance_slots
+            .clone()
+            .acquire_many_owned(plugin.slot_weight)
+            .await
+            .map_err(closed)?;
         let log = LogSink::new(usize::try_from(limits.log_bytes).unwrap_or(usize::MAX));
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
@@ -196,7 +205,7 @@ impl Sandbox {
         Ok(Sandbox {
             store,
             instance,
-            _slot: slot,
+            _slots: (plugin_slot, host_slots),
             limits: limits.clone(),
             fuel_metering: plugin.fuel_metering,
             failure: None,
