@@ -172,7 +172,7 @@ async fn an_oversized_component_is_refused_before_compiling() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn limits_above_the_host_maxima_or_needing_fuel_are_refused() {
+async fn limits_above_the_host_maxima_or_zero_are_refused() {
     let host = test_host();
     let plugin = load(&host, "tictactoe").await;
     let too_much = Limits {
@@ -186,27 +186,19 @@ async fn limits_above_the_host_maxima_or_needing_fuel_are_refused() {
             ..
         })
     ));
-    let fuel = Limits {
-        fuel: Some(1_000_000),
+    let no_fuel = Limits {
+        fuel: 0,
         ..Limits::default()
     };
-    assert_eq!(plugin.check_limits(&fuel), Err(LimitError::FuelNotMetered));
+    assert_eq!(plugin.check_limits(&no_fuel), Err(LimitError::Zero("fuel")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fuel_budgets_end_a_runaway_call_with_out_of_fuel() {
-    let host = PluginHost::new(HostConfig {
-        fuel: true,
-        max_instances: 64,
-        ..HostConfig::default()
-    })
-    .unwrap();
-    let plugin = host
-        .load_file(&plugin_wasm("adversarial/infinite-loop"))
-        .await
-        .unwrap();
+    let host = test_host();
+    let plugin = load(&host, "adversarial/infinite-loop").await;
     let limits = Limits {
-        fuel: Some(50_000_000),
+        fuel: 50_000_000,
         ..Limits::default()
     };
     plugin.check_limits(&limits).unwrap();

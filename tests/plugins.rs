@@ -87,6 +87,7 @@ async fn the_same_plugin_task_and_seed_give_the_same_transcript() {
             episodes: 30,
             seed: 99,
             config: config.into(),
+            keep_transcripts: true,
             ..PlayOptions::default()
         };
         let (_, first) = play_random(&plugin, &options).await.unwrap();

@@ -1,17 +1,21 @@
 //! Untrusted plugins: each adversarial component gives its typed result, a well-behaved episode
 //! running beside it finishes normally, and memory comes back after many limit hits.
 
+use std::time::Duration;
+
 use opentinker::plugin::random_play::{PlayOptions, PlaySummary, play_random};
 use opentinker::plugin::{EpisodeRecord, ErrorKind, HostConfig, Limits, PluginHost};
-use std::time::Duration;
 
 use opentinker_tests::hostile::{Patch, patched};
 use opentinker_tests::{assert_all_failed_with, load, play, plugin_wasm, test_host};
 
-/// A short call timeout keeps the timeout cases quick; everything else is the default.
+/// A short call timeout, and the most fuel a host allows (minutes of guest code), so that the
+/// timeout is what ends a runaway call; everything else is the default.
 fn quick_timeout() -> Limits {
     Limits {
         call_timeout_ms: 300,
+        fuel: Limits::default_maxima().fuel,
+        episode_fuel: Limits::default_maxima().episode_fuel,
         ..Limits::default()
     }
 }
@@ -43,15 +47,20 @@ async fn beside_a_good_neighbour(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn infinite_loop_times_out() {
+async fn infinite_loop_runs_out_of_fuel_and_a_short_call_timeout_still_holds() {
     let host = test_host();
     let (summary, _) =
-        beside_a_good_neighbour(&host, "adversarial/infinite-loop", 6, quick_timeout()).await;
+        beside_a_good_neighbour(&host, "adversarial/infinite-loop", 6, Limits::default()).await;
+    assert_all_failed_with(&summary, ErrorKind::OutOfFuel);
+    // With a wall-time backstop shorter than the fuel lasts (the most fuel a host allows runs
+    // for minutes), the backstop ends the call.
+    let (summary, _) =
+        beside_a_good_neighbour(&host, "adversarial/infinite-loop", 2, quick_timeout()).await;
     assert_all_failed_with(&summary, ErrorKind::Timeout);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sleeper_times_out() {
+async fn sleeper_times_out_on_the_wall_clock_backstop() {
     let host = test_host();
     let (summary, _) =
         beside_a_good_neighbour(&host, "adversarial/sleeper", 6, quick_timeout()).await;
@@ -447,4 +456,84 @@ async fn one_plugin_cannot_take_every_slot_and_many_memories_take_more_slots() {
     held.pop();
     let third = tokio::time::timeout(Duration::from_secs(5), third).await;
     assert!(matches!(third, Ok(Ok(Ok(())))), "{third:?}");
+}
+
+/// What a seed's episode came to: its rewards and steps, or the kind of its failure and the step.
+fn outcomes(records: &[EpisodeRecord]) -> Vec<(u64, String)> {
+    records
+        .iter()
+        .map(|r| {
+            let outcome = match &r.error {
+                Some(error) => format!("{} at step {}", error.kind, error.step),
+                None => format!("{:?} in {} steps", r.step_rewards, r.steps),
+            };
+            (r.seed, outcome)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_has_the_same_outcome_alone_and_among_sixty_four_cpu_heavy_neighbours() {
+    let host = test_host();
+    let plugin = load(&host, "adversarial/cpu-heavy").await;
+    // Each step runs 200,000 x (1 + seed % 4) rounds of a hash, 21 instructions a round:
+    // 4.2M, 8.4M, 12.6M or 16.8M fuel a step; seeds of remainder 3 are above the 14M limit.
+    let limits = Limits {
+        fuel: 14_000_000,
+        ..Limits::default()
+    };
+    let options = |concurrency| PlayOptions {
+        episodes: 64,
+        seed: 0,
+        config: r#"{"rounds": 200000}"#.into(),
+        concurrency,
+        limits: limits.clone(),
+        keep_transcripts: true,
+        ..PlayOptions::default()
+    };
+    let (alone, alone_records) = play_random(&plugin, &options(1)).await.unwrap();
+    let (crowded, crowded_records) = play_random(&plugin, &options(64)).await.unwrap();
+    assert_eq!(crowded.max_live_episodes, 64);
+    assert_eq!(outcomes(&alone_records), outcomes(&crowded_records));
+    assert_eq!(
+        alone.errors.get(&ErrorKind::OutOfFuel),
+        Some(&16),
+        "{alone:?}"
+    );
+    assert_eq!(alone.completed, 48, "{alone:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_episode_ends_when_its_own_fuel_or_wall_time_is_spent() {
+    let host = test_host();
+    let plugin = load(&host, "adversarial/cpu-heavy").await;
+    // Each step of seed 0 (4.2M fuel) fits the call's fuel, but the two together do not fit
+    // the episode's.
+    let limits = Limits {
+        fuel: 10_000_000,
+        episode_fuel: 6_000_000,
+        ..Limits::default()
+    };
+    let options = PlayOptions {
+        episodes: 1,
+        config: r#"{"rounds": 200000}"#.into(),
+        limits,
+        ..PlayOptions::default()
+    };
+    let (summary, records) = play_random(&plugin, &options).await.unwrap();
+    assert_all_failed_with(&summary, ErrorKind::EpisodeLimit);
+    let error = records[0].error.as_ref().unwrap();
+    assert_eq!(error.step, 2, "{error:?}");
+    assert!(error.message.contains("episode_fuel"), "{error:?}");
+
+    // An episode out of wall time ends at its next call, whatever the call's own limits.
+    let limits = Limits {
+        episode_timeout_ms: 1,
+        ..Limits::default()
+    };
+    let mut episode = plugin.start_episode("{}", "{}", 0, &limits).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let error = episode.observe(0).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::EpisodeLimit, "{error}");
+    assert!(error.message.contains("episode_timeout_ms"), "{error}");
 }

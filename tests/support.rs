@@ -84,6 +84,7 @@ pub async fn play(
         seed: 7,
         limits,
         concurrency: 8,
+        keep_transcripts: true,
         ..PlayOptions::default()
     };
     play_random(plugin, &options)

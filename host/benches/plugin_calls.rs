@@ -1,6 +1,6 @@
 //! What a plugin call costs, beside serving the same environment over HTTP.
 //!
-//! With the tic-tac-toe plugin (epochs on, fuel off): one `step` on a live episode, and a fresh
+//! With the tic-tac-toe plugin (epochs and fuel on): one `step` on a live episode, and a fresh
 //! episode (store + instantiate + construct + observe). Beside them, the same game step served
 //! the way the original OpenTinker serves environments: a Python FastAPI + uvicorn server on
 //! loopback, one POST per step over a keep-alive connection (skipped, with a note, when FastAPI

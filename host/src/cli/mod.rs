@@ -68,9 +68,6 @@ pub struct HostArgs {
     /// Compile every time; read and write no cache.
     #[arg(long)]
     no_cache: bool,
-    /// Meter fuel, so that jobs may set `fuel` limits (slows guests by about a third).
-    #[arg(long)]
-    fuel: bool,
 }
 
 impl HostArgs {
@@ -82,7 +79,6 @@ impl HostArgs {
         };
         HostConfig {
             cache_dir,
-            fuel: self.fuel,
             ..Default::default()
         }
     }

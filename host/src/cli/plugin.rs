@@ -94,6 +94,7 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
                     task,
                     concurrency,
                     limits,
+                    keep_transcripts: false,
                 };
                 let (summary, _) = play_random(&plugin, &options)
                     .await
@@ -150,6 +151,10 @@ fn print_summary(summary: &PlaySummary) {
     if summary.log_bytes_dropped > 0 {
         println!("  log        {} bytes dropped", summary.log_bytes_dropped);
     }
+    println!(
+        "  fuel       {} most in one call, {} most in one episode",
+        summary.max_call_fuel, summary.max_episode_fuel
+    );
     println!(
         "  speed      {:.0} episodes/s, {:.0} steps/s, {} alive at most, {:.2} s",
         summary.episodes_per_s, summary.steps_per_s, summary.max_live_episodes, summary.elapsed_s

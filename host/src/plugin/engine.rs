@@ -22,9 +22,6 @@ pub struct HostConfig {
     pub cache_max_entry_bytes: u64,
     /// The compile cache's size, past which the entries used longest ago are evicted.
     pub cache_max_bytes: u64,
-    /// Meter fuel (deterministic instruction budgets). Costs 24-34% of guest speed, so off unless
-    /// jobs ask for `fuel` limits.
-    pub fuel: bool,
     /// The most a job may raise each limit to.
     pub maxima: Limits,
     /// The largest component accepted, in bytes.
@@ -48,7 +45,6 @@ impl Default for HostConfig {
             cache_dir: None,
             cache_max_entry_bytes: 256 * 1024 * 1024,
             cache_max_bytes: 4 * 1024 * 1024 * 1024,
-            fuel: false,
             maxima: Limits::default_maxima(),
             max_component_bytes: 64 * 1024 * 1024,
             max_instances: 4096,
@@ -73,14 +69,12 @@ const MEMORY_GUARD: u64 = 32 * 1024 * 1024;
 /// compile worker, so the worker's artifacts load in the host's engine.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct EngineSettings {
-    pub(crate) fuel: bool,
     pub(crate) max_memory_bytes: u64,
 }
 
 impl EngineSettings {
     pub(crate) fn of(config: &HostConfig) -> Self {
         EngineSettings {
-            fuel: config.fuel,
             max_memory_bytes: config.maxima.memory_bytes,
         }
     }
@@ -89,8 +83,10 @@ impl EngineSettings {
 /// Compilation and runtime settings, without an allocation strategy.
 pub(crate) fn wasm_config(settings: &EngineSettings) -> Config {
     let mut wasm = Config::new();
+    // Fuel is always metered: it is what bounds a call's CPU deterministically (it costs guests
+    // about a quarter of their speed, measured in `benches/plugin_calls.rs`).
     wasm.epoch_interruption(true)
-        .consume_fuel(settings.fuel)
+        .consume_fuel(true)
         .max_wasm_stack(MAX_WASM_STACK)
         .async_stack_size(MAX_WASM_STACK + 512 * 1024)
         .memory_reservation(settings.max_memory_bytes)

@@ -8,7 +8,7 @@ use super::bindings::exports::opentinker::plugin::environment;
 use super::error::{CallError, ErrorKind};
 use super::limits::Limits;
 use super::loader::Plugin;
-use super::sandbox::{Sandbox, guarded_call};
+use super::sandbox::{FuelUse, Sandbox, guarded_call};
 use super::types::{EnvInfo, GuestError, Message, Metric, OutputSize, StepResult};
 
 /// A live episode. Dropping it drops its instance and returns its memory to the pool.
@@ -40,6 +40,22 @@ pub struct EpisodeRecord {
     pub finished: bool,
     /// The failure that ended the episode early, if any.
     pub error: Option<RecordedError>,
+    /// The fuel the episode's calls used (filled in by [`EnvironmentEpisode::into_record`]).
+    pub fuel: FuelUse,
+}
+
+impl EpisodeRecord {
+    /// The record without its task, messages, per-step rewards and metrics: what is kept of an
+    /// episode when its transcript is not asked for.
+    pub fn summary(self) -> EpisodeRecord {
+        EpisodeRecord {
+            task: String::new(),
+            messages: Vec::new(),
+            step_rewards: Vec::new(),
+            metrics: Vec::new(),
+            ..self
+        }
+    }
 }
 
 /// A failure, with the step it happened at (1-based; 0 before the first step).
@@ -183,8 +199,9 @@ impl EnvironmentEpisode {
         &self.record
     }
 
-    /// The episode's record, ending the episode.
-    pub fn into_record(self) -> EpisodeRecord {
+    /// The episode's record, with the fuel its calls used, ending the episode.
+    pub fn into_record(mut self) -> EpisodeRecord {
+        self.record.fuel = self.sandbox.fuel_use();
         self.record
     }
 

@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 
 const MIB: u64 = 1024 * 1024;
 
+/// The default fuel of one call: about a second of guest code on one core of a current machine,
+/// and far above what the project's plugins use per call (see the README's sandbox section).
+pub const DEFAULT_CALL_FUEL: u64 = 1_000_000_000;
+
 /// What each list item (a message, an action, a metric, a reward, a recipient) counts in a
 /// call's output on top of its text: so that a million empty messages are not free.
 pub const ITEM_OVERHEAD_BYTES: u64 = 16;
@@ -16,10 +20,16 @@ pub const ITEM_OVERHEAD_BYTES: u64 = 16;
 pub struct Limits {
     /// Bytes of all the instance's linear memories together, its tables' elements counted too.
     pub memory_bytes: u64,
-    /// Wall time of one call, in milliseconds (epoch interruption, plus a timeout around the call).
+    /// Fuel of one call: wasm instructions, as wasmtime meters them. The primary bound of a call:
+    /// it does not depend on the machine's load, so a seed's outcome does not either.
+    pub fuel: u64,
+    /// Fuel of all the episode's calls together (its instantiation included).
+    pub episode_fuel: u64,
+    /// Wall time of one call, in milliseconds (epoch interruption, plus a timeout around the
+    /// call): a backstop behind `fuel`, for a host so loaded that fuel would take too long.
     pub call_timeout_ms: u64,
-    /// Deterministic instruction budget per call; needs a host started with fuel metering.
-    pub fuel: Option<u64>,
+    /// Wall time of the whole episode, from its instance's start, in milliseconds.
+    pub episode_timeout_ms: u64,
     /// Bytes of strings passed into one call.
     pub input_bytes: u64,
     /// Bytes of strings returned by one call.
@@ -43,8 +53,10 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             memory_bytes: 64 * MIB,
-            call_timeout_ms: 2_000,
-            fuel: None,
+            fuel: DEFAULT_CALL_FUEL,
+            episode_fuel: 10 * DEFAULT_CALL_FUEL,
+            call_timeout_ms: 30_000,
+            episode_timeout_ms: 600_000,
             input_bytes: MIB,
             output_bytes: MIB,
             log_bytes: 64 * 1024,
@@ -62,8 +74,10 @@ impl Limits {
     pub fn default_maxima() -> Self {
         Limits {
             memory_bytes: 256 * MIB,
-            call_timeout_ms: 60_000,
-            fuel: Some(u64::MAX),
+            fuel: 1_000 * DEFAULT_CALL_FUEL,
+            episode_fuel: 10_000 * DEFAULT_CALL_FUEL,
+            call_timeout_ms: 300_000,
+            episode_timeout_ms: 3_600_000,
             input_bytes: 16 * MIB,
             output_bytes: 16 * MIB,
             log_bytes: 4 * MIB,
@@ -88,7 +102,13 @@ impl Limits {
                 self.call_timeout_ms,
                 maxima.call_timeout_ms,
             ),
-            ("fuel", self.fuel.unwrap_or(0), maxima.fuel.unwrap_or(0)),
+            ("fuel", self.fuel, maxima.fuel),
+            ("episode_fuel", self.episode_fuel, maxima.episode_fuel),
+            (
+                "episode_timeout_ms",
+                self.episode_timeout_ms,
+                maxima.episode_timeout_ms,
+            ),
             ("input_bytes", self.input_bytes, maxima.input_bytes),
             ("output_bytes", self.output_bytes, maxima.output_bytes),
             ("log_bytes", self.log_bytes, maxima.log_bytes),
@@ -116,7 +136,10 @@ impl Limits {
             }
         }
         let positive = [
+            ("fuel", self.fuel),
+            ("episode_fuel", self.episode_fuel),
             ("call_timeout_ms", self.call_timeout_ms),
+            ("episode_timeout_ms", self.episode_timeout_ms),
             ("max_players", self.max_players.into()),
             ("max_turns", self.max_turns.into()),
         ];
@@ -137,8 +160,6 @@ pub enum LimitError {
     },
     #[error("limit `{0}` must be positive")]
     Zero(&'static str),
-    #[error("limit `fuel` needs a host started with fuel metering")]
-    FuelNotMetered,
 }
 
 #[cfg(test)]

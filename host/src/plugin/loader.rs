@@ -121,7 +121,6 @@ impl PluginHost {
             plugin_slots_total: self.config.max_instances_per_plugin as usize,
             max_instances: self.config.max_instances as usize,
             pre,
-            fuel_metering: self.config.fuel,
             maxima: self.config.maxima.clone(),
             description,
             environment,
@@ -220,7 +219,6 @@ pub(crate) struct PluginInner {
     pub(crate) plugin_slots_total: usize,
     pub(crate) max_instances: usize,
     pub(crate) pre: InstancePre<StoreState>,
-    pub(crate) fuel_metering: bool,
     pub(crate) maxima: Limits,
     pub(crate) description: PluginDescription,
     pub(crate) environment: Option<EnvironmentIndices>,
@@ -232,11 +230,7 @@ pub(crate) struct PluginInner {
 
 impl PluginInner {
     pub(crate) fn check_limits(&self, limits: &Limits) -> Result<(), LimitError> {
-        limits.check_within(&self.maxima)?;
-        if limits.fuel.is_some() && !self.fuel_metering {
-            return Err(LimitError::FuelNotMetered);
-        }
-        Ok(())
+        limits.check_within(&self.maxima)
     }
 }
 
@@ -261,8 +255,7 @@ impl Plugin {
         self.0.report
     }
 
-    /// Check a job's limits against this host: each within the host's maxima, and fuel only on
-    /// a host that meters it.
+    /// Check a job's limits against this host: each within the host's maxima.
     pub fn check_limits(&self, limits: &Limits) -> Result<(), LimitError> {
         self.0.check_limits(limits)
     }

@@ -31,6 +31,7 @@ pub use error::{CallError, CompileResource, ErrorKind, LoadError};
 pub use inspect::{PluginDescription, PluginKind, WIT_VERSION};
 pub use limits::{LimitError, Limits};
 pub use loader::{LoadReport, Plugin, PluginHost};
+pub use sandbox::FuelUse;
 pub use structure::{Structure, StructureError, StructureLimits};
 pub use types::{EnvInfo, GuestError, Message, Metric, StepResult, Transcript};
 pub use wasi::LogSink;

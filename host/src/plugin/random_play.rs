@@ -30,6 +30,9 @@ pub struct PlayOptions {
     /// Episodes alive at once (at most the host's instance slots).
     pub concurrency: usize,
     pub limits: Limits,
+    /// Return each episode's messages, per-step rewards and metrics; otherwise only its summary
+    /// (seed, steps, returns, error, fuel), so that a long run keeps bounded memory.
+    pub keep_transcripts: bool,
 }
 
 impl Default for PlayOptions {
@@ -41,6 +44,7 @@ impl Default for PlayOptions {
             task: None,
             concurrency: 64,
             limits: Limits::default(),
+            keep_transcripts: false,
         }
     }
 }
@@ -75,6 +79,10 @@ pub struct PlaySummary {
     pub max_live_episodes: usize,
     /// Log bytes dropped over all episodes (each episode's log is bounded).
     pub log_bytes_dropped: u64,
+    /// The most fuel one call used, over all episodes: to compare with the `fuel` limit.
+    pub max_call_fuel: u64,
+    /// The most fuel one episode used: to compare with the `episode_fuel` limit.
+    pub max_episode_fuel: u64,
     pub elapsed_s: f64,
     pub episodes_per_s: f64,
     pub steps_per_s: f64,
@@ -124,6 +132,11 @@ pub async fn play_random(
         }
         for (index, record, dropped) in playing.join_all().await {
             log_bytes_dropped += dropped;
+            let record = if options.keep_transcripts {
+                record
+            } else {
+                record.summary()
+            };
             records.push((index, record));
         }
         first = last;
@@ -272,6 +285,8 @@ fn summarise(
         error_messages,
         max_live_episodes,
         log_bytes_dropped,
+        max_call_fuel: records.iter().map(|r| r.fuel.max_call).max().unwrap_or(0),
+        max_episode_fuel: records.iter().map(|r| r.fuel.total).max().unwrap_or(0),
         elapsed_s: elapsed.as_secs_f64(),
         episodes_per_s: records.len() as f64 / seconds,
         steps_per_s: steps as f64 / seconds,

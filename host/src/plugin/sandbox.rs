@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use tokio::sync::OwnedSemaphorePermit;
 
 use wasmtime::component::{Instance, ResourceTable};
@@ -32,8 +33,52 @@ pub(crate) struct StoreState {
     clock: VirtualClock,
     limiter: MemoryLimiter,
     log: LogSink,
-    /// When the running call's wall time is up.
+    budget: Budget,
+}
+
+/// Which limit bounds the running call: its own, or what is left of its episode's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bound {
+    Call,
+    Episode,
+}
+
+/// The fuel and wall time of one instance: what its episode has left, what the running call was
+/// given, and what its calls have used.
+struct Budget {
+    episode_deadline: Instant,
+    episode_fuel_left: u64,
+    /// When the running call's wall time is up, and whether that is the call's or the episode's.
     deadline: Instant,
+    time_bound: Bound,
+    /// The fuel the running call was given, and whether that is the call's or the episode's.
+    armed_fuel: u64,
+    fuel_bound: Bound,
+    used: FuelUse,
+}
+
+/// Fuel (wasm instructions, as wasmtime meters them) an instance's calls used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FuelUse {
+    /// All calls together.
+    pub total: u64,
+    /// The most one call used.
+    pub max_call: u64,
+}
+
+impl Budget {
+    fn new(limits: &Limits) -> Self {
+        let now = Instant::now();
+        Budget {
+            episode_deadline: now + Duration::from_millis(limits.episode_timeout_ms),
+            episode_fuel_left: limits.episode_fuel,
+            deadline: now,
+            time_bound: Bound::Call,
+            armed_fuel: 0,
+            fuel_bound: Bound::Call,
+            used: FuelUse::default(),
+        }
+    }
 }
 
 impl WasiView for StoreState {
@@ -135,7 +180,6 @@ pub(crate) struct Sandbox {
     /// The plugin's and the pooling allocator's slots this instance holds until it is dropped.
     _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     limits: Limits,
-    fuel_metering: bool,
     failure: Option<CallError>,
     /// Bytes (items counted) all calls of this instance have returned.
     returned_bytes: u64,
@@ -180,23 +224,20 @@ impl Sandbox {
             clock: VirtualClock::default(),
             limiter: MemoryLimiter::new(usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX)),
             log,
-            deadline: Instant::now(),
+            budget: Budget::new(limits),
         };
         let mut store = Store::new(&plugin.engine, state);
         store.limiter(|state| &mut state.limiter);
         store.epoch_deadline_callback(|ctx| {
-            Ok(if Instant::now() >= ctx.data().deadline {
+            Ok(if Instant::now() >= ctx.data().budget.deadline {
                 UpdateDeadline::Interrupt
             } else {
                 UpdateDeadline::Yield(1)
             })
         });
-        arm(&mut store, limits, plugin.fuel_metering);
-        let outcome = tokio::time::timeout(
-            limits.call_timeout() + TIMEOUT_GRACE,
-            plugin.pre.instantiate_async(&mut store),
-        )
-        .await;
+        let timeout = arm(&mut store, limits);
+        let outcome = tokio::time::timeout(timeout, plugin.pre.instantiate_async(&mut store)).await;
+        settle(&mut store);
         let instance = match outcome {
             Ok(Ok(instance)) => instance,
             Ok(Err(error)) => return Err(classify(store.data(), limits, Some(&error))),
@@ -207,14 +248,14 @@ impl Sandbox {
             instance,
             _slots: (plugin_slot, host_slots),
             limits: limits.clone(),
-            fuel_metering: plugin.fuel_metering,
             failure: None,
             returned_bytes: 0,
         })
     }
 
-    pub(crate) fn call_timeout(&self) -> Duration {
-        self.limits.call_timeout() + TIMEOUT_GRACE
+    /// The fuel this instance's calls have used.
+    pub(crate) fn fuel_use(&self) -> FuelUse {
+        self.store.data().budget.used
     }
 
     /// The episode's log and the number of bytes dropped from it.
@@ -223,8 +264,9 @@ impl Sandbox {
     }
 
     /// Prepare a call that passes `input_bytes` of strings: refuse it if the instance already
-    /// failed or the input is too large, then arm the wall-time deadline and the fuel.
-    pub(crate) fn begin(&mut self, input_bytes: usize) -> Result<(), CallError> {
+    /// failed, the input is too large or the episode's budget is spent, then arm the call's fuel
+    /// and wall-time deadline. Returns the timeout to put around the call.
+    pub(crate) fn begin(&mut self, input_bytes: usize) -> Result<Duration, CallError> {
         if let Some(failure) = &self.failure {
             return Err(failure.clone());
         }
@@ -237,8 +279,12 @@ impl Sandbox {
                 ),
             ));
         }
-        arm(&mut self.store, &self.limits, self.fuel_metering);
-        Ok(())
+        let budget = &self.store.data().budget;
+        if budget.episode_fuel_left == 0 || Instant::now() >= budget.episode_deadline {
+            let error = episode_spent(&self.limits, budget.episode_fuel_left == 0);
+            return Err(self.fail(error));
+        }
+        Ok(arm(&mut self.store, &self.limits))
     }
 
     /// Turn the outcome of a guarded call into a value or a typed error, poisoning the instance
@@ -247,6 +293,7 @@ impl Sandbox {
         &mut self,
         outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
     ) -> Result<R, CallError> {
+        settle(&mut self.store);
         let error = match outcome {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) => classify(self.store.data(), &self.limits, Some(&error)),
@@ -304,20 +351,68 @@ impl Sandbox {
     }
 }
 
-/// Arm a store for one call: the wall-time deadline (checked at each epoch tick) and the fuel.
-fn arm(store: &mut Store<StoreState>, limits: &Limits, fuel_metering: bool) {
-    store.data_mut().deadline = Instant::now() + limits.call_timeout();
+/// Arm a store for one call: its fuel and its wall-time deadline (checked at each epoch tick),
+/// each the call's limit or what is left of the episode's, whichever is less. Returns the timeout
+/// to put around the call, for a guest blocked outside its own code.
+fn arm(store: &mut Store<StoreState>, limits: &Limits) -> Duration {
+    let now = Instant::now();
+    let budget = &mut store.data_mut().budget;
+    let call_deadline = now + limits.call_timeout();
+    (budget.deadline, budget.time_bound) = if budget.episode_deadline < call_deadline {
+        (budget.episode_deadline, Bound::Episode)
+    } else {
+        (call_deadline, Bound::Call)
+    };
+    (budget.armed_fuel, budget.fuel_bound) = if budget.episode_fuel_left < limits.fuel {
+        (budget.episode_fuel_left, Bound::Episode)
+    } else {
+        (limits.fuel, Bound::Call)
+    };
+    let (fuel, timeout) = (
+        budget.armed_fuel,
+        budget.deadline.saturating_duration_since(now) + TIMEOUT_GRACE,
+    );
     store.set_epoch_deadline(1);
-    if fuel_metering {
-        // Cannot fail: the engine meters fuel.
-        let _ = store.set_fuel(limits.fuel.unwrap_or(u64::MAX));
-    }
+    // Cannot fail: the engine meters fuel.
+    let _ = store.set_fuel(fuel);
+    timeout
+}
+
+/// Count what the finished call used against its episode.
+fn settle(store: &mut Store<StoreState>) {
+    let left = store.get_fuel().unwrap_or(0);
+    let budget = &mut store.data_mut().budget;
+    let used = budget.armed_fuel.saturating_sub(left);
+    budget.episode_fuel_left = budget.episode_fuel_left.saturating_sub(used);
+    budget.used.total = budget.used.total.saturating_add(used);
+    budget.used.max_call = budget.used.max_call.max(used);
+    budget.armed_fuel = left;
+}
+
+/// The error of an episode whose fuel (`fuel_spent`) or wall time is used up.
+fn episode_spent(limits: &Limits, fuel_spent: bool) -> CallError {
+    let message = if fuel_spent {
+        format!(
+            "the episode used all of its {} fuel (episode_fuel)",
+            limits.episode_fuel
+        )
+    } else {
+        format!(
+            "the episode ran past {} ms (episode_timeout_ms)",
+            limits.episode_timeout_ms
+        )
+    };
+    CallError::new(ErrorKind::EpisodeLimit, message)
 }
 
 /// The typed error of a failed call: `error` from wasmtime, or `None` when the timeout around the
 /// call fired (the guest was blocked outside its own code).
 fn classify(state: &StoreState, limits: &Limits, error: Option<&wasmtime::Error>) -> CallError {
+    let budget = &state.budget;
     let Some(error) = error else {
+        if budget.time_bound == Bound::Episode {
+            return episode_spent(limits, false);
+        }
         return CallError::new(
             ErrorKind::Timeout,
             format!(
@@ -337,13 +432,17 @@ fn classify(state: &StoreState, limits: &Limits, error: Option<&wasmtime::Error>
         );
     }
     match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) if budget.time_bound == Bound::Episode => {
+            episode_spent(limits, false)
+        }
         Some(Trap::Interrupt) => CallError::new(
             ErrorKind::Timeout,
             format!("the call ran past {} ms", limits.call_timeout_ms),
         ),
+        Some(Trap::OutOfFuel) if budget.fuel_bound == Bound::Episode => episode_spent(limits, true),
         Some(Trap::OutOfFuel) => CallError::new(
             ErrorKind::OutOfFuel,
-            format!("the call used all of its {} fuel", limits.fuel.unwrap_or(0)),
+            format!("the call used all of its {} fuel", limits.fuel),
         ),
         Some(Trap::StackOverflow) => {
             CallError::new(ErrorKind::Trap, format!("stack overflow: {detail}"))
@@ -357,8 +456,7 @@ fn classify(state: &StoreState, limits: &Limits, error: Option<&wasmtime::Error>
 macro_rules! guarded_call {
     ($sandbox:expr, $input_bytes:expr, |$store:ident| $call:expr) => {{
         let sandbox: &mut $crate::plugin::sandbox::Sandbox = $sandbox;
-        sandbox.begin($input_bytes)?;
-        let timeout = sandbox.call_timeout();
+        let timeout = sandbox.begin($input_bytes)?;
         let outcome = {
             let $store = &mut sandbox.store;
             tokio::time::timeout(timeout, $call).await
