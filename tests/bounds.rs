@@ -80,6 +80,11 @@ async fn every_attack_ends_typed_in_bounded_time_and_host_memory() {
             Some(ErrorKind::OutOfFuel),
         ),
         Attack::new(
+            "sleep in a loop (host calls)",
+            "adversarial/sleeper",
+            Some(ErrorKind::OutOfFuel),
+        ),
+        Attack::new(
             "grow memory without end",
             "adversarial/memory-hog",
             Some(ErrorKind::MemoryLimit),

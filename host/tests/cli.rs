@@ -146,7 +146,7 @@ fn run_refuses_a_misspelt_limit_by_name() {
 fn adversarial_plugins_give_their_expected_results_with_default_limits() {
     let cases = [
         ("infinite-loop", Some("out_of_fuel")),
-        ("sleeper", Some("timeout")),
+        ("sleeper", Some("out_of_fuel")),
         ("memory-hog", Some("memory_limit")),
         ("deep-recursion", Some("trap")),
         ("giant-output", Some("output_too_large")),
@@ -160,13 +160,6 @@ fn adversarial_plugins_give_their_expected_results_with_default_limits() {
         // memory-hog writes 64 MiB per episode before the cap refuses it: a few at a time keep
         // the test's memory small.
         let concurrency = if name == "memory-hog" { "4" } else { "64" };
-        // sleeper spins through host calls, which fuel does not meter: the wall-clock backstop
-        // ends it, shortened here from its default 30 s.
-        let limits = if name == "sleeper" {
-            r#"{"call_timeout_ms": 2000}"#
-        } else {
-            "{}"
-        };
         let summary = json(&opentinker(&[
             "plugin",
             "run",
@@ -175,8 +168,6 @@ fn adversarial_plugins_give_their_expected_results_with_default_limits() {
             "20",
             "--concurrency",
             concurrency,
-            "--limits",
-            limits,
             "--json",
         ]));
         let elapsed = started.elapsed();

@@ -64,7 +64,11 @@ fn run_script(script: &str) {
         String::from_utf8_lossy(&output.stderr)
     );
     println!("{text}");
-    assert!(output.status.success(), "{script} failed:\n{text}");
+    assert!(
+        output.status.success(),
+        "{script} failed ({}):\n{text}",
+        output.status
+    );
 }
 
 #[test]

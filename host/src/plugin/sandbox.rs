@@ -8,7 +8,7 @@ use serde::Serialize;
 use tokio::sync::OwnedSemaphorePermit;
 
 use wasmtime::component::{Instance, ResourceTable};
-use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
+use wasmtime::{CallHook, ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::opentinker::plugin::host;
@@ -21,6 +21,11 @@ use super::wasi::{self, LogSink, VirtualClock, VirtualClockView};
 /// Extra wall time for the timeout around a call, past the epoch deadline: the epoch trap
 /// normally fires first; the timeout catches a guest blocked in a host call.
 const TIMEOUT_GRACE: Duration = Duration::from_millis(250);
+
+/// Fuel one call into the host costs (an import, or a runtime call such as `memory.grow`): about
+/// what a host call takes in guest instructions' time, so that a guest spinning through host calls
+/// runs out of fuel as a computing one does, whatever the machine's load.
+pub const HOST_CALL_FUEL: u64 = 1_000;
 
 /// Caps on tables and instances, far above what a plugin needs.
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
@@ -228,6 +233,16 @@ impl Sandbox {
         };
         let mut store = Store::new(&plugin.engine, state);
         store.limiter(|state| &mut state.limiter);
+        store.call_hook(|mut store, hook| {
+            if matches!(hook, CallHook::CallingHost) {
+                let fuel = store.get_fuel()?;
+                store.set_fuel(fuel.saturating_sub(HOST_CALL_FUEL))?;
+                if fuel < HOST_CALL_FUEL {
+                    return Err(Trap::OutOfFuel.into());
+                }
+            }
+            Ok(())
+        });
         store.epoch_deadline_callback(|ctx| {
             Ok(if Instant::now() >= ctx.data().budget.deadline {
                 UpdateDeadline::Interrupt
