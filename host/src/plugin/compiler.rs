@@ -31,16 +31,22 @@ pub const WORKER_SUBCOMMAND: &str = "compile-worker";
 /// Names the worker program, overriding the search next to the running executable.
 pub const WORKER_ENV: &str = "OPENTINKER_COMPILE_WORKER";
 
-/// What compiling one component may cost.
+/// What compiling one component may cost: a base, plus a share per MiB of component, because a
+/// large component is costly to compile by right (an 18 MB componentize-py plugin takes 18 s of
+/// CPU and 640 MB here) while a small one that is costly is an attack.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CompileLimits {
-    /// The worker's whole address space (`RLIMIT_AS`): its resident memory stays below it.
+    /// The worker's whole address space (`RLIMIT_AS`, so its resident memory stays below it).
     pub memory_bytes: u64,
+    /// More address space for each MiB of the component.
+    pub memory_bytes_per_mib: u64,
     /// CPU time of the worker, all its threads together (`RLIMIT_CPU`, whole seconds, rounded up).
     pub cpu_time_ms: u64,
-    /// Wall time, after which the worker is killed: a backstop for a host too loaded for the CPU
-    /// limit to come first.
+    /// More CPU time for each MiB of the component.
+    pub cpu_time_ms_per_mib: u64,
+    /// Wall time, after which the worker is killed (at least twice its CPU time): a backstop for
+    /// a host too loaded for the CPU limit to come first.
     pub wall_time_ms: u64,
     /// Bytes of compiled artifact accepted from the worker.
     pub artifact_bytes: u64,
@@ -51,11 +57,41 @@ pub struct CompileLimits {
 impl Default for CompileLimits {
     fn default() -> Self {
         CompileLimits {
-            memory_bytes: 1 << 30,
-            cpu_time_ms: 10_000,
+            memory_bytes: 768 << 20,
+            memory_bytes_per_mib: 48 << 20,
+            cpu_time_ms: 8_000,
+            cpu_time_ms_per_mib: 2_000,
             wall_time_ms: 30_000,
             artifact_bytes: 256 << 20,
             structure: StructureLimits::default(),
+        }
+    }
+}
+
+/// What compiling one component of a given size may cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompileBudget {
+    pub memory_bytes: u64,
+    pub cpu_time_ms: u64,
+    pub wall_time_ms: u64,
+}
+
+impl CompileLimits {
+    /// The budget of a component of `bytes` bytes.
+    pub fn budget(&self, bytes: usize) -> CompileBudget {
+        let mib = |per_mib: u64| {
+            let scaled = u128::from(per_mib) * bytes as u128 / (1 << 20);
+            u64::try_from(scaled).unwrap_or(u64::MAX)
+        };
+        let cpu_time_ms = self
+            .cpu_time_ms
+            .saturating_add(mib(self.cpu_time_ms_per_mib));
+        CompileBudget {
+            memory_bytes: self
+                .memory_bytes
+                .saturating_add(mib(self.memory_bytes_per_mib)),
+            cpu_time_ms,
+            wall_time_ms: self.wall_time_ms.max(cpu_time_ms.saturating_mul(2)),
         }
     }
 }
@@ -134,8 +170,9 @@ pub(crate) async fn compile_in_worker(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let memory = limits.memory_bytes;
-    let cpu_seconds = limits.cpu_time_ms.div_ceil(1000).max(1);
+    let budget = limits.budget(bytes.len());
+    let memory = budget.memory_bytes;
+    let cpu_seconds = budget.cpu_time_ms.div_ceil(1000).max(1);
     // SAFETY: only `setrlimit`, which is async-signal-safe, runs between fork and exec.
     unsafe {
         command.pre_exec(move || {
@@ -177,7 +214,7 @@ pub(crate) async fn compile_in_worker(
         let status = child.wait().await;
         (wrote, read_out, read_err, status, artifact, errors)
     };
-    let wall = Duration::from_millis(limits.wall_time_ms);
+    let wall = Duration::from_millis(budget.wall_time_ms);
     let (wrote, read_out, _, status, artifact, errors) =
         match tokio::time::timeout(wall, exchange).await {
             Ok(outcome) => outcome,
@@ -185,7 +222,7 @@ pub(crate) async fn compile_in_worker(
             Err(_) => {
                 return Err(LoadError::CompileLimit {
                     resource: CompileResource::WallTime,
-                    limit: limits.wall_time_ms,
+                    limit: budget.wall_time_ms,
                 });
             }
         };
@@ -201,7 +238,7 @@ pub(crate) async fn compile_in_worker(
             Ok(WorkerError::Compile(message)) if is_out_of_memory(&message) => {
                 LoadError::CompileLimit {
                     resource: CompileResource::Memory,
-                    limit: limits.memory_bytes,
+                    limit: budget.memory_bytes,
                 }
             }
             Ok(WorkerError::Compile(message)) => LoadError::NotAComponent(message),
@@ -212,11 +249,11 @@ pub(crate) async fn compile_in_worker(
         return Err(match status.signal() {
             Some(libc::SIGXCPU) | Some(libc::SIGKILL) => LoadError::CompileLimit {
                 resource: CompileResource::CpuTime,
-                limit: limits.cpu_time_ms,
+                limit: budget.cpu_time_ms,
             },
             _ if is_out_of_memory(&errors) => LoadError::CompileLimit {
                 resource: CompileResource::Memory,
-                limit: limits.memory_bytes,
+                limit: budget.memory_bytes,
             },
             _ => LoadError::CompilerCrashed(format!("{status}: {}", errors.trim())),
         });
@@ -294,5 +331,25 @@ pub fn run_worker(request: &str) -> i32 {
             }
         }
         Err(e) => refuse(WorkerError::Compile(format!("{e:#}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_grows_with_the_component() {
+        let limits = CompileLimits::default();
+        let small = limits.budget(258 << 10);
+        assert!(
+            small.memory_bytes < 1 << 30 && small.cpu_time_ms < 10_000,
+            "{small:?}"
+        );
+        assert_eq!(small.wall_time_ms, 30_000);
+        let python = limits.budget(18 << 20);
+        assert_eq!(python.cpu_time_ms, 8_000 + 18 * 2_000);
+        assert_eq!(python.wall_time_ms, 2 * python.cpu_time_ms);
+        assert_eq!(python.memory_bytes, (768 + 18 * 48) << 20);
     }
 }

@@ -97,9 +97,10 @@ pub(crate) fn wasm_config(settings: &EngineSettings) -> Config {
 }
 
 /// Core instances one component may create: its modules' instances, and the shims of its
-/// adapters (a Rust plugin has 18); the pool holds this many per instance slot, so no component
-/// can take the core instances of others.
-pub(crate) const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 64;
+/// adapters (a Rust plugin has 18, a componentize-py one 66); the pool counts this many per
+/// instance slot (a count, nothing is reserved), so no component can take the core instances of
+/// others.
+pub(crate) const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 256;
 /// Linear memories one component may define; the pool holds two per slot, and a component of
 /// more takes more slots (see `Plugin::slot_weight`).
 pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 4;

@@ -24,7 +24,7 @@ mod types;
 mod wasi;
 
 pub use agent::AgentSession;
-pub use compiler::CompileLimits;
+pub use compiler::{CompileBudget, CompileLimits};
 pub use engine::HostConfig;
 pub use environment::{EnvironmentEpisode, EpisodeRecord, RecordedError};
 pub use error::{CallError, CompileResource, ErrorKind, LoadError};
