@@ -18,6 +18,14 @@ source scripts/venv.sh
 venv="${OPENTINKER_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv}"
 make_venv "$venv" scripts/requirements-test.txt
 export OPENTINKER_TEST_PYTHON="$venv/bin/python"
+export OPENTINKER_COMPONENTIZE_PY="$venv/bin/componentize-py"
+
+# The Python SDK's tests, then each Python plugin's own, each in its own process (a module marks
+# one plugin class per kind).
+PYTHONPATH=sdk/python/src "$venv/bin/python" -m pytest -q -p no:cacheprovider sdk/python/tests
+for plugin in plugins/python/*/; do
+    (cd "$plugin" && PYTHONPATH="$OLDPWD/sdk/python/src:." "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
+done
 
 cargo fmt --all --check
 cargo test --workspace --locked --features cuda "$@"

@@ -1119,3 +1119,45 @@ fn a_job_whose_rewards_ignore_the_actions_is_reported_as_having_no_signal() {
         assert_eq!(line["advantage_abs_mean"], 0.0, "{line}");
     }
 }
+
+/// A Python plugin (`plugins/python/guess-number`, on the Python SDK) builds with the test
+/// script's componentize-py and plays 200 episodes; its exceptions are its episodes' own
+/// `plugin_error`s, with their text.
+#[test]
+fn a_python_plugin_builds_plays_and_reports_its_own_errors() {
+    if std::env::var_os("OPENTINKER_COMPONENTIZE_PY").is_none() {
+        eprintln!(
+            "skipped: OPENTINKER_COMPONENTIZE_PY names no componentize-py (scripts/test.sh sets it)"
+        );
+        return;
+    }
+    let wasm = build("python/guess-number");
+    let wasm = wasm.to_str().unwrap();
+    let summary = json(&opentinker(&[
+        "plugin",
+        "run",
+        wasm,
+        "--episodes",
+        "200",
+        "--json",
+    ]));
+    assert_eq!(summary["plugin"], "guess-number-py", "{summary}");
+    assert_eq!(summary["completed"], 200, "{summary}");
+    assert!(summary["mean_reward"].as_f64().unwrap() > 0.05, "{summary}");
+
+    let summary = json(&opentinker(&[
+        "plugin",
+        "run",
+        wasm,
+        "--episodes",
+        "4",
+        "--config",
+        r#"{"maxx": 5}"#,
+        "--json",
+    ]));
+    assert_eq!(summary["errors"]["plugin_error"], 4, "{summary}");
+    let message = summary["error_messages"]["plugin_error"][0]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("unknown config field `maxx`"), "{summary}");
+}

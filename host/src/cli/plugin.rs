@@ -13,21 +13,23 @@ use crate::plugin::{Limits, PluginHost};
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
-    /// Build a plugin crate into a component; prints the path of the .wasm as its last line.
+    /// Build a plugin (a Rust crate, or a Python project) into a component; prints the path of
+    /// the .wasm as its last line.
     Build {
-        /// The plugin crate's directory.
+        /// The plugin's directory: a crate (Cargo.toml), or a Python project (pyproject.toml with
+        /// a [tool.opentinker] table, or an app.py).
         dir: PathBuf,
     },
     /// Print what a component is: digest, WIT version, plugin kinds, exports, imports, size.
     Inspect {
-        /// A component (.wasm), or a plugin crate directory to build first.
+        /// A component (.wasm), or a plugin directory to build first.
         file: PathBuf,
         #[command(flatten)]
         host: HostArgs,
     },
     /// Play episodes of an environment with a random policy and summarise them.
     Run {
-        /// A component (.wasm), or a plugin crate directory to build first.
+        /// A component (.wasm), or a plugin directory to build first.
         file: PathBuf,
         /// How many episodes to play.
         #[arg(long, default_value_t = 100)]

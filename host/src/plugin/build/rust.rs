@@ -1,4 +1,4 @@
-//! Build a plugin crate into a component with cargo, for `opentinker plugin build`.
+//! Build a Rust plugin crate into a component with cargo.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -7,20 +7,11 @@ use anyhow::{Context, bail};
 
 pub const WASM_TARGET: &str = "wasm32-wasip2";
 
-/// The component at `path`, building it first when `path` is a plugin crate directory.
-pub fn component_path(path: &Path) -> anyhow::Result<PathBuf> {
-    if path.is_dir() {
-        build_plugin(path)
-    } else {
-        Ok(path.to_path_buf())
-    }
-}
-
 /// Build the plugin crate in `dir` (release, `wasm32-wasip2`) and return the path of its
 /// component. Builds go to `target/wasm-plugins` under the crate's workspace root: a target
 /// directory of their own, so a build never waits on the caller's cargo lock, shared by all the
 /// plugins of a workspace.
-pub fn build_plugin(dir: &Path) -> anyhow::Result<PathBuf> {
+pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
     let manifest = dir.join("Cargo.toml");
     if !manifest.is_file() {
         bail!("{} has no Cargo.toml: not a plugin crate", dir.display());

@@ -1,0 +1,40 @@
+"""Conversions between the SDK's types and the WIT bindings' (imported only inside a component)."""
+
+from __future__ import annotations
+
+import opentinker
+from componentize_py_types import Err  # type: ignore[import-not-found]
+from wit_world.imports import types  # type: ignore[import-not-found]
+
+
+def error(exception: BaseException) -> Err:
+    """The WIT error of an exception: a `PluginError`'s text, or any other's type and text."""
+    if isinstance(exception, opentinker.PluginError):
+        message = str(exception)
+    else:
+        message = f"{type(exception).__name__}: {exception}"
+    return Err(types.PluginError(message=message))
+
+
+def message(value: opentinker.Message) -> types.Message:
+    return types.Message(role=value.role, content=value.content)
+
+
+def messages(values: list[opentinker.Message]) -> list[types.Message]:
+    return [message(value) for value in values]
+
+
+def from_message(value: types.Message) -> opentinker.Message:
+    return opentinker.Message(value.role, value.content)
+
+
+def from_transcript(value: types.Transcript) -> opentinker.Transcript:
+    return opentinker.Transcript(value.player, [from_message(m) for m in value.messages])
+
+
+def env_info(value: opentinker.EnvInfo) -> types.EnvInfo:
+    return types.EnvInfo(name=value.name, players=value.players, max_turns=value.max_turns)
+
+
+def metrics(values: list[opentinker.Metric]) -> list[types.Metric]:
+    return [types.Metric(name=m.name, value=float(m.value)) for m in values]
