@@ -354,8 +354,21 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Record a failure (its message cut to the limit), poisoning the instance.
+    /// Record a failure (its message cut to the limit), poisoning the instance. A plugin error
+    /// after a refused memory growth is the memory limit's: a language whose allocator turns the
+    /// refusal into an exception (Python's `MemoryError`) fails as a Rust plugin aborting does.
     pub(crate) fn fail(&mut self, error: CallError) -> CallError {
+        let error = if error.kind == ErrorKind::PluginError && self.store.data().limiter.refused {
+            CallError::new(
+                ErrorKind::MemoryLimit,
+                format!(
+                    "memory growth beyond {} bytes was refused; then: {error}",
+                    self.limits.memory_bytes
+                ),
+            )
+        } else {
+            error
+        };
         let error = error.truncated(self.limits.error_message_bytes);
         self.failure = Some(error.clone());
         error
