@@ -1161,3 +1161,35 @@ fn a_python_plugin_builds_plays_and_reports_its_own_errors() {
         .unwrap_or_default();
     assert!(message.contains("unknown config field `maxx`"), "{summary}");
 }
+
+/// The guess-number example with only its environment swapped for the Python port runs its RL
+/// steps, and its rollouts carry the Python environment's words.
+#[test]
+fn the_guess_number_example_runs_on_its_python_port() {
+    if std::env::var_os("OPENTINKER_COMPONENTIZE_PY").is_none() {
+        eprintln!(
+            "skipped: OPENTINKER_COMPONENTIZE_PY names no componentize-py (scripts/test.sh sets it)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let job = short_examples(dir.path())
+        .into_iter()
+        .find(|job| job.file_stem().is_some_and(|s| s == "guess-number"))
+        .unwrap();
+    let mut table: toml::Table = std::fs::read_to_string(&job).unwrap().parse().unwrap();
+    let python = repo_root().join("plugins/python/guess-number");
+    table["environment"]
+        .as_table_mut()
+        .unwrap()
+        .insert("plugin".into(), python.to_str().unwrap().into());
+    std::fs::write(&job, toml::to_string(&table).unwrap()).unwrap();
+    let out = dir.path().join("run");
+    let summary = train_json(&job, &out);
+    assert_eq!(summary["steps"], 2, "{summary}");
+    let rollouts = std::fs::read_to_string(out.join("rollouts").join("step-1.jsonl")).unwrap();
+    assert!(
+        rollouts.contains("I am thinking of a number from 1 to 16"),
+        "{rollouts}"
+    );
+}

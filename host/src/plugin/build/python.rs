@@ -181,6 +181,8 @@ pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
         .arg("-o")
         .arg(&output)
         .env("PYTHONDONTWRITEBYTECODE", "1")
+        // Its progress goes with the build's other messages, never into a command's output.
+        .stdout(std::io::stderr())
         .status()
         .with_context(|| format!("running {}", componentize_py.display()))?;
     if !status.success() {
