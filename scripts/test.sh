@@ -24,6 +24,7 @@ export OPENTINKER_COMPONENTIZE_PY="$venv/bin/componentize-py"
 # one plugin class per kind).
 PYTHONPATH=sdk/python/src "$venv/bin/python" -m pytest -q -p no:cacheprovider sdk/python/tests
 for plugin in plugins/python/*/; do
+    [[ -d "$plugin/tests" ]] || continue
     (cd "$plugin" && PYTHONPATH="$OLDPWD/sdk/python/src:." "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
 done
 
