@@ -111,6 +111,7 @@ PY
 if [[ "$which" == plugins || "$which" == all ]]; then
     run plugins cargo bench --locked -q -p opentinker --bench plugin_calls
     run plugins_table plugin_table
+    run plugin_languages cargo bench --locked -q -p opentinker --bench plugin_languages
 fi
 # The README's shapes: the tiny one, and the Qwen2.5-0.5B one (each of its benchmarks writes a
 # 2 GB model to a temporary folder first); the quick run takes the tiny one only.
