@@ -1193,3 +1193,100 @@ fn the_guess_number_example_runs_on_its_python_port() {
         "{rollouts}"
     );
 }
+
+/// `plugin new` writes plugins whose own tests pass in their language's runner and which build
+/// and play as written; it refuses a bad name and a folder that is not empty.
+#[test]
+fn plugin_new_writes_plugins_that_test_build_and_play_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let sdk = repo_root().join("sdk/rust");
+    let rust = dir.path().join("word-rs");
+    let (rust_dir, sdk) = (rust.to_str().unwrap(), sdk.to_str().unwrap());
+    let written = opentinker(&["plugin", "new", "word-rs", "--dir", rust_dir, "--sdk", sdk]);
+    assert!(
+        written.status.success(),
+        "{}",
+        String::from_utf8_lossy(&written.stderr)
+    );
+    let tested = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["test", "--quiet", "--manifest-path"])
+        .arg(rust.join("Cargo.toml"))
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .unwrap();
+    assert!(
+        tested.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tested.stderr)
+    );
+    let summary = json(&opentinker(&[
+        "plugin",
+        "run",
+        rust_dir,
+        "--episodes",
+        "200",
+        "--json",
+    ]));
+    assert_eq!(
+        (summary["plugin"].as_str(), summary["completed"].as_u64()),
+        (Some("word-rs"), Some(200))
+    );
+
+    let again = opentinker(&["plugin", "new", "word-rs", "--dir", rust_dir, "--sdk", sdk]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("is not empty"));
+    let bad = opentinker(&["plugin", "new", "Word RS", "--dir", rust_dir]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("lowercase letters"));
+
+    let (Some(python), Some(_)) = (
+        std::env::var_os("OPENTINKER_TEST_PYTHON"),
+        std::env::var_os("OPENTINKER_COMPONENTIZE_PY"),
+    ) else {
+        eprintln!(
+            "Python half skipped: scripts/test.sh sets OPENTINKER_TEST_PYTHON and OPENTINKER_COMPONENTIZE_PY"
+        );
+        return;
+    };
+    for kind in ["environment", "agent", "reward"] {
+        let plugin = dir.path().join(format!("py-{kind}"));
+        let written = opentinker(&[
+            "plugin",
+            "new",
+            &format!("py-{kind}"),
+            "--lang",
+            "python",
+            "--kind",
+            kind,
+            "--dir",
+            plugin.to_str().unwrap(),
+        ]);
+        assert!(
+            written.status.success(),
+            "{}",
+            String::from_utf8_lossy(&written.stderr)
+        );
+        let tested = Command::new(&python)
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+            .current_dir(&plugin)
+            .env(
+                "PYTHONPATH",
+                format!("{}:.", repo_root().join("sdk/python/src").display()),
+            )
+            .output()
+            .unwrap();
+        assert!(
+            tested.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&tested.stdout)
+        );
+    }
+    let environment = dir.path().join("py-environment");
+    let summary = json(&opentinker(&[
+        "plugin",
+        "run",
+        environment.to_str().unwrap(),
+        "--episodes",
+        "200",
+        "--json",
+    ]));
+    assert_eq!(summary["completed"], 200, "{summary}");
+}

@@ -1,7 +1,7 @@
-//! `opentinker plugin build | inspect | run`.
+//! `opentinker plugin new | build | inspect | run`.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Subcommand;
@@ -9,6 +9,7 @@ use clap::Subcommand;
 use super::HostArgs;
 use crate::plugin::build::{build_plugin, component_path};
 use crate::plugin::random_play::{PlayOptions, PlaySummary, play_random};
+use crate::plugin::template::{TemplateKind, TemplateLanguage, write_plugin};
 use crate::plugin::{Limits, PluginHost};
 
 #[derive(Debug, Subcommand)]
@@ -19,6 +20,25 @@ pub enum PluginCommand {
         /// The plugin's directory: a crate (Cargo.toml), or a Python project (pyproject.toml with
         /// a [tool.opentinker] table, or an app.py).
         dir: PathBuf,
+    },
+    /// Write a new plugin: a working, documented skeleton with a unit test, that builds and plays
+    /// as written.
+    New {
+        /// The plugin's name (lowercase letters, digits, `-`).
+        name: String,
+        /// Its language.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: Lang,
+        /// Its kind.
+        #[arg(long, value_enum, default_value = "environment")]
+        kind: Kind,
+        /// Where to write it (default: ./NAME); must not exist, or be empty.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The Rust SDK a Rust plugin depends on (default: the `sdk/rust` of the source tree this
+        /// program was built from).
+        #[arg(long)]
+        sdk: Option<PathBuf>,
     },
     /// Print what a component is: digest, WIT version, plugin kinds, exports, imports, size.
     Inspect {
@@ -57,11 +77,60 @@ pub enum PluginCommand {
     },
 }
 
+/// The languages of `plugin new`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Lang {
+    Rust,
+    Python,
+}
+
+/// The kinds of `plugin new`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Kind {
+    Environment,
+    Agent,
+    Reward,
+}
+
 pub fn run(command: PluginCommand) -> anyhow::Result<()> {
     match command {
         PluginCommand::Build { dir } => {
             let wasm = build_plugin(&dir)?;
             println!("{}", wasm.display());
+            Ok(())
+        }
+        PluginCommand::New {
+            name,
+            lang,
+            kind,
+            dir,
+            sdk,
+        } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let sdk = match sdk {
+                Some(sdk) => sdk,
+                None => {
+                    let built_from = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../sdk/rust"));
+                    built_from.canonicalize().with_context(|| {
+                        format!(
+                            "the Rust SDK of this program's source tree ({}) is gone: name one                              with --sdk",
+                            built_from.display()
+                        )
+                    })?
+                }
+            };
+            let lang = match lang {
+                Lang::Rust => TemplateLanguage::Rust,
+                Lang::Python => TemplateLanguage::Python,
+            };
+            let kind = match kind {
+                Kind::Environment => TemplateKind::Environment,
+                Kind::Agent => TemplateKind::Agent,
+                Kind::Reward => TemplateKind::Reward,
+            };
+            for file in write_plugin(&dir, &name, lang, kind, &sdk)? {
+                println!("wrote {}", file.display());
+            }
             Ok(())
         }
         PluginCommand::Inspect { file, host } => runtime()?.block_on(async {

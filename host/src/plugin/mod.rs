@@ -20,6 +20,7 @@ pub mod random_play;
 mod reward;
 mod sandbox;
 pub mod structure;
+pub mod template;
 mod types;
 mod wasi;
 

@@ -1,0 +1,415 @@
+//! `opentinker plugin new`: a working, documented plugin skeleton in each SDK's language, with a
+//! unit test in that language's own runner, that builds and plays as written.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+/// The languages `plugin new` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TemplateLanguage {
+    Rust,
+    Python,
+}
+
+/// The plugin kinds `plugin new` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TemplateKind {
+    Environment,
+    Agent,
+    Reward,
+}
+
+impl TemplateKind {
+    fn name(self) -> &'static str {
+        match self {
+            TemplateKind::Environment => "environment",
+            TemplateKind::Agent => "agent",
+            TemplateKind::Reward => "reward",
+        }
+    }
+}
+
+/// Write a new plugin called `name` into `dir` (which must not exist, or be empty), returning the
+/// files written. A Rust plugin depends on the SDK at `rust_sdk`.
+pub fn write_plugin(
+    dir: &Path,
+    name: &str,
+    language: TemplateLanguage,
+    kind: TemplateKind,
+    rust_sdk: &Path,
+) -> anyhow::Result<Vec<PathBuf>> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        || name.starts_with('-')
+    {
+        bail!("plugin name `{name}`: use lowercase letters, digits and `-` (like `word-guess`)");
+    }
+    if dir.exists()
+        && std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .next()
+            .is_some()
+    {
+        bail!("{} exists and is not empty: nothing written", dir.display());
+    }
+    let files: Vec<(&str, String)> = match language {
+        TemplateLanguage::Python => python_files(name, kind),
+        TemplateLanguage::Rust => rust_files(name, kind, rust_sdk),
+    };
+    let mut written = Vec::new();
+    for (relative, contents) in files {
+        let path = dir.join(relative);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+fn python_files(name: &str, kind: TemplateKind) -> Vec<(&'static str, String)> {
+    let pyproject = format!(
+        "[project]\nname = \"{name}\"\nversion = \"0.1.0\"\nrequires-python = \">=3.10\"\n\n\
+         # What `opentinker plugin build` reads: the plugin's kind and the module that marks its class.\n\
+         [tool.opentinker]\nkind = \"{}\"\nmodule = \"app\"\n",
+        kind.name()
+    );
+    let (app, test) = match kind {
+        TemplateKind::Environment => (PYTHON_ENVIRONMENT, PYTHON_ENVIRONMENT_TEST),
+        TemplateKind::Agent => (PYTHON_AGENT, PYTHON_AGENT_TEST),
+        TemplateKind::Reward => (PYTHON_REWARD, PYTHON_REWARD_TEST),
+    };
+    vec![
+        ("pyproject.toml", pyproject),
+        ("app.py", app.replace("{name}", name)),
+        ("tests/test_app.py", test.to_string()),
+        (".gitignore", "target/\n__pycache__/\n".to_string()),
+    ]
+}
+
+fn rust_files(name: &str, kind: TemplateKind, sdk: &Path) -> Vec<(&'static str, String)> {
+    let manifest = format!(
+        "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2024\"\npublish = false\n\n\
+         [lib]\n# cdylib: the component; rlib: so `cargo test` runs the unit tests natively.\n\
+         crate-type = [\"cdylib\", \"rlib\"]\n\n\
+         [dependencies]\nopentinker-sdk = {{ path = \"{}\" }}\n\n\
+         # A workspace of its own, so it builds outside any other.\n[workspace]\n\n\
+         [profile.release]\nopt-level = \"s\"\nlto = true\ncodegen-units = 1\n",
+        sdk.display()
+    );
+    let lib = match kind {
+        TemplateKind::Environment => RUST_ENVIRONMENT,
+        TemplateKind::Agent => RUST_AGENT,
+        TemplateKind::Reward => RUST_REWARD,
+    };
+    vec![
+        ("Cargo.toml", manifest),
+        ("src/lib.rs", lib.replace("{name}", name)),
+        (".gitignore", "target/\n".to_string()),
+    ]
+}
+
+const PYTHON_ENVIRONMENT: &str = r#""""{name}: an opentinker environment. The policy is shown a word and must say it back.
+
+Replace the rules with your own; keep them deterministic (use `opentinker.rng(seed)`, never the
+clock), so that the same config, task, seed and actions give the same transcript.
+
+Build and play it: `opentinker plugin run .`; test it: `python -m pytest tests`.
+"""
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+import opentinker
+from opentinker import EnvInfo, Message, PluginError, StepResult
+
+WORDS = ["apple", "river", "stone", "cloud", "ember"]
+
+
+@dataclass
+class Config:
+    """The environment's config (JSON); unknown fields are refused by name."""
+
+    turns: int = 3
+
+
+@opentinker.plugin
+class Environment(opentinker.Environment):
+    @classmethod
+    def info(cls) -> EnvInfo:
+        return EnvInfo(name="{name}", players=1, max_turns=8)
+
+    @classmethod
+    def generate_task(cls, config: str, seed: int) -> str:
+        opentinker.parse_config(config, Config)
+        return json.dumps({"word": opentinker.rng(seed).choice(WORDS)})
+
+    def __init__(self, config: str, task: str, seed: int) -> None:
+        self.config = opentinker.parse_config(config, Config)
+        if not 1 <= self.config.turns <= 8:
+            raise PluginError("config: `turns` must be in 1..=8")
+        self.word = json.loads(task)["word"]
+        self.turn = 0
+
+    def observe(self, player: int) -> list[Message]:
+        return [Message.user(f"Say the word `{self.word}`.")]
+
+    def step(self, action: str) -> StepResult:
+        self.turn += 1
+        if self.word in action.lower():
+            return StepResult.end([1.0]).metric("turn", self.turn)
+        if self.turn == self.config.turns:
+            return StepResult.end([0.0]).metric("turn", self.turn)
+        return StepResult.next([0.0], 0).say(0, Message.user("No. Try again."))
+
+    def legal_actions(self) -> Optional[list[str]]:
+        return list(WORDS)
+
+    def demonstration(self) -> Optional[str]:
+        return self.word
+"#;
+
+const PYTHON_ENVIRONMENT_TEST: &str = r#""""The environment's rules, run natively (no component needed)."""
+
+import app
+
+
+def test_saying_the_word_wins_at_once():
+    task = app.Environment.generate_task("{}", 1)
+    episode = app.Environment("{}", task, 1)
+    result = episode.step(episode.demonstration())
+    assert result.rewards == [1.0] and result.next_player is None
+
+
+def test_the_same_seed_gives_the_same_task():
+    assert app.Environment.generate_task("{}", 5) == app.Environment.generate_task("{}", 5)
+"#;
+
+const PYTHON_AGENT: &str = r#""""{name}: an opentinker agent. It shows the policy the conversation so far with a system prompt
+in front, and takes the first line of its completion as the action.
+
+Test it: `python -m pytest tests`.
+"""
+
+import opentinker
+from opentinker import Message
+
+
+@opentinker.plugin
+class Agent(opentinker.Agent):
+    @classmethod
+    def prompt(cls, history: list[Message]) -> list[Message]:
+        return [Message.system("Answer with the action alone.")] + list(history)
+
+    @classmethod
+    def act(cls, completion: str) -> str:
+        lines = completion.strip().splitlines()
+        return lines[0].strip() if lines else ""
+"#;
+
+const PYTHON_AGENT_TEST: &str = r#""""The agent, run natively (no component needed)."""
+
+import app
+from opentinker import Message
+
+
+def test_the_action_is_the_first_line():
+    assert app.Agent.act("  go north \nbecause") == "go north"
+
+
+def test_the_prompt_starts_with_the_system_message():
+    prompt = app.Agent.prompt([Message.user("hi")])
+    assert prompt[0].role == "system" and prompt[1] == Message.user("hi")
+"#;
+
+const PYTHON_REWARD: &str = r#""""{name}: an opentinker reward. It scores each player 1 when its last answer is short (at most
+eight words), else 0: replace it with your own judgement of a finished episode.
+
+Test it: `python -m pytest tests`.
+"""
+
+import opentinker
+from opentinker import Transcript
+
+
+@opentinker.plugin
+class Reward(opentinker.Reward):
+    @classmethod
+    def score(cls, task: str, transcripts: list[Transcript]) -> list[float]:
+        scores = []
+        for transcript in transcripts:
+            answers = [m.content for m in transcript.messages if m.role == "assistant"]
+            short = bool(answers) and len(answers[-1].split()) <= 8
+            scores.append(1.0 if short else 0.0)
+        return scores
+"#;
+
+const PYTHON_REWARD_TEST: &str = r#""""The reward, run natively (no component needed)."""
+
+import app
+from opentinker import Message, Transcript
+
+
+def test_a_short_last_answer_scores_one():
+    transcript = Transcript(0, [Message.user("q"), Message.assistant("yes")])
+    assert app.Reward.score("{}", [transcript]) == [1.0]
+
+
+def test_no_answer_scores_zero():
+    assert app.Reward.score("{}", [Transcript(0, [Message.user("q")])]) == [0.0]
+"#;
+
+const RUST_ENVIRONMENT: &str = r#"//! {name}: an opentinker environment. The policy is shown a word and must say it back.
+//!
+//! Replace the rules with your own; keep them deterministic (use `SeededRng`, never the clock),
+//! so that the same config, task, seed and actions give the same transcript.
+//!
+//! Build and play it: `opentinker plugin run .`; test it: `cargo test`.
+
+use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, SeededRng, StepResult};
+
+const WORDS: [&str; 5] = ["apple", "river", "stone", "cloud", "ember"];
+const TURNS: u32 = 3;
+
+pub struct Word {
+    word: String,
+    turn: u32,
+}
+
+impl Environment for Word {
+    fn info() -> EnvInfo {
+        EnvInfo { name: "{name}".into(), players: 1, max_turns: TURNS }
+    }
+
+    fn generate_task(_config: &str, seed: u64) -> Result<String, PluginError> {
+        let index = SeededRng::new(seed).range(0, WORDS.len() as i64 - 1) as usize;
+        Ok(WORDS[index].to_string())
+    }
+
+    fn new(_config: &str, task: &str, _seed: u64) -> Result<Self, PluginError> {
+        if !WORDS.contains(&task) {
+            return Err(PluginError::new(format!("unknown word `{task}`")));
+        }
+        Ok(Word { word: task.to_string(), turn: 0 })
+    }
+
+    fn observe(&mut self, _player: u32) -> Result<Vec<Message>, PluginError> {
+        Ok(vec![Message::user(format!("Say the word `{}`.", self.word))])
+    }
+
+    fn step(&mut self, action: &str) -> Result<StepResult, PluginError> {
+        self.turn += 1;
+        let turn = f64::from(self.turn);
+        if action.to_lowercase().contains(&self.word) {
+            return Ok(StepResult::end(vec![1.0]).metric("turn", turn));
+        }
+        if self.turn == TURNS {
+            return Ok(StepResult::end(vec![0.0]).metric("turn", turn));
+        }
+        Ok(StepResult::next(vec![0.0], 0).say(0, Message::user("No. Try again.")))
+    }
+
+    fn legal_actions(&self) -> Option<Vec<String>> {
+        Some(WORDS.iter().map(|w| w.to_string()).collect())
+    }
+
+    fn demonstration(&mut self) -> Option<String> {
+        Some(self.word.clone())
+    }
+}
+
+opentinker_sdk::export_environment!(Word);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saying_the_word_wins_at_once() {
+        let task = Word::generate_task("{}", 1).unwrap();
+        let mut episode = Word::new("{}", &task, 1).unwrap();
+        let action = episode.demonstration().unwrap();
+        let result = episode.step(&action).unwrap();
+        assert_eq!((result.rewards, result.next_player), (vec![1.0], None));
+    }
+}
+"#;
+
+const RUST_AGENT: &str = r#"//! {name}: an opentinker agent. It shows the policy the conversation so far with a system prompt
+//! in front, and takes the first line of its completion as the action.
+//!
+//! Test it: `cargo test`.
+
+use opentinker_sdk::{Agent, Message, PluginError};
+
+pub struct FirstLine;
+
+impl Agent for FirstLine {
+    fn prompt(history: Vec<Message>) -> Result<Vec<Message>, PluginError> {
+        let mut prompt = vec![Message::system("Answer with the action alone.")];
+        prompt.extend(history);
+        Ok(prompt)
+    }
+
+    fn act(completion: &str) -> Result<String, PluginError> {
+        Ok(completion.trim().lines().next().unwrap_or("").trim().to_string())
+    }
+}
+
+opentinker_sdk::export_agent!(FirstLine);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_action_is_the_first_line() {
+        assert_eq!(FirstLine::act("  go north \nbecause").unwrap(), "go north");
+    }
+}
+"#;
+
+const RUST_REWARD: &str = r#"//! {name}: an opentinker reward. It scores each player 1 when its last answer is short (at most
+//! eight words), else 0: replace it with your own judgement of a finished episode.
+//!
+//! Test it: `cargo test`.
+
+use opentinker_sdk::{PluginError, Reward, Transcript};
+
+pub struct ShortAnswers;
+
+impl Reward for ShortAnswers {
+    fn score(_task: &str, transcripts: &[Transcript]) -> Result<Vec<f64>, PluginError> {
+        Ok(transcripts
+            .iter()
+            .map(|t| {
+                let last = t.messages.iter().rev().find(|m| m.role == "assistant");
+                match last {
+                    Some(m) if m.content.split_whitespace().count() <= 8 => 1.0,
+                    _ => 0.0,
+                }
+            })
+            .collect())
+    }
+}
+
+opentinker_sdk::export_reward!(ShortAnswers);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentinker_sdk::Message;
+
+    #[test]
+    fn a_short_last_answer_scores_one() {
+        let transcript = Transcript { player: 0, messages: vec![Message::assistant("yes")] };
+        assert_eq!(ShortAnswers::score("", &[transcript]).unwrap(), vec![1.0]);
+    }
+}
+"#;
