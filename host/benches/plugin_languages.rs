@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use opentinker::plugin::build::build_plugin;
@@ -124,10 +124,6 @@ async fn measure(language: &'static str, wasm: &Path, live: usize, rounds: u32) 
     }
 }
 
-fn python_plugin(root: &Path) -> Result<PathBuf, String> {
-    build_plugin(&root.join("plugins/python/guess-number")).map_err(|e| format!("{e:#}"))
-}
-
 fn main() {
     let quick = support::quick();
     let (live, rounds) = if quick { (10, 4) } else { (1_000, 200) };
@@ -139,9 +135,9 @@ fn main() {
         .expect("a tokio runtime");
     let rust = build_plugin(&root.join("plugins/guess-number")).expect("building guess-number");
     let mut figures = vec![runtime.block_on(measure("Rust", &rust, live, rounds))];
-    match python_plugin(&root) {
+    match build_plugin(&root.join("plugins/python/guess-number")) {
         Ok(python) => figures.push(runtime.block_on(measure("Python", &python, live, rounds))),
-        Err(why) => println!("Python skipped: {why}"),
+        Err(why) => println!("Python skipped: {why:#}"),
     }
     println!();
     println!(

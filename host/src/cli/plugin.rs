@@ -9,8 +9,8 @@ use clap::Subcommand;
 use super::HostArgs;
 use crate::plugin::build::{build_plugin, component_path};
 use crate::plugin::random_play::{PlayOptions, PlaySummary, play_random};
-use crate::plugin::template::{TemplateKind, TemplateLanguage, write_plugin};
-use crate::plugin::{Limits, PluginHost};
+use crate::plugin::template::{TemplateLanguage, write_plugin};
+use crate::plugin::{Limits, PluginHost, PluginKind};
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
@@ -124,9 +124,9 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
                 Lang::Python => TemplateLanguage::Python,
             };
             let kind = match kind {
-                Kind::Environment => TemplateKind::Environment,
-                Kind::Agent => TemplateKind::Agent,
-                Kind::Reward => TemplateKind::Reward,
+                Kind::Environment => PluginKind::Environment,
+                Kind::Agent => PluginKind::Agent,
+                Kind::Reward => PluginKind::Reward,
             };
             for file in write_plugin(&dir, &name, lang, kind, &sdk)? {
                 println!("wrote {}", file.display());

@@ -1,7 +1,7 @@
 //! What a component imports and exports, which plugin kinds and WIT version it implements, and
 //! whether this host can run it.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
@@ -12,16 +12,18 @@ pub const WIT_VERSION: &str = "0.1.0";
 const SUPPORTED_PREFIX: &str = "0.1.";
 
 /// The kinds of plugin a component can be.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PluginKind {
+    #[default]
     Environment,
     Agent,
     Reward,
 }
 
 impl PluginKind {
-    fn interface(self) -> &'static str {
+    /// The kind's name: its WIT interface, and its world's prefix.
+    pub fn interface(self) -> &'static str {
         match self {
             PluginKind::Environment => "environment",
             PluginKind::Agent => "agent",

@@ -5,29 +5,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
+use super::inspect::PluginKind;
+
 /// The languages `plugin new` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TemplateLanguage {
     Rust,
     Python,
-}
-
-/// The plugin kinds `plugin new` writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TemplateKind {
-    Environment,
-    Agent,
-    Reward,
-}
-
-impl TemplateKind {
-    fn name(self) -> &'static str {
-        match self {
-            TemplateKind::Environment => "environment",
-            TemplateKind::Agent => "agent",
-            TemplateKind::Reward => "reward",
-        }
-    }
 }
 
 /// Write a new plugin called `name` into `dir` (which must not exist, or be empty), returning the
@@ -36,7 +20,7 @@ pub fn write_plugin(
     dir: &Path,
     name: &str,
     language: TemplateLanguage,
-    kind: TemplateKind,
+    kind: PluginKind,
     rust_sdk: &Path,
 ) -> anyhow::Result<Vec<PathBuf>> {
     if name.is_empty()
@@ -72,17 +56,17 @@ pub fn write_plugin(
     Ok(written)
 }
 
-fn python_files(name: &str, kind: TemplateKind) -> Vec<(&'static str, String)> {
+fn python_files(name: &str, kind: PluginKind) -> Vec<(&'static str, String)> {
     let pyproject = format!(
         "[project]\nname = \"{name}\"\nversion = \"0.1.0\"\nrequires-python = \">=3.10\"\n\n\
          # What `opentinker plugin build` reads: the plugin's kind and the module that marks its class.\n\
          [tool.opentinker]\nkind = \"{}\"\nmodule = \"app\"\n",
-        kind.name()
+        kind.interface()
     );
     let (app, test) = match kind {
-        TemplateKind::Environment => (PYTHON_ENVIRONMENT, PYTHON_ENVIRONMENT_TEST),
-        TemplateKind::Agent => (PYTHON_AGENT, PYTHON_AGENT_TEST),
-        TemplateKind::Reward => (PYTHON_REWARD, PYTHON_REWARD_TEST),
+        PluginKind::Environment => (PYTHON_ENVIRONMENT, PYTHON_ENVIRONMENT_TEST),
+        PluginKind::Agent => (PYTHON_AGENT, PYTHON_AGENT_TEST),
+        PluginKind::Reward => (PYTHON_REWARD, PYTHON_REWARD_TEST),
     };
     vec![
         ("pyproject.toml", pyproject),
@@ -92,7 +76,7 @@ fn python_files(name: &str, kind: TemplateKind) -> Vec<(&'static str, String)> {
     ]
 }
 
-fn rust_files(name: &str, kind: TemplateKind, sdk: &Path) -> Vec<(&'static str, String)> {
+fn rust_files(name: &str, kind: PluginKind, sdk: &Path) -> Vec<(&'static str, String)> {
     let manifest = format!(
         "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2024\"\npublish = false\n\n\
          [lib]\n# cdylib: the component; rlib: so `cargo test` runs the unit tests natively.\n\
@@ -103,9 +87,9 @@ fn rust_files(name: &str, kind: TemplateKind, sdk: &Path) -> Vec<(&'static str, 
         sdk.display()
     );
     let lib = match kind {
-        TemplateKind::Environment => RUST_ENVIRONMENT,
-        TemplateKind::Agent => RUST_AGENT,
-        TemplateKind::Reward => RUST_REWARD,
+        PluginKind::Environment => RUST_ENVIRONMENT,
+        PluginKind::Agent => RUST_AGENT,
+        PluginKind::Reward => RUST_REWARD,
     };
     vec![
         ("Cargo.toml", manifest),

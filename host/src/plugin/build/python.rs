@@ -12,6 +12,8 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+use crate::plugin::PluginKind;
+
 /// The componentize-py this build installs and uses.
 pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 
@@ -73,7 +75,7 @@ struct Tool {
 #[serde(deny_unknown_fields)]
 struct Settings {
     #[serde(default)]
-    kind: Kind,
+    kind: PluginKind,
     /// The module that marks the plugin's class (default `app`).
     #[serde(default = "default_module")]
     module: String,
@@ -81,25 +83,6 @@ struct Settings {
 
 fn default_module() -> String {
     "app".into()
-}
-
-#[derive(Clone, Copy, Debug, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum Kind {
-    #[default]
-    Environment,
-    Agent,
-    Reward,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Environment => "environment",
-            Kind::Agent => "agent",
-            Kind::Reward => "reward",
-        }
-    }
 }
 
 pub(super) fn is_python_plugin(dir: &Path) -> bool {
@@ -124,7 +107,7 @@ pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("resolving {}", dir.display()))?;
     let project = read_pyproject(&dir)?;
     let settings = project.tool.opentinker.unwrap_or(Settings {
-        kind: Kind::default(),
+        kind: PluginKind::default(),
         module: default_module(),
     });
     if !settings
@@ -162,7 +145,7 @@ pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
             settings.module
         ),
     )?;
-    let kind = settings.kind.name();
+    let kind = settings.kind.interface();
     let output = build_dir.join(format!("{name}.wasm"));
     let componentize_py = componentize_py()?;
     let status = Command::new(&componentize_py)
