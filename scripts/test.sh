@@ -28,6 +28,12 @@ for plugin in plugins/python/*/; do
     (cd "$plugin" && PYTHONPATH="$OLDPWD/sdk/python/src:." "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
 done
 
+# A one-shot CI build gains nothing from incremental compilation, whose caches are most of the
+# disk a fresh clone's build takes (the CI disk is shared; a full one kills the linker with SIGBUS).
+if [[ -n "${CI:-}" ]]; then
+    export CARGO_INCREMENTAL=0
+fi
+
 cargo fmt --all --check
 cargo test --workspace --locked --features cuda "$@"
 
