@@ -45,7 +45,7 @@ async fn main() -> anyhow::Result<()> {
         pass_tokens: 16_384,
         quantum: 128,
         cycle: None,
-        solo_cycle: None,
+        solo_pass_tokens: None,
     };
     let base = ServedBase::load(TINY_MODEL_NAME, &tiny_model_dir(&data)?, 65_536, share)?;
     let service = Service::new(vec![base], ServiceConfig { data });

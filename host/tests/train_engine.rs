@@ -525,7 +525,7 @@ async fn a_call_larger_than_a_pass_is_sliced_lets_a_small_call_through_and_sums_
         pass_tokens: 40,
         quantum: 20,
         cycle: None,
-        solo_cycle: None,
+        solo_pass_tokens: None,
     };
     let (service, open) = gated_service_sharing(share).await;
     // 48 datums of 14 tokens: at least 16 passes of 40 tokens, plenty of time to see the small
@@ -570,13 +570,53 @@ async fn a_call_larger_than_a_pass_is_sliced_lets_a_small_call_through_and_sums_
     }
 }
 
+/// A lone tenant's call on a service whose passes are timed to `cycle`: its loss and gradients.
+async fn lone_call_on(cycle: std::time::Duration) -> (f64, Vec<(String, Vec<f32>)>) {
+    let share = FairShare {
+        pass_tokens: 16_384,
+        quantum: 128,
+        cycle: Some(cycle),
+        solo_pass_tokens: Some(60),
+    };
+    let (service, open) = gated_service_sharing(share).await;
+    // Datums of two lengths: how they are grouped into passes changes their padding.
+    let short_seeds: Vec<u32> = (1..=6).collect();
+    let long_seeds: Vec<u32> = (7..=12).collect();
+    let items = vec![
+        item("a", Loss::CrossEntropy, &long_seeds, 14),
+        item("a", Loss::CrossEntropy, &short_seeds, 9),
+    ];
+    let call = service.forward_backward_for("alone", items);
+    tokio::pin!(call);
+    assert!(futures::poll!(&mut call).is_pending());
+    open.send(()).unwrap();
+    let outputs = call.await.unwrap();
+    let gradients = service.with(|e| e.gradients("a").unwrap()).await.unwrap();
+    let mut flat: Vec<(String, Vec<f32>)> = gradients
+        .iter()
+        .map(|(name, g)| (name.clone(), g.flatten_all().unwrap().to_vec1().unwrap()))
+        .collect();
+    flat.sort_by(|a, b| a.0.cmp(&b.0));
+    (outputs.iter().map(|o| o.loss).sum(), flat)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_tenants_passes_are_sized_in_tokens_so_its_results_do_not_depend_on_timing() {
+    // Timed passes would hold one datum at a microsecond and the whole call at a minute.
+    let fast = lone_call_on(std::time::Duration::from_micros(1)).await;
+    let slow = lone_call_on(std::time::Duration::from_secs(60)).await;
+    assert!(fast.0 > 0.0);
+    assert_eq!(fast.0.to_bits(), slow.0.to_bits(), "losses differ");
+    assert_eq!(fast.1, slow.1, "gradients differ");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_of_weight_three_gets_more_of_the_passes_than_an_equal_share() {
     let share = FairShare {
         pass_tokens: 42,
         quantum: 14,
         cycle: None,
-        solo_cycle: None,
+        solo_pass_tokens: None,
     };
     let (service, open) = gated_service_sharing(share).await;
     service.set_weight("gold", 3);

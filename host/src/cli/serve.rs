@@ -37,12 +37,12 @@ pub struct ServeArgs {
     /// `--pass-tokens`). Shorter passes let requests in sooner; longer ones fuse more.
     #[arg(long, default_value_t = 20)]
     cycle_ms: u64,
-    /// Milliseconds a training pass should take while one tenant alone has work (0: as
-    /// `--cycle-ms`; unused when that is 0). Longer passes cost less per token, but how many
-    /// datums share a pass then depends on timing, and with datums of different lengths the
-    /// padding moves results by float rounding: a loop is no longer bit-reproducible.
-    #[arg(long, default_value_t = 0)]
-    solo_cycle_ms: u64,
+    /// Tokens a training pass takes at most while one tenant alone has work (0: timed as
+    /// `--cycle-ms`). Longer passes cost less per token; a tenant that arrives meanwhile waits
+    /// for one such pass at most. Counted in tokens, not time, so that a lone tenant's results
+    /// do not depend on timing: its loop is bit-reproducible, across a restart too.
+    #[arg(long, default_value_t = 1024)]
+    solo_pass_tokens: u64,
     /// Requests one tenant may have queued or running; past it requests are answered 429.
     #[arg(long, default_value_t = 4096)]
     max_queued_per_tenant: usize,
@@ -89,7 +89,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             pass_tokens: args.pass_tokens.max(1),
             quantum: 128,
             cycle: (args.cycle_ms > 0).then(|| Duration::from_millis(args.cycle_ms)),
-            solo_cycle: (args.solo_cycle_ms > 0).then(|| Duration::from_millis(args.solo_cycle_ms)),
+            solo_pass_tokens: (args.solo_pass_tokens > 0).then_some(args.solo_pass_tokens),
         },
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -68,10 +68,12 @@ pub struct FairShare {
     /// far (at most `pass_tokens`), so that a call that arrives while one runs waits about this
     /// long. `None`: always `pass_tokens`.
     pub cycle: Option<std::time::Duration>,
-    /// The time a pass should take while one tenant alone has work: longer, since nobody waits
-    /// behind it (a newcomer waits at most this long once, then passes are `cycle` long), and
-    /// every pass costs a little besides its tokens. `None`: `cycle`. Unused without a `cycle`.
-    pub solo_cycle: Option<std::time::Duration>,
+    /// Tokens a pass takes at most while one tenant alone has work: more than a timed pass,
+    /// since nobody waits behind it (a newcomer waits for one such pass at most, then passes are
+    /// `cycle` long) and every pass costs a little besides its tokens. Counted in tokens, not
+    /// time, so that a lone caller's passes depend on its own calls only and its results are
+    /// reproducible (datums are padded to the longest of their pass). `None`: as `cycle`.
+    pub solo_pass_tokens: Option<u64>,
 }
 
 impl FairShare {
@@ -81,7 +83,7 @@ impl FairShare {
             pass_tokens: u64::MAX,
             quantum: u64::MAX / 4,
             cycle: None,
-            solo_cycle: None,
+            solo_pass_tokens: None,
         }
     }
 }
@@ -97,12 +99,12 @@ struct Rate {
 impl Rate {
     /// The tokens of the next pass, with `busy` tenants waiting.
     fn budget(&self, share: &FairShare, busy: usize) -> u64 {
-        // No cycle: passes are never timed, alone or not.
-        let cycle = share.cycle.map(|cycle| match busy {
-            0 | 1 => share.solo_cycle.unwrap_or(cycle),
-            _ => cycle,
-        });
-        match (cycle, self.tokens_per_second) {
+        if busy <= 1
+            && let Some(tokens) = share.solo_pass_tokens
+        {
+            return tokens.min(share.pass_tokens);
+        }
+        match (share.cycle, self.tokens_per_second) {
             (None, _) => share.pass_tokens,
             (Some(_), None) => MIN_PASS_TOKENS.min(share.pass_tokens),
             (Some(cycle), Some(rate)) => ((rate * cycle.as_secs_f64()) as u64)
