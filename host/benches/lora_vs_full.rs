@@ -112,6 +112,8 @@ fn run_child(
 }
 
 fn main() -> anyhow::Result<()> {
+    // SAFETY: the first thing `main` does; no other thread exists yet.
+    unsafe { opentinker::compute_threads::fix_compute_threads() };
     opentinker::allocator::keep_freed_memory();
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--child") {

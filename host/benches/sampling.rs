@@ -191,6 +191,8 @@ fn python(model: &Path, batch: usize) -> Option<f64> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // SAFETY: the first thing `main` does; no other thread exists yet.
+    unsafe { opentinker::compute_threads::fix_compute_threads() };
     opentinker::allocator::keep_freed_memory();
     let big = std::env::args().any(|a| a == "qwen2.5-0.5b");
     let (shape, name) = if big {

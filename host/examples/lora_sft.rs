@@ -13,6 +13,8 @@ use opentinker::model::Model;
 use opentinker::train::{AdamParams, Datum, Loss, StepReport, TrainingEngine, WorkItem};
 
 fn main() -> anyhow::Result<()> {
+    // SAFETY: the first thing `main` does; no other thread exists yet.
+    unsafe { opentinker::compute_threads::fix_compute_threads() };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [model_dir, out, text, rest @ ..] = args.as_slice() else {
         anyhow::bail!("usage: lora_sft MODEL_DIR OUT_DIR TEXT [STEPS] [LEARNING_RATE]");

@@ -35,8 +35,13 @@ fn batch() -> Vec<Datum> {
         .collect()
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // SAFETY: the first thing `main` does; no other thread exists yet (the runtime's start after).
+    unsafe { opentinker::compute_threads::fix_compute_threads() };
+    tokio::runtime::Runtime::new()?.block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let data =
         std::path::PathBuf::from(args.next().unwrap_or_else(|| "target/bench-service".into()));

@@ -10,6 +10,7 @@ pub mod allocator;
 pub mod api;
 pub mod cli;
 pub mod client;
+pub mod compute_threads;
 pub mod lora;
 pub mod model;
 pub mod plugin;

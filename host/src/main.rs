@@ -8,6 +8,8 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // SAFETY: the first thing `main` does; no other thread exists yet.
+    unsafe { opentinker::compute_threads::fix_compute_threads() };
     opentinker::allocator::keep_freed_memory();
     tracing_subscriber::fmt()
         .with_env_filter(
