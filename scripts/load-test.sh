@@ -22,7 +22,7 @@ start_server "$data"
 # Resident memory once a second while the test runs.
 ( while kill -0 "$server" 2>/dev/null; do
       awk '/VmRSS/ {print $2}' "/proc/$server/status" >> "$data/rss"; sleep 1
-  done ) &
+  done ) 2>/dev/null &   # its last write may find the folder removed at exit
 
 machine
 (cd host/tests/tinker_sdk && TINKER_BASE_URL="http://127.0.0.1:$port" TINKER_API_KEY="${keys%%,*}" \

@@ -34,6 +34,11 @@ if [[ -n "${CI:-}" ]]; then
     export CARGO_INCREMENTAL=0
 fi
 
+# Tests run the engine inside their own processes, whose `main` is not the binary's: fix candle's
+# thread count here as the binary does at start-up (host/src/compute_threads.rs), or every matrix
+# product re-reads /proc/cpuinfo.
+export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}"
+
 cargo fmt --all --check
 cargo test --workspace --locked --features cuda "$@"
 
