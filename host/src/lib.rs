@@ -21,3 +21,4 @@ pub mod server;
 pub mod store;
 pub mod text;
 pub mod train;
+pub mod wire;

@@ -20,6 +20,14 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "api", "model", "lora", "train", "sample", "sched", "client", "rl", "server", "cli",
         ],
     ),
+    // The Tinker wire's encodings: op API values in, bytes out, for the server and the client.
+    (
+        "wire",
+        &[
+            "text", "model", "lora", "train", "sample", "sched", "client", "rl", "server", "cli",
+            "plugin",
+        ],
+    ),
     ("sched", &["client", "rl", "server", "cli"]),
     ("client", &["rl", "server", "cli"]),
     ("server", &["client", "rl", "cli"]),

@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use opentinker::server::proto;
+use opentinker::wire::proto;
 use prost::Message;
 use serde_json::{Value, json};
 use server::{Server, start_server};

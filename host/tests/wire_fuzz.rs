@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use opentinker::api::{ApiErrorKind, Op, TensorValues};
-use opentinker::server::proto;
 use opentinker::server::routes::{FutureRoute, accept};
+use opentinker::wire::proto;
 use proptest::prelude::*;
 use prost::Message;
 

@@ -1,4 +1,5 @@
-//! `opentinker train JOB.toml... [--out OUT | --resume OUT] [--json]`: run training jobs.
+//! `opentinker train JOB.toml... [--out OUT | --resume OUT] [--json] [--server URL]`: run
+//! training jobs, in process or on a server.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -6,8 +7,9 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::progress::TrainProgress;
-use crate::rl::driver::{self, JobRun, Progress, StepMetrics};
-use crate::rl::job::Job;
+use crate::rl::driver::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
+use crate::rl::job::{InitTiny, Job};
+use crate::sched::TINY_MODEL_NAME;
 
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
@@ -25,6 +27,56 @@ pub struct TrainArgs {
     /// Print one JSON summary line per job at the end.
     #[arg(long)]
     json: bool,
+    /// Train and sample on the server at URL (`opentinker serve`, `http://host:port`) instead of
+    /// in this process; the plugins still run here, sandboxed. Checkpoints stay on the server:
+    /// each checkpoint folder names its `tinker://` path.
+    #[arg(long, value_name = "URL")]
+    server: Option<String>,
+    /// The tenant's API key for `--server` (`opentinker tenant create` prints one).
+    #[arg(long, env = "TINKER_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// The name under which `--server` serves the jobs' base model (default: `opentinker/tiny`
+    /// for jobs on the built-in tiny model). The job's own `[model]` gives the tokenizer and chat
+    /// template: the same model's files, on this machine.
+    #[arg(long, value_name = "NAME", requires = "server")]
+    base_model: Option<String>,
+}
+
+/// Where `args` says to train: in process, or on a server under a base model name.
+fn engine(args: &TrainArgs, jobs: &[(PathBuf, Job)]) -> anyhow::Result<Engine> {
+    let Some(url) = &args.server else {
+        return Ok(Engine::InProcess);
+    };
+    let api_key = args
+        .api_key
+        .clone()
+        .context("--server needs the tenant's API key: give --api-key or set TINKER_API_KEY")?;
+    let base_model = match &args.base_model {
+        Some(name) => name.clone(),
+        None => {
+            let built_in = InitTiny {
+                shape: "tiny".into(),
+                arch: "qwen2".into(),
+                seed: 0,
+            };
+            if let Some((path, _)) = jobs.iter().find(|(_, job)| {
+                job.model.dir.is_some() || job.model.init_tiny.as_ref() != Some(&built_in)
+            }) {
+                anyhow::bail!(
+                    "{}: --server needs --base-model NAME, the name under which the server serves \
+                     this job's model (only jobs on the built-in tiny model, init_tiny = {{ shape = \
+                     \"tiny\", arch = \"qwen2\", seed = 0 }}, default to {TINY_MODEL_NAME})",
+                    path.display()
+                );
+            }
+            TINY_MODEL_NAME.to_string()
+        }
+    };
+    Ok(Engine::Remote(RemoteEngine {
+        url: url.clone(),
+        api_key,
+        base_model,
+    }))
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
@@ -38,6 +90,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let engine = engine(&args, &jobs)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -82,7 +135,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         let display = Arc::clone(&display);
         Arc::new(move |name: &str, line: &StepMetrics| display.show(name, line))
     };
-    let summaries = runtime.block_on(driver::run_jobs(runs, args.resume.is_some(), show));
+    let summaries = runtime.block_on(driver::run_jobs(runs, args.resume.is_some(), &engine, show));
     display.finish();
     let summaries = summaries?;
     let mut failed = Vec::new();

@@ -5,9 +5,10 @@
 //!
 //! The RL driver, SFT and evaluations are written against these traits only, as the
 //! tinker-cookbook's RL loop is a client of Tinker: [`in_process`] runs them on this process's
-//! engines through the scheduler's loops.
+//! engines through the scheduler's loops, [`remote`] on a server over the Tinker wire.
 
 pub mod in_process;
+pub mod remote;
 
 use std::collections::BTreeMap;
 use std::path::Path;

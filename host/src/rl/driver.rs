@@ -4,6 +4,8 @@
 //! that fuses their training steps; each job then trains concurrently with the others (`rl_job`).
 
 use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 use std::sync::Arc;
 
 use super::context::{JobContext, JobPlugins, ModelInfo, Reporter};
@@ -13,6 +15,7 @@ use super::rl_job::train_job;
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::sft::run_sft;
 use crate::client::in_process::LocalModel;
+use crate::client::remote::RemoteService;
 use crate::client::{ServiceClient, TrainingClient};
 use crate::plugin::{HostConfig, PluginHost};
 
@@ -47,6 +50,24 @@ pub(super) struct JobStart {
     pub(super) plugins: JobPlugins,
 }
 
+/// Where the jobs' adapters are trained and sampled.
+pub enum Engine {
+    /// On this process's engines, one per base model.
+    InProcess,
+    /// On a server of the Tinker wire (`opentinker serve`), through one tenant's key.
+    Remote(RemoteEngine),
+}
+
+/// A server to train on, and the name under which it serves the jobs' base model.
+pub struct RemoteEngine {
+    /// `http://host:port`.
+    pub url: String,
+    pub api_key: String,
+    /// The served model the jobs train on; their own `[model]` gives the tokenizer and chat
+    /// template (the same model's files, on this machine).
+    pub base_model: String,
+}
+
 /// Run `runs` in one process: jobs with the same base model (the same model and warm-up) share
 /// one loaded base, warmed up once, and one sampling service; each job trains its own adapter
 /// with its own optimizer, metrics and checkpoints, concurrently with the others. With
@@ -56,6 +77,7 @@ pub(super) struct JobStart {
 pub async fn run_jobs(
     runs: Vec<JobRun>,
     resume: bool,
+    engine: &Engine,
     progress: Progress,
 ) -> anyhow::Result<Vec<anyhow::Result<Summary>>> {
     anyhow::ensure!(
@@ -76,7 +98,7 @@ pub async fn run_jobs(
     }
     let mut handles = Vec::new();
     for group in groups {
-        let (base, starts) = prepare_base(group, resume, &progress).await?;
+        let (base, starts) = prepare_base(group, resume, engine, &progress).await?;
         for start in starts {
             let (base, progress) = (Arc::clone(&base), progress.clone());
             let index = start.index;
@@ -127,9 +149,21 @@ fn check_plugin_paths(run: &JobRun) -> anyhow::Result<()> {
 async fn prepare_base(
     group: Vec<(usize, JobRun, JobPlugins)>,
     resume: bool,
+    engine: &Engine,
     progress: &Progress,
 ) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
     let (_, first, first_plugins) = &group[0];
+    if let Engine::Remote(remote) = engine
+        && first.job.sft.as_ref().is_some_and(|w| w.full_parameters)
+    {
+        anyhow::bail!(
+            "job `{}`: its warm-up trains every weight of the base model (`sft.full_parameters`), \
+             which {} cannot do: a server trains adapters only. Warm up with LoRA \
+             (`full_parameters = false`) or train this job in process",
+            first.name,
+            remote.url
+        );
+    }
     let folders = group
         .iter()
         .map(|(_, run, _)| {
@@ -209,11 +243,17 @@ async fn prepare_base(
             concurrency * per_episode.min(info.context)
         })
         .sum();
-    let service = model.serve(base_dir.display().to_string(), kv_budget_positions);
-    let base = Arc::new(SharedBase {
-        info,
-        service: Arc::new(service),
-    });
+    let service: Arc<dyn ServiceClient> = match engine {
+        Engine::InProcess => {
+            Arc::new(model.serve(base_dir.display().to_string(), kv_budget_positions))
+        }
+        Engine::Remote(remote) => Arc::new(
+            RemoteService::connect(&remote.url, &remote.api_key, &remote.base_model)
+                .await
+                .with_context(|| format!("connecting to {}", remote.url))?,
+        ),
+    };
+    let base = Arc::new(SharedBase { info, service });
     let starts = group
         .into_iter()
         .zip(folders)

@@ -8,7 +8,6 @@
 
 pub mod futures;
 pub mod journal;
-pub mod proto;
 pub mod routes;
 pub mod tenants;
 pub mod wire;

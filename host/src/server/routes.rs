@@ -21,6 +21,7 @@ use crate::api::{
     SamplerId, SamplerSource, SessionId, TenantId,
 };
 use crate::sched::service::{Change, Hold};
+use crate::wire::codec;
 
 type Shared = Arc<AppState>;
 type Answered = Result<Response, HttpError>;
@@ -413,9 +414,9 @@ fn answer(route: FutureRoute, output: OpOutput) -> Outcome {
         (FutureRoute::CreateModel, OpOutput::Model(id)) => {
             json(json!({"type": "create_model", "model_id": id}))
         }
-        (FutureRoute::ForwardBackward, OpOutput::ForwardBackward(output)) => {
-            Ok(Answer::Proto(wire::forward_backward_output(&output)))
-        }
+        (FutureRoute::ForwardBackward, OpOutput::ForwardBackward(output)) => Ok(Answer::Proto(
+            codec::encode_forward_backward_output(&output),
+        )),
         (FutureRoute::OptimStep, OpOutput::OptimStep(output)) => {
             json(json!({"metrics": output.metrics}))
         }
@@ -435,7 +436,7 @@ fn answer(route: FutureRoute, output: OpOutput) -> Outcome {
             json(json!({"type": "load_weights", "model_id": id}))
         }
         (FutureRoute::Sample, OpOutput::Sample(response)) => {
-            Ok(Answer::Proto(wire::sample_response(&response)))
+            Ok(Answer::Proto(codec::encode_sample_response(&response)))
         }
         (route, other) => Err(ApiError::internal(format!(
             "{} answered {other:?}",

@@ -8,14 +8,12 @@ use prost::Message;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::proto;
 use crate::api::{
-    AdamParams, ApiError, Chunk, Datum, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig,
-    ModelId, ModelInput, SampleResponse, SamplingParams, StopReason, TensorData, TensorValues,
+    AdamParams, ApiError, Chunk, Datum, ForwardBackwardInput, LoraConfig, ModelId, ModelInput,
+    SamplingParams,
 };
-
-/// The logprob the SDK reads as "no entry" in a top-k row.
-const MASK_LOGPROB: f32 = -99999.0;
+use crate::wire::codec::{decode_tensor, decode_tokens};
+use crate::wire::proto;
 
 #[derive(Deserialize)]
 pub struct CreateSession {}
@@ -124,82 +122,6 @@ pub struct ForwardBackward {
     pub forward_only: bool,
 }
 
-/// Little-endian values of `N` bytes each, read with `read`; `dtype` names them in the error.
-fn little_endian<T, const N: usize>(
-    bytes: &[u8],
-    what: &str,
-    dtype: &str,
-    read: fn([u8; N]) -> T,
-) -> Result<Vec<T>, ApiError> {
-    if !bytes.len().is_multiple_of(N) {
-        return Err(ApiError::invalid(format!(
-            "{what}: {} bytes is not a whole number of {dtype} values",
-            bytes.len()
-        )));
-    }
-    Ok(bytes
-        .chunks_exact(N)
-        .map(|b| read(b.try_into().unwrap_or([0; N])))
-        .collect())
-}
-
-fn int32_tokens(bytes: &[u8], what: &str) -> Result<Vec<u32>, ApiError> {
-    little_endian(bytes, what, "int32", i32::from_le_bytes)?
-        .into_iter()
-        .map(|t| {
-            u32::try_from(t)
-                .map_err(|_| ApiError::invalid(format!("{what}: token id {t} is negative")))
-        })
-        .collect()
-}
-
-fn tensor(t: proto::Tensor, what: &str) -> Result<TensorData, ApiError> {
-    let bytes = match t.encoding {
-        Some(proto::tensor::Encoding::Dense(bytes)) => bytes,
-        Some(proto::tensor::Encoding::SparseCsr(_)) => {
-            return Err(ApiError::invalid(format!(
-                "{what}: sparse tensors are not served; send it dense"
-            )));
-        }
-        None => Vec::new(),
-    };
-    let values = match proto::DType::try_from(t.dtype) {
-        Ok(proto::DType::Float32) => {
-            TensorValues::Float32(little_endian(&bytes, what, "float32", f32::from_le_bytes)?)
-        }
-        Ok(proto::DType::Int64) => {
-            TensorValues::Int64(little_endian(&bytes, what, "int64", i64::from_le_bytes)?)
-        }
-        _ => {
-            return Err(ApiError::invalid(format!(
-                "{what}: dtype {} is not served (float32 or int64)",
-                t.dtype
-            )));
-        }
-    };
-    let len = match &values {
-        TensorValues::Float32(v) => v.len(),
-        TensorValues::Int64(v) => v.len(),
-    };
-    let shape = if t.shape.is_empty() {
-        vec![len]
-    } else {
-        t.shape
-            .iter()
-            .map(|&d| usize::try_from(d))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| {
-                ApiError::invalid(format!("{what}: negative dimension in {:?}", t.shape))
-            })?
-    };
-    if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(len) {
-        return Err(ApiError::invalid(format!(
-            "{what}: shape {shape:?} does not hold {len} values"
-        )));
-    }
-    Ok(TensorData { values, shape })
-}
-
 /// Decode a `forward_backward` request body.
 pub fn forward_backward(body: &[u8]) -> Result<ForwardBackward, ApiError> {
     let request = proto::ForwardBackwardRequest::decode(body)
@@ -231,7 +153,7 @@ pub fn forward_backward(body: &[u8]) -> Result<ForwardBackward, ApiError> {
         for chunk in datum.model_input {
             match chunk.chunk {
                 Some(proto::chunk::Chunk::EncodedText(text)) => chunks.push(Chunk::EncodedText {
-                    tokens: int32_tokens(&text.tokens, &format!("datum {i}"))?,
+                    tokens: decode_tokens(&text.tokens, &format!("datum {i}"))?,
                 }),
                 Some(_) => {
                     return Err(ApiError::invalid(format!(
@@ -244,7 +166,7 @@ pub fn forward_backward(body: &[u8]) -> Result<ForwardBackward, ApiError> {
         let mut inputs = BTreeMap::new();
         for (key, value) in datum.loss_fn_inputs {
             let what = format!("datum {i}: loss_fn_inputs[{key:?}]");
-            inputs.insert(key, tensor(value, &what)?);
+            inputs.insert(key, decode_tensor(value, &what)?);
         }
         data.push(Datum {
             model_input: ModelInput { chunks },
@@ -263,103 +185,6 @@ pub fn forward_backward(body: &[u8]) -> Result<ForwardBackward, ApiError> {
     })
 }
 
-fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-fn i32_bytes(values: impl IntoIterator<Item = u32>) -> Vec<u8> {
-    values
-        .into_iter()
-        .flat_map(|v| (v as i32).to_le_bytes())
-        .collect()
-}
-
-/// Encode a `forward_backward` result: one record whose fields hold every datum's tensors.
-pub fn forward_backward_output(output: &ForwardBackwardOutput) -> Vec<u8> {
-    let mut fields: BTreeMap<String, proto::BatchedTensor> = BTreeMap::new();
-    for datum in &output.loss_fn_outputs {
-        for (name, tensor) in datum {
-            let field = fields
-                .entry(name.clone())
-                .or_insert_with(|| proto::BatchedTensor {
-                    data: Vec::new(),
-                    offsets: 0i64.to_le_bytes().to_vec(),
-                    dtype: match tensor.values {
-                        TensorValues::Float32(_) => proto::DType::Float32 as i32,
-                        TensorValues::Int64(_) => proto::DType::Int64 as i32,
-                    },
-                    trailing_shape: tensor.shape.iter().skip(1).map(|&d| d as i64).collect(),
-                });
-            match &tensor.values {
-                TensorValues::Float32(v) => field.data.extend(f32_bytes(v)),
-                TensorValues::Int64(v) => field.data.extend(v.iter().flat_map(|x| x.to_le_bytes())),
-            }
-            field
-                .offsets
-                .extend((field.data.len() as i64).to_le_bytes());
-        }
-    }
-    proto::ForwardBackwardOutput {
-        loss_fn_output_type: output.loss_fn_output_type.clone(),
-        loss_fn_outputs: vec![proto::ArrayRecord {
-            type_tag: "TensorData".into(),
-            fields,
-            num_datums: output.loss_fn_outputs.len() as i64,
-        }],
-        metrics: output.metrics.clone(),
-    }
-    .encode_to_vec()
-}
-
-/// Encode a sample result.
-pub fn sample_response(response: &SampleResponse) -> Vec<u8> {
-    let topk = response.topk_prompt_logprobs.as_ref().map(|rows| {
-        let k = rows
-            .iter()
-            .flatten()
-            .map(|row| row.len())
-            .max()
-            .unwrap_or(0);
-        let (mut ids, mut logprobs) = (Vec::new(), Vec::new());
-        for row in rows {
-            let row = row.as_deref().unwrap_or(&[]);
-            for i in 0..k {
-                let (id, logprob) = row.get(i).copied().unwrap_or((0, MASK_LOGPROB));
-                ids.push(id);
-                logprobs.push(logprob);
-            }
-        }
-        proto::TopkLogprobs {
-            token_ids: i32_bytes(ids),
-            logprobs: f32_bytes(&logprobs),
-            k: k as u32,
-            length: rows.len() as u32,
-        }
-    });
-    proto::SampleResponse {
-        sequences: response
-            .sequences
-            .iter()
-            .map(|s| proto::SampledSequence {
-                stop_reason: match s.stop_reason {
-                    StopReason::Stop => proto::StopReason::Stop as i32,
-                    StopReason::Length => proto::StopReason::Length as i32,
-                },
-                tokens: i32_bytes(s.tokens.iter().copied()),
-                logprobs: Some(f32_bytes(&s.logprobs)),
-            })
-            .collect(),
-        prompt_logprobs: response.prompt_logprobs.as_ref().map(|l| {
-            let values: Vec<f32> = l.iter().map(|v| v.unwrap_or(f32::NAN)).collect();
-            f32_bytes(&values)
-        }),
-        topk_prompt_logprobs: topk,
-        prompt_cache_hit_tokens: i32::try_from(response.prompt_cache_hit_tokens)
-            .unwrap_or(i32::MAX),
-    }
-    .encode_to_vec()
-}
-
 /// The answer to a future whose op is still queued or running.
 pub fn try_again(request_id: &str) -> Value {
     json!({"type": "try_again", "request_id": request_id, "queue_state": "active"})
@@ -368,6 +193,7 @@ pub fn try_again(request_id: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::TensorData;
 
     fn request(datum: proto::Datum) -> Vec<u8> {
         proto::ForwardBackwardRequest {
@@ -431,27 +257,5 @@ mod tests {
         });
         let error = forward_backward(&body).err().unwrap();
         assert!(error.message.contains("does not hold 2 values"), "{error}");
-    }
-
-    #[test]
-    fn outputs_concatenate_datums_with_byte_offsets() {
-        let output = ForwardBackwardOutput {
-            loss_fn_output_type: "cross_entropy".into(),
-            loss_fn_outputs: vec![
-                BTreeMap::from([("logprobs".into(), TensorData::f32(vec![-1.0]))]),
-                BTreeMap::from([("logprobs".into(), TensorData::f32(vec![-2.0, -3.0]))]),
-            ],
-            metrics: BTreeMap::from([("loss:sum".into(), 6.0)]),
-        };
-        let decoded =
-            proto::ForwardBackwardOutput::decode(&*forward_backward_output(&output)).unwrap();
-        let field = &decoded.loss_fn_outputs[0].fields["logprobs"];
-        let offsets: Vec<i64> = field
-            .offsets
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        assert_eq!(offsets, vec![0, 4, 12]);
-        assert_eq!(decoded.loss_fn_outputs[0].num_datums, 2);
     }
 }

@@ -1,0 +1,205 @@
+//! `opentinker train JOB --server URL`: the same RL job run against `opentinker serve` on loopback
+//! through the Tinker wire, and in process; the server's run must match the in-process one where
+//! their work is the same, keep its checkpoints on the server, and refuse what a server cannot do.
+
+#[path = "common/server.rs"]
+mod server;
+
+use std::path::Path;
+use std::process::Command;
+
+use server::{BIN, start_server};
+
+/// An RL job on the built-in tiny model (what the server serves as `opentinker/tiny`), with a KL
+/// penalty so that its reference adapter is saved and loaded back through the client.
+/// `full_parameters`: whether its warm-up trains every weight (in process only) or LoRA.
+fn job(dir: &Path, full_parameters: bool) -> std::path::PathBuf {
+    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/arithmetic");
+    let text = format!(
+        r#"
+[model]
+init_tiny = {{ shape = "tiny", arch = "qwen2", seed = 0 }}
+
+[lora]
+rank = 8
+
+[environment]
+plugin = "{}"
+config = {{ max_operand = 4 }}
+
+[sft]
+source = "demonstrations"
+steps = 30
+batch = 16
+learning_rate = 3e-3
+full_parameters = {full_parameters}
+
+[rl]
+steps = 2
+groups_per_batch = 2
+group_size = 4
+learning_rate = 1e-3
+kl_coef = 0.01
+max_turns = 1
+max_tokens = 6
+
+[eval]
+every = 2
+episodes = 8
+"#,
+        plugin.display()
+    );
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Run `train` with `args`; its output when it fails.
+fn train(args: &[&std::ffi::OsStr]) -> Result<String, String> {
+    let output = Command::new(BIN)
+        .arg("train")
+        .args(args)
+        .env_remove("TINKER_API_KEY")
+        .output()
+        .expect("running opentinker train");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    match output.status.success() {
+        true => Ok(text),
+        false => Err(text),
+    }
+}
+
+fn metrics(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_job_trained_on_a_server_matches_the_same_job_in_process_and_keeps_its_checkpoints_there() {
+    let server = start_server();
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path(), false);
+    let (local, remote) = (dir.path().join("local"), dir.path().join("remote"));
+    train(&[job.as_os_str(), "--out".as_ref(), local.as_os_str()]).unwrap();
+    let output = train(&[
+        job.as_os_str(),
+        "--out".as_ref(),
+        remote.as_os_str(),
+        "--server".as_ref(),
+        server.url.as_ref(),
+        "--api-key".as_ref(),
+        server.alice.as_ref(),
+    ])
+    .unwrap_or_else(|text| panic!("train --server failed:\n{text}"));
+    println!("{output}");
+
+    // A LoRA warm-up, then RL with a signal (episodes that differ, so datums to train on).
+    let (local_lines, remote_lines) = (metrics(&local), metrics(&remote));
+    assert_eq!(remote_lines.len(), 32, "{remote_lines:?}");
+    assert_eq!(local_lines.len(), remote_lines.len());
+    let rl: Vec<_> = remote_lines.iter().filter(|l| l["phase"] == "rl").collect();
+    assert!(
+        rl.iter().any(|l| l["tokens"].as_f64() > Some(0.0)),
+        "{rl:?}"
+    );
+    // The same seeds, the same batch-invariant sampler, and passes that hold each call whole on
+    // both sides: the same episodes and, up to float rounding, the same losses at every step.
+    for (l, r) in local_lines.iter().zip(&remote_lines) {
+        assert_eq!(l["phase"], r["phase"]);
+        assert_eq!(l["reward_mean"], r["reward_mean"], "{l}\n{r}");
+        assert_eq!(l["tokens"], r["tokens"], "{l}\n{r}");
+        let (l_loss, r_loss) = (l["loss"].as_f64().unwrap(), r["loss"].as_f64().unwrap());
+        assert!(
+            (l_loss - r_loss).abs() <= 1e-4 * l_loss.abs().max(1.0),
+            "loss in process {l_loss}, on the server {r_loss}\n{l}\n{r}"
+        );
+    }
+    assert_eq!(local_lines[31]["eval"], remote_lines[31]["eval"]);
+
+    // Checkpoints name the server's copy; the adapter's files stay there.
+    let checkpoint = remote.join("checkpoints/final/remote-checkpoint.json");
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&checkpoint).unwrap()).unwrap();
+    assert!(
+        record["path"].as_str().unwrap().starts_with("tinker://"),
+        "{record}"
+    );
+    assert_eq!(record["base_model"], "opentinker/tiny");
+    assert!(
+        !remote
+            .join("checkpoints/final/adapter_model.safetensors")
+            .exists()
+    );
+    // The KL reference was saved on the server and loaded back from its path.
+    assert!(
+        remote
+            .join("reference")
+            .read_dir()
+            .unwrap()
+            .next()
+            .is_some()
+    );
+}
+
+#[test]
+fn what_a_server_cannot_do_is_refused_before_any_work_naming_the_fix() {
+    let server = start_server();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let full = job(dir.path(), true);
+    let with = |key: &str| {
+        train(&[
+            full.as_os_str(),
+            "--out".as_ref(),
+            out.as_os_str(),
+            "--server".as_ref(),
+            server.url.as_ref(),
+            "--api-key".as_ref(),
+            key.as_ref(),
+        ])
+    };
+    let error = with(&server.alice).unwrap_err();
+    assert!(error.contains("full_parameters"), "{error}");
+    let lora_job = job(dir.path(), false);
+    let error = train(&[
+        lora_job.as_os_str(),
+        "--server".as_ref(),
+        server.url.as_ref(),
+    ])
+    .unwrap_err();
+    assert!(error.contains("TINKER_API_KEY"), "{error}");
+    let error = train(&[
+        lora_job.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+        "--server".as_ref(),
+        server.url.as_ref(),
+        "--api-key".as_ref(),
+        "tml-not-a-key".as_ref(),
+    ])
+    .unwrap_err();
+    assert!(error.contains("401"), "{error}");
+    let error = train(&[
+        lora_job.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+        "--server".as_ref(),
+        server.url.as_ref(),
+        "--api-key".as_ref(),
+        server.alice.as_ref(),
+        "--base-model".as_ref(),
+        "no/such-model".as_ref(),
+    ])
+    .unwrap_err();
+    assert!(
+        error.contains("does not serve") && error.contains("opentinker/tiny"),
+        "{error}"
+    );
+}
