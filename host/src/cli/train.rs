@@ -7,8 +7,9 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::progress::TrainProgress;
+use crate::client::in_process::TinyModelSpec;
 use crate::rl::driver::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
-use crate::rl::job::{InitTiny, Job};
+use crate::rl::job::Job;
 use crate::sched::TINY_MODEL_NAME;
 
 #[derive(Debug, clap::Args)]
@@ -54,11 +55,7 @@ fn engine(args: &TrainArgs, jobs: &[(PathBuf, Job)]) -> anyhow::Result<Engine> {
     let base_model = match &args.base_model {
         Some(name) => name.clone(),
         None => {
-            let built_in = InitTiny {
-                shape: "tiny".into(),
-                arch: "qwen2".into(),
-                seed: 0,
-            };
+            let built_in = TinyModelSpec::built_in();
             if let Some((path, _)) = jobs.iter().find(|(_, job)| {
                 job.model.dir.is_some() || job.model.init_tiny.as_ref() != Some(&built_in)
             }) {
@@ -87,7 +84,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         .map(|path| {
             Job::load(path)
                 .map(|job| (path.clone(), job))
-                .map_err(anyhow::Error::msg)
+                .map_err(anyhow::Error::from)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let engine = engine(&args, &jobs)?;

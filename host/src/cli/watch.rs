@@ -63,7 +63,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 pub fn run_play(args: PlayArgs) -> anyhow::Result<()> {
-    let job = Job::load(&args.job).map_err(anyhow::Error::msg)?;
+    let job = Job::load(&args.job)?;
     let adapters = match (args.adapter, args.checkpoint) {
         (Some(dir), _) => AdapterChoice::Dir(dir),
         (None, Some(steps)) => AdapterChoice::Checkpoint(steps),

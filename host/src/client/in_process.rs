@@ -3,7 +3,6 @@
 //! [`LocalService`], whose training clients share one training loop (fusing their
 //! `forward_backward` calls) and whose sampling clients share one continuously batched sampler.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,45 +23,56 @@ use crate::sample::{EngineConfig, PolicyRef, SamplingEngine};
 use crate::sched::convert::{self, sampler_error, train_error, trainer_error};
 use crate::sched::{SamplerService, TrainerService};
 use crate::text::{ChatTemplate, Tokenizer};
-use crate::train::{FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
+use crate::train::{FULL_PARAMETERS, TrainingEngine, WorkItem};
 
-/// The settings of a generated tiny model, by the names a job file uses.
-#[derive(Clone, Debug, PartialEq)]
+/// The size of a generated tiny model, by the name a job file uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+pub enum TinyShapeName {
+    #[default]
+    #[serde(rename = "tiny")]
+    Tiny,
+    /// Qwen2.5-0.5B's shapes with random weights, for benchmarks.
+    #[serde(rename = "qwen2.5-0.5b")]
+    Qwen25Half,
+}
+
+/// The architecture of a generated tiny model, by the name a job file uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArchName {
+    #[default]
+    Qwen2,
+    Llama,
+    Qwen3,
+}
+
+/// The settings of a generated tiny model, as a job file's `model.init_tiny` gives them (each
+/// a serde enum: a wrong name is refused with the accepted ones).
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct TinyModelSpec {
-    /// `tiny` or `qwen2.5-0.5b`.
-    pub shape: String,
-    /// `qwen2`, `llama` or `qwen3`.
-    pub arch: String,
+    pub shape: TinyShapeName,
+    pub arch: ArchName,
     pub seed: u64,
 }
 
 impl TinyModelSpec {
-    /// Refuse a shape or architecture that does not exist, naming the accepted ones.
-    pub fn check(&self) -> Result<(), ApiError> {
-        self.parsed().map(|_| ())
+    /// The model `opentinker serve` serves as `opentinker/tiny`.
+    pub fn built_in() -> Self {
+        TinyModelSpec::default()
     }
 
-    fn parsed(&self) -> Result<(TinyShape, Architecture), ApiError> {
-        let shape = match self.shape.as_str() {
-            "tiny" => TinyShape::Tiny,
-            "qwen2.5-0.5b" => TinyShape::Qwen05b,
-            other => {
-                return Err(ApiError::invalid(format!(
-                    "model.init_tiny.shape: {other:?} is not one of \"tiny\", \"qwen2.5-0.5b\""
-                )));
-            }
+    fn parsed(&self) -> (TinyShape, Architecture) {
+        let shape = match self.shape {
+            TinyShapeName::Tiny => TinyShape::Tiny,
+            TinyShapeName::Qwen25Half => TinyShape::Qwen05b,
         };
-        let arch = match self.arch.as_str() {
-            "qwen2" => Architecture::Qwen2,
-            "llama" => Architecture::Llama,
-            "qwen3" => Architecture::Qwen3,
-            other => {
-                return Err(ApiError::invalid(format!(
-                    "model.init_tiny.arch: {other:?} is not one of \"qwen2\", \"llama\", \"qwen3\""
-                )));
-            }
+        let arch = match self.arch {
+            ArchName::Qwen2 => Architecture::Qwen2,
+            ArchName::Llama => Architecture::Llama,
+            ArchName::Qwen3 => Architecture::Qwen3,
         };
-        Ok((shape, arch))
+        (shape, arch)
     }
 
     /// Generate the model into `dir` unless it is there: whole or absent, so a run killed
@@ -71,7 +81,7 @@ impl TinyModelSpec {
         if dir.is_dir() {
             return Ok(());
         }
-        let (shape, arch) = self.parsed()?;
+        let (shape, arch) = self.parsed();
         crate::store::write_atomic_dir(dir, |temp| {
             init_tiny(temp, shape, arch, self.seed).map_err(std::io::Error::other)
         })
@@ -310,12 +320,6 @@ impl ServiceClient for LocalService {
 
     fn context_length(&self) -> usize {
         self.0.context
-    }
-
-    fn check_loss(&self, loss_fn: &str, config: &BTreeMap<String, f64>) -> Result<(), ApiError> {
-        Loss::from_config(loss_fn, config)
-            .map(|_| ())
-            .map_err(|e| ApiError::invalid(e.to_string()))
     }
 
     async fn create_lora_training_client(

@@ -21,6 +21,14 @@ use crate::api::{
     OptimStepOutput, SampleResponse, SamplingParams,
 };
 
+/// Refuse a loss name or config that no `forward_backward` would take (the engine's own rules,
+/// so that a job is refused before any model is loaded or request sent).
+pub fn check_loss(loss_fn: &str, config: &BTreeMap<String, f64>) -> Result<(), ApiError> {
+    crate::train::Loss::from_config(loss_fn, config)
+        .map(|_| ())
+        .map_err(|e| ApiError::invalid(e.to_string()))
+}
+
 /// One base model and what can be made on it.
 #[async_trait]
 pub trait ServiceClient: Send + Sync {
@@ -29,9 +37,6 @@ pub trait ServiceClient: Send + Sync {
 
     /// The base model's context, in tokens.
     fn context_length(&self) -> usize;
-
-    /// Refuse a loss name or config that no `forward_backward` would take.
-    fn check_loss(&self, loss_fn: &str, config: &BTreeMap<String, f64>) -> Result<(), ApiError>;
 
     /// A new adapter of `config` and a fresh optimizer. `label` names it in logs and in the
     /// sampling clients made from it.

@@ -280,7 +280,7 @@ pub(super) fn model_dir(job: &Job, out: &Path) -> anyhow::Result<PathBuf> {
         (Some(dir), _) => Ok(dir.clone()),
         (None, Some(tiny)) => {
             let dir = out.join("model");
-            tiny.spec().generate(&dir)?;
+            tiny.generate(&dir)?;
             Ok(dir)
         }
         (None, None) => anyhow::bail!("the job names no model"),

@@ -1,5 +1,8 @@
 //! The job file (TOML) of `opentinker train`: what model, which plugins, how to warm up and how
-//! to train. Unknown keys are refused by name; see `examples/README.md`.
+//! to train. Unknown keys are refused by name, and every choice among names (mode, estimator,
+//! loss, shape, architecture) is a serde enum whose error lists the accepted ones; every check,
+//! the loss's config included, runs when the file is read, before any model is loaded. See
+//! `examples/README.md`.
 
 use std::path::{Path, PathBuf};
 
@@ -7,6 +10,7 @@ use serde::Deserialize;
 
 use super::advantage::Estimator;
 use crate::api::LoraConfig;
+use crate::client::check_loss;
 use crate::client::in_process::TinyModelSpec;
 
 #[derive(Debug, Deserialize)]
@@ -78,36 +82,7 @@ impl PolicySection {
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
     pub dir: Option<PathBuf>,
-    pub init_tiny: Option<InitTiny>,
-}
-
-#[derive(Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InitTiny {
-    #[serde(default = "default_shape")]
-    pub shape: String,
-    #[serde(default = "default_arch")]
-    pub arch: String,
-    #[serde(default)]
-    pub seed: u64,
-}
-
-fn default_shape() -> String {
-    "tiny".into()
-}
-
-fn default_arch() -> String {
-    "qwen2".into()
-}
-
-impl InitTiny {
-    pub fn spec(&self) -> TinyModelSpec {
-        TinyModelSpec {
-            shape: self.shape.clone(),
-            arch: self.arch.clone(),
-            seed: self.seed,
-        }
-    }
+    pub init_tiny: Option<TinyModelSpec>,
 }
 
 /// The shape of every trainable policy's adapter (`[lora]`).
@@ -199,9 +174,7 @@ fn default_weight() -> f64 {
 #[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SftSection {
-    /// `"demonstrations"` (play the environment with its demonstration actions) or a chat JSONL
-    /// file (relative to the job file; see `rl::sft`).
-    pub source: String,
+    pub source: SftSource,
     pub steps: usize,
     /// Episodes or conversations per step.
     #[serde(default = "default_sft_batch")]
@@ -224,7 +197,29 @@ pub struct SftSection {
 impl SftSection {
     /// The chat JSONL file, when the source is one.
     pub fn jsonl(&self) -> Option<&Path> {
-        (self.source != "demonstrations").then_some(Path::new(&self.source))
+        match &self.source {
+            SftSource::Demonstrations => None,
+            SftSource::File(path) => Some(path),
+        }
+    }
+}
+
+/// What a warm-up trains on (`sft.source`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "String")]
+pub enum SftSource {
+    /// `"demonstrations"`: play the environment with its demonstration actions.
+    Demonstrations,
+    /// Any other text: a chat JSONL file (relative to the job file; see `rl::sft`).
+    File(PathBuf),
+}
+
+impl From<String> for SftSource {
+    fn from(text: String) -> Self {
+        match text.as_str() {
+            "demonstrations" => SftSource::Demonstrations,
+            _ => SftSource::File(PathBuf::from(text)),
+        }
     }
 }
 
@@ -248,8 +243,8 @@ pub struct RlSection {
     pub group_size: usize,
     #[serde(default = "default_rl_lr")]
     pub learning_rate: f64,
-    #[serde(default = "default_loss")]
-    pub loss: String,
+    #[serde(default)]
+    pub loss: LossName,
     #[serde(default)]
     pub loss_config: std::collections::BTreeMap<String, f64>,
     #[serde(default = "default_temperature")]
@@ -258,8 +253,8 @@ pub struct RlSection {
     pub max_turns: usize,
     #[serde(default = "default_max_tokens")]
     pub max_tokens: usize,
-    #[serde(default = "default_estimator")]
-    pub estimator: String,
+    #[serde(default)]
+    pub estimator: EstimatorName,
     #[serde(default = "default_gamma")]
     pub gamma: f64,
     #[serde(default = "default_true")]
@@ -272,11 +267,8 @@ pub struct RlSection {
     pub max_failure_rate: f64,
     #[serde(default)]
     pub seed: u64,
-    /// `"sync"` (sample, train, publish) or `"async"` (groups play on while a step trains, so a
-    /// batch is sampled by policies up to `max_policy_lag` versions old, which the
-    /// importance-sampling losses correct for).
-    #[serde(default = "default_mode")]
-    pub mode: String,
+    #[serde(default)]
+    pub mode: Mode,
     /// Async mode: a group sampled with a policy more than this many versions behind the step
     /// that would train on it is stale. The stream also keeps this many batches (at least one)
     /// in play ahead of training. Sync mode ignores it.
@@ -298,8 +290,54 @@ fn default_max_failure_rate() -> f64 {
     0.5
 }
 
-fn default_mode() -> String {
-    "sync".into()
+/// How sampling and training interleave (`rl.mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Sample a batch, train on it, publish the new policy, repeat.
+    #[default]
+    Sync,
+    /// Groups play on while a step trains, so a batch is sampled by policies up to
+    /// `max_policy_lag` versions old, which the importance-sampling losses correct for.
+    Async,
+}
+
+/// How returns become advantages (`rl.estimator`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EstimatorName {
+    /// The return minus its group's mean.
+    #[default]
+    GroupMean,
+    /// The same, divided by the group's standard deviation.
+    GroupMeanStd,
+    /// Per turn, the discounted return (`rl.gamma`) minus the group's mean at that turn.
+    PerTurn,
+}
+
+/// The RL loss (`rl.loss`); its settings are `rl.loss_config`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossName {
+    CrossEntropy,
+    #[default]
+    ImportanceSampling,
+    Ppo,
+    Cispo,
+    Dro,
+}
+
+impl LossName {
+    /// The name `forward_backward` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            LossName::CrossEntropy => "cross_entropy",
+            LossName::ImportanceSampling => "importance_sampling",
+            LossName::Ppo => "ppo",
+            LossName::Cispo => "cispo",
+            LossName::Dro => "dro",
+        }
+    }
 }
 
 fn default_max_policy_lag() -> usize {
@@ -326,9 +364,6 @@ fn default_group_size() -> usize {
 fn default_rl_lr() -> f64 {
     1e-3
 }
-fn default_loss() -> String {
-    "importance_sampling".into()
-}
 fn default_temperature() -> f64 {
     1.0
 }
@@ -337,9 +372,6 @@ fn default_max_turns() -> usize {
 }
 fn default_max_tokens() -> usize {
     32
-}
-fn default_estimator() -> String {
-    "group_mean".into()
 }
 fn default_gamma() -> f64 {
     1.0
@@ -355,12 +387,12 @@ impl Default for RlSection {
             groups_per_batch: default_groups(),
             group_size: default_group_size(),
             learning_rate: default_rl_lr(),
-            loss: default_loss(),
+            loss: LossName::default(),
             loss_config: Default::default(),
             temperature: default_temperature(),
             max_turns: default_max_turns(),
             max_tokens: default_max_tokens(),
-            estimator: default_estimator(),
+            estimator: EstimatorName::default(),
             gamma: default_gamma(),
             skip_equal_groups: true,
             failure_reward: 0.0,
@@ -368,7 +400,7 @@ impl Default for RlSection {
             seed: 0,
             kl_coef: 0.0,
             kl_reference: None,
-            mode: default_mode(),
+            mode: Mode::default(),
             max_policy_lag: default_max_policy_lag(),
             stale: StaleGroups::default(),
         }
@@ -377,26 +409,34 @@ impl Default for RlSection {
 
 impl RlSection {
     /// Whether the job runs in async mode.
-    pub fn asynchronous(&self) -> Result<bool, String> {
-        match self.mode.as_str() {
-            "sync" => Ok(false),
-            "async" => Ok(true),
-            other => Err(format!(
-                "rl.mode: {other:?} is not one of \"sync\", \"async\""
-            )),
-        }
+    pub fn asynchronous(&self) -> bool {
+        self.mode == Mode::Async
     }
 
-    pub fn estimator(&self) -> Result<Estimator, String> {
-        match self.estimator.as_str() {
-            "group_mean" => Ok(Estimator::GroupMean),
-            "group_mean_std" => Ok(Estimator::GroupMeanStd),
-            "per_turn" => Ok(Estimator::PerTurnDiscounted { gamma: self.gamma }),
-            other => Err(format!(
-                "rl.estimator: {other:?} is not one of \"group_mean\", \"group_mean_std\", \"per_turn\""
-            )),
+    pub fn estimator(&self) -> Estimator {
+        match self.estimator {
+            EstimatorName::GroupMean => Estimator::GroupMean,
+            EstimatorName::GroupMeanStd => Estimator::GroupMeanStd,
+            EstimatorName::PerTurn => Estimator::PerTurnDiscounted { gamma: self.gamma },
         }
     }
+}
+
+/// Why a job file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Not TOML, an unknown key, a value of the wrong type or an unknown name (the message
+    /// says which key, and the accepted names).
+    #[error("{}: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    /// Read, but its settings do not hold together.
+    #[error("{}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
 }
 
 /// Greedy evaluation on seeds disjoint from training's.
@@ -434,10 +474,15 @@ impl Default for CheckpointSection {
 
 impl Job {
     /// Read and check a job file; relative paths in it are relative to the file's folder.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        let mut job: Job = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Self, JobError> {
+        let text = std::fs::read_to_string(path).map_err(|source| JobError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut job: Job = toml::from_str(&text).map_err(|e| JobError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
         let base = path.parent().unwrap_or(Path::new("."));
         let resolve = |p: &PathBuf| {
             if p.is_relative() {
@@ -450,9 +495,9 @@ impl Job {
             environment.plugin = resolve(&environment.plugin);
         }
         if let Some(sft) = &mut job.sft
-            && let Some(file) = sft.jsonl()
+            && let SftSource::File(file) = &mut sft.source
         {
-            sft.source = resolve(&file.to_path_buf()).display().to_string();
+            *file = resolve(file);
         }
         if let Some(agent) = &mut job.agent {
             agent.plugin = resolve(&agent.plugin);
@@ -466,8 +511,10 @@ impl Job {
         if let Some(dir) = &job.model.dir {
             job.model.dir = Some(resolve(dir));
         }
-        job.check()
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        job.check().map_err(|message| JobError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        })?;
         Ok(job)
     }
 
@@ -500,11 +547,12 @@ impl Job {
         match (&self.model.dir, &self.model.init_tiny) {
             (Some(_), Some(_)) => return Err("model: give `dir` or `init_tiny`, not both".into()),
             (None, None) => return Err("model: give `dir` or `init_tiny`".into()),
-            (None, Some(tiny)) => tiny.spec().check().map_err(|e| e.message)?,
             _ => {}
         }
-        self.rl.estimator()?;
-        self.rl.asynchronous()?;
+        if self.rl.steps > 0 {
+            check_loss(self.rl.loss.name(), &self.rl.loss_config)
+                .map_err(|e| format!("rl.loss_config: {e}"))?;
+        }
         if self.rl.group_size == 0 || self.rl.groups_per_batch == 0 {
             return Err("rl: `group_size` and `groups_per_batch` must be at least 1".into());
         }
@@ -590,7 +638,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("job.toml");
         std::fs::write(&path, text).unwrap();
-        Job::load(&path)
+        Job::load(&path).map_err(|e| e.to_string())
     }
 
     const MINIMAL: &str = r#"
@@ -620,12 +668,40 @@ mod tests {
         assert!(err.contains("lerning_rate"), "{err}");
         let err = parse(&MINIMAL.replace("seed = 1", "seed = 1, shape = \"huge\"")).unwrap_err();
         assert!(
-            err.contains("model.init_tiny.shape") && err.contains("huge"),
+            err.contains("huge") && err.contains("qwen2.5-0.5b"),
             "{err}"
         );
         let err =
             parse(&MINIMAL.replace("steps = 3", "steps = 3\nestimator = \"ppo\"")).unwrap_err();
-        assert!(err.contains("rl.estimator"), "{err}");
+        assert!(
+            err.contains("ppo") && err.contains("group_mean_std"),
+            "{err}"
+        );
+        let err = parse(&MINIMAL.replace("steps = 3", "steps = 3\nmode = \"later\"")).unwrap_err();
+        assert!(err.contains("later") && err.contains("async"), "{err}");
+        let err =
+            parse(&MINIMAL.replace("steps = 3", "steps = 3\nloss = \"reinforce\"")).unwrap_err();
+        assert!(
+            err.contains("reinforce") && err.contains("importance_sampling"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_loss_config_is_checked_when_the_job_is_read() {
+        let job = |config: &str| {
+            parse(&MINIMAL.replace(
+                "steps = 3",
+                &format!("steps = 3\nloss = \"ppo\"\nloss_config = {{ {config} }}"),
+            ))
+        };
+        let read = job("clip_low_threshold = 0.7").unwrap();
+        assert_eq!(read.rl.loss, LossName::Ppo);
+        let err = job("clip_low_threshold = 0.7, clip_hihg_threshold = 1.3").unwrap_err();
+        assert!(
+            err.contains("rl.loss_config") && err.contains("clip_hihg_threshold"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -668,6 +744,7 @@ mod tests {
         assert_eq!(job.rl.steps, 0);
         let source = job.sft.unwrap();
         assert!(source.jsonl().unwrap().ends_with("data/chat.jsonl"));
+        assert!(source.jsonl().unwrap().is_absolute());
         let err = parse(&format!("{sft}\n[rl]\nsteps = 2")).unwrap_err();
         assert!(err.contains("[environment]"), "{err}");
         let err = parse(&sft.replace("data/chat.jsonl", "demonstrations")).unwrap_err();

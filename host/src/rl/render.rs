@@ -159,13 +159,7 @@ pub(crate) mod tests {
     /// The tokenizer and chat template of a generated tiny model in `dir`.
     pub(in crate::rl) fn tiny_text(dir: &std::path::Path) -> (Arc<Tokenizer>, ChatTemplate) {
         let model = dir.join("model");
-        TinyModelSpec {
-            shape: "tiny".into(),
-            arch: "qwen2".into(),
-            seed: 0,
-        }
-        .generate(&model)
-        .unwrap();
+        TinyModelSpec::built_in().generate(&model).unwrap();
         let model = LocalModel::load(&model).unwrap();
         let template = model.chat_template().unwrap().clone();
         (Arc::clone(model.tokenizer()), template)

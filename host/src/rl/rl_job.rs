@@ -233,11 +233,10 @@ pub(super) async fn train_job(
         return sft_summary(job, service, &folder, &trainers, &trainable, sft_evals).await;
     }
     let loss = LossFn {
-        name: job.rl.loss.clone(),
+        name: job.rl.loss.name().to_string(),
         config: job.rl.loss_config.clone(),
     };
-    service.check_loss(&loss.name, &loss.config)?;
-    let estimator = job.rl.estimator().map_err(anyhow::Error::msg)?;
+    let estimator = job.rl.estimator();
     let mut versions = Versions {
         policies: policies.clone(),
         base: service.base_sampling_client(),
@@ -264,7 +263,7 @@ pub(super) async fn train_job(
         }
     };
     let multi_agent = policies.len() > 1;
-    let asynchronous = job.rl.asynchronous().map_err(anyhow::Error::msg)?;
+    let asynchronous = job.rl.asynchronous();
     let mut stream =
         asynchronous.then(|| GroupStream::new(Arc::clone(&cx), Arc::clone(&run.job), first_step));
     let mut failures = FailureWatch::new(job.rl.max_failure_rate);

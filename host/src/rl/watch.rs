@@ -294,9 +294,9 @@ pub async fn replay(
             )
         })?,
     };
-    let job = Job::load(&job_file).map_err(anyhow::Error::msg)?;
+    let job = Job::load(&job_file)?;
     anyhow::ensure!(
-        !job.rl.asynchronous().map_err(anyhow::Error::msg)?,
+        !job.rl.asynchronous(),
         "replay re-runs episodes of sync-mode jobs: an async job's groups may have played with \
          older versions than the checkpoint of their step"
     );

@@ -9,7 +9,6 @@
 
 mod http;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,7 +24,6 @@ use crate::api::{
     AdamParams, ApiError, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig, ModelInput,
     OptimStepOutput, SampleResponse, SamplingParams,
 };
-use crate::train::Loss;
 use crate::wire::codec;
 
 /// The file a checkpoint folder holds when its adapter was saved on a remote server.
@@ -121,14 +119,6 @@ impl ServiceClient for RemoteService {
 
     fn context_length(&self) -> usize {
         self.0.context
-    }
-
-    /// Checked here with the engine's own rules, so that a job with a bad loss is refused before
-    /// any request is sent.
-    fn check_loss(&self, loss_fn: &str, config: &BTreeMap<String, f64>) -> Result<(), ApiError> {
-        Loss::from_config(loss_fn, config)
-            .map(|_| ())
-            .map_err(|e| ApiError::invalid(e.to_string()))
     }
 
     async fn create_lora_training_client(
