@@ -127,7 +127,7 @@ impl JobContext {
                 .as_ref()
                 .map(|e| e.config_json())
                 .unwrap_or_default(),
-            limits: Limits::default(),
+            limits: job.limits.clone(),
             model,
         }
     }

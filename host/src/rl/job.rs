@@ -12,6 +12,7 @@ use super::advantage::Estimator;
 use crate::api::LoraConfig;
 use crate::client::check_loss;
 use crate::client::in_process::TinyModelSpec;
+use crate::plugin::Limits;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,6 +43,10 @@ pub struct Job {
     /// policy named `policy` plays every player.
     #[serde(default)]
     pub policies: Vec<PolicySection>,
+    /// What each instance of the job's plugins may use (any field of `plugin::Limits`; the
+    /// others keep their defaults), at most the host's maxima.
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 /// A policy of a multi-agent job: a LoRA adapter (or, frozen, the base model as it was when RL
@@ -549,6 +554,9 @@ impl Job {
             (None, None) => return Err("model: give `dir` or `init_tiny`".into()),
             _ => {}
         }
+        self.limits
+            .check_within(&Limits::default_maxima())
+            .map_err(|e| format!("limits: {e}"))?;
         if self.rl.steps > 0 {
             check_loss(self.rl.loss.name(), &self.rl.loss_config)
                 .map_err(|e| format!("rl.loss_config: {e}"))?;
@@ -685,6 +693,18 @@ mod tests {
             err.contains("reinforce") && err.contains("importance_sampling"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn plugin_limits_may_be_set_up_to_the_hosts_maxima() {
+        let job = |limits: &str| parse(&format!("{MINIMAL}\n[limits]\n{limits}\n"));
+        let read = job("max_turns = 5").unwrap();
+        assert_eq!(read.limits.max_turns, 5);
+        assert_eq!(read.limits.fuel, Limits::default().fuel);
+        let err = job("fuel = 1_000_000_000_000_000").unwrap_err();
+        assert!(err.contains("limits") && err.contains("fuel"), "{err}");
+        let err = job("feul = 1").unwrap_err();
+        assert!(err.contains("feul"), "{err}");
     }
 
     #[test]
