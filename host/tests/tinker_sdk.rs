@@ -77,6 +77,11 @@ fn an_sft_loop_through_the_sdk_lowers_the_loss() {
 }
 
 #[test]
+fn the_openai_client_samples_a_trained_adapter_by_name_as_the_cli_does() {
+    run_script("openai_compatible.py");
+}
+
+#[test]
 fn an_rl_loop_through_the_sdk_raises_the_reward() {
     run_script("rl_reward_rises.py");
 }

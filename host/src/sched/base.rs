@@ -13,6 +13,7 @@ use crate::lora::AdapterRegistry;
 use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Model, ModelConfig};
 use crate::sample::{EngineConfig, SamplingEngine};
+use crate::text::{ChatTemplate, Tokenizer};
 use crate::train::TrainingEngine;
 
 /// The name under which a service serves the built-in tiny model.
@@ -26,6 +27,9 @@ pub struct ServedBase {
     pub dir: PathBuf,
     pub config: ModelConfig,
     pub context: usize,
+    /// What text is turned into tokens with (and back), and chats rendered with.
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Option<ChatTemplate>,
     pub registry: Arc<AdapterRegistry>,
     pub sampler: SamplerService,
     pub trainer: TrainerService,
@@ -45,14 +49,16 @@ impl ServedBase {
             config,
             transformer,
             tokenizer,
+            chat_template,
             ..
         } = Model::load(dir)
             .with_context(|| format!("loading model {name} from {}", dir.display()))?;
         let context = transformer.context_length();
         let registry = AdapterRegistry::new(Arc::new(transformer));
+        let tokenizer = Arc::new(tokenizer);
         let engine = SamplingEngine::new(
             Arc::clone(&registry),
-            Some(Arc::new(tokenizer)),
+            Some(Arc::clone(&tokenizer)),
             config.eos_token_ids.clone(),
             EngineConfig {
                 kv_budget_positions: kv_positions.max(context),
@@ -68,6 +74,8 @@ impl ServedBase {
             dir: dir.to_path_buf(),
             config,
             context,
+            tokenizer,
+            chat_template,
             registry,
             sampler,
             trainer,

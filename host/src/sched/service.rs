@@ -247,6 +247,12 @@ impl Service {
         }
     }
 
+    /// The served base called `name`, if any (its tokenizer and chat template are what clients
+    /// that send text are served with).
+    pub fn served_base(&self, name: &str) -> Option<Arc<ServedBase>> {
+        self.bases.get(name).cloned()
+    }
+
     /// The served base models.
     pub fn capabilities(&self) -> Vec<BaseModelInfo> {
         self.bases

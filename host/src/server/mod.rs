@@ -8,6 +8,7 @@
 
 pub mod futures;
 pub mod journal;
+pub mod openai;
 pub mod routes;
 pub mod tenants;
 pub mod wire;
@@ -91,6 +92,8 @@ pub struct AppState {
     pub poll_wait: Duration,
     /// Keys seen valid, by SHA-256, so that a request does not wait on the database.
     known_keys: Mutex<HashMap<[u8; 32], TenantId>>,
+    /// The samplers of the OpenAI-compatible routes.
+    pub openai: openai::Samplers,
 }
 
 impl AppState {
@@ -138,6 +141,7 @@ impl AppState {
             journal,
             poll_wait: config.poll_wait,
             known_keys: Mutex::new(HashMap::new()),
+            openai: openai::Samplers::default(),
         });
         state.futures.restore(recorded.finished);
         routes::resume(&state, recorded.pending);

@@ -50,6 +50,7 @@ pub fn router(state: Shared) -> Router {
     });
     Router::new()
         .nest("/api/v1", api)
+        .nest("/v1", super::openai::router())
         .fallback(|| async { HttpError(ApiError::new(ApiErrorKind::NotFound, "no such endpoint")) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::map_response(json_errors))
@@ -151,7 +152,11 @@ fn unexpected(output: &OpOutput) -> HttpError {
 }
 
 /// Run an op that answers directly, recording its changes before the answer.
-async fn direct(state: &Shared, tenant: &TenantId, op: Op) -> Result<OpOutput, ApiError> {
+pub(super) async fn direct(
+    state: &Shared,
+    tenant: &TenantId,
+    op: Op,
+) -> Result<OpOutput, ApiError> {
     let executed = state.service.execute(tenant, op, None).await;
     let output = executed.outcome?;
     record(state, executed.changes).await?;

@@ -1,0 +1,503 @@
+//! OpenAI-compatible sampling, under `/v1`: `models`, `completions` and `chat/completions` (with
+//! `stream`, `n`, `max_tokens`, `temperature`, `top_p`, `stop`, `seed`, `logprobs`), so that
+//! every chat tool and the official `openai` client can sample what a tenant trained. As vLLM
+//! serves LoRA adapters by name, `model` is a base model's name or one of the tenant's
+//! `tinker://` paths (`save_weights_for_sampler` or `save_state`); another tenant's path answers
+//! 404 as an unknown one does. Requests run on the same sampler and fair queue as the Tinker
+//! API's; a chat is rendered with the base model's chat template.
+//!
+//! A streamed answer is sent as server-sent events in the OpenAI chunk format, but the whole
+//! completion comes in one chunk when it is done: the sampler does not hand out tokens as they
+//! are sampled yet.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::routes::{Caller, direct};
+use super::{AppState, HttpError};
+use crate::api::{
+    ApiError, ApiErrorKind, ModelInput, Op, OpOutput, SampleRequest, SampleResponse, SamplerId,
+    SamplerSource, SamplingParams, SessionId, Stop, StopReason, TenantId,
+};
+use crate::sched::base::ServedBase;
+use crate::text::ChatMessage;
+
+type Shared = Arc<AppState>;
+
+/// The routes, nested under `/v1`.
+pub fn router() -> Router<Shared> {
+    Router::new()
+        .route("/models", get(models))
+        .route("/completions", post(completions))
+        .route("/chat/completions", post(chat_completions))
+}
+
+/// The sampling sessions made for OpenAI requests, by tenant and model name, so that a model is
+/// resolved once (a session evicted since is made again).
+#[derive(Default)]
+pub struct Samplers {
+    inner: Mutex<Known>,
+}
+
+#[derive(Default)]
+struct Known {
+    /// The session each tenant's samplers live in.
+    sessions: HashMap<TenantId, SessionId>,
+    samplers: HashMap<(TenantId, String), Resolved>,
+    next_seq: u64,
+}
+
+#[derive(Clone)]
+struct Resolved {
+    sampler: SamplerId,
+    base: Arc<ServedBase>,
+}
+
+impl Samplers {
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        // A panic elsewhere while holding it leaves plain maps behind: still usable.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The sampler of `model` for `tenant`, made on first use.
+    async fn resolve(
+        &self,
+        state: &Shared,
+        tenant: &TenantId,
+        model: &str,
+    ) -> Result<Resolved, ApiError> {
+        let key = (tenant.clone(), model.to_string());
+        if let Some(known) = self.known().samplers.get(&key) {
+            return Ok(known.clone());
+        }
+        let session = self.known().sessions.get(tenant).cloned();
+        let session = match session {
+            Some(session) => session,
+            None => match direct(state, tenant, Op::CreateSession).await? {
+                OpOutput::Session(session) => {
+                    self.known()
+                        .sessions
+                        .insert(tenant.clone(), session.clone());
+                    session
+                }
+                other => return Err(unexpected(&other)),
+            },
+        };
+        let source = match model.starts_with("tinker://") {
+            true => SamplerSource::Checkpoint(model.parse()?),
+            false => SamplerSource::Base(model.to_string()),
+        };
+        let sampler_seq = {
+            let mut known = self.known();
+            known.next_seq += 1;
+            known.next_seq
+        };
+        let op = Op::CreateSamplingSession {
+            session,
+            sampler_seq,
+            source,
+        };
+        let sampler = match direct(state, tenant, op).await? {
+            OpOutput::Sampler(id) => id,
+            other => return Err(unexpected(&other)),
+        };
+        let info = match direct(
+            state,
+            tenant,
+            Op::GetSampler {
+                sampler: sampler.clone(),
+            },
+        )
+        .await?
+        {
+            OpOutput::SamplerInfo(info) => info,
+            other => return Err(unexpected(&other)),
+        };
+        let base = state
+            .service
+            .served_base(&info.base_model)
+            .ok_or_else(|| ApiError::internal(format!("no base {}", info.base_model)))?;
+        let resolved = Resolved { sampler, base };
+        self.known().samplers.insert(key, resolved.clone());
+        Ok(resolved)
+    }
+
+    fn forget(&self, tenant: &TenantId, model: &str) {
+        self.known()
+            .samplers
+            .remove(&(tenant.clone(), model.to_string()));
+    }
+}
+
+fn unexpected(output: &OpOutput) -> ApiError {
+    ApiError::internal(format!("unexpected op output {output:?}"))
+}
+
+async fn models(State(state): State<Shared>, _: Caller) -> Json<Value> {
+    let data: Vec<Value> = state
+        .service
+        .capabilities()
+        .into_iter()
+        .map(|m| {
+            json!({
+                "id": m.model_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "opentinker",
+                "max_model_len": m.max_context_length,
+            })
+        })
+        .collect();
+    Json(json!({ "object": "list", "data": data }))
+}
+
+/// `stop`: one string or several.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StopText {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// What both endpoints take besides their prompt (other fields OpenAI defines are ignored, as
+/// vLLM ignores them).
+#[derive(Deserialize)]
+struct Common {
+    model: String,
+    max_tokens: Option<usize>,
+    /// The chat endpoint's newer name for `max_tokens`.
+    max_completion_tokens: Option<usize>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    n: Option<usize>,
+    stop: Option<StopText>,
+    seed: Option<u64>,
+    #[serde(default)]
+    stream: bool,
+}
+
+impl Common {
+    fn params(&self, default_max_tokens: Option<usize>) -> Result<SamplingParams, ApiError> {
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::invalid(format!(
+                "temperature {temperature} is not between 0 and 2"
+            )));
+        }
+        Ok(SamplingParams {
+            max_tokens: self
+                .max_completion_tokens
+                .or(self.max_tokens)
+                .or(default_max_tokens),
+            seed: self.seed,
+            stop: match &self.stop {
+                None => None,
+                Some(StopText::One(text)) => Some(Stop::Strings(vec![text.clone()])),
+                Some(StopText::Many(texts)) => Some(Stop::Strings(texts.clone())),
+            },
+            temperature,
+            top_k: -1,
+            top_p: self.top_p.unwrap_or(1.0),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct CompletionRequest {
+    #[serde(flatten)]
+    common: Common,
+    prompt: PromptText,
+    /// Return this many top logprobs per token (0: the sampled token's only); absent: none.
+    logprobs: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PromptText {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+struct ChatRequest {
+    #[serde(flatten)]
+    common: Common,
+    messages: Vec<ChatMessage>,
+    #[serde(default)]
+    logprobs: bool,
+}
+
+/// A JSON body, or a 400 naming what is wrong with it.
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
+}
+
+/// Sample `prompt` `n` times from `model` for `tenant` (a sampler evicted since it was resolved
+/// is made again, once).
+async fn sample(
+    state: &Shared,
+    tenant: &TenantId,
+    model: &str,
+    prompt: impl Fn(&ServedBase) -> Result<Vec<u32>, ApiError>,
+    n: usize,
+    params: SamplingParams,
+) -> Result<(Arc<ServedBase>, usize, SampleResponse), ApiError> {
+    for attempt in 0..2 {
+        let resolved = state.openai.resolve(state, tenant, model).await?;
+        let tokens = prompt(&resolved.base)?;
+        let prompt_tokens = tokens.len();
+        let request = SampleRequest {
+            sampler: resolved.sampler.clone(),
+            prompt: ModelInput::from_tokens(tokens),
+            num_samples: n,
+            params: params.clone(),
+            prompt_logprobs: false,
+            topk_prompt_logprobs: 0,
+        };
+        match state
+            .service
+            .execute(tenant, Op::Sample(request), None)
+            .await
+            .outcome
+        {
+            Ok(OpOutput::Sample(response)) => return Ok((resolved.base, prompt_tokens, response)),
+            Ok(other) => return Err(unexpected(&other)),
+            Err(error) if error.kind == ApiErrorKind::NotFound && attempt == 0 => {
+                state.openai.forget(tenant, model);
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(ApiError::internal("the sampler vanished twice"))
+}
+
+fn finish_reason(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::Stop => "stop",
+        StopReason::Length => "length",
+    }
+}
+
+fn decode(base: &ServedBase, tokens: &[u32]) -> Result<String, ApiError> {
+    base.tokenizer
+        .decode(tokens)
+        .map_err(|e| ApiError::internal(format!("decoding the completion: {e}")))
+}
+
+/// A fresh id with `prefix`, and the time in seconds.
+fn id_and_time(prefix: &str) -> Result<(String, u64), ApiError> {
+    let mut bytes = [0u8; 12];
+    getrandom::fill(&mut bytes).map_err(|e| ApiError::internal(format!("no randomness: {e}")))?;
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok((format!("{prefix}-{}", hex::encode(bytes)), created))
+}
+
+fn usage(prompt_tokens: usize, response: &SampleResponse) -> Value {
+    let completion: usize = response.sequences.iter().map(|s| s.tokens.len()).sum();
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    })
+}
+
+/// Each token's text, one by one.
+fn token_texts(base: &ServedBase, tokens: &[u32]) -> Result<Vec<String>, ApiError> {
+    tokens.iter().map(|&t| decode(base, &[t])).collect()
+}
+
+/// The answer: the whole JSON, or, when `stream`, server-sent events of `chunks` then `[DONE]`.
+fn answer(stream: bool, whole: Value, chunks: Vec<Value>) -> Response {
+    if !stream {
+        return Json(whole).into_response();
+    }
+    let events = chunks
+        .into_iter()
+        .map(|chunk| Event::default().data(chunk.to_string()))
+        .chain(std::iter::once(Event::default().data("[DONE]")))
+        .map(Ok::<_, std::convert::Infallible>);
+    Sse::new(futures::stream::iter(events)).into_response()
+}
+
+async fn completions(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    body: Bytes,
+) -> Result<Response, HttpError> {
+    let request: CompletionRequest = parse(&body)?;
+    let text = match &request.prompt {
+        PromptText::One(text) => text.clone(),
+        PromptText::Many(texts) if texts.len() == 1 => texts[0].clone(),
+        PromptText::Many(_) => {
+            return Err(ApiError::invalid("prompt: one prompt per request is served").into());
+        }
+    };
+    let common = &request.common;
+    let n = common.n.unwrap_or(1);
+    let encode = |base: &ServedBase| {
+        base.tokenizer
+            .encode(&text)
+            .map_err(|e| ApiError::invalid(format!("prompt: {e}")))
+    };
+    let (base, prompt_tokens, response) = sample(
+        &state,
+        &tenant,
+        &common.model,
+        encode,
+        n,
+        common.params(Some(16))?,
+    )
+    .await?;
+    let (id, created) = id_and_time("cmpl")?;
+    let mut choices = Vec::new();
+    for (index, sequence) in response.sequences.iter().enumerate() {
+        let logprobs = match request.logprobs {
+            None => Value::Null,
+            Some(_) => {
+                let texts = token_texts(&base, &sequence.tokens)?;
+                let offsets: Vec<usize> = texts
+                    .iter()
+                    .scan(text.len(), |at, t| {
+                        let start = *at;
+                        *at += t.len();
+                        Some(start)
+                    })
+                    .collect();
+                json!({
+                    "tokens": texts,
+                    "token_logprobs": sequence.logprobs,
+                    "top_logprobs": Value::Null,
+                    "text_offset": offsets,
+                })
+            }
+        };
+        choices.push(json!({
+            "index": index,
+            "text": decode(&base, &sequence.tokens)?,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason(sequence.stop_reason),
+        }));
+    }
+    let whole = json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": common.model,
+        "choices": choices,
+        "usage": usage(prompt_tokens, &response),
+    });
+    let chunks = choices
+        .iter()
+        .map(|choice| {
+            json!({
+                "id": id,
+                "object": "text_completion",
+                "created": created,
+                "model": common.model,
+                "choices": [choice],
+            })
+        })
+        .collect();
+    Ok(answer(common.stream, whole, chunks))
+}
+
+async fn chat_completions(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    body: Bytes,
+) -> Result<Response, HttpError> {
+    let request: ChatRequest = parse(&body)?;
+    let common = &request.common;
+    let render = |base: &ServedBase| {
+        let template = base
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid(format!("{} has no chat template", base.name)))?;
+        let text = template
+            .render(&request.messages, true)
+            .map_err(|e| ApiError::invalid(format!("messages: {e}")))?;
+        base.tokenizer
+            .encode_without_special_tokens(&text)
+            .map_err(|e| ApiError::invalid(format!("messages: {e}")))
+    };
+    let n = common.n.unwrap_or(1);
+    let (base, prompt_tokens, response) = sample(
+        &state,
+        &tenant,
+        &common.model,
+        render,
+        n,
+        common.params(None)?,
+    )
+    .await?;
+    let (id, created) = id_and_time("chatcmpl")?;
+    let mut choices = Vec::new();
+    let mut chunks = Vec::new();
+    for (index, sequence) in response.sequences.iter().enumerate() {
+        let content = decode(&base, &sequence.tokens)?;
+        let logprobs = match request.logprobs {
+            false => Value::Null,
+            true => {
+                let texts = token_texts(&base, &sequence.tokens)?;
+                let content: Vec<Value> = texts
+                    .iter()
+                    .zip(&sequence.logprobs)
+                    .map(|(token, logprob)| {
+                        json!({
+                            "token": token,
+                            "logprob": logprob,
+                            "bytes": token.as_bytes(),
+                            "top_logprobs": [],
+                        })
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+        };
+        let reason = finish_reason(sequence.stop_reason);
+        choices.push(json!({
+            "index": index,
+            "message": { "role": "assistant", "content": content },
+            "logprobs": logprobs,
+            "finish_reason": reason,
+        }));
+        let chunk = |delta: Value, finish: Value| {
+            json!({
+                "id": id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": common.model,
+                "choices": [{ "index": index, "delta": delta, "logprobs": Value::Null, "finish_reason": finish }],
+            })
+        };
+        chunks.push(chunk(
+            json!({ "role": "assistant", "content": content }),
+            Value::Null,
+        ));
+        chunks.push(chunk(json!({}), json!(reason)));
+    }
+    let whole = json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": common.model,
+        "choices": choices,
+        "usage": usage(prompt_tokens, &response),
+    });
+    Ok(answer(common.stream, whole, chunks))
+}
