@@ -120,3 +120,26 @@ fn the_scanner_sees_single_and_grouped_paths() {
     let names: Vec<String> = named_modules(text).into_iter().collect();
     assert_eq!(names, ["api", "model", "sample", "text", "train"]);
 }
+
+/// The RL driver runs components only: building a plugin from its source (cargo, rustup,
+/// componentize-py, a tenant's `build.rs` run natively) is the CLI's, never the driver's, which
+/// a server will run on tenants' jobs.
+#[test]
+fn the_rl_driver_never_builds_plugins() {
+    let mut files = Vec::new();
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src/rl"),
+        &mut files,
+    );
+    let offences: Vec<String> = files
+        .iter()
+        .filter(|file| {
+            let text = std::fs::read_to_string(file).unwrap();
+            ["plugin::build", "Command::new(\"cargo", "rustup"]
+                .iter()
+                .any(|needle| text.contains(needle))
+        })
+        .map(|file| file.display().to_string())
+        .collect();
+    assert!(offences.is_empty(), "{}", offences.join("\n"));
+}

@@ -1,5 +1,6 @@
 //! The `opentinker` command line: argument parsing and dispatch to one module per subcommand.
 
+mod jobs;
 mod model;
 mod plugin;
 mod progress;

@@ -88,6 +88,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let engine = engine(&args, &jobs)?;
+    // Every file checked: now build the plugins given as source folders.
+    let mut jobs = jobs;
+    for (path, job) in &mut jobs {
+        super::jobs::build_plugins(path, job)?;
+    }
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -7,7 +7,6 @@ use anyhow::Context;
 use serde_json::json;
 
 use super::terminal::terminal_safe;
-use crate::rl::job::Job;
 use crate::rl::metrics::Evaluation;
 use crate::rl::watch::{self, AdapterChoice, PlayOptions};
 
@@ -63,7 +62,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 pub fn run_play(args: PlayArgs) -> anyhow::Result<()> {
-    let job = Job::load(&args.job)?;
+    let job = super::jobs::load_and_build(&args.job)?;
     let adapters = match (args.adapter, args.checkpoint) {
         (Some(dir), _) => AdapterChoice::Dir(dir),
         (None, Some(steps)) => AdapterChoice::Checkpoint(steps),
@@ -189,11 +188,9 @@ fn summary_line(player: usize, summary: &Evaluation) -> String {
 }
 
 pub fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
-    let replayed = runtime()?.block_on(watch::replay(
-        &args.rollouts,
-        args.index,
-        args.job.as_deref(),
-    ))?;
+    let job_file = watch::replay_job_file(&args.rollouts, args.job.as_deref())?;
+    let job = super::jobs::load_and_build(&job_file)?;
+    let replayed = runtime()?.block_on(watch::replay(&job, &args.rollouts, args.index))?;
     let what = format!(
         "step {} group {} episode {} (seed {})",
         replayed.step, replayed.group, replayed.index, replayed.seed

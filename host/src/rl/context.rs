@@ -58,15 +58,20 @@ pub(super) struct JobPlugins {
 }
 
 impl JobPlugins {
-    /// Build (from a crate folder) or read each plugin the job names, compile it, and check it
-    /// implements its section's kind: what a job can have wrong in its plugins is found before
-    /// any model is generated or loaded. `name` names the job in errors.
+    /// Read each component the job names, compile it, and check it implements its section's
+    /// kind: what a job can have wrong in its plugins is found before any model is generated or
+    /// loaded. The driver runs components only: building a plugin from its source is the CLI's
+    /// (`Job::plugin_paths_mut`). `name` names the job in errors.
     pub(super) async fn load(host: &PluginHost, job: &Job, name: &str) -> anyhow::Result<Self> {
-        let load = async |section: &str, path: &Path, kind: PluginKind| -> anyhow::Result<Plugin> {
-            let wasm = crate::plugin::build::component_path(path)
-                .with_context(|| format!("job `{name}`: [{section}] plugin {}", path.display()))?;
+        let load = async |section: &str, wasm: &Path, kind: PluginKind| -> anyhow::Result<Plugin> {
+            anyhow::ensure!(
+                !wasm.is_dir(),
+                "job `{name}`: [{section}] plugin {} is a source folder: build it into a \
+                 component first (`opentinker plugin build`; `train`, `play` and `replay` do)",
+                wasm.display()
+            );
             let plugin = host
-                .load_file(&wasm)
+                .load_file(wasm)
                 .await
                 .with_context(|| format!("job `{name}`: [{section}] plugin {}", wasm.display()))?;
             let kinds = &plugin.description().kinds;

@@ -523,6 +523,22 @@ impl Job {
         Ok(job)
     }
 
+    /// The plugin paths the job names, by section (`environment`, `agent`, `reward`), for the
+    /// CLI to build source folders into components before the driver sees the job.
+    pub fn plugin_paths_mut(&mut self) -> Vec<(&'static str, &mut PathBuf)> {
+        let mut paths = Vec::new();
+        if let Some(section) = &mut self.environment {
+            paths.push(("environment", &mut section.plugin));
+        }
+        if let Some(section) = &mut self.agent {
+            paths.push(("agent", &mut section.plugin));
+        }
+        if let Some(section) = &mut self.reward {
+            paths.push(("reward", &mut section.plugin));
+        }
+        paths
+    }
+
     /// The job's policies: those it names, or one trainable `policy` for every player.
     pub fn policies(&self) -> Vec<PolicySection> {
         if !self.policies.is_empty() {

@@ -257,14 +257,33 @@ pub struct Replayed {
     pub messages: usize,
 }
 
+/// The job file a rollouts file `OUT/rollouts/step-N.jsonl` was played by: `job_file` when
+/// given, else the one its run recorded.
+pub fn replay_job_file(rollouts: &Path, job_file: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(file) = job_file {
+        return Ok(file.to_path_buf());
+    }
+    let root = run_root(rollouts)?;
+    RunFolder::open(root)?.job_file()?.with_context(|| {
+        format!(
+            "{} records no job file (a run of an older opentinker): name it with --job",
+            root.display()
+        )
+    })
+}
+
+/// The run folder above a rollouts file.
+fn run_root(rollouts: &Path) -> anyhow::Result<&Path> {
+    rollouts
+        .parent()
+        .and_then(Path::parent)
+        .with_context(|| format!("{}: no run folder above it", rollouts.display()))
+}
+
 /// Re-run episode `index` (its line number, from 0) of a rollouts file `OUT/rollouts/step-N.jsonl`
-/// from its seed, with the adapters that played step N (the checkpoint after N steps), and
-/// compare everything recorded of it. `job_file` defaults to the job the run recorded.
-pub async fn replay(
-    rollouts: &Path,
-    index: usize,
-    job_file: Option<&Path>,
-) -> anyhow::Result<Replayed> {
+/// of `job` from its seed, with the adapters that played step N (the checkpoint after N steps),
+/// and compare everything recorded of it.
+pub async fn replay(job: &Job, rollouts: &Path, index: usize) -> anyhow::Result<Replayed> {
     let step = rollouts
         .file_name()
         .and_then(|n| n.to_str())
@@ -280,21 +299,7 @@ pub async fn replay(
                 rollouts.display()
             )
         })?;
-    let root = rollouts
-        .parent()
-        .and_then(Path::parent)
-        .with_context(|| format!("{}: no run folder above it", rollouts.display()))?;
-    let run = RunFolder::open(root)?;
-    let job_file = match job_file {
-        Some(file) => file.to_path_buf(),
-        None => run.job_file()?.with_context(|| {
-            format!(
-                "{} records no job file (a run of an older opentinker): name it with --job",
-                root.display()
-            )
-        })?,
-    };
-    let job = Job::load(&job_file)?;
+    let run = RunFolder::open(run_root(rollouts)?)?;
     anyhow::ensure!(
         !job.rl.asynchronous(),
         "replay re-runs episodes of sync-mode jobs: an async job's groups may have played with \
@@ -327,7 +332,7 @@ pub async fn replay(
             job.checkpoint.every
         ),
     };
-    let stage = Stage::new(&job, Some(&run), &adapters, "").await?;
+    let stage = Stage::new(job, Some(&run), &adapters, "").await?;
     let actors = stage.versions.actors();
     let group_seed = recorded
         .seed
@@ -340,7 +345,7 @@ pub async fn replay(
         .generate_task(&stage.cx.config, group_seed, &stage.cx.limits)
         .await
         .map_err(|error| anyhow::anyhow!("generating the task of seed {group_seed}: {error}"))?;
-    let played = rollout(&stage.cx, &job, &stage.cx.config, sampling_params(&job))?
+    let played = rollout(&stage.cx, job, &stage.cx.config, sampling_params(job))?
         .play(&task, recorded.seed, &actors)
         .await;
     let sequences: Vec<_> = played
