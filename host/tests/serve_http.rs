@@ -13,11 +13,27 @@ use std::time::Duration;
 use opentinker::wire::proto;
 use prost::Message;
 use serde_json::{Value, json};
-use server::{Server, start_server};
+use server::{BIN, Server, start_server};
 
-/// One request; the answer's status and JSON body (a protobuf body is given as its length).
+/// One POST request; the answer's status and JSON body (a protobuf body is given as its length).
 fn call(
     server: &Server,
+    path: &str,
+    key: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> (u16, Value) {
+    exchange(server, "POST", path, key, content_type, body)
+}
+
+/// One GET request of `path` with `key`.
+fn get(server: &Server, path: &str, key: &str) -> (u16, Value) {
+    exchange(server, "GET", path, Some(key), "application/json", b"")
+}
+
+fn exchange(
+    server: &Server,
+    method: &str,
     path: &str,
     key: Option<&str>,
     content_type: &str,
@@ -29,7 +45,7 @@ fn call(
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
     let mut head = format!(
-        "POST /api/v1/{path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "{method} /api/v1/{path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
     if let Some(key) = key {
@@ -434,4 +450,83 @@ fn a_session_keeps_its_latest_sampling_sessions_and_lets_the_oldest_go() {
     assert_eq!(status, 404, "{error}");
     let (status, body) = sample(&ids[64]);
     assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn plugins_are_uploaded_by_digest_checked_as_the_loader_checks_them_and_kept_per_tenant() {
+    let server = start_server();
+    // A real component: the arithmetic environment, built as `train` builds it.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/arithmetic");
+    let built = std::process::Command::new(BIN)
+        .args(["plugin", "build"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let path = String::from_utf8(built.stdout).unwrap();
+    let bytes = std::fs::read(path.trim()).unwrap();
+    let upload =
+        |key: &str, bytes: &[u8]| call(&server, "plugins", Some(key), "application/wasm", bytes);
+
+    let (status, stored) = upload(&server.alice, &bytes);
+    assert_eq!(status, 200, "{stored}");
+    let digest = stored["digest"].as_str().unwrap().to_string();
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 7 + 64,
+        "{digest}"
+    );
+    assert_eq!(stored["kinds"], json!(["environment"]));
+    assert_eq!(stored["wit_version"], "0.1.0");
+    assert_eq!(stored["bytes"], bytes.len());
+    // The same bytes again: the same digest.
+    assert_eq!(upload(&server.alice, &bytes).1["digest"], digest.as_str());
+    let (status, described) = get(&server, &format!("plugins/{digest}"), &server.alice);
+    assert_eq!((status, &described["digest"]), (200, &json!(digest)));
+    let (_, listed) = get(&server, "plugins", &server.alice);
+    assert_eq!(listed["plugins"][0]["digest"], digest.as_str());
+
+    // Another tenant's digest is unknown, exactly as one nobody uploaded.
+    let (status, _) = get(&server, &format!("plugins/{digest}"), &server.bob);
+    assert_eq!(status, 404);
+    let nobody = format!("sha256:{}", "0".repeat(64));
+    assert_eq!(
+        get(&server, &format!("plugins/{nobody}"), &server.alice).0,
+        404
+    );
+    assert_eq!(get(&server, "plugins", &server.bob).1["plugins"], json!([]));
+    let (status, message) = refused(get(&server, "plugins/sha256:..%2F..", &server.alice));
+    assert_eq!(status, 400, "{message}");
+
+    // What the loader refuses is refused here, by name, with a 4xx.
+    let random: Vec<u8> = (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect();
+    let core_module = wat::parse_str("(module)").unwrap();
+    let other_world = wat::parse_str("(component)").unwrap();
+    for (what, body, expected) in [
+        (
+            "random bytes",
+            random.as_slice(),
+            "not a WebAssembly component",
+        ),
+        ("a core module", &core_module, "not a WebAssembly component"),
+        (
+            "a component of no opentinker world",
+            &other_world,
+            "opentinker:plugin",
+        ),
+    ] {
+        let (status, message) = refused(upload(&server.alice, body));
+        assert_eq!(status, 400, "{what}: {message}");
+        assert!(message.contains(expected), "{what}: {message}");
+    }
+    assert_eq!(
+        get(&server, "plugins", &server.alice).1["plugins"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
 }

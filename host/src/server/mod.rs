@@ -9,6 +9,7 @@
 pub mod futures;
 pub mod journal;
 pub mod openai;
+pub mod plugins;
 pub mod routes;
 pub mod tenants;
 pub mod wire;
@@ -94,6 +95,8 @@ pub struct AppState {
     known_keys: Mutex<HashMap<[u8; 32], TenantId>>,
     /// The samplers of the OpenAI-compatible routes.
     pub openai: openai::Samplers,
+    /// The tenants' uploaded plugins.
+    pub plugins: plugins::PluginStore,
 }
 
 impl AppState {
@@ -108,6 +111,8 @@ impl AppState {
             Ok((tenants, journal))
         };
         let (tenants, journal) = tokio::task::spawn_blocking(open).await??;
+        let plugins =
+            plugins::PluginStore::open(&config.data).context("starting the plugin host")?;
         let service = {
             let config = config.clone();
             tokio::task::spawn_blocking(move || Self::service(&config)).await??
@@ -142,6 +147,7 @@ impl AppState {
             poll_wait: config.poll_wait,
             known_keys: Mutex::new(HashMap::new()),
             openai: openai::Samplers::default(),
+            plugins,
         });
         state.futures.restore(recorded.finished);
         routes::resume(&state, recorded.pending);

@@ -48,6 +48,7 @@ pub fn router(state: Shared) -> Router {
             };
         api.route(&format!("/{}", route.name()), post(handler))
     });
+    let api = api.merge(super::plugins::router());
     Router::new()
         .nest("/api/v1", api)
         .nest("/v1", super::openai::router())
