@@ -51,6 +51,7 @@ async fn run() -> anyhow::Result<()> {
         quantum: 128,
         cycle: None,
         solo_pass_tokens: None,
+        anticipate: None,
     };
     let base = ServedBase::load(TINY_MODEL_NAME, &tiny_model_dir(&data)?, 65_536, share)?;
     let service = Service::new(vec![base], ServiceConfig { data });

@@ -526,6 +526,7 @@ async fn a_call_larger_than_a_pass_is_sliced_lets_a_small_call_through_and_sums_
         quantum: 20,
         cycle: None,
         solo_pass_tokens: None,
+        anticipate: None,
     };
     let (service, open) = gated_service_sharing(share).await;
     // 48 datums of 14 tokens: at least 16 passes of 40 tokens, plenty of time to see the small
@@ -577,6 +578,7 @@ async fn lone_call_on(cycle: std::time::Duration) -> (f64, Vec<(String, Vec<f32>
         quantum: 128,
         cycle: Some(cycle),
         solo_pass_tokens: Some(60),
+        anticipate: None,
     };
     let (service, open) = gated_service_sharing(share).await;
     // Datums of two lengths: how they are grouped into passes changes their padding.
@@ -617,6 +619,7 @@ async fn a_tenant_of_weight_three_gets_more_of_the_passes_than_an_equal_share() 
         quantum: 14,
         cycle: None,
         solo_pass_tokens: None,
+        anticipate: None,
     };
     let (service, open) = gated_service_sharing(share).await;
     service.set_weight("gold", 3);

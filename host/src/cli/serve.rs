@@ -43,6 +43,12 @@ pub struct ServeArgs {
     /// do not depend on timing: its loop is bit-reproducible, across a restart too.
     #[arg(long, default_value_t = 1024)]
     solo_pass_tokens: u64,
+    /// Milliseconds the training loop may wait, after answering a tenant's small call, for that
+    /// tenant's next call before it starts a pass of other tenants' work; only for a tenant whose
+    /// measured think time is shorter (0: never wait). A pass cannot be stopped, so without this
+    /// a light tenant's next call would land just after a heavy pass began, and wait for all of it.
+    #[arg(long, default_value_t = 20)]
+    anticipate_ms: u64,
     /// Requests one tenant may have queued or running; past it requests are answered 429.
     #[arg(long, default_value_t = 4096)]
     max_queued_per_tenant: usize,
@@ -90,6 +96,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             quantum: 128,
             cycle: (args.cycle_ms > 0).then(|| Duration::from_millis(args.cycle_ms)),
             solo_pass_tokens: (args.solo_pass_tokens > 0).then_some(args.solo_pass_tokens),
+            anticipate: (args.anticipate_ms > 0).then(|| Duration::from_millis(args.anticipate_ms)),
         },
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -1,7 +1,9 @@
-//! Fair queueing between tenants by virtual time (start-time fair queueing, the virtual-time
-//! form of deficit round robin): each tenant's work waits in its own queue with a tag, the
-//! virtual time at which its next part starts; a pass always takes the part with the smallest
-//! tag, and a part costing `c` moves its tenant's tag on by `c / weight`. So every busy tenant gets
+//! Fair queueing between tenants by virtual time (weighted fair queueing, the virtual-time form
+//! of deficit round robin): each tenant's work waits in its own queue with a tag, the virtual
+//! time at which its next part starts; a pass always takes the part that would finish first in
+//! virtual time (its tag plus its cost over its weight, so a small part goes before a heavy
+//! tenant's whole quantum of a similar tag), and a part costing `c` moves its tenant's tag on by
+//! `c / weight`. So every busy tenant gets
 //! the same share of the cost (tokens), whatever the size and number of its requests; a tenant
 //! that was idle starts at the smallest waiting tag, its work before larger work of the same tag
 //! (it neither banks credit nor waits behind the busy tenants' backlogs, so its small request
@@ -97,6 +99,13 @@ impl<T: Divisible> FairQueue<T> {
         self.tenants.values().all(|t| t.queue.is_empty())
     }
 
+    /// Whether `tenant` has work waiting.
+    pub fn has_work(&self, tenant: &str) -> bool {
+        self.tenants
+            .get(tenant)
+            .is_some_and(|t| !t.queue.is_empty())
+    }
+
     /// How many tenants have work waiting.
     pub fn busy_tenants(&self) -> usize {
         self.tenants
@@ -117,9 +126,10 @@ impl<T: Divisible> FairQueue<T> {
             // The virtual time at which a tenant's next part would finish: its tag plus the
             // part's cost (at most a quantum) over its weight.
             let finish = |t: &Tenant<T>| {
-                let part = t.queue.front().map_or(0, |w| {
-                    w.cost().min(quantum.max(w.unit_cost()))
-                });
+                let part = t
+                    .queue
+                    .front()
+                    .map_or(0, |w| w.cost().min(quantum.max(w.unit_cost())));
                 t.tag + part as f64 / t.weight as f64
             };
             let next = self

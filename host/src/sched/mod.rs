@@ -2,6 +2,7 @@
 //! job that uses it. Sampling is continuously batched across adapters; training runs in clock
 //! cycles that fuse the waiting `forward_backward` calls of different jobs into one pass.
 
+pub mod anticipate;
 pub mod base;
 pub mod convert;
 pub mod fair;

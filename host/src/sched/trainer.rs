@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
 
+use super::anticipate::Anticipation;
 use super::fair::{Divisible, FairQueue, Taken, TenantKey};
 use crate::train::{ItemOutput, TrainError, TrainingEngine, WorkItem};
 
@@ -52,6 +53,8 @@ enum Command {
         tenant: TenantKey,
         items: Vec<WorkItem>,
         reply: oneshot::Sender<Outputs>,
+        /// When the caller sent it (the loop may be in a pass when it arrives).
+        sent: std::time::Instant,
         /// Run right after the call's last pass, before anything else.
         then: Option<Exclusive>,
     },
@@ -74,6 +77,9 @@ pub struct FairShare {
     /// time, so that a lone caller's passes depend on its own calls only and its results are
     /// reproducible (datums are padded to the longest of their pass). `None`: as `cycle`.
     pub solo_pass_tokens: Option<u64>,
+    /// How long the loop may wait, after answering a small call, for the same tenant's next
+    /// call before it starts a pass of others' work ([`Anticipation`]). `None`: never waits.
+    pub anticipate: Option<std::time::Duration>,
 }
 
 impl FairShare {
@@ -84,6 +90,7 @@ impl FairShare {
             quantum: u64::MAX / 4,
             cycle: None,
             solo_pass_tokens: None,
+            anticipate: None,
         }
     }
 }
@@ -228,6 +235,7 @@ impl TrainerService {
                 tenant: tenant.to_string(),
                 items,
                 reply,
+                sent: std::time::Instant::now(),
                 then,
             })
             .map_err(|_| TrainerServiceError::Stopped)?;
@@ -305,6 +313,9 @@ impl Divisible for Remaining {
 
 /// A call being served: its outputs so far, and where to answer.
 struct Call {
+    tenant: TenantKey,
+    /// It costs at most a quantum: its tenant may be waited for after it ([`Anticipation`]).
+    small: bool,
     outputs: Vec<ItemOutput>,
     reply: oneshot::Sender<Outputs>,
     then: Option<Exclusive>,
@@ -333,16 +344,122 @@ fn merge(into: &mut ItemOutput, part: ItemOutput) {
     }
 }
 
+/// The loop's state between passes.
+struct Loop {
+    queue: FairQueue<Remaining>,
+    calls: HashMap<u64, Call>,
+    next_call: u64,
+    quantum: u64,
+    anticipation: Option<Anticipation>,
+}
+
+impl Loop {
+    /// Run or queue one command.
+    fn accept(&mut self, engine: &mut TrainingEngine, command: Command) {
+        match command {
+            Command::Exclusive(call) => {
+                // A panicking call drops its answer (its caller hears the trainer stopped);
+                // the other callers' work goes on.
+                let _ = catch_unwind(AssertUnwindSafe(|| call(engine)));
+            }
+            Command::Weight { tenant, weight } => self.queue.set_weight(&tenant, weight),
+            Command::ForwardBackward {
+                tenant,
+                items,
+                reply,
+                sent,
+                then,
+            } => {
+                if let Some(anticipation) = &mut self.anticipation {
+                    anticipation.arrived(&tenant, sent);
+                }
+                self.next_call += 1;
+                let small = items.iter().map(tokens).sum::<u64>() <= self.quantum;
+                self.calls.insert(
+                    self.next_call,
+                    Call {
+                        tenant: tenant.clone(),
+                        small,
+                        outputs: vec![ItemOutput::default(); items.len()],
+                        reply,
+                        then,
+                        failed: false,
+                    },
+                );
+                self.queue.push(
+                    &tenant,
+                    Remaining {
+                        call: self.next_call,
+                        pieces: items.into_iter().enumerate().collect(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Before a pass: wait for the next call of a tenant just answered, as long as
+    /// [`Anticipation`] says. `false`: every handle is gone.
+    fn anticipate(
+        &mut self,
+        engine: &mut TrainingEngine,
+        commands: &mpsc::Receiver<Command>,
+    ) -> bool {
+        loop {
+            let now = std::time::Instant::now();
+            let Some((tenant, deadline)) = self.anticipation.as_ref().and_then(|a| a.wait_for(now))
+            else {
+                return true;
+            };
+            if self.queue.has_work(&tenant) {
+                return true;
+            }
+            match commands.recv_timeout(deadline - now) {
+                Ok(command) => self.accept(engine, command),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(anticipation) = &mut self.anticipation {
+                        anticipation.gave_up(&tenant);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// Answer call `id`, whose last slice has run.
+    fn finish(&mut self, engine: &mut TrainingEngine, id: u64) {
+        let Some(call) = self.calls.remove(&id) else {
+            return;
+        };
+        if call.failed {
+            return;
+        }
+        if let Some(then) = call.then {
+            let _ = catch_unwind(AssertUnwindSafe(|| then(engine)));
+        }
+        let _ = call.reply.send(Ok(call.outputs));
+        if let Some(anticipation) = &mut self.anticipation
+            && call.small
+            && !self.queue.has_work(&call.tenant)
+        {
+            anticipation.answered(&call.tenant, std::time::Instant::now());
+        }
+    }
+}
+
 fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: FairShare) {
-    let mut queue: FairQueue<Remaining> = FairQueue::new(share.quantum);
-    let mut calls: HashMap<u64, Call> = HashMap::new();
-    let mut next_call = 0u64;
+    let mut state = Loop {
+        queue: FairQueue::new(share.quantum),
+        calls: HashMap::new(),
+        next_call: 0,
+        quantum: share.quantum,
+        anticipation: share.anticipate.map(Anticipation::new),
+    };
     let mut rate = Rate {
         tokens_per_second: None,
     };
     loop {
         // Wait for work only when none is queued.
-        let first = match queue.is_empty() {
+        let first = match state.queue.is_empty() {
             true => match commands.recv() {
                 Ok(command) => Some(command),
                 Err(_) => return,
@@ -351,46 +468,18 @@ fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: F
         };
         // The cycle: what has arrived by now; later calls wait for the next one.
         for command in first.into_iter().chain(commands.try_iter()) {
-            match command {
-                Command::Exclusive(call) => {
-                    // A panicking call drops its answer (its caller hears the trainer stopped);
-                    // the other callers' work goes on.
-                    let _ = catch_unwind(AssertUnwindSafe(|| call(&mut engine)));
-                }
-                Command::Weight { tenant, weight } => queue.set_weight(&tenant, weight),
-                Command::ForwardBackward {
-                    tenant,
-                    items,
-                    reply,
-                    then,
-                } => {
-                    next_call += 1;
-                    calls.insert(
-                        next_call,
-                        Call {
-                            outputs: vec![ItemOutput::default(); items.len()],
-                            reply,
-                            then,
-                            failed: false,
-                        },
-                    );
-                    queue.push(
-                        &tenant,
-                        Remaining {
-                            call: next_call,
-                            pieces: items.into_iter().enumerate().collect(),
-                        },
-                    );
-                }
-            }
+            state.accept(&mut engine, command);
         }
-        if queue.is_empty() {
+        if state.queue.is_empty() {
             continue;
+        }
+        if !state.anticipate(&mut engine, &commands) {
+            return;
         }
         let mut slices = Vec::new();
         let mut finishing = Vec::new();
-        let budget = rate.budget(&share, queue.busy_tenants());
-        for (_, taken) in queue.take(budget) {
+        let budget = rate.budget(&share, state.queue.busy_tenants());
+        for (_, taken) in state.queue.take(budget) {
             match taken {
                 Taken::Whole(rest) => {
                     finishing.push(rest.call);
@@ -402,7 +491,7 @@ fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: F
                 Taken::Part(slice) => slices.push(slice),
             }
         }
-        slices.retain(|s| calls.get(&s.call).is_some_and(|c| !c.failed));
+        slices.retain(|s| state.calls.get(&s.call).is_some_and(|c| !c.failed));
         let tokens: u64 = slices
             .iter()
             .flat_map(|s| &s.pieces)
@@ -410,20 +499,13 @@ fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: F
             .sum();
         let started = std::time::Instant::now();
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            forward_backward_fused(&mut engine, &mut calls, slices)
+            forward_backward_fused(&mut engine, &mut state.calls, slices)
         }));
         let elapsed = started.elapsed();
         tracing::debug!(tokens, ?elapsed, budget, "training pass");
         rate.observe(tokens, elapsed);
         for id in finishing {
-            if let Some(call) = calls.remove(&id)
-                && !call.failed
-            {
-                if let Some(then) = call.then {
-                    let _ = catch_unwind(AssertUnwindSafe(|| then(&mut engine)));
-                }
-                let _ = call.reply.send(Ok(call.outputs));
-            }
+            state.finish(&mut engine, id);
         }
     }
 }
