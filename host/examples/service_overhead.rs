@@ -35,9 +35,14 @@ fn batch() -> Vec<Datum> {
         .collect()
 }
 
+/// The server binary's allocator, so that the two sides differ only by what the service adds.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     // SAFETY: the first thing `main` does; no other thread exists yet (the runtime's start after).
     unsafe { opentinker::compute_threads::fix_compute_threads() };
+    opentinker::allocator::keep_freed_memory();
     tokio::runtime::Runtime::new()?.block_on(run())
 }
 
