@@ -19,9 +19,8 @@ async fn a_five_turn_episode_is_one_datum() {
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("model");
     TinyModelSpec {
-        shape: "tiny".into(),
-        arch: "qwen2".into(),
         seed: 4,
+        ..TinyModelSpec::built_in()
     }
     .generate(&model_dir)
     .unwrap();
