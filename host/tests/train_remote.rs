@@ -154,49 +154,29 @@ fn what_a_server_cannot_do_is_refused_before_any_work_naming_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let full = job(dir.path(), true);
-    let with = |key: &str| {
-        train(&[
-            full.as_os_str(),
+    // `train JOB --out OUT --server URL` and `extra` arguments.
+    let on_server = |job: &std::path::Path, extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            job.as_os_str(),
             "--out".as_ref(),
             out.as_os_str(),
             "--server".as_ref(),
             server.url.as_ref(),
-            "--api-key".as_ref(),
-            key.as_ref(),
-        ])
+        ];
+        args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+        train(&args)
     };
-    let error = with(&server.alice).unwrap_err();
+    let error = on_server(&full, &["--api-key", &server.alice]).unwrap_err();
     assert!(error.contains("full_parameters"), "{error}");
     let lora_job = job(dir.path(), false);
-    let error = train(&[
-        lora_job.as_os_str(),
-        "--server".as_ref(),
-        server.url.as_ref(),
-    ])
-    .unwrap_err();
+    let error = on_server(&lora_job, &[]).unwrap_err();
     assert!(error.contains("TINKER_API_KEY"), "{error}");
-    let error = train(&[
-        lora_job.as_os_str(),
-        "--out".as_ref(),
-        out.as_os_str(),
-        "--server".as_ref(),
-        server.url.as_ref(),
-        "--api-key".as_ref(),
-        "tml-not-a-key".as_ref(),
-    ])
-    .unwrap_err();
+    let error = on_server(&lora_job, &["--api-key", "tml-not-a-key"]).unwrap_err();
     assert!(error.contains("401"), "{error}");
-    let error = train(&[
-        lora_job.as_os_str(),
-        "--out".as_ref(),
-        out.as_os_str(),
-        "--server".as_ref(),
-        server.url.as_ref(),
-        "--api-key".as_ref(),
-        server.alice.as_ref(),
-        "--base-model".as_ref(),
-        "no/such-model".as_ref(),
-    ])
+    let error = on_server(
+        &lora_job,
+        &["--api-key", &server.alice, "--base-model", "no/such-model"],
+    )
     .unwrap_err();
     assert!(
         error.contains("does not serve") && error.contains("opentinker/tiny"),
