@@ -29,6 +29,27 @@ pub struct PolicyRef {
     pub version: Option<u64>,
 }
 
+/// Told each token as it is sampled (for answers streamed as they are made): which of the
+/// request's samples, the token and its logprob. Called from the sampler's worker threads.
+#[derive(Clone)]
+pub struct TokenSink(Arc<dyn Fn(usize, u32, f32) + Send + Sync>);
+
+impl TokenSink {
+    pub fn new(sink: impl Fn(usize, u32, f32) + Send + Sync + 'static) -> Self {
+        TokenSink(Arc::new(sink))
+    }
+
+    fn send(&self, sample: usize, token: u32, logprob: f32) {
+        (self.0)(sample, token, logprob)
+    }
+}
+
+impl std::fmt::Debug for TokenSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenSink")
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct SampleRequest {
     pub prompt: Vec<u32>,
@@ -39,6 +60,8 @@ pub struct SampleRequest {
     pub prompt_logprobs: bool,
     /// The `k` most likely tokens (with logprobs) at every prompt position; 0: none.
     pub topk_prompt_logprobs: usize,
+    /// Told each token as it is sampled; `None`: the tokens come with the finished output only.
+    pub tokens: Option<TokenSink>,
 }
 
 impl SampleRequest {
@@ -71,6 +94,7 @@ impl SampleRequest {
             policy: None,
             prompt_logprobs: false,
             topk_prompt_logprobs: 0,
+            tokens: None,
         }
     }
 }
@@ -343,19 +367,24 @@ impl SamplingEngine {
         // Each sample draws from its own stream, so samples pick their tokens in parallel.
         let mut picks = Vec::with_capacity(decoding);
         for running in &mut self.running {
-            let params = &running.admitted.request.params;
-            let prompt_len = running.admitted.request.prompt.len();
-            for sample in running.samples.iter_mut().filter(|s| s.stop.is_none()) {
+            let request = &running.admitted.request;
+            let (params, sink) = (&request.params, request.tokens.as_ref());
+            let prompt_len = request.prompt.len();
+            let decoding = running.samples.iter_mut().enumerate();
+            for (index, sample) in decoding.filter(|(_, s)| s.stop.is_none()) {
                 let row = logits.next().expect("one logits row per decoding sample");
-                picks.push((sample, params, prompt_len, row));
+                picks.push((sample, params, prompt_len, row, sink, index));
             }
         }
         let (eos, tokenizer) = (&self.eos, self.tokenizer.as_deref());
         picks
             .into_par_iter()
-            .for_each(|(sample, params, prompt_len, row)| {
+            .for_each(|(sample, params, prompt_len, row, sink, index)| {
                 let uniform = sample.rng.random::<f64>();
                 let (token, logprob) = choose(&row, params, uniform);
+                if let Some(sink) = sink {
+                    sink.send(index, token, logprob);
+                }
                 sample.tokens.push(token);
                 sample.logprobs.push(logprob);
                 sample.stop =
@@ -382,6 +411,9 @@ impl SamplingEngine {
             for i in 0..n {
                 let mut rng = sample_rng(a.seed, i);
                 let (token, logprob) = choose(last, &a.request.params, rng.random::<f64>());
+                if let Some(sink) = &a.request.tokens {
+                    sink.send(i, token, logprob);
+                }
                 let tokens = vec![token];
                 let stop = stop_reason(
                     &tokens,

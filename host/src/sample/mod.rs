@@ -10,6 +10,6 @@ pub mod prefix;
 
 pub use engine::{
     EngineConfig, PolicyRef, RequestId, Sample, SampleError, SampleOutput, SampleRequest,
-    SamplingEngine, StopReason,
+    SamplingEngine, StopReason, TokenSink,
 };
 pub use params::{SamplingParams, Stop};

@@ -22,7 +22,7 @@ use crate::api::{
     SampleRequest, SampleResponse, SamplerId, SamplerInfo, SamplerSource, SessionId, TenantId,
 };
 use crate::lora::PolicyVersion;
-use crate::sample::{self, PolicyRef};
+use crate::sample::{self, PolicyRef, TokenSink};
 use crate::train::{self, SlotState, SlotStateError, TrainError, TrainingEngine, WorkItem};
 
 /// Snapshot samplers a model keeps (`save_weights_and_get_sampling_client` each RL step); the
@@ -504,10 +504,21 @@ impl Service {
             }
             Op::Sample(request) => {
                 let sampler = self.sampler(tenant, &request.sampler)?;
-                OpOutput::Sample(sample_with(&sampler, request).await?)
+                OpOutput::Sample(sample_with(&sampler, request, None).await?)
             }
         };
         Ok((output, Vec::new()).into())
+    }
+
+    /// `Op::Sample`, with each token told to `tokens` as it is sampled (for streamed answers).
+    pub async fn sample_streaming(
+        &self,
+        tenant: &TenantId,
+        request: SampleRequest,
+        tokens: TokenSink,
+    ) -> Result<SampleResponse, ApiError> {
+        let sampler = self.sampler(tenant, &request.sampler)?;
+        sample_with(&sampler, request, Some(tokens)).await
     }
 
     /// Check `op` for `tenant` without running it: unknown (or another tenant's) ids, bad
@@ -1039,8 +1050,10 @@ async fn optim_step(
 async fn sample_with(
     sampler: &Sampler,
     request: SampleRequest,
+    tokens: Option<TokenSink>,
 ) -> Result<SampleResponse, ApiError> {
-    let engine_request = engine_request(sampler, &request)?;
+    let mut engine_request = engine_request(sampler, &request)?;
+    engine_request.tokens = tokens;
     let output = sampler
         .base
         .sampler

@@ -6,9 +6,9 @@
 //! 404 as an unknown one does. Requests run on the same sampler and fair queue as the Tinker
 //! API's; a chat is rendered with the base model's chat template.
 //!
-//! A streamed answer is sent as server-sent events in the OpenAI chunk format, but the whole
-//! completion comes in one chunk when it is done: the sampler does not hand out tokens as they
-//! are sampled yet.
+//! A streamed answer is sent as server-sent events in the OpenAI chunk format, a chunk as each
+//! token is sampled (the sampler tells a `TokenSink`), its text decoded from the tokens so far
+//! (a token that ends inside a UTF-8 character waits for the next).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,6 +29,7 @@ use crate::api::{
     ApiError, ApiErrorKind, ModelInput, Op, OpOutput, SampleRequest, SampleResponse, SamplerId,
     SamplerSource, SamplingParams, SessionId, Stop, StopReason, TenantId,
 };
+use crate::sample::TokenSink;
 use crate::sched::base::ServedBase;
 use crate::text::ChatMessage;
 
@@ -244,35 +245,50 @@ fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
 }
 
+/// The sample request of `prompt` (tokenized for the base of `model`) for `tenant`: its base
+/// and the prompt's length too.
+async fn prepare(
+    state: &Shared,
+    tenant: &TenantId,
+    model: &str,
+    prompt: &(dyn Fn(&ServedBase) -> Result<Vec<u32>, ApiError> + Sync),
+    n: usize,
+    params: &SamplingParams,
+) -> Result<(Arc<ServedBase>, usize, SampleRequest), ApiError> {
+    let resolved = state.openai.resolve(state, tenant, model).await?;
+    let tokens = prompt(&resolved.base)?;
+    let prompt_tokens = tokens.len();
+    let request = SampleRequest {
+        sampler: resolved.sampler.clone(),
+        prompt: ModelInput::from_tokens(tokens),
+        num_samples: n,
+        params: params.clone(),
+        prompt_logprobs: false,
+        topk_prompt_logprobs: 0,
+    };
+    Ok((resolved.base, prompt_tokens, request))
+}
+
 /// Sample `prompt` `n` times from `model` for `tenant` (a sampler evicted since it was resolved
 /// is made again, once).
 async fn sample(
     state: &Shared,
     tenant: &TenantId,
     model: &str,
-    prompt: impl Fn(&ServedBase) -> Result<Vec<u32>, ApiError>,
+    prompt: &(dyn Fn(&ServedBase) -> Result<Vec<u32>, ApiError> + Sync),
     n: usize,
     params: SamplingParams,
 ) -> Result<(Arc<ServedBase>, usize, SampleResponse), ApiError> {
     for attempt in 0..2 {
-        let resolved = state.openai.resolve(state, tenant, model).await?;
-        let tokens = prompt(&resolved.base)?;
-        let prompt_tokens = tokens.len();
-        let request = SampleRequest {
-            sampler: resolved.sampler.clone(),
-            prompt: ModelInput::from_tokens(tokens),
-            num_samples: n,
-            params: params.clone(),
-            prompt_logprobs: false,
-            topk_prompt_logprobs: 0,
-        };
+        let (base, prompt_tokens, request) =
+            prepare(state, tenant, model, prompt, n, &params).await?;
         match state
             .service
             .execute(tenant, Op::Sample(request), None)
             .await
             .outcome
         {
-            Ok(OpOutput::Sample(response)) => return Ok((resolved.base, prompt_tokens, response)),
+            Ok(OpOutput::Sample(response)) => return Ok((base, prompt_tokens, response)),
             Ok(other) => return Err(unexpected(&other)),
             Err(error) if error.kind == ApiErrorKind::NotFound && attempt == 0 => {
                 state.openai.forget(tenant, model);
@@ -321,17 +337,111 @@ fn token_texts(base: &ServedBase, tokens: &[u32]) -> Result<Vec<String>, ApiErro
     tokens.iter().map(|&t| decode(base, &[t])).collect()
 }
 
-/// The answer: the whole JSON, or, when `stream`, server-sent events of `chunks` then `[DONE]`.
-fn answer(stream: bool, whole: Value, chunks: Vec<Value>) -> Response {
-    if !stream {
-        return Json(whole).into_response();
+/// What the streaming task hands the event stream.
+enum Streamed {
+    Token { sample: usize, token: u32 },
+    Done(Result<SampleResponse, ApiError>),
+}
+
+/// How one endpoint words a chunk: the choice, the new text, and the finish reason once known.
+type ChunkOf = Box<dyn Fn(usize, &str, Option<&str>) -> Value + Send>;
+
+/// Sample `request` for `tenant`, answering server-sent events: a chunk of new text per token
+/// (as `chunk` words it), a last chunk per choice with its finish reason, then `[DONE]`.
+fn stream(
+    state: Shared,
+    tenant: TenantId,
+    base: Arc<ServedBase>,
+    request: SampleRequest,
+    chunk: ChunkOf,
+) -> Response {
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+    let tokens = {
+        let sender = sender.clone();
+        TokenSink::new(move |sample, token, _| {
+            // The answer's reader may have gone: the sample still finishes.
+            let _ = sender.send(Streamed::Token { sample, token });
+        })
+    };
+    tokio::spawn(async move {
+        let result = state
+            .service
+            .sample_streaming(&tenant, request, tokens)
+            .await;
+        let _ = sender.send(Streamed::Done(result));
+    });
+    struct Reading {
+        receiver: tokio::sync::mpsc::UnboundedReceiver<Streamed>,
+        base: Arc<ServedBase>,
+        chunk: ChunkOf,
+        /// Per choice: its tokens so far, and how much of their text was sent.
+        choices: Vec<(Vec<u32>, usize)>,
+        ended: bool,
     }
-    let events = chunks
-        .into_iter()
-        .map(|chunk| Event::default().data(chunk.to_string()))
-        .chain(std::iter::once(Event::default().data("[DONE]")))
-        .map(Ok::<_, std::convert::Infallible>);
-    Sse::new(futures::stream::iter(events)).into_response()
+    let reading = Reading {
+        receiver,
+        base,
+        chunk,
+        choices: Vec::new(),
+        ended: false,
+    };
+    let events = futures::stream::unfold(reading, |mut r| async move {
+        if r.ended {
+            return None;
+        }
+        let mut out = Vec::new();
+        match r.receiver.recv().await {
+            Some(Streamed::Token { sample, token }) => {
+                if r.choices.len() <= sample {
+                    r.choices.resize_with(sample + 1, Default::default);
+                }
+                let (tokens, sent) = &mut r.choices[sample];
+                tokens.push(token);
+                if let Ok(text) = r.base.tokenizer.decode(tokens)
+                    && !text.ends_with('\u{FFFD}')
+                    && text.len() > *sent
+                    && text.is_char_boundary(*sent)
+                {
+                    out.push((r.chunk)(sample, &text[*sent..], None));
+                    *sent = text.len();
+                }
+            }
+            Some(Streamed::Done(Ok(response))) => {
+                for (index, sequence) in response.sequences.iter().enumerate() {
+                    let rest = match (decode(&r.base, &sequence.tokens), r.choices.get(index)) {
+                        (Ok(text), Some((_, sent))) if text.is_char_boundary(*sent) => {
+                            text[*sent..].to_string()
+                        }
+                        (Ok(text), None) => text,
+                        _ => String::new(),
+                    };
+                    out.push((r.chunk)(
+                        index,
+                        &rest,
+                        Some(finish_reason(sequence.stop_reason)),
+                    ));
+                }
+                r.ended = true;
+            }
+            Some(Streamed::Done(Err(error))) => {
+                out.push(json!({ "error": { "message": error.message, "type": "server_error" } }));
+                r.ended = true;
+            }
+            None => r.ended = true,
+        }
+        let mut events: Vec<Event> = out
+            .into_iter()
+            .map(|v| Event::default().data(v.to_string()))
+            .collect();
+        if r.ended {
+            events.push(Event::default().data("[DONE]"));
+        }
+        Some((
+            futures::stream::iter(events.into_iter().map(Ok::<_, std::convert::Infallible>)),
+            r,
+        ))
+    });
+    Sse::new(futures::StreamExt::flatten(events)).into_response()
 }
 
 async fn completions(
@@ -349,21 +459,30 @@ async fn completions(
     };
     let common = &request.common;
     let n = common.n.unwrap_or(1);
+    let params = common.params(Some(16))?;
     let encode = |base: &ServedBase| {
         base.tokenizer
             .encode(&text)
             .map_err(|e| ApiError::invalid(format!("prompt: {e}")))
     };
-    let (base, prompt_tokens, response) = sample(
-        &state,
-        &tenant,
-        &common.model,
-        encode,
-        n,
-        common.params(Some(16))?,
-    )
-    .await?;
     let (id, created) = id_and_time("cmpl")?;
+    if common.stream {
+        let (base, _, sample_request) =
+            prepare(&state, &tenant, &common.model, &encode, n, &params).await?;
+        let model = common.model.clone();
+        let chunk: ChunkOf = Box::new(move |index, text, finish| {
+            json!({
+                "id": id,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [{ "index": index, "text": text, "logprobs": Value::Null, "finish_reason": finish }],
+            })
+        });
+        return Ok(stream(state, tenant, base, sample_request, chunk));
+    }
+    let (base, prompt_tokens, response) =
+        sample(&state, &tenant, &common.model, &encode, n, params).await?;
     let mut choices = Vec::new();
     for (index, sequence) in response.sequences.iter().enumerate() {
         let logprobs = match request.logprobs {
@@ -393,27 +512,15 @@ async fn completions(
             "finish_reason": finish_reason(sequence.stop_reason),
         }));
     }
-    let whole = json!({
+    Ok(Json(json!({
         "id": id,
         "object": "text_completion",
         "created": created,
         "model": common.model,
         "choices": choices,
         "usage": usage(prompt_tokens, &response),
-    });
-    let chunks = choices
-        .iter()
-        .map(|choice| {
-            json!({
-                "id": id,
-                "object": "text_completion",
-                "created": created,
-                "model": common.model,
-                "choices": [choice],
-            })
-        })
-        .collect();
-    Ok(answer(common.stream, whole, chunks))
+    }))
+    .into_response())
 }
 
 async fn chat_completions(
@@ -436,18 +543,37 @@ async fn chat_completions(
             .map_err(|e| ApiError::invalid(format!("messages: {e}")))
     };
     let n = common.n.unwrap_or(1);
-    let (base, prompt_tokens, response) = sample(
-        &state,
-        &tenant,
-        &common.model,
-        render,
-        n,
-        common.params(None)?,
-    )
-    .await?;
+    let params = common.params(None)?;
     let (id, created) = id_and_time("chatcmpl")?;
+    if common.stream {
+        let (base, _, sample_request) =
+            prepare(&state, &tenant, &common.model, &render, n, &params).await?;
+        let model = common.model.clone();
+        // The first chunk of each choice carries the role, as OpenAI's do.
+        let started = Mutex::new(std::collections::HashSet::new());
+        let chunk: ChunkOf = Box::new(move |index, text, finish| {
+            let first = started
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(index);
+            let delta = match (first, text.is_empty() && finish.is_some()) {
+                (true, _) => json!({ "role": "assistant", "content": text }),
+                (false, true) => json!({}),
+                (false, false) => json!({ "content": text }),
+            };
+            json!({
+                "id": id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{ "index": index, "delta": delta, "logprobs": Value::Null, "finish_reason": finish }],
+            })
+        });
+        return Ok(stream(state, tenant, base, sample_request, chunk));
+    }
+    let (base, prompt_tokens, response) =
+        sample(&state, &tenant, &common.model, &render, n, params).await?;
     let mut choices = Vec::new();
-    let mut chunks = Vec::new();
     for (index, sequence) in response.sequences.iter().enumerate() {
         let content = decode(&base, &sequence.tokens)?;
         let logprobs = match request.logprobs {
@@ -469,35 +595,20 @@ async fn chat_completions(
                 json!({ "content": content })
             }
         };
-        let reason = finish_reason(sequence.stop_reason);
         choices.push(json!({
             "index": index,
             "message": { "role": "assistant", "content": content },
             "logprobs": logprobs,
-            "finish_reason": reason,
+            "finish_reason": finish_reason(sequence.stop_reason),
         }));
-        let chunk = |delta: Value, finish: Value| {
-            json!({
-                "id": id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": common.model,
-                "choices": [{ "index": index, "delta": delta, "logprobs": Value::Null, "finish_reason": finish }],
-            })
-        };
-        chunks.push(chunk(
-            json!({ "role": "assistant", "content": content }),
-            Value::Null,
-        ));
-        chunks.push(chunk(json!({}), json!(reason)));
     }
-    let whole = json!({
+    Ok(Json(json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": common.model,
         "choices": choices,
         "usage": usage(prompt_tokens, &response),
-    });
-    Ok(answer(common.stream, whole, chunks))
+    }))
+    .into_response())
 }

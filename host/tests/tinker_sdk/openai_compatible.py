@@ -77,15 +77,22 @@ print(f"chat: {expected_chat!r} (as `opentinker sample --chat`)")
 stream = client.chat.completions.create(
     model=path, messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True
 )
-text, reasons = "", []
+text, reasons, pieces = "", [], 0
 for chunk in stream:
     for c in chunk.choices:
         text += c.delta.content or ""
+        pieces += bool(c.delta.content)
         if c.finish_reason:
             reasons.append(c.finish_reason)
 assert text == expected_chat, (text, expected_chat)
 assert reasons == [chat.choices[0].finish_reason], reasons
-print("stream: the same text, and its finish reason")
+# A chunk as tokens are sampled, not the whole text at the end.
+assert pieces > 1, f"the stream came in {pieces} piece(s)"
+streamed = client.completions.create(
+    model=path, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True
+)
+assert "".join(c.choices[0].text for c in streamed) == expected
+print(f"stream: the same text in {pieces} pieces, and its finish reason")
 
 # Several samples with a seed: reproducible.
 sampled = [
