@@ -11,7 +11,7 @@ use anyhow::Context;
 use async_trait::async_trait;
 use candle_core::DType;
 
-use super::{SamplingClient, ServiceClient, TrainingClient};
+use super::{ModelText, SamplingClient, ServiceClient, TrainingClient};
 use crate::api::{
     AdamParams, ApiError, ApiErrorKind, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig,
     ModelInput, OptimStepOutput, SampleResponse, SamplingParams,
@@ -127,6 +127,14 @@ impl LocalModel {
 
     pub fn context_length(&self) -> usize {
         self.transformer.context_length()
+    }
+
+    /// The tokenizer and chat template, shared.
+    pub fn text(&self) -> ModelText {
+        ModelText {
+            tokenizer: Arc::clone(&self.tokenizer),
+            chat_template: self.chat_template.clone(),
+        }
     }
 
     /// Take the weights of a model folder that [`FullParameterTrainer::save_state`] wrote.

@@ -21,6 +21,23 @@ use crate::api::{
     OptimStepOutput, SampleResponse, SamplingParams,
 };
 
+/// What a client renders text with: a model's tokenizer and chat template.
+pub struct ModelText {
+    pub tokenizer: Arc<crate::text::Tokenizer>,
+    pub chat_template: Option<crate::text::ChatTemplate>,
+}
+
+impl ModelText {
+    /// Read them from a model directory, without its weights.
+    pub fn load(dir: &Path) -> anyhow::Result<Self> {
+        let (tokenizer, chat_template) = crate::model::load_text(dir)?;
+        Ok(ModelText {
+            tokenizer: Arc::new(tokenizer),
+            chat_template,
+        })
+    }
+}
+
 /// Refuse a loss name or config that no `forward_backward` would take (the engine's own rules,
 /// so that a job is refused before any model is loaded or request sent).
 pub fn check_loss(loss_fn: &str, config: &BTreeMap<String, f64>) -> Result<(), ApiError> {

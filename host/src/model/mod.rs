@@ -112,6 +112,13 @@ impl Model {
     }
 }
 
+/// The tokenizer and chat template of a model directory, without its weights (what a client of
+/// a remote server renders with).
+pub fn load_text(dir: &Path) -> Result<(Tokenizer, Option<ChatTemplate>), ModelError> {
+    let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+    Ok((tokenizer, load_chat_template(dir)?))
+}
+
 /// The chat template of a model directory: `chat_template.jinja`, else `chat_template` of
 /// `tokenizer_config.json` (a string, or a list of named templates of which `default` is used).
 fn load_chat_template(dir: &Path) -> Result<Option<ChatTemplate>, ModelError> {

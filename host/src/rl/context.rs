@@ -13,7 +13,7 @@ use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
 use super::run_folder::MetricsLog;
 use crate::api::SamplingParams;
-use crate::client::in_process::LocalModel;
+use crate::client::ModelText;
 use crate::plugin::{Limits, Plugin, PluginHost, PluginKind};
 
 /// Evaluation seeds start here; training seeds stay below.
@@ -26,14 +26,14 @@ pub(super) struct ModelInfo {
 }
 
 impl ModelInfo {
-    pub(super) fn of(model: &LocalModel) -> anyhow::Result<Self> {
-        let template = model
-            .chat_template()
-            .cloned()
+    /// A base model that renders with `text` and holds `context` tokens.
+    pub(super) fn of(text: ModelText, context: usize) -> anyhow::Result<Self> {
+        let template = text
+            .chat_template
             .context("the model has no chat template")?;
         Ok(ModelInfo {
-            renderer: Renderer::new(template, Arc::clone(model.tokenizer()))?,
-            context: model.context_length(),
+            renderer: Renderer::new(template, text.tokenizer)?,
+            context,
         })
     }
 }

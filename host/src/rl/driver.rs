@@ -16,7 +16,7 @@ use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::sft::run_sft;
 use crate::client::in_process::LocalModel;
 use crate::client::remote::RemoteService;
-use crate::client::{ServiceClient, TrainingClient};
+use crate::client::{ModelText, ServiceClient, TrainingClient};
 use crate::plugin::{HostConfig, PluginHost};
 
 pub use super::context::Progress;
@@ -153,33 +153,21 @@ async fn prepare_base(
     progress: &Progress,
 ) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
     let (_, first, first_plugins) = &group[0];
-    if let Engine::Remote(remote) = engine
-        && first.job.sft.as_ref().is_some_and(|w| w.full_parameters)
-    {
-        anyhow::bail!(
+    if let Engine::Remote(remote) = engine {
+        anyhow::ensure!(
+            !first.job.sft.as_ref().is_some_and(|w| w.full_parameters),
             "job `{}`: its warm-up trains every weight of the base model (`sft.full_parameters`), \
              which {} cannot do: a server trains adapters only. Warm up with LoRA \
              (`full_parameters = false`) or train this job in process",
             first.name,
             remote.url
         );
+        return prepare_remote_base(group, resume, remote).await;
     }
-    let folders = group
-        .iter()
-        .map(|(_, run, _)| {
-            anyhow::ensure!(
-                !resume || run.out.is_dir(),
-                "--resume {}: no such run folder",
-                run.out.display()
-            );
-            let folder = RunFolder::create(&run.out)?;
-            folder.record_job_file(&run.file)?;
-            Ok(folder)
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let folders = run_folders(&group, resume)?;
     let model_dir = model_dir(&first.job, &first.out)?;
     let mut model = LocalModel::load(&model_dir)?;
-    let info = Arc::new(ModelInfo::of(&model)?);
+    let info = Arc::new(ModelInfo::of(model.text(), model.context_length())?);
     let full_warmup = first.job.sft.as_ref().filter(|w| w.full_parameters);
     let saved_base = match (resume, full_warmup) {
         (true, Some(_)) => folders[0].saved_base()?,
@@ -243,18 +231,82 @@ async fn prepare_base(
             concurrency * per_episode.min(info.context)
         })
         .sum();
-    let service: Arc<dyn ServiceClient> = match engine {
-        Engine::InProcess => {
-            Arc::new(model.serve(base_dir.display().to_string(), kv_budget_positions))
-        }
-        Engine::Remote(remote) => Arc::new(
-            RemoteService::connect(&remote.url, &remote.api_key, &remote.base_model)
-                .await
-                .with_context(|| format!("connecting to {}", remote.url))?,
-        ),
-    };
-    let base = Arc::new(SharedBase { info, service });
-    let starts = group
+    let service = model.serve(base_dir.display().to_string(), kv_budget_positions);
+    let base = Arc::new(SharedBase {
+        info,
+        service: Arc::new(service),
+    });
+    Ok((
+        base,
+        job_starts(group, folders, logs, checkpoints, sft_evals),
+    ))
+}
+
+/// `prepare_base` on a server: only the model's tokenizer and chat template are read here (its
+/// weights are the server's), and a run resumes from its checkpoints' `tinker://` records.
+async fn prepare_remote_base(
+    group: Vec<(usize, JobRun, JobPlugins)>,
+    resume: bool,
+    remote: &RemoteEngine,
+) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
+    let (_, first, _) = &group[0];
+    let folders = run_folders(&group, resume)?;
+    let text = ModelText::load(&model_dir(&first.job, &first.out)?)?;
+    let service = RemoteService::connect(&remote.url, &remote.api_key, &remote.base_model)
+        .await
+        .with_context(|| format!("connecting to {}", remote.url))?;
+    let info = Arc::new(ModelInfo::of(text, service.context_length())?);
+    let mut checkpoints = Vec::new();
+    for folder in &folders {
+        checkpoints.push(match resume {
+            true => folder.latest_checkpoint()?,
+            false => None,
+        });
+    }
+    let logs = folders
+        .iter()
+        .zip(&checkpoints)
+        .map(|(folder, checkpoint)| {
+            folder.metrics(checkpoint.as_ref().map_or(0, |(_, c)| c.metric_lines))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let base = Arc::new(SharedBase {
+        info,
+        service: Arc::new(service),
+    });
+    Ok((base, job_starts(group, folders, logs, checkpoints, None)))
+}
+
+/// The run folders of a group's jobs (with `resume`, folders that must exist), each given its
+/// job file.
+fn run_folders(
+    group: &[(usize, JobRun, JobPlugins)],
+    resume: bool,
+) -> anyhow::Result<Vec<RunFolder>> {
+    group
+        .iter()
+        .map(|(_, run, _)| {
+            anyhow::ensure!(
+                !resume || run.out.is_dir(),
+                "--resume {}: no such run folder",
+                run.out.display()
+            );
+            let folder = RunFolder::create(&run.out)?;
+            folder.record_job_file(&run.file)?;
+            Ok(folder)
+        })
+        .collect()
+}
+
+/// Where each job of a group starts, in the group's order.
+fn job_starts(
+    group: Vec<(usize, JobRun, JobPlugins)>,
+    folders: Vec<RunFolder>,
+    logs: Vec<MetricsLog>,
+    checkpoints: Vec<Option<(PathBuf, Cursor)>>,
+    sft_evals: Option<(Evaluation, Evaluation)>,
+) -> Vec<JobStart> {
+    group
         .into_iter()
         .zip(folders)
         .zip(logs)
@@ -270,8 +322,7 @@ async fn prepare_base(
                 plugins,
             },
         )
-        .collect();
-    Ok((base, starts))
+        .collect()
 }
 
 /// The job's model directory; a tiny model is generated into the run's folder once.

@@ -105,7 +105,7 @@ impl Stage {
         {
             model.load_weights(&run.base_dir())?;
         }
-        let info = Arc::new(ModelInfo::of(&model)?);
+        let info = Arc::new(ModelInfo::of(model.text(), model.context_length())?);
         let episodes = job
             .eval
             .episodes
