@@ -440,8 +440,22 @@ pub enum JobError {
     #[error("{}: {message}", path.display())]
     Parse { path: PathBuf, message: String },
     /// Read, but its settings do not hold together.
-    #[error("{}: {message}", path.display())]
-    Invalid { path: PathBuf, message: String },
+    #[error("{}: {problem}", path.display())]
+    Invalid { path: PathBuf, problem: JobProblem },
+}
+
+/// What is wrong with a job's settings.
+#[derive(Debug, thiserror::Error)]
+pub enum JobProblem {
+    /// A plugin limit above the host's maximum.
+    #[error("limits: {0}")]
+    Limits(#[from] crate::plugin::LimitError),
+    /// A loss config that no `forward_backward` would take.
+    #[error("rl.loss_config: {0}")]
+    Loss(#[from] crate::api::ApiError),
+    /// Settings that contradict each other or are out of range.
+    #[error("{0}")]
+    Settings(String),
 }
 
 /// Greedy evaluation on seeds disjoint from training's.
@@ -516,9 +530,9 @@ impl Job {
         if let Some(dir) = &job.model.dir {
             job.model.dir = Some(resolve(dir));
         }
-        job.check().map_err(|message| JobError::Invalid {
+        job.check().map_err(|problem| JobError::Invalid {
             path: path.to_path_buf(),
-            message,
+            problem,
         })?;
         Ok(job)
     }
@@ -564,18 +578,19 @@ impl Job {
                 || (self.environment == other.environment && self.agent == other.agent))
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), JobProblem> {
+        self.limits.check_within(&Limits::default_maxima())?;
+        if self.rl.steps > 0 {
+            check_loss(self.rl.loss.name(), &self.rl.loss_config)?;
+        }
+        self.check_settings().map_err(JobProblem::Settings)
+    }
+
+    fn check_settings(&self) -> Result<(), String> {
         match (&self.model.dir, &self.model.init_tiny) {
             (Some(_), Some(_)) => return Err("model: give `dir` or `init_tiny`, not both".into()),
             (None, None) => return Err("model: give `dir` or `init_tiny`".into()),
             _ => {}
-        }
-        self.limits
-            .check_within(&Limits::default_maxima())
-            .map_err(|e| format!("limits: {e}"))?;
-        if self.rl.steps > 0 {
-            check_loss(self.rl.loss.name(), &self.rl.loss_config)
-                .map_err(|e| format!("rl.loss_config: {e}"))?;
         }
         if self.rl.group_size == 0 || self.rl.groups_per_batch == 0 {
             return Err("rl: `group_size` and `groups_per_batch` must be at least 1".into());
