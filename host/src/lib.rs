@@ -11,6 +11,7 @@ pub mod api;
 pub mod cli;
 pub mod client;
 pub mod compute_threads;
+pub mod jobs;
 pub mod lora;
 pub mod model;
 pub mod plugin;

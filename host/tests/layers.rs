@@ -28,13 +28,17 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "plugin",
         ],
     ),
-    ("sched", &["client", "rl", "server", "cli"]),
-    ("client", &["rl", "server", "cli"]),
+    ("sched", &["client", "rl", "jobs", "server", "cli"]),
+    ("client", &["rl", "jobs", "server", "cli"]),
+    // The jobs a server runs: the RL driver's client, below the HTTP routes.
+    ("jobs", &["server", "cli"]),
     ("server", &["client", "rl", "cli"]),
     // The RL driver is a client of the engine: it reaches it through `client` only.
     (
         "rl",
-        &["model", "lora", "train", "sample", "sched", "server", "cli"],
+        &[
+            "model", "lora", "train", "sample", "sched", "jobs", "server", "cli",
+        ],
     ),
     (
         "plugin",

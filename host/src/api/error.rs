@@ -15,6 +15,9 @@ pub enum ApiErrorKind {
     Conflict,
     /// The caller has too much work queued; retry later.
     TooManyRequests,
+    /// The request would pass one of the tenant's quotas (jobs, adapters, stored plugin
+    /// bytes): retrying does not help until something of the tenant's ends or is removed.
+    QuotaExceeded,
     /// The server could not do it now (stopping, restarting): retry.
     Unavailable,
     /// The server failed: not the caller's fault.
@@ -38,6 +41,7 @@ impl ApiErrorKind {
                 | ApiErrorKind::NotFound
                 | ApiErrorKind::Unauthorized
                 | ApiErrorKind::Conflict
+                | ApiErrorKind::QuotaExceeded
         )
     }
 }

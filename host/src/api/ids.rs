@@ -53,6 +53,29 @@ string_id!(
     SamplerId
 );
 
+string_id!(
+    /// A job the server runs for a tenant (the jobs API, an opentinker extension).
+    JobId
+);
+
+impl JobId {
+    /// A fresh, unguessable id (`job-` and 16 hex digits).
+    pub fn random() -> Result<Self, getrandom::Error> {
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes)?;
+        Ok(JobId(format!("job-{}", hex::encode(bytes))))
+    }
+
+    /// A job id as a client names it: a plain name (no `/`), else refused as unknown.
+    pub fn parse(id: &str) -> Result<Self, ApiError> {
+        if is_plain_name(id) {
+            Ok(JobId(id.to_string()))
+        } else {
+            Err(ApiError::not_found(format!("job {id:?}")))
+        }
+    }
+}
+
 impl TenantId {
     /// A tenant name: letters, digits, `-`, `_`, `.`, at most 128.
     pub fn new(name: &str) -> Result<Self, ApiError> {

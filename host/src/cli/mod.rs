@@ -6,6 +6,7 @@ mod plugin;
 mod progress;
 mod sample;
 mod serve;
+mod submit;
 mod terminal;
 mod train;
 mod watch;
@@ -44,6 +45,13 @@ enum Command {
     Replay(watch::ReplayArgs),
     /// Serve the engine over HTTP in the Tinker wire protocol (the `tinker` SDK drives it).
     Serve(serve::ServeArgs),
+    /// Run a job file on a server: upload its plugins, submit it, show its progress.
+    Submit(submit::SubmitArgs),
+    /// The jobs of a server: list, status, logs, cancel, download.
+    Jobs {
+        #[command(subcommand)]
+        command: submit::JobsCommand,
+    },
     /// Make tenants of a server and their API keys.
     Tenant {
         #[command(subcommand)]
@@ -103,6 +111,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay(args) => watch::run_replay(args),
         Command::Serve(args) => serve::run(args),
         Command::Tenant { command } => serve::run_tenant(command),
+        Command::Submit(args) => submit::run_submit(args),
+        Command::Jobs { command } => submit::run_jobs(command),
         Command::CompileWorker { request } => {
             std::process::exit(crate::plugin::compiler::run_worker(&request))
         }

@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::terminal::terminal_safe;
-use crate::rl::driver::{Evaluation, StepMetrics};
+use crate::rl::driver::{Evaluation, Phase, StepMetrics};
 use crate::rl::job::Job;
 
 /// A job's bar and what a step of each phase plays.
@@ -99,11 +99,11 @@ impl TrainProgress {
         // An SFT step has no episodes, so no reward: its figures are the loss and the tokens.
         // An RL step's signal: groups whose returns tie, and the mean |advantage|.
         let reward = match line.phase {
-            "rl" => format!(
+            Phase::Rl => format!(
                 "  reward {:.3}  tied {:.2}  |adv| {:.3}",
                 line.reward_mean, line.tied_groups, line.advantage_abs_mean
             ),
-            _ => String::new(),
+            Phase::Sft => String::new(),
         };
         let text = format!(
             "{name} {:>6} {:>4}{reward}  loss {:.4}  tokens {:>6}  {:.1}s{before}{eval}{errors}",
@@ -114,21 +114,21 @@ impl TrainProgress {
             return;
         };
         let (done, episodes) = match line.phase {
-            "rl" => (job.sft_steps + line.step + 1, job.rl_episodes),
-            _ => (line.step + 1, job.sft_batch),
+            Phase::Rl => (job.sft_steps + line.step + 1, job.rl_episodes),
+            Phase::Sft => (line.step + 1, job.sft_batch),
         };
         let seconds = line.seconds.max(1e-9);
         job.bar.println(text);
         job.bar.set_position(done as u64);
         job.bar.set_message(match line.phase {
-            "rl" => format!(
+            Phase::Rl => format!(
                 "rl reward {:.3}  {:.1} episodes/s  {:.0} tokens/s",
                 line.reward_mean,
                 episodes as f64 / seconds,
                 line.tokens as f64 / seconds
             ),
-            phase => format!(
-                "{phase} loss {:.4}  {:.0} tokens/s",
+            Phase::Sft => format!(
+                "sft loss {:.4}  {:.0} tokens/s",
                 line.loss,
                 line.tokens as f64 / seconds
             ),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::jobs::JobQuotas;
 use crate::sched::{FairShare, TINY_MODEL_NAME};
 use crate::server::tenants::Tenants;
 use crate::server::{AppState, DEFAULT_POLL_WAIT, ServerConfig, serve};
@@ -52,6 +53,12 @@ pub struct ServeArgs {
     /// Requests one tenant may have queued or running; past it requests are answered 429.
     #[arg(long, default_value_t = 4096)]
     max_queued_per_tenant: usize,
+    /// Jobs one tenant may have queued or running at once; past it a submission is refused.
+    #[arg(long, default_value_t = JobQuotas::default().active_jobs_per_tenant)]
+    max_jobs_per_tenant: usize,
+    /// Mebibytes of plugin components one tenant may store; past it an upload is refused.
+    #[arg(long, default_value_t = 1024)]
+    max_plugin_mib_per_tenant: u64,
 }
 
 /// A `--model` value that is not `NAME=DIR`.
@@ -91,6 +98,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         poll_wait: Duration::from_secs(args.poll_wait),
         kv_positions: args.kv_positions,
         max_queued_per_tenant: args.max_queued_per_tenant,
+        job_quotas: JobQuotas {
+            active_jobs_per_tenant: args.max_jobs_per_tenant,
+        },
+        max_plugin_bytes_per_tenant: args.max_plugin_mib_per_tenant << 20,
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),
             quantum: 128,

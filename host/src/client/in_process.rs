@@ -14,14 +14,14 @@ use candle_core::DType;
 use super::{ModelText, SamplingClient, ServiceClient, TrainingClient};
 use crate::api::{
     AdamParams, ApiError, ApiErrorKind, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig,
-    ModelInput, OptimStepOutput, SampleResponse, SamplingParams,
+    ModelInput, OptimStepOutput, SampleResponse, SamplingParams, TenantId,
 };
 use crate::lora::{AdapterRegistry, PolicyVersion};
 use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Model, ModelConfig, Transformer};
 use crate::sample::{EngineConfig, PolicyRef, SamplingEngine};
 use crate::sched::convert::{self, sampler_error, train_error, trainer_error};
-use crate::sched::{SamplerService, TrainerService};
+use crate::sched::{SamplerService, ServedBase, TrainerService};
 use crate::text::{ChatTemplate, Tokenizer};
 use crate::train::{FULL_PARAMETERS, TrainingEngine, WorkItem};
 
@@ -192,6 +192,27 @@ impl LocalModel {
             registry,
             sampler,
             trainer,
+            tenant: String::new(),
+            adapter_prefix: String::new(),
+            next_adapter: AtomicU64::new(0),
+        }))
+    }
+}
+
+impl LocalService {
+    /// A base a server already serves, as `tenant` reaches it: its training and sampling share
+    /// the base's loops fairly with every other tenant's. `adapter_prefix` keeps this client's
+    /// adapter names apart from every other client's on the base (a job's id, say).
+    pub fn on_base(base: &ServedBase, tenant: &TenantId, adapter_prefix: &str) -> Self {
+        LocalService(Arc::new(Served {
+            name: base.name.clone(),
+            config: base.config.clone(),
+            context: base.context,
+            registry: Arc::clone(&base.registry),
+            sampler: base.sampler.clone(),
+            trainer: base.trainer.clone(),
+            tenant: tenant.as_str().to_string(),
+            adapter_prefix: adapter_prefix.to_string(),
             next_adapter: AtomicU64::new(0),
         }))
     }
@@ -239,7 +260,7 @@ impl TrainingClient for FullParameterTrainer {
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        forward_backward(&self.trainer, self.work_item(&input)?, input.loss_fn).await
+        forward_backward(&self.trainer, "", self.work_item(&input)?, input.loss_fn).await
     }
 
     async fn optim_step(&self, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
@@ -291,6 +312,10 @@ struct Served {
     registry: Arc<AdapterRegistry>,
     sampler: SamplerService,
     trainer: TrainerService,
+    /// Whose share of the loops this client's work takes (empty: the loops are this client's).
+    tenant: String,
+    /// Begins the name of every adapter made here.
+    adapter_prefix: String,
     /// Numbers the adapters, so that two clients of one label never share a slot.
     next_adapter: AtomicU64,
 }
@@ -304,7 +329,7 @@ impl LocalService {
         + 'static,
     ) -> Result<Arc<dyn TrainingClient>, ApiError> {
         let n = self.0.next_adapter.fetch_add(1, Ordering::Relaxed);
-        let adapter = format!("{label}#{n}");
+        let adapter = format!("{}{label}#{n}", self.0.adapter_prefix);
         let id = adapter.clone();
         self.0
             .trainer
@@ -392,7 +417,9 @@ impl TrainingClient for LocalTraining {
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        forward_backward(&self.served.trainer, self.work_item(&input)?, input.loss_fn).await
+        let item = self.work_item(&input)?;
+        let (trainer, tenant) = (&self.served.trainer, &self.served.tenant);
+        forward_backward(trainer, tenant, item, input.loss_fn).await
     }
 
     async fn optim_step(&self, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
@@ -402,7 +429,10 @@ impl TrainingClient for LocalTraining {
     async fn save_weights_and_get_sampling_client(
         &self,
     ) -> Result<Arc<dyn SamplingClient>, ApiError> {
-        let (id, name) = (self.adapter.clone(), self.label.clone());
+        let (id, name) = (
+            self.adapter.clone(),
+            format!("{}{}", self.served.adapter_prefix, self.label),
+        );
         let registry = Arc::clone(&self.served.registry);
         let version = self
             .served
@@ -473,7 +503,7 @@ impl SamplingClient for LocalSampling {
         });
         let output = served
             .sampler
-            .sample(request)
+            .sample_for(&served.tenant, request)
             .await
             .map_err(sampler_error)?;
         Ok(convert::sample_response(output))
@@ -494,14 +524,15 @@ async fn forward(
     only_output(loss_fn, outputs)
 }
 
-/// A `forward_backward` of one work item, fused with the other calls of its cycle.
+/// A `forward_backward` of one work item for `tenant`, fused with the other calls of its cycle.
 async fn forward_backward(
     trainer: &TrainerService,
+    tenant: &str,
     item: WorkItem,
     loss_fn: String,
 ) -> Result<ForwardBackwardOutput, ApiError> {
     let outputs = trainer
-        .forward_backward(vec![item])
+        .forward_backward_for(tenant, vec![item])
         .await
         .map_err(trainer_error)?;
     only_output(loss_fn, outputs)

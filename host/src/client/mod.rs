@@ -5,10 +5,12 @@
 //!
 //! The RL driver, SFT and evaluations are written against these traits only, as the
 //! tinker-cookbook's RL loop is a client of Tinker: [`in_process`] runs them on this process's
-//! engines through the scheduler's loops, [`remote`] on a server over the Tinker wire.
+//! engines through the scheduler's loops, [`remote`] on a server over the Tinker wire, [`served`]
+//! on the bases a server serves, for the jobs it runs.
 
 pub mod in_process;
 pub mod remote;
+pub mod served;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -16,11 +16,12 @@ use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::sft::run_sft;
 use crate::client::in_process::LocalModel;
 use crate::client::remote::RemoteService;
+use crate::client::served::{ServedModel, TenantBases};
 use crate::client::{ModelText, ServiceClient, TrainingClient};
 use crate::plugin::{HostConfig, PluginHost};
 
 pub use super::context::Progress;
-pub use super::metrics::{Evaluation, StepMetrics};
+pub use super::metrics::{Evaluation, Phase, StepMetrics};
 
 /// A base model served once for every job that trains on it (after the warm-up): one
 /// service whose sampler batches all their adapters and whose training loop fuses their steps.
@@ -56,6 +57,10 @@ pub enum Engine {
     InProcess,
     /// On a server of the Tinker wire (`opentinker serve`), through one tenant's key.
     Remote(RemoteEngine),
+    /// Inside a server, on the bases it serves, for one tenant: a job on a served base (`model.base`,
+    /// or the built-in tiny model) shares the base's loops with every other client; a job
+    /// whose full-parameter warm-up makes a base of its own trains it in this process.
+    Served(TenantBases),
 }
 
 /// A server to train on, and the name under which it serves the jobs' base model.
@@ -120,6 +125,23 @@ pub async fn run_jobs(
     Ok(summaries.into_iter().map(|(_, s)| s).collect())
 }
 
+/// Run one job on `engine` with the plugins of `host`, in the calling task: dropping the
+/// returned future stops the job, its episodes and its adapters (how a server cancels a job).
+pub async fn run_job(
+    run: JobRun,
+    resume: bool,
+    engine: &Engine,
+    host: &PluginHost,
+    progress: Progress,
+) -> anyhow::Result<Summary> {
+    check_plugin_paths(&run)?;
+    let plugins = JobPlugins::load(host, &run.job, &run.name).await?;
+    let (base, mut starts) =
+        prepare_base(vec![(0, run, plugins)], resume, engine, &progress).await?;
+    let start = starts.pop().context("the job has no start")?;
+    train_job(&base, start, progress).await
+}
+
 /// Refuse a job whose plugin paths do not exist before anything is generated, loaded or
 /// written, naming the job and its section.
 fn check_plugin_paths(run: &JobRun) -> anyhow::Result<()> {
@@ -130,6 +152,16 @@ fn check_plugin_paths(run: &JobRun) -> anyhow::Result<()> {
         ("reward", job.reward.as_ref().map(|s| &s.plugin)),
     ];
     for (section, path) in sections {
+        if let Some(path) = path
+            && super::job::is_digest(path)
+        {
+            anyhow::bail!(
+                "job `{}`: [{section}] plugin {}: a digest names a plugin stored on a server; \
+                 run the job there (`opentinker submit`)",
+                run.name,
+                path.display()
+            );
+        }
         if let Some(path) = path
             && !path.exists()
         {
@@ -164,11 +196,21 @@ async fn prepare_base(
         );
         return prepare_remote_base(group, resume, remote).await;
     }
+    let full_warmup = first.job.sft.as_ref().filter(|w| w.full_parameters);
+    let served = match engine {
+        Engine::Served(bases) => served_base(bases, &first.job)?,
+        _ => None,
+    };
+    let model_dir = match served {
+        Some(served) if full_warmup.is_none() => {
+            return prepare_served_base(group, resume, served);
+        }
+        Some(served) => served.dir,
+        None => model_dir(&first.job, &first.out)?,
+    };
     let folders = run_folders(&group, resume)?;
-    let model_dir = model_dir(&first.job, &first.out)?;
     let mut model = LocalModel::load(&model_dir)?;
     let info = Arc::new(ModelInfo::of(model.text(), model.context_length())?);
-    let full_warmup = first.job.sft.as_ref().filter(|w| w.full_parameters);
     let saved_base = match (resume, full_warmup) {
         (true, Some(_)) => folders[0].saved_base()?,
         _ => None,
@@ -256,6 +298,37 @@ async fn prepare_remote_base(
         .await
         .with_context(|| format!("connecting to {}", remote.url))?;
     let info = Arc::new(ModelInfo::of(text, service.context_length())?);
+    let base = SharedBase {
+        info,
+        service: Arc::new(service),
+    };
+    adapter_starts(group, folders, resume, base)
+}
+
+/// `prepare_base` on a base the server serves: nothing is loaded, the job's adapters join the
+/// base's loops.
+fn prepare_served_base(
+    group: Vec<(usize, JobRun, JobPlugins)>,
+    resume: bool,
+    served: ServedModel,
+) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
+    let folders = run_folders(&group, resume)?;
+    let context = served.service.context_length();
+    let base = SharedBase {
+        info: Arc::new(ModelInfo::of(served.text, context)?),
+        service: Arc::new(served.service),
+    };
+    adapter_starts(group, folders, resume, base)
+}
+
+/// The starts of a group of jobs that train adapters of an unchanged base (no full-parameter
+/// warm-up), each from its latest checkpoint with `resume`.
+fn adapter_starts(
+    group: Vec<(usize, JobRun, JobPlugins)>,
+    folders: Vec<RunFolder>,
+    resume: bool,
+    base: SharedBase,
+) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
     let mut checkpoints = Vec::new();
     for folder in &folders {
         checkpoints.push(match resume {
@@ -270,11 +343,27 @@ async fn prepare_remote_base(
             folder.metrics(checkpoint.as_ref().map_or(0, |(_, c)| c.metric_lines))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let base = Arc::new(SharedBase {
-        info,
-        service: Arc::new(service),
-    });
-    Ok((base, job_starts(group, folders, logs, checkpoints, None)))
+    let starts = job_starts(group, folders, logs, checkpoints, None);
+    Ok((Arc::new(base), starts))
+}
+
+/// The served base a job on a server trains on: the one its `model.base` names, or the built-in
+/// tiny model for a job on that model's settings; `None` for a model of its own (generated
+/// from other tiny settings).
+fn served_base(bases: &TenantBases, job: &Job) -> anyhow::Result<Option<ServedModel>> {
+    let built_in = crate::client::in_process::TinyModelSpec::built_in();
+    let name = match (&job.model.base, &job.model.init_tiny) {
+        (Some(name), _) => name.as_str(),
+        (None, Some(tiny)) if *tiny == built_in => TenantBases::built_in_tiny(),
+        _ => return Ok(None),
+    };
+    match bases.base(name) {
+        Some(served) => Ok(Some(served)),
+        None => anyhow::bail!(
+            "model.base: the server serves no model {name:?} (it serves: {})",
+            bases.names().join(", ")
+        ),
+    }
 }
 
 /// The run folders of a group's jobs (with `resume`, folders that must exist), each given its
@@ -334,6 +423,12 @@ pub(super) fn model_dir(job: &Job, out: &Path) -> anyhow::Result<PathBuf> {
             tiny.generate(&dir)?;
             Ok(dir)
         }
-        (None, None) => anyhow::bail!("the job names no model"),
+        (None, None) => match &job.model.base {
+            Some(name) => anyhow::bail!(
+                "model.base = {name:?} names a model a server serves: submit the job to \
+                 `opentinker serve` (`opentinker submit`), or give `model.dir`"
+            ),
+            None => anyhow::bail!("the job names no model"),
+        },
     }
 }

@@ -82,12 +82,14 @@ impl PolicySection {
     }
 }
 
-/// A model directory, or a tiny model generated into the run's folder.
+/// A model directory, a tiny model generated into the run's folder, or (for a job submitted to
+/// a server) a base model the server serves, by name.
 #[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
     pub dir: Option<PathBuf>,
     pub init_tiny: Option<TinyModelSpec>,
+    pub base: Option<String>,
 }
 
 /// The shape of every trainable policy's adapter (`[lora]`).
@@ -427,6 +429,12 @@ impl RlSection {
     }
 }
 
+/// Whether a job's plugin is named by the digest of a plugin stored on a server
+/// (`sha256:HEX`) rather than by a path.
+pub fn is_digest(plugin: &Path) -> bool {
+    plugin.to_str().is_some_and(|p| p.starts_with("sha256:"))
+}
+
 /// Why a job file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -498,13 +506,30 @@ impl Job {
             path: path.to_path_buf(),
             source,
         })?;
-        let mut job: Job = toml::from_str(&text).map_err(|e| JobError::Parse {
-            path: path.to_path_buf(),
+        let mut job = Self::parse(&text, path)?;
+        job.resolve_paths(path.parent().unwrap_or(Path::new(".")));
+        Ok(job)
+    }
+
+    /// Parse and check the text of a job file; `origin` names it in errors. Paths in it are
+    /// kept as written.
+    pub fn parse(text: &str, origin: &Path) -> Result<Self, JobError> {
+        let job: Job = toml::from_str(text).map_err(|e| JobError::Parse {
+            path: origin.to_path_buf(),
             message: e.to_string(),
         })?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        job.check().map_err(|problem| JobError::Invalid {
+            path: origin.to_path_buf(),
+            problem,
+        })?;
+        Ok(job)
+    }
+
+    /// Make the job's relative paths relative to `base` (its file's folder).
+    fn resolve_paths(&mut self, base: &Path) {
+        let job = self;
         let resolve = |p: &PathBuf| {
-            if p.is_relative() {
+            if p.is_relative() && !is_digest(p) {
                 base.join(p)
             } else {
                 p.clone()
@@ -530,11 +555,6 @@ impl Job {
         if let Some(dir) = &job.model.dir {
             job.model.dir = Some(resolve(dir));
         }
-        job.check().map_err(|problem| JobError::Invalid {
-            path: path.to_path_buf(),
-            problem,
-        })?;
-        Ok(job)
     }
 
     /// The plugin paths the job names, by section (`environment`, `agent`, `reward`), for the
@@ -587,10 +607,14 @@ impl Job {
     }
 
     fn check_settings(&self) -> Result<(), String> {
-        match (&self.model.dir, &self.model.init_tiny) {
-            (Some(_), Some(_)) => return Err("model: give `dir` or `init_tiny`, not both".into()),
-            (None, None) => return Err("model: give `dir` or `init_tiny`".into()),
-            _ => {}
+        let model = &self.model;
+        let given = [
+            model.dir.is_some(),
+            model.init_tiny.is_some(),
+            model.base.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() != 1 {
+            return Err("model: give one of `dir`, `init_tiny` or `base`".into());
         }
         if self.rl.group_size == 0 || self.rl.groups_per_batch == 0 {
             return Err("rl: `group_size` and `groups_per_batch` must be at least 1".into());

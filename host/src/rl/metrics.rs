@@ -8,11 +8,36 @@ use serde::{Deserialize, Serialize};
 
 use super::rollout::EpisodeOutcome;
 
-/// One line of `metrics.jsonl`.
-#[derive(Debug, Default, Serialize)]
+/// What a step trained: the warm-up or RL.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Sft,
+    #[default]
+    Rl,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Sft => "sft",
+            Phase::Rl => "rl",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// One line of `metrics.jsonl` (read back by clients that follow a job on a server).
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct StepMetrics {
     pub step: usize,
-    pub phase: &'static str,
+    pub phase: Phase,
     pub reward_mean: f64,
     pub reward_std: f64,
     pub episode_steps: f64,

@@ -20,7 +20,7 @@ use super::driver::{JobStart, SharedBase};
 use super::group_stream::{GroupStream, Launch, PlayedGroup};
 use super::job::{Job, PolicySection};
 use super::metrics::{
-    Evaluation, PolicyEvaluations, StepMetrics, Summary, error_messages_of, errors_of, mean,
+    Evaluation, Phase, PolicyEvaluations, StepMetrics, Summary, error_messages_of, errors_of, mean,
     metrics_of, std,
 };
 use super::rollout::{Actor, EpisodeOutcome, RolloutRecord};
@@ -285,7 +285,7 @@ pub(super) async fn train_job(
             folder.write_rollouts(step, &records)?;
             reporter.line(&StepMetrics {
                 step,
-                phase: "rl",
+                phase: Phase::Rl,
                 reward_mean: mean(
                     all.iter()
                         .map(|o| o.returns().first().copied().unwrap_or(0.0)),
@@ -380,7 +380,7 @@ pub(super) async fn train_job(
         };
         reporter.line(&StepMetrics {
             step,
-            phase: "rl",
+            phase: Phase::Rl,
             reward_mean: mean(rewards.iter().copied()),
             reward_std: std(&rewards),
             episode_steps: mean(all.iter().map(|o| o.steps as f64)),

@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use super::metrics::{Evaluation, StepMetrics};
 use crate::store::{StagedDir, write_atomic};
 
-const METRICS: &str = "metrics.jsonl";
+/// The metrics log of a run folder.
+pub const METRICS: &str = "metrics.jsonl";
 const CURSOR: &str = "cursor.json";
 const WARMUP: &str = "warmup.json";
 const JOB: &str = "job.json";
@@ -251,11 +252,12 @@ impl RunFolder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rl::metrics::Phase;
 
     fn line(step: usize) -> StepMetrics {
         StepMetrics {
             step,
-            phase: "rl",
+            phase: Phase::Rl,
             ..StepMetrics::default()
         }
     }

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use super::context::{JobContext, Reporter, play_batch};
 use super::datum::{Datum, sft_datum};
 use super::job::{Job, SftSection};
-use super::metrics::{Evaluation, StepMetrics, errors, mean};
+use super::metrics::{Evaluation, Phase, StepMetrics, errors, mean};
 use super::render::Renderer;
 use super::rollout::Actor;
 use super::train_step::{LossFn, forward_cross_entropy, loss_per_token, train_step};
@@ -209,7 +209,7 @@ pub(super) async fn run_sft(
         }
         reporter.line(&StepMetrics {
             step,
-            phase: "sft",
+            phase: Phase::Sft,
             episode_steps: mean(outcomes.iter().map(|o| o.steps as f64)),
             tokens,
             loss: loss_value,

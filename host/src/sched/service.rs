@@ -253,6 +253,11 @@ impl Service {
         self.bases.get(name).cloned()
     }
 
+    /// Every served base (jobs the server runs train on them).
+    pub fn bases(&self) -> Vec<Arc<ServedBase>> {
+        self.bases.values().cloned().collect()
+    }
+
     /// The served base models.
     pub fn capabilities(&self) -> Vec<BaseModelInfo> {
         self.bases

@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::futures::{Answer, Outcome};
-use super::tenants::open_database;
 use crate::api::{ApiError, ApiErrorKind, ModelId, SamplerId, SessionId, TenantId};
 use crate::sched::service::{Change, SamplerRecord};
+use crate::store::database::open_database;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {

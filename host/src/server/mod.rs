@@ -7,6 +7,7 @@
 //! [`futures`] holds running and finished ops, [`tenants`] the keys.
 
 pub mod futures;
+pub mod jobs;
 pub mod journal;
 pub mod openai;
 pub mod plugins;
@@ -27,6 +28,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::api::{ApiError, ApiErrorKind, TenantId};
+use crate::jobs::{JobQuotas, JobService, PluginStore};
 use crate::sched::service::Change;
 use crate::sched::{
     FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
@@ -60,6 +62,10 @@ pub struct ServerConfig {
     /// Requests a tenant may have queued or running; more are answered 429 (the SDK backs off
     /// and sends them again).
     pub max_queued_per_tenant: usize,
+    /// What each tenant's jobs may use.
+    pub job_quotas: JobQuotas,
+    /// The most bytes of plugins one tenant may store.
+    pub max_plugin_bytes_per_tenant: u64,
 }
 
 /// What a start found recorded from earlier runs.
@@ -72,14 +78,17 @@ pub struct Restored {
     pub finished: usize,
     /// Requests accepted and not finished, run again.
     pub unfinished: usize,
+    /// Jobs that had not ended, started again.
+    pub jobs: usize,
 }
 
 impl std::fmt::Display for Restored {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "restored {} sessions, {} models, {} samplers, {} finished requests; resumed {} unfinished",
-            self.sessions, self.models, self.samplers, self.finished, self.unfinished
+            "restored {} sessions, {} models, {} samplers, {} finished requests; resumed {} \
+             unfinished requests and {} jobs",
+            self.sessions, self.models, self.samplers, self.finished, self.unfinished, self.jobs
         )
     }
 }
@@ -96,7 +105,9 @@ pub struct AppState {
     /// The samplers of the OpenAI-compatible routes.
     pub openai: openai::Samplers,
     /// The tenants' uploaded plugins.
-    pub plugins: plugins::PluginStore,
+    pub plugins: Arc<PluginStore>,
+    /// The tenants' jobs.
+    pub jobs: Arc<JobService>,
 }
 
 impl AppState {
@@ -111,8 +122,9 @@ impl AppState {
             Ok((tenants, journal))
         };
         let (tenants, journal) = tokio::task::spawn_blocking(open).await??;
-        let plugins =
-            plugins::PluginStore::open(&config.data).context("starting the plugin host")?;
+        let plugins = PluginStore::open(&config.data, config.max_plugin_bytes_per_tenant)
+            .context("starting the plugin host")?;
+        let plugins = Arc::new(plugins);
         let service = {
             let config = config.clone();
             tokio::task::spawn_blocking(move || Self::service(&config)).await??
@@ -139,6 +151,15 @@ impl AppState {
             .restore(recorded.objects)
             .await
             .context("restoring the recorded models and samplers")?;
+        let jobs = {
+            let (data, bases, plugins) =
+                (config.data.clone(), service.bases(), Arc::clone(&plugins));
+            let quotas = config.job_quotas;
+            tokio::task::spawn_blocking(move || JobService::open(&data, bases, plugins, quotas))
+                .await?
+                .context("opening the jobs table")?
+        };
+        let jobs = Arc::new(jobs);
         let state = Arc::new(AppState {
             service,
             tenants,
@@ -148,9 +169,14 @@ impl AppState {
             known_keys: Mutex::new(HashMap::new()),
             openai: openai::Samplers::default(),
             plugins,
+            jobs: Arc::clone(&jobs),
         });
         state.futures.restore(recorded.finished);
         routes::resume(&state, recorded.pending);
+        restored.jobs = jobs
+            .resume_unfinished()
+            .await
+            .context("resuming the unfinished jobs")?;
         Ok((state, restored))
     }
 
@@ -233,6 +259,8 @@ impl IntoResponse for HttpError {
             ApiErrorKind::NotFound => StatusCode::NOT_FOUND,
             ApiErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            // Not 429: clients retry that, and a quota does not lift by waiting.
+            ApiErrorKind::QuotaExceeded => StatusCode::FORBIDDEN,
             ApiErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         };

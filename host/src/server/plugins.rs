@@ -8,7 +8,6 @@
 //!   kinds and WIT version; uploading the same bytes again answers the same.
 //! - `GET /api/v1/plugins` lists the tenant's plugins; `GET /api/v1/plugins/sha256:HEX` one.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Json;
@@ -16,149 +15,18 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::routing::get;
-use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
 
 use super::routes::Caller;
 use super::{AppState, HttpError};
-use crate::api::{ApiError, ApiErrorKind, TenantId};
-use crate::plugin::{HostConfig, LoadError, PluginHost, PluginKind};
+use crate::jobs::StoredPlugin;
 
 type Shared = Arc<AppState>;
-
-/// Components compiled at once: compiling takes a core and up to a gibibyte each.
-const CONCURRENT_COMPILES: usize = 2;
 
 /// The routes, nested under `/api/v1`.
 pub fn router() -> Router<Shared> {
     Router::new()
         .route("/plugins", get(list).post(upload))
         .route("/plugins/{digest}", get(describe))
-}
-
-/// A stored plugin, as the API answers it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct StoredPlugin {
-    /// `sha256:` and the hex digest of its bytes.
-    pub digest: String,
-    pub kinds: Vec<PluginKind>,
-    /// The `opentinker:plugin` version it exports.
-    pub wit_version: Option<String>,
-    pub bytes: usize,
-}
-
-/// The tenants' plugins, and the host that checks and compiles them.
-pub struct PluginStore {
-    root: PathBuf,
-    host: PluginHost,
-    compiles: Semaphore,
-}
-
-impl PluginStore {
-    /// The store under `data` (compiled artifacts cached in `data/plugin-cache`).
-    pub fn open(data: &std::path::Path) -> anyhow::Result<Self> {
-        let host = PluginHost::new(HostConfig {
-            cache_dir: Some(data.join("plugin-cache")),
-            ..HostConfig::default()
-        })?;
-        Ok(PluginStore {
-            root: data.join("plugins"),
-            host,
-            compiles: Semaphore::new(CONCURRENT_COMPILES),
-        })
-    }
-
-    fn folder(&self, tenant: &TenantId) -> PathBuf {
-        self.root.join(tenant.as_str())
-    }
-
-    /// Check, compile and store `bytes` for `tenant`.
-    pub async fn put(&self, tenant: &TenantId, bytes: Vec<u8>) -> Result<StoredPlugin, ApiError> {
-        let plugin = {
-            let _turn =
-                self.compiles.acquire().await.map_err(|_| {
-                    ApiError::new(ApiErrorKind::Unavailable, "the server is stopping")
-                })?;
-            self.host.load(bytes.clone()).await.map_err(load_error)?
-        };
-        let description = plugin.description();
-        let stored = StoredPlugin {
-            digest: format!("sha256:{}", description.digest),
-            kinds: description.kinds.clone(),
-            wit_version: description.wit_version.clone(),
-            bytes: bytes.len(),
-        };
-        let folder = self.folder(tenant);
-        let hex = description.digest.clone();
-        let record = serde_json::to_vec_pretty(&stored)
-            .map_err(|e| ApiError::internal(format!("encoding a plugin record: {e}")))?;
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            std::fs::create_dir_all(&folder)?;
-            // The bytes first: a record names only bytes that are there.
-            crate::store::write_atomic(&folder.join(format!("{hex}.wasm")), &bytes)?;
-            crate::store::write_atomic(&folder.join(format!("{hex}.json")), &record)
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("storing the plugin: {e}")))?
-        .map_err(|e| ApiError::internal(format!("storing the plugin: {e}")))?;
-        Ok(stored)
-    }
-
-    /// The record of `tenant`'s plugin `digest` (`sha256:HEX`).
-    pub async fn get(&self, tenant: &TenantId, digest: &str) -> Result<StoredPlugin, ApiError> {
-        let hex = digest
-            .strip_prefix("sha256:")
-            .filter(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
-            .ok_or_else(|| {
-                ApiError::invalid(format!(
-                    "{digest:?} is not a digest (sha256: and 64 hex digits)"
-                ))
-            })?
-            .to_ascii_lowercase();
-        let path = self.folder(tenant).join(format!("{hex}.json"));
-        let read = path.clone();
-        let text = tokio::task::spawn_blocking(move || std::fs::read(read))
-            .await
-            .map_err(|e| ApiError::internal(format!("reading a plugin record: {e}")))?
-            .map_err(|_| ApiError::not_found(format!("plugin {digest}")))?;
-        serde_json::from_slice(&text)
-            .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))
-    }
-
-    /// Every plugin of `tenant`, by digest.
-    pub async fn list(&self, tenant: &TenantId) -> Result<Vec<StoredPlugin>, ApiError> {
-        let folder = self.folder(tenant);
-        tokio::task::spawn_blocking(move || {
-            let Ok(entries) = std::fs::read_dir(&folder) else {
-                return Ok(Vec::new());
-            };
-            let mut plugins = Vec::new();
-            for entry in entries.flatten() {
-                let path = entry.path();
-                if path.extension().is_some_and(|e| e == "json") {
-                    let text = std::fs::read(&path)
-                        .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
-                    plugins.push(
-                        serde_json::from_slice::<StoredPlugin>(&text)
-                            .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?,
-                    );
-                }
-            }
-            plugins.sort_by(|a, b| a.digest.cmp(&b.digest));
-            Ok(plugins)
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("listing plugins: {e}")))?
-    }
-}
-
-/// A component the host refuses is the uploader's fault; a host that cannot compile is not.
-fn load_error(error: LoadError) -> ApiError {
-    let kind = match error {
-        LoadError::CompilerUnavailable(_) | LoadError::Read { .. } => ApiErrorKind::Internal,
-        _ => ApiErrorKind::InvalidRequest,
-    };
-    ApiError::new(kind, format!("plugin refused: {error}"))
 }
 
 async fn upload(

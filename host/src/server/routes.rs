@@ -48,7 +48,9 @@ pub fn router(state: Shared) -> Router {
             };
         api.route(&format!("/{}", route.name()), post(handler))
     });
-    let api = api.merge(super::plugins::router());
+    let api = api
+        .merge(super::plugins::router())
+        .merge(super::jobs::router());
     Router::new()
         .nest("/api/v1", api)
         .nest("/v1", super::openai::router())

@@ -10,9 +10,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sha2::Sha256;
 
 use crate::api::{ApiError, TenantId};
-
-/// The database file under the server's `--data` folder.
-pub const DATABASE_FILE: &str = "opentinker.sqlite3";
+use crate::store::database::open_database;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TenantError {
@@ -34,16 +32,6 @@ pub enum TenantError {
 /// The tenants table of the server database.
 pub struct Tenants {
     db: Mutex<Connection>,
-}
-
-/// A connection to the server database in `data`: WAL (readers never wait for the writer),
-/// every commit fsynced.
-pub fn open_database(data: &Path) -> rusqlite::Result<Connection> {
-    let db = Connection::open(data.join(DATABASE_FILE))?;
-    db.pragma_update(None, "journal_mode", "WAL")?;
-    db.pragma_update(None, "synchronous", "FULL")?;
-    db.busy_timeout(std::time::Duration::from_secs(5))?;
-    Ok(db)
 }
 
 fn key_hash(salt: &[u8], key: &str) -> Hmac<Sha256> {
@@ -140,6 +128,7 @@ impl Tenants {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::database::DATABASE_FILE;
 
     #[test]
     fn a_key_authenticates_its_tenant_only_and_is_not_stored() {

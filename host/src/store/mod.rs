@@ -1,6 +1,8 @@
 //! Durable files: every write of state goes to a temporary name in the same folder, is fsynced,
 //! then renamed over the destination, so a crash leaves the old file or the new one, never half.
 
+pub mod database;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

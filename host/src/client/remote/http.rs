@@ -28,12 +28,16 @@ pub enum Body {
     Json(Value),
     /// A protobuf message (`forward_backward`).
     Proto(Vec<u8>),
+    /// Bytes as they are (a plugin's component).
+    Raw(Vec<u8>),
 }
 
 /// An answer body: JSON, or protobuf where the server says `application/x-protobuf`.
 pub enum Reply {
     Json(Value),
     Proto(Bytes),
+    /// Any other type: a file.
+    Raw(Bytes),
 }
 
 impl Reply {
@@ -41,9 +45,17 @@ impl Reply {
     pub fn json(self, what: &str) -> Result<Value, ApiError> {
         match self {
             Reply::Json(value) => Ok(value),
-            Reply::Proto(_) => Err(ApiError::internal(format!(
-                "{what}: the server answered protobuf where JSON was expected"
+            Reply::Proto(_) | Reply::Raw(_) => Err(ApiError::internal(format!(
+                "{what}: the server answered bytes where JSON was expected"
             ))),
+        }
+    }
+
+    /// The bytes answered (a JSON file's text, as the server sent it, re-encoded).
+    pub fn bytes(self) -> Bytes {
+        match self {
+            Reply::Raw(bytes) | Reply::Proto(bytes) => bytes,
+            Reply::Json(value) => Bytes::from(value.to_string()),
         }
     }
 
@@ -53,6 +65,9 @@ impl Reply {
             Reply::Proto(bytes) => Ok(bytes),
             Reply::Json(value) => Err(ApiError::internal(format!(
                 "{what}: the server answered JSON where protobuf was expected: {value}"
+            ))),
+            Reply::Raw(_) => Err(ApiError::internal(format!(
+                "{what}: the server answered bytes of another type where protobuf was expected"
             ))),
         }
     }
@@ -139,6 +154,67 @@ impl Connection {
         }
     }
 
+    /// GET `path` as it comes (a file).
+    pub async fn get_bytes(&self, path: &str) -> Result<Bytes, ApiError> {
+        Ok(self.send(Method::GET, path, None).await?.bytes())
+    }
+
+    /// Read the server-sent events of `path` as they come, telling each (its `event` and `data`)
+    /// to `each` until the server ends the stream or `each` answers false. Not retried: a
+    /// follower whose stream breaks connects again.
+    pub async fn events(
+        &self,
+        path: &str,
+        mut each: impl FnMut(&str, &str) -> bool,
+    ) -> Result<(), ApiError> {
+        let uri = format!("{}/{}", self.base, path.trim_start_matches('/'));
+        let request = Request::builder()
+            .method(Method::GET)
+            .uri(&uri)
+            .header("X-API-Key", &self.key)
+            .header(header::ACCEPT, "text/event-stream")
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ApiError::invalid(format!("{uri}: {e}")))?;
+        let unavailable = |e: &dyn std::fmt::Display| {
+            ApiError::new(ApiErrorKind::Unavailable, format!("{path}: {e}"))
+        };
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let status = response.status();
+        let mut body = response.into_body();
+        if !status.is_success() {
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| unavailable(&e))?
+                .to_bytes();
+            let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            return Err(status_error(status, &Reply::Json(value), path));
+        }
+        let mut pending = Vec::new();
+        let mut event = ServerEvent::default();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| unavailable(&e))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            pending.extend_from_slice(&data);
+            while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=end).collect();
+                let line = String::from_utf8_lossy(&line);
+                if let Some(done) = event.feed(line.trim_end_matches(['\r', '\n']))
+                    && !each(&done.event, &done.data)
+                {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn send(
         &self,
         method: Method,
@@ -148,6 +224,7 @@ impl Connection {
         let (bytes, content_type) = match body {
             Some(Body::Json(value)) => (Bytes::from(value.to_string()), "application/json"),
             Some(Body::Proto(bytes)) => (Bytes::from(bytes), "application/x-protobuf"),
+            Some(Body::Raw(bytes)) => (Bytes::from(bytes), "application/octet-stream"),
             None => (Bytes::new(), "application/json"),
         };
         let idempotency = idempotency_key()?;
@@ -206,10 +283,16 @@ impl Connection {
             .await
             .map_err(|e| unavailable(&e))?;
         let status = response.status();
-        let proto = response
+        let content_type = response
             .headers()
             .get(header::CONTENT_TYPE)
-            .is_some_and(|t| t.as_bytes().starts_with(b"application/x-protobuf"));
+            .map(|t| t.as_bytes().to_vec())
+            .unwrap_or_default();
+        let proto = content_type.starts_with(b"application/x-protobuf");
+        let raw = status.is_success()
+            && !content_type.is_empty()
+            && !proto
+            && !content_type.starts_with(b"application/json");
         let body = response
             .into_body()
             .collect()
@@ -219,6 +302,9 @@ impl Connection {
         if proto {
             return Ok((status, Reply::Proto(body)));
         }
+        if raw {
+            return Ok((status, Reply::Raw(body)));
+        }
         let value = match body.is_empty() {
             true => Value::Null,
             false => serde_json::from_slice(&body).unwrap_or_else(|_| {
@@ -226,6 +312,37 @@ impl Connection {
             }),
         };
         Ok((status, Reply::Json(value)))
+    }
+}
+
+/// A server-sent event being read, line by line.
+#[derive(Default)]
+struct ServerEvent {
+    event: String,
+    data: String,
+}
+
+impl ServerEvent {
+    /// Take one line; the event it completes, on the blank line that ends one.
+    fn feed(&mut self, line: &str) -> Option<ServerEvent> {
+        if line.is_empty() {
+            let done = std::mem::take(self);
+            return (!done.data.is_empty() || !done.event.is_empty()).then_some(done);
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "event" => self.event = value.to_string(),
+            "data" => {
+                if !self.data.is_empty() {
+                    self.data.push('\n');
+                }
+                self.data.push_str(value);
+            }
+            // Comments (keep-alives) and ids.
+            _ => {}
+        }
+        None
     }
 }
 
@@ -243,7 +360,11 @@ fn retried(status: StatusCode) -> bool {
 
 /// The error of an HTTP answer that is not a success.
 fn status_error(status: StatusCode, reply: &Reply, path: &str) -> ApiError {
-    let kind = match status {
+    let named = match reply {
+        Reply::Json(value) => serde_json::from_value::<ApiErrorKind>(value["kind"].clone()).ok(),
+        _ => None,
+    };
+    let kind = named.unwrap_or(match status {
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ApiErrorKind::Unauthorized,
         StatusCode::NOT_FOUND => ApiErrorKind::NotFound,
         StatusCode::CONFLICT => ApiErrorKind::Conflict,
@@ -251,13 +372,14 @@ fn status_error(status: StatusCode, reply: &Reply, path: &str) -> ApiError {
         StatusCode::REQUEST_TIMEOUT | StatusCode::SERVICE_UNAVAILABLE => ApiErrorKind::Unavailable,
         s if s.is_client_error() => ApiErrorKind::InvalidRequest,
         _ => ApiErrorKind::Internal,
-    };
+    });
     let message = match reply {
         Reply::Json(value) => value["error"]
             .as_str()
             .map(String::from)
             .unwrap_or_else(|| value.to_string()),
         Reply::Proto(_) => String::from("(a protobuf body)"),
+        Reply::Raw(bytes) => String::from_utf8_lossy(bytes).chars().take(500).collect(),
     };
     ApiError::new(kind, format!("{path}: {status}: {message}"))
 }

@@ -8,6 +8,7 @@
 //! that path (so `--resume` works against the same server and tenant).
 
 mod http;
+pub mod jobs;
 
 use std::path::Path;
 use std::sync::Arc;

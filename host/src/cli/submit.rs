@@ -1,0 +1,329 @@
+//! `opentinker submit JOB.toml --server URL`: run a job on a server. The job file is checked
+//! here as `train` checks it, its plugins built (source folders) and uploaded by digest (those
+//! the server holds already are not sent again), and the job submitted with its plugins named
+//! by digest; then its progress is shown as `train` shows it until it ends (Ctrl-C detaches; the
+//! job goes on). `opentinker jobs list|status|logs|cancel|download` reach the jobs afterwards.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::Value;
+
+use super::progress::TrainProgress;
+use crate::client::remote::jobs::JobsClient;
+use crate::jobs::{JobRecord, JobState, RunFile};
+use crate::rl::driver::StepMetrics;
+use crate::rl::job::{Job, is_digest};
+
+/// How a command reaches the server.
+#[derive(Debug, clap::Args)]
+pub struct ServerArgs {
+    /// The server (`opentinker serve`), `http://host:port`.
+    #[arg(long, env = "TINKER_BASE_URL", value_name = "URL")]
+    server: String,
+    /// The tenant's API key (`opentinker tenant create` prints one).
+    #[arg(long, env = "TINKER_API_KEY", hide_env_values = true)]
+    api_key: String,
+}
+
+impl ServerArgs {
+    fn client(&self) -> anyhow::Result<JobsClient> {
+        Ok(JobsClient::connect(&self.server, &self.api_key)?)
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SubmitArgs {
+    /// The job file (TOML; see examples/README.md). Its plugins may be crate folders, `.wasm`
+    /// files or `sha256:` digests of plugins the server holds.
+    job: PathBuf,
+    /// The job's name on the server (default: the file's stem).
+    #[arg(long)]
+    name: Option<String>,
+    /// Submit and return at once, printing the job's id.
+    #[arg(long)]
+    detach: bool,
+    #[command(flatten)]
+    server: ServerArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum JobsCommand {
+    /// The tenant's jobs, newest first.
+    List {
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// A job's record, latest metrics and evaluations, as JSON.
+    Status {
+        id: String,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// A job's metrics lines so far (JSON lines); with --follow, then each new one until it ends.
+    Logs {
+        id: String,
+        #[arg(long)]
+        follow: bool,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Stop a job.
+    Cancel {
+        id: String,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Copy a job's run folder (metrics, rollouts, checkpoints) into OUT.
+    Download {
+        id: String,
+        #[arg(long)]
+        out: PathBuf,
+        /// Only the files under this path of the run folder (e.g. `checkpoints/step-30`).
+        #[arg(long)]
+        only: Option<String>,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+pub fn run_submit(args: SubmitArgs) -> anyhow::Result<()> {
+    let mut job = Job::load(&args.job)?;
+    let name = match &args.name {
+        Some(name) => name.clone(),
+        None => args
+            .job
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "job".into()),
+    };
+    let text = std::fs::read_to_string(&args.job)
+        .with_context(|| format!("reading {}", args.job.display()))?;
+    super::jobs::build_plugins(&args.job, &mut job)?;
+    let client = args.server.client()?;
+    runtime()?.block_on(async {
+        let text = with_digests(&client, &args.job, &text, &mut job).await?;
+        let record: JobRecord = serde_json::from_value(client.submit(&name, &text).await?)
+            .context("reading the server's answer")?;
+        eprintln!("submitted job {} ({name})", record.id);
+        if args.detach {
+            println!("{}", record.id);
+            return Ok(());
+        }
+        tokio::select! {
+            ended = watch(&client, record.id.as_str(), &name, &job) => ended,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!(
+                    "detached; job {} goes on (`opentinker jobs status {}`)",
+                    record.id, record.id
+                );
+                Ok(())
+            }
+        }
+    })
+}
+
+/// The job file's text with each plugin named by the digest of its component, uploaded to the
+/// server unless it holds it already.
+async fn with_digests(
+    client: &JobsClient,
+    path: &Path,
+    text: &str,
+    job: &mut Job,
+) -> anyhow::Result<String> {
+    let mut table: toml::Table =
+        toml::from_str(text).with_context(|| format!("reading {}", path.display()))?;
+    for (section, plugin) in job.plugin_paths_mut() {
+        let digest = match is_digest(plugin) {
+            true => plugin.to_string_lossy().into_owned(),
+            false => {
+                let bytes = std::fs::read(&*plugin)
+                    .with_context(|| format!("[{section}] plugin {}", plugin.display()))?;
+                let (digest, uploaded) = client
+                    .upload_plugin(bytes)
+                    .await
+                    .with_context(|| format!("[{section}] plugin {}", plugin.display()))?;
+                let how = if uploaded {
+                    "uploaded"
+                } else {
+                    "already stored"
+                };
+                eprintln!("[{section}] plugin {}: {digest} ({how})", plugin.display());
+                digest
+            }
+        };
+        if let Some(toml::Value::Table(entry)) = table.get_mut(section) {
+            entry.insert("plugin".into(), toml::Value::String(digest));
+        }
+    }
+    toml::to_string(&table).context("writing the job file with digests")
+}
+
+/// Show the job's progress until it ends; the stream is opened again if it breaks (a server
+/// restarting), and no line is shown twice.
+async fn watch(client: &JobsClient, id: &str, name: &str, job: &Job) -> anyhow::Result<()> {
+    let display = TrainProgress::new(&[(name.to_string(), job)]);
+    let mut told: Option<(u8, usize)> = None;
+    let mut ended: Option<(JobState, Option<String>)> = None;
+    let mut broken_since: Option<std::time::Instant> = None;
+    while ended.is_none() {
+        let followed = client
+            .follow(id, |event, data| {
+                match event {
+                    "step" => {
+                        if let Ok(line) = serde_json::from_str::<StepMetrics>(data) {
+                            let position = (line.phase as u8, line.step);
+                            if told.is_none_or(|t| position > t) {
+                                told = Some(position);
+                                display.show(name, &line);
+                            }
+                        }
+                    }
+                    "end" => {
+                        let value: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+                        let state = serde_json::from_value(value["state"].clone())
+                            .unwrap_or(JobState::Failed);
+                        let error = value["error"].as_str().map(String::from);
+                        ended = Some((state, error));
+                        return false;
+                    }
+                    _ => {}
+                }
+                true
+            })
+            .await;
+        if ended.is_some() {
+            break;
+        }
+        // The stream ended without the job's end: the server went away; try again for a while.
+        let since = *broken_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() > Duration::from_secs(300) {
+            anyhow::bail!("lost the server for 5 minutes: {followed:?}");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if followed.is_ok() {
+            broken_since = None;
+        }
+    }
+    display.finish();
+    let (state, error) = ended.unwrap_or((JobState::Failed, None));
+    let status = client.status(id).await.unwrap_or(Value::Null);
+    match state {
+        JobState::Succeeded => {
+            let summary = &status["summary"];
+            eprintln!(
+                "{name}: eval reward {:.3} -> {:.3}; job {id} succeeded (`opentinker jobs \
+                 download {id} --out DIR` copies its run folder)",
+                summary["initial_eval"]["reward_mean"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+                summary["final_eval"]["reward_mean"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+            );
+            if let Some(diagnosis) = summary["diagnosis"].as_str() {
+                eprintln!("{name}: {diagnosis}");
+            }
+            Ok(())
+        }
+        state => anyhow::bail!(
+            "job {id} {state}{}",
+            error.map(|e| format!(": {e}")).unwrap_or_default()
+        ),
+    }
+}
+
+pub fn run_jobs(command: JobsCommand) -> anyhow::Result<()> {
+    let runtime = runtime()?;
+    match command {
+        JobsCommand::List { server } => {
+            let jobs = runtime.block_on(server.client()?.list())?;
+            let jobs: Vec<JobRecord> = serde_json::from_value(jobs["jobs"].clone())
+                .context("reading the server's answer")?;
+            for job in jobs {
+                println!("{}  {:<10} {}", job.id, job.state, job.name);
+            }
+            Ok(())
+        }
+        JobsCommand::Status { id, server } => {
+            let status = runtime.block_on(server.client()?.status(&id))?;
+            println!("{}", serde_json::to_string_pretty(&status)?);
+            Ok(())
+        }
+        JobsCommand::Logs { id, follow, server } => {
+            let client = server.client()?;
+            runtime.block_on(async {
+                if !follow {
+                    let bytes = client.file(&id, crate::rl::run_folder::METRICS).await?;
+                    print!("{}", String::from_utf8_lossy(&bytes));
+                    return Ok(());
+                }
+                client
+                    .follow(&id, |event, data| {
+                        if event == "step" {
+                            println!("{data}");
+                        }
+                        event != "end"
+                    })
+                    .await?;
+                Ok(())
+            })
+        }
+        JobsCommand::Cancel { id, server } => {
+            let record = runtime.block_on(server.client()?.cancel(&id))?;
+            let record: JobRecord =
+                serde_json::from_value(record).context("reading the server's answer")?;
+            eprintln!("job {} {}", record.id, record.state);
+            Ok(())
+        }
+        JobsCommand::Download {
+            id,
+            out,
+            only,
+            server,
+        } => runtime.block_on(download(&server.client()?, &id, &out, only.as_deref())),
+    }
+}
+
+/// Copy the files of job `id`'s run folder (those under `only`, when given) into `out`.
+async fn download(
+    client: &JobsClient,
+    id: &str,
+    out: &Path,
+    only: Option<&str>,
+) -> anyhow::Result<()> {
+    let files: Vec<RunFile> = serde_json::from_value(client.files(id).await?["files"].clone())
+        .context("reading the server's answer")?;
+    let prefix = only.map(|p| p.trim_end_matches('/'));
+    let chosen: Vec<&RunFile> = files
+        .iter()
+        .filter(|f| prefix.is_none_or(|p| f.path == p || f.path.starts_with(&format!("{p}/"))))
+        .collect();
+    anyhow::ensure!(
+        !chosen.is_empty(),
+        "job {id} has no files{}",
+        prefix.map(|p| format!(" under {p}")).unwrap_or_default()
+    );
+    let total: u64 = chosen.iter().map(|f| f.bytes).sum();
+    for file in &chosen {
+        let bytes = client.file(id, &file.path).await?;
+        let path = out.join(&file.path);
+        crate::store::write_atomic(&path, &bytes)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    eprintln!(
+        "{} files ({total} bytes) of job {id} in {}",
+        chosen.len(),
+        out.display()
+    );
+    Ok(())
+}

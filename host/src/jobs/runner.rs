@@ -1,0 +1,574 @@
+//! The jobs a server runs for its tenants: each submitted job file is checked whole before it is
+//! accepted (its enums and settings, then what a server adds: plugins named by a digest of the
+//! tenant's, a served or built-in model, no paths of the submitter's machine), recorded, and run
+//! by the RL driver on the served bases as its tenant, with the plugins sandboxed as always. A
+//! job's files live in its run folder `DATA/jobs/TENANT/ID/`; a restarted server resumes every
+//! job that had not ended from its last checkpoint.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast;
+use tokio::task::AbortHandle;
+
+use super::plugin_store::PluginStore;
+use super::records::{JobRecord, JobRecords, JobState, RecordError};
+use crate::api::{ApiError, ApiErrorKind, JobId, TenantId};
+use crate::client::served::TenantBases;
+use crate::rl::driver::{self, Engine, JobRun, Phase, Progress, StepMetrics};
+use crate::rl::job::{Job, SftSource, is_digest};
+use crate::rl::run_folder::METRICS;
+use crate::sched::ServedBase;
+
+/// Events kept for a follower that falls behind; one that falls further reads the metrics file.
+const EVENT_BUFFER: usize = 1024;
+
+/// What a server's jobs may use.
+#[derive(Clone, Copy, Debug)]
+pub struct JobQuotas {
+    /// Jobs of one tenant queued or running at once.
+    pub active_jobs_per_tenant: usize,
+}
+
+impl Default for JobQuotas {
+    fn default() -> Self {
+        JobQuotas {
+            active_jobs_per_tenant: 4,
+        }
+    }
+}
+
+/// Something that happened to a running job, as its followers hear it.
+#[derive(Clone, Debug)]
+pub enum JobEvent {
+    /// A line of its `metrics.jsonl` (a step, with its evaluation when one ran).
+    Step(StepLine),
+    /// The job ended.
+    Ended {
+        state: JobState,
+        error: Option<String>,
+    },
+}
+
+/// One metrics line: where it stands in the run, and its JSON text.
+#[derive(Clone, Debug)]
+pub struct StepLine {
+    pub phase: Phase,
+    pub step: usize,
+    /// Whether the step ran an evaluation.
+    pub evaluated: bool,
+    pub json: Arc<str>,
+}
+
+impl StepLine {
+    /// A line of `metrics.jsonl` as written; `None` for a line that is not one.
+    pub fn parse(json: &str) -> Option<Self> {
+        let line: StepMetrics = serde_json::from_str(json).ok()?;
+        Some(StepLine {
+            phase: line.phase,
+            step: line.step,
+            evaluated: line.eval.is_some() || !line.initial_evals.is_empty(),
+            json: Arc::from(json),
+        })
+    }
+
+    /// Its place in the run: warm-up steps first, then RL steps.
+    pub fn position(&self) -> (u8, usize) {
+        (self.phase as u8, self.step)
+    }
+}
+
+/// A job's status: its record, its latest metrics line and every evaluation so far.
+#[derive(Debug, serde::Serialize)]
+pub struct JobStatus {
+    #[serde(flatten)]
+    pub record: JobRecord,
+    /// The latest line of its metrics.
+    pub latest: Option<serde_json::Value>,
+    /// Each evaluation: its phase, step, whether it ran before the step (the evaluation before
+    /// RL), the headline figures (`eval`) and each policy's.
+    pub evaluations: Vec<serde_json::Value>,
+}
+
+/// A metrics line's evaluations: the one before RL (on the first RL line), then the step's.
+fn evaluations_of(line: &StepMetrics) -> Vec<serde_json::Value> {
+    let mut evaluations = Vec::new();
+    if let Some(before) = line.initial_evals.values().next() {
+        evaluations.push(serde_json::json!({
+            "phase": line.phase,
+            "step": line.step,
+            "before_step": true,
+            "eval": before,
+            "policies": line.initial_evals,
+        }));
+    }
+    if let Some(eval) = &line.eval {
+        evaluations.push(serde_json::json!({
+            "phase": line.phase,
+            "step": line.step,
+            "before_step": false,
+            "eval": eval,
+            "policies": line.policy_evals,
+        }));
+    }
+    evaluations
+}
+
+/// A running job: how to stop it and whom to tell.
+struct Running {
+    abort: AbortHandle,
+    events: broadcast::Sender<JobEvent>,
+}
+
+/// Every tenant's jobs on one server.
+pub struct JobService {
+    root: PathBuf,
+    bases: Vec<Arc<ServedBase>>,
+    plugins: Arc<PluginStore>,
+    records: Arc<JobRecords>,
+    running: Mutex<HashMap<JobId, Running>>,
+    quotas: JobQuotas,
+}
+
+/// Why a job could not be listed, read or started: a request's fault or the server's.
+fn record_error(error: RecordError) -> ApiError {
+    ApiError::internal(error.to_string())
+}
+
+/// Run `work` on a blocking thread (the database and the run folders are files).
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("a blocking task failed: {e}")))?
+}
+
+impl JobService {
+    /// The jobs of the server whose data folder is `data`, run on `bases`.
+    pub fn open(
+        data: &Path,
+        bases: Vec<Arc<ServedBase>>,
+        plugins: Arc<PluginStore>,
+        quotas: JobQuotas,
+    ) -> Result<Self, RecordError> {
+        Ok(JobService {
+            root: data.join("jobs"),
+            bases,
+            plugins,
+            records: Arc::new(JobRecords::open(data)?),
+            running: Mutex::new(HashMap::new()),
+            quotas,
+        })
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, Running>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The run folder of `tenant`'s job `id`.
+    pub fn folder(&self, tenant: &TenantId, id: &JobId) -> PathBuf {
+        self.root.join(tenant.as_str()).join(id.as_str())
+    }
+
+    /// Check `text` (a job file whose plugins are digests of `tenant`'s) as a job the server can
+    /// run, and its plugins' stored components in the order of `Job::plugin_paths_mut`.
+    async fn check(
+        &self,
+        tenant: &TenantId,
+        name: &str,
+        text: &str,
+    ) -> Result<(Job, Vec<PathBuf>), ApiError> {
+        let origin = PathBuf::from(format!("{name}.toml"));
+        let mut job = Job::parse(text, &origin).map_err(|e| ApiError::invalid(e.to_string()))?;
+        let refuse = |what: &str| Err(ApiError::invalid(format!("{}: {what}", origin.display())));
+        if job.model.dir.is_some() {
+            return refuse(
+                "model.dir names a folder of the submitter's machine: name a served model with \
+                 `model.base`, or use `init_tiny`",
+            );
+        }
+        if let Some(sft) = &job.sft
+            && let SftSource::File(file) = &sft.source
+        {
+            return refuse(&format!(
+                "sft.source {}: a file of the submitter's machine; a job on a server warms up \
+                 on its environment's demonstrations",
+                file.display()
+            ));
+        }
+        if job.rl.kl_reference.is_some() {
+            return refuse("rl.kl_reference names a folder of the submitter's machine");
+        }
+        if let Some(name) = &job.model.base
+            && !self.bases.iter().any(|b| &b.name == name)
+        {
+            let served: Vec<&str> = self.bases.iter().map(|b| b.name.as_str()).collect();
+            return refuse(&format!(
+                "model.base: the server serves no model {name:?} (it serves: {})",
+                served.join(", ")
+            ));
+        }
+        let mut components = Vec::new();
+        for (section, plugin) in job.plugin_paths_mut() {
+            let digest = plugin.to_string_lossy().into_owned();
+            if !is_digest(plugin) {
+                return refuse(&format!(
+                    "[{section}] plugin {digest:?}: a job on a server names its plugins by \
+                     digest (`sha256:...`, as `POST /api/v1/plugins` answered; `opentinker \
+                     submit` uploads them)"
+                ));
+            }
+            let component =
+                self.plugins
+                    .component(tenant, &digest)
+                    .await
+                    .map_err(|e| match e.kind {
+                        ApiErrorKind::NotFound => ApiError::invalid(format!(
+                            "{}: [{section}] plugin {digest}: the tenant has no such plugin",
+                            origin.display()
+                        )),
+                        _ => e,
+                    })?;
+            *plugin = component.clone();
+            components.push(component);
+        }
+        Ok((job, components))
+    }
+
+    /// Accept `text` as a new job of `tenant` called `name`, and start it.
+    pub async fn submit(
+        self: &Arc<Self>,
+        tenant: &TenantId,
+        name: &str,
+        text: &str,
+    ) -> Result<JobRecord, ApiError> {
+        crate::api::TenantId::new(name).map_err(|_| {
+            ApiError::invalid(format!(
+                "job name {name:?}: use 1 to 128 letters, digits, `-`, `_` or `.`"
+            ))
+        })?;
+        let (job, _) = self.check(tenant, name, text).await?;
+        let id = JobId::random().map_err(|e| ApiError::internal(e.to_string()))?;
+        let record = {
+            let (records, tenant, quota) = (
+                Arc::clone(&self.records),
+                tenant.clone(),
+                self.quotas.active_jobs_per_tenant,
+            );
+            let (id, name, text) = (id.clone(), name.to_string(), text.to_string());
+            let folder = self.folder(&tenant, &id);
+            blocking(move || {
+                let active = records.active(&tenant).map_err(record_error)?;
+                if active >= quota {
+                    return Err(ApiError::new(
+                        ApiErrorKind::QuotaExceeded,
+                        format!(
+                            "the tenant has {active} jobs queued or running, its quota: cancel \
+                             one or wait for one to end"
+                        ),
+                    ));
+                }
+                std::fs::create_dir_all(&folder)
+                    .map_err(|e| ApiError::internal(format!("{}: {e}", folder.display())))?;
+                crate::store::write_atomic(&folder.join(SUBMITTED), text.as_bytes())
+                    .map_err(|e| ApiError::internal(format!("{}: {e}", folder.display())))?;
+                records
+                    .insert(&id, &tenant, &name, &text)
+                    .map_err(record_error)
+            })
+            .await?
+        };
+        self.start(record.clone(), Arc::new(job), false);
+        Ok(record)
+    }
+
+    /// Start every job that had not ended when the server stopped: a job that was running
+    /// continues from its last checkpoint. Returns how many.
+    pub async fn resume_unfinished(self: &Arc<Self>) -> Result<usize, ApiError> {
+        let records = Arc::clone(&self.records);
+        let unfinished = blocking(move || records.unfinished().map_err(record_error)).await?;
+        let count = unfinished.len();
+        for record in unfinished {
+            let Some(tenant) = record.tenant.clone() else {
+                continue;
+            };
+            let resume = record.state == JobState::Running;
+            match self.check(&tenant, &record.name, &record.spec).await {
+                Ok((job, _)) => self.start(record, Arc::new(job), resume),
+                Err(error) => {
+                    let message = format!("cannot be resumed: {error}");
+                    self.finish(&record.id, JobState::Failed, Some(message), None)
+                        .await;
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    /// Run `job` as a task of its own.
+    fn start(self: &Arc<Self>, record: JobRecord, job: Arc<Job>, resume: bool) {
+        let Some(tenant) = record.tenant.clone() else {
+            return;
+        };
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let out = self.folder(&tenant, &record.id);
+        let run = JobRun {
+            name: record.name.clone(),
+            file: out.join(SUBMITTED),
+            job,
+            out,
+        };
+        let prefix = format!("jobs/{tenant}/{}/", record.id);
+        let engine = Engine::Served(TenantBases::new(self.bases.clone(), tenant, prefix));
+        let progress: Progress = {
+            let events = events.clone();
+            Arc::new(move |_: &str, line: &StepMetrics| {
+                if let Ok(json) = serde_json::to_string(line)
+                    && let Some(line) = StepLine::parse(&json)
+                {
+                    // Nobody following is nothing to tell.
+                    let _ = events.send(JobEvent::Step(line));
+                }
+            })
+        };
+        let service = Arc::clone(self);
+        let id = record.id.clone();
+        // The entry is in place before the task can end and remove it.
+        let mut running = self.running();
+        let task = tokio::spawn(async move {
+            service.set_state(&id, JobState::Running).await;
+            let host = service.plugins.host();
+            let outcome = driver::run_job(run, resume, &engine, host, progress).await;
+            let (state, error, summary) = match outcome {
+                Ok(summary) => (
+                    JobState::Succeeded,
+                    None,
+                    serde_json::to_value(summary).ok(),
+                ),
+                Err(error) => (JobState::Failed, Some(format!("{error:#}")), None),
+            };
+            service.finish(&id, state, error, summary).await;
+        });
+        running.insert(
+            record.id,
+            Running {
+                abort: task.abort_handle(),
+                events,
+            },
+        );
+    }
+
+    async fn set_state(&self, id: &JobId, state: JobState) {
+        let (records, id) = (Arc::clone(&self.records), id.clone());
+        let set = blocking(move || {
+            records
+                .set_state(&id, state, None, None)
+                .map_err(record_error)
+        });
+        if let Err(error) = set.await {
+            tracing::warn!("recording a job's state: {error}");
+        }
+    }
+
+    /// Record how job `id` ended, and tell its followers.
+    async fn finish(
+        &self,
+        id: &JobId,
+        state: JobState,
+        error: Option<String>,
+        summary: Option<serde_json::Value>,
+    ) {
+        let (records, record_id, message) = (Arc::clone(&self.records), id.clone(), error.clone());
+        let set = blocking(move || {
+            records
+                .set_state(&record_id, state, message.as_deref(), summary.as_ref())
+                .map_err(record_error)
+        });
+        if let Err(error) = set.await {
+            tracing::warn!("recording how job {id} ended: {error}");
+        }
+        if let Some(running) = self.running().remove(id) {
+            let _ = running.events.send(JobEvent::Ended { state, error });
+        }
+    }
+
+    /// `tenant`'s job `id`; another tenant's is answered as an unknown one.
+    pub async fn get(&self, tenant: &TenantId, id: &JobId) -> Result<JobRecord, ApiError> {
+        let (records, tenant, id) = (Arc::clone(&self.records), tenant.clone(), id.clone());
+        blocking(move || {
+            records
+                .get(&tenant, &id)
+                .map_err(record_error)?
+                .ok_or_else(|| ApiError::not_found(format!("job {id}")))
+        })
+        .await
+    }
+
+    /// `tenant`'s jobs, newest first.
+    pub async fn list(&self, tenant: &TenantId) -> Result<Vec<JobRecord>, ApiError> {
+        let (records, tenant) = (Arc::clone(&self.records), tenant.clone());
+        blocking(move || records.list(&tenant).map_err(record_error)).await
+    }
+
+    /// The job's record, its latest metrics line and its evaluations.
+    pub async fn status(&self, tenant: &TenantId, id: &JobId) -> Result<JobStatus, ApiError> {
+        let record = self.get(tenant, id).await?;
+        let lines = self.metric_lines(tenant, id).await?;
+        let evaluations = lines
+            .iter()
+            .filter(|line| line.evaluated)
+            .filter_map(|line| serde_json::from_str::<StepMetrics>(&line.json).ok())
+            .flat_map(|line| evaluations_of(&line))
+            .collect();
+        let latest = lines
+            .last()
+            .and_then(|line| serde_json::from_str(&line.json).ok());
+        Ok(JobStatus {
+            record,
+            latest,
+            evaluations,
+        })
+    }
+
+    /// The lines of the job's `metrics.jsonl` so far.
+    pub async fn metric_lines(
+        &self,
+        tenant: &TenantId,
+        id: &JobId,
+    ) -> Result<Vec<StepLine>, ApiError> {
+        let path = self.folder(tenant, id).join(METRICS);
+        blocking(move || {
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(ApiError::internal(format!("{}: {e}", path.display()))),
+            };
+            Ok(text.lines().filter_map(StepLine::parse).collect())
+        })
+        .await
+    }
+
+    /// Follow `tenant`'s job `id`: the lines so far, and the events to come while it runs
+    /// (`None` once it has ended). Lines in both are told once by their position.
+    pub async fn follow(
+        &self,
+        tenant: &TenantId,
+        id: &JobId,
+    ) -> Result<
+        (
+            JobRecord,
+            Vec<StepLine>,
+            Option<broadcast::Receiver<JobEvent>>,
+        ),
+        ApiError,
+    > {
+        self.get(tenant, id).await?;
+        // Subscribe before reading the file, so that no line falls between the two.
+        let events = self.running().get(id).map(|r| r.events.subscribe());
+        let lines = self.metric_lines(tenant, id).await?;
+        let record = self.get(tenant, id).await?;
+        Ok((record, lines, events))
+    }
+
+    /// Stop `tenant`'s job `id`, which is then `cancelled`; a job that has ended stays as it
+    /// ended.
+    pub async fn cancel(&self, tenant: &TenantId, id: &JobId) -> Result<JobRecord, ApiError> {
+        let record = self.get(tenant, id).await?;
+        if record.state.is_final() {
+            return Ok(record);
+        }
+        if let Some(running) = self.running().get(id) {
+            running.abort.abort();
+        }
+        self.finish(id, JobState::Cancelled, None, None).await;
+        self.get(tenant, id).await
+    }
+
+    /// Every file of the job's run folder (metrics, rollouts, checkpoints).
+    pub async fn files(&self, tenant: &TenantId, id: &JobId) -> Result<Vec<RunFile>, ApiError> {
+        self.get(tenant, id).await?;
+        let folder = self.folder(tenant, id);
+        blocking(move || match files_under(&folder) {
+            Ok(files) => Ok(files),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(ApiError::internal(format!("{}: {e}", folder.display()))),
+        })
+        .await
+    }
+
+    /// A file of the job's run folder, by its path there (`metrics.jsonl`,
+    /// `rollouts/step-N.jsonl`, ...): only names of letters, digits, `-`, `_`, `.` and `/`,
+    /// never `..`.
+    pub async fn file(
+        &self,
+        tenant: &TenantId,
+        id: &JobId,
+        path: &str,
+    ) -> Result<Vec<u8>, ApiError> {
+        self.get(tenant, id).await?;
+        let plain = path.split('/').all(|part| {
+            !part.is_empty()
+                && part != "."
+                && part != ".."
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        });
+        if !plain {
+            return Err(ApiError::not_found(format!("file {path:?} of job {id}")));
+        }
+        let full = self.folder(tenant, id).join(path);
+        let (id, path) = (id.clone(), path.to_string());
+        blocking(move || {
+            std::fs::read(&full)
+                .map_err(|_| ApiError::not_found(format!("file {path:?} of job {id}")))
+        })
+        .await
+    }
+}
+
+/// A file of a job's run folder, as listed.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RunFile {
+    /// Its path in the run folder, `/`-separated.
+    pub path: String,
+    pub bytes: u64,
+}
+
+/// Every file under `root`, by its path there, sorted.
+fn files_under(root: &Path) -> std::io::Result<Vec<RunFile>> {
+    let mut files = Vec::new();
+    let mut folders = vec![root.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            let path = entry.path();
+            // Staged folders being written (`.tmp...`) are not the run's yet.
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            if kind.is_dir() {
+                folders.push(path);
+            } else if kind.is_file()
+                && let Ok(relative) = path.strip_prefix(root)
+            {
+                let parts: Vec<String> = relative
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                files.push(RunFile {
+                    path: parts.join("/"),
+                    bytes: entry.metadata()?.len(),
+                });
+            }
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(files)
+}
+
+/// The job file as submitted, in its run folder.
+pub const SUBMITTED: &str = "submitted.toml";

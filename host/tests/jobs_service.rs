@@ -1,0 +1,294 @@
+//! Jobs as a service: `opentinker submit` uploads a job's plugins by digest and runs the job on
+//! `opentinker serve` (on loopback), which trains it on its served base as the tenant; the job is
+//! its tenant's alone, and a server killed in the middle of a job resumes it to the same metrics.
+
+#[path = "common/server.rs"]
+mod server;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use server::{BIN, Server, spawn_server, start_server};
+
+/// An RL job on the built-in tiny model with a LoRA warm-up (so RL has a signal), checkpointed
+/// every 2 steps; `full_parameters`: a warm-up of every weight, which makes a base of its own.
+fn job(dir: &Path, name: &str, full_parameters: bool, rl_steps: usize) -> PathBuf {
+    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/arithmetic");
+    let text = format!(
+        r#"
+[model]
+init_tiny = {{ shape = "tiny", arch = "qwen2", seed = 0 }}
+
+[lora]
+rank = 8
+
+[environment]
+plugin = "{}"
+config = {{ max_operand = 4 }}
+
+[sft]
+source = "demonstrations"
+steps = 30
+batch = 16
+learning_rate = 3e-3
+full_parameters = {full_parameters}
+
+[rl]
+steps = {rl_steps}
+groups_per_batch = 2
+group_size = 4
+learning_rate = 1e-3
+max_turns = 1
+max_tokens = 6
+
+[eval]
+every = 2
+episodes = 8
+
+[checkpoint]
+every = 2
+"#,
+        plugin.display()
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Run `opentinker` with `args` as the tenant of `key` on `url`; (success, stdout, stderr).
+fn opentinker(url: &str, key: &str, args: &[&std::ffi::OsStr]) -> (bool, String, String) {
+    let output = Command::new(BIN)
+        .args(args)
+        .env("TINKER_BASE_URL", url)
+        .env("TINKER_API_KEY", key)
+        .output()
+        .expect("running opentinker");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn os(text: &str) -> &std::ffi::OsStr {
+    text.as_ref()
+}
+
+/// The id `submit` printed.
+fn job_id(stderr: &str) -> String {
+    stderr
+        .split_whitespace()
+        .find(|w| w.starts_with("job-"))
+        .unwrap_or_else(|| panic!("no job id in: {stderr}"))
+        .to_string()
+}
+
+fn status(server: &Server, key: &str, id: &str) -> serde_json::Value {
+    let (ok, out, err) = opentinker(&server.url, key, &[os("jobs"), os("status"), os(id)]);
+    assert!(ok, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+fn metrics(file: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// A metrics line without its timings.
+fn untimed(mut line: serde_json::Value) -> serde_json::Value {
+    if let Some(fields) = line.as_object_mut() {
+        fields.remove("seconds");
+    }
+    line
+}
+
+/// Download job `id`'s run folder into `out`.
+fn download(server: &Server, key: &str, id: &str, out: &Path) {
+    let args = [
+        os("jobs"),
+        os("download"),
+        os(id),
+        os("--out"),
+        out.as_os_str(),
+    ];
+    let (ok, _, err) = opentinker(&server.url, key, &args);
+    assert!(ok, "{err}");
+}
+
+#[test]
+fn a_submitted_job_runs_on_the_server_as_in_process_and_is_its_tenants_alone() {
+    let server = start_server();
+    let dir = tempfile::tempdir().unwrap();
+    let lora = job(dir.path(), "arith", false, 2);
+    let local = dir.path().join("local");
+    let output = Command::new(BIN)
+        .args([
+            os("train"),
+            lora.as_os_str(),
+            os("--out"),
+            local.as_os_str(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let (ok, _, err) = opentinker(
+        &server.url,
+        &server.alice,
+        &[os("submit"), lora.as_os_str()],
+    );
+    assert!(ok, "submit failed:\n{err}");
+    // The plugin went up as bytes, and the progress came back live, a line per step.
+    assert!(err.contains("(uploaded)"), "{err}");
+    assert!(err.contains("arith     rl    1"), "{err}");
+    assert!(err.contains("succeeded"), "{err}");
+    let id = job_id(&err);
+    let remote = dir.path().join("remote");
+    download(&server, &server.alice, &id, &remote);
+    // The same seeds and the same base as in process: the same episodes and, up to the
+    // rounding of fused passes, the same losses.
+    let (local_lines, remote_lines) = (
+        metrics(&local.join("metrics.jsonl")),
+        metrics(&remote.join("metrics.jsonl")),
+    );
+    assert_eq!(local_lines.len(), 32);
+    assert_eq!(local_lines.len(), remote_lines.len());
+    for (l, r) in local_lines.iter().zip(&remote_lines) {
+        assert_eq!(l["phase"], r["phase"]);
+        assert_eq!(l["reward_mean"], r["reward_mean"], "{l}\n{r}");
+        assert_eq!(l["tokens"], r["tokens"], "{l}\n{r}");
+        let (l_loss, r_loss) = (l["loss"].as_f64().unwrap(), r["loss"].as_f64().unwrap());
+        assert!((l_loss - r_loss).abs() <= 1e-4 * l_loss.abs().max(1.0));
+    }
+    assert!(
+        remote
+            .join("checkpoints/final/adapter_model.safetensors")
+            .exists()
+    );
+    let record = status(&server, &server.alice, &id);
+    assert_eq!(record["state"], "succeeded", "{record}");
+    assert_eq!(
+        record["evaluations"].as_array().unwrap().len(),
+        2,
+        "{record}"
+    );
+
+    // Submitted again, the plugin is not sent again.
+    let (ok, _, err) = opentinker(
+        &server.url,
+        &server.alice,
+        &[os("submit"), lora.as_os_str(), os("--detach")],
+    );
+    assert!(ok && err.contains("(already stored)"), "{err}");
+
+    // Another tenant: the job is unknown, and so is the plugin's digest in a job of its own.
+    let (ok, _, err) = opentinker(
+        &server.url,
+        &server.bob,
+        &[os("jobs"), os("status"), os(&id)],
+    );
+    assert!(!ok && err.contains("404"), "{err}");
+    let digest = std::fs::read_to_string(remote.join("submitted.toml")).unwrap();
+    let digest = digest
+        .split('"')
+        .find(|s| s.starts_with("sha256:"))
+        .unwrap()
+        .to_string();
+    let text = std::fs::read_to_string(&lora).unwrap();
+    let plugin_line = text.lines().find(|l| l.starts_with("plugin")).unwrap();
+    let stolen = dir.path().join("stolen.toml");
+    std::fs::write(
+        &stolen,
+        text.replace(plugin_line, &format!("plugin = \"{digest}\"")),
+    )
+    .unwrap();
+    let (ok, _, err) = opentinker(
+        &server.url,
+        &server.bob,
+        &[os("submit"), stolen.as_os_str()],
+    );
+    assert!(!ok, "{err}");
+    assert!(err.contains("the tenant has no such plugin"), "{err}");
+    let (ok, out, _) = opentinker(&server.url, &server.bob, &[os("jobs"), os("list")]);
+    assert!(ok && out.trim().is_empty(), "{out}");
+
+    // A full-parameter warm-up makes a base of the job's own on the server.
+    let full = job(dir.path(), "full", true, 2);
+    let (ok, _, err) = opentinker(
+        &server.url,
+        &server.alice,
+        &[os("submit"), full.as_os_str()],
+    );
+    assert!(ok, "submit of a full-parameter warm-up failed:\n{err}");
+}
+
+#[test]
+fn a_server_killed_during_a_sync_job_resumes_it_to_the_same_metrics() {
+    let mut server = start_server();
+    let dir = tempfile::tempdir().unwrap();
+    let spec = job(dir.path(), "resumed", false, 8);
+    let alice = server.alice.clone();
+
+    // Uninterrupted.
+    let (ok, _, err) = opentinker(&server.url, &alice, &[os("submit"), spec.as_os_str()]);
+    assert!(ok, "{err}");
+    let whole = dir.path().join("whole");
+    download(&server, &alice, &job_id(&err), &whole);
+
+    // Killed after RL step 3 (a checkpoint at step 2), then started again on the same data.
+    let (ok, _, err) = opentinker(
+        &server.url,
+        &alice,
+        &[os("submit"), spec.as_os_str(), os("--detach")],
+    );
+    assert!(ok, "{err}");
+    let id = job_id(&err);
+    let started = Instant::now();
+    loop {
+        let record = status(&server, &alice, &id);
+        let latest = &record["latest"];
+        if latest["phase"] == "rl" && latest["step"].as_u64() >= Some(3) {
+            break;
+        }
+        assert!(record["state"] != "succeeded", "finished before the kill");
+        assert!(started.elapsed() < Duration::from_secs(300), "{record}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let (child, url, line) = spawn_server(server.data.path(), "127.0.0.1:0");
+    server.child = child;
+    server.url = url;
+    assert!(line.contains("and 1 jobs"), "{line}");
+    let started = Instant::now();
+    loop {
+        let record = status(&server, &alice, &id);
+        match record["state"].as_str() {
+            Some("succeeded") => break,
+            Some("queued" | "running") => {}
+            _ => panic!("the resumed job ended badly: {record}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(300), "{record}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let resumed = dir.path().join("resumed");
+    download(&server, &alice, &id, &resumed);
+    let whole_lines: Vec<_> = metrics(&whole.join("metrics.jsonl"))
+        .into_iter()
+        .map(untimed)
+        .collect();
+    let resumed_lines: Vec<_> = metrics(&resumed.join("metrics.jsonl"))
+        .into_iter()
+        .map(untimed)
+        .collect();
+    assert_eq!(whole_lines.len(), 30 + 8);
+    assert_eq!(whole_lines, resumed_lines);
+}
