@@ -453,7 +453,7 @@ fn a_session_keeps_its_latest_sampling_sessions_and_lets_the_oldest_go() {
 }
 
 #[test]
-fn plugins_are_uploaded_by_digest_checked_as_the_loader_checks_them_and_kept_per_tenant() {
+fn plugins_are_uploaded_by_digest_checked_as_the_loader_checks_them_and_jobs_checked_whole() {
     let server = start_server();
     // A real component: the arithmetic environment, built as `train` builds it.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/arithmetic");
@@ -505,6 +505,13 @@ fn plugins_are_uploaded_by_digest_checked_as_the_loader_checks_them_and_kept_per
     let random: Vec<u8> = (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect();
     let core_module = wat::parse_str("(module)").unwrap();
     let other_world = wat::parse_str("(component)").unwrap();
+    // The real component, claiming a contract version the host does not speak.
+    let other_version = replace_all(
+        &bytes,
+        b"opentinker:plugin/environment@0.1.0",
+        b"opentinker:plugin/environment@0.9.0",
+    );
+    assert_ne!(other_version, bytes);
     for (what, body, expected) in [
         (
             "random bytes",
@@ -517,11 +524,20 @@ fn plugins_are_uploaded_by_digest_checked_as_the_loader_checks_them_and_kept_per
             &other_world,
             "opentinker:plugin",
         ),
+        (
+            "a component of another WIT version",
+            &other_version,
+            "0.9.0",
+        ),
     ] {
         let (status, message) = refused(upload(&server.alice, body));
         assert_eq!(status, 400, "{what}: {message}");
         assert!(message.contains(expected), "{what}: {message}");
     }
+    // Past the body limit: refused before it is read whole.
+    let oversized = vec![0u8; (64 << 20) + 1];
+    let (status, _) = upload(&server.alice, &oversized);
+    assert_eq!(status, 413);
     assert_eq!(
         get(&server, "plugins", &server.alice).1["plugins"]
             .as_array()
@@ -529,4 +545,43 @@ fn plugins_are_uploaded_by_digest_checked_as_the_loader_checks_them_and_kept_per
             .len(),
         1
     );
+
+    // A job is checked whole before it is accepted: its keys, its names, its plugins.
+    let submit = |job: &str| refused(post(&server, "jobs", json!({ "name": "j", "job": job })));
+    let job = format!(
+        "[model]\ninit_tiny = {{}}\n[environment]\nplugin = \"{digest}\"\n[rl]\nsteps = 1\n"
+    );
+    let (status, message) = submit(&job.replace("steps = 1", "stpes = 1"));
+    assert_eq!(status, 400);
+    assert!(message.contains("stpes"), "{message}");
+    let (status, message) = submit(&job.replace("steps = 1", "steps = 1\nloss = \"ppo2\""));
+    assert_eq!(status, 400);
+    assert!(
+        message.contains("ppo2") && message.contains("importance_sampling"),
+        "{message}"
+    );
+    let (status, message) = submit(&job.replace(&digest, &nobody));
+    assert_eq!(status, 400);
+    assert!(
+        message.contains("[environment]") && message.contains(&nobody),
+        "{message}"
+    );
+    let (status, message) = submit(&job.replace(&digest, "../plugins/arithmetic"));
+    assert_eq!(status, 400);
+    assert!(message.contains("digest"), "{message}");
+    let (status, message) = submit(&job.replace("init_tiny = {}", "base = \"no/such\""));
+    assert_eq!(status, 400);
+    assert!(message.contains("opentinker/tiny"), "{message}");
+    assert_eq!(get(&server, "jobs", &server.alice).1["jobs"], json!([]));
+}
+
+/// `bytes` with every `from` replaced by `to` (of the same length).
+fn replace_all(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    let mut at = 0;
+    while let Some(found) = out[at..].windows(from.len()).position(|w| w == from) {
+        out[at + found..at + found + from.len()].copy_from_slice(to);
+        at += found + from.len();
+    }
+    out
 }
