@@ -181,6 +181,62 @@ fn a_submitted_job_runs_on_the_server_as_in_process_and_is_its_tenants_alone() {
         "{record}"
     );
 
+    // The job's adapter is sampled by its name through the OpenAI-compatible routes, greedy as
+    // `opentinker sample` samples the downloaded adapter.
+    let openai = |key: &str, path: &str, body: Option<serde_json::Value>| {
+        let (method, bytes) = match &body {
+            Some(body) => ("POST", body.to_string().into_bytes()),
+            None => ("GET", Vec::new()),
+        };
+        let (status, _, answer) = server::request(
+            &server.url,
+            method,
+            path,
+            Some(key),
+            "application/json",
+            &bytes,
+        );
+        (
+            status,
+            serde_json::from_slice::<serde_json::Value>(&answer).unwrap(),
+        )
+    };
+    let (code, models) = openai(&server.alice, "/v1/models", None);
+    assert_eq!(code, 200);
+    let listed = models["data"].as_array().unwrap();
+    assert!(listed.iter().any(|m| m["id"] == id.as_str()), "{models}");
+    let prompt = "What is 3 + 4?";
+    let request = serde_json::json!({
+        "model": id, "prompt": prompt, "max_tokens": 8, "temperature": 0
+    });
+    let (code, completion) = openai(&server.alice, "/v1/completions", Some(request.clone()));
+    assert_eq!(code, 200, "{completion}");
+    let sampled = Command::new(BIN)
+        .args([os("sample"), os("--model")])
+        .arg(server.data.path().join("models/opentinker-tiny"))
+        .arg("--adapter")
+        .arg(remote.join("checkpoints/final"))
+        .args([
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "8",
+            "--temperature",
+            "0",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&sampled.stderr);
+    assert!(sampled.status.success(), "{stderr}");
+    let sampled: serde_json::Value = serde_json::from_slice(&sampled.stdout).unwrap();
+    assert_eq!(
+        completion["choices"][0]["text"],
+        sampled["samples"][0]["text"]
+    );
+    let (code, _) = openai(&server.bob, "/v1/completions", Some(request));
+    assert_eq!(code, 404);
+
     // Submitted again, the plugin is not sent again.
     let (ok, _, err) = opentinker(
         &server.url,

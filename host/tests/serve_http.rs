@@ -6,9 +6,6 @@
 mod server;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
 
 use opentinker::wire::proto;
 use prost::Message;
@@ -39,30 +36,12 @@ fn exchange(
     content_type: &str,
     body: &[u8],
 ) -> (u16, Value) {
-    let address = server.url.trim_start_matches("http://");
-    let mut stream = TcpStream::connect(address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let mut head = format!(
-        "{method} /api/v1/{path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    if let Some(key) = key {
-        head.push_str(&format!("X-API-Key: {key}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).unwrap();
-    // A server may answer (413) before reading all of a large body.
-    let _ = stream.write_all(body);
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    let text = String::from_utf8_lossy(&answer);
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let path = format!("/api/v1/{path}");
+    let (status, head, body) = server::request(&server.url, method, &path, key, content_type, body);
+    let body = String::from_utf8_lossy(&body);
     let body = match head.to_ascii_lowercase().contains("application/x-protobuf") {
         true => json!({ "protobuf_bytes": body.len() }),
-        false => serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {body:?}")),
+        false => serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body:?}")),
     };
     (status, body)
 }

@@ -498,6 +498,32 @@ impl JobService {
         .await
     }
 
+    /// The adapter folder `which` of `tenant`'s job `id`: its final adapter (`""`), or a folder
+    /// under its `checkpoints/` (`step-10/policy`, `final/x`).
+    pub async fn adapter_folder(
+        &self,
+        tenant: &TenantId,
+        id: &JobId,
+        which: &str,
+    ) -> Result<PathBuf, ApiError> {
+        self.get(tenant, id).await?;
+        let which = match which {
+            "" => "final",
+            which => which,
+        };
+        let unknown = || ApiError::not_found(format!("adapter {which:?} of job {id}"));
+        if !plain_path(which) {
+            return Err(unknown());
+        }
+        let dir = self.folder(tenant, id).join("checkpoints").join(which);
+        let config = dir.join("adapter_config.json");
+        let exists = blocking(move || Ok(config.is_file())).await?;
+        match exists {
+            true => Ok(dir),
+            false => Err(unknown()),
+        }
+    }
+
     /// A file of the job's run folder, by its path there (`metrics.jsonl`,
     /// `rollouts/step-N.jsonl`, ...): only names of letters, digits, `-`, `_`, `.` and `/`,
     /// never `..`.
@@ -508,15 +534,7 @@ impl JobService {
         path: &str,
     ) -> Result<Vec<u8>, ApiError> {
         self.get(tenant, id).await?;
-        let plain = path.split('/').all(|part| {
-            !part.is_empty()
-                && part != "."
-                && part != ".."
-                && part
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        });
-        if !plain {
+        if !plain_path(path) {
             return Err(ApiError::not_found(format!("file {path:?} of job {id}")));
         }
         let full = self.folder(tenant, id).join(path);
@@ -527,6 +545,19 @@ impl JobService {
         })
         .await
     }
+}
+
+/// Whether `path` is a path inside a folder: `/`-separated parts of letters, digits, `-`, `_`
+/// and `.`, none `.` or `..`.
+fn plain_path(path: &str) -> bool {
+    path.split('/').all(|part| {
+        !part.is_empty()
+            && part != "."
+            && part != ".."
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    })
 }
 
 /// A file of a job's run folder, as listed.

@@ -858,22 +858,7 @@ impl Service {
             SamplerSource::Checkpoint(path) => {
                 let dir = self.checkpoint_dir(tenant, &path)?;
                 let base = Arc::clone(&self.model(tenant, &path.model)?.base);
-                let name = {
-                    let mut objects = self.lock();
-                    objects.loaded_policies += 1;
-                    format!("{tenant}/loaded-{}", objects.loaded_policies)
-                };
-                let config = base.config.clone();
-                let registry = Arc::clone(&base.registry);
-                let policy = tokio::task::spawn_blocking(move || {
-                    let loaded = train::checkpoint::load(&dir, &config, DType::F32)
-                        .map_err(|e| ApiError::invalid(e.to_string()))?;
-                    registry
-                        .publish(&name, &loaded.adapter)
-                        .map_err(|e| ApiError::invalid(e.to_string()))
-                })
-                .await
-                .map_err(|e| ApiError::internal(format!("loading the checkpoint: {e}")))??;
+                let policy = self.load_policy(tenant, &base, dir).await?;
                 Ok(Sampler {
                     tenant: tenant.clone(),
                     base,
@@ -882,6 +867,74 @@ impl Service {
                 })
             }
         }
+    }
+
+    /// Publish the adapter saved in `dir` (trained on `base`) as a policy of `tenant`'s.
+    async fn load_policy(
+        &self,
+        tenant: &TenantId,
+        base: &ServedBase,
+        dir: PathBuf,
+    ) -> Result<Arc<PolicyVersion>, ApiError> {
+        let name = {
+            let mut objects = self.lock();
+            objects.loaded_policies += 1;
+            format!("{tenant}/loaded-{}", objects.loaded_policies)
+        };
+        let config = base.config.clone();
+        let registry = Arc::clone(&base.registry);
+        tokio::task::spawn_blocking(move || {
+            let loaded = train::checkpoint::load(&dir, &config, DType::F32)
+                .map_err(|e| ApiError::invalid(e.to_string()))?;
+            registry
+                .publish(&name, &loaded.adapter)
+                .map_err(|e| ApiError::invalid(e.to_string()))
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("loading the checkpoint: {e}")))?
+    }
+
+    /// A sampling session of `tenant`'s `session` (number `sampler_seq`) on an adapter folder
+    /// the server holds for the tenant (a checkpoint of a job it ran), on the served base the
+    /// folder's config names. Not recorded: its maker opens it again after a restart.
+    pub async fn open_adapter_folder(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+        sampler_seq: u64,
+        dir: PathBuf,
+        shown_as: &str,
+    ) -> Result<SamplerId, ApiError> {
+        self.session(tenant, session)?;
+        // The folder's path is the server's: not told.
+        let base_name = train::checkpoint::base_model_of(&dir)
+            .map_err(|_| ApiError::not_found(format!("adapter {shown_as}")))?;
+        let base = self.bases.get(&base_name).cloned().ok_or_else(|| {
+            ApiError::invalid(format!(
+                "{shown_as} was trained on a base this server does not serve ({base_name}: a \
+                 job's full-parameter warm-up makes a base of its own)"
+            ))
+        })?;
+        let policy = self.load_policy(tenant, &base, dir).await?;
+        let id = SamplerId::of_session(session, sampler_seq);
+        self.add_sampler(
+            &id,
+            Sampler {
+                tenant: tenant.clone(),
+                base,
+                policy: Some(policy),
+                model_path: Some(shown_as.to_string()),
+            },
+        )?;
+        let mut objects = self.lock();
+        let Objects {
+            session_samplers,
+            samplers,
+            ..
+        } = &mut *objects;
+        let limit = MAX_SAMPLERS_PER_SESSION;
+        keep_latest(session_samplers, samplers, session.clone(), &id, limit);
+        Ok(id)
     }
 }
 

@@ -1,9 +1,10 @@
 //! OpenAI-compatible sampling, under `/v1`: `models`, `completions` and `chat/completions` (with
 //! `stream`, `n`, `max_tokens`, `temperature`, `top_p`, `stop`, `seed`, `logprobs`), so that
 //! every chat tool and the official `openai` client can sample what a tenant trained. As vLLM
-//! serves LoRA adapters by name, `model` is a base model's name or one of the tenant's
-//! `tinker://` paths (`save_weights_for_sampler` or `save_state`); another tenant's path answers
-//! 404 as an unknown one does. Requests run on the same sampler and fair queue as the Tinker
+//! serves LoRA adapters by name, `model` is a base model's name, one of the tenant's
+//! `tinker://` paths (`save_weights_for_sampler` or `save_state`), or a job of the tenant's
+//! (`job-ID`: its final adapter; `job-ID/step-10/policy`: a folder of its checkpoints); another
+//! tenant's path or job answers 404 as an unknown one does. Requests run on the same sampler and fair queue as the Tinker
 //! API's; a chat is rendered with the base model's chat template.
 //!
 //! A streamed answer is sent as server-sent events in the OpenAI chunk format, a chunk as each
@@ -26,8 +27,8 @@ use serde_json::{Value, json};
 use super::routes::{Caller, direct};
 use super::{AppState, HttpError};
 use crate::api::{
-    ApiError, ApiErrorKind, ModelInput, Op, OpOutput, SampleRequest, SampleResponse, SamplerId,
-    SamplerSource, SamplingParams, SessionId, Stop, StopReason, TenantId,
+    ApiError, ApiErrorKind, JobId, ModelInput, Op, OpOutput, SampleRequest, SampleResponse,
+    SamplerId, SamplerSource, SamplingParams, SessionId, Stop, StopReason, TenantId,
 };
 use crate::sample::TokenSink;
 use crate::sched::base::ServedBase;
@@ -96,23 +97,35 @@ impl Samplers {
                 other => return Err(unexpected(&other)),
             },
         };
-        let source = match model.starts_with("tinker://") {
-            true => SamplerSource::Checkpoint(model.parse()?),
-            false => SamplerSource::Base(model.to_string()),
-        };
         let sampler_seq = {
             let mut known = self.known();
             known.next_seq += 1;
             known.next_seq
         };
-        let op = Op::CreateSamplingSession {
-            session,
-            sampler_seq,
-            source,
-        };
-        let sampler = match direct(state, tenant, op).await? {
-            OpOutput::Sampler(id) => id,
-            other => return Err(unexpected(&other)),
+        let sampler = if model.starts_with("job-") {
+            let (job, which) = model.split_once('/').unwrap_or((model, ""));
+            let dir = state
+                .jobs
+                .adapter_folder(tenant, &JobId::parse(job)?, which)
+                .await?;
+            state
+                .service
+                .open_adapter_folder(tenant, &session, sampler_seq, dir, model)
+                .await?
+        } else {
+            let source = match model.starts_with("tinker://") {
+                true => SamplerSource::Checkpoint(model.parse()?),
+                false => SamplerSource::Base(model.to_string()),
+            };
+            let op = Op::CreateSamplingSession {
+                session,
+                sampler_seq,
+                source,
+            };
+            match direct(state, tenant, op).await? {
+                OpOutput::Sampler(id) => id,
+                other => return Err(unexpected(&other)),
+            }
         };
         let info = match direct(
             state,
@@ -146,8 +159,13 @@ fn unexpected(output: &OpOutput) -> ApiError {
     ApiError::internal(format!("unexpected op output {output:?}"))
 }
 
-async fn models(State(state): State<Shared>, _: Caller) -> Json<Value> {
-    let data: Vec<Value> = state
+/// The served bases, then the tenant's jobs that succeeded (each served by its final adapter).
+async fn models(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+) -> Result<Json<Value>, HttpError> {
+    let jobs = state.jobs.list(&tenant).await?;
+    let mut data: Vec<Value> = state
         .service
         .capabilities()
         .into_iter()
@@ -161,7 +179,19 @@ async fn models(State(state): State<Shared>, _: Caller) -> Json<Value> {
             })
         })
         .collect();
-    Json(json!({ "object": "list", "data": data }))
+    data.extend(
+        jobs.iter()
+            .filter(|job| job.state == crate::jobs::JobState::Succeeded)
+            .map(|job| {
+                json!({
+                    "id": job.id,
+                    "object": "model",
+                    "created": job.updated_at,
+                    "owned_by": tenant,
+                })
+            }),
+    );
+    Ok(Json(json!({ "object": "list", "data": data })))
 }
 
 /// `stop`: one string or several.

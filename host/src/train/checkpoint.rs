@@ -102,6 +102,22 @@ pub fn save(
     .map_err(io)
 }
 
+/// The base model an adapter folder was saved for, as its config names it.
+pub fn base_model_of(dir: &Path) -> Result<String, CheckpointError> {
+    let invalid = |message: String| CheckpointError::Invalid {
+        path: dir.display().to_string(),
+        message,
+    };
+    let text = std::fs::read_to_string(dir.join(CONFIG_FILE))
+        .map_err(|e| invalid(format!("{CONFIG_FILE}: {e}")))?;
+    let config: Value =
+        serde_json::from_str(&text).map_err(|e| invalid(format!("{CONFIG_FILE}: {e}")))?;
+    config["base_model_name_or_path"]
+        .as_str()
+        .map(String::from)
+        .ok_or_else(|| invalid(format!("{CONFIG_FILE} names no base_model_name_or_path")))
+}
+
 /// A loaded checkpoint: the adapter, and its optimizer state when the checkpoint has one.
 pub struct Loaded {
     pub adapter: Adapter,

@@ -4,9 +4,11 @@
 // Each test crate that includes this uses part of it.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_opentinker");
 
@@ -76,4 +78,41 @@ pub fn start_server() -> Server {
         alice,
         bob,
     }
+}
+
+/// One HTTP/1.1 exchange with the server at `url` (plain, over a socket, so that nothing between
+/// the test and the server is forgiving): the status, the head and the body.
+pub fn request(
+    url: &str,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
+    let address = url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if let Some(key) = key {
+        head.push_str(&format!("X-API-Key: {key}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    // A server may answer (413) before reading all of a large body.
+    let _ = stream.write_all(body);
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let split = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    let head = String::from_utf8_lossy(&answer[..split]).into_owned();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, head, answer[split + 4..].to_vec())
 }
