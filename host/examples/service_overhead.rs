@@ -59,7 +59,7 @@ async fn run() -> anyhow::Result<()> {
         anticipate: None,
     };
     let base = ServedBase::load(TINY_MODEL_NAME, &tiny_model_dir(&data)?, 65_536, share)?;
-    let service = Service::new(vec![base], ServiceConfig { data });
+    let service = Service::new(vec![base], ServiceConfig::new(data));
     let tenant = TenantId::new("bench")?;
     let run = |op, seq| service.execute(&tenant, op, seq);
     let OpOutput::Session(session) = run(Op::CreateSession, None).await.outcome? else {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use server::{BIN, Server, spawn_server, start_server};
+use server::{BIN, Server, spawn_server, start_server, start_server_with};
 
 /// An RL job on the built-in tiny model with a LoRA warm-up (so RL has a signal), checkpointed
 /// every 2 steps; `full_parameters`: a warm-up of every weight, which makes a base of its own.
@@ -347,4 +347,100 @@ fn a_server_killed_during_a_sync_job_resumes_it_to_the_same_metrics() {
         .collect();
     assert_eq!(whole_lines.len(), 30 + 8);
     assert_eq!(whole_lines, resumed_lines);
+}
+
+#[test]
+fn each_tenant_quota_is_refused_with_a_clear_error_until_something_ends() {
+    let server = start_server_with(&[
+        "--max-jobs-per-tenant",
+        "1",
+        "--max-models-per-tenant",
+        "1",
+        "--max-plugin-mib-per-tenant",
+        "1",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let long = job(dir.path(), "long", false, 1000);
+    let submit = |key: &str| {
+        opentinker(
+            &server.url,
+            key,
+            &[os("submit"), long.as_os_str(), os("--detach")],
+        )
+    };
+    let (ok, _, err) = submit(&server.alice);
+    assert!(ok, "{err}");
+    let first = job_id(&err);
+    let (ok, _, err) = submit(&server.alice);
+    assert!(!ok, "{err}");
+    assert!(err.contains("403") && err.contains("quota"), "{err}");
+    // Another tenant's quota is its own.
+    let (ok, _, err) = submit(&server.bob);
+    assert!(ok, "{err}");
+    // Cancelled, the first job makes room.
+    let (ok, _, err) = opentinker(
+        &server.url,
+        &server.alice,
+        &[os("jobs"), os("cancel"), os(&first)],
+    );
+    assert!(ok && err.contains("cancelled"), "{err}");
+    assert_eq!(status(&server, &server.alice, &first)["state"], "cancelled");
+    let (ok, _, err) = submit(&server.alice);
+    assert!(ok, "{err}");
+
+    // Stored plugin bytes: the component is stored (about 0.2 MiB); 0.9 MiB more is not.
+    let upload = |body: &[u8]| {
+        let (status, _, answer) = server::request(
+            &server.url,
+            "POST",
+            "/api/v1/plugins",
+            Some(&server.alice),
+            "application/wasm",
+            body,
+        );
+        (status, String::from_utf8_lossy(&answer).into_owned())
+    };
+    let (status, answer) = upload(&vec![7u8; 900 << 10]);
+    assert_eq!(status, 403, "{answer}");
+    assert!(answer.contains("quota"), "{answer}");
+
+    // Models through the Tinker API: the second is refused.
+    let post = |path: &str, body: serde_json::Value| {
+        let (status, _, answer) = server::request(
+            &server.url,
+            "POST",
+            &format!("/api/v1/{path}"),
+            Some(&server.bob),
+            "application/json",
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+        serde_json::from_slice::<serde_json::Value>(&answer).unwrap()
+    };
+    let session = post(
+        "create_session",
+        serde_json::json!({"tags": [], "sdk_version": "test"}),
+    );
+    let create = |seq: u64| {
+        let submitted = post(
+            "create_model",
+            serde_json::json!({
+                "session_id": session["session_id"], "model_seq_id": seq,
+                "base_model": "opentinker/tiny", "lora_config": {"rank": 4}
+            }),
+        );
+        loop {
+            let answer = post(
+                "retrieve_future",
+                serde_json::json!({ "request_id": submitted["request_id"] }),
+            );
+            if answer["type"] != "try_again" {
+                return answer;
+            }
+        }
+    };
+    let first = create(0);
+    assert!(first["model_id"].is_string(), "{first}");
+    let second = create(1);
+    assert_eq!(second["kind"], "quota_exceeded", "{second}");
 }

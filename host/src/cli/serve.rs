@@ -59,6 +59,10 @@ pub struct ServeArgs {
     /// Mebibytes of plugin components one tenant may store; past it an upload is refused.
     #[arg(long, default_value_t = 1024)]
     max_plugin_mib_per_tenant: u64,
+    /// Models (adapters in training through the Tinker API) one tenant may hold; past it
+    /// `create_model` is refused.
+    #[arg(long, default_value_t = 256)]
+    max_models_per_tenant: usize,
 }
 
 /// A `--model` value that is not `NAME=DIR`.
@@ -102,6 +106,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             active_jobs_per_tenant: args.max_jobs_per_tenant,
         },
         max_plugin_bytes_per_tenant: args.max_plugin_mib_per_tenant << 20,
+        max_models_per_tenant: args.max_models_per_tenant,
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),
             quantum: 128,

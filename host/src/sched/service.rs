@@ -37,6 +37,19 @@ const MAX_SAMPLERS_PER_SESSION: usize = 64;
 pub struct ServiceConfig {
     /// Checkpoints live under `data/checkpoints/TENANT/`.
     pub data: PathBuf,
+    /// Models (adapters in training) one tenant may hold at once; past it `create_model` is
+    /// refused with [`ApiErrorKind::QuotaExceeded`].
+    pub max_models_per_tenant: usize,
+}
+
+impl ServiceConfig {
+    /// The service with its files in `data` and the default quotas.
+    pub fn new(data: PathBuf) -> Self {
+        ServiceConfig {
+            data,
+            max_models_per_tenant: 256,
+        }
+    }
 }
 
 /// The turn of each op of one model: ops with `seq` run when every lower `seq` has run.
@@ -763,6 +776,20 @@ impl Service {
             return Err(ApiError::new(
                 ApiErrorKind::Conflict,
                 format!("model {id} exists already"),
+            ));
+        }
+        let held = objects
+            .models
+            .values()
+            .filter(|m| &m.tenant == tenant)
+            .count();
+        if held >= self.config.max_models_per_tenant {
+            return Err(ApiError::new(
+                ApiErrorKind::QuotaExceeded,
+                format!(
+                    "the tenant holds {held} models, its quota: train on one of them (or a \
+                     saved state of one) instead of creating another"
+                ),
             ));
         }
         let model = Arc::new(TrainedModel {

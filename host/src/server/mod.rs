@@ -66,6 +66,8 @@ pub struct ServerConfig {
     pub job_quotas: JobQuotas,
     /// The most bytes of plugins one tenant may store.
     pub max_plugin_bytes_per_tenant: u64,
+    /// Models (adapters in training through the Tinker API) one tenant may hold.
+    pub max_models_per_tenant: usize,
 }
 
 /// What a start found recorded from earlier runs.
@@ -204,6 +206,7 @@ impl AppState {
             bases,
             ServiceConfig {
                 data: config.data.clone(),
+                max_models_per_tenant: config.max_models_per_tenant,
             },
         ))
     }

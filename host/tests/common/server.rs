@@ -47,9 +47,15 @@ pub fn create_tenant(data: &Path, name: &str) -> String {
 /// Start `opentinker serve` on `data` at `addr`; returns the process, the URL it serves and the
 /// line it printed (which says what it restored).
 pub fn spawn_server(data: &Path, addr: &str) -> (Child, String, String) {
+    spawn_server_with(data, addr, &[])
+}
+
+/// [`spawn_server`] with more options of `serve`.
+pub fn spawn_server_with(data: &Path, addr: &str, options: &[&str]) -> (Child, String, String) {
     let mut child = Command::new(BIN)
         .args(["serve", "--addr", addr, "--poll-wait", "5", "--data"])
         .arg(data)
+        .args(options)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -67,10 +73,15 @@ pub fn spawn_server(data: &Path, addr: &str) -> (Child, String, String) {
 }
 
 pub fn start_server() -> Server {
+    start_server_with(&[])
+}
+
+/// [`start_server`] with more options of `serve`.
+pub fn start_server_with(options: &[&str]) -> Server {
     let data = tempfile::tempdir().unwrap();
     let alice = create_tenant(data.path(), "alice");
     let bob = create_tenant(data.path(), "bob");
-    let (child, url, _) = spawn_server(data.path(), "127.0.0.1:0");
+    let (child, url, _) = spawn_server_with(data.path(), "127.0.0.1:0", options);
     Server {
         child,
         url,
