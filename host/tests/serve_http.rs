@@ -552,6 +552,15 @@ fn plugins_are_uploaded_by_digest_checked_as_the_loader_checks_them_and_jobs_che
     assert_eq!(status, 400);
     assert!(message.contains("opentinker/tiny"), "{message}");
     assert_eq!(get(&server, "jobs", &server.alice).1["jobs"], json!([]));
+
+    // The document of these routes is served, as kept in the repository, to anyone.
+    let (status, document) = exchange(&server, "GET", "openapi.json", None, "", b"");
+    assert_eq!(status, 200);
+    let kept = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi/jobs.json"),
+    )
+    .unwrap();
+    assert_eq!(document, serde_json::from_str::<Value>(&kept).unwrap());
 }
 
 /// `bytes` with every `from` replaced by `to` (of the same length).

@@ -1,4 +1,5 @@
-//! The job API (an opentinker extension, described in `docs/jobs-openapi.json`): a tenant
+//! The job API (an opentinker extension, described by the OpenAPI document
+//! `host/openapi/jobs.json`, served at `/api/v1/openapi.json`): a tenant
 //! submits a job file whose plugins are digests of its uploaded plugins, then follows, lists,
 //! cancels and downloads it. Another tenant's job is answered as an unknown one.
 //!
@@ -31,9 +32,16 @@ use crate::jobs::{JobEvent, JobRecord, JobState, JobStatus, StepLine};
 
 type Shared = Arc<AppState>;
 
+/// The OpenAPI document of the plugin and job routes.
+pub const OPENAPI: &str = include_str!("../../openapi/jobs.json");
+
 /// The routes, nested under `/api/v1`.
 pub fn router() -> Router<Shared> {
     Router::new()
+        .route(
+            "/openapi.json",
+            get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
+        )
         .route("/jobs", get(list).post(submit))
         .route("/jobs/{id}", get(status))
         .route("/jobs/{id}/cancel", post(cancel))
@@ -184,4 +192,52 @@ async fn events(
     let events = stream
         .flat_map(|events| futures::stream::iter(events.into_iter().map(Ok::<_, Infallible>)));
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OPENAPI;
+
+    /// Every route of this module and of the plugin routes, with its method, is in the
+    /// document, and the document names no other.
+    #[test]
+    fn the_openapi_document_describes_exactly_the_routes() {
+        let document: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
+        let mut documented: Vec<String> = Vec::new();
+        for (path, methods) in document["paths"].as_object().unwrap() {
+            for method in methods.as_object().unwrap().keys() {
+                documented.push(format!("{method} {path}"));
+            }
+        }
+        documented.sort();
+        let mut served: Vec<String> = [
+            "get /api/v1/openapi.json",
+            "get /api/v1/plugins",
+            "post /api/v1/plugins",
+            "get /api/v1/plugins/{digest}",
+            "get /api/v1/jobs",
+            "post /api/v1/jobs",
+            "get /api/v1/jobs/{id}",
+            "post /api/v1/jobs/{id}/cancel",
+            "get /api/v1/jobs/{id}/events",
+            "get /api/v1/jobs/{id}/files",
+            "get /api/v1/jobs/{id}/files/{path}",
+        ]
+        .map(String::from)
+        .to_vec();
+        served.sort();
+        assert_eq!(documented, served);
+        let sources = [include_str!("jobs.rs"), include_str!("plugins.rs")];
+        for route in &served {
+            let path = route
+                .split_once(" /api/v1")
+                .unwrap()
+                .1
+                .replace("{path}", "{*path}");
+            assert!(
+                sources.iter().any(|s| s.contains(&format!("\"{path}\""))),
+                "{route} is documented but not routed"
+            );
+        }
+    }
 }
