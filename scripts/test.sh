@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Run every test of opentinker from a fresh clone. Installs what the tests need first: the
 # pinned toolchain (rust-toolchain.toml) with its wasm32-wasip2 target, which the tests use to
-# build the plugin components of plugins/, and a Python virtual environment outside the repository
-# with the official `tinker` SDK (scripts/requirements-test.txt), which the compatibility suite
-# drives against `opentinker serve`; it is made once and reused. The suite is built with the `cuda`
+# build the plugin components of plugins/; Debian's Chromium, for the dashboard's browser test; and
+# a Python virtual environment outside the repository with the official `tinker` and `openai`
+# clients and Playwright (scripts/requirements-test.txt), which drive `opentinker serve`; it is
+# made once and reused. The suite is built with the `cuda`
 # feature, which needs no CUDA toolkit: the GPU tests compile and, on a machine without a GPU,
 # report themselves skipped (scripts/gpu-check.sh runs them on one). Then every benchmark's
 # quick mode (scripts/bench.sh all --quick).
@@ -12,6 +13,14 @@ cd "$(dirname "$0")/.."
 
 rustup toolchain install                        # the toolchain of rust-toolchain.toml, its components and targets
 rustup target add wasm32-wasip2
+
+# Debian's Chromium, which the dashboard's test drives headless (through Playwright, from the venv).
+if ! command -v chromium > /dev/null; then
+    as_root=""
+    [[ $(id -u) -eq 0 ]] || as_root="sudo"
+    $as_root apt-get install -y --no-install-recommends chromium \
+        || { $as_root apt-get update && $as_root apt-get install -y --no-install-recommends chromium; }
+fi
 
 # The SDK's virtual environment, remade only when the requirements change.
 source scripts/venv.sh

@@ -6,28 +6,16 @@
 //! `scripts/test.sh` makes outside the repository from `scripts/requirements-test.txt`. Without it
 //! the tests say so and pass, except under CI (`CI` set), where they fail.
 
+#[path = "common/python.rs"]
+mod python;
 #[path = "common/server.rs"]
 mod server;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
+use python::python;
 use server::{BIN, Server, create_tenant, spawn_server, start_server};
-
-fn python() -> Option<PathBuf> {
-    match std::env::var_os("OPENTINKER_TEST_PYTHON") {
-        Some(python) => Some(PathBuf::from(python)),
-        None if std::env::var_os("CI").is_some() => {
-            panic!("OPENTINKER_TEST_PYTHON is not set: run the tests with scripts/test.sh")
-        }
-        None => {
-            eprintln!(
-                "skipped: OPENTINKER_TEST_PYTHON is not set (scripts/test.sh makes the SDK's venv and sets it)"
-            );
-            None
-        }
-    }
-}
 
 /// The command that runs `tests/tinker_sdk/{script}` with the SDK pointed at `server`.
 fn script_command(python: &Path, script: &str, server: &Server) -> Command {

@@ -19,6 +19,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use super::usage::Usage;
+
 /// A tenant, as the loops know it (the service's tenant id, or "" for work of no tenant).
 pub type TenantKey = String;
 
@@ -50,6 +52,8 @@ pub struct FairQueue<T: Divisible> {
     virtual_time: f64,
     /// The most a part takes of one piece of work before others get their turn.
     quantum: u64,
+    /// Where the cost served to each tenant and its waiting work are counted.
+    usage: Usage,
 }
 
 impl<T: Divisible> FairQueue<T> {
@@ -59,7 +63,14 @@ impl<T: Divisible> FairQueue<T> {
             tenants: HashMap::new(),
             virtual_time: 0.0,
             quantum: quantum.max(1),
+            usage: Usage::default(),
         }
+    }
+
+    /// Count what is served and waiting in `usage`.
+    pub fn counting(mut self, usage: Usage) -> Self {
+        self.usage = usage;
+        self
     }
 
     /// Set `tenant`'s weight (default 1): a weight of 2 earns twice the share.
@@ -93,6 +104,8 @@ impl<T: Divisible> FairQueue<T> {
             entry.tag = entry.tag.max(now);
         }
         entry.queue.push_back(work);
+        let waiting = entry.queue.len();
+        self.usage.waiting(tenant, waiting);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -172,6 +185,8 @@ impl<T: Divisible> FairQueue<T> {
             self.virtual_time = self.virtual_time.max(tenant.tag);
             tenant.tag += cost as f64 / tenant.weight as f64;
             spent += cost;
+            self.usage.served(&key, cost);
+            self.usage.waiting(&key, tenant.queue.len());
             taken.push((key, part));
         }
         taken

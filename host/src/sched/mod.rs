@@ -9,6 +9,7 @@ pub mod fair;
 pub mod sampler;
 pub mod service;
 pub mod trainer;
+pub mod usage;
 
 pub use base::{ServedBase, TINY_MODEL_NAME, tiny_model_dir};
 pub use sampler::{SamplerService, SamplerServiceError};

@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use tokio::sync::oneshot;
 
 use super::fair::{Divisible, FairQueue, Taken};
+use super::usage::Usage;
 use crate::sample::{RequestId, SampleError, SampleOutput, SampleRequest, SamplingEngine};
 
 /// Requests handed to the engine beyond those it runs (when several tenants wait): enough to
@@ -80,17 +81,25 @@ impl Divisible for Pending {
 #[derive(Clone)]
 pub struct SamplerService {
     commands: mpsc::Sender<Command>,
+    usage: Usage,
 }
 
 impl SamplerService {
     /// Start the loop on its own thread.
     pub fn start(engine: SamplingEngine) -> (Self, JoinHandle<()>) {
         let (commands, receiver) = mpsc::channel();
+        let usage = Usage::default();
+        let counted = usage.clone();
         let thread = std::thread::Builder::new()
             .name("opentinker-sampler".into())
-            .spawn(move || serve(engine, receiver))
+            .spawn(move || serve(engine, receiver, counted))
             .expect("spawning the sampler thread");
-        (SamplerService { commands }, thread)
+        (SamplerService { commands, usage }, thread)
+    }
+
+    /// The tokens sampled for each tenant so far, and its requests waiting.
+    pub fn usage(&self) -> &Usage {
+        &self.usage
     }
 
     /// Sample `request`; resolves when all its samples are done.
@@ -128,10 +137,10 @@ impl SamplerService {
     }
 }
 
-fn serve(mut engine: SamplingEngine, commands: mpsc::Receiver<Command>) {
+fn serve(mut engine: SamplingEngine, commands: mpsc::Receiver<Command>, usage: Usage) {
     let mut waiting: HashMap<RequestId, Reply> = HashMap::new();
     // The cost unit is a token; one request per take is enough to keep the engine fed.
-    let mut queue: FairQueue<Pending> = FairQueue::new(256);
+    let mut queue: FairQueue<Pending> = FairQueue::new(256).counting(usage);
     loop {
         if !engine.has_work() && queue.is_empty() {
             match commands.recv() {

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use super::base::ServedBase;
 use super::convert::{self, sampler_error, train_error, trainer_error};
+use super::usage::Usage;
 use crate::api::{
     AdamParams, ApiError, ApiErrorKind, BaseModelInfo, CheckpointKind, CheckpointPath,
     ForwardBackwardInput, ForwardBackwardOutput, ModelId, ModelInfo, Op, OpOutput, OptimStepOutput,
@@ -264,6 +265,18 @@ impl Service {
     /// that send text are served with).
     pub fn served_base(&self, name: &str) -> Option<Arc<ServedBase>> {
         self.bases.get(name).cloned()
+    }
+
+    /// Each served base's loops, by base name: what each tenant has been served by its
+    /// training and sampling loops, and has waiting.
+    pub fn usage(&self) -> Vec<(String, Usage, Usage)> {
+        self.bases
+            .values()
+            .map(|b| {
+                let training = b.trainer.usage().clone();
+                (b.name.clone(), training, b.sampler.usage().clone())
+            })
+            .collect()
     }
 
     /// Every served base (jobs the server runs train on them).

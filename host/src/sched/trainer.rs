@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 
 use super::anticipate::Anticipation;
 use super::fair::{Divisible, FairQueue, Taken, TenantKey};
+use super::usage::Usage;
 use crate::train::{ItemOutput, TrainError, TrainingEngine, WorkItem};
 
 /// Why a call to the training loop failed.
@@ -136,6 +137,7 @@ impl Rate {
 #[derive(Clone)]
 pub struct TrainerService {
     commands: mpsc::Sender<Command>,
+    usage: Usage,
 }
 
 impl TrainerService {
@@ -147,11 +149,18 @@ impl TrainerService {
     /// Start the loop on its own thread, sharing passes between tenants as `share` says.
     pub fn start_sharing(engine: TrainingEngine, share: FairShare) -> (Self, JoinHandle<()>) {
         let (commands, receiver) = mpsc::channel();
+        let usage = Usage::default();
+        let counted = usage.clone();
         let thread = std::thread::Builder::new()
             .name("opentinker-trainer".into())
-            .spawn(move || serve(engine, receiver, share))
+            .spawn(move || serve(engine, receiver, share, counted))
             .expect("spawning the trainer thread");
-        (TrainerService { commands }, thread)
+        (TrainerService { commands, usage }, thread)
+    }
+
+    /// The tokens trained for each tenant so far, and its calls waiting.
+    pub fn usage(&self) -> &Usage {
+        &self.usage
     }
 
     /// Run `work` on the engine alone (adding, loading or saving adapters, a `forward`, an
@@ -446,9 +455,14 @@ impl Loop {
     }
 }
 
-fn serve(mut engine: TrainingEngine, commands: mpsc::Receiver<Command>, share: FairShare) {
+fn serve(
+    mut engine: TrainingEngine,
+    commands: mpsc::Receiver<Command>,
+    share: FairShare,
+    usage: Usage,
+) {
     let mut state = Loop {
-        queue: FairQueue::new(share.quantum),
+        queue: FairQueue::new(share.quantum).counting(usage),
         calls: HashMap::new(),
         next_call: 0,
         quantum: share.quantum,

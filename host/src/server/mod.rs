@@ -6,6 +6,7 @@
 //! [`routes`] maps paths to ops, [`wire`] converts bodies, [`proto`] is the SDK's protobuf schema,
 //! [`futures`] holds running and finished ops, [`tenants`] the keys.
 
+pub mod dashboard;
 pub mod futures;
 pub mod jobs;
 pub mod journal;

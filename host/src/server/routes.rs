@@ -50,9 +50,11 @@ pub fn router(state: Shared) -> Router {
     });
     let api = api
         .merge(super::plugins::router())
-        .merge(super::jobs::router());
+        .merge(super::jobs::router())
+        .merge(super::dashboard::router());
     Router::new()
         .nest("/api/v1", api)
+        .merge(super::dashboard::page_router())
         .nest("/v1", super::openai::router())
         .fallback(|| async { HttpError(ApiError::new(ApiErrorKind::NotFound, "no such endpoint")) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

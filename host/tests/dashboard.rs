@@ -1,0 +1,99 @@
+//! The web dashboard in a real headless browser during a running job: Playwright (from the test
+//! venv) drives Debian's Chromium (`scripts/test.sh` installs it) through
+//! `tests/dashboard/dashboard_live.py`. The screenshot it takes is the README's when
+//! `OPENTINKER_SCREENSHOT` names where to keep it.
+
+#[path = "common/python.rs"]
+mod python;
+#[path = "common/server.rs"]
+mod server;
+
+use std::path::Path;
+use std::process::Command;
+
+use python::python;
+use server::{BIN, start_server};
+
+#[test]
+fn the_dashboard_shows_a_running_job_its_curves_and_rollouts_in_a_real_browser() {
+    let Some(python) = python() else { return };
+    let server = start_server();
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/arithmetic");
+    let job = dir.path().join("arithmetic.toml");
+    std::fs::write(
+        &job,
+        format!(
+            r#"
+[model]
+init_tiny = {{ shape = "tiny", arch = "qwen2", seed = 0 }}
+
+[lora]
+rank = 8
+
+[environment]
+plugin = "{}"
+config = {{ max_operand = 4 }}
+
+[sft]
+source = "demonstrations"
+steps = 20
+batch = 16
+learning_rate = 3e-3
+full_parameters = false
+
+[rl]
+steps = 200
+groups_per_batch = 2
+group_size = 4
+max_turns = 1
+max_tokens = 6
+
+[eval]
+every = 2
+episodes = 8
+"#,
+            plugin.display()
+        ),
+    )
+    .unwrap();
+    let submitted = Command::new(BIN)
+        .args(["submit", "--detach"])
+        .arg(&job)
+        .env("TINKER_BASE_URL", &server.url)
+        .env("TINKER_API_KEY", &server.alice)
+        .output()
+        .unwrap();
+    assert!(
+        submitted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&submitted.stderr)
+    );
+    let id = String::from_utf8(submitted.stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+    let screenshot = std::env::var_os("OPENTINKER_SCREENSHOT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| dir.path().join("dashboard.png"));
+    let output = Command::new(python)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dashboard/dashboard_live.py"))
+        .env("TINKER_BASE_URL", &server.url)
+        .env("TINKER_API_KEY", &server.alice)
+        .env("JOB_ID", &id)
+        .env("SCREENSHOT", &screenshot)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("running the browser script");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    println!("{text}");
+    assert!(
+        output.status.success(),
+        "the dashboard check failed:\n{text}"
+    );
+    assert!(screenshot.is_file());
+}
