@@ -444,3 +444,132 @@ fn each_tenant_quota_is_refused_with_a_clear_error_until_something_ends() {
     let second = create(1);
     assert_eq!(second["kind"], "quota_exceeded", "{second}");
 }
+
+/// A job's final summary from its status.
+fn summary(server: &Server, key: &str, id: &str) -> serde_json::Value {
+    let record = status(server, key, id);
+    assert_eq!(record["state"], "succeeded", "{record}");
+    record["summary"].clone()
+}
+
+/// Whether a summary reaches its example's figure (examples/README.md): arithmetic's accuracy
+/// at least 0.9; tic-tac-toe's win rate at least 0.8 and 0.2 above the warm-up's.
+fn reaches_its_figure(example: &str, summary: &serde_json::Value) -> bool {
+    let initial = summary["initial_eval"]["success_rate"].as_f64().unwrap();
+    let last = summary["final_eval"]["success_rate"].as_f64().unwrap();
+    match example {
+        "arithmetic" => last >= 0.9,
+        _ => last >= 0.8 && last >= initial + 0.2,
+    }
+}
+
+#[test]
+#[ignore = "minutes of training: scripts/jobs-examples.sh runs it in release"]
+fn two_tenants_examples_learn_on_a_server_as_under_train_in_about_the_same_time() {
+    let server = start_server();
+    let carol = server::create_tenant(server.data.path(), "carol");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let examples = ["tictactoe", "arithmetic"].map(|e| root.join(format!("examples/{e}.toml")));
+    // The plugins built before any clock starts.
+    for plugin in [
+        "tictactoe",
+        "arithmetic",
+        "math-answer",
+        "latest-observation",
+    ] {
+        let built = Command::new(BIN)
+            .args([os("plugin"), os("build")])
+            .arg(root.join("plugins").join(plugin))
+            .output()
+            .unwrap();
+        assert!(built.status.success());
+    }
+
+    let started = Instant::now();
+    let tenants = [server.alice.clone(), server.bob.clone()];
+    let submits: Vec<_> = examples
+        .iter()
+        .zip(&tenants)
+        .map(|(example, key)| {
+            Command::new(BIN)
+                .arg("submit")
+                .arg(example)
+                .env("TINKER_BASE_URL", &server.url)
+                .env("TINKER_API_KEY", key)
+                .stderr(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for submit in submits {
+        let output = submit.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "{err}");
+        ids.push(job_id(&err));
+    }
+    let on_server = started.elapsed();
+
+    // A third tenant: neither the first tenant's job nor its plugin's digest is there for it.
+    let (ok, _, err) = opentinker(
+        &server.url,
+        &carol,
+        &[os("jobs"), os("status"), os(&ids[0])],
+    );
+    assert!(!ok && err.contains("404"), "{err}");
+    let record = status(&server, &server.alice, &ids[0]);
+    let folder = server.data.path().join("jobs/alice").join(&ids[0]);
+    let submitted = std::fs::read_to_string(folder.join("submitted.toml")).unwrap();
+    let stolen = Path::new(server.data.path()).join("stolen.toml");
+    std::fs::write(&stolen, &submitted).unwrap();
+    let (ok, _, err) = opentinker(&server.url, &carol, &[os("submit"), stolen.as_os_str()]);
+    assert!(
+        !ok && err.contains("the tenant has no such plugin"),
+        "{record}\n{err}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let trained = Command::new(BIN)
+        .arg("train")
+        .args(&examples)
+        .arg("--out")
+        .arg(dir.path().join("train"))
+        .arg("--json")
+        .output()
+        .unwrap();
+    let in_process = started.elapsed();
+    assert!(
+        trained.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trained.stderr)
+    );
+    let local: Vec<serde_json::Value> = String::from_utf8_lossy(&trained.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+
+    let ratio = on_server.as_secs_f64() / in_process.as_secs_f64();
+    for ((example, id), (key, local)) in ["tictactoe", "arithmetic"]
+        .iter()
+        .zip(&ids)
+        .zip(tenants.iter().zip(&local))
+    {
+        let remote = summary(&server, key, id);
+        println!(
+            "{example}: on the server {:.3} -> {:.3}; by train {:.3} -> {:.3}",
+            remote["initial_eval"]["success_rate"],
+            remote["final_eval"]["success_rate"],
+            local["initial_eval"]["success_rate"],
+            local["final_eval"]["success_rate"],
+        );
+        assert!(reaches_its_figure(example, &remote), "{example}: {remote}");
+    }
+    println!(
+        "wall time: both submitted to one server {:.0} s, both by one `train` {:.0} s: {ratio:.2}x",
+        on_server.as_secs_f64(),
+        in_process.as_secs_f64()
+    );
+    assert!(ratio <= 1.3, "{ratio:.2}x");
+}
