@@ -11,6 +11,7 @@ use anyhow::Context;
 use serde_json::Value;
 
 use super::progress::TrainProgress;
+use crate::api::ApiErrorKind;
 use crate::client::remote::jobs::JobsClient;
 use crate::jobs::{JobRecord, JobState, RunFile};
 use crate::rl::driver::StepMetrics;
@@ -203,6 +204,11 @@ async fn watch(client: &JobsClient, id: &str, name: &str, job: &Job) -> anyhow::
             .await;
         if ended.is_some() {
             break;
+        }
+        if let Err(error) = &followed
+            && error.kind != ApiErrorKind::Unavailable
+        {
+            anyhow::bail!("following job {id}: {error}");
         }
         // The stream ended without the job's end: the server went away; try again for a while.
         let since = *broken_since.get_or_insert_with(std::time::Instant::now);
