@@ -3,6 +3,8 @@
 //! `tests/dashboard/dashboard_live.py`. The screenshot it takes is the README's when
 //! `OPENTINKER_SCREENSHOT` names where to keep it.
 
+#[path = "common/arithmetic_job.rs"]
+mod arithmetic_job;
 #[path = "common/python.rs"]
 mod python;
 #[path = "common/server.rs"]
@@ -11,6 +13,7 @@ mod server;
 use std::path::Path;
 use std::process::Command;
 
+use arithmetic_job::ArithmeticJob;
 use python::python;
 use server::{BIN, start_server};
 
@@ -19,44 +22,14 @@ fn the_dashboard_shows_a_running_job_its_curves_and_rollouts_in_a_real_browser()
     let Some(python) = python() else { return };
     let server = start_server();
     let dir = tempfile::tempdir().unwrap();
-    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/arithmetic");
-    let job = dir.path().join("arithmetic.toml");
-    std::fs::write(
-        &job,
-        format!(
-            r#"
-[model]
-init_tiny = {{ shape = "tiny", arch = "qwen2", seed = 0 }}
-
-[lora]
-rank = 8
-
-[environment]
-plugin = "{}"
-config = {{ max_operand = 4 }}
-
-[sft]
-source = "demonstrations"
-steps = 20
-batch = 16
-learning_rate = 3e-3
-full_parameters = false
-
-[rl]
-steps = 200
-groups_per_batch = 2
-group_size = 4
-max_turns = 1
-max_tokens = 6
-
-[eval]
-every = 2
-episodes = 8
-"#,
-            plugin.display()
-        ),
-    )
-    .unwrap();
+    let job = ArithmeticJob {
+        sft_steps: 20,
+        full_parameters: false,
+        rl_steps: 200,
+        rl_extra: "",
+        sections: "",
+    }
+    .write(dir.path(), "arithmetic");
     let submitted = Command::new(BIN)
         .args(["submit", "--detach"])
         .arg(&job)

@@ -2,6 +2,8 @@
 //! `opentinker serve` (on loopback), which trains it on its served base as the tenant; the job is
 //! its tenant's alone, and a server killed in the middle of a job resumes it to the same metrics.
 
+#[path = "common/arithmetic_job.rs"]
+mod arithmetic_job;
 #[path = "common/server.rs"]
 mod server;
 
@@ -9,51 +11,20 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use arithmetic_job::ArithmeticJob;
 use server::{BIN, Server, spawn_server, start_server, start_server_with};
 
-/// An RL job on the built-in tiny model with a LoRA warm-up (so RL has a signal), checkpointed
-/// every 2 steps; `full_parameters`: a warm-up of every weight, which makes a base of its own.
+/// The arithmetic job checkpointed every 2 steps; `full_parameters`: a warm-up of every weight,
+/// which makes a base of its own.
 fn job(dir: &Path, name: &str, full_parameters: bool, rl_steps: usize) -> PathBuf {
-    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/arithmetic");
-    let text = format!(
-        r#"
-[model]
-init_tiny = {{ shape = "tiny", arch = "qwen2", seed = 0 }}
-
-[lora]
-rank = 8
-
-[environment]
-plugin = "{}"
-config = {{ max_operand = 4 }}
-
-[sft]
-source = "demonstrations"
-steps = 30
-batch = 16
-learning_rate = 3e-3
-full_parameters = {full_parameters}
-
-[rl]
-steps = {rl_steps}
-groups_per_batch = 2
-group_size = 4
-learning_rate = 1e-3
-max_turns = 1
-max_tokens = 6
-
-[eval]
-every = 2
-episodes = 8
-
-[checkpoint]
-every = 2
-"#,
-        plugin.display()
-    );
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, text).unwrap();
-    path
+    ArithmeticJob {
+        sft_steps: 30,
+        full_parameters,
+        rl_steps,
+        rl_extra: "",
+        sections: "[checkpoint]\nevery = 2",
+    }
+    .write(dir, name)
 }
 
 /// Run `opentinker` with `args` as the tenant of `key` on `url`; (success, stdout, stderr).

@@ -2,56 +2,29 @@
 //! through the Tinker wire, and in process; the server's run must match the in-process one where
 //! their work is the same, keep its checkpoints on the server, and refuse what a server cannot do.
 
+#[path = "common/arithmetic_job.rs"]
+mod arithmetic_job;
 #[path = "common/server.rs"]
 mod server;
 
 use std::path::Path;
 use std::process::Command;
 
+use arithmetic_job::ArithmeticJob;
 use server::{BIN, start_server};
 
-/// An RL job on the built-in tiny model (what the server serves as `opentinker/tiny`), with a KL
-/// penalty so that its reference adapter is saved and loaded back through the client.
-/// `full_parameters`: whether its warm-up trains every weight (in process only) or LoRA.
+/// The arithmetic job with a KL penalty, so that its reference adapter is saved and loaded back
+/// through the client. `full_parameters`: whether its warm-up trains every weight (in process
+/// only) or LoRA.
 fn job(dir: &Path, full_parameters: bool) -> std::path::PathBuf {
-    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/arithmetic");
-    let text = format!(
-        r#"
-[model]
-init_tiny = {{ shape = "tiny", arch = "qwen2", seed = 0 }}
-
-[lora]
-rank = 8
-
-[environment]
-plugin = "{}"
-config = {{ max_operand = 4 }}
-
-[sft]
-source = "demonstrations"
-steps = 30
-batch = 16
-learning_rate = 3e-3
-full_parameters = {full_parameters}
-
-[rl]
-steps = 2
-groups_per_batch = 2
-group_size = 4
-learning_rate = 1e-3
-kl_coef = 0.01
-max_turns = 1
-max_tokens = 6
-
-[eval]
-every = 2
-episodes = 8
-"#,
-        plugin.display()
-    );
-    let path = dir.join("job.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    ArithmeticJob {
+        sft_steps: 30,
+        full_parameters,
+        rl_steps: 2,
+        rl_extra: "kl_coef = 0.01",
+        sections: "",
+    }
+    .write(dir, "job")
 }
 
 /// Run `train` with `args`; its output when it fails.

@@ -100,6 +100,17 @@ fn default_cache_dir() -> Option<PathBuf> {
     Some(base.join("opentinker").join("components"))
 }
 
+/// The async runtime of a command, with `workers` threads for its tasks (the engines' compute
+/// runs on threads of their own).
+fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    use anyhow::Context;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.max(1))
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {

@@ -133,7 +133,7 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        PluginCommand::Inspect { file, host } => runtime()?.block_on(async {
+        PluginCommand::Inspect { file, host } => super::runtime(cores())?.block_on(async {
             let host = PluginHost::new(host.host_config())?;
             let description = host.inspect_file(&component_path(&file)?).await?;
             println!("{}", serde_json::to_string_pretty(&description)?);
@@ -154,7 +154,7 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
                 Some(text) => serde_json::from_str(&text).context("--limits")?,
                 None => Limits::default(),
             };
-            runtime()?.block_on(async {
+            super::runtime(cores())?.block_on(async {
                 let host = PluginHost::new(host.host_config())?;
                 let plugin = host.load_file(&component_path(&file)?).await?;
                 plugin.check_limits(&limits).context("--limits")?;
@@ -179,13 +179,6 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
             })
         }
     }
-}
-
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
 }
 
 fn print_summary(summary: &PlaySummary) {
@@ -230,4 +223,9 @@ fn print_summary(summary: &PlaySummary) {
         "  speed      {:.0} episodes/s, {:.0} steps/s, {} alive at most, {:.2} s",
         summary.episodes_per_s, summary.steps_per_s, summary.max_live_episodes, summary.elapsed_s
     );
+}
+
+/// The machine's cores: episodes of `plugin run` play on all of them.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
 }

@@ -89,14 +89,6 @@ pub enum JobsCommand {
     },
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
-}
-
 pub fn run_submit(args: SubmitArgs) -> anyhow::Result<()> {
     let mut job = Job::load(&args.job)?;
     let name = match &args.name {
@@ -111,7 +103,7 @@ pub fn run_submit(args: SubmitArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.job.display()))?;
     super::jobs::build_plugins(&args.job, &mut job)?;
     let client = args.server.client()?;
-    runtime()?.block_on(async {
+    super::runtime(2)?.block_on(async {
         let text = with_digests(&client, &args.job, &text, &mut job).await?;
         let record: JobRecord = serde_json::from_value(client.submit(&name, &text).await?)
             .context("reading the server's answer")?;
@@ -249,7 +241,7 @@ async fn watch(client: &JobsClient, id: &str, name: &str, job: &Job) -> anyhow::
 }
 
 pub fn run_jobs(command: JobsCommand) -> anyhow::Result<()> {
-    let runtime = runtime()?;
+    let runtime = super::runtime(2)?;
     match command {
         JobsCommand::List { server } => {
             let jobs = runtime.block_on(server.client()?.list())?;

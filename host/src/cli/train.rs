@@ -97,11 +97,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(jobs.len() + 1)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::runtime(jobs.len() + 1)?;
     let folder = args.resume.as_ref().or(args.out.as_ref());
     let runs: Vec<JobRun> = jobs
         .into_iter()

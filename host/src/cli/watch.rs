@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use serde_json::json;
 
 use super::terminal::terminal_safe;
@@ -53,14 +52,6 @@ pub struct ReplayArgs {
     job: Option<PathBuf>,
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
-}
-
 pub fn run_play(args: PlayArgs) -> anyhow::Result<()> {
     let job = super::jobs::load_and_build(&args.job)?;
     let adapters = match (args.adapter, args.checkpoint) {
@@ -76,7 +67,7 @@ pub fn run_play(args: PlayArgs) -> anyhow::Result<()> {
         episodes: args.episodes,
         greedy: args.greedy,
     };
-    let played = runtime()?.block_on(watch::play(&job, &options))?;
+    let played = super::runtime(2)?.block_on(watch::play(&job, &options))?;
     if args.json {
         for outcome in &played.outcomes {
             let line = json!({
@@ -190,7 +181,7 @@ fn summary_line(player: usize, summary: &Evaluation) -> String {
 pub fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     let job_file = watch::replay_job_file(&args.rollouts, args.job.as_deref())?;
     let job = super::jobs::load_and_build(&job_file)?;
-    let replayed = runtime()?.block_on(watch::replay(&job, &args.rollouts, args.index))?;
+    let replayed = super::runtime(2)?.block_on(watch::replay(&job, &args.rollouts, args.index))?;
     let what = format!(
         "step {} group {} episode {} (seed {})",
         replayed.step, replayed.group, replayed.index, replayed.seed

@@ -102,16 +102,24 @@ pub fn save(
     .map_err(io)
 }
 
-/// The base model an adapter folder was saved for, as its config names it.
-pub fn base_model_of(dir: &Path) -> Result<String, CheckpointError> {
+/// The adapter folder's `adapter_config.json`.
+fn read_config(dir: &Path) -> Result<Value, CheckpointError> {
     let invalid = |message: String| CheckpointError::Invalid {
         path: dir.display().to_string(),
         message,
     };
     let text = std::fs::read_to_string(dir.join(CONFIG_FILE))
         .map_err(|e| invalid(format!("{CONFIG_FILE}: {e}")))?;
-    let config: Value =
-        serde_json::from_str(&text).map_err(|e| invalid(format!("{CONFIG_FILE}: {e}")))?;
+    serde_json::from_str(&text).map_err(|e| invalid(format!("{CONFIG_FILE}: {e}")))
+}
+
+/// The base model an adapter folder was saved for, as its config names it.
+pub fn base_model_of(dir: &Path) -> Result<String, CheckpointError> {
+    let invalid = |message: String| CheckpointError::Invalid {
+        path: dir.display().to_string(),
+        message,
+    };
+    let config = read_config(dir)?;
     config["base_model_name_or_path"]
         .as_str()
         .map(String::from)
@@ -131,10 +139,7 @@ pub fn load(dir: &Path, model: &ModelConfig, dtype: DType) -> Result<Loaded, Che
         path: dir.display().to_string(),
         message,
     };
-    let text = std::fs::read_to_string(dir.join(CONFIG_FILE))
-        .map_err(|e| invalid(format!("{CONFIG_FILE}: {e}")))?;
-    let config: Value =
-        serde_json::from_str(&text).map_err(|e| invalid(format!("{CONFIG_FILE}: {e}")))?;
+    let config = read_config(dir)?;
     if config["peft_type"] != "LORA" {
         return Err(invalid(format!(
             "peft_type {} is not LORA",
