@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run every test of opentinker from a fresh clone. Installs what the tests need first: the
 # pinned toolchain (rust-toolchain.toml) with its wasm32-wasip2 target, which the tests use to
-# build the plugin components of plugins/; Debian's Chromium, for the dashboard's browser test; and
+# build the plugin components of plugins/; Debian's Chromium, for the dashboard's browser test,
+# and its docker-registry and skopeo, for the marketplace's tests; and
 # a Python virtual environment outside the repository with the official `tinker` and `openai`
 # clients and Playwright (scripts/requirements-test.txt), which drive `opentinker serve`; it is
 # made once and reused. The suite is built with the `cuda`
@@ -14,12 +15,19 @@ cd "$(dirname "$0")/.."
 rustup toolchain install                        # the toolchain of rust-toolchain.toml, its components and targets
 rustup target add wasm32-wasip2
 
-# Debian's Chromium, which the dashboard's test drives headless (through Playwright, from the venv).
-if ! command -v chromium > /dev/null; then
+# Debian's packages the tests drive: Chromium, headless, for the dashboard's test (through
+# Playwright, from the venv); the CNCF distribution registry (`docker-registry`), a real OCI
+# registry for the marketplace's tests, and `skopeo`, a third-party OCI client that pulls what
+# opentinker publishes.
+missing=()
+for want in chromium:chromium docker-registry:docker-registry skopeo:skopeo; do
+    command -v "${want%%:*}" > /dev/null || missing+=("${want#*:}")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
     as_root=""
     [[ $(id -u) -eq 0 ]] || as_root="sudo"
-    $as_root apt-get install -y --no-install-recommends chromium \
-        || { $as_root apt-get update && $as_root apt-get install -y --no-install-recommends chromium; }
+    $as_root apt-get install -y --no-install-recommends "${missing[@]}" \
+        || { $as_root apt-get update && $as_root apt-get install -y --no-install-recommends "${missing[@]}"; }
 fi
 
 # The SDK's virtual environment, remade only when the requirements change.

@@ -13,6 +13,7 @@ pub mod client;
 pub mod compute_threads;
 pub mod jobs;
 pub mod lora;
+pub mod market;
 pub mod model;
 pub mod plugin;
 pub mod rl;

@@ -1,23 +1,27 @@
-//! Reading job files for the commands that run them (`train`, `play`, `replay`): the file is
-//! checked, then each plugin given as a source folder is built into a component, so that the
-//! driver only ever loads components.
+//! Reading job files for the commands that run them (`train`, `play`, `replay`, `submit`): the
+//! file is checked, each plugin named `namespace/name@RANGE` is installed from its registry (as
+//! the lock file pins it), and each plugin given as a source folder is built into a component,
+//! so that the driver only ever loads components.
 
 use std::path::Path;
 
 use anyhow::Context;
 
+use super::market::PackageArgs;
 use crate::plugin::build::build_plugin;
 use crate::rl::job::Job;
 
-/// Read and check the job file at `path`, and build its plugins' source folders.
-pub fn load_and_build(path: &Path) -> anyhow::Result<Job> {
+/// Read and check the job file at `path`, and install or build its plugins.
+pub fn load_and_build(path: &Path, packages: &PackageArgs) -> anyhow::Result<Job> {
     let mut job = Job::load(path)?;
-    build_plugins(path, &mut job)?;
+    build_plugins(path, &mut job, packages)?;
     Ok(job)
 }
 
-/// Build the plugins of `job` (read from `path`) that are source folders into components.
-pub fn build_plugins(path: &Path, job: &mut Job) -> anyhow::Result<()> {
+/// Install the published plugins of `job` (read from `path`) and build those that are source
+/// folders into components.
+pub fn build_plugins(path: &Path, job: &mut Job, packages: &PackageArgs) -> anyhow::Result<()> {
+    packages.install_job_packages(path, job)?;
     for (section, plugin) in job.plugin_paths_mut() {
         if plugin.is_dir() {
             *plugin = build_plugin(plugin).with_context(|| {

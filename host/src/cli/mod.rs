@@ -1,6 +1,7 @@
 //! The `opentinker` command line: argument parsing and dispatch to one module per subcommand.
 
 mod jobs;
+mod market;
 mod model;
 mod plugin;
 mod progress;
@@ -57,7 +58,12 @@ enum Command {
         #[command(subcommand)]
         command: serve::TenantCommand,
     },
-    /// Build, inspect and run plugin components.
+    /// Publisher keys for signing plugins, and the trust policy that lists whom to trust.
+    Keys {
+        #[command(subcommand)]
+        command: market::KeysCommand,
+    },
+    /// Build, inspect and run plugin components; publish, find and install them by name.
     Plugin {
         #[command(subcommand)]
         command: plugin::PluginCommand,
@@ -94,10 +100,15 @@ impl HostArgs {
 }
 
 fn default_cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
+    user_folder("XDG_CACHE_HOME", ".cache").map(|base| base.join("components"))
+}
+
+/// The user's opentinker folder of a kind: `$XDG_VAR/opentinker`, else `~/HOME_FALLBACK/opentinker`.
+fn user_folder(xdg_var: &str, home_fallback: &str) -> Option<PathBuf> {
+    let base = std::env::var_os(xdg_var)
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
-    Some(base.join("opentinker").join("components"))
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(home_fallback)))?;
+    Some(base.join("opentinker"))
 }
 
 /// The async runtime of a command, with `workers` threads for its tasks (the engines' compute
@@ -116,6 +127,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Model { command } => model::run(command),
         Command::Plugin { command } => plugin::run(command),
+        Command::Keys { command } => market::run_keys(command),
         Command::Sample(args) => sample::run(args),
         Command::Train(args) => train::run(args),
         Command::Play(args) => watch::run_play(args),

@@ -47,6 +47,20 @@ pub enum PluginCommand {
         #[command(flatten)]
         host: HostArgs,
     },
+    /// Publish a plugin as `namespace/name@version` to an OCI registry or layout folder, signed
+    /// with your publisher key.
+    Publish(super::market::PublishArgs),
+    /// Find published plugins by text and kind.
+    Search(super::market::SearchArgs),
+    /// Show a published plugin's versions and metadata.
+    Info(super::market::InfoArgs),
+    /// Resolve `namespace/name@RANGE`, fetch it, verify it under the trust policy and cache it;
+    /// prints the cached component's path.
+    Install(super::market::FetchArgs),
+    /// Fetch a published plugin and check its digest and signature, caching nothing.
+    Verify(super::market::FetchArgs),
+    /// Yank a published version: ranges stop picking it, exact pins still fetch it.
+    Yank(super::market::YankArgs),
     /// Play episodes of an environment with a random policy and summarise them.
     Run {
         /// A component (.wasm), or a plugin directory to build first.
@@ -84,12 +98,22 @@ pub enum Lang {
     Python,
 }
 
-/// The kinds of `plugin new`.
+/// The kinds of `plugin new` and `plugin search`.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum Kind {
     Environment,
     Agent,
     Reward,
+}
+
+impl Kind {
+    pub fn plugin_kind(self) -> PluginKind {
+        match self {
+            Kind::Environment => PluginKind::Environment,
+            Kind::Agent => PluginKind::Agent,
+            Kind::Reward => PluginKind::Reward,
+        }
+    }
 }
 
 pub fn run(command: PluginCommand) -> anyhow::Result<()> {
@@ -123,16 +147,17 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
                 Lang::Rust => TemplateLanguage::Rust,
                 Lang::Python => TemplateLanguage::Python,
             };
-            let kind = match kind {
-                Kind::Environment => PluginKind::Environment,
-                Kind::Agent => PluginKind::Agent,
-                Kind::Reward => PluginKind::Reward,
-            };
-            for file in write_plugin(&dir, &name, lang, kind, &sdk)? {
+            for file in write_plugin(&dir, &name, lang, kind.plugin_kind(), &sdk)? {
                 println!("wrote {}", file.display());
             }
             Ok(())
         }
+        PluginCommand::Publish(args) => super::market::run_publish(args),
+        PluginCommand::Search(args) => super::market::run_search(args),
+        PluginCommand::Info(args) => super::market::run_info(args),
+        PluginCommand::Install(args) => super::market::run_install(args),
+        PluginCommand::Verify(args) => super::market::run_verify(args),
+        PluginCommand::Yank(args) => super::market::run_yank(args),
         PluginCommand::Inspect { file, host } => super::runtime(cores())?.block_on(async {
             let host = PluginHost::new(host.host_config())?;
             let description = host.inspect_file(&component_path(&file)?).await?;

@@ -37,8 +37,11 @@ impl ServerArgs {
 #[derive(Debug, clap::Args)]
 pub struct SubmitArgs {
     /// The job file (TOML; see examples/README.md). Its plugins may be crate folders, `.wasm`
-    /// files or `sha256:` digests of plugins the server holds.
+    /// files, published plugins (`namespace/name@RANGE`) or `sha256:` digests of plugins the
+    /// server holds.
     job: PathBuf,
+    #[command(flatten)]
+    packages: super::market::PackageArgs,
     /// The job's name on the server (default: the file's stem).
     #[arg(long)]
     name: Option<String>,
@@ -101,7 +104,7 @@ pub fn run_submit(args: SubmitArgs) -> anyhow::Result<()> {
     };
     let text = std::fs::read_to_string(&args.job)
         .with_context(|| format!("reading {}", args.job.display()))?;
-    super::jobs::build_plugins(&args.job, &mut job)?;
+    super::jobs::build_plugins(&args.job, &mut job, &args.packages)?;
     let client = args.server.client()?;
     super::runtime(2)?.block_on(async {
         let text = with_digests(&client, &args.job, &text, &mut job).await?;

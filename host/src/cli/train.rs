@@ -41,6 +41,8 @@ pub struct TrainArgs {
     /// template: the same model's files, on this machine.
     #[arg(long, value_name = "NAME", requires = "server")]
     base_model: Option<String>,
+    #[command(flatten)]
+    packages: super::market::PackageArgs,
 }
 
 /// Where `args` says to train: in process, or on a server under a base model name.
@@ -91,7 +93,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     // Every file checked: now build the plugins given as source folders.
     let mut jobs = jobs;
     for (path, job) in &mut jobs {
-        super::jobs::build_plugins(path, job)?;
+        super::jobs::build_plugins(path, job, &args.packages)?;
     }
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -13,6 +13,8 @@ use crate::rl::watch::{self, AdapterChoice, PlayOptions};
 pub struct PlayArgs {
     /// The job file (TOML) whose environment, agent and policies play.
     job: PathBuf,
+    #[command(flatten)]
+    packages: super::market::PackageArgs,
     /// The run folder a `train` of the job wrote: its model, warm-up and adapters.
     #[arg(long)]
     run: Option<PathBuf>,
@@ -44,6 +46,8 @@ pub struct PlayArgs {
 pub struct ReplayArgs {
     /// A rollouts file of a run: OUT/rollouts/step-N.jsonl.
     rollouts: PathBuf,
+    #[command(flatten)]
+    packages: super::market::PackageArgs,
     /// The episode to replay: its line in the file, from 0.
     #[arg(long)]
     index: usize,
@@ -53,7 +57,7 @@ pub struct ReplayArgs {
 }
 
 pub fn run_play(args: PlayArgs) -> anyhow::Result<()> {
-    let job = super::jobs::load_and_build(&args.job)?;
+    let job = super::jobs::load_and_build(&args.job, &args.packages)?;
     let adapters = match (args.adapter, args.checkpoint) {
         (Some(dir), _) => AdapterChoice::Dir(dir),
         (None, Some(steps)) => AdapterChoice::Checkpoint(steps),
@@ -180,7 +184,7 @@ fn summary_line(player: usize, summary: &Evaluation) -> String {
 
 pub fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     let job_file = watch::replay_job_file(&args.rollouts, args.job.as_deref())?;
-    let job = super::jobs::load_and_build(&job_file)?;
+    let job = super::jobs::load_and_build(&job_file, &args.packages)?;
     let replayed = super::runtime(2)?.block_on(watch::replay(&job, &args.rollouts, args.index))?;
     let what = format!(
         "step {} group {} episode {} (seed {})",

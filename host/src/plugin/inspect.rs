@@ -81,7 +81,7 @@ pub(crate) fn describe(
     ] {
         let prefix = format!("opentinker:plugin/{}@", kind.interface());
         if let Some(version) = exports.iter().find_map(|e| e.strip_prefix(&prefix)) {
-            if supported_version(version) {
+            if supports_wit_version(version) {
                 kinds.push(kind);
             }
             wit_version.get_or_insert_with(|| version.to_string());
@@ -100,8 +100,13 @@ pub(crate) fn describe(
 /// Whether this host runs exports of `version`: `0.1.x` releases, which the bindings' semver
 /// lookup finds. A pre-release (`0.1.0-rc1`) is refused here, as the lookup would refuse it at
 /// the first call.
-fn supported_version(version: &str) -> bool {
+pub fn supports_wit_version(version: &str) -> bool {
     semver::Version::parse(version).is_ok_and(|v| v.major == 0 && v.minor == 1 && v.pre.is_empty())
+}
+
+/// The versions of `opentinker:plugin` this host runs, as messages name them.
+pub fn supported_wit_range() -> String {
+    format!("opentinker:plugin@{SUPPORTED_PREFIX}x")
 }
 
 /// Refuse a component this host cannot run, naming what it found.
@@ -113,7 +118,7 @@ pub(crate) fn check_supported(description: &PluginDescription) -> Result<(), Loa
             description.exports.join(", ")
         };
         return Err(LoadError::UnsupportedVersion {
-            supported: format!("opentinker:plugin@{SUPPORTED_PREFIX}x"),
+            supported: supported_wit_range(),
             found,
         });
     }
@@ -133,14 +138,14 @@ pub(crate) fn check_supported(description: &PluginDescription) -> Result<(), Loa
 
 #[cfg(test)]
 mod tests {
-    use super::supported_version;
+    use super::supports_wit_version;
 
     #[test]
     fn releases_of_0_1_are_supported_and_pre_releases_are_not() {
-        assert!(supported_version("0.1.0"));
-        assert!(supported_version("0.1.7"));
-        assert!(!supported_version("0.1.0-rc1"));
-        assert!(!supported_version("0.2.0"));
-        assert!(!supported_version("0.1"));
+        assert!(supports_wit_version("0.1.0"));
+        assert!(supports_wit_version("0.1.7"));
+        assert!(!supports_wit_version("0.1.0-rc1"));
+        assert!(!supports_wit_version("0.2.0"));
+        assert!(!supports_wit_version("0.1"));
     }
 }

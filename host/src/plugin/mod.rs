@@ -29,7 +29,9 @@ pub use compiler::{CompileBudget, CompileLimits};
 pub use engine::HostConfig;
 pub use environment::{EnvironmentEpisode, EpisodeRecord, RecordedError};
 pub use error::{CallError, CompileResource, ErrorKind, LoadError};
-pub use inspect::{PluginDescription, PluginKind, WIT_VERSION};
+pub use inspect::{
+    PluginDescription, PluginKind, WIT_VERSION, supported_wit_range, supports_wit_version,
+};
 pub use limits::{LimitError, Limits};
 pub use loader::{LoadReport, Plugin, PluginHost};
 pub use sandbox::FuelUse;

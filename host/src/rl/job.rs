@@ -135,7 +135,9 @@ impl LoraSection {
     }
 }
 
-/// A plugin crate directory (built as needed) or a `.wasm` file, and its JSON config.
+/// A plugin, and its JSON config: a crate folder (built as needed), a `.wasm` file, a published
+/// plugin (`namespace/name@RANGE`, installed as the job's lock file pins it) or the `sha256:`
+/// digest of a plugin a server stores.
 #[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSection {
@@ -435,6 +437,14 @@ pub fn is_digest(plugin: &Path) -> bool {
     plugin.to_str().is_some_and(|p| p.starts_with("sha256:"))
 }
 
+/// Whether a job's plugin is named as a published package (`namespace/name@RANGE`), which the
+/// CLI installs from a registry, rather than by a path.
+pub fn is_package(plugin: &Path) -> bool {
+    plugin
+        .to_str()
+        .is_some_and(crate::market::PackageRef::looks_like)
+}
+
 /// Why a job file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -529,7 +539,7 @@ impl Job {
     fn resolve_paths(&mut self, base: &Path) {
         let job = self;
         let resolve = |p: &PathBuf| {
-            if p.is_relative() && !is_digest(p) {
+            if p.is_relative() && !is_digest(p) && !is_package(p) {
                 base.join(p)
             } else {
                 p.clone()
