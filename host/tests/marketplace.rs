@@ -419,3 +419,92 @@ fn tampered_unsigned_and_untrusted_plugins_are_refused_and_nothing_is_cached() {
         "oci-layout:DIR",
     );
 }
+
+#[test]
+fn a_job_names_a_plugin_by_range_and_its_lock_file_pins_the_digest() {
+    let Some(registry) = OciRegistry::start() else {
+        return;
+    };
+    let user = User::new();
+    user.ok(&["keys", "generate"]);
+    let oci = registry.reference();
+    let arithmetic = component("arithmetic");
+    let tictactoe = component("tictactoe");
+    let publish = |wasm: &Path, id: &str| {
+        user.ok(&[
+            "plugin",
+            "publish",
+            wasm.to_str().unwrap(),
+            "--as",
+            id,
+            "--registry",
+            &oci,
+        ])
+    };
+    publish(&arithmetic, "games/arithmetic@1.0.0");
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+[model]
+init_tiny = { shape = "tiny", arch = "qwen2", seed = 0 }
+
+[lora]
+rank = 4
+
+[environment]
+plugin = "games/arithmetic@^1"
+config = { max_operand = 4 }
+
+[rl]
+steps = 1
+groups_per_batch = 1
+group_size = 2
+max_turns = 1
+max_tokens = 4
+"#,
+    )
+    .unwrap();
+    let train = |out: &str| {
+        let out = dir.path().join(out);
+        user.run(&[
+            "train",
+            job.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--registry",
+            &oci,
+        ])
+    };
+    let (ok, _, err) = train("first");
+    assert!(ok, "{err}");
+    assert!(err.contains("pinned games/arithmetic@1.0.0"), "{err}");
+    let lock = std::fs::read_to_string(dir.path().join("job.lock")).unwrap();
+    let digest = format!(
+        "sha256:{}",
+        sha256_hex(&std::fs::read(&arithmetic).unwrap())
+    );
+    assert!(lock.contains(&digest), "{lock}");
+    assert!(lock.contains("wanted = \"games/arithmetic@^1\""), "{lock}");
+
+    // A later version in range changes nothing while the lock file pins 1.0.0; the run uses the
+    // cached component even with the registry gone.
+    publish(&tictactoe, "games/arithmetic@1.1.0");
+    drop(registry);
+    let (ok, _, err) = train("second");
+    assert!(ok, "{err}");
+    assert!(!err.contains("pinned"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("job.lock")).unwrap(),
+        lock
+    );
+
+    // Without the lock file the range is resolved again, and a registry is needed for it.
+    std::fs::remove_file(dir.path().join("job.lock")).unwrap();
+    let (ok, _, err) = train("third");
+    assert!(
+        !ok && err.contains("[environment] plugin games/arithmetic@^1"),
+        "{err}"
+    );
+}
