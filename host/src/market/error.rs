@@ -25,13 +25,13 @@ pub enum MarketError {
         available: Vec<Version>,
     },
     #[error("{registry} has no version {id}")]
-    NoSuchVersion { registry: String, id: PackageId },
+    NoSuchVersion { registry: String, id: String },
     #[error("{id} is yanked: a range no longer picks it (pin it exactly, `={}`, or ask for a later version)", id.version)]
     Yanked { id: PackageId },
     #[error(
         "{id} is already published with other bytes ({published}); a version never changes: publish a new version"
     )]
-    VersionExists { id: PackageId, published: Digest },
+    VersionExists { id: String, published: Digest },
     #[error(
         "the namespace `{namespace}` belongs to another publisher: publish under a namespace of your own"
     )]
@@ -39,16 +39,16 @@ pub enum MarketError {
     #[error(
         "{id} is not signed, and the trust policy ({policy}) requires a signature: ask its publisher to sign it, or allow unsigned plugins in the policy"
     )]
-    SignatureMissing { id: PackageId, policy: String },
+    SignatureMissing { id: String, policy: String },
     #[error(
         "the signature of {id} is not valid: {reason}; the bytes may have been changed after publishing: do not run it"
     )]
-    SignatureInvalid { id: PackageId, reason: String },
+    SignatureInvalid { id: String, reason: String },
     #[error(
         "{id} is signed by {key}, whom the trust policy ({policy}) does not trust for `{namespace}`: add the key with `opentinker keys trust` if you trust its publisher"
     )]
     UntrustedPublisher {
-        id: PackageId,
+        id: String,
         key: String,
         namespace: String,
         policy: String,
@@ -57,7 +57,7 @@ pub enum MarketError {
         "{id} implements opentinker:plugin {found}; this host supports {supported}: pick a version built for this host"
     )]
     UnsupportedWit {
-        id: PackageId,
+        id: String,
         found: String,
         supported: String,
     },

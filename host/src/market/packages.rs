@@ -63,7 +63,7 @@ pub async fn publish(
             let existing_manifest = PluginManifest::parse(id, &existing)?;
             if existing_manifest.component().digest != artifact.component_digest() {
                 return Err(MarketError::VersionExists {
-                    id: id.clone(),
+                    id: id.to_string(),
                     published: existing_manifest.component().digest.clone(),
                 });
             }
@@ -176,7 +176,7 @@ async fn plugin_manifest(
         .await?
         .ok_or_else(|| MarketError::NoSuchVersion {
             registry: registry.location(),
-            id: id.clone(),
+            id: id.to_string(),
         })?;
     Ok((PluginManifest::parse(id, &bytes)?, bytes))
 }
@@ -196,7 +196,7 @@ async fn signature(
         return Ok(None);
     };
     let invalid = |reason: String| MarketError::SignatureInvalid {
-        id: id.clone(),
+        id: id.to_string(),
         reason,
     };
     let referrer = Manifest::parse(&format!("the signature of {id}"), &bytes)?;
@@ -229,7 +229,7 @@ pub async fn fetch(
         && !crate::plugin::supports_wit_version(found)
     {
         return Err(MarketError::UnsupportedWit {
-            id: id.clone(),
+            id: id.to_string(),
             found: found.clone(),
             supported: crate::plugin::supported_wit_range(),
         });

@@ -201,7 +201,7 @@ impl Signature {
 
     pub fn from_json(id: &PackageId, bytes: &[u8]) -> Result<Signature, MarketError> {
         serde_json::from_slice(bytes).map_err(|e| MarketError::SignatureInvalid {
-            id: id.clone(),
+            id: id.to_string(),
             reason: format!("the signature is not readable: {e}"),
         })
     }
@@ -209,7 +209,7 @@ impl Signature {
     /// Check that this signs `expected` (the version as it was fetched) with its key.
     pub fn verify(&self, id: &PackageId, expected: &Statement) -> Result<(), MarketError> {
         let invalid = |reason: String| MarketError::SignatureInvalid {
-            id: id.clone(),
+            id: id.to_string(),
             reason,
         };
         if &self.statement != expected {

@@ -92,7 +92,7 @@ impl TrustPolicy {
                 Ok(None)
             } else {
                 Err(MarketError::SignatureMissing {
-                    id: id.clone(),
+                    id: id.to_string(),
                     policy: self.describe(),
                 })
             };
@@ -111,7 +111,7 @@ impl TrustPolicy {
             Ok(None)
         } else {
             Err(MarketError::UntrustedPublisher {
-                id: id.clone(),
+                id: id.to_string(),
                 key: signature.key.to_string(),
                 namespace: namespace.to_string(),
                 policy: self.describe(),
