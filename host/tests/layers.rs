@@ -43,7 +43,15 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     (
         "plugin",
         &[
-            "model", "lora", "train", "sample", "sched", "rl", "server", "cli",
+            "model", "lora", "train", "sample", "sched", "rl", "server", "cli", "market",
+        ],
+    ),
+    // The marketplace: beside the plugin host, whose descriptions it publishes; below the CLI.
+    (
+        "market",
+        &[
+            "api", "model", "lora", "train", "sample", "sched", "client", "rl", "jobs", "server",
+            "cli",
         ],
     ),
 ];
