@@ -131,6 +131,10 @@ fn publish_install_and_yank(user: &User, registry: &str, public_key: &str) {
     assert_eq!(info["package"], "games/arithmetic@1.1.0");
     assert_eq!(info["kinds"], serde_json::json!(["environment"]));
     assert_eq!(info["language"], "rust");
+    assert_eq!(
+        info["license"], "Apache-2.0",
+        "the workspace's, which the crate inherits"
+    );
     assert_eq!(info["versions"].as_array().unwrap().len(), 2);
     let found = user.ok(&[
         "plugin",

@@ -215,10 +215,25 @@ fn manifest_metadata(dir: &Path) -> PublishedMetadata {
     let text = |table: Option<&toml::Value>, key: &str| table?.get(key)?.as_str().map(String::from);
     if let Some(cargo) = read("Cargo.toml") {
         let package = cargo.get("package");
+        // `key.workspace = true` takes the workspace's `[workspace.package]` value.
+        let inherited = |key: &str| {
+            let from_workspace = package
+                .and_then(|p| p.get(key)?.get("workspace")?.as_bool())
+                .unwrap_or(false);
+            text(package, key).or_else(|| {
+                from_workspace.then_some(())?;
+                dir.ancestors().skip(1).find_map(|up| {
+                    let root: toml::Table =
+                        toml::from_str(&std::fs::read_to_string(up.join("Cargo.toml")).ok()?)
+                            .ok()?;
+                    text(root.get("workspace")?.get("package"), key)
+                })
+            })
+        };
         return PublishedMetadata {
-            description: text(package, "description"),
-            license: text(package, "license"),
-            source: text(package, "repository"),
+            description: inherited("description"),
+            license: inherited("license"),
+            source: inherited("repository"),
             language: Some("rust".into()),
             config_schema: None,
         };

@@ -26,7 +26,7 @@ pub struct Published {
     pub manifest: Digest,
     pub signed_by: Option<PublisherKey>,
     /// The same bytes were published as this version before: nothing was pushed but a
-    /// missing signature.
+    /// missing signature (a stored one is kept, and named in `signed_by`).
     pub already_published: bool,
 }
 
@@ -80,21 +80,26 @@ pub async fn publish(
         }
     };
     let published = PluginManifest::parse(id, &manifest_bytes)?;
-    let mut signed_by = None;
-    if let Some(key) = key {
-        let sig_tag = signature_tag(&published.digest);
-        if !already_published || registry.manifest(name, &sig_tag).await?.is_none() {
+    let stored = match already_published {
+        true => signature(registry, id, &published.digest).await?,
+        false => None,
+    };
+    let signed_by = match (stored, key) {
+        // A version keeps its first signature: it says who published it.
+        (Some(stored), _) => Some(stored.key),
+        (None, Some(key)) => {
             let signature = key.sign(&published.statement(id)).to_json();
             let subject = published.descriptor(&manifest_bytes);
             let referrer = Manifest::referrer(SIGNATURE_ARTIFACT_TYPE, subject, &signature);
             registry.push_blob(name, EMPTY_CONFIG).await?;
             registry.push_blob(name, &signature).await?;
             registry
-                .push_manifest(name, &sig_tag, &referrer.to_json())
+                .push_manifest(name, &signature_tag(&published.digest), &referrer.to_json())
                 .await?;
+            Some(key.public())
         }
-        signed_by = Some(key.public());
-    }
+        (None, None) => None,
+    };
     Ok(Published {
         package: id.to_string(),
         digest: published.component().digest.clone(),
