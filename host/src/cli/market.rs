@@ -62,13 +62,13 @@ impl RegistryArgs {
 #[derive(Debug, clap::Args)]
 pub struct TrustArgs {
     /// The trust policy file (default: the user's, `~/.config/opentinker/trust.toml`).
-    #[arg(long = "trust-policy", env = "OPENTINKER_TRUST_POLICY")]
-    policy: Option<PathBuf>,
+    #[arg(long, env = "OPENTINKER_TRUST_POLICY")]
+    trust_policy: Option<PathBuf>,
 }
 
 impl TrustArgs {
     fn path(&self) -> anyhow::Result<PathBuf> {
-        match &self.policy {
+        match &self.trust_policy {
             Some(path) => Ok(path.clone()),
             None => Ok(config_folder()?.join("trust.toml")),
         }

@@ -141,3 +141,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap checks a command's arguments only when that command is parsed; this checks every
+    /// subcommand's at once (unique names, valid defaults and relations).
+    #[test]
+    fn every_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
+}
