@@ -239,14 +239,21 @@ fn publish_install_and_yank(user: &User, registry: &str, public_key: &str) {
     );
 }
 
+/// A registry on loopback and a publisher with a key of its own (trusted in its own policy),
+/// or `None` where the registry cannot run here.
+fn registry_and_publisher() -> Option<(OciRegistry, User, String)> {
+    let registry = OciRegistry::start()?;
+    let publisher = User::new();
+    let public_key = publisher.ok(&["keys", "generate"]).trim().to_string();
+    assert!(public_key.starts_with("ed25519:"), "{public_key}");
+    Some((registry, publisher, public_key))
+}
+
 #[test]
 fn plugins_publish_and_install_by_range_on_an_oci_registry_and_a_layout_folder() {
-    let Some(registry) = OciRegistry::start() else {
+    let Some((registry, user, public_key)) = registry_and_publisher() else {
         return;
     };
-    let user = User::new();
-    let public_key = user.ok(&["keys", "generate"]).trim().to_string();
-    assert!(public_key.starts_with("ed25519:"), "{public_key}");
     publish_install_and_yank(&user, &registry.reference(), &public_key);
 
     let layout = user.home.path().join("layout");
@@ -285,11 +292,9 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 #[test]
 fn tampered_unsigned_and_untrusted_plugins_are_refused_and_nothing_is_cached() {
-    let Some(registry) = OciRegistry::start() else {
+    let Some((registry, publisher, public_key)) = registry_and_publisher() else {
         return;
     };
-    let publisher = User::new();
-    let public_key = publisher.ok(&["keys", "generate"]).trim().to_string();
     let user = User::new();
     user.ok(&["keys", "trust", &public_key, "--namespace", "games"]);
     let oci = registry.reference();
@@ -426,11 +431,9 @@ fn tampered_unsigned_and_untrusted_plugins_are_refused_and_nothing_is_cached() {
 
 #[test]
 fn a_job_names_a_plugin_by_range_and_its_lock_file_pins_the_digest() {
-    let Some(registry) = OciRegistry::start() else {
+    let Some((registry, user, _)) = registry_and_publisher() else {
         return;
     };
-    let user = User::new();
-    user.ok(&["keys", "generate"]);
     let oci = registry.reference();
     let arithmetic = component("arithmetic");
     let tictactoe = component("tictactoe");
