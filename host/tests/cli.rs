@@ -1,9 +1,14 @@
 //! The `opentinker` commands, run as a user runs them.
 
+#[path = "common/plugin_build.rs"]
+mod plugin_build;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use plugin_build::built_plugin;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -24,24 +29,6 @@ fn cache_dir() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| tempfile::tempdir().expect("a temporary directory"))
         .path()
-}
-
-/// `opentinker plugin build` of `plugins/<name>`: the last line of its output is the component.
-fn build(name: &str) -> PathBuf {
-    let dir = repo_root().join("plugins").join(name);
-    let output = opentinker(&["plugin", "build", dir.to_str().unwrap()]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let wasm = PathBuf::from(stdout.lines().last().unwrap_or_default());
-    assert!(
-        wasm.extension().is_some_and(|e| e == "wasm") && wasm.is_file(),
-        "{stdout}"
-    );
-    wasm
 }
 
 fn json(output: &std::process::Output) -> serde_json::Value {
@@ -91,7 +78,7 @@ config = {{ max_operand = 9 }}
 
 #[test]
 fn inspect_prints_what_a_component_is() {
-    let wasm = build("tictactoe");
+    let wasm = built_plugin("tictactoe");
     let description = json(&opentinker(&["plugin", "inspect", wasm.to_str().unwrap()]));
     assert_eq!(description["kinds"], serde_json::json!(["environment"]));
     assert_eq!(description["wit_version"], "0.1.0");
@@ -108,7 +95,7 @@ fn inspect_prints_what_a_component_is() {
 
 #[test]
 fn run_summarises_random_play_as_json() {
-    let wasm = build("tictactoe");
+    let wasm = built_plugin("tictactoe");
     let summary = json(&opentinker(&[
         "plugin",
         "run",
@@ -127,7 +114,7 @@ fn run_summarises_random_play_as_json() {
 
 #[test]
 fn run_refuses_a_misspelt_limit_by_name() {
-    let wasm = build("tictactoe");
+    let wasm = built_plugin("tictactoe");
     let output = opentinker(&[
         "plugin",
         "run",
@@ -155,7 +142,7 @@ fn adversarial_plugins_give_their_expected_results_with_default_limits() {
         ("probe", None),
     ];
     for (name, expected_error) in cases {
-        let wasm = build(&format!("adversarial/{name}"));
+        let wasm = built_plugin(&format!("adversarial/{name}"));
         let started = Instant::now();
         // memory-hog writes 64 MiB per episode before the cap refuses it: a few at a time keep
         // the test's memory small.
@@ -290,7 +277,7 @@ fn sample_prints_each_sample_as_json_and_is_reproducible_with_a_seed() {
 
 #[test]
 fn train_runs_a_short_job_and_writes_its_files() {
-    let wasm = build("arithmetic");
+    let wasm = built_plugin("arithmetic");
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("short.toml");
     let text = arithmetic_job(
@@ -386,7 +373,7 @@ fn metric_lines(out: &Path) -> Vec<serde_json::Value> {
 /// `trap_every` trap: 2 RL steps of 2 groups of `group_size`, failure reward -1, `rl_extra` added
 /// to its `[rl]` section.
 fn trap_job(trap_every: u64, group_size: usize, rl_extra: &str) -> String {
-    let wasm = build("adversarial/trap-at-step");
+    let wasm = built_plugin("adversarial/trap-at-step");
     format!(
         r#"
 [model]
@@ -448,7 +435,7 @@ fn an_async_job_whose_environment_traps_on_some_episodes_finishes_and_reports_th
 
 #[test]
 fn async_groups_older_than_the_lag_limit_are_resampled_or_dropped_and_counted() {
-    let wasm = build("arithmetic");
+    let wasm = built_plugin("arithmetic");
     let dir = tempfile::tempdir().unwrap();
     let run = |name: &str, mode: &str| -> PathBuf {
         let job = dir.path().join(format!("{name}.toml"));
@@ -551,7 +538,7 @@ fn covered_metric_lines(out: &Path) -> usize {
 
 #[test]
 fn a_run_killed_at_random_moments_resumes_to_the_same_metrics() {
-    let wasm = build("arithmetic");
+    let wasm = built_plugin("arithmetic");
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("resume.toml");
     let rest = r#"[sft]
@@ -828,7 +815,10 @@ fn every_example_runs_a_few_steps_in_one_process_and_writes_complete_files() {
 
 #[test]
 fn a_job_whose_plugin_always_fails_stops_itself_and_the_other_job_runs_as_it_runs_alone() {
-    let (arithmetic, bad) = (build("arithmetic"), build("adversarial/bad-output"));
+    let (arithmetic, bad) = (
+        built_plugin("arithmetic"),
+        built_plugin("adversarial/bad-output"),
+    );
     let dir = tempfile::tempdir().unwrap();
     let rest = |steps: usize| {
         format!(
@@ -1054,7 +1044,7 @@ fn a_job_whose_plugin_fails_one_episode_in_seven_trains_and_shows_the_plugins_wo
 
 #[test]
 fn a_plugin_of_the_wrong_kind_fails_before_any_model_file_is_written() {
-    let wasm = build("arithmetic");
+    let wasm = built_plugin("arithmetic");
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("mixed-up.toml");
     // The arithmetic environment named as the agent.
@@ -1075,7 +1065,7 @@ fn a_plugin_of_the_wrong_kind_fails_before_any_model_file_is_written() {
 
 #[test]
 fn plugin_run_samples_each_error_kinds_messages() {
-    let wasm = build("adversarial/trap-at-step");
+    let wasm = built_plugin("adversarial/trap-at-step");
     let output = opentinker(&[
         "plugin",
         "run",
@@ -1131,7 +1121,7 @@ fn a_python_plugin_builds_plays_and_reports_its_own_errors() {
         );
         return;
     }
-    let wasm = build("python/guess-number");
+    let wasm = built_plugin("python/guess-number");
     let wasm = wasm.to_str().unwrap();
     let summary = json(&opentinker(&[
         "plugin",

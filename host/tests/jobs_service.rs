@@ -4,6 +4,8 @@
 
 #[path = "common/arithmetic_job.rs"]
 mod arithmetic_job;
+#[path = "common/plugin_build.rs"]
+mod plugin_build;
 #[path = "common/server.rs"]
 mod server;
 
@@ -12,6 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use arithmetic_job::ArithmeticJob;
+use plugin_build::built_plugin;
 use server::{BIN, Server, spawn_server, start_server, start_server_with};
 
 /// The arithmetic job checkpointed every 2 steps; `full_parameters`: a warm-up of every weight,
@@ -448,12 +451,7 @@ fn two_tenants_examples_learn_on_a_server_as_under_train_in_about_the_same_time(
         "math-answer",
         "latest-observation",
     ] {
-        let built = Command::new(BIN)
-            .args([os("plugin"), os("build")])
-            .arg(root.join("plugins").join(plugin))
-            .output()
-            .unwrap();
-        assert!(built.status.success());
+        built_plugin(plugin);
     }
 
     let started = Instant::now();

@@ -5,11 +5,14 @@
 
 #[path = "common/oci_registry.rs"]
 mod oci_registry;
+#[path = "common/plugin_build.rs"]
+mod plugin_build;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use oci_registry::OciRegistry;
+use plugin_build::built_plugin;
 
 const BIN: &str = env!("CARGO_BIN_EXE_opentinker");
 
@@ -64,29 +67,6 @@ impl User {
     }
 }
 
-/// `plugins/NAME` built into a component.
-fn component(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../plugins")
-        .join(name);
-    let output = Command::new(BIN)
-        .args(["plugin", "build"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    PathBuf::from(
-        String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .last()
-            .unwrap(),
-    )
-}
-
 /// The installed component's path, from `plugin install`'s output.
 fn installed(stdout: &str) -> PathBuf {
     PathBuf::from(stdout.trim())
@@ -94,8 +74,8 @@ fn installed(stdout: &str) -> PathBuf {
 
 /// Publishing, resolving by range, yanking and re-publishing on one registry.
 fn publish_install_and_yank(user: &User, registry: &str, public_key: &str) {
-    let arithmetic = component("arithmetic");
-    let tictactoe = component("tictactoe");
+    let arithmetic = built_plugin("arithmetic");
+    let tictactoe = built_plugin("tictactoe");
     let arithmetic_path = arithmetic.to_str().unwrap();
     let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/arithmetic");
     for version in ["1.0.0", "1.1.0"] {
@@ -275,7 +255,7 @@ fn plugins_publish_and_install_by_range_on_an_oci_registry_and_a_layout_folder()
             "{}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let original = std::fs::read(component("arithmetic")).unwrap();
+        let original = std::fs::read(built_plugin("arithmetic")).unwrap();
         let digest = sha256_hex(&original);
         let pulled = std::fs::read(copy.join("blobs/sha256").join(digest)).unwrap();
         assert_eq!(pulled, original);
@@ -300,7 +280,7 @@ fn tampered_unsigned_and_untrusted_plugins_are_refused_and_nothing_is_cached() {
     let oci = registry.reference();
     let layout = user.home.path().join("layout");
     let layout_ref = format!("oci-layout:{}", layout.display());
-    let arithmetic = component("arithmetic");
+    let arithmetic = built_plugin("arithmetic");
     let wasm = arithmetic.to_str().unwrap();
     let publish = |who: &User, id: &str, at: &str, extra: &[&str]| {
         let mut args = vec!["plugin", "publish", wasm, "--as", id, "--registry", at];
@@ -435,8 +415,8 @@ fn a_job_names_a_plugin_by_range_and_its_lock_file_pins_the_digest() {
         return;
     };
     let oci = registry.reference();
-    let arithmetic = component("arithmetic");
-    let tictactoe = component("tictactoe");
+    let arithmetic = built_plugin("arithmetic");
+    let tictactoe = built_plugin("tictactoe");
     let publish = |wasm: &Path, id: &str| {
         user.ok(&[
             "plugin",

@@ -2,15 +2,18 @@
 //! error shape that names the problem, never a panic, a hang or a 500. Plain HTTP/1.1 over a
 //! socket, so that nothing between the test and the server is forgiving.
 
+#[path = "common/plugin_build.rs"]
+mod plugin_build;
 #[path = "common/server.rs"]
 mod server;
 
 use std::collections::BTreeMap;
 
 use opentinker::wire::proto;
+use plugin_build::built_plugin;
 use prost::Message;
 use serde_json::{Value, json};
-use server::{BIN, Server, start_server};
+use server::{Server, start_server};
 
 /// One POST request; the answer's status and JSON body (a protobuf body is given as its length).
 fn call(
@@ -434,20 +437,8 @@ fn a_session_keeps_its_latest_sampling_sessions_and_lets_the_oldest_go() {
 #[test]
 fn plugins_are_uploaded_by_digest_checked_as_the_loader_checks_them_and_jobs_checked_whole() {
     let server = start_server();
-    // A real component: the arithmetic environment, built as `train` builds it.
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/arithmetic");
-    let built = std::process::Command::new(BIN)
-        .args(["plugin", "build"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let path = String::from_utf8(built.stdout).unwrap();
-    let bytes = std::fs::read(path.trim()).unwrap();
+    // A real component: the arithmetic environment, built as a user builds it.
+    let bytes = std::fs::read(built_plugin("arithmetic")).unwrap();
     let upload =
         |key: &str, bytes: &[u8]| call(&server, "plugins", Some(key), "application/wasm", bytes);
 

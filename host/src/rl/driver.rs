@@ -1,7 +1,7 @@
 //! The driver of `opentinker train`: several jobs in one process, jobs with the same base model
 //! sharing it. Each group of jobs gets its base loaded once, warmed up once when a full-parameter
 //! SFT makes it, one sampling service that batches all their adapters and one training service
-//! that fuses their training steps; each job then trains concurrently with the others (`rl_job`).
+//! that fuses their training steps; each job then trains concurrently with the others (`training_loop`).
 
 use std::path::{Path, PathBuf};
 
@@ -11,9 +11,9 @@ use std::sync::Arc;
 use super::context::{JobContext, JobPlugins, ModelInfo, Reporter};
 use super::job::Job;
 use super::metrics::Summary;
-use super::rl_job::train_job;
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::sft::run_sft;
+use super::training_loop::train_job;
 use crate::client::in_process::LocalModel;
 use crate::client::remote::RemoteService;
 use crate::client::served::{ServedModel, TenantBases};

@@ -21,8 +21,8 @@ use tokio::task::JoinHandle;
 
 use super::context::JobContext;
 use super::job::{Job, StaleGroups};
-use super::rl_job::play_group;
 use super::rollout::{Actor, EpisodeOutcome};
+use super::training_loop::play_group;
 
 /// The policies a group is launched with: the actor of each player (each holding the version
 /// it samples from while the group plays).

@@ -12,11 +12,11 @@ pub mod job;
 pub mod metrics;
 pub mod render;
 pub mod report;
-mod rl_job;
 pub mod rollout;
 pub mod run_folder;
 pub mod sft;
 mod train_step;
+mod training_loop;
 pub mod transcript;
 pub mod watch;
 

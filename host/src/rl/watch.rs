@@ -17,9 +17,9 @@ use super::context::{
 use super::driver::model_dir;
 use super::job::{Job, PolicySection};
 use super::metrics::Evaluation;
-use super::rl_job::Versions;
 use super::rollout::{EpisodeOutcome, RolloutRecord};
 use super::run_folder::RunFolder;
+use super::training_loop::Versions;
 use crate::client::in_process::LocalModel;
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
 use crate::plugin::{HostConfig, PluginHost};
