@@ -426,15 +426,12 @@ fn summary(server: &Server, key: &str, id: &str) -> serde_json::Value {
     record["summary"].clone()
 }
 
-/// Whether a summary reaches its example's figure (examples/README.md): arithmetic's accuracy
-/// at least 0.9; tic-tac-toe's win rate at least 0.8 and 0.2 above the warm-up's.
-fn reaches_its_figure(example: &str, summary: &serde_json::Value) -> bool {
+/// Whether a summary reaches the examples' target (examples/README.md): the greedy success rate
+/// at least 0.15 above the warm-up's, or at least 0.9.
+fn reaches_its_figure(summary: &serde_json::Value) -> bool {
     let initial = summary["initial_eval"]["success_rate"].as_f64().unwrap();
     let last = summary["final_eval"]["success_rate"].as_f64().unwrap();
-    match example {
-        "arithmetic" => last >= 0.9,
-        _ => last >= 0.8 && last >= initial + 0.2,
-    }
+    last >= 0.9 || last >= initial + 0.15
 }
 
 #[test]
@@ -534,7 +531,7 @@ fn two_tenants_examples_learn_on_a_server_as_under_train_in_about_the_same_time(
             local["initial_eval"]["success_rate"],
             local["final_eval"]["success_rate"],
         );
-        if !reaches_its_figure(example, &remote) {
+        if !reaches_its_figure(&remote) {
             missed.push(format!("{example}: {remote}"));
         }
     }

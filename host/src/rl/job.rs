@@ -190,6 +190,9 @@ pub struct SftSection {
     pub batch: usize,
     #[serde(default = "default_sft_lr")]
     pub learning_rate: f64,
+    /// How the learning rate changes over the steps.
+    #[serde(default = "default_sft_schedule")]
+    pub schedule: LrSchedule,
     /// Train every weight of the model (true), or the LoRA adapter that RL trains next (false).
     #[serde(default = "default_true")]
     pub full_parameters: bool,
@@ -238,6 +241,31 @@ fn default_sft_batch() -> usize {
 
 fn default_sft_lr() -> f64 {
     3e-3
+}
+
+fn default_sft_schedule() -> LrSchedule {
+    LrSchedule::Constant
+}
+
+/// How a phase's learning rate changes over its steps (`sft.schedule`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrSchedule {
+    /// The same rate at every step.
+    Constant,
+    /// From the full rate at the first step down towards zero after the last, in equal steps
+    /// (the tinker-cookbook's default): fast early, settled at the end.
+    Linear,
+}
+
+impl LrSchedule {
+    /// The rate of step `step` (from 0) of `steps`, for a full rate `rate`.
+    pub fn rate(self, rate: f64, step: usize, steps: usize) -> f64 {
+        match self {
+            LrSchedule::Constant => rate,
+            LrSchedule::Linear => rate * (1.0 - step as f64 / steps.max(1) as f64),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -836,5 +864,19 @@ mod tests {
         assert!(err.contains("[environment]"), "{err}");
         let nothing = "[model]\ninit_tiny = { seed = 1 }\n";
         assert!(parse(nothing).unwrap_err().contains("trains nothing"));
+    }
+
+    #[test]
+    fn a_warm_up_rate_is_constant_unless_it_falls_linearly_to_zero() {
+        let sft = "[model]\ninit_tiny = { seed = 1 }\n[sft]\nsource = \"chat.jsonl\"\nsteps = 4\n";
+        let read = parse(sft).unwrap().sft.unwrap();
+        assert_eq!(read.schedule, LrSchedule::Constant);
+        assert_eq!(read.schedule.rate(1.0, 3, 4), 1.0);
+        let linear = parse(&format!("{sft}schedule = \"linear\"\n")).unwrap();
+        let linear = linear.sft.unwrap().schedule;
+        let rates: Vec<f64> = (0..4).map(|s| linear.rate(1.0, s, 4)).collect();
+        assert_eq!(rates, [1.0, 0.75, 0.5, 0.25]);
+        let err = parse(&format!("{sft}schedule = \"cosine\"\n")).unwrap_err();
+        assert!(err.contains("cosine") && err.contains("linear"), "{err}");
     }
 }

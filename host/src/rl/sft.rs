@@ -195,7 +195,7 @@ pub(super) async fn run_sft(
         let trained = train_step(
             vec![(trainer, datums)],
             &LossFn::cross_entropy(),
-            sft.learning_rate,
+            sft.schedule.rate(sft.learning_rate, step, sft.steps),
         )
         .await?;
         let (loss_value, tokens) = (trained.loss, trained.tokens);
