@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use opentinker::plugin::{
     CompileLimits, CompileResource, HostConfig, LimitError, Limits, LoadError, PluginHost,
-    PluginKind, StructureError, WIT_VERSION,
+    PluginKind, StructureError, wit_version,
 };
 use opentinker_tests::hostile::{Patch, patched};
 use opentinker_tests::{children_peak_resident_bytes, load, plugin_wasm, test_host};
@@ -71,14 +71,16 @@ async fn a_plugin_describes_itself() {
     let plugin = load(&host, "tictactoe").await;
     let description = plugin.description();
     assert_eq!(description.kinds, vec![PluginKind::Environment]);
-    assert_eq!(description.wit_version.as_deref(), Some(WIT_VERSION));
+    assert_eq!(description.wit_version.as_deref(), Some(wit_version()));
     assert_eq!(description.digest.len(), 64);
-    assert!(
-        description
-            .exports
-            .iter()
-            .any(|e| e == "opentinker:plugin/environment@0.1.0")
-    );
+    for export in ["environment", "metadata"] {
+        let name = format!("opentinker:plugin/{export}@0.2.0");
+        assert!(
+            description.exports.contains(&name),
+            "{:?}",
+            description.exports
+        );
+    }
     assert!(
         description
             .imports
@@ -127,7 +129,27 @@ async fn a_component_without_a_supported_version_is_refused_naming_its_exports()
     assert!(
         error
             .to_string()
-            .contains("opentinker:plugin/environment@0.9.0"),
+            .contains("opentinker:plugin/environment@0.9.0")
+            && error.to_string().contains("0.1.x or @0.2.x"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_2_component_without_metadata_is_refused() {
+    let no_metadata = wat::parse_str(
+        r#"(component
+            (instance $i)
+            (export "opentinker:plugin/environment@0.2.0" (instance $i)))"#,
+    )
+    .unwrap();
+    let error = refusal(no_metadata).await;
+    assert!(
+        matches!(error, LoadError::MissingMetadata { .. }),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("opentinker:plugin/metadata"),
         "{error}"
     );
 }

@@ -135,16 +135,17 @@ async fn tictactoe_self_play_alternates_players_and_rewards_both() {
 async fn a_bad_config_is_the_plugins_own_error() {
     let host = test_host();
     let plugin = load(&host, "tictactoe").await;
-    let mut episode = plugin
+    let started = plugin
         .start_episode(
             r#"{"opponent": "grandmaster"}"#,
             "{}",
             3,
             &Limits::default(),
         )
-        .await
-        .unwrap();
-    let err = episode.observe(0).await.unwrap_err();
+        .await;
+    let Err(err) = started else {
+        panic!("an episode with a bad config started");
+    };
     assert_eq!(err.kind, ErrorKind::PluginError);
     assert!(err.message.contains("grandmaster"), "{err}");
 }
@@ -164,19 +165,24 @@ async fn math_answer_scores_transcripts_through_the_host() {
     let limits = Limits::default();
     let task = r#"{"answer": 42}"#;
     let scores = plugin
-        .score(task, &[transcript("It is 42."), transcript("41")], &limits)
+        .score(
+            "{}",
+            task,
+            &[transcript("It is 42."), transcript("41")],
+            &limits,
+        )
         .await
         .unwrap();
     assert_eq!(scores, vec![1.0, 0.0]);
     assert_eq!(
         plugin
-            .score_group(task, &[vec![transcript("42")]], &limits)
+            .score_group("{}", task, &[vec![transcript("42")]], &limits)
             .await
             .unwrap(),
         None
     );
     let err = plugin
-        .score("{}", &[transcript("42")], &limits)
+        .score("{}", "{}", &[transcript("42")], &limits)
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::PluginError);

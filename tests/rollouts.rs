@@ -39,7 +39,9 @@ async fn a_five_turn_episode_is_one_datum() {
         environment: &environment,
         config: r#"{"max": 1000, "turns": 5}"#,
         agent: None,
+        agent_config: "{}".into(),
         reward: None,
+        reward_config: "{}".into(),
         limits: &limits,
         renderer: &renderer,
         params: SamplingParams {

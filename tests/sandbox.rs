@@ -355,6 +355,9 @@ async fn a_hundred_million_players_are_refused_before_any_per_player_work() {
 }
 
 /// Arithmetic with `extra` more linear memories of 1 MiB each.
+/// A task of the arithmetic environment (which refuses an episode without one).
+const ARITHMETIC_TASK: &str = r#"{"a": 2, "b": 3, "op": "+", "answer": 5}"#;
+
 async fn with_memories(host: &PluginHost, extra: u32) -> opentinker::plugin::Plugin {
     let plugin = std::fs::read(plugin_wasm("arithmetic")).unwrap();
     host.load(patched(
@@ -381,7 +384,7 @@ async fn all_memories_of_an_instance_share_one_budget() {
     assert_eq!(alone.completed, 4, "{alone:?}");
     let error = with_memories(&host, 3)
         .await
-        .start_episode("{}", "{}", 1, &limits)
+        .start_episode("{}", ARITHMETIC_TASK, 1, &limits)
         .await
         .err()
         .unwrap();
@@ -424,9 +427,10 @@ async fn one_plugin_cannot_take_every_slot_and_many_memories_take_more_slots() {
         "a fifth instance of one plugin started"
     );
     // ... while another plugin starts at once, on the slots left.
+    let task = other.generate_task("{}", 1, &limits).await.unwrap();
     let started = tokio::time::timeout(
         Duration::from_secs(5),
-        other.start_episode("{}", "{}", 1, &limits),
+        other.start_episode("{}", &task, 1, &limits),
     )
     .await;
     assert!(matches!(started, Ok(Ok(_))), "the other plugin waited");
@@ -446,11 +450,19 @@ async fn one_plugin_cannot_take_every_slot_and_many_memories_take_more_slots() {
     assert_eq!(wide.max_instances(), 2);
     let mut held = Vec::new();
     for seed in 0..2 {
-        held.push(wide.start_episode("{}", "{}", seed, &limits).await.unwrap());
+        held.push(
+            wide.start_episode("{}", ARITHMETIC_TASK, seed, &limits)
+                .await
+                .unwrap(),
+        );
     }
     let third = tokio::spawn({
         let (wide, limits) = (wide.clone(), limits.clone());
-        async move { wide.start_episode("{}", "{}", 9, &limits).await.map(drop) }
+        async move {
+            wide.start_episode("{}", ARITHMETIC_TASK, 9, &limits)
+                .await
+                .map(drop)
+        }
     });
     assert!(still_waiting(&third).await, "a third wide instance started");
     held.pop();

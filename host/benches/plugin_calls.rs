@@ -165,7 +165,7 @@ async fn time_plugin_steps(plugin: &Plugin, limits: &Limits, steps: u64) -> Dura
                 .into_iter()
                 .next()
                 .expect("a board")
-                .1
+                .messages
                 .remove(0)
                 .content;
         }

@@ -81,10 +81,22 @@ fn inspect_prints_what_a_component_is() {
     let wasm = built_plugin("tictactoe");
     let description = json(&opentinker(&["plugin", "inspect", wasm.to_str().unwrap()]));
     assert_eq!(description["kinds"], serde_json::json!(["environment"]));
-    assert_eq!(description["wit_version"], "0.1.0");
+    assert_eq!(description["wit_version"], "0.2.0");
     assert_eq!(description["digest"].as_str().map(str::len), Some(64));
     assert!(description["size"].as_u64().unwrap() > 1000);
     assert!(description["imports"].as_array().unwrap().len() > 1);
+    let metadata = &description["metadata"];
+    assert_eq!(metadata["name"], "tictactoe");
+    assert_eq!(metadata["language"], "rust");
+    assert_eq!(
+        metadata["config_schema"]["properties"]["opponent"]["enum"],
+        serde_json::json!(["random", "minimax", "none"])
+    );
+    // A component of contract 0.1 (built before 0.2) has no metadata to show.
+    let old = repo_root().join("tests/fixtures/wit-0.1/tictactoe.wasm");
+    let description = json(&opentinker(&["plugin", "inspect", old.to_str().unwrap()]));
+    assert_eq!(description["wit_version"], "0.1.0");
+    assert_eq!(description["metadata"], serde_json::Value::Null);
 
     let not_wasm = repo_root().join("Cargo.toml");
     let output = opentinker(&["plugin", "inspect", not_wasm.to_str().unwrap()]);

@@ -40,7 +40,8 @@ pub enum PluginCommand {
         #[arg(long)]
         sdk: Option<PathBuf>,
     },
-    /// Print what a component is: digest, WIT version, plugin kinds, exports, imports, size.
+    /// Print what a component is: digest, WIT version, plugin kinds, exports, imports, size, and
+    /// the metadata it declares (name, version, licence, config schema; 0.2 components).
     Inspect {
         /// A component (.wasm), or a plugin directory to build first.
         file: PathBuf,
@@ -160,8 +161,14 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
         PluginCommand::Yank(args) => super::market::run_yank(args),
         PluginCommand::Inspect { file, host } => super::runtime(cores())?.block_on(async {
             let host = PluginHost::new(host.host_config())?;
-            let description = host.inspect_file(&component_path(&file)?).await?;
-            println!("{}", serde_json::to_string_pretty(&description)?);
+            let plugin = host.load_file(&component_path(&file)?).await?;
+            let metadata = plugin
+                .metadata(&Limits::default())
+                .await
+                .context("asking the plugin for its metadata")?;
+            let mut shown = serde_json::to_value(plugin.description())?;
+            shown["metadata"] = serde_json::to_value(metadata)?;
+            println!("{}", serde_json::to_string_pretty(&shown)?);
             Ok(())
         }),
         PluginCommand::Run {

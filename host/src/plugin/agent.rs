@@ -1,28 +1,38 @@
-//! Agent plugins: one instance per episode, so an agent may keep state between turns.
+//! Agent plugins: one instance per player per episode, so an agent may keep state between turns.
 
-use super::bindings::exports::opentinker::plugin::agent;
+use super::contract::AgentGuest;
 use super::error::{CallError, ErrorKind};
 use super::limits::Limits;
 use super::loader::Plugin;
 use super::sandbox::{Sandbox, guarded_call};
 use super::types::{Message, OutputSize, message_bytes};
 
-/// An agent instance serving one episode.
+/// An agent instance serving one player in one episode.
 pub struct AgentSession {
     sandbox: Sandbox,
-    guest: agent::Guest,
+    guest: AgentGuest,
 }
 
 impl Plugin {
-    /// A fresh agent instance for one episode.
-    pub async fn start_agent(&self, limits: &Limits, seed: u64) -> Result<AgentSession, CallError> {
+    /// A fresh agent instance for `player` in one episode, started under `config`; a config the
+    /// agent refuses is its `PluginError`.
+    pub async fn start_agent(
+        &self,
+        config: &str,
+        player: u32,
+        seed: u64,
+        limits: &Limits,
+    ) -> Result<AgentSession, CallError> {
         let indices = self.0.agent.as_ref().ok_or_else(|| {
             CallError::new(ErrorKind::InvalidRequest, "the plugin is not an agent")
         })?;
         let mut sandbox = Sandbox::new(&self.0, limits, seed).await?;
-        let guest = indices
+        let mut guest = indices
             .load(&mut sandbox.store, &sandbox.instance)
             .map_err(|e| CallError::new(ErrorKind::InvalidRequest, format!("{e:#}")))?;
+        guarded_call!(&mut sandbox, config.len(), |store| guest
+            .start(store, config, player, seed))?
+        .map_err(|e| sandbox.fail(CallError::new(ErrorKind::PluginError, e.message)))?;
         Ok(AgentSession { sandbox, guest })
     }
 }
@@ -32,7 +42,7 @@ impl AgentSession {
     pub async fn prompt(&mut self, history: &[Message]) -> Result<Vec<Message>, CallError> {
         let guest = &self.guest;
         let messages = guarded_call!(&mut self.sandbox, message_bytes(history), |store| guest
-            .call_prompt(store, history))?
+            .prompt(store, history))?
         .map_err(|e| {
             self.sandbox
                 .fail(CallError::new(ErrorKind::PluginError, e.message))
@@ -45,7 +55,7 @@ impl AgentSession {
     pub async fn act(&mut self, completion: &str) -> Result<String, CallError> {
         let guest = &self.guest;
         let action = guarded_call!(&mut self.sandbox, completion.len(), |store| guest
-            .call_act(store, completion))?
+            .act(store, completion))?
         .map_err(|e| {
             self.sandbox
                 .fail(CallError::new(ErrorKind::PluginError, e.message))

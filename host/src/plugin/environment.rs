@@ -4,7 +4,7 @@
 use serde::Serialize;
 use wasmtime::component::ResourceAny;
 
-use super::bindings::exports::opentinker::plugin::environment;
+use super::contract::EnvironmentGuest;
 use super::error::{CallError, ErrorKind};
 use super::limits::Limits;
 use super::loader::Plugin;
@@ -14,7 +14,7 @@ use super::types::{EnvInfo, GuestError, Message, Metric, OutputSize, StepResult}
 /// A live episode. Dropping it drops its instance and returns its memory to the pool.
 pub struct EnvironmentEpisode {
     sandbox: Sandbox,
-    guest: environment::Guest,
+    guest: EnvironmentGuest,
     episode: ResourceAny,
     info: EnvInfo,
     to_move: Option<u32>,
@@ -90,13 +90,14 @@ impl Plugin {
     ) -> Result<String, CallError> {
         let (mut sandbox, guest) = self.environment_instance(limits, seed).await?;
         let task = guarded_call!(&mut sandbox, config.len(), |store| guest
-            .call_generate_task(store, config, seed))?
+            .generate_task(store, config, seed))?
         .map_err(|e| sandbox.fail(guest_error(e)))?;
         sandbox.check_output(OutputSize::text(&task))?;
         Ok(task)
     }
 
-    /// Start an episode of `task` in a fresh instance.
+    /// Start an episode of `task` in a fresh instance; a config or task the environment refuses
+    /// is its `PluginError` (a 0.1 environment reports it at the first call instead).
     pub async fn start_episode(
         &self,
         config: &str,
@@ -107,8 +108,8 @@ impl Plugin {
         let (mut sandbox, guest) = self.environment_instance(limits, seed).await?;
         let info = self.checked_info(&mut sandbox, &guest).await?;
         let episode = guarded_call!(&mut sandbox, config.len() + task.len(), |store| guest
-            .episode()
-            .call_constructor(store, config, task, seed))?;
+            .start(store, config, task, seed))?
+        .map_err(|e| sandbox.fail(guest_error(e)))?;
         let players = info.players as usize;
         Ok(EnvironmentEpisode {
             sandbox,
@@ -130,7 +131,7 @@ impl Plugin {
         &self,
         limits: &Limits,
         seed: u64,
-    ) -> Result<(Sandbox, environment::Guest), CallError> {
+    ) -> Result<(Sandbox, EnvironmentGuest), CallError> {
         let indices = self
             .0
             .environment
@@ -146,12 +147,12 @@ impl Plugin {
     async fn info_from(
         &self,
         sandbox: &mut Sandbox,
-        guest: &environment::Guest,
+        guest: &EnvironmentGuest,
     ) -> Result<EnvInfo, CallError> {
         if let Some(info) = self.0.env_info.get() {
             return Ok(info.clone());
         }
-        let info = guarded_call!(sandbox, 0, |store| guest.call_info(store))?;
+        let info = guarded_call!(sandbox, 0, |store| guest.info(store))?;
         if info.players == 0 {
             return Err(sandbox.fail(CallError::new(
                 ErrorKind::InvalidOutput,
@@ -167,7 +168,7 @@ impl Plugin {
     async fn checked_info(
         &self,
         sandbox: &mut Sandbox,
-        guest: &environment::Guest,
+        guest: &EnvironmentGuest,
     ) -> Result<EnvInfo, CallError> {
         let info = self.info_from(sandbox, guest).await?;
         let max = sandbox.limits().max_players;
@@ -222,8 +223,7 @@ impl EnvironmentEpisode {
     async fn observe_unrecorded(&mut self, player: u32) -> Result<Vec<Message>, CallError> {
         let (guest, episode) = (&self.guest, self.episode);
         let messages = guarded_call!(&mut self.sandbox, 0, |store| guest
-            .episode()
-            .call_observe(store, episode, player))?
+            .observe(store, episode, player))?
         .map_err(|e| self.sandbox.fail(guest_error(e)))?;
         self.sandbox.check_output(OutputSize::messages(&messages))?;
         Ok(messages)
@@ -238,8 +238,8 @@ impl EnvironmentEpisode {
         let result = self.recorded(result)?;
         let record = &mut self.record;
         record.messages[player as usize].push(Message::new("assistant", action));
-        for (to, messages) in &result.messages {
-            record.messages[*to as usize].extend(messages.iter().cloned());
+        for to in &result.messages {
+            record.messages[to.player as usize].extend(to.messages.iter().cloned());
         }
         for (total, reward) in record.returns.iter_mut().zip(&result.rewards) {
             *total += reward;
@@ -268,8 +268,7 @@ impl EnvironmentEpisode {
     async fn step_unrecorded(&mut self, action: &str) -> Result<StepResult, CallError> {
         let (guest, episode) = (&self.guest, self.episode);
         let result = guarded_call!(&mut self.sandbox, action.len(), |store| guest
-            .episode()
-            .call_step(store, episode, action))?
+            .step(store, episode, action))?
         .map_err(|e| self.sandbox.fail(guest_error(e)))?;
         self.sandbox.check_output(result.output_size())?;
         if let Err(problem) = self.check_step_result(&result) {
@@ -284,8 +283,7 @@ impl EnvironmentEpisode {
     pub async fn legal_actions(&mut self) -> Result<Option<Vec<String>>, CallError> {
         let (guest, episode) = (&self.guest, self.episode);
         let actions = guarded_call!(&mut self.sandbox, 0, |store| guest
-            .episode()
-            .call_legal_actions(store, episode));
+            .legal_actions(store, episode));
         let actions = self.recorded(actions)?;
         let size = actions
             .as_deref()
@@ -300,8 +298,7 @@ impl EnvironmentEpisode {
     pub async fn demonstration(&mut self) -> Result<Option<String>, CallError> {
         let (guest, episode) = (&self.guest, self.episode);
         let action = guarded_call!(&mut self.sandbox, 0, |store| guest
-            .episode()
-            .call_demonstration(store, episode));
+            .demonstration(store, episode));
         let action = self.recorded(action)?;
         let checked = self
             .sandbox
@@ -353,9 +350,10 @@ impl EnvironmentEpisode {
                 "step named player {next} to move, of {players} players"
             ));
         }
-        if let Some((to, _)) = result.messages.iter().find(|(p, _)| *p >= players) {
+        if let Some(to) = result.messages.iter().find(|m| m.player >= players) {
             return Err(format!(
-                "step sent messages to player {to}, of {players} players"
+                "step sent messages to player {}, of {players} players",
+                to.player
             ));
         }
         if let Some(metric) = result.metrics.iter().find(|m| !m.value.is_finite()) {

@@ -116,6 +116,10 @@ pub enum LoadError {
         "the component imports what this host does not provide: {forbidden} (the host provides opentinker:plugin/host and a neutered WASI 0.2)"
     )]
     ForbiddenImports { forbidden: String },
+    #[error(
+        "the component implements opentinker:plugin 0.2 but does not export opentinker:plugin/metadata, which every 0.2 plugin must; it exports: {found}"
+    )]
+    MissingMetadata { found: String },
     #[error("the component cannot be instantiated by this host: {0}")]
     Link(String),
     #[error(transparent)]

@@ -1,15 +1,31 @@
 //! What a component imports and exports, which plugin kinds and WIT version it implements, and
 //! whether this host can run it.
 
+use std::sync::LazyLock;
+
 use serde::{Deserialize, Serialize};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use super::contract::ContractVersion;
 use super::error::LoadError;
 
-/// The WIT package version this host implements; components of any `0.1.x` are accepted.
-pub const WIT_VERSION: &str = "0.1.0";
-const SUPPORTED_PREFIX: &str = "0.1.";
+/// The newest contract version, as its folder declares it (`package opentinker:plugin@X;` in
+/// `wit/v0.2/plugin.wit`): what new plugins are built against. Components of every `0.1.x` and
+/// `0.2.x` run.
+pub fn wit_version() -> &'static str {
+    static VERSION: LazyLock<String> =
+        LazyLock::new(|| package_version(include_str!("../../../wit/v0.2/plugin.wit")).to_string());
+    &VERSION
+}
+
+/// The version of a WIT file's `package opentinker:plugin@VERSION;` line.
+fn package_version(wit: &str) -> &str {
+    wit.lines()
+        .find_map(|line| line.trim().strip_prefix("package opentinker:plugin@"))
+        .and_then(|rest| rest.strip_suffix(';'))
+        .unwrap_or_default()
+}
 
 /// The kinds of plugin a component can be.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -45,6 +61,29 @@ pub struct PluginDescription {
     pub size: usize,
 }
 
+impl PluginDescription {
+    /// The contract version this host runs the component with, when it runs it.
+    pub fn contract(&self) -> Option<ContractVersion> {
+        self.wit_version.as_deref().and_then(ContractVersion::of)
+    }
+}
+
+/// What a plugin says about itself (the `metadata` export of a 0.2 component).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PluginMetadata {
+    pub name: String,
+    /// The plugin's own version.
+    pub version: String,
+    pub description: String,
+    /// An SPDX expression.
+    pub license: Option<String>,
+    pub kinds: Vec<PluginKind>,
+    /// The JSON Schema of its config, when it declares one.
+    pub config_schema: Option<serde_json::Value>,
+    /// The language it was written in.
+    pub language: String,
+}
+
 /// WASI 0.2 interfaces (linked in neutered form) and the host's own imports.
 const PROVIDED_IMPORT_PREFIXES: &[&str] = &[
     "wasi:io/",
@@ -55,6 +94,13 @@ const PROVIDED_IMPORT_PREFIXES: &[&str] = &[
     "wasi:sockets/",
     "opentinker:plugin/host@",
     "opentinker:plugin/types@",
+];
+
+/// The contract's interfaces that are plugin kinds; `metadata` is not one.
+const KIND_INTERFACES: [PluginKind; 3] = [
+    PluginKind::Environment,
+    PluginKind::Agent,
+    PluginKind::Reward,
 ];
 
 pub(crate) fn describe(
@@ -74,11 +120,7 @@ pub(crate) fn describe(
         .collect();
     let mut kinds = Vec::new();
     let mut wit_version = None;
-    for kind in [
-        PluginKind::Environment,
-        PluginKind::Agent,
-        PluginKind::Reward,
-    ] {
+    for kind in KIND_INTERFACES {
         let prefix = format!("opentinker:plugin/{}@", kind.interface());
         if let Some(version) = exports.iter().find_map(|e| e.strip_prefix(&prefix)) {
             if supports_wit_version(version) {
@@ -97,16 +139,14 @@ pub(crate) fn describe(
     }
 }
 
-/// Whether this host runs exports of `version`: `0.1.x` releases, which the bindings' semver
-/// lookup finds. A pre-release (`0.1.0-rc1`) is refused here, as the lookup would refuse it at
-/// the first call.
+/// Whether this host runs exports of `version` (see [`ContractVersion::of`]).
 pub fn supports_wit_version(version: &str) -> bool {
-    semver::Version::parse(version).is_ok_and(|v| v.major == 0 && v.minor == 1 && v.pre.is_empty())
+    ContractVersion::of(version).is_some()
 }
 
 /// The versions of `opentinker:plugin` this host runs, as messages name them.
 pub fn supported_wit_range() -> String {
-    format!("opentinker:plugin@{SUPPORTED_PREFIX}x")
+    "opentinker:plugin@0.1.x or @0.2.x".to_string()
 }
 
 /// Refuse a component this host cannot run, naming what it found.
@@ -133,19 +173,39 @@ pub(crate) fn check_supported(description: &PluginDescription) -> Result<(), Loa
             forbidden: forbidden.join(", "),
         });
     }
+    if description.contract() == Some(ContractVersion::V0_2)
+        && !description
+            .exports
+            .iter()
+            .any(|e| e.starts_with("opentinker:plugin/metadata@0.2."))
+    {
+        return Err(LoadError::MissingMetadata {
+            found: description.exports.join(", "),
+        });
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::supports_wit_version;
+    use super::{package_version, supports_wit_version, wit_version};
 
     #[test]
-    fn releases_of_0_1_are_supported_and_pre_releases_are_not() {
+    fn releases_of_0_1_and_0_2_are_supported_and_pre_releases_are_not() {
         assert!(supports_wit_version("0.1.0"));
         assert!(supports_wit_version("0.1.7"));
+        assert!(supports_wit_version("0.2.0"));
         assert!(!supports_wit_version("0.1.0-rc1"));
-        assert!(!supports_wit_version("0.2.0"));
+        assert!(!supports_wit_version("0.3.0"));
         assert!(!supports_wit_version("0.1"));
+    }
+
+    #[test]
+    fn the_newest_version_is_read_from_its_folder() {
+        assert_eq!(wit_version(), "0.2.0");
+        assert_eq!(
+            package_version("/// x\npackage opentinker:plugin@0.1.0;\n"),
+            "0.1.0"
+        );
     }
 }

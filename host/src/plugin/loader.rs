@@ -11,18 +11,19 @@ use tokio::sync::Semaphore;
 use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 
-use super::bindings::opentinker::plugin::host;
-use super::bindings::{AgentIndices, EnvironmentIndices, RewardIndices};
+use super::bindings::{v0_1, v0_2};
 use super::cache::CompileCache;
 use super::compiler::{compile_in_worker, find_worker};
+use super::contract::{self, AgentIndices, ContractVersion, EnvironmentIndices, RewardIndices};
 use super::engine::{
     EngineSettings, EpochTicker, HostConfig, MAX_MEMORIES_PER_COMPONENT, build_engine, slot_weight,
 };
 use super::error::LoadError;
-use super::inspect::{self, PluginDescription};
+use super::error::{CallError, ErrorKind};
+use super::inspect::{self, PluginDescription, PluginMetadata};
 use super::limits::{LimitError, Limits};
-use super::sandbox::StoreState;
-use super::types::EnvInfo;
+use super::sandbox::{Sandbox, StoreState, guarded_call};
+use super::types::{EnvInfo, OutputSize};
 use super::wasi;
 
 /// Runs plugins: owns the engine, the linker of what plugins may import, and the compile cache.
@@ -50,7 +51,14 @@ impl PluginHost {
         let engine = build_engine(&config)?;
         let mut linker = Linker::new(&engine);
         wasi::add_to_linker(&mut linker, StoreState::clock)?;
-        host::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state)?;
+        v0_2::opentinker::plugin::host::add_to_linker::<StoreState, HasSelf<StoreState>>(
+            &mut linker,
+            |state| state,
+        )?;
+        v0_1::opentinker::plugin::host::add_to_linker::<StoreState, HasSelf<StoreState>>(
+            &mut linker,
+            |state| state,
+        )?;
         let cache = config.cache_dir.as_deref().and_then(|dir| {
             CompileCache::new(
                 dir,
@@ -108,9 +116,17 @@ impl PluginHost {
         let memories = component
             .resources_required()
             .map_or(MAX_MEMORIES_PER_COMPONENT, |required| required.num_memories);
-        let environment = EnvironmentIndices::new(&pre).ok();
-        let agent = AgentIndices::new(&pre).ok();
-        let reward = RewardIndices::new(&pre).ok();
+        // check_supported refused a component of no version this host runs.
+        let version = description.contract().unwrap_or(ContractVersion::V0_1);
+        let environment = EnvironmentIndices::new(&pre, version);
+        let agent = AgentIndices::new(&pre, version);
+        let reward = RewardIndices::new(&pre, version);
+        let metadata = match version {
+            ContractVersion::V0_1 => None,
+            ContractVersion::V0_2 => Some(
+                v0_2::MetadataIndices::new(&pre).map_err(|e| LoadError::Link(format!("{e:#}")))?,
+            ),
+        };
         Ok(Plugin(Arc::new(PluginInner {
             engine: self.engine.clone(),
             instance_slots: self.instance_slots.clone(),
@@ -126,7 +142,9 @@ impl PluginHost {
             environment,
             agent,
             reward,
+            metadata,
             env_info: tokio::sync::OnceCell::new(),
+            metadata_answer: tokio::sync::OnceCell::new(),
             report,
         })))
     }
@@ -224,7 +242,10 @@ pub(crate) struct PluginInner {
     pub(crate) environment: Option<EnvironmentIndices>,
     pub(crate) agent: Option<AgentIndices>,
     pub(crate) reward: Option<RewardIndices>,
+    /// The metadata export (every 0.2 component has one; 0.1 had none).
+    pub(crate) metadata: Option<v0_2::MetadataIndices>,
     pub(crate) env_info: tokio::sync::OnceCell<EnvInfo>,
+    pub(crate) metadata_answer: tokio::sync::OnceCell<PluginMetadata>,
     pub(crate) report: LoadReport,
 }
 
@@ -253,6 +274,40 @@ impl Plugin {
 
     pub fn load_report(&self) -> LoadReport {
         self.0.report
+    }
+
+    /// The contract version the plugin implements.
+    pub fn contract(&self) -> ContractVersion {
+        self.0
+            .description
+            .contract()
+            .unwrap_or(ContractVersion::V0_1)
+    }
+
+    /// What the plugin says about itself (asked once, under `limits`, then remembered); `None`
+    /// for a 0.1 component, which has no metadata export.
+    pub async fn metadata(&self, limits: &Limits) -> Result<Option<PluginMetadata>, CallError> {
+        let Some(indices) = &self.0.metadata else {
+            return Ok(None);
+        };
+        if let Some(known) = self.0.metadata_answer.get() {
+            return Ok(Some(known.clone()));
+        }
+        let mut sandbox = Sandbox::new(&self.0, limits, 0).await?;
+        let instance = sandbox.instance;
+        let answer = guarded_call!(&mut sandbox, 0, |store| contract::metadata(
+            indices, store, &instance
+        ))?;
+        sandbox.check_output(OutputSize::metadata(&answer))?;
+        let metadata = PluginMetadata::from_export(answer)
+            .map_err(|problem| sandbox.fail(CallError::new(ErrorKind::InvalidOutput, problem)))?;
+        Ok(Some(
+            self.0
+                .metadata_answer
+                .get_or_init(|| async { metadata })
+                .await
+                .clone(),
+        ))
     }
 
     /// Check a job's limits against this host: each within the host's maxima.

@@ -10,6 +10,7 @@ mod bindings;
 pub mod build;
 mod cache;
 pub mod compiler;
+mod contract;
 mod engine;
 mod environment;
 mod error;
@@ -26,15 +27,17 @@ mod wasi;
 
 pub use agent::AgentSession;
 pub use compiler::{CompileBudget, CompileLimits};
+pub use contract::ContractVersion;
 pub use engine::HostConfig;
 pub use environment::{EnvironmentEpisode, EpisodeRecord, RecordedError};
 pub use error::{CallError, CompileResource, ErrorKind, LoadError};
 pub use inspect::{
-    PluginDescription, PluginKind, WIT_VERSION, supported_wit_range, supports_wit_version,
+    PluginDescription, PluginKind, PluginMetadata, supported_wit_range, supports_wit_version,
+    wit_version,
 };
 pub use limits::{LimitError, Limits};
 pub use loader::{LoadReport, Plugin, PluginHost};
 pub use sandbox::FuelUse;
 pub use structure::{Structure, StructureError, StructureLimits};
-pub use types::{EnvInfo, GuestError, Message, Metric, StepResult, Transcript};
+pub use types::{EnvInfo, GuestError, Message, Metric, PlayerMessages, StepResult, Transcript};
 pub use wasi::LogSink;

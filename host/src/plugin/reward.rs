@@ -7,9 +7,10 @@ use super::sandbox::{Sandbox, guarded_call};
 use super::types::{Transcript, transcript_bytes};
 
 impl Plugin {
-    /// One score per player of a finished episode of `task`.
+    /// One score per player of a finished episode of `task`, under the reward's `config`.
     pub async fn score(
         &self,
+        config: &str,
         task: &str,
         transcripts: &[Transcript],
         limits: &Limits,
@@ -19,9 +20,10 @@ impl Plugin {
         let guest = indices
             .load(&mut sandbox.store, &sandbox.instance)
             .map_err(|e| CallError::new(ErrorKind::InvalidRequest, format!("{e:#}")))?;
-        let input = task.len() + transcript_bytes(transcripts);
-        let scores = guarded_call!(&mut sandbox, input, |store| guest.call_score(
+        let input = config.len() + task.len() + transcript_bytes(transcripts);
+        let scores = guarded_call!(&mut sandbox, input, |store| guest.score(
             store,
+            config,
             task,
             transcripts
         ))?
@@ -34,6 +36,7 @@ impl Plugin {
     /// Scores for a group of episodes of one task, or `None` when the plugin has no group scorer.
     pub async fn score_group(
         &self,
+        config: &str,
         task: &str,
         episodes: &[Vec<Transcript>],
         limits: &Limits,
@@ -43,9 +46,10 @@ impl Plugin {
         let guest = indices
             .load(&mut sandbox.store, &sandbox.instance)
             .map_err(|e| CallError::new(ErrorKind::InvalidRequest, format!("{e:#}")))?;
-        let input = task.len() + episodes.iter().map(|e| transcript_bytes(e)).sum::<usize>();
+        let input =
+            config.len() + task.len() + episodes.iter().map(|e| transcript_bytes(e)).sum::<usize>();
         let scores = guarded_call!(&mut sandbox, input, |store| guest
-            .call_score_group(store, task, episodes))?
+            .score_group(store, config, task, episodes))?
         .map_err(|e| sandbox.fail(CallError::new(ErrorKind::PluginError, e.message)))?;
         if let Some(groups) = &scores {
             if groups.len() != episodes.len() {

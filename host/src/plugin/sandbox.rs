@@ -11,7 +11,7 @@ use wasmtime::component::{Instance, ResourceTable};
 use wasmtime::{CallHook, ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::opentinker::plugin::host;
+use super::bindings::{v0_1, v0_2};
 use super::error::{CallError, ErrorKind};
 use super::limits::{ITEM_OVERHEAD_BYTES, Limits};
 use super::loader::PluginInner;
@@ -104,20 +104,39 @@ impl StoreState {
     }
 }
 
-impl host::Host for StoreState {
-    fn log(&mut self, level: host::LogLevel, message: String) {
-        let line = format!("[{}] {message}\n", level_name(level));
-        self.log.append(line.as_bytes());
+impl v0_2::opentinker::plugin::host::Host for StoreState {
+    fn log(&mut self, level: v0_2::opentinker::plugin::host::LogLevel, message: String) {
+        use v0_2::opentinker::plugin::host::LogLevel;
+        let level = match level {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        };
+        self.append_log(level, &message);
     }
 }
 
-fn level_name(level: host::LogLevel) -> &'static str {
-    match level {
-        host::LogLevel::Trace => "trace",
-        host::LogLevel::Debug => "debug",
-        host::LogLevel::Info => "info",
-        host::LogLevel::Warn => "warn",
-        host::LogLevel::Error => "error",
+impl v0_1::opentinker::plugin::host::Host for StoreState {
+    fn log(&mut self, level: v0_1::opentinker::plugin::host::LogLevel, message: String) {
+        use v0_1::opentinker::plugin::host::LogLevel;
+        let level = match level {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        };
+        self.append_log(level, &message);
+    }
+}
+
+impl StoreState {
+    /// One line of the bounded episode log, as `host.log` writes it.
+    fn append_log(&mut self, level: &str, message: &str) {
+        let line = format!("[{level}] {message}\n");
+        self.log.append(line.as_bytes());
     }
 }
 

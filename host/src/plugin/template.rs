@@ -332,16 +332,21 @@ const RUST_AGENT: &str = r#"//! {name}: an opentinker agent. It shows the policy
 
 use opentinker_sdk::{Agent, Message, PluginError};
 
+/// The agent of one player in one episode (it keeps no state of its own).
 pub struct FirstLine;
 
 impl Agent for FirstLine {
-    fn prompt(history: Vec<Message>) -> Result<Vec<Message>, PluginError> {
+    fn new(_config: &str, _player: u32, _seed: u64) -> Result<Self, PluginError> {
+        Ok(FirstLine)
+    }
+
+    fn prompt(&mut self, history: Vec<Message>) -> Result<Vec<Message>, PluginError> {
         let mut prompt = vec![Message::system("Answer with the action alone.")];
         prompt.extend(history);
         Ok(prompt)
     }
 
-    fn act(completion: &str) -> Result<String, PluginError> {
+    fn act(&mut self, completion: &str) -> Result<String, PluginError> {
         Ok(completion.trim().lines().next().unwrap_or("").trim().to_string())
     }
 }
@@ -354,7 +359,8 @@ mod tests {
 
     #[test]
     fn the_action_is_the_first_line() {
-        assert_eq!(FirstLine::act("  go north \nbecause").unwrap(), "go north");
+        let mut agent = FirstLine::new("{}", 0, 0).unwrap();
+        assert_eq!(agent.act("  go north \nbecause").unwrap(), "go north");
     }
 }
 "#;
@@ -369,7 +375,11 @@ use opentinker_sdk::{PluginError, Reward, Transcript};
 pub struct ShortAnswers;
 
 impl Reward for ShortAnswers {
-    fn score(_task: &str, transcripts: &[Transcript]) -> Result<Vec<f64>, PluginError> {
+    fn score(
+        _config: &str,
+        _task: &str,
+        transcripts: &[Transcript],
+    ) -> Result<Vec<f64>, PluginError> {
         Ok(transcripts
             .iter()
             .map(|t| {
@@ -393,7 +403,7 @@ mod tests {
     #[test]
     fn a_short_last_answer_scores_one() {
         let transcript = Transcript { player: 0, messages: vec![Message::assistant("yes")] };
-        assert_eq!(ShortAnswers::score("", &[transcript]).unwrap(), vec![1.0]);
+        assert_eq!(ShortAnswers::score("{}", "", &[transcript]).unwrap(), vec![1.0]);
     }
 }
 "#;

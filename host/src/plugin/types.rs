@@ -1,9 +1,10 @@
-//! The data that crosses the plugin boundary, as the host sees it: generated from the WIT
-//! records (with serde), plus the size accounting that the output limit uses.
+//! The data that crosses the plugin boundary, as the host sees it: generated from the newest
+//! contract's WIT records (with serde; `contract` adapts older versions to them), plus the size
+//! accounting that the output limit uses.
 
-pub use super::bindings::exports::opentinker::plugin::environment::StepResult;
-pub use super::bindings::opentinker::plugin::types::{
-    EnvInfo, Message, Metric, PluginError as GuestError, Transcript,
+pub use super::bindings::v0_2::exports::opentinker::plugin::environment::StepResult;
+pub use super::bindings::v0_2::opentinker::plugin::types::{
+    EnvInfo, Message, Metric, PlayerMessages, PluginError as GuestError, Transcript,
 };
 
 impl Message {
@@ -46,6 +47,26 @@ impl OutputSize {
         }
     }
 
+    /// Every string of a metadata record, and its kinds as items.
+    pub(crate) fn metadata(metadata: &super::contract::MetadataExport) -> Self {
+        let texts = [
+            &metadata.name,
+            &metadata.version,
+            &metadata.description,
+            &metadata.language,
+        ];
+        let optional = [&metadata.license, &metadata.config_schema];
+        OutputSize {
+            bytes: texts.iter().map(|t| t.len()).sum::<usize>()
+                + optional
+                    .iter()
+                    .flat_map(|t| t.as_deref())
+                    .map(str::len)
+                    .sum::<usize>(),
+            items: 1 + metadata.kinds.len(),
+        }
+    }
+
     pub(crate) fn strings(strings: &[String]) -> Self {
         OutputSize {
             bytes: strings.iter().map(String::len).sum(),
@@ -62,9 +83,13 @@ impl StepResult {
     /// Messages, recipients, metrics and rewards are each an item (the largest list is what
     /// `max_items` bounds, the sum what the byte limits count).
     pub(crate) fn output_size(&self) -> OutputSize {
-        let messages: usize = self.messages.iter().map(|(_, m)| message_bytes(m)).sum();
+        let messages: usize = self
+            .messages
+            .iter()
+            .map(|m| message_bytes(&m.messages))
+            .sum();
         let metrics: usize = self.metrics.iter().map(|m| m.name.len() + 8).sum();
-        let message_count: usize = self.messages.iter().map(|(_, m)| m.len()).sum();
+        let message_count: usize = self.messages.iter().map(|m| m.messages.len()).sum();
         OutputSize {
             bytes: messages + metrics + self.rewards.len() * 8,
             items: self.messages.len() + message_count + self.metrics.len() + self.rewards.len(),

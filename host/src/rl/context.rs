@@ -179,10 +179,18 @@ pub(super) fn rollout<'a>(
         environment: cx.environment()?,
         config,
         agent: cx.agent.as_ref(),
+        agent_config: job
+            .agent
+            .as_ref()
+            .map_or_else(|| "{}".into(), |a| a.config_json()),
         reward: cx
             .reward
             .as_ref()
             .zip(job.reward.as_ref().map(|r| r.weight)),
+        reward_config: job
+            .reward
+            .as_ref()
+            .map_or_else(|| "{}".into(), |r| r.config_json()),
         limits: &cx.limits,
         renderer: &cx.model.renderer,
         params,

@@ -149,18 +149,32 @@ pub struct PluginSection {
 impl PluginSection {
     /// The config as the JSON text the plugin receives (`{}` when absent).
     pub fn config_json(&self) -> String {
-        match &self.config {
-            Some(value) => serde_json::to_string(value).unwrap_or_else(|_| "{}".into()),
-            None => "{}".into(),
-        }
+        config_json(&self.config)
     }
 }
 
-/// An agent plugin (it takes no config).
+/// A plugin config as the JSON text the plugin receives (`{}` when absent).
+fn config_json(config: &Option<toml::Value>) -> String {
+    match config {
+        Some(value) => serde_json::to_string(value).unwrap_or_else(|_| "{}".into()),
+        None => "{}".into(),
+    }
+}
+
+/// An agent plugin and its config (a 0.1 agent takes none and ignores it).
 #[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSection {
     pub plugin: PathBuf,
+    #[serde(default)]
+    pub config: Option<toml::Value>,
+}
+
+impl AgentSection {
+    /// The config as the JSON text the agent receives (`{}` when absent).
+    pub fn config_json(&self) -> String {
+        config_json(&self.config)
+    }
 }
 
 /// A reward plugin, the weight of its score, and whether its group scorer (when it has one)
@@ -169,10 +183,20 @@ pub struct AgentSection {
 #[serde(deny_unknown_fields)]
 pub struct RewardSection {
     pub plugin: PathBuf,
+    /// Its config (a 0.1 reward takes none and ignores it).
+    #[serde(default)]
+    pub config: Option<toml::Value>,
     #[serde(default = "default_weight")]
     pub weight: f64,
     #[serde(default)]
     pub group: bool,
+}
+
+impl RewardSection {
+    /// The config as the JSON text the reward receives (`{}` when absent).
+    pub fn config_json(&self) -> String {
+        config_json(&self.config)
+    }
 }
 
 fn default_weight() -> f64 {

@@ -38,8 +38,12 @@ pub struct Rollout<'a> {
     pub config: &'a str,
     /// The agent plugin between policy and environment; `None`: the built-in chat agent.
     pub agent: Option<&'a Plugin>,
+    /// The agent's config (JSON).
+    pub agent_config: String,
     /// A reward plugin that scores each finished episode, and the weight of its score.
     pub reward: Option<(&'a Plugin, f64)>,
+    /// The reward's config (JSON).
+    pub reward_config: String,
     pub limits: &'a Limits,
     pub renderer: &'a Renderer,
     /// The sampling parameters of every turn (each turn's seed is derived from the episode's).
@@ -345,7 +349,12 @@ impl Rollout<'_> {
                     Some(session) => session,
                     slot @ None => slot.insert(
                         plugin
-                            .start_agent(self.limits, seed ^ ((player as u64) << 56))
+                            .start_agent(
+                                &self.agent_config,
+                                player as u32,
+                                seed ^ ((player as u64) << 56),
+                                self.limits,
+                            )
                             .await?,
                     ),
                 }),
@@ -439,8 +448,8 @@ impl Rollout<'_> {
                     None => pending_reward[to] += reward,
                 }
             }
-            for (to, messages) in result.messages {
-                unseen[to as usize].extend(messages);
+            for to in result.messages {
+                unseen[to.player as usize].extend(to.messages);
             }
             for metric in result.metrics {
                 *outcome.metrics.entry(metric.name).or_default() += metric.value;
@@ -459,7 +468,12 @@ impl Rollout<'_> {
         outcome: &mut EpisodeOutcome,
     ) -> Result<(), Failure> {
         let scores = reward
-            .score(&outcome.task, &outcome.plugin_transcripts(), self.limits)
+            .score(
+                &self.reward_config,
+                &outcome.task,
+                &outcome.plugin_transcripts(),
+                self.limits,
+            )
             .await?;
         let weighted: Vec<f64> = scores.iter().map(|s| s * weight).collect();
         outcome.add_scores(&weighted);

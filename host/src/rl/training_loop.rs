@@ -18,7 +18,7 @@ use super::datum::rl_datum;
 use super::diagnosis::{RunSignals, greedy_agreement, signal_of};
 use super::driver::{JobStart, SharedBase};
 use super::group_stream::{GroupStream, Launch, PlayedGroup};
-use super::job::{Job, PolicySection};
+use super::job::{Job, PolicySection, RewardSection};
 use super::metrics::{
     Evaluation, Phase, PolicyEvaluations, StepMetrics, Summary, error_messages_of, errors_of, mean,
     metrics_of, std,
@@ -695,7 +695,7 @@ pub(super) async fn play_group(
         score_group(
             cx,
             reward,
-            section.weight,
+            section,
             job.rl.failure_reward,
             &task,
             &mut played,
@@ -710,18 +710,22 @@ pub(super) async fn play_group(
 async fn score_group(
     cx: &JobContext,
     reward: &Plugin,
-    weight: f64,
+    section: &RewardSection,
     failure_reward: f64,
     task: &str,
     played: &mut [(usize, EpisodeOutcome)],
 ) {
+    let weight = section.weight;
     let mut members: Vec<&mut EpisodeOutcome> = played
         .iter_mut()
         .filter(|(_, o)| o.error.is_none())
         .map(|(_, o)| o)
         .collect();
     let transcripts: Vec<_> = members.iter().map(|o| o.plugin_transcripts()).collect();
-    match reward.score_group(task, &transcripts, &cx.limits).await {
+    match reward
+        .score_group(&section.config_json(), task, &transcripts, &cx.limits)
+        .await
+    {
         Ok(Some(scores)) => {
             for (outcome, scores) in members.iter_mut().zip(scores) {
                 outcome.replace_scores(scores.iter().map(|s| s * weight).collect());

@@ -7,10 +7,15 @@
 
 use opentinker_sdk::{Agent, Message, PluginError};
 
+/// The agent of one player: it keeps nothing between turns.
 pub struct LatestObservation;
 
 impl Agent for LatestObservation {
-    fn prompt(history: Vec<Message>) -> Result<Vec<Message>, PluginError> {
+    fn new(_config: &str, _player: u32, _seed: u64) -> Result<Self, PluginError> {
+        Ok(LatestObservation)
+    }
+
+    fn prompt(&mut self, history: Vec<Message>) -> Result<Vec<Message>, PluginError> {
         let latest = history
             .into_iter()
             .rev()
@@ -21,7 +26,7 @@ impl Agent for LatestObservation {
         Ok(vec![Message::user(latest.content)])
     }
 
-    fn act(completion: &str) -> Result<String, PluginError> {
+    fn act(&mut self, completion: &str) -> Result<String, PluginError> {
         Ok(completion.lines().next().unwrap_or("").trim().to_string())
     }
 }
@@ -40,14 +45,16 @@ mod tests {
             Message::assistant("5"),
             Message::user("board 2"),
         ];
-        let prompt = LatestObservation::prompt(history).unwrap();
+        let mut agent = LatestObservation::new("{}", 0, 0).unwrap();
+        let prompt = agent.prompt(history).unwrap();
         assert_eq!(prompt, vec![Message::user("board 2")]);
-        assert!(LatestObservation::prompt(vec![Message::assistant("5")]).is_err());
+        assert!(agent.prompt(vec![Message::assistant("5")]).is_err());
     }
 
     #[test]
     fn the_action_is_the_first_line_trimmed() {
-        assert_eq!(LatestObservation::act(" 7 \nmore").unwrap(), "7");
-        assert_eq!(LatestObservation::act("").unwrap(), "");
+        let mut agent = LatestObservation::new("{}", 0, 0).unwrap();
+        assert_eq!(agent.act(" 7 \nmore").unwrap(), "7");
+        assert_eq!(agent.act("").unwrap(), "");
     }
 }

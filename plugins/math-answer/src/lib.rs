@@ -28,7 +28,11 @@ pub fn final_answer(transcript: &Transcript) -> Option<f64> {
 }
 
 impl Reward for MathAnswer {
-    fn score(task: &str, transcripts: &[Transcript]) -> Result<Vec<f64>, PluginError> {
+    fn score(
+        _config: &str,
+        task: &str,
+        transcripts: &[Transcript],
+    ) -> Result<Vec<f64>, PluginError> {
         let answer = task_answer(task)?;
         let tolerance = 1e-6 * answer.abs().max(1.0);
         Ok(transcripts
@@ -61,6 +65,7 @@ mod tests {
     fn scores_the_final_number_of_the_last_reply() {
         let task = r#"{"a": 6, "b": 7, "op": "*", "answer": 42}"#;
         let scores = MathAnswer::score(
+            "{}",
             task,
             &[
                 transcript(&["41", "so it is 42"]),
@@ -74,7 +79,8 @@ mod tests {
 
     #[test]
     fn a_task_without_an_answer_is_an_error() {
-        let err = MathAnswer::score(r#"{"question": "?"}"#, &[transcript(&["1"])]).unwrap_err();
+        let err =
+            MathAnswer::score("{}", r#"{"question": "?"}"#, &[transcript(&["1"])]).unwrap_err();
         assert!(err.message.contains("answer"), "{err}");
     }
 }

@@ -223,7 +223,23 @@ impl Environment for TicTacToe {
         };
         cell.map(|c| c + 1).map(|c| c.to_string())
     }
+
+    fn config_schema() -> Option<String> {
+        Some(CONFIG_SCHEMA.to_string())
+    }
 }
+
+/// The JSON Schema of [`Config`], for the component's metadata.
+const CONFIG_SCHEMA: &str = r#"{
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "type": "object",
+  "additionalProperties": false,
+  "properties": {
+    "opponent": {"enum": ["random", "minimax", "none"], "default": "random"},
+    "first": {"enum": ["player", "opponent"], "default": "player"},
+    "demonstrations": {"enum": ["minimax", "random"], "default": "minimax"}
+  }
+}"#;
 
 impl TicTacToe {
     /// The player whose turn it is: in self-play the mark to move decides; against the built-in

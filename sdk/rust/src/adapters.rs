@@ -4,13 +4,13 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
-use crate::bindings::{agent_plugin, environment_plugin, reward_plugin};
-use crate::{Agent, Environment, Message, PluginError, Reward, StepResult, Transcript};
+use crate::bindings::{agent_plugin, environment_plugin, metadata_plugin, reward_plugin};
+use crate::{Agent, Environment, Message, Package, PluginError, Reward, StepResult, Transcript};
 
 /// Conversions between this crate's types and the shared types of one world's bindings.
-macro_rules! convert_shared_types {
-    ($types:path) => {
-        use $types as wit;
+macro_rules! shared_glue {
+    ($world:ident) => {
+        use crate::bindings::$world::opentinker::plugin::types as wit;
 
         impl From<Message> for wit::Message {
             fn from(m: Message) -> Self {
@@ -38,26 +38,53 @@ macro_rules! convert_shared_types {
     };
 }
 
-mod environment_types {
-    use super::*;
-    convert_shared_types!(environment_plugin::opentinker::plugin::types);
-}
+/// Implements the generated metadata bindings for the plugin `T` of package `P`, whose kind
+/// `K` ([`EnvironmentKind`], [`AgentKind`] or [`RewardKind`]) says which trait gives its config
+/// schema.
+pub struct MetadataAdapter<T, P, K>(PhantomData<(T, P, K)>);
 
-mod agent_types {
-    use super::*;
-    convert_shared_types!(agent_plugin::opentinker::plugin::types);
-}
+/// The kind marker of an environment's [`MetadataAdapter`].
+pub struct EnvironmentKind;
+/// The kind marker of an agent's [`MetadataAdapter`].
+pub struct AgentKind;
+/// The kind marker of a reward's [`MetadataAdapter`].
+pub struct RewardKind;
 
-mod reward_types {
+mod metadata_glue {
     use super::*;
-    convert_shared_types!(reward_plugin::opentinker::plugin::types);
+    use metadata_plugin::exports::opentinker::plugin::metadata as wit_metadata;
+    use metadata_plugin::opentinker::plugin::types as wit;
 
-    impl From<wit::Transcript> for Transcript {
-        fn from(t: wit::Transcript) -> Self {
-            Transcript {
-                player: t.player,
-                messages: t.messages.into_iter().map(Message::from).collect(),
-            }
+    fn metadata_of<P: Package>(
+        kind: wit::PluginKind,
+        config_schema: Option<String>,
+    ) -> wit::PluginMetadata {
+        wit::PluginMetadata {
+            name: P::NAME.to_string(),
+            version: P::VERSION.to_string(),
+            description: P::DESCRIPTION.to_string(),
+            license: Some(P::LICENSE.to_string()).filter(|l| !l.is_empty()),
+            kinds: vec![kind],
+            config_schema,
+            language: "rust".to_string(),
+        }
+    }
+
+    impl<E: Environment, P: Package> wit_metadata::Guest for MetadataAdapter<E, P, EnvironmentKind> {
+        fn metadata() -> wit::PluginMetadata {
+            metadata_of::<P>(wit::PluginKind::Environment, E::config_schema())
+        }
+    }
+
+    impl<A: Agent, P: Package> wit_metadata::Guest for MetadataAdapter<A, P, AgentKind> {
+        fn metadata() -> wit::PluginMetadata {
+            metadata_of::<P>(wit::PluginKind::Agent, A::config_schema())
+        }
+    }
+
+    impl<R: Reward, P: Package> wit_metadata::Guest for MetadataAdapter<R, P, RewardKind> {
+        fn metadata() -> wit::PluginMetadata {
+            metadata_of::<P>(wit::PluginKind::Reward, R::config_schema())
         }
     }
 }
@@ -69,14 +96,14 @@ fn messages_into<T: From<Message>>(messages: Vec<Message>) -> Vec<T> {
 /// Implements the generated environment bindings for any [`Environment`].
 pub struct EnvironmentAdapter<E>(PhantomData<E>);
 
-/// One live episode. WIT resources are called through `&self`, hence the `RefCell`; a failed
-/// constructor is kept and reported by the episode's first call.
-pub struct EpisodeAdapter<E>(RefCell<Result<E, PluginError>>);
+/// One live episode. WIT resources are called through `&self`, hence the `RefCell`.
+pub struct EpisodeAdapter<E>(RefCell<E>);
 
 mod environment_glue {
     use super::*;
     use environment_plugin::exports::opentinker::plugin::environment as wit_env;
-    use environment_plugin::opentinker::plugin::types as wit;
+
+    shared_glue!(environment_plugin);
 
     impl<E: Environment> wit_env::Guest for EnvironmentAdapter<E> {
         type Episode = EpisodeAdapter<E>;
@@ -95,54 +122,51 @@ mod environment_glue {
         }
     }
 
-    impl<E: Environment> EpisodeAdapter<E> {
-        fn with<T>(
-            &self,
-            call: impl FnOnce(&mut E) -> Result<T, PluginError>,
-        ) -> Result<T, wit::PluginError> {
-            match &mut *self.0.borrow_mut() {
-                Ok(episode) => call(episode).map_err(Into::into),
-                Err(error) => Err(error.clone().into()),
-            }
-        }
-    }
-
     impl<E: Environment> wit_env::GuestEpisode for EpisodeAdapter<E> {
-        fn new(config: String, task: String, seed: u64) -> Self {
-            EpisodeAdapter(RefCell::new(E::new(&config, &task, seed)))
+        fn start(
+            config: String,
+            task: String,
+            seed: u64,
+        ) -> Result<wit_env::Episode, wit::PluginError> {
+            let episode = E::new(&config, &task, seed)?;
+            Ok(wit_env::Episode::new(EpisodeAdapter(RefCell::new(episode))))
         }
 
         fn observe(&self, player: u32) -> Result<Vec<wit::Message>, wit::PluginError> {
-            self.with(|e| e.observe(player).map(messages_into))
+            let messages = self.0.borrow_mut().observe(player)?;
+            Ok(messages_into(messages))
         }
 
         fn step(&self, action: String) -> Result<wit_env::StepResult, wit::PluginError> {
-            self.with(|e| e.step(&action))
-                .map(|r: StepResult| wit_env::StepResult {
-                    messages: r
-                        .messages
-                        .into_iter()
-                        .map(|(player, messages)| (player, messages_into(messages)))
-                        .collect(),
-                    rewards: r.rewards,
-                    next_player: r.next_player,
-                    metrics: r
-                        .metrics
-                        .into_iter()
-                        .map(|m| wit::Metric {
-                            name: m.name,
-                            value: m.value,
-                        })
-                        .collect(),
-                })
+            let result: StepResult = self.0.borrow_mut().step(&action)?;
+            Ok(wit_env::StepResult {
+                messages: result
+                    .messages
+                    .into_iter()
+                    .map(|(player, messages)| wit::PlayerMessages {
+                        player,
+                        messages: messages_into(messages),
+                    })
+                    .collect(),
+                rewards: result.rewards,
+                next_player: result.next_player,
+                metrics: result
+                    .metrics
+                    .into_iter()
+                    .map(|m| wit::Metric {
+                        name: m.name,
+                        value: m.value,
+                    })
+                    .collect(),
+            })
         }
 
         fn legal_actions(&self) -> Option<Vec<String>> {
-            self.0.borrow().as_ref().ok()?.legal_actions()
+            self.0.borrow().legal_actions()
         }
 
         fn demonstration(&self) -> Option<String> {
-            self.0.borrow_mut().as_mut().ok()?.demonstration()
+            self.0.borrow_mut().demonstration()
         }
     }
 }
@@ -150,19 +174,42 @@ mod environment_glue {
 /// Implements the generated agent bindings for any [`Agent`].
 pub struct AgentAdapter<A>(PhantomData<A>);
 
+/// The agent of one player in one episode.
+pub struct PlayerAgentAdapter<A>(RefCell<A>);
+
 mod agent_glue {
     use super::*;
     use agent_plugin::exports::opentinker::plugin::agent as wit_agent;
-    use agent_plugin::opentinker::plugin::types as wit;
+
+    shared_glue!(agent_plugin);
 
     impl<A: Agent> wit_agent::Guest for AgentAdapter<A> {
-        fn prompt(history: Vec<wit::Message>) -> Result<Vec<wit::Message>, wit::PluginError> {
-            let history = history.into_iter().map(Message::from).collect();
-            A::prompt(history).map(messages_into).map_err(Into::into)
+        type PlayerAgent = PlayerAgentAdapter<A>;
+    }
+
+    impl<A: Agent> wit_agent::GuestPlayerAgent for PlayerAgentAdapter<A> {
+        fn start(
+            config: String,
+            player: u32,
+            seed: u64,
+        ) -> Result<wit_agent::PlayerAgent, wit::PluginError> {
+            let agent = A::new(&config, player, seed)?;
+            Ok(wit_agent::PlayerAgent::new(PlayerAgentAdapter(
+                RefCell::new(agent),
+            )))
         }
 
-        fn act(completion: String) -> Result<String, wit::PluginError> {
-            A::act(&completion).map_err(Into::into)
+        fn prompt(
+            &self,
+            history: Vec<wit::Message>,
+        ) -> Result<Vec<wit::Message>, wit::PluginError> {
+            let history = history.into_iter().map(Message::from).collect();
+            let prompt = self.0.borrow_mut().prompt(history)?;
+            Ok(messages_into(prompt))
+        }
+
+        fn act(&self, completion: String) -> Result<String, wit::PluginError> {
+            self.0.borrow_mut().act(&completion).map_err(Into::into)
         }
     }
 }
@@ -173,23 +220,38 @@ pub struct RewardAdapter<R>(PhantomData<R>);
 mod reward_glue {
     use super::*;
     use reward_plugin::exports::opentinker::plugin::reward as wit_reward;
-    use reward_plugin::opentinker::plugin::types as wit;
+
+    shared_glue!(reward_plugin);
+
+    impl From<wit::Transcript> for Transcript {
+        fn from(t: wit::Transcript) -> Self {
+            Transcript {
+                player: t.player,
+                messages: t.messages.into_iter().map(Message::from).collect(),
+            }
+        }
+    }
 
     fn transcripts(list: Vec<wit::Transcript>) -> Vec<Transcript> {
         list.into_iter().map(Transcript::from).collect()
     }
 
     impl<R: Reward> wit_reward::Guest for RewardAdapter<R> {
-        fn score(task: String, list: Vec<wit::Transcript>) -> Result<Vec<f64>, wit::PluginError> {
-            R::score(&task, &transcripts(list)).map_err(Into::into)
+        fn score(
+            config: String,
+            task: String,
+            list: Vec<wit::Transcript>,
+        ) -> Result<Vec<f64>, wit::PluginError> {
+            R::score(&config, &task, &transcripts(list)).map_err(Into::into)
         }
 
         fn score_group(
+            config: String,
             task: String,
             episodes: Vec<Vec<wit::Transcript>>,
         ) -> Result<Option<Vec<Vec<f64>>>, wit::PluginError> {
             let episodes: Vec<Vec<Transcript>> = episodes.into_iter().map(transcripts).collect();
-            R::score_group(&task, &episodes).map_err(Into::into)
+            R::score_group(&config, &task, &episodes).map_err(Into::into)
         }
     }
 }

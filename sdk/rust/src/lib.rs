@@ -65,7 +65,21 @@ pub use types::{EnvInfo, Message, Metric, PluginError, StepResult, Transcript};
 pub use wit_bindgen::rt as __wit_bindgen_rt;
 
 #[doc(hidden)]
-pub use adapters::{AgentAdapter, EnvironmentAdapter, EpisodeAdapter, RewardAdapter};
+pub use adapters::{
+    AgentAdapter, AgentKind, EnvironmentAdapter, EnvironmentKind, EpisodeAdapter, MetadataAdapter,
+    PlayerAgentAdapter, RewardAdapter, RewardKind,
+};
+
+/// The plugin crate's package fields, which the export macros read from Cargo (`name`,
+/// `version`, `description`, `license`) for the component's metadata export.
+#[doc(hidden)]
+pub trait Package: 'static {
+    const NAME: &'static str;
+    const VERSION: &'static str;
+    const DESCRIPTION: &'static str;
+    /// Empty when the crate declares none.
+    const LICENSE: &'static str;
+}
 
 /// A task environment. The host makes one value per episode with [`Environment::new`], asks each
 /// player what it sees with [`Environment::observe`], then calls [`Environment::step`] with the
@@ -82,7 +96,7 @@ pub trait Environment: Sized + 'static {
         ))
     }
 
-    /// Start an episode. An error here is reported by the episode's first call.
+    /// Start an episode; an error here (a bad config or task) refuses it.
     fn new(config: &str, task: &str, seed: u64) -> Result<Self, PluginError>;
 
     /// What `player` sees before its first action.
@@ -101,30 +115,70 @@ pub trait Environment: Sized + 'static {
     fn demonstration(&mut self) -> Option<String> {
         None
     }
+
+    /// A JSON Schema (as JSON text) of the config [`Environment::new`] takes, for the
+    /// component's metadata; `None` (the default) declares none.
+    fn config_schema() -> Option<String> {
+        None
+    }
 }
 
 /// How a policy talks to an environment: what it is shown, and how its text becomes an action.
-pub trait Agent: 'static {
+/// The host makes one value per player per episode with [`Agent::new`], so an agent may keep
+/// state from turn to turn.
+pub trait Agent: Sized + 'static {
+    /// Start the agent of `player` under `config` (the job's `[agent] config`, JSON; `{}` when
+    /// absent); an error here (a bad config) ends the episode.
+    fn new(config: &str, player: u32, seed: u64) -> Result<Self, PluginError>;
+
     /// The chat messages the policy sees, given the conversation so far.
-    fn prompt(history: Vec<Message>) -> Result<Vec<Message>, PluginError>;
+    fn prompt(&mut self, history: Vec<Message>) -> Result<Vec<Message>, PluginError>;
 
     /// Parse a sampled completion into an action.
-    fn act(completion: &str) -> Result<String, PluginError>;
+    fn act(&mut self, completion: &str) -> Result<String, PluginError>;
+
+    /// A JSON Schema (as JSON text) of the config [`Agent::new`] takes; `None` declares none.
+    fn config_schema() -> Option<String> {
+        None
+    }
 }
 
 /// A reward function over finished episodes.
 pub trait Reward: 'static {
-    /// One score per player of a finished episode of `task`.
-    fn score(task: &str, transcripts: &[Transcript]) -> Result<Vec<f64>, PluginError>;
+    /// One score per player of a finished episode of `task`, under `config` (the job's
+    /// `[reward] config`, JSON; `{}` when absent).
+    fn score(config: &str, task: &str, transcripts: &[Transcript])
+    -> Result<Vec<f64>, PluginError>;
 
     /// Scores for a group of episodes of one task, one list per episode; `None` (the default)
     /// when the reward has no group scorer.
     fn score_group(
+        _config: &str,
         _task: &str,
         _episodes: &[Vec<Transcript>],
     ) -> Result<Option<Vec<Vec<f64>>>, PluginError> {
         Ok(None)
     }
+
+    /// A JSON Schema (as JSON text) of the config the scorers take; `None` declares none.
+    fn config_schema() -> Option<String> {
+        None
+    }
+}
+
+/// The `Package` of the crate that calls an export macro, from Cargo's variables.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __package {
+    () => {
+        pub struct Package;
+        impl $crate::Package for Package {
+            const NAME: &'static str = env!("CARGO_PKG_NAME");
+            const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+            const DESCRIPTION: &'static str = env!("CARGO_PKG_DESCRIPTION");
+            const LICENSE: &'static str = env!("CARGO_PKG_LICENSE");
+        }
+    };
 }
 
 /// How important a log line is.
@@ -166,9 +220,14 @@ macro_rules! export_environment {
         mod __opentinker_environment_export {
             #[allow(unused_imports)]
             use super::*;
+            $crate::__package!();
             type Exported = $crate::EnvironmentAdapter<$environment>;
             $crate::bindings::environment_plugin::__export_environment_plugin!(
                 Exported with_types_in $crate::bindings::environment_plugin
+            );
+            type Described = $crate::MetadataAdapter<$environment, Package, $crate::EnvironmentKind>;
+            $crate::bindings::metadata_plugin::__export_metadata_plugin!(
+                Described with_types_in $crate::bindings::metadata_plugin
             );
         }
         // Natively, check the type at least: a non-environment fails to compile everywhere.
@@ -190,9 +249,14 @@ macro_rules! export_agent {
         mod __opentinker_agent_export {
             #[allow(unused_imports)]
             use super::*;
+            $crate::__package!();
             type Exported = $crate::AgentAdapter<$agent>;
             $crate::bindings::agent_plugin::__export_agent_plugin!(
                 Exported with_types_in $crate::bindings::agent_plugin
+            );
+            type Described = $crate::MetadataAdapter<$agent, Package, $crate::AgentKind>;
+            $crate::bindings::metadata_plugin::__export_metadata_plugin!(
+                Described with_types_in $crate::bindings::metadata_plugin
             );
         }
         // Natively, check the type at least: a non-agent fails to compile everywhere.
@@ -214,9 +278,14 @@ macro_rules! export_reward {
         mod __opentinker_reward_export {
             #[allow(unused_imports)]
             use super::*;
+            $crate::__package!();
             type Exported = $crate::RewardAdapter<$reward>;
             $crate::bindings::reward_plugin::__export_reward_plugin!(
                 Exported with_types_in $crate::bindings::reward_plugin
+            );
+            type Described = $crate::MetadataAdapter<$reward, Package, $crate::RewardKind>;
+            $crate::bindings::metadata_plugin::__export_metadata_plugin!(
+                Described with_types_in $crate::bindings::metadata_plugin
             );
         }
         // Natively, check the type at least: a non-reward fails to compile everywhere.

@@ -20,8 +20,9 @@ pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 /// Names a `componentize-py` program to use instead of the cached install.
 pub const COMPONENTIZE_PY_ENV: &str = "OPENTINKER_COMPONENTIZE_PY";
 
-/// The host's WIT, which the component is built against.
-const WIT: &str = include_str!("../../../../wit/plugin.wit");
+/// The WIT the component is built against: the Python SDK implements contract 0.1 (which the
+/// host still runs).
+const WIT: &str = include_str!("../../../../wit/v0.1/plugin.wit");
 
 /// The SDK and its glue, written into the build folder: (path under it, contents).
 const SDK_FILES: [(&str, &str); 6] = [
