@@ -1076,6 +1076,31 @@ fn a_plugin_of_the_wrong_kind_fails_before_any_model_file_is_written() {
 }
 
 #[test]
+fn a_config_that_breaks_the_plugins_schema_fails_before_any_model_file_is_written() {
+    let wasm = built_plugin("tictactoe");
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("misspelt.toml");
+    let text = format!(
+        "[model]\ninit_tiny = {{ seed = 3 }}\n[environment]\nplugin = {wasm:?}\n\
+         config = {{ oponent = \"random\", demonstrations = \"best\" }}\n[rl]\nsteps = 1\n"
+    );
+    std::fs::write(&job, text).unwrap();
+    let out = dir.path().join("run");
+    let stderr = train_refused(&job, &out);
+    assert!(
+        stderr.contains("job `misspelt`: [environment] config")
+            && stderr.contains("oponent")
+            && stderr.contains("`demonstrations`")
+            && stderr.contains("best"),
+        "{stderr}"
+    );
+    assert!(
+        !out.join("model").exists() && !out.join("metrics.jsonl").exists(),
+        "no model generated: {stderr}"
+    );
+}
+
+#[test]
 fn plugin_run_samples_each_error_kinds_messages() {
     let wasm = built_plugin("adversarial/trap-at-step");
     let output = opentinker(&[

@@ -536,6 +536,24 @@ fn plugins_are_uploaded_by_digest_checked_as_the_loader_checks_them_and_jobs_che
         message.contains("[environment]") && message.contains(&nobody),
         "{message}"
     );
+    // The plugins are loaded as a run would load them: of their section's kind, and given a
+    // config that fits the schema they declare; each named by its digest alone.
+    let (status, message) = submit(&format!("{job}[agent]\nplugin = \"{digest}\"\n"));
+    assert_eq!(status, 400);
+    assert!(
+        message.contains("[agent]")
+            && message.contains("not an agent")
+            && message.contains(&digest)
+            && !message.contains("/plugins/"),
+        "{message}"
+    );
+    let misspelt = job.replace("[rl]", "config = { max_operant = 9 }\n[rl]");
+    let (status, message) = submit(&misspelt);
+    assert_eq!(status, 400);
+    assert!(
+        message.contains("[environment] config") && message.contains("max_operant"),
+        "{message}"
+    );
     let (status, message) = submit(&job.replace(&digest, "../plugins/arithmetic"));
     assert_eq!(status, 400);
     assert!(message.contains("digest"), "{message}");

@@ -16,7 +16,7 @@ use super::plugin_store::PluginStore;
 use super::records::{JobRecord, JobRecords, JobState, RecordError};
 use crate::api::{ApiError, ApiErrorKind, JobId, TenantId};
 use crate::client::served::TenantBases;
-use crate::rl::driver::{self, Engine, JobRun, Phase, Progress, StepMetrics};
+use crate::rl::driver::{self, Engine, JobRun, Phase, Progress, StepMetrics, check_job_plugins};
 use crate::rl::job::{Job, SftSource, is_digest};
 use crate::rl::run_folder::METRICS;
 use crate::sched::ServedBase;
@@ -211,6 +211,7 @@ impl JobService {
             ));
         }
         let mut components = Vec::new();
+        let mut named = Vec::new();
         for (section, plugin) in job.plugin_paths_mut() {
             let digest = plugin.to_string_lossy().into_owned();
             if !is_digest(plugin) {
@@ -232,8 +233,18 @@ impl JobService {
                         _ => e,
                     })?;
             *plugin = component.clone();
+            named.push((component.clone(), digest));
             components.push(component);
         }
+        // The tenant sees its plugins by digest, never by where this server keeps them.
+        check_job_plugins(self.plugins.host(), &job, name)
+            .await
+            .map_err(|e| {
+                let message = named.iter().fold(format!("{e:#}"), |text, (path, digest)| {
+                    text.replace(&path.display().to_string(), digest)
+                });
+                ApiError::invalid(message)
+            })?;
         Ok((job, components))
     }
 

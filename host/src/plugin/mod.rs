@@ -10,6 +10,7 @@ mod bindings;
 pub mod build;
 mod cache;
 pub mod compiler;
+mod config_check;
 mod contract;
 mod engine;
 mod environment;
@@ -27,6 +28,7 @@ mod wasi;
 
 pub use agent::AgentSession;
 pub use compiler::{CompileBudget, CompileLimits};
+pub use config_check::ConfigError;
 pub use contract::ContractVersion;
 pub use engine::HostConfig;
 pub use environment::{EnvironmentEpisode, EpisodeRecord, RecordedError};

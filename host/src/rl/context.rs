@@ -59,11 +59,15 @@ pub(super) struct JobPlugins {
 
 impl JobPlugins {
     /// Read each component the job names, compile it, and check it implements its section's
-    /// kind: what a job can have wrong in its plugins is found before any model is generated or
-    /// loaded. The driver runs components only: building a plugin from its source is the CLI's
+    /// kind and that the section's config fits the schema the plugin declares: what a job can
+    /// have wrong in its plugins is found before any model is generated or loaded. The driver runs components only: building a plugin from its source is the CLI's
     /// (`Job::plugin_paths_mut`). `name` names the job in errors.
     pub(super) async fn load(host: &PluginHost, job: &Job, name: &str) -> anyhow::Result<Self> {
-        let load = async |section: &str, wasm: &Path, kind: PluginKind| -> anyhow::Result<Plugin> {
+        let load = async |section: &str,
+                          wasm: &Path,
+                          kind: PluginKind,
+                          config: String|
+               -> anyhow::Result<Plugin> {
             anyhow::ensure!(
                 !wasm.is_dir(),
                 "job `{name}`: [{section}] plugin {} is a source folder: build it into a \
@@ -90,20 +94,54 @@ impl JobPlugins {
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+            plugin
+                .check_config(&config, &job.limits)
+                .await
+                .with_context(|| format!("job `{name}`: [{section}] config {config}"))?;
             Ok(plugin)
         };
         let environment = match &job.environment {
             Some(section) => {
-                Some(load("environment", &section.plugin, PluginKind::Environment).await?)
+                let config = section.config_json();
+                Some(
+                    load(
+                        "environment",
+                        &section.plugin,
+                        PluginKind::Environment,
+                        config,
+                    )
+                    .await?,
+                )
             }
             None => None,
         };
+        if let Some(environment) = &environment {
+            for policy in job.policies() {
+                if let Some(config) = policy.eval_config_json() {
+                    environment
+                        .check_config(&config, &job.limits)
+                        .await
+                        .with_context(|| {
+                            format!(
+                                "job `{name}`: policies.{} eval_config {config}",
+                                policy.name
+                            )
+                        })?;
+                }
+            }
+        }
         let agent = match &job.agent {
-            Some(section) => Some(load("agent", &section.plugin, PluginKind::Agent).await?),
+            Some(section) => {
+                let config = section.config_json();
+                Some(load("agent", &section.plugin, PluginKind::Agent, config).await?)
+            }
             None => None,
         };
         let reward = match &job.reward {
-            Some(section) => Some(load("reward", &section.plugin, PluginKind::Reward).await?),
+            Some(section) => {
+                let config = section.config_json();
+                Some(load("reward", &section.plugin, PluginKind::Reward, config).await?)
+            }
             None => None,
         };
         Ok(JobPlugins {

@@ -125,6 +125,13 @@ pub async fn run_jobs(
     Ok(summaries.into_iter().map(|(_, s)| s).collect())
 }
 
+/// Check the plugins of `job` (called `name`) as a run of it would before any work: each
+/// component loads on `host`, is of its section's kind, and takes its section's config (by the
+/// schema it declares). A server checks a submitted job with this, to refuse it at once.
+pub async fn check_job_plugins(host: &PluginHost, job: &Job, name: &str) -> anyhow::Result<()> {
+    JobPlugins::load(host, job, name).await.map(drop)
+}
+
 /// Run one job on `engine` with the plugins of `host`, in the calling task: dropping the
 /// returned future stops the job, its episodes and its adapters (how a server cancels a job).
 pub async fn run_job(

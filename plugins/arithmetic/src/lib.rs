@@ -48,6 +48,21 @@ fn parse_config(config: &str) -> Result<Config, PluginError> {
     Ok(config)
 }
 
+/// The JSON Schema of [`Config`], for the component's metadata: the host checks a job's config
+/// against it before any work.
+const CONFIG_SCHEMA: &str = r#"{
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "type": "object",
+  "additionalProperties": false,
+  "properties": {
+    "max_operand": {"type": "integer", "minimum": 1, "maximum": 1000000, "default": 99},
+    "operations": {
+      "type": "array", "minItems": 1, "items": {"enum": ["+", "*"]}, "default": ["+", "*"]
+    },
+    "reward": {"type": "boolean", "default": true}
+  }
+}"#;
+
 /// One problem.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Task {
@@ -64,6 +79,10 @@ pub struct Arithmetic {
 }
 
 impl Environment for Arithmetic {
+    fn config_schema() -> Option<String> {
+        Some(CONFIG_SCHEMA.to_string())
+    }
+
     fn info() -> EnvInfo {
         EnvInfo {
             name: "arithmetic".into(),
