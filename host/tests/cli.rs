@@ -1316,4 +1316,16 @@ fn plugin_new_writes_plugins_that_test_build_and_play_as_written() {
         "--json",
     ]));
     assert_eq!(summary["completed"], 200, "{summary}");
+    // The agent and the reward build into 0.2 components that say what they are.
+    for kind in ["agent", "reward"] {
+        let plugin = dir.path().join(format!("py-{kind}"));
+        let described = json(&opentinker(&[
+            "plugin",
+            "inspect",
+            plugin.to_str().unwrap(),
+        ]));
+        assert_eq!(described["kinds"], serde_json::json!([kind]), "{described}");
+        assert_eq!(described["metadata"]["name"], format!("py-{kind}"));
+        assert_eq!(described["metadata"]["language"], "python");
+    }
 }

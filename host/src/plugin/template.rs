@@ -187,12 +187,12 @@ from opentinker import Message
 
 @opentinker.plugin
 class Agent(opentinker.Agent):
-    @classmethod
-    def prompt(cls, history: list[Message]) -> list[Message]:
+    """The agent of one player in one episode (it keeps no state of its own)."""
+
+    def prompt(self, history: list[Message]) -> list[Message]:
         return [Message.system("Answer with the action alone.")] + list(history)
 
-    @classmethod
-    def act(cls, completion: str) -> str:
+    def act(self, completion: str) -> str:
         lines = completion.strip().splitlines()
         return lines[0].strip() if lines else ""
 "#;
@@ -204,11 +204,11 @@ from opentinker import Message
 
 
 def test_the_action_is_the_first_line():
-    assert app.Agent.act("  go north \nbecause") == "go north"
+    assert app.Agent("{}", 0, 0).act("  go north \nbecause") == "go north"
 
 
 def test_the_prompt_starts_with_the_system_message():
-    prompt = app.Agent.prompt([Message.user("hi")])
+    prompt = app.Agent("{}", 0, 0).prompt([Message.user("hi")])
     assert prompt[0].role == "system" and prompt[1] == Message.user("hi")
 "#;
 
@@ -225,7 +225,7 @@ from opentinker import Transcript
 @opentinker.plugin
 class Reward(opentinker.Reward):
     @classmethod
-    def score(cls, task: str, transcripts: list[Transcript]) -> list[float]:
+    def score(cls, config: str, task: str, transcripts: list[Transcript]) -> list[float]:
         scores = []
         for transcript in transcripts:
             answers = [m.content for m in transcript.messages if m.role == "assistant"]
@@ -242,11 +242,11 @@ from opentinker import Message, Transcript
 
 def test_a_short_last_answer_scores_one():
     transcript = Transcript(0, [Message.user("q"), Message.assistant("yes")])
-    assert app.Reward.score("{}", [transcript]) == [1.0]
+    assert app.Reward.score("{}", "{}", [transcript]) == [1.0]
 
 
 def test_no_answer_scores_zero():
-    assert app.Reward.score("{}", [Transcript(0, [Message.user("q")])]) == [0.0]
+    assert app.Reward.score("{}", "{}", [Transcript(0, [Message.user("q")])]) == [0.0]
 "#;
 
 const RUST_ENVIRONMENT: &str = r#"//! {name}: an opentinker environment. The policy is shown a word and must say it back.

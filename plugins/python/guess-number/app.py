@@ -52,6 +52,8 @@ def last_number(text: str) -> Optional[int]:
 
 @opentinker.plugin
 class GuessNumber(opentinker.Environment):
+    config_schema = opentinker.config_schema_of(Config)
+
     @classmethod
     def info(cls) -> EnvInfo:
         return EnvInfo(name="guess-number-py", players=1, max_turns=MAX_TURNS)

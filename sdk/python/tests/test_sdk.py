@@ -80,3 +80,47 @@ def test_one_class_per_kind_is_marked_and_other_classes_are_refused(monkeypatch)
 def test_log_outside_a_component_goes_to_stderr(capsys):
     opentinker.log(opentinker.LogLevel.WARN, "careful")
     assert capsys.readouterr().err == "[warn] careful\n"
+
+
+def test_a_config_schema_names_each_field_with_its_type_and_default_and_no_others():
+    schema = opentinker.config_schema_of(Config)
+    assert schema["additionalProperties"] is False
+    assert schema["properties"] == {
+        "size": {"type": "integer", "default": 3},
+        "rate": {"type": "number", "default": 0.5},
+        "name": {"type": "string", "default": "x"},
+        "strict": {"type": "boolean", "default": False},
+    }
+
+
+def test_an_agent_is_made_per_player_and_keeps_its_state():
+    class Counting(opentinker.Agent):
+        def __init__(self, config: str, player: int, seed: int) -> None:
+            self.player, self.turns = player, 0
+
+        def prompt(self, history: list[Message]) -> list[Message]:
+            self.turns += 1
+            return [Message.user(f"player {self.player}, turn {self.turns}")]
+
+    agent = Counting("{}", 1, 7)
+    agent.prompt([])
+    assert agent.prompt([]) == [Message.user("player 1, turn 2")]
+    assert agent.act(" 3 ") == " 3 "
+    assert opentinker.Agent("{}", 0, 0).prompt([Message.user("hi")]) == [Message.user("hi")]
+
+
+def test_a_reward_is_given_its_config():
+    class Weighted(opentinker.Reward):
+        @classmethod
+        def score(cls, config, task, transcripts):
+            weight = opentinker.parse_config(config, WeightConfig).weight
+            return [weight for _ in transcripts]
+
+    transcript = opentinker.Transcript(0, [Message.assistant("x")])
+    assert Weighted.score('{"weight": 2.5}', "{}", [transcript]) == [2.5]
+    assert Weighted.score_group("{}", "{}", [[transcript]]) is None
+
+
+@dataclass
+class WeightConfig:
+    weight: float = 1.0

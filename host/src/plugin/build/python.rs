@@ -20,12 +20,11 @@ pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 /// Names a `componentize-py` program to use instead of the cached install.
 pub const COMPONENTIZE_PY_ENV: &str = "OPENTINKER_COMPONENTIZE_PY";
 
-/// The WIT the component is built against: the Python SDK implements contract 0.1 (which the
-/// host still runs).
-const WIT: &str = include_str!("../../../../wit/v0.1/plugin.wit");
+/// The WIT the component is built against.
+const WIT: &str = include_str!("../../../../wit/v0.2/plugin.wit");
 
 /// The SDK and its glue, written into the build folder: (path under it, contents).
-const SDK_FILES: [(&str, &str); 6] = [
+const SDK_FILES: [(&str, &str); 7] = [
     (
         "sdk/opentinker/__init__.py",
         include_str!("../../../../sdk/python/src/opentinker/__init__.py"),
@@ -41,6 +40,10 @@ const SDK_FILES: [(&str, &str); 6] = [
     (
         "glue/opentinker_environment_app.py",
         include_str!("../../../../sdk/python/src/opentinker/_glue/opentinker_environment_app.py"),
+    ),
+    (
+        "glue/agent.py",
+        include_str!("../../../../sdk/python/src/opentinker/_glue/agent.py"),
     ),
     (
         "glue/opentinker_agent_app.py",
@@ -64,6 +67,35 @@ struct PyProject {
 #[derive(Debug, Default, Deserialize)]
 struct Project {
     name: Option<String>,
+    version: Option<String>,
+    description: Option<String>,
+    /// An SPDX expression, or (older pyprojects) a table with `text`.
+    license: Option<toml::Value>,
+}
+
+impl Project {
+    /// The component's metadata fields, as the Python module `_opentinker_package` the glue reads.
+    fn package_module(&self, name: &str) -> String {
+        let license = match &self.license {
+            Some(toml::Value::String(spdx)) => spdx.clone(),
+            Some(toml::Value::Table(table)) => table
+                .get("text")
+                .and_then(toml::Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            _ => String::new(),
+        };
+        // JSON strings are Python string literals.
+        let literal = |text: &str| serde_json::Value::from(text).to_string();
+        format!(
+            "\"\"\"The project's fields for the component's metadata, from its pyproject.toml.\"\"\"\n\n\
+             NAME = {}\nVERSION = {}\nDESCRIPTION = {}\nLICENSE = {}\n",
+            literal(name),
+            literal(self.version.as_deref().unwrap_or("0.0.0")),
+            literal(self.description.as_deref().unwrap_or_default()),
+            literal(&license),
+        )
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -124,6 +156,7 @@ pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
     let name = project
         .project
         .name
+        .clone()
         .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "plugin".into());
     let build_dir = dir.join("target").join("opentinker");
@@ -139,6 +172,10 @@ pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
     for (relative, contents) in SDK_FILES {
         write(relative, contents)?;
     }
+    write(
+        "glue/_opentinker_package.py",
+        &project.project.package_module(&name),
+    )?;
     write(
         "glue/_opentinker_user.py",
         &format!(

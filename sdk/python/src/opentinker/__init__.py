@@ -40,7 +40,7 @@ import random
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional, TypeVar
+from typing import Any, ClassVar, Optional, TypeVar
 
 __all__ = [
     "Agent",
@@ -53,6 +53,7 @@ __all__ = [
     "Reward",
     "StepResult",
     "Transcript",
+    "config_schema_of",
     "log",
     "parse_config",
     "plugin",
@@ -161,8 +162,13 @@ class Environment:
         """Make a task for a data-free environment; the same config and seed give the same task."""
         raise PluginError("this environment does not generate tasks: give the job a task dataset")
 
+    #: The JSON Schema of the config `__init__` takes (a dict; see `config_schema_of`), shown in
+    #: the component's metadata and checked against a job's config before any work. `None`:
+    #: the environment declares none.
+    config_schema: ClassVar[Optional[dict[str, Any]]] = None
+
     def __init__(self, config: str, task: str, seed: int) -> None:
-        """Start an episode. An exception here is reported by the episode's first call."""
+        """Start an episode. An exception here (a bad config or task) refuses it."""
 
     def observe(self, player: int) -> list[Message]:
         """What `player` sees before its first action."""
@@ -182,15 +188,22 @@ class Environment:
 
 
 class Agent:
-    """How a policy talks to an environment: what it is shown, and how its text becomes an action."""
+    """How a policy talks to an environment: what it is shown, and how its text becomes an action.
+    The host makes one value per player per episode with `__init__(config, player, seed)`, so an
+    agent may keep state from turn to turn."""
 
-    @classmethod
-    def prompt(cls, history: list[Message]) -> list[Message]:
+    #: The JSON Schema of the config `__init__` takes; `None`: none declared.
+    config_schema: ClassVar[Optional[dict[str, Any]]] = None
+
+    def __init__(self, config: str, player: int, seed: int) -> None:
+        """Start the agent of `player` (the job's `[agent] config`, JSON). An exception here
+        ends the episode."""
+
+    def prompt(self, history: list[Message]) -> list[Message]:
         """The chat messages the policy sees, given the conversation so far."""
         return list(history)
 
-    @classmethod
-    def act(cls, completion: str) -> str:
+    def act(self, completion: str) -> str:
         """Parse a sampled completion into an action."""
         return completion
 
@@ -198,13 +211,19 @@ class Agent:
 class Reward:
     """A reward function over finished episodes."""
 
+    #: The JSON Schema of the config the scorers take; `None`: none declared.
+    config_schema: ClassVar[Optional[dict[str, Any]]] = None
+
     @classmethod
-    def score(cls, task: str, transcripts: list[Transcript]) -> list[float]:
-        """One score per player of a finished episode of `task`."""
+    def score(cls, config: str, task: str, transcripts: list[Transcript]) -> list[float]:
+        """One score per player of a finished episode of `task`, under `config` (the job's
+        `[reward] config`, JSON)."""
         raise NotImplementedError
 
     @classmethod
-    def score_group(cls, task: str, episodes: list[list[Transcript]]) -> Optional[list[list[float]]]:
+    def score_group(
+        cls, config: str, task: str, episodes: list[list[Transcript]]
+    ) -> Optional[list[list[float]]]:
         """Scores for a group of episodes of one task, one list per episode; `None` (the
         default) when the reward has no group scorer."""
         return None
@@ -292,3 +311,27 @@ def parse_config(config: str, schema: type[T]) -> T:
                 f"config field `{name}` must be {expected.__name__}, not {type(value).__name__}"
             )
     return schema(**raw)
+
+
+_JSON_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
+
+
+def config_schema_of(schema: type) -> dict[str, Any]:
+    """The JSON Schema of the config `parse_config(text, schema)` accepts: an object of the
+    dataclass's fields (each typed when it is an `int`, `float`, `str` or `bool`, with its default)
+    and no others. Set it as a plugin's `config_schema`."""
+    properties: dict[str, Any] = {}
+    for f in dataclasses.fields(schema):  # type: ignore[arg-type]
+        name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        prop: dict[str, Any] = {}
+        if name in _JSON_TYPES:
+            prop["type"] = _JSON_TYPES[name]
+        if f.default is not dataclasses.MISSING:
+            prop["default"] = f.default
+        properties[f.name] = prop
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": properties,
+    }

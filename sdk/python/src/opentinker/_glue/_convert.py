@@ -1,7 +1,11 @@
-"""Conversions between the SDK's types and the WIT bindings' (imported only inside a component)."""
+"""Conversions between the SDK's types and the WIT bindings' (imported only inside a component),
+and the component's metadata."""
 
 from __future__ import annotations
 
+import json
+
+import _opentinker_package
 import opentinker
 from componentize_py_types import Err  # type: ignore[import-not-found]
 from wit_world.imports import types  # type: ignore[import-not-found]
@@ -38,3 +42,25 @@ def env_info(value: opentinker.EnvInfo) -> types.EnvInfo:
 
 def metrics(values: list[opentinker.Metric]) -> list[types.Metric]:
     return [types.Metric(name=m.name, value=float(m.value)) for m in values]
+
+
+_KINDS = {
+    "environment": types.PluginKind.ENVIRONMENT,
+    "agent": types.PluginKind.AGENT,
+    "reward": types.PluginKind.REWARD,
+}
+
+
+def metadata(kind: str) -> types.PluginMetadata:
+    """The component's metadata: its project's fields (written by `opentinker plugin build`), its
+    kind, and the config schema of the class marked for that kind."""
+    schema = opentinker.registered(kind).config_schema
+    return types.PluginMetadata(
+        name=_opentinker_package.NAME,
+        version=_opentinker_package.VERSION,
+        description=_opentinker_package.DESCRIPTION,
+        license=_opentinker_package.LICENSE or None,
+        kinds=[_KINDS[kind]],
+        config_schema=None if schema is None else json.dumps(schema),
+        language="python",
+    )

@@ -10,6 +10,11 @@ from wit_world.imports import types  # type: ignore[import-not-found]
 import _convert
 
 
+class Metadata(exports.Metadata):
+    def metadata(self) -> types.PluginMetadata:
+        return _convert.metadata("environment")
+
+
 class Environment(exports.Environment):
     def info(self) -> types.EnvInfo:
         return _convert.env_info(opentinker.registered("environment").info())

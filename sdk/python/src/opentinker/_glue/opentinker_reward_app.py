@@ -11,22 +11,27 @@ from wit_world.imports import types  # type: ignore[import-not-found]
 import _convert
 
 
+class Metadata(exports.Metadata):
+    def metadata(self) -> types.PluginMetadata:
+        return _convert.metadata("reward")
+
+
 class Reward(exports.Reward):
-    def score(self, task: str, transcripts: list[types.Transcript]) -> list[float]:
+    def score(self, config: str, task: str, transcripts: list[types.Transcript]) -> list[float]:
         try:
             reward = opentinker.registered("reward")
-            scores = reward.score(task, [_convert.from_transcript(t) for t in transcripts])
+            scores = reward.score(config, task, [_convert.from_transcript(t) for t in transcripts])
             return [float(s) for s in scores]
         except Exception as exception:
             raise _convert.error(exception) from None
 
     def score_group(
-        self, task: str, episodes: list[list[types.Transcript]]
+        self, config: str, task: str, episodes: list[list[types.Transcript]]
     ) -> Optional[list[list[float]]]:
         try:
             reward = opentinker.registered("reward")
             converted = [[_convert.from_transcript(t) for t in e] for e in episodes]
-            scores = reward.score_group(task, converted)
+            scores = reward.score_group(config, task, converted)
             return None if scores is None else [[float(s) for s in e] for e in scores]
         except Exception as exception:
             raise _convert.error(exception) from None
