@@ -183,6 +183,28 @@ fn publish_install_and_yank(user: &User, registry: &str, public_key: &str) {
         ],
         "already published with other bytes",
     );
+    // Published from the bare .wasm, a 0.2 component still carries what its metadata export
+    // says: its crate's description and licence, its language and its config schema.
+    let info = user.ok(&[
+        "plugin",
+        "info",
+        "games/arithmetic@1.0.0",
+        "--registry",
+        registry,
+    ]);
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["language"], "rust", "{info}");
+    assert_eq!(info["license"], "Apache-2.0", "{info}");
+    assert!(
+        info["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("a+b and a*b problems")),
+        "{info}"
+    );
+    assert!(
+        info["config_schema"]["properties"]["max_operand"].is_object(),
+        "{info}"
+    );
     let again = user.run(&[
         "plugin",
         "publish",

@@ -14,8 +14,8 @@ use crate::market::packages::{self, Fetched};
 use crate::market::signing::{KeyPair, PublisherKey, public_key_path};
 use crate::market::trust::TrustPolicy;
 use crate::market::{MarketError, PackageId, PackageRef, Registry, RegistryRef};
-use crate::plugin::PluginHost;
 use crate::plugin::build::build_plugin;
+use crate::plugin::{Limits, PluginHost};
 use crate::rl::job::Job;
 
 #[derive(Debug, Subcommand)]
@@ -290,10 +290,18 @@ pub fn run_publish(args: PublishArgs) -> anyhow::Result<()> {
     let registry = args.registry.open()?;
     super::runtime(2)?.block_on(async {
         let host = PluginHost::new(args.host.host_config())?;
-        let description = host
-            .inspect_file(&component)
+        let plugin = host
+            .load_file(&component)
             .await
             .with_context(|| format!("{} is not a plugin this host runs", component.display()))?;
+        if let Some(export) = plugin
+            .metadata(&Limits::default())
+            .await
+            .context("asking the plugin for its metadata")?
+        {
+            metadata.fill_from(&export);
+        }
+        let description = plugin.description().clone();
         let bytes = tokio::fs::read(&component)
             .await
             .with_context(|| format!("reading {}", component.display()))?;

@@ -124,6 +124,24 @@ pub struct PublishedMetadata {
     pub config_schema: Option<serde_json::Value>,
 }
 
+impl PublishedMetadata {
+    /// Fill what is still unknown from the metadata the component exports (contract 0.2): the
+    /// publisher's flags and the plugin's manifest come first.
+    pub fn fill_from(&mut self, export: &crate::plugin::PluginMetadata) {
+        let given = |text: &str| Some(text.to_string()).filter(|t| !t.is_empty());
+        self.description = self
+            .description
+            .take()
+            .or_else(|| given(&export.description));
+        self.license = self.license.take().or_else(|| export.license.clone());
+        self.language = self.language.take().or_else(|| given(&export.language));
+        self.config_schema = self
+            .config_schema
+            .take()
+            .or_else(|| export.config_schema.clone());
+    }
+}
+
 /// A version's metadata, as `plugin info` shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct PackageInfo {
