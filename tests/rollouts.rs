@@ -39,9 +39,9 @@ async fn a_five_turn_episode_is_one_datum() {
         environment: &environment,
         config: r#"{"max": 1000, "turns": 5}"#,
         agent: None,
-        agent_config: "{}".into(),
+        agent_config: "{}",
         reward: None,
-        reward_config: "{}".into(),
+        reward_config: "{}",
         limits: &limits,
         renderer: &renderer,
         params: SamplingParams {

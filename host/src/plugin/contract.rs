@@ -8,6 +8,7 @@ use wasmtime::Store;
 use wasmtime::component::{Instance, InstancePre, ResourceAny};
 
 use super::bindings::{v0_1, v0_2};
+use super::error::{CallError, ErrorKind};
 use super::inspect::{PluginKind, PluginMetadata};
 use super::sandbox::StoreState;
 use super::types::{EnvInfo, GuestError, Message, PlayerMessages, StepResult, Transcript};
@@ -38,11 +39,42 @@ impl ContractVersion {
 
 type Outcome<T> = wasmtime::Result<Result<T, GuestError>>;
 
-/// Where a component's environment exports are, in its version of the contract.
-pub(crate) enum EnvironmentIndices {
-    V0_1(v0_1::EnvironmentIndices),
-    V0_2(v0_2::EnvironmentIndices),
+/// Where a component's exports of one kind are, in its version of the contract: an enum of the
+/// versions' generated indices, found in a pre-instantiated component of `version`.
+macro_rules! versioned_indices {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        pub(crate) enum $name {
+            V0_1(v0_1::$name),
+            V0_2(v0_2::$name),
+        }
+
+        impl $name {
+            pub(crate) fn new(
+                pre: &InstancePre<StoreState>,
+                version: ContractVersion,
+            ) -> Option<Self> {
+                match version {
+                    ContractVersion::V0_1 => v0_1::$name::new(pre).ok().map(Self::V0_1),
+                    ContractVersion::V0_2 => v0_2::$name::new(pre).ok().map(Self::V0_2),
+                }
+            }
+        }
+    };
 }
+
+versioned_indices!(
+    /// Where a component's environment exports are.
+    EnvironmentIndices
+);
+versioned_indices!(
+    /// Where a component's agent exports are.
+    AgentIndices
+);
+versioned_indices!(
+    /// Where a component's reward exports are.
+    RewardIndices
+);
 
 /// A component's environment exports in one instance.
 pub(crate) enum EnvironmentGuest {
@@ -51,13 +83,6 @@ pub(crate) enum EnvironmentGuest {
 }
 
 impl EnvironmentIndices {
-    pub(crate) fn new(pre: &InstancePre<StoreState>, version: ContractVersion) -> Option<Self> {
-        match version {
-            ContractVersion::V0_1 => v0_1::EnvironmentIndices::new(pre).ok().map(Self::V0_1),
-            ContractVersion::V0_2 => v0_2::EnvironmentIndices::new(pre).ok().map(Self::V0_2),
-        }
-    }
-
     pub(crate) fn load(
         &self,
         store: &mut Store<StoreState>,
@@ -174,12 +199,6 @@ fn step_result_of_0_1(
     }
 }
 
-/// Where a component's agent exports are.
-pub(crate) enum AgentIndices {
-    V0_1(v0_1::AgentIndices),
-    V0_2(v0_2::AgentIndices),
-}
-
 /// A component's agent exports in one instance, and (0.2) the agent resource once started.
 pub(crate) enum AgentGuest {
     V0_1(v0_1::exports::opentinker::plugin::agent::Guest),
@@ -190,13 +209,6 @@ pub(crate) enum AgentGuest {
 }
 
 impl AgentIndices {
-    pub(crate) fn new(pre: &InstancePre<StoreState>, version: ContractVersion) -> Option<Self> {
-        match version {
-            ContractVersion::V0_1 => v0_1::AgentIndices::new(pre).ok().map(Self::V0_1),
-            ContractVersion::V0_2 => v0_2::AgentIndices::new(pre).ok().map(Self::V0_2),
-        }
-    }
-
     pub(crate) fn load(
         &self,
         store: &mut Store<StoreState>,
@@ -272,12 +284,6 @@ fn started(agent: Option<ResourceAny>) -> wasmtime::Result<ResourceAny> {
     agent.ok_or_else(|| wasmtime::format_err!("the agent was called before it was started"))
 }
 
-/// Where a component's reward exports are.
-pub(crate) enum RewardIndices {
-    V0_1(v0_1::RewardIndices),
-    V0_2(v0_2::RewardIndices),
-}
-
 /// A component's reward exports in one instance.
 pub(crate) enum RewardGuest {
     V0_1(v0_1::exports::opentinker::plugin::reward::Guest),
@@ -285,13 +291,6 @@ pub(crate) enum RewardGuest {
 }
 
 impl RewardIndices {
-    pub(crate) fn new(pre: &InstancePre<StoreState>, version: ContractVersion) -> Option<Self> {
-        match version {
-            ContractVersion::V0_1 => v0_1::RewardIndices::new(pre).ok().map(Self::V0_1),
-            ContractVersion::V0_2 => v0_2::RewardIndices::new(pre).ok().map(Self::V0_2),
-        }
-    }
-
     pub(crate) fn load(
         &self,
         store: &mut Store<StoreState>,
@@ -345,11 +344,14 @@ pub(crate) async fn metadata(
 
 impl PluginMetadata {
     /// The host's view of a metadata export; a config schema that is not JSON is the plugin's
-    /// fault, named.
-    pub(crate) fn from_export(export: MetadataExport) -> Result<Self, String> {
+    /// fault (`InvalidOutput`), named.
+    pub(crate) fn from_export(export: MetadataExport) -> Result<Self, CallError> {
         let config_schema = match &export.config_schema {
             Some(text) => Some(serde_json::from_str(text).map_err(|e| {
-                format!("metadata() returned a config-schema that is not JSON: {e}")
+                CallError::new(
+                    ErrorKind::InvalidOutput,
+                    format!("metadata() returned a config-schema that is not JSON: {e}"),
+                )
             })?),
             None => None,
         };

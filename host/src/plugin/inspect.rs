@@ -149,9 +149,15 @@ pub fn supported_wit_range() -> String {
     "opentinker:plugin@0.1.x or @0.2.x".to_string()
 }
 
-/// Refuse a component this host cannot run, naming what it found.
-pub(crate) fn check_supported(description: &PluginDescription) -> Result<(), LoadError> {
-    if description.kinds.is_empty() {
+/// Refuse a component this host cannot run, naming what it found; the contract version it runs
+/// with otherwise.
+pub(crate) fn check_supported(
+    description: &PluginDescription,
+) -> Result<ContractVersion, LoadError> {
+    let Some(version) = description
+        .contract()
+        .filter(|_| !description.kinds.is_empty())
+    else {
         let found = if description.exports.is_empty() {
             "nothing".to_string()
         } else {
@@ -161,7 +167,7 @@ pub(crate) fn check_supported(description: &PluginDescription) -> Result<(), Loa
             supported: supported_wit_range(),
             found,
         });
-    }
+    };
     let forbidden: Vec<&str> = description
         .imports
         .iter()
@@ -173,7 +179,7 @@ pub(crate) fn check_supported(description: &PluginDescription) -> Result<(), Loa
             forbidden: forbidden.join(", "),
         });
     }
-    if description.contract() == Some(ContractVersion::V0_2)
+    if version == ContractVersion::V0_2
         && !description
             .exports
             .iter()
@@ -183,7 +189,7 @@ pub(crate) fn check_supported(description: &PluginDescription) -> Result<(), Loa
             found: description.exports.join(", "),
         });
     }
-    Ok(())
+    Ok(version)
 }
 
 #[cfg(test)]

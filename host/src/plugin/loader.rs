@@ -18,8 +18,8 @@ use super::contract::{self, AgentIndices, ContractVersion, EnvironmentIndices, R
 use super::engine::{
     EngineSettings, EpochTicker, HostConfig, MAX_MEMORIES_PER_COMPONENT, build_engine, slot_weight,
 };
+use super::error::CallError;
 use super::error::LoadError;
-use super::error::{CallError, ErrorKind};
 use super::inspect::{self, PluginDescription, PluginMetadata};
 use super::limits::{LimitError, Limits};
 use super::sandbox::{Sandbox, StoreState, guarded_call};
@@ -95,20 +95,10 @@ impl PluginHost {
         self.load(bytes).await
     }
 
-    /// Describe a component file, refusing it (as `load` would) if it is not a plugin this host
-    /// can run.
-    pub async fn inspect_file(&self, path: &Path) -> Result<PluginDescription, LoadError> {
-        let bytes = self.read(path)?;
-        let (_, description, _) = self.compile(bytes).await?;
-        inspect::check_supported(&description)?;
-        Ok(description)
-    }
-
     /// Load a component: compile it (or take it from the cache), refuse it if it is not a
     /// plugin this host supports, and pre-instantiate it.
     pub async fn load(&self, bytes: Vec<u8>) -> Result<Plugin, LoadError> {
         let (component, description, report) = self.compile(bytes).await?;
-        inspect::check_supported(&description)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -116,8 +106,7 @@ impl PluginHost {
         let memories = component
             .resources_required()
             .map_or(MAX_MEMORIES_PER_COMPONENT, |required| required.num_memories);
-        // check_supported refused a component of no version this host runs.
-        let version = description.contract().unwrap_or(ContractVersion::V0_1);
+        let version = inspect::check_supported(&description)?;
         let environment = EnvironmentIndices::new(&pre, version);
         let agent = AgentIndices::new(&pre, version);
         let reward = RewardIndices::new(&pre, version);
@@ -143,6 +132,7 @@ impl PluginHost {
             agent,
             reward,
             metadata,
+            version,
             env_info: tokio::sync::OnceCell::new(),
             metadata_answer: tokio::sync::OnceCell::new(),
             report,
@@ -244,6 +234,8 @@ pub(crate) struct PluginInner {
     pub(crate) reward: Option<RewardIndices>,
     /// The metadata export (every 0.2 component has one; 0.1 had none).
     pub(crate) metadata: Option<v0_2::MetadataIndices>,
+    /// The contract version the component implements.
+    pub(crate) version: ContractVersion,
     pub(crate) env_info: tokio::sync::OnceCell<EnvInfo>,
     pub(crate) metadata_answer: tokio::sync::OnceCell<PluginMetadata>,
     pub(crate) report: LoadReport,
@@ -278,10 +270,7 @@ impl Plugin {
 
     /// The contract version the plugin implements.
     pub fn contract(&self) -> ContractVersion {
-        self.0
-            .description
-            .contract()
-            .unwrap_or(ContractVersion::V0_1)
+        self.0.version
     }
 
     /// What the plugin says about itself (asked once, under `limits`, then remembered); `None`
@@ -299,8 +288,7 @@ impl Plugin {
             indices, store, &instance
         ))?;
         sandbox.check_output(OutputSize::metadata(&answer))?;
-        let metadata = PluginMetadata::from_export(answer)
-            .map_err(|problem| sandbox.fail(CallError::new(ErrorKind::InvalidOutput, problem)))?;
+        let metadata = PluginMetadata::from_export(answer).map_err(|e| sandbox.fail(e))?;
         Ok(Some(
             self.0
                 .metadata_answer

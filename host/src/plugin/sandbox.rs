@@ -114,29 +114,24 @@ impl v0_2::opentinker::plugin::host::Host for StoreState {
             LogLevel::Warn => "warn",
             LogLevel::Error => "error",
         };
-        self.append_log(level, &message);
-    }
-}
-
-impl v0_1::opentinker::plugin::host::Host for StoreState {
-    fn log(&mut self, level: v0_1::opentinker::plugin::host::LogLevel, message: String) {
-        use v0_1::opentinker::plugin::host::LogLevel;
-        let level = match level {
-            LogLevel::Trace => "trace",
-            LogLevel::Debug => "debug",
-            LogLevel::Info => "info",
-            LogLevel::Warn => "warn",
-            LogLevel::Error => "error",
-        };
-        self.append_log(level, &message);
-    }
-}
-
-impl StoreState {
-    /// One line of the bounded episode log, as `host.log` writes it.
-    fn append_log(&mut self, level: &str, message: &str) {
         let line = format!("[{level}] {message}\n");
         self.log.append(line.as_bytes());
+    }
+}
+
+/// A 0.1 component's log lines, as 0.2's.
+impl v0_1::opentinker::plugin::host::Host for StoreState {
+    fn log(&mut self, level: v0_1::opentinker::plugin::host::LogLevel, message: String) {
+        use v0_1::opentinker::plugin::host::LogLevel as Old;
+        use v0_2::opentinker::plugin::host::{Host, LogLevel};
+        let level = match level {
+            Old::Trace => LogLevel::Trace,
+            Old::Debug => LogLevel::Debug,
+            Old::Info => LogLevel::Info,
+            Old::Warn => LogLevel::Warn,
+            Old::Error => LogLevel::Error,
+        };
+        Host::log(self, level, message);
     }
 }
 

@@ -45,6 +45,9 @@ pub(super) struct JobContext {
     pub(super) agent: Option<Plugin>,
     pub(super) reward: Option<Plugin>,
     pub(super) config: String,
+    /// The agent's and the reward's configs (JSON; `{}` when the job gives none).
+    pub(super) agent_config: String,
+    pub(super) reward_config: String,
     pub(super) limits: Limits,
     pub(super) model: Arc<ModelInfo>,
 }
@@ -170,6 +173,14 @@ impl JobContext {
                 .as_ref()
                 .map(|e| e.config_json())
                 .unwrap_or_default(),
+            agent_config: job
+                .agent
+                .as_ref()
+                .map_or_else(|| "{}".into(), |a| a.config_json()),
+            reward_config: job
+                .reward
+                .as_ref()
+                .map_or_else(|| "{}".into(), |r| r.config_json()),
             limits: job.limits.clone(),
             model,
         }
@@ -217,18 +228,12 @@ pub(super) fn rollout<'a>(
         environment: cx.environment()?,
         config,
         agent: cx.agent.as_ref(),
-        agent_config: job
-            .agent
-            .as_ref()
-            .map_or_else(|| "{}".into(), |a| a.config_json()),
+        agent_config: &cx.agent_config,
         reward: cx
             .reward
             .as_ref()
             .zip(job.reward.as_ref().map(|r| r.weight)),
-        reward_config: job
-            .reward
-            .as_ref()
-            .map_or_else(|| "{}".into(), |r| r.config_json()),
+        reward_config: &cx.reward_config,
         limits: &cx.limits,
         renderer: &cx.model.renderer,
         params,

@@ -39,11 +39,11 @@ pub struct Rollout<'a> {
     /// The agent plugin between policy and environment; `None`: the built-in chat agent.
     pub agent: Option<&'a Plugin>,
     /// The agent's config (JSON).
-    pub agent_config: String,
+    pub agent_config: &'a str,
     /// A reward plugin that scores each finished episode, and the weight of its score.
     pub reward: Option<(&'a Plugin, f64)>,
     /// The reward's config (JSON).
-    pub reward_config: String,
+    pub reward_config: &'a str,
     pub limits: &'a Limits,
     pub renderer: &'a Renderer,
     /// The sampling parameters of every turn (each turn's seed is derived from the episode's).
@@ -350,7 +350,7 @@ impl Rollout<'_> {
                     slot @ None => slot.insert(
                         plugin
                             .start_agent(
-                                &self.agent_config,
+                                self.agent_config,
                                 player as u32,
                                 seed ^ ((player as u64) << 56),
                                 self.limits,
@@ -469,7 +469,7 @@ impl Rollout<'_> {
     ) -> Result<(), Failure> {
         let scores = reward
             .score(
-                &self.reward_config,
+                self.reward_config,
                 &outcome.task,
                 &outcome.plugin_transcripts(),
                 self.limits,

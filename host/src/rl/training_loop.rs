@@ -723,7 +723,7 @@ async fn score_group(
         .collect();
     let transcripts: Vec<_> = members.iter().map(|o| o.plugin_transcripts()).collect();
     match reward
-        .score_group(&section.config_json(), task, &transcripts, &cx.limits)
+        .score_group(&cx.reward_config, task, &transcripts, &cx.limits)
         .await
     {
         Ok(Some(scores)) => {
