@@ -5,7 +5,9 @@
 # and its docker-registry and skopeo, for the marketplace's tests; and
 # a Python virtual environment outside the repository with the official `tinker` and `openai`
 # clients and Playwright (scripts/requirements-test.txt), which drive `opentinker serve`; it is
-# made once and reused. The suite is built with the `cuda`
+# made once and reused; and, beside it, the JavaScript plugins' toolchain (componentize-js and
+# esbuild, pinned by sdk/js/toolchain/package-lock.json), installed with npm. The suite is built
+# with the `cuda`
 # feature, which needs no CUDA toolkit: the GPU tests compile and, on a machine without a GPU,
 # report themselves skipped (scripts/gpu-check.sh runs them on one). Then every benchmark's
 # quick mode (scripts/bench.sh all --quick).
@@ -37,12 +39,26 @@ make_venv "$venv" scripts/requirements-test.txt
 export OPENTINKER_TEST_PYTHON="$venv/bin/python"
 export OPENTINKER_COMPONENTIZE_PY="$venv/bin/componentize-py"
 
+# The JavaScript toolchain, remade only when its lock file changes.
+source scripts/js-toolchain.sh
+js_toolchain="${OPENTINKER_JS_TOOLCHAIN:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-js-toolchain}"
+make_js_toolchain "$js_toolchain"
+export OPENTINKER_JS_TOOLCHAIN="$js_toolchain"
+
 # The Python SDK's tests, then each Python plugin's own, each in its own process (a module marks
 # one plugin class per kind).
 PYTHONPATH=sdk/python/src "$venv/bin/python" -m pytest -q -p no:cacheprovider sdk/python/tests
 for plugin in plugins/python/*/; do
     [[ -d "$plugin/tests" ]] || continue
     (cd "$plugin" && PYTHONPATH="$OLDPWD/sdk/python/src:." "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
+done
+
+# The JavaScript SDK's tests, then each JavaScript plugin's own, in Node's test runner (npm links
+# the SDK, a `file:` dependency, without the registry).
+node --test sdk/js/test/
+for plugin in plugins/js/*/; do
+    [[ -d "$plugin/test" ]] || continue
+    (cd "$plugin" && npm install --no-audit --no-fund --no-package-lock --offline --loglevel=error && node --test test/)
 done
 
 # A one-shot CI build gains nothing from incremental compilation, whose caches are most of the

@@ -605,3 +605,59 @@ async fn a_python_plugin_is_contained_as_a_rust_one_is() {
         "{message}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_javascript_plugin_is_contained_as_a_rust_one_is() {
+    if std::env::var_os("OPENTINKER_JS_TOOLCHAIN").is_none() {
+        eprintln!(
+            "skipped: OPENTINKER_JS_TOOLCHAIN names no JavaScript toolchain (scripts/test.sh sets it)"
+        );
+        return;
+    }
+    let host = test_host();
+    let plugin = load(&host, "js/adversary").await;
+    let good = load(&host, "tictactoe").await;
+    let cases = [
+        ("loop", Some(ErrorKind::OutOfFuel)),
+        ("memory", Some(ErrorKind::MemoryLimit)),
+        ("raise", Some(ErrorKind::PluginError)),
+        ("probe", None),
+    ];
+    for (mode, expected) in cases {
+        let options = PlayOptions {
+            episodes: 4,
+            config: format!(r#"{{"break": "{mode}"}}"#),
+            concurrency: 4,
+            ..PlayOptions::default()
+        };
+        let ((summary, _), (neighbour, _)) = tokio::join!(
+            async { play_random(&plugin, &options).await.unwrap() },
+            play(&good, 20, Limits::default()),
+        );
+        assert_eq!(neighbour.completed, 20, "beside {mode}: {neighbour:?}");
+        match expected {
+            Some(kind) => assert_all_failed_with(&summary, kind),
+            // The probe rewards 1 for anything of the host it found.
+            None => assert_eq!(
+                (summary.completed, summary.mean_reward),
+                (4, 0.0),
+                "{summary:?}"
+            ),
+        }
+    }
+    let (summary, _) = play_random(
+        &plugin,
+        &PlayOptions {
+            episodes: 1,
+            config: r#"{"break": "raise"}"#.into(),
+            ..PlayOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let message = &summary.error_messages[&ErrorKind::PluginError][0].message;
+    assert!(
+        message.starts_with("TypeError: deliberate fault"),
+        "{message}"
+    );
+}

@@ -1,6 +1,7 @@
 //! What a plugin costs in each language the SDKs serve: the same environment (guess-number)
-//! written in Rust (`plugins/guess-number`) and in Python (`plugins/python/guess-number`, built with
-//! componentize-py; skipped, with a note, when it cannot be built). For each: the component's
+//! written in Rust (`plugins/guess-number`), in Python (`plugins/python/guess-number`, built with
+//! componentize-py) and in JavaScript (`plugins/js/guess-number`, built with componentize-js); a
+//! port that cannot be built is skipped, with a note. For each: the component's
 //! size, its compilation cold and from the cache, a fresh episode (instance + start + observe), a
 //! step on a live episode, and the resident memory of 1,000 live episodes held at once.
 //!
@@ -135,9 +136,11 @@ fn main() {
         .expect("a tokio runtime");
     let rust = build_plugin(&root.join("plugins/guess-number")).expect("building guess-number");
     let mut figures = vec![runtime.block_on(measure("Rust", &rust, live, rounds))];
-    match build_plugin(&root.join("plugins/python/guess-number")) {
-        Ok(python) => figures.push(runtime.block_on(measure("Python", &python, live, rounds))),
-        Err(why) => println!("Python skipped: {why:#}"),
+    for (language, port) in [("Python", "python"), ("JavaScript", "js")] {
+        match build_plugin(&root.join("plugins").join(port).join("guess-number")) {
+            Ok(wasm) => figures.push(runtime.block_on(measure(language, &wasm, live, rounds))),
+            Err(why) => println!("{language} skipped: {why:#}"),
+        }
     }
     println!();
     println!(
@@ -156,14 +159,17 @@ fn main() {
             f.live_bytes_per_episode / MIB,
         );
     }
-    if let [rust, python] = figures.as_slice() {
-        println!(
-            "| Python / Rust | | | | {} | {} | |",
-            support::ratio(
-                python.fresh_episode.as_secs_f64(),
-                rust.fresh_episode.as_secs_f64()
-            ),
-            support::ratio(python.step.as_secs_f64(), rust.step.as_secs_f64()),
-        );
+    if let [rust, others @ ..] = figures.as_slice() {
+        for other in others {
+            println!(
+                "| {} / Rust | | | | {} | {} | |",
+                other.language,
+                support::ratio(
+                    other.fresh_episode.as_secs_f64(),
+                    rust.fresh_episode.as_secs_f64()
+                ),
+                support::ratio(other.step.as_secs_f64(), rust.step.as_secs_f64()),
+            );
+        }
     }
 }

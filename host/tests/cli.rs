@@ -1221,6 +1221,180 @@ fn the_guess_number_example_runs_on_its_python_port() {
     );
 }
 
+/// Whether the test script's JavaScript toolchain is here (`OPENTINKER_JS_TOOLCHAIN`); says so
+/// when it is not.
+fn js_toolchain_present() -> bool {
+    let present = std::env::var_os("OPENTINKER_JS_TOOLCHAIN").is_some();
+    if !present {
+        eprintln!(
+            "skipped: OPENTINKER_JS_TOOLCHAIN names no JavaScript toolchain (scripts/test.sh sets it)"
+        );
+    }
+    present
+}
+
+/// A JavaScript plugin (`plugins/js/guess-number`, on the JavaScript SDK) builds with the test
+/// script's toolchain and plays 200 episodes; its errors are its episodes' own `plugin_error`s,
+/// with their text; `plugin inspect` shows its metadata and config schema.
+#[test]
+fn a_javascript_plugin_builds_plays_and_reports_its_own_errors() {
+    if !js_toolchain_present() {
+        return;
+    }
+    let wasm = built_plugin("js/guess-number");
+    let wasm = wasm.to_str().unwrap();
+    let summary = json(&opentinker(&[
+        "plugin",
+        "run",
+        wasm,
+        "--episodes",
+        "200",
+        "--json",
+    ]));
+    assert_eq!(summary["plugin"], "guess-number-js", "{summary}");
+    assert_eq!(summary["completed"], 200, "{summary}");
+    assert!(summary["mean_reward"].as_f64().unwrap() > 0.05, "{summary}");
+
+    let summary = json(&opentinker(&[
+        "plugin",
+        "run",
+        wasm,
+        "--episodes",
+        "4",
+        "--config",
+        r#"{"maxx": 5}"#,
+        "--json",
+    ]));
+    assert_eq!(summary["errors"]["plugin_error"], 4, "{summary}");
+    let message = summary["error_messages"]["plugin_error"][0]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("unknown config field `maxx`"), "{summary}");
+
+    let described = json(&opentinker(&["plugin", "inspect", wasm]));
+    assert_eq!(described["wit_version"], "0.2.0", "{described}");
+    assert_eq!(described["metadata"]["language"], "javascript");
+    assert_eq!(described["metadata"]["license"], "Apache-2.0");
+    assert_eq!(
+        described["metadata"]["config_schema"]["properties"]["turns"],
+        serde_json::json!({"type": "number", "default": 10}),
+        "{described}"
+    );
+}
+
+/// The guess-number example with only its environment swapped for the JavaScript port runs its
+/// RL steps, and its rollouts carry the JavaScript environment's words.
+#[test]
+fn the_guess_number_example_runs_on_its_javascript_port() {
+    if !js_toolchain_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let job = short_examples(dir.path())
+        .into_iter()
+        .find(|job| job.file_stem().is_some_and(|s| s == "guess-number"))
+        .unwrap();
+    let mut table: toml::Table = std::fs::read_to_string(&job).unwrap().parse().unwrap();
+    let js = repo_root().join("plugins/js/guess-number");
+    table["environment"]
+        .as_table_mut()
+        .unwrap()
+        .insert("plugin".into(), js.to_str().unwrap().into());
+    std::fs::write(&job, toml::to_string(&table).unwrap()).unwrap();
+    let out = dir.path().join("run");
+    let summary = train_json(&job, &out);
+    assert_eq!(summary["steps"], 2, "{summary}");
+    let rollouts = std::fs::read_to_string(out.join("rollouts").join("step-1.jsonl")).unwrap();
+    assert!(
+        rollouts.contains("I am thinking of a number from 1 to 16"),
+        "{rollouts}"
+    );
+}
+
+/// `plugin new --lang js` writes plugins of each kind whose tests pass in Node's test runner,
+/// which build, and which play (the environment) or say what they are (the agent and reward).
+#[test]
+fn plugin_new_writes_javascript_plugins_that_test_build_and_play_as_written() {
+    if !js_toolchain_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sdk = repo_root().join("sdk/js");
+    for kind in ["environment", "agent", "reward"] {
+        let plugin = dir.path().join(format!("js-{kind}"));
+        let written = opentinker(&[
+            "plugin",
+            "new",
+            &format!("js-{kind}"),
+            "--lang",
+            "js",
+            "--kind",
+            kind,
+            "--dir",
+            plugin.to_str().unwrap(),
+            "--sdk",
+            sdk.to_str().unwrap(),
+        ]);
+        assert!(
+            written.status.success(),
+            "{}",
+            String::from_utf8_lossy(&written.stderr)
+        );
+        // The SDK is a `file:` dependency: npm links it, with no registry.
+        let installed = Command::new("npm")
+            .args([
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--no-package-lock",
+                "--offline",
+            ])
+            .current_dir(&plugin)
+            .output()
+            .unwrap();
+        assert!(
+            installed.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&installed.stderr)
+        );
+        let tested = Command::new("node")
+            .args(["--test", "test/"])
+            .current_dir(&plugin)
+            .output()
+            .unwrap();
+        assert!(
+            tested.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&tested.stdout)
+        );
+    }
+    let environment = dir.path().join("js-environment");
+    let summary = json(&opentinker(&[
+        "plugin",
+        "run",
+        environment.to_str().unwrap(),
+        "--episodes",
+        "200",
+        "--json",
+    ]));
+    assert_eq!(
+        (summary["plugin"].as_str(), summary["completed"].as_u64()),
+        (Some("js-environment"), Some(200)),
+        "{summary}"
+    );
+    for kind in ["agent", "reward"] {
+        let plugin = dir.path().join(format!("js-{kind}"));
+        let described = json(&opentinker(&[
+            "plugin",
+            "inspect",
+            plugin.to_str().unwrap(),
+        ]));
+        assert_eq!(described["kinds"], serde_json::json!([kind]), "{described}");
+        assert_eq!(described["metadata"]["name"], format!("js-{kind}"));
+        assert_eq!(described["metadata"]["language"], "javascript");
+    }
+}
+
 /// `plugin new` writes plugins whose own tests pass in their language's runner and which build
 /// and play as written; it refuses a bad name and a folder that is not empty.
 #[test]

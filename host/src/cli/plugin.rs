@@ -14,11 +14,12 @@ use crate::plugin::{Limits, PluginHost, PluginKind};
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
-    /// Build a plugin (a Rust crate, or a Python project) into a component; prints the path of
-    /// the .wasm as its last line.
+    /// Build a plugin (a Rust crate, a Python project or a JavaScript package) into a component;
+    /// prints the path of the .wasm as its last line.
     Build {
-        /// The plugin's directory: a crate (Cargo.toml), or a Python project (pyproject.toml with
-        /// a [tool.opentinker] table, or an app.py).
+        /// The plugin's directory: a crate (Cargo.toml), a Python project (pyproject.toml with a
+        /// [tool.opentinker] table, or an app.py), or a JavaScript package (package.json with an
+        /// `opentinker` field).
         dir: PathBuf,
     },
     /// Write a new plugin: a working, documented skeleton with a unit test, that builds and plays
@@ -35,8 +36,8 @@ pub enum PluginCommand {
         /// Where to write it (default: ./NAME); must not exist, or be empty.
         #[arg(long)]
         dir: Option<PathBuf>,
-        /// The Rust SDK a Rust plugin depends on (default: the `sdk/rust` of the source tree this
-        /// program was built from).
+        /// The SDK a Rust or JavaScript plugin depends on (default: the `sdk/rust` or `sdk/js` of
+        /// the source tree this program was built from).
         #[arg(long)]
         sdk: Option<PathBuf>,
     },
@@ -97,6 +98,7 @@ pub enum PluginCommand {
 pub enum Lang {
     Rust,
     Python,
+    Js,
 }
 
 /// The kinds of `plugin new` and `plugin search`.
@@ -132,21 +134,24 @@ pub fn run(command: PluginCommand) -> anyhow::Result<()> {
             sdk,
         } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let (lang, sdk_folder) = match lang {
+                Lang::Rust => (TemplateLanguage::Rust, "rust"),
+                Lang::Python => (TemplateLanguage::Python, "python"),
+                Lang::Js => (TemplateLanguage::JavaScript, "js"),
+            };
             let sdk = match sdk {
                 Some(sdk) => sdk,
                 None => {
-                    let built_from = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../sdk/rust"));
+                    let built_from =
+                        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../sdk")).join(sdk_folder);
                     built_from.canonicalize().with_context(|| {
                         format!(
-                            "the Rust SDK of this program's source tree ({}) is gone: name one                              with --sdk",
+                            "the SDK of this program's source tree ({}) is gone: name one with \
+                             --sdk",
                             built_from.display()
                         )
                     })?
                 }
-            };
-            let lang = match lang {
-                Lang::Rust => TemplateLanguage::Rust,
-                Lang::Python => TemplateLanguage::Python,
             };
             for file in write_plugin(&dir, &name, lang, kind.plugin_kind(), &sdk)? {
                 println!("wrote {}", file.display());

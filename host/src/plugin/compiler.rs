@@ -33,7 +33,8 @@ pub const WORKER_ENV: &str = "OPENTINKER_COMPILE_WORKER";
 
 /// What compiling one component may cost: a base, plus a share per MiB of component, because a
 /// large component is costly to compile by right (an 18 MB componentize-py plugin takes 18 s of
-/// CPU and 640 MB here) while a small one that is costly is an attack.
+/// CPU and 640 MB here, a 12 MB componentize-js one, mostly SpiderMonkey, 26 s) while a small one
+/// that is costly is an attack.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CompileLimits {
@@ -60,7 +61,7 @@ impl Default for CompileLimits {
             memory_bytes: 768 << 20,
             memory_bytes_per_mib: 48 << 20,
             cpu_time_ms: 8_000,
-            cpu_time_ms_per_mib: 2_000,
+            cpu_time_ms_per_mib: 4_000,
             wall_time_ms: 30_000,
             artifact_bytes: 256 << 20,
             structure: StructureLimits::default(),
@@ -348,7 +349,7 @@ mod tests {
         );
         assert_eq!(small.wall_time_ms, 30_000);
         let python = limits.budget(18 << 20);
-        assert_eq!(python.cpu_time_ms, 8_000 + 18 * 2_000);
+        assert_eq!(python.cpu_time_ms, 8_000 + 18 * 4_000);
         assert_eq!(python.wall_time_ms, 2 * python.cpu_time_ms);
         assert_eq!(python.memory_bytes, (768 + 18 * 48) << 20);
     }

@@ -12,16 +12,18 @@ use super::inspect::PluginKind;
 pub enum TemplateLanguage {
     Rust,
     Python,
+    JavaScript,
 }
 
 /// Write a new plugin called `name` into `dir` (which must not exist, or be empty), returning the
-/// files written. A Rust plugin depends on the SDK at `rust_sdk`.
+/// files written. A Rust or JavaScript plugin depends on its language's SDK at `sdk` (a Python one
+/// finds the `opentinker` package where Python does).
 pub fn write_plugin(
     dir: &Path,
     name: &str,
     language: TemplateLanguage,
     kind: PluginKind,
-    rust_sdk: &Path,
+    sdk: &Path,
 ) -> anyhow::Result<Vec<PathBuf>> {
     if name.is_empty()
         || !name
@@ -41,7 +43,8 @@ pub fn write_plugin(
     }
     let files: Vec<(&str, String)> = match language {
         TemplateLanguage::Python => python_files(name, kind),
-        TemplateLanguage::Rust => rust_files(name, kind, rust_sdk),
+        TemplateLanguage::Rust => rust_files(name, kind, sdk),
+        TemplateLanguage::JavaScript => js_files(name, kind, sdk),
     };
     let mut written = Vec::new();
     for (relative, contents) in files {
@@ -73,6 +76,47 @@ fn python_files(name: &str, kind: PluginKind) -> Vec<(&'static str, String)> {
         ("app.py", app.replace("{name}", name)),
         ("tests/test_app.py", test.to_string()),
         (".gitignore", "target/\n__pycache__/\n".to_string()),
+    ]
+}
+
+fn js_files(name: &str, kind: PluginKind, sdk: &Path) -> Vec<(&'static str, String)> {
+    let package = serde_json::json!({
+        "name": name,
+        "version": "0.1.0",
+        "description": format!("{name}: an opentinker {}", kind.interface()),
+        "type": "module",
+        "opentinker": { "kind": kind.interface(), "module": "app.js" },
+        "scripts": { "test": "node --test test/" },
+        "devDependencies": { "opentinker": format!("file:{}", sdk.display()) },
+    });
+    // serde_json sorts an object's keys; package.json reads best in the order npm writes.
+    let order = [
+        "name",
+        "version",
+        "description",
+        "type",
+        "opentinker",
+        "scripts",
+        "devDependencies",
+    ];
+    let fields: Vec<String> = order
+        .iter()
+        .map(|key| {
+            let value = serde_json::to_string_pretty(&package[key]).unwrap_or_default();
+            format!("  \"{key}\": {}", value.replace('\n', "\n  "))
+        })
+        .collect();
+    let package = format!("{{\n{}\n}}\n", fields.join(",\n"));
+    let (app, test) = match kind {
+        PluginKind::Environment => (JS_ENVIRONMENT, JS_ENVIRONMENT_TEST),
+        PluginKind::Agent => (JS_AGENT, JS_AGENT_TEST),
+        PluginKind::Reward => (JS_REWARD, JS_REWARD_TEST),
+    };
+    vec![
+        ("package.json", package),
+        ("app.js", app.replace("{name}", name)),
+        ("test/app.test.js", test.to_string()),
+        (".gitignore", "target/\nnode_modules/\n".to_string()),
     ]
 }
 
@@ -247,6 +291,181 @@ def test_a_short_last_answer_scores_one():
 
 def test_no_answer_scores_zero():
     assert app.Reward.score("{}", "{}", [Transcript(0, [Message.user("q")])]) == [0.0]
+"#;
+
+const JS_ENVIRONMENT: &str = r#"// {name}: an opentinker environment. The policy is shown a word and must say it back.
+//
+// Replace the rules with your own; keep them deterministic (use `rng(seed)`, never the clock or
+// Math.random), so that the same config, task, seed and actions give the same transcript.
+//
+// Build and play it: `opentinker plugin run .`; test it: `npm install && npm test`.
+
+import {
+  Environment,
+  Message,
+  PluginError,
+  StepResult,
+  configSchemaOf,
+  parseConfig,
+  plugin,
+  rng,
+} from "opentinker";
+
+const WORDS = ["apple", "river", "stone", "cloud", "ember"];
+
+/** The environment's config (JSON) and its defaults; unknown fields are refused by name. */
+const DEFAULTS = { turns: 3 };
+
+export class Word extends Environment {
+  static configSchema = configSchemaOf(DEFAULTS);
+
+  static info() {
+    return { name: "{name}", players: 1, maxTurns: 8 };
+  }
+
+  static generateTask(config, seed) {
+    parseConfig(config, DEFAULTS);
+    return JSON.stringify({ word: rng(seed).choice(WORDS) });
+  }
+
+  constructor(config, task, seed) {
+    super(config, task, seed);
+    this.config = parseConfig(config, DEFAULTS);
+    if (!Number.isInteger(this.config.turns) || this.config.turns < 1 || this.config.turns > 8) {
+      throw new PluginError("config: `turns` must be an integer in 1..=8");
+    }
+    this.word = JSON.parse(task).word;
+    if (!WORDS.includes(this.word)) {
+      throw new PluginError(`unknown word ${JSON.stringify(this.word)}`);
+    }
+    this.turn = 0;
+  }
+
+  observe(player) {
+    return [Message.user(`Say the word \`${this.word}\`.`)];
+  }
+
+  step(action) {
+    this.turn += 1;
+    if (action.toLowerCase().includes(this.word)) {
+      return StepResult.end([1]).metric("turn", this.turn);
+    }
+    if (this.turn === this.config.turns) {
+      return StepResult.end([0]).metric("turn", this.turn);
+    }
+    return StepResult.next([0], 0).say(0, Message.user("No. Try again."));
+  }
+
+  legalActions() {
+    return [...WORDS];
+  }
+
+  demonstration() {
+    return this.word;
+  }
+}
+
+plugin(Word);
+"#;
+
+const JS_ENVIRONMENT_TEST: &str = r#"// The environment's rules, run natively by Node's test runner (no component needed).
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { Word } from "../app.js";
+
+test("saying the word wins at once", () => {
+  const task = Word.generateTask("{}", 1);
+  const episode = new Word("{}", task, 1);
+  const result = episode.step(episode.demonstration());
+  assert.deepEqual(result.rewards, [1]);
+  assert.equal(result.nextPlayer, null);
+});
+
+test("the same seed gives the same task", () => {
+  assert.equal(Word.generateTask("{}", 5), Word.generateTask("{}", 5));
+});
+
+test("an unknown config field is refused by name", () => {
+  assert.throws(() => new Word('{"turn": 2}', Word.generateTask("{}", 1), 1), /`turn`/);
+});
+"#;
+
+const JS_AGENT: &str = r#"// {name}: an opentinker agent. It shows the policy the conversation so far with a system prompt
+// in front, and takes the first line of its completion as the action.
+//
+// Test it: `npm install && npm test`.
+
+import { Agent, Message, plugin } from "opentinker";
+
+/** The agent of one player in one episode (it keeps no state of its own). */
+export class FirstLine extends Agent {
+  prompt(history) {
+    return [Message.system("Answer with the action alone."), ...history];
+  }
+
+  act(completion) {
+    const lines = completion.trim().split("\n");
+    return lines[0].trim();
+  }
+}
+
+plugin(FirstLine);
+"#;
+
+const JS_AGENT_TEST: &str = r#"// The agent, run natively by Node's test runner (no component needed).
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { Message } from "opentinker";
+import { FirstLine } from "../app.js";
+
+test("the action is the first line", () => {
+  assert.equal(new FirstLine("{}", 0, 0).act("  go north \nbecause"), "go north");
+});
+
+test("the prompt starts with the system message", () => {
+  const prompt = new FirstLine("{}", 0, 0).prompt([Message.user("hi")]);
+  assert.equal(prompt[0].role, "system");
+  assert.deepEqual(prompt[1], Message.user("hi"));
+});
+"#;
+
+const JS_REWARD: &str = r#"// {name}: an opentinker reward. It scores each player 1 when its last answer is short (at most
+// eight words), else 0: replace it with your own judgement of a finished episode.
+//
+// Test it: `npm install && npm test`.
+
+import { Reward, plugin } from "opentinker";
+
+export class ShortAnswer extends Reward {
+  static score(config, task, transcripts) {
+    return transcripts.map((transcript) => {
+      const answers = transcript.messages.filter((m) => m.role === "assistant");
+      const last = answers.at(-1);
+      return last !== undefined && last.content.trim().split(/\s+/).length <= 8 ? 1 : 0;
+    });
+  }
+}
+
+plugin(ShortAnswer);
+"#;
+
+const JS_REWARD_TEST: &str = r#"// The reward, run natively by Node's test runner (no component needed).
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { Message } from "opentinker";
+import { ShortAnswer } from "../app.js";
+
+test("a short last answer scores one", () => {
+  const transcript = { player: 0, messages: [Message.user("q"), Message.assistant("yes")] };
+  assert.deepEqual(ShortAnswer.score("{}", "{}", [transcript]), [1]);
+});
+
+test("no answer scores zero", () => {
+  assert.deepEqual(ShortAnswer.score("{}", "{}", [{ player: 0, messages: [Message.user("q")] }]), [0]);
+});
 "#;
 
 const RUST_ENVIRONMENT: &str = r#"//! {name}: an opentinker environment. The policy is shown a word and must say it back.

@@ -1,13 +1,16 @@
 //! Build a plugin's source into a component, for `opentinker plugin build` and for jobs that name
-//! a plugin directory: a Rust crate with cargo, a Python project with componentize-py.
+//! a plugin directory: a Rust crate with cargo, a Python project with componentize-py, a
+//! JavaScript package with componentize-js.
 
+mod javascript;
 mod python;
 mod rust;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 
+pub use javascript::{COMPONENTIZE_JS_VERSION, JS_TOOLCHAIN_ENV};
 pub use python::{COMPONENTIZE_PY_ENV, COMPONENTIZE_PY_VERSION};
 pub use rust::WASM_TARGET;
 
@@ -18,6 +21,8 @@ pub enum Language {
     Rust,
     /// A project with a `[tool.opentinker]` table in `pyproject.toml`, or an `app.py`.
     Python,
+    /// A package with an `opentinker` field in `package.json`.
+    JavaScript,
 }
 
 impl Language {
@@ -27,6 +32,8 @@ impl Language {
             Some(Language::Rust)
         } else if python::is_python_plugin(dir) {
             Some(Language::Python)
+        } else if javascript::is_js_plugin(dir) {
+            Some(Language::JavaScript)
         } else {
             None
         }
@@ -47,10 +54,30 @@ pub fn build_plugin(dir: &Path) -> anyhow::Result<PathBuf> {
     match Language::of(dir) {
         Some(Language::Rust) => rust::build(dir),
         Some(Language::Python) => python::build(dir),
+        Some(Language::JavaScript) => javascript::build(dir),
         None => bail!(
-            "{} is not a plugin directory: it has no Cargo.toml (Rust), and no pyproject.toml with \
-             a [tool.opentinker] table nor an app.py (Python)",
+            "{} is not a plugin directory: it has no Cargo.toml (Rust), no pyproject.toml with \
+             a [tool.opentinker] table nor an app.py (Python), and no package.json with an \
+             `opentinker` field (JavaScript)",
             dir.display()
         ),
     }
+}
+
+/// The user's cache folder for opentinker's build toolchains, outside any project.
+fn cache_dir() -> anyhow::Result<PathBuf> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .context("no cache folder for the build toolchains: set HOME or XDG_CACHE_HOME")?;
+    Ok(cache.join("opentinker"))
+}
+
+/// Write `contents` to `path`, making its folder first.
+fn write_file(path: &Path, contents: &str) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
 }

@@ -12,6 +12,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+use super::{cache_dir, write_file};
 use crate::plugin::PluginKind;
 
 /// The componentize-py this build installs and uses.
@@ -160,14 +161,7 @@ pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
         .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "plugin".into());
     let build_dir = dir.join("target").join("opentinker");
-    let write = |relative: &str, contents: &str| {
-        let path = build_dir.join(relative);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-        }
-        std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))
-    };
+    let write = |relative: &str, contents: &str| write_file(&build_dir.join(relative), contents);
     write("wit/plugin.wit", WIT)?;
     for (relative, contents) in SDK_FILES {
         write(relative, contents)?;
@@ -221,13 +215,7 @@ fn componentize_py() -> anyhow::Result<PathBuf> {
     if let Some(program) = std::env::var_os(COMPONENTIZE_PY_ENV) {
         return Ok(PathBuf::from(program));
     }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .context("no cache folder for componentize-py: set HOME or XDG_CACHE_HOME")?;
-    let venv = cache
-        .join("opentinker")
-        .join(format!("componentize-py-{COMPONENTIZE_PY_VERSION}"));
+    let venv = cache_dir()?.join(format!("componentize-py-{COMPONENTIZE_PY_VERSION}"));
     let program = venv.join("bin").join("componentize-py");
     if program.is_file() {
         return Ok(program);
