@@ -661,3 +661,36 @@ async fn a_javascript_plugin_is_contained_as_a_rust_one_is() {
         "{message}"
     );
 }
+
+/// The tool-use environment runs the policy's programs in its own interpreter: a program that
+/// never ends, or that allocates without bound, ends its own episode with the host's typed error,
+/// while an episode beside it on the same plugin plays on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policys_runaway_program_ends_its_own_episode_alone() {
+    if std::env::var_os("OPENTINKER_COMPONENTIZE_PY").is_none() {
+        eprintln!(
+            "skipped: OPENTINKER_COMPONENTIZE_PY names no componentize-py (scripts/test.sh sets it)"
+        );
+        return;
+    }
+    let host = test_host();
+    let plugin = load(&host, "python/list-code").await;
+    let limits = Limits::default();
+    let task = r#"{"question": "sum", "numbers": [3, 8, 1]}"#;
+    let cases = [
+        ("while True: pass", ErrorKind::OutOfFuel),
+        ("xs * 10**8", ErrorKind::MemoryLimit),
+    ];
+    for (program, expected) in cases {
+        let mut runaway = plugin.start_episode("{}", task, 0, &limits).await.unwrap();
+        let mut neighbour = plugin.start_episode("{}", task, 1, &limits).await.unwrap();
+        runaway.observe(0).await.unwrap();
+        neighbour.observe(0).await.unwrap();
+        let error = runaway.step(program).await.unwrap_err();
+        assert_eq!(error.kind, expected, "{program}: {error}");
+        let wrong = neighbour.step("min(xs)").await.unwrap();
+        assert_eq!(wrong.messages[0].messages[0].content, "Output: 1");
+        let right = neighbour.step("sum(xs)").await.unwrap();
+        assert_eq!((right.rewards, right.next_player), (vec![0.5], None));
+    }
+}
