@@ -550,16 +550,12 @@ async fn an_episode_ends_when_its_own_fuel_or_wall_time_is_spent() {
     assert!(error.message.contains("episode_timeout_ms"), "{error}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_python_plugin_is_contained_as_a_rust_one_is() {
-    if std::env::var_os("OPENTINKER_COMPONENTIZE_PY").is_none() {
-        eprintln!(
-            "skipped: OPENTINKER_COMPONENTIZE_PY names no componentize-py (scripts/test.sh sets it)"
-        );
-        return;
-    }
+/// The adversary plugin `adversary` (built by another language's SDK) fails each way with the
+/// typed error its Rust counterpart gets, beside a neighbour that plays on; a raised exception
+/// reaches the host as a `plugin_error` with the exception's type `raised` and text.
+async fn an_adversary_is_contained_as_a_rust_one_is(adversary: &str, raised: &str) {
     let host = test_host();
-    let plugin = load(&host, "python/adversary").await;
+    let plugin = load(&host, adversary).await;
     let good = load(&host, "tictactoe").await;
     let cases = [
         ("loop", Some(ErrorKind::OutOfFuel)),
@@ -601,9 +597,20 @@ async fn a_python_plugin_is_contained_as_a_rust_one_is() {
     .unwrap();
     let message = &summary.error_messages[&ErrorKind::PluginError][0].message;
     assert!(
-        message.starts_with("ValueError: deliberate fault"),
+        message.starts_with(&format!("{raised}: deliberate fault")),
         "{message}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_plugin_is_contained_as_a_rust_one_is() {
+    if std::env::var_os("OPENTINKER_COMPONENTIZE_PY").is_none() {
+        eprintln!(
+            "skipped: OPENTINKER_COMPONENTIZE_PY names no componentize-py (scripts/test.sh sets it)"
+        );
+        return;
+    }
+    an_adversary_is_contained_as_a_rust_one_is("python/adversary", "ValueError").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -614,52 +621,7 @@ async fn a_javascript_plugin_is_contained_as_a_rust_one_is() {
         );
         return;
     }
-    let host = test_host();
-    let plugin = load(&host, "js/adversary").await;
-    let good = load(&host, "tictactoe").await;
-    let cases = [
-        ("loop", Some(ErrorKind::OutOfFuel)),
-        ("memory", Some(ErrorKind::MemoryLimit)),
-        ("raise", Some(ErrorKind::PluginError)),
-        ("probe", None),
-    ];
-    for (mode, expected) in cases {
-        let options = PlayOptions {
-            episodes: 4,
-            config: format!(r#"{{"break": "{mode}"}}"#),
-            concurrency: 4,
-            ..PlayOptions::default()
-        };
-        let ((summary, _), (neighbour, _)) = tokio::join!(
-            async { play_random(&plugin, &options).await.unwrap() },
-            play(&good, 20, Limits::default()),
-        );
-        assert_eq!(neighbour.completed, 20, "beside {mode}: {neighbour:?}");
-        match expected {
-            Some(kind) => assert_all_failed_with(&summary, kind),
-            // The probe rewards 1 for anything of the host it found.
-            None => assert_eq!(
-                (summary.completed, summary.mean_reward),
-                (4, 0.0),
-                "{summary:?}"
-            ),
-        }
-    }
-    let (summary, _) = play_random(
-        &plugin,
-        &PlayOptions {
-            episodes: 1,
-            config: r#"{"break": "raise"}"#.into(),
-            ..PlayOptions::default()
-        },
-    )
-    .await
-    .unwrap();
-    let message = &summary.error_messages[&ErrorKind::PluginError][0].message;
-    assert!(
-        message.starts_with("TypeError: deliberate fault"),
-        "{message}"
-    );
+    an_adversary_is_contained_as_a_rust_one_is("js/adversary", "TypeError").await;
 }
 
 /// The tool-use environment runs the policy's programs in its own interpreter: a program that

@@ -1147,35 +1147,27 @@ fn a_job_whose_rewards_ignore_the_actions_is_reported_as_having_no_signal() {
     }
 }
 
-/// A Python plugin (`plugins/python/guess-number`, on the Python SDK) builds with the test
-/// script's componentize-py and plays 200 episodes; its exceptions are its episodes' own
-/// `plugin_error`s, with their text.
-#[test]
-fn a_python_plugin_builds_plays_and_reports_its_own_errors() {
-    if std::env::var_os("OPENTINKER_COMPONENTIZE_PY").is_none() {
-        eprintln!(
-            "skipped: OPENTINKER_COMPONENTIZE_PY names no componentize-py (scripts/test.sh sets it)"
-        );
-        return;
-    }
-    let wasm = built_plugin("python/guess-number");
-    let wasm = wasm.to_str().unwrap();
+/// The guess-number port in `plugins/PORT` builds and plays 200 episodes as `name`; its errors
+/// are its episodes' own `plugin_error`s, with their text. Returns its component.
+fn a_port_builds_plays_and_reports_its_own_errors(port: &str, name: &str) -> PathBuf {
+    let wasm = built_plugin(port);
+    let path = wasm.to_str().unwrap();
     let summary = json(&opentinker(&[
         "plugin",
         "run",
-        wasm,
+        path,
         "--episodes",
         "200",
         "--json",
     ]));
-    assert_eq!(summary["plugin"], "guess-number-py", "{summary}");
+    assert_eq!(summary["plugin"], name, "{summary}");
     assert_eq!(summary["completed"], 200, "{summary}");
     assert!(summary["mean_reward"].as_f64().unwrap() > 0.05, "{summary}");
 
     let summary = json(&opentinker(&[
         "plugin",
         "run",
-        wasm,
+        path,
         "--episodes",
         "4",
         "--config",
@@ -1187,29 +1179,23 @@ fn a_python_plugin_builds_plays_and_reports_its_own_errors() {
         .as_str()
         .unwrap_or_default();
     assert!(message.contains("unknown config field `maxx`"), "{summary}");
+    wasm
 }
 
-/// The guess-number example with only its environment swapped for the Python port runs its RL
-/// steps, and its rollouts carry the Python environment's words.
-#[test]
-fn the_guess_number_example_runs_on_its_python_port() {
-    if std::env::var_os("OPENTINKER_COMPONENTIZE_PY").is_none() {
-        eprintln!(
-            "skipped: OPENTINKER_COMPONENTIZE_PY names no componentize-py (scripts/test.sh sets it)"
-        );
-        return;
-    }
+/// The guess-number example with only its environment swapped for the port in `plugins/PORT`
+/// runs its RL steps, and its rollouts carry the port's words.
+fn the_guess_number_example_runs_on(port: &str) {
     let dir = tempfile::tempdir().unwrap();
     let job = short_examples(dir.path())
         .into_iter()
         .find(|job| job.file_stem().is_some_and(|s| s == "guess-number"))
         .unwrap();
     let mut table: toml::Table = std::fs::read_to_string(&job).unwrap().parse().unwrap();
-    let python = repo_root().join("plugins/python/guess-number");
+    let plugin = repo_root().join("plugins").join(port);
     table["environment"]
         .as_table_mut()
         .unwrap()
-        .insert("plugin".into(), python.to_str().unwrap().into());
+        .insert("plugin".into(), plugin.to_str().unwrap().into());
     std::fs::write(&job, toml::to_string(&table).unwrap()).unwrap();
     let out = dir.path().join("run");
     let summary = train_json(&job, &out);
@@ -1219,6 +1205,18 @@ fn the_guess_number_example_runs_on_its_python_port() {
         rollouts.contains("I am thinking of a number from 1 to 16"),
         "{rollouts}"
     );
+}
+
+/// Whether the test script's componentize-py is here (`OPENTINKER_COMPONENTIZE_PY`); says so
+/// when it is not.
+fn componentize_py_present() -> bool {
+    let present = std::env::var_os("OPENTINKER_COMPONENTIZE_PY").is_some();
+    if !present {
+        eprintln!(
+            "skipped: OPENTINKER_COMPONENTIZE_PY names no componentize-py (scripts/test.sh sets it)"
+        );
+    }
+    present
 }
 
 /// Whether the test script's JavaScript toolchain is here (`OPENTINKER_JS_TOOLCHAIN`); says so
@@ -1233,45 +1231,33 @@ fn js_toolchain_present() -> bool {
     present
 }
 
+/// A Python plugin (`plugins/python/guess-number`, on the Python SDK) builds with the test
+/// script's componentize-py, plays, and reports its exceptions as its episodes' own errors.
+#[test]
+fn a_python_plugin_builds_plays_and_reports_its_own_errors() {
+    if componentize_py_present() {
+        a_port_builds_plays_and_reports_its_own_errors("python/guess-number", "guess-number-py");
+    }
+}
+
+/// The guess-number example runs its RL steps on the Python port.
+#[test]
+fn the_guess_number_example_runs_on_its_python_port() {
+    if componentize_py_present() {
+        the_guess_number_example_runs_on("python/guess-number");
+    }
+}
+
 /// A JavaScript plugin (`plugins/js/guess-number`, on the JavaScript SDK) builds with the test
-/// script's toolchain and plays 200 episodes; its errors are its episodes' own `plugin_error`s,
-/// with their text; `plugin inspect` shows its metadata and config schema.
+/// script's toolchain, plays, and reports its errors as its episodes' own; `plugin inspect` shows
+/// its metadata and config schema.
 #[test]
 fn a_javascript_plugin_builds_plays_and_reports_its_own_errors() {
     if !js_toolchain_present() {
         return;
     }
-    let wasm = built_plugin("js/guess-number");
-    let wasm = wasm.to_str().unwrap();
-    let summary = json(&opentinker(&[
-        "plugin",
-        "run",
-        wasm,
-        "--episodes",
-        "200",
-        "--json",
-    ]));
-    assert_eq!(summary["plugin"], "guess-number-js", "{summary}");
-    assert_eq!(summary["completed"], 200, "{summary}");
-    assert!(summary["mean_reward"].as_f64().unwrap() > 0.05, "{summary}");
-
-    let summary = json(&opentinker(&[
-        "plugin",
-        "run",
-        wasm,
-        "--episodes",
-        "4",
-        "--config",
-        r#"{"maxx": 5}"#,
-        "--json",
-    ]));
-    assert_eq!(summary["errors"]["plugin_error"], 4, "{summary}");
-    let message = summary["error_messages"]["plugin_error"][0]["message"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(message.contains("unknown config field `maxx`"), "{summary}");
-
-    let described = json(&opentinker(&["plugin", "inspect", wasm]));
+    let wasm = a_port_builds_plays_and_reports_its_own_errors("js/guess-number", "guess-number-js");
+    let described = json(&opentinker(&["plugin", "inspect", wasm.to_str().unwrap()]));
     assert_eq!(described["wit_version"], "0.2.0", "{described}");
     assert_eq!(described["metadata"]["language"], "javascript");
     assert_eq!(described["metadata"]["license"], "Apache-2.0");
@@ -1282,33 +1268,12 @@ fn a_javascript_plugin_builds_plays_and_reports_its_own_errors() {
     );
 }
 
-/// The guess-number example with only its environment swapped for the JavaScript port runs its
-/// RL steps, and its rollouts carry the JavaScript environment's words.
+/// The guess-number example runs its RL steps on the JavaScript port.
 #[test]
 fn the_guess_number_example_runs_on_its_javascript_port() {
-    if !js_toolchain_present() {
-        return;
+    if js_toolchain_present() {
+        the_guess_number_example_runs_on("js/guess-number");
     }
-    let dir = tempfile::tempdir().unwrap();
-    let job = short_examples(dir.path())
-        .into_iter()
-        .find(|job| job.file_stem().is_some_and(|s| s == "guess-number"))
-        .unwrap();
-    let mut table: toml::Table = std::fs::read_to_string(&job).unwrap().parse().unwrap();
-    let js = repo_root().join("plugins/js/guess-number");
-    table["environment"]
-        .as_table_mut()
-        .unwrap()
-        .insert("plugin".into(), js.to_str().unwrap().into());
-    std::fs::write(&job, toml::to_string(&table).unwrap()).unwrap();
-    let out = dir.path().join("run");
-    let summary = train_json(&job, &out);
-    assert_eq!(summary["steps"], 2, "{summary}");
-    let rollouts = std::fs::read_to_string(out.join("rollouts").join("step-1.jsonl")).unwrap();
-    assert!(
-        rollouts.contains("I am thinking of a number from 1 to 16"),
-        "{rollouts}"
-    );
 }
 
 /// `plugin new --lang js` writes plugins of each kind whose tests pass in Node's test runner,
