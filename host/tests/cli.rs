@@ -1276,6 +1276,37 @@ fn the_guess_number_example_runs_on_its_javascript_port() {
     }
 }
 
+/// The templates `plugin new` wrote into `dir` as `PREFIX-environment`, `PREFIX-agent` and
+/// `PREFIX-reward`: the environment plays 200 episodes, and the agent and the reward build into
+/// 0.2 components that say what they are.
+fn templates_play_and_say_what_they_are(dir: &Path, prefix: &str, language: &str) {
+    let environment = dir.join(format!("{prefix}-environment"));
+    let summary = json(&opentinker(&[
+        "plugin",
+        "run",
+        environment.to_str().unwrap(),
+        "--episodes",
+        "200",
+        "--json",
+    ]));
+    assert_eq!(
+        (summary["plugin"].as_str(), summary["completed"].as_u64()),
+        (Some(format!("{prefix}-environment").as_str()), Some(200)),
+        "{summary}"
+    );
+    for kind in ["agent", "reward"] {
+        let plugin = dir.join(format!("{prefix}-{kind}"));
+        let described = json(&opentinker(&[
+            "plugin",
+            "inspect",
+            plugin.to_str().unwrap(),
+        ]));
+        assert_eq!(described["kinds"], serde_json::json!([kind]), "{described}");
+        assert_eq!(described["metadata"]["name"], format!("{prefix}-{kind}"));
+        assert_eq!(described["metadata"]["language"], language);
+    }
+}
+
 /// `plugin new --lang js` writes plugins of each kind whose tests pass in Node's test runner,
 /// which build, and which play (the environment) or say what they are (the agent and reward).
 #[test]
@@ -1333,31 +1364,7 @@ fn plugin_new_writes_javascript_plugins_that_test_build_and_play_as_written() {
             String::from_utf8_lossy(&tested.stdout)
         );
     }
-    let environment = dir.path().join("js-environment");
-    let summary = json(&opentinker(&[
-        "plugin",
-        "run",
-        environment.to_str().unwrap(),
-        "--episodes",
-        "200",
-        "--json",
-    ]));
-    assert_eq!(
-        (summary["plugin"].as_str(), summary["completed"].as_u64()),
-        (Some("js-environment"), Some(200)),
-        "{summary}"
-    );
-    for kind in ["agent", "reward"] {
-        let plugin = dir.path().join(format!("js-{kind}"));
-        let described = json(&opentinker(&[
-            "plugin",
-            "inspect",
-            plugin.to_str().unwrap(),
-        ]));
-        assert_eq!(described["kinds"], serde_json::json!([kind]), "{described}");
-        assert_eq!(described["metadata"]["name"], format!("js-{kind}"));
-        assert_eq!(described["metadata"]["language"], "javascript");
-    }
+    templates_play_and_say_what_they_are(dir.path(), "js", "javascript");
 }
 
 /// `plugin new` writes plugins whose own tests pass in their language's runner and which build
@@ -1445,26 +1452,5 @@ fn plugin_new_writes_plugins_that_test_build_and_play_as_written() {
             String::from_utf8_lossy(&tested.stdout)
         );
     }
-    let environment = dir.path().join("py-environment");
-    let summary = json(&opentinker(&[
-        "plugin",
-        "run",
-        environment.to_str().unwrap(),
-        "--episodes",
-        "200",
-        "--json",
-    ]));
-    assert_eq!(summary["completed"], 200, "{summary}");
-    // The agent and the reward build into 0.2 components that say what they are.
-    for kind in ["agent", "reward"] {
-        let plugin = dir.path().join(format!("py-{kind}"));
-        let described = json(&opentinker(&[
-            "plugin",
-            "inspect",
-            plugin.to_str().unwrap(),
-        ]));
-        assert_eq!(described["kinds"], serde_json::json!([kind]), "{described}");
-        assert_eq!(described["metadata"]["name"], format!("py-{kind}"));
-        assert_eq!(described["metadata"]["language"], "python");
-    }
+    templates_play_and_say_what_they_are(dir.path(), "py", "python");
 }
