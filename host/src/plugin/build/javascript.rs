@@ -24,6 +24,15 @@ pub const COMPONENTIZE_JS_VERSION: &str = "0.23.0";
 /// instead of the cached install.
 pub const JS_TOOLCHAIN_ENV: &str = "OPENTINKER_JS_TOOLCHAIN";
 
+/// The toolchain's build driver: (its file name, its contents).
+const DRIVER: (&str, &str) = (
+    "componentize.mjs",
+    include_str!("../../../../sdk/js/toolchain/componentize.mjs"),
+);
+
+/// A file every installed toolchain folder holds.
+const INSTALLED: &str = "node_modules/@bytecodealliance/componentize-js/package.json";
+
 /// The toolchain's manifest, lock file and build driver, written into its folder.
 const TOOLCHAIN_FILES: [(&str, &str); 3] = [
     (
@@ -34,10 +43,7 @@ const TOOLCHAIN_FILES: [(&str, &str); 3] = [
         "package-lock.json",
         include_str!("../../../../sdk/js/toolchain/package-lock.json"),
     ),
-    (
-        "componentize.mjs",
-        include_str!("../../../../sdk/js/toolchain/componentize.mjs"),
-    ),
+    DRIVER,
 ];
 
 /// The WIT the component is built against.
@@ -199,7 +205,7 @@ pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
     };
     let toolchain = toolchain()?;
     let status = Command::new("node")
-        .arg(toolchain.join("componentize.mjs"))
+        .arg(toolchain.join(DRIVER.0))
         .arg(serde_json::to_string(&job)?)
         // componentize-js reads the bundle and the WIT through a program that sees this folder.
         .current_dir(&build_dir)
@@ -241,7 +247,7 @@ fn toolchain() -> anyhow::Result<PathBuf> {
         Some(folder) => PathBuf::from(folder),
         None => cached_toolchain()?,
     };
-    let installed = folder.join("node_modules/@bytecodealliance/componentize-js/package.json");
+    let installed = folder.join(INSTALLED);
     if !installed.is_file() {
         bail!(
             "{} holds no installed JavaScript toolchain (no {}): run `npm ci` there",
@@ -249,7 +255,7 @@ fn toolchain() -> anyhow::Result<PathBuf> {
             installed.display()
         );
     }
-    let (driver, contents) = TOOLCHAIN_FILES[2];
+    let (driver, contents) = DRIVER;
     let path = folder.join(driver);
     if std::fs::read_to_string(&path).ok().as_deref() != Some(contents) {
         write_file(&path, contents)?;
@@ -259,10 +265,7 @@ fn toolchain() -> anyhow::Result<PathBuf> {
 
 fn cached_toolchain() -> anyhow::Result<PathBuf> {
     let folder = cache_dir()?.join(format!("componentize-js-{COMPONENTIZE_JS_VERSION}"));
-    if folder
-        .join("node_modules/@bytecodealliance/componentize-js/package.json")
-        .is_file()
-    {
+    if folder.join(INSTALLED).is_file() {
         return Ok(folder);
     }
     eprintln!(
