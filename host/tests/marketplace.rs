@@ -7,6 +7,8 @@
 mod oci_registry;
 #[path = "common/plugin_build.rs"]
 mod plugin_build;
+#[path = "common/server.rs"]
+mod server;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,25 +21,43 @@ const BIN: &str = env!("CARGO_BIN_EXE_opentinker");
 /// A user of the marketplace: their own config (keys, trust policy) and cache folders.
 struct User {
     home: tempfile::TempDir,
+    /// Credentials for a registry that wants them: (tenant, API key).
+    login: Option<(String, String)>,
 }
 
 impl User {
     fn new() -> User {
         User {
             home: tempfile::tempdir().unwrap(),
+            login: None,
+        }
+    }
+
+    /// A user who logs in to registries as `tenant` with `key`.
+    fn tenant(tenant: &str, key: &str) -> User {
+        User {
+            login: Some((tenant.into(), key.into())),
+            ..User::new()
         }
     }
 
     /// Run `opentinker ARGS` as this user: (success, stdout, stderr).
     fn run(&self, args: &[&str]) -> (bool, String, String) {
-        let output = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .args(args)
             .env("XDG_CONFIG_HOME", self.home.path().join("config"))
             .env("XDG_CACHE_HOME", self.home.path().join("cache"))
             .env_remove("OPENTINKER_REGISTRY")
             .env_remove("OPENTINKER_TRUST_POLICY")
-            .output()
-            .expect("running opentinker");
+            .env_remove("OPENTINKER_REGISTRY_USERNAME")
+            .env_remove("OPENTINKER_REGISTRY_PASSWORD");
+        if let Some((tenant, key)) = &self.login {
+            command
+                .env("OPENTINKER_REGISTRY_USERNAME", tenant)
+                .env("OPENTINKER_REGISTRY_PASSWORD", key);
+        }
+        let output = command.output().expect("running opentinker");
         (
             output.status.success(),
             String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -264,27 +284,38 @@ fn plugins_publish_and_install_by_range_on_an_oci_registry_and_a_layout_folder()
     assert!(layout.join("oci-layout").is_file() && layout.join("index.json").is_file());
 
     // A third-party OCI client pulls what was published, byte for byte.
-    if Path::new("/usr/bin/skopeo").exists() {
-        let copy = user.home.path().join("skopeo");
-        let output = Command::new("skopeo")
-            .args(["copy", "--src-tls-verify=false"])
-            .arg(format!("docker://{}/games/arithmetic:1.0.0", registry.host))
-            .arg(format!("oci:{}:arithmetic", copy.display()))
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let original = std::fs::read(built_plugin("arithmetic")).unwrap();
-        let digest = sha256_hex(&original);
-        let pulled = std::fs::read(copy.join("blobs/sha256").join(digest)).unwrap();
-        assert_eq!(pulled, original);
-    } else {
+    skopeo_pulls_what_was_published(&registry.host, None, &user);
+}
+
+/// skopeo (a third-party OCI client) pulls `games/arithmetic:1.0.0` from the registry at
+/// `host`, logged in with `credentials` (`USER:PASSWORD`) when given, and gets the
+/// component's bytes; skipped with a note where skopeo is missing, except under CI.
+fn skopeo_pulls_what_was_published(host: &str, credentials: Option<&str>, user: &User) {
+    if !Path::new("/usr/bin/skopeo").exists() {
         assert!(std::env::var_os("CI").is_none(), "skopeo is missing");
         eprintln!("skipped the skopeo pull: skopeo is not installed");
+        return;
     }
+    let copy = user.home.path().join("skopeo");
+    let mut command = Command::new("skopeo");
+    command.args(["copy", "--src-tls-verify=false"]);
+    if let Some(credentials) = credentials {
+        command.args(["--src-creds", credentials]);
+    }
+    let output = command
+        .arg(format!("docker://{host}/games/arithmetic:1.0.0"))
+        .arg(format!("oci:{}:arithmetic", copy.display()))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let original = std::fs::read(built_plugin("arithmetic")).unwrap();
+    let digest = sha256_hex(&original);
+    let pulled = std::fs::read(copy.join("blobs/sha256").join(digest)).unwrap();
+    assert_eq!(pulled, original);
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -431,62 +462,22 @@ fn tampered_unsigned_and_untrusted_plugins_are_refused_and_nothing_is_cached() {
     );
 }
 
-#[test]
-fn a_job_names_a_plugin_by_range_and_its_lock_file_pins_the_digest() {
-    let Some((registry, user, _)) = registry_and_publisher() else {
-        return;
-    };
-    let oci = registry.reference();
+/// Publish arithmetic as `games/arithmetic@1.0.0` on `oci`, train a job that names
+/// `games/arithmetic@^1` there, and check that its lock file pins the digest: the job's folder,
+/// the job file and the lock file's text.
+fn a_job_by_range_is_pinned(user: &User, oci: &str) -> (tempfile::TempDir, PathBuf, String) {
     let arithmetic = built_plugin("arithmetic");
-    let tictactoe = built_plugin("tictactoe");
-    let publish = |wasm: &Path, id: &str| {
-        user.ok(&[
-            "plugin",
-            "publish",
-            wasm.to_str().unwrap(),
-            "--as",
-            id,
-            "--registry",
-            &oci,
-        ])
-    };
-    publish(&arithmetic, "games/arithmetic@1.0.0");
-    let dir = tempfile::tempdir().unwrap();
-    let job = dir.path().join("job.toml");
-    std::fs::write(
-        &job,
-        r#"
-[model]
-init_tiny = { shape = "tiny", arch = "qwen2", seed = 0 }
-
-[lora]
-rank = 4
-
-[environment]
-plugin = "games/arithmetic@^1"
-config = { max_operand = 4 }
-
-[rl]
-steps = 1
-groups_per_batch = 1
-group_size = 2
-max_turns = 1
-max_tokens = 4
-"#,
-    )
-    .unwrap();
-    let train = |out: &str| {
-        let out = dir.path().join(out);
-        user.run(&[
-            "train",
-            job.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--registry",
-            &oci,
-        ])
-    };
-    let (ok, _, err) = train("first");
+    user.ok(&[
+        "plugin",
+        "publish",
+        arithmetic.to_str().unwrap(),
+        "--as",
+        "games/arithmetic@1.0.0",
+        "--registry",
+        oci,
+    ]);
+    let (dir, job) = arithmetic_job("games/arithmetic@^1");
+    let (ok, _, err) = train(user, &job, "first", Some(oci));
     assert!(ok, "{err}");
     assert!(err.contains("pinned games/arithmetic@1.0.0"), "{err}");
     let lock = std::fs::read_to_string(dir.path().join("job.lock")).unwrap();
@@ -496,12 +487,72 @@ max_tokens = 4
     );
     assert!(lock.contains(&digest), "{lock}");
     assert!(lock.contains("wanted = \"games/arithmetic@^1\""), "{lock}");
+    (dir, job, lock)
+}
+
+/// A folder with `job.toml`, one short RL step on the arithmetic environment named `plugin`.
+fn arithmetic_job(plugin: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.toml");
+    let text = r#"
+[model]
+init_tiny = { shape = "tiny", arch = "qwen2", seed = 0 }
+
+[lora]
+rank = 4
+
+[environment]
+plugin = "PLUGIN"
+config = { max_operand = 4 }
+
+[rl]
+steps = 1
+groups_per_batch = 1
+group_size = 2
+max_turns = 1
+max_tokens = 4
+"#;
+    std::fs::write(&job, text.replace("PLUGIN", plugin)).unwrap();
+    (dir, job)
+}
+
+/// `opentinker train JOB --out DIR/OUT [--registry REGISTRY]` as `user`.
+fn train(user: &User, job: &Path, out: &str, registry: Option<&str>) -> (bool, String, String) {
+    let out = job.with_file_name(out);
+    let mut args = vec![
+        "train",
+        job.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    if let Some(registry) = registry {
+        args.extend(["--registry", registry]);
+    }
+    user.run(&args)
+}
+
+#[test]
+fn a_job_names_a_plugin_by_range_and_its_lock_file_pins_the_digest() {
+    let Some((registry, user, _)) = registry_and_publisher() else {
+        return;
+    };
+    let oci = registry.reference();
+    let (dir, job, lock) = a_job_by_range_is_pinned(&user, &oci);
 
     // A later version in range changes nothing while the lock file pins 1.0.0; the run uses the
     // cached component even with the registry gone.
-    publish(&tictactoe, "games/arithmetic@1.1.0");
+    let tictactoe = built_plugin("tictactoe");
+    user.ok(&[
+        "plugin",
+        "publish",
+        tictactoe.to_str().unwrap(),
+        "--as",
+        "games/arithmetic@1.1.0",
+        "--registry",
+        &oci,
+    ]);
     drop(registry);
-    let (ok, _, err) = train("second");
+    let (ok, _, err) = train(&user, &job, "second", Some(&oci));
     assert!(ok, "{err}");
     assert!(!err.contains("pinned"), "{err}");
     assert_eq!(
@@ -511,9 +562,204 @@ max_tokens = 4
 
     // Without the lock file the range is resolved again, and a registry is needed for it.
     std::fs::remove_file(dir.path().join("job.lock")).unwrap();
-    let (ok, _, err) = train("third");
+    let (ok, _, err) = train(&user, &job, "third", Some(&oci));
     assert!(
         !ok && err.contains("[environment] plugin games/arithmetic@^1"),
         "{err}"
     );
+}
+
+/// `opentinker serve`'s own registry: the flows of any registry (publish, install by range,
+/// yank, a job pinned by its lock file, a third-party client's pull), under the tenants'
+/// rules, which the server keeps itself whatever the client: every request carries a tenant's
+/// key, a namespace is one tenant's, a version never changes, pushes count against the quota.
+#[test]
+fn the_servers_registry_serves_the_same_flows_under_the_tenants_rules() {
+    let server = server::start_server_with(&["--max-plugin-mib-per-tenant", "4"]);
+    let oci = server.url.replace("http://", "oci://");
+    let host = server.url.trim_start_matches("http://").to_string();
+    let alice = User::tenant("alice", &server.alice);
+    let public_key = alice.ok(&["keys", "generate"]).trim().to_string();
+    publish_install_and_yank(&alice, &oci, &public_key);
+
+    // Bob pulls what Alice published once he trusts her key, and publishes only into
+    // namespaces of his own.
+    let arithmetic = built_plugin("arithmetic");
+    let tictactoe = built_plugin("tictactoe");
+    let bob = User::tenant("bob", &server.bob);
+    let install = [
+        "plugin",
+        "install",
+        "games/arithmetic@=1.0.0",
+        "--registry",
+        &oci,
+    ];
+    bob.refused(&install, "does not trust for `games`");
+    bob.ok(&["keys", "trust", &public_key, "--namespace", "games"]);
+    let out = bob.ok(&install);
+    assert_eq!(
+        std::fs::read(installed(&out)).unwrap(),
+        std::fs::read(&arithmetic).unwrap()
+    );
+    bob.ok(&["keys", "generate"]);
+    let publish = |who: &User, wasm: &Path, id: &str| {
+        who.run(&[
+            "plugin",
+            "publish",
+            wasm.to_str().unwrap(),
+            "--as",
+            id,
+            "--registry",
+            &oci,
+        ])
+    };
+    for id in ["games/tictactoe@1.0.0", "alice/tictactoe@1.0.0"] {
+        let (ok, _, err) = publish(&bob, &tictactoe, id);
+        assert!(
+            !ok && err.contains("belongs to another tenant"),
+            "{id}: {err}"
+        );
+    }
+    let (ok, _, err) = publish(&bob, &tictactoe, "bob/tictactoe@1.0.0");
+    assert!(ok, "{err}");
+
+    // The server keeps the rules against any client: no key, a version moved onto other
+    // bytes, a tag that is not a version, a push into another's namespace, past the quota.
+    let (status, head, _) = server::request(&server.url, "GET", "/v2/", None, "text/plain", b"");
+    assert_eq!(status, 401);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("www-authenticate: basic"),
+        "{head}"
+    );
+    let path = "/v2/games/arithmetic/manifests/1.0.0";
+    let (status, _, manifest) = server::request(
+        &server.url,
+        "GET",
+        path,
+        Some(&server.bob),
+        "text/plain",
+        b"",
+    );
+    assert_eq!(status, 200);
+    let mut moved: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+    moved["annotations"]["org.opencontainers.image.description"] = "other bytes".into();
+    let moved = serde_json::to_vec(&moved).unwrap();
+    let media = "application/vnd.oci.image.manifest.v1+json";
+    for (key, path, says) in [
+        (&server.alice, path, "a version never changes"),
+        (
+            &server.alice,
+            "/v2/games/arithmetic/manifests/latest",
+            "not a tag of this registry",
+        ),
+        (
+            &server.bob,
+            "/v2/games/arithmetic/manifests/9.0.0",
+            "belongs to another tenant",
+        ),
+    ] {
+        let (status, _, body) = server::request(&server.url, "PUT", path, Some(key), media, &moved);
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(body.contains(says), "{path}: {body}");
+    }
+    let big = vec![7u8; 5 << 20];
+    let upload = format!(
+        "/v2/alice/big/blobs/uploads/?digest=sha256:{}",
+        sha256_hex(&big)
+    );
+    let (status, _, body) = server::request(
+        &server.url,
+        "POST",
+        &upload,
+        Some(&server.alice),
+        "application/octet-stream",
+        &big,
+    );
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        status == 403 && body.contains("quota of 4194304 bytes"),
+        "{status} {body}"
+    );
+
+    // Bytes changed in the server's storage after publishing are refused, nothing cached.
+    let blob = server
+        .data
+        .path()
+        .join("registry/blobs/sha256")
+        .join(sha256_hex(&std::fs::read(&arithmetic).unwrap()));
+    let original = std::fs::read(&blob).unwrap();
+    let mut changed = original.clone();
+    let last = changed.len() - 1;
+    changed[last] ^= 0xff;
+    std::fs::write(&blob, &changed).unwrap();
+    let bob_on_a_clean_cache = User::tenant("bob", &server.bob);
+    bob_on_a_clean_cache.ok(&["keys", "trust", &public_key, "--namespace", "games"]);
+    bob_on_a_clean_cache.refused(&install, "not the sha256:");
+    assert_eq!(
+        bob_on_a_clean_cache.cached(),
+        0,
+        "a refused plugin was cached"
+    );
+    std::fs::write(&blob, &original).unwrap();
+
+    skopeo_pulls_what_was_published(&host, Some(&format!("bob:{}", server.bob)), &bob);
+    a_job_by_range_is_pinned(&alice, &oci);
+
+    // A job submitted to the server may leave its packages to the server, which resolves them
+    // on its own registry under the submitter's trust there: the packages of the tenant's own
+    // namespaces even unsigned, another's only signed by a key the tenant trusts.
+    let (ok, _, err) = alice.run(&[
+        "plugin",
+        "publish",
+        arithmetic.to_str().unwrap(),
+        "--as",
+        "alice/plain@1.0.0",
+        "--registry",
+        &oci,
+        "--unsigned",
+    ]);
+    assert!(ok, "{err}");
+    let submit = |who: &User, key: &str, plugin: &str| {
+        let (dir, job) = arithmetic_job(plugin);
+        let (ok, _, err) = who.run(&[
+            "submit",
+            job.to_str().unwrap(),
+            "--server",
+            &server.url,
+            "--api-key",
+            key,
+            "--detach",
+        ]);
+        let lock = std::fs::read_to_string(dir.path().join("job.lock")).unwrap_or_default();
+        (ok, err, lock)
+    };
+    let digest = format!(
+        "sha256:{}",
+        sha256_hex(&std::fs::read(&arithmetic).unwrap())
+    );
+    let (ok, err, lock) = submit(&alice, &server.alice, "alice/plain@^1");
+    assert!(ok && err.contains("pinned alice/plain@1.0.0"), "{err}");
+    assert!(lock.contains(&digest), "{lock}");
+    let (ok, err, _) = submit(&bob, &server.bob, "alice/plain@^1");
+    assert!(
+        !ok && err.contains("alice/plain@1.0.0 is not signed"),
+        "{err}"
+    );
+    let (ok, err, _) = submit(&bob, &server.bob, "games/arithmetic@^1");
+    assert!(!ok && err.contains("does not trust for `games`"), "{err}");
+    let policy = format!("[[publisher]]\nkey = \"{public_key}\"\nnamespaces = [\"games\"]\n");
+    let (status, _, body) = server::request(
+        &server.url,
+        "PUT",
+        "/api/v1/trust",
+        Some(&server.bob),
+        "application/toml",
+        policy.as_bytes(),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let (ok, err, lock) = submit(&bob, &server.bob, "games/arithmetic@^1");
+    assert!(ok && err.contains("pinned games/arithmetic@1.0.0"), "{err}");
+    assert!(lock.contains(&digest), "{lock}");
 }

@@ -14,14 +14,29 @@ use crate::rl::job::Job;
 /// Read and check the job file at `path`, and install or build its plugins.
 pub fn load_and_build(path: &Path, packages: &PackageArgs) -> anyhow::Result<Job> {
     let mut job = Job::load(path)?;
-    build_plugins(path, &mut job, packages)?;
+    build_plugins(path, &mut job, packages, Unpinned::Install)?;
     Ok(job)
+}
+
+/// What becomes of a published plugin that the job's lock file does not pin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unpinned {
+    /// Resolved on the registry of the command line and installed.
+    Install,
+    /// Left named by its range when the command line names no registry: the server the job
+    /// is submitted to resolves it on its own registry.
+    LeaveToServer,
 }
 
 /// Install the published plugins of `job` (read from `path`) and build those that are source
 /// folders into components.
-pub fn build_plugins(path: &Path, job: &mut Job, packages: &PackageArgs) -> anyhow::Result<()> {
-    packages.install_job_packages(path, job)?;
+pub fn build_plugins(
+    path: &Path,
+    job: &mut Job,
+    packages: &PackageArgs,
+    unpinned: Unpinned,
+) -> anyhow::Result<()> {
+    packages.install_job_packages(path, job, unpinned)?;
     for (section, plugin) in job.plugin_paths_mut() {
         if plugin.is_dir() {
             *plugin = build_plugin(plugin).with_context(|| {

@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use super::HostArgs;
+use super::jobs::Unpinned;
 use crate::market::artifact::{Artifact, PublishedMetadata};
 use crate::market::cache::PackageCache;
 use crate::market::lock::{LockFile, Locked, lock_path};
@@ -451,9 +452,15 @@ impl PackageArgs {
 
     /// Replace each plugin of `job` (read from `job_file`) named `namespace/name@RANGE` by its
     /// installed component: the version the job's lock file pins, else the best in range on the
-    /// registry, which is then pinned in the lock file. Each is verified under the trust policy
+    /// registry, which is then pinned in the lock file (or, with `LeaveToServer` and no
+    /// registry given, left for a server to resolve). Each is verified under the trust policy
     /// before it is cached.
-    pub fn install_job_packages(&self, job_file: &Path, job: &mut Job) -> anyhow::Result<()> {
+    pub fn install_job_packages(
+        &self,
+        job_file: &Path,
+        job: &mut Job,
+        unpinned: Unpinned,
+    ) -> anyhow::Result<()> {
         let named = job
             .plugin_paths_mut()
             .into_iter()
@@ -477,6 +484,11 @@ impl PackageArgs {
             let installed = match lock.get(&wanted) {
                 Some(locked) => match cache.get(&locked.digest) {
                     Some(path) => path,
+                    // The server resolves the exact version; the submission checks the digest.
+                    None if unpinned == Unpinned::LeaveToServer && self.registry.is_none() => {
+                        *plugin = PathBuf::from(format!("{}@={}", wanted.name, locked.version));
+                        continue;
+                    }
                     None => {
                         let registry = self.open(Some(&locked.registry)).with_context(context)?;
                         let id = locked.id(&wanted);
@@ -494,6 +506,9 @@ impl PackageArgs {
                         cache.put(&locked.digest, &fetched.component)?
                     }
                 },
+                None if unpinned == Unpinned::LeaveToServer && self.registry.is_none() => {
+                    continue;
+                }
                 None => {
                     let registry = self.open(None).with_context(context)?;
                     let fetched = runtime

@@ -117,11 +117,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let (state, restored) = AppState::start(&config).await?;
         let listener = tokio::net::TcpListener::bind(config.addr)
             .await
             .with_context(|| format!("listening on {}", config.addr))?;
         let addr = listener.local_addr()?;
+        // The address bound (a port of 0 is one now), which the registry names itself by.
+        let config = ServerConfig { addr, ..config };
+        let (state, restored) = AppState::start(&config).await?;
         // The line tests and scripts wait for.
         let mut names = vec![TINY_MODEL_NAME.to_string()];
         names.extend(config.models.iter().map(|(n, _)| n.clone()));

@@ -1,7 +1,9 @@
 //! `opentinker submit JOB.toml --server URL`: run a job on a server. The job file is checked
 //! here as `train` checks it, its plugins built (source folders) and uploaded by digest (those
 //! the server holds already are not sent again), and the job submitted with its plugins named
-//! by digest; then its progress is shown as `train` shows it until it ends (Ctrl-C detaches; the
+//! by digest, or, for a published plugin that neither the lock file nor a `--registry` resolves,
+//! by its range, which the server resolves on its own registry (the lock file then pins what it
+//! chose); then its progress is shown as `train` shows it until it ends (Ctrl-C detaches; the
 //! job goes on). `opentinker jobs list|status|logs|cancel|download` reach the jobs afterwards.
 
 use std::path::{Path, PathBuf};
@@ -14,8 +16,10 @@ use super::progress::TrainProgress;
 use crate::api::ApiErrorKind;
 use crate::client::remote::jobs::JobsClient;
 use crate::jobs::{JobRecord, JobState, RunFile};
+use crate::market::MarketError;
+use crate::market::lock::{LockFile, Locked, lock_path};
 use crate::rl::driver::StepMetrics;
-use crate::rl::job::{Job, is_digest};
+use crate::rl::job::{Job, is_digest, is_package};
 
 /// How a command reaches the server.
 #[derive(Debug, clap::Args)]
@@ -104,12 +108,23 @@ pub fn run_submit(args: SubmitArgs) -> anyhow::Result<()> {
     };
     let text = std::fs::read_to_string(&args.job)
         .with_context(|| format!("reading {}", args.job.display()))?;
-    super::jobs::build_plugins(&args.job, &mut job, &args.packages)?;
+    super::jobs::build_plugins(
+        &args.job,
+        &mut job,
+        &args.packages,
+        super::jobs::Unpinned::LeaveToServer,
+    )?;
     let client = args.server.client()?;
     super::runtime(2)?.block_on(async {
         let text = with_digests(&client, &args.job, &text, &mut job).await?;
-        let record: JobRecord = serde_json::from_value(client.submit(&name, &text).await?)
-            .context("reading the server's answer")?;
+        let answer = client.submit(&name, &text).await?;
+        let record: JobRecord =
+            serde_json::from_value(answer.clone()).context("reading the server's answer")?;
+        if let Err(error) = pin_resolved(&args.job, &answer["resolved"]) {
+            // The job must not run on what the lock file did not pin.
+            let _ = client.cancel(record.id.as_str()).await;
+            return Err(error.context(format!("job {} cancelled", record.id)));
+        }
         eprintln!("submitted job {} ({name})", record.id);
         if args.detach {
             println!("{}", record.id);
@@ -128,8 +143,52 @@ pub fn run_submit(args: SubmitArgs) -> anyhow::Result<()> {
     })
 }
 
+/// Write the packages the server resolved (`resolved` of its answer) into the job's lock
+/// file, so that the next run, here or there, uses the same digests.
+fn pin_resolved(job_file: &Path, resolved: &Value) -> anyhow::Result<()> {
+    let resolved: Vec<Locked> = match resolved {
+        Value::Null => Vec::new(),
+        value => serde_json::from_value(value.clone())
+            .context("reading the packages the server resolved")?,
+    };
+    if resolved.is_empty() {
+        return Ok(());
+    }
+    let path = lock_path(job_file);
+    let mut lock = LockFile::load(&path)?;
+    let package = |wanted: &str| wanted.split('@').next().unwrap_or("").to_string();
+    let mut pinned = Vec::new();
+    for resolved in resolved {
+        let name = package(&resolved.wanted);
+        let id = format!("{name}@{}", resolved.version);
+        // A version the lock file pins, which the server was asked for exactly.
+        if let Some(locked) = lock
+            .packages
+            .iter()
+            .find(|l| package(&l.wanted) == name && l.version == resolved.version)
+        {
+            if locked.digest != resolved.digest {
+                return Err(MarketError::DigestMismatch {
+                    what: format!("{id} on the server (pinned by {})", path.display()),
+                    expected: locked.digest.clone(),
+                    found: resolved.digest,
+                }
+                .into());
+            }
+            continue;
+        }
+        pinned.push(format!("{id} ({})", resolved.digest));
+        lock.set(resolved);
+    }
+    if !pinned.is_empty() {
+        lock.save(&path)?;
+        eprintln!("pinned {} in {}", pinned.join(", "), path.display());
+    }
+    Ok(())
+}
+
 /// The job file's text with each plugin named by the digest of its component, uploaded to the
-/// server unless it holds it already.
+/// server unless it holds it already; a package the server resolves stays named by its range.
 async fn with_digests(
     client: &JobsClient,
     path: &Path,
@@ -139,6 +198,9 @@ async fn with_digests(
     let mut table: toml::Table =
         toml::from_str(text).with_context(|| format!("reading {}", path.display()))?;
     for (section, plugin) in job.plugin_paths_mut() {
+        if is_package(plugin) {
+            continue;
+        }
         let digest = match is_digest(plugin) {
             true => plugin.to_string_lossy().into_owned(),
             false => {

@@ -67,14 +67,45 @@ impl PluginStore {
         self.root.join(tenant.as_str())
     }
 
-    /// Check, compile and store `bytes` for `tenant`.
-    pub async fn put(&self, tenant: &TenantId, bytes: Vec<u8>) -> Result<StoredPlugin, ApiError> {
-        let stored: u64 = self
+    /// The most bytes of components one tenant may store (the server's registry counts what a
+    /// tenant publishes against it too).
+    pub fn max_bytes_per_tenant(&self) -> u64 {
+        self.max_bytes_per_tenant
+    }
+
+    /// The bytes of components `tenant` has uploaded.
+    pub async fn stored_bytes(&self, tenant: &TenantId) -> Result<u64, ApiError> {
+        Ok(self
             .list(tenant)
             .await?
             .iter()
             .map(|p| p.bytes as u64)
-            .sum();
+            .sum())
+    }
+
+    /// Check and compile `bytes` as the loader does any plugin, without storing them: what it
+    /// is, or why it is refused.
+    pub async fn check(&self, bytes: Vec<u8>) -> Result<StoredPlugin, ApiError> {
+        let size = bytes.len();
+        let plugin = {
+            let _turn =
+                self.compiles.acquire().await.map_err(|_| {
+                    ApiError::new(ApiErrorKind::Unavailable, "the server is stopping")
+                })?;
+            self.host.load(bytes).await.map_err(load_error)?
+        };
+        let description = plugin.description();
+        Ok(StoredPlugin {
+            digest: format!("sha256:{}", description.digest),
+            kinds: description.kinds.clone(),
+            wit_version: description.wit_version.clone(),
+            bytes: size,
+        })
+    }
+
+    /// Check, compile and store `bytes` for `tenant`.
+    pub async fn put(&self, tenant: &TenantId, bytes: Vec<u8>) -> Result<StoredPlugin, ApiError> {
+        let stored = self.stored_bytes(tenant).await?;
         if stored + bytes.len() as u64 > self.max_bytes_per_tenant {
             return Err(ApiError::new(
                 ApiErrorKind::QuotaExceeded,
@@ -86,22 +117,9 @@ impl PluginStore {
                 ),
             ));
         }
-        let plugin = {
-            let _turn =
-                self.compiles.acquire().await.map_err(|_| {
-                    ApiError::new(ApiErrorKind::Unavailable, "the server is stopping")
-                })?;
-            self.host.load(bytes.clone()).await.map_err(load_error)?
-        };
-        let description = plugin.description();
-        let stored = StoredPlugin {
-            digest: format!("sha256:{}", description.digest),
-            kinds: description.kinds.clone(),
-            wit_version: description.wit_version.clone(),
-            bytes: bytes.len(),
-        };
+        let stored = self.check(bytes.clone()).await?;
         let folder = self.folder(tenant);
-        let hex = description.digest.clone();
+        let hex = stored.digest.trim_start_matches("sha256:").to_string();
         let record = serde_json::to_vec_pretty(&stored)
             .map_err(|e| ApiError::internal(format!("encoding a plugin record: {e}")))?;
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {

@@ -1,6 +1,7 @@
 //! The jobs a server runs for its tenants: each submitted job file is checked whole before it is
 //! accepted (its enums and settings, then what a server adds: plugins named by a digest of the
-//! tenant's, a served or built-in model, no paths of the submitter's machine), recorded, and run
+//! tenant's or as a package of the server's registry, resolved once and pinned by digest from
+//! then on, a served or built-in model, no paths of the submitter's machine), recorded, and run
 //! by the RL driver on the served bases as its tenant, with the plugins sandboxed as always. A
 //! job's files live in its run folder `DATA/jobs/TENANT/ID/`; a restarted server resumes every
 //! job that had not ended from its last checkpoint.
@@ -12,12 +13,15 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
 
+use super::packages::PackageSource;
 use super::plugin_store::PluginStore;
 use super::records::{JobRecord, JobRecords, JobState, RecordError};
 use crate::api::{ApiError, ApiErrorKind, JobId, TenantId};
 use crate::client::served::TenantBases;
+use crate::market::PackageRef;
+use crate::market::lock::{LockFile, Locked};
 use crate::rl::driver::{self, Engine, JobRun, Phase, Progress, StepMetrics, check_job_plugins};
-use crate::rl::job::{Job, SftSource, is_digest};
+use crate::rl::job::{Job, SftSource, is_digest, is_package};
 use crate::rl::run_folder::METRICS;
 use crate::sched::ServedBase;
 
@@ -126,9 +130,29 @@ pub struct JobService {
     root: PathBuf,
     bases: Vec<Arc<ServedBase>>,
     plugins: Arc<PluginStore>,
+    packages: Arc<dyn PackageSource>,
     records: Arc<JobRecords>,
     running: Mutex<HashMap<JobId, Running>>,
     quotas: JobQuotas,
+}
+
+/// A submitted job as checked: what runs, and the text recorded for it.
+struct Checked {
+    job: Job,
+    /// The job file with every plugin named by digest (packages resolved), which a restart
+    /// checks again and runs as it is.
+    text: String,
+    /// The packages resolved, as a lock file writes them.
+    resolved: Vec<Locked>,
+}
+
+/// What a submission answers: the job's record and the packages it resolved.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Submitted {
+    #[serde(flatten)]
+    pub record: JobRecord,
+    /// The packages the job named by range, each pinned to the version and digest it runs.
+    pub resolved: Vec<Locked>,
 }
 
 /// Why a job could not be listed, read or started: a request's fault or the server's.
@@ -151,12 +175,14 @@ impl JobService {
         data: &Path,
         bases: Vec<Arc<ServedBase>>,
         plugins: Arc<PluginStore>,
+        packages: Arc<dyn PackageSource>,
         quotas: JobQuotas,
     ) -> Result<Self, RecordError> {
         Ok(JobService {
             root: data.join("jobs"),
             bases,
             plugins,
+            packages,
             records: Arc::new(JobRecords::open(data)?),
             running: Mutex::new(HashMap::new()),
             quotas,
@@ -172,14 +198,10 @@ impl JobService {
         self.root.join(tenant.as_str()).join(id.as_str())
     }
 
-    /// Check `text` (a job file whose plugins are digests of `tenant`'s) as a job the server can
-    /// run, and its plugins' stored components in the order of `Job::plugin_paths_mut`.
-    async fn check(
-        &self,
-        tenant: &TenantId,
-        name: &str,
-        text: &str,
-    ) -> Result<(Job, Vec<PathBuf>), ApiError> {
+    /// Check `text` (a job file whose plugins are digests of `tenant`'s or packages of the
+    /// server's registry) as a job the server can run; each package is resolved, checked under
+    /// the tenant's trust and stored as the tenant's plugin.
+    async fn check(&self, tenant: &TenantId, name: &str, text: &str) -> Result<Checked, ApiError> {
         let origin = PathBuf::from(format!("{name}.toml"));
         let mut job = Job::parse(text, &origin).map_err(|e| ApiError::invalid(e.to_string()))?;
         let refuse = |what: &str| Err(ApiError::invalid(format!("{}: {what}", origin.display())));
@@ -210,15 +232,44 @@ impl JobService {
                 served.join(", ")
             ));
         }
-        let mut components = Vec::new();
         let mut named = Vec::new();
+        let mut resolved = Vec::new();
+        let mut table: Option<toml::Table> = None;
         for (section, plugin) in job.plugin_paths_mut() {
-            let digest = plugin.to_string_lossy().into_owned();
-            if !is_digest(plugin) {
+            let mut digest = plugin.to_string_lossy().into_owned();
+            if is_package(plugin) {
+                let wanted: PackageRef = digest.parse().map_err(|e| {
+                    ApiError::invalid(format!("{}: [{section}] plugin: {e}", origin.display()))
+                })?;
+                let fetched = self.packages.fetch(tenant, &wanted).await.map_err(|e| {
+                    ApiError::invalid(format!(
+                        "{}: [{section}] plugin {wanted}: {e}",
+                        origin.display()
+                    ))
+                })?;
+                digest = self.plugins.put(tenant, fetched.component).await?.digest;
+                resolved.push(Locked {
+                    wanted: wanted.to_string(),
+                    version: fetched.id.version,
+                    digest: fetched.info.digest,
+                    registry: self.packages.location(),
+                });
+                let table = match &mut table {
+                    Some(table) => table,
+                    None => table
+                        .insert(toml::from_str(text).map_err(|e| {
+                            ApiError::invalid(format!("{}: {e}", origin.display()))
+                        })?),
+                };
+                if let Some(toml::Value::Table(entry)) = table.get_mut(section) {
+                    entry.insert("plugin".into(), toml::Value::String(digest.clone()));
+                }
+            } else if !is_digest(plugin) {
                 return refuse(&format!(
                     "[{section}] plugin {digest:?}: a job on a server names its plugins by \
                      digest (`sha256:...`, as `POST /api/v1/plugins` answered; `opentinker \
-                     submit` uploads them)"
+                     submit` uploads them) or as a package of the server's registry \
+                     (`namespace/name@RANGE`)"
                 ));
             }
             let component =
@@ -233,8 +284,7 @@ impl JobService {
                         _ => e,
                     })?;
             *plugin = component.clone();
-            named.push((component.clone(), digest));
-            components.push(component);
+            named.push((component, digest));
         }
         // The tenant sees its plugins by digest, never by where this server keeps them.
         check_job_plugins(self.plugins.host(), &job, name)
@@ -245,7 +295,16 @@ impl JobService {
                 });
                 ApiError::invalid(message)
             })?;
-        Ok((job, components))
+        let text = match table {
+            Some(table) => toml::to_string(&table)
+                .map_err(|e| ApiError::internal(format!("writing the job with digests: {e}")))?,
+            None => text.to_string(),
+        };
+        Ok(Checked {
+            job,
+            text,
+            resolved,
+        })
     }
 
     /// Accept `text` as a new job of `tenant` called `name`, and start it.
@@ -254,13 +313,20 @@ impl JobService {
         tenant: &TenantId,
         name: &str,
         text: &str,
-    ) -> Result<JobRecord, ApiError> {
+    ) -> Result<Submitted, ApiError> {
         if name.len() > 128 || name.contains('/') || !plain_path(name) {
             return Err(ApiError::invalid(format!(
                 "job name {name:?}: use 1 to 128 letters, digits, `-`, `_` or `.`"
             )));
         }
-        let (job, _) = self.check(tenant, name, text).await?;
+        let Checked {
+            job,
+            text,
+            resolved,
+        } = self.check(tenant, name, text).await?;
+        let lock = LockFile {
+            packages: resolved.clone(),
+        };
         let id = JobId::random().map_err(|e| ApiError::internal(e.to_string()))?;
         let record = {
             let (records, tenant, quota) = (
@@ -268,7 +334,7 @@ impl JobService {
                 tenant.clone(),
                 self.quotas.active_jobs_per_tenant,
             );
-            let (id, name, text) = (id.clone(), name.to_string(), text.to_string());
+            let (id, name) = (id.clone(), name.to_string());
             let folder = self.folder(&tenant, &id);
             blocking(move || {
                 let active = records.active(&tenant).map_err(record_error)?;
@@ -285,6 +351,11 @@ impl JobService {
                     .map_err(|e| ApiError::internal(format!("{}: {e}", folder.display())))?;
                 crate::store::write_atomic(&folder.join(SUBMITTED), text.as_bytes())
                     .map_err(|e| ApiError::internal(format!("{}: {e}", folder.display())))?;
+                if !lock.packages.is_empty() {
+                    let path = crate::market::lock::lock_path(&folder.join(SUBMITTED));
+                    lock.save(&path)
+                        .map_err(|e| ApiError::internal(e.to_string()))?;
+                }
                 records
                     .insert(&id, &tenant, &name, &text)
                     .map_err(record_error)
@@ -292,7 +363,7 @@ impl JobService {
             .await?
         };
         self.start(record.clone(), Arc::new(job), false);
-        Ok(record)
+        Ok(Submitted { record, resolved })
     }
 
     /// Start every job that had not ended when the server stopped: a job that was running
@@ -307,7 +378,7 @@ impl JobService {
             };
             let resume = record.state == JobState::Running;
             match self.check(&tenant, &record.name, &record.spec).await {
-                Ok((job, _)) => self.start(record, Arc::new(job), resume),
+                Ok(checked) => self.start(record, Arc::new(checked.job), resume),
                 Err(error) => {
                     let message = format!("cannot be resumed: {error}");
                     self.finish(&record.id, JobState::Failed, Some(message), None)

@@ -58,6 +58,67 @@ impl LayoutRegistry {
     }
 }
 
+/// What a server hosting a layout as its registry needs beyond [`Registry`]: manifests by
+/// digest, blob files, and blobs that arrive as files.
+impl LayoutRegistry {
+    /// The manifest `reference` of `name` (a tag, or the digest of a manifest one of its tags
+    /// points at) and its digest; `None` when there is none.
+    pub async fn find_manifest(
+        &self,
+        name: &PackageName,
+        reference: &str,
+    ) -> Result<Option<(Digest, Vec<u8>)>, MarketError> {
+        let prefix = format!("{name}:");
+        let reference = reference.to_string();
+        self.blocking(move |layout| {
+            let index = layout.index()?;
+            let by_digest = reference.parse::<Digest>().ok();
+            let entry = index.manifests.iter().find(|m| {
+                let Some(tag) = Layout::ref_name(m).and_then(|r| r.strip_prefix(&prefix)) else {
+                    return false;
+                };
+                match &by_digest {
+                    Some(digest) => &m.digest == digest,
+                    None => tag == reference,
+                }
+            });
+            match entry {
+                Some(entry) => Ok(Some((entry.digest.clone(), layout.read_blob(entry)?))),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// The file of the blob `digest` and its size, when it is stored.
+    pub async fn blob_file(&self, digest: &Digest) -> Result<Option<(PathBuf, u64)>, MarketError> {
+        let digest = digest.clone();
+        self.blocking(move |layout| {
+            let path = layout.blob_path(&digest);
+            match std::fs::metadata(&path) {
+                Ok(meta) => Ok(Some((path, meta.len()))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(MarketError::io(&path)(e)),
+            }
+        })
+        .await
+    }
+
+    /// Take `file` (fsynced, on the same file system, its bytes checked to have `digest`) as
+    /// the blob `digest`; a blob already stored stays and `file` is removed.
+    pub async fn adopt_blob(&self, file: PathBuf, digest: &Digest) -> Result<(), MarketError> {
+        let digest = digest.clone();
+        self.blocking(move |layout| {
+            let path = layout.blob_path(&digest);
+            if path.exists() {
+                return std::fs::remove_file(&file).map_err(MarketError::io(&file));
+            }
+            crate::store::rename_durably(&file, &path).map_err(MarketError::io(&path))
+        })
+        .await
+    }
+}
+
 struct Layout {
     dir: PathBuf,
     writing: Arc<std::sync::Mutex<()>>,

@@ -12,7 +12,7 @@
 //! A signature that does not verify is refused whatever the policy says. With `allow_unsigned`,
 //! a plugin with no signature, or a valid one by a key the policy does not list, is accepted.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -28,7 +28,7 @@ pub struct TrustPolicy {
     pub publishers: Vec<TrustedPublisher>,
     /// Where the policy was read from, for errors.
     #[serde(skip)]
-    origin: Option<PathBuf>,
+    origin: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -49,19 +49,29 @@ impl TrustPolicy {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(e) => return Err(MarketError::io(path)(e)),
         };
-        let mut policy: TrustPolicy = toml::from_str(&text).map_err(|e| MarketError::Invalid {
-            what: format!("the trust policy {}", path.display()),
+        TrustPolicy::parse(&text, &path.display().to_string())
+    }
+
+    /// The policy written `text`, which errors call `origin`.
+    pub fn parse(text: &str, origin: &str) -> Result<TrustPolicy, MarketError> {
+        let mut policy: TrustPolicy = toml::from_str(text).map_err(|e| MarketError::Invalid {
+            what: format!("the trust policy {origin}"),
             message: e.to_string(),
         })?;
-        policy.origin = Some(path.to_path_buf());
+        policy.origin = Some(origin.to_string());
         Ok(policy)
     }
 
-    pub fn save(&self, path: &Path) -> Result<(), MarketError> {
-        let text = toml::to_string_pretty(self).map_err(|e| MarketError::Invalid {
+    /// The policy as TOML.
+    pub fn to_toml(&self) -> Result<String, MarketError> {
+        toml::to_string_pretty(self).map_err(|e| MarketError::Invalid {
             what: "the trust policy".into(),
             message: e.to_string(),
-        })?;
+        })
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), MarketError> {
+        let text = self.to_toml()?;
         crate::store::write_atomic(path, text.as_bytes()).map_err(MarketError::io(path))
     }
 
@@ -74,7 +84,7 @@ impl TrustPolicy {
 
     fn describe(&self) -> String {
         match &self.origin {
-            Some(path) => path.display().to_string(),
+            Some(origin) => origin.clone(),
             None => "the default policy".into(),
         }
     }

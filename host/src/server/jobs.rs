@@ -1,9 +1,11 @@
 //! The job API (an opentinker extension, described by the OpenAPI document
 //! `host/openapi/jobs.json`, served at `/api/v1/openapi.json`): a tenant
-//! submits a job file whose plugins are digests of its uploaded plugins, then follows, lists,
-//! cancels and downloads it. Another tenant's job is answered as an unknown one.
+//! submits a job file whose plugins are digests of its uploaded plugins or packages of the
+//! server's registry (`namespace/name@RANGE`), then follows, lists, cancels and downloads it. Another tenant's job is answered as an unknown one.
 //!
-//! - `POST /api/v1/jobs` `{"name", "job"}` (the job file's text) answers the job's record;
+//! - `POST /api/v1/jobs` `{"name", "job"}` (the job file's text) answers the job's record and
+//!   the packages it resolved (`resolved`: wanted, version, digest, registry), which its run
+//!   folder keeps as `submitted.lock`;
 //! - `GET /api/v1/jobs` lists them; `GET /api/v1/jobs/{id}` is one's status (record, latest
 //!   metrics line, evaluations);
 //! - `GET /api/v1/jobs/{id}/events`: server-sent events, a `step` per metrics line (the lines
@@ -28,7 +30,7 @@ use tokio::sync::broadcast;
 use super::routes::Caller;
 use super::{AppState, HttpError};
 use crate::api::JobId;
-use crate::jobs::{JobEvent, JobRecord, JobState, JobStatus, StepLine};
+use crate::jobs::{JobEvent, JobRecord, JobState, JobStatus, StepLine, Submitted};
 
 type Shared = Arc<AppState>;
 
@@ -64,12 +66,12 @@ async fn submit(
     State(state): State<Shared>,
     Caller(tenant): Caller,
     Json(submission): Json<Submission>,
-) -> Result<Json<JobRecord>, HttpError> {
-    let record = state
+) -> Result<Json<Submitted>, HttpError> {
+    let submitted = state
         .jobs
         .submit(&tenant, &submission.name, &submission.job)
         .await?;
-    Ok(Json(record))
+    Ok(Json(submitted))
 }
 
 async fn list(
@@ -198,8 +200,8 @@ async fn events(
 mod tests {
     use super::OPENAPI;
 
-    /// Every route of this module and of the plugin routes, with its method, is in the
-    /// document, and the document names no other.
+    /// Every route of this module, of the plugin routes and of the registry's trust routes,
+    /// with its method, is in the document, and the document names no other.
     #[test]
     fn the_openapi_document_describes_exactly_the_routes() {
         let document: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
@@ -222,12 +224,18 @@ mod tests {
             "get /api/v1/jobs/{id}/events",
             "get /api/v1/jobs/{id}/files",
             "get /api/v1/jobs/{id}/files/{path}",
+            "get /api/v1/trust",
+            "put /api/v1/trust",
         ]
         .map(String::from)
         .to_vec();
         served.sort();
         assert_eq!(documented, served);
-        let sources = [include_str!("jobs.rs"), include_str!("plugins.rs")];
+        let sources = [
+            include_str!("jobs.rs"),
+            include_str!("plugins.rs"),
+            include_str!("registry/trust.rs"),
+        ];
         for route in &served {
             let path = route
                 .split_once(" /api/v1")

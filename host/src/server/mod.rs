@@ -12,6 +12,7 @@ pub mod jobs;
 pub mod journal;
 pub mod openai;
 pub mod plugins;
+pub mod registry;
 pub mod routes;
 pub mod tenants;
 pub mod wire;
@@ -36,6 +37,7 @@ use crate::sched::{
 };
 use futures::Futures;
 use journal::Journal;
+use registry::HostedRegistry;
 use tenants::Tenants;
 
 /// The largest request body accepted (the SDK sends `forward_backward` in chunks of about
@@ -109,6 +111,8 @@ pub struct AppState {
     pub openai: openai::Samplers,
     /// The tenants' uploaded plugins.
     pub plugins: Arc<PluginStore>,
+    /// The tenants' published plugins (the OCI distribution API under `/v2/`).
+    pub registry: Arc<HostedRegistry>,
     /// The tenants' jobs.
     pub jobs: Arc<JobService>,
 }
@@ -118,13 +122,16 @@ impl AppState {
     /// models with their training state, samplers, finished requests' answers) and run again the
     /// requests that were accepted and had not finished.
     pub async fn start(config: &ServerConfig) -> anyhow::Result<(Arc<Self>, Restored)> {
-        let data = config.data.clone();
-        let open = move || -> anyhow::Result<(Tenants, Journal)> {
+        let (data, addr) = (config.data.clone(), config.addr);
+        let open = move || -> anyhow::Result<(Tenants, Journal, HostedRegistry)> {
             let tenants = Tenants::open(&data).context("opening the server database")?;
             let journal = Journal::open(&data).context("opening the server journal")?;
-            Ok((tenants, journal))
+            let registry =
+                HostedRegistry::open(&data, addr).context("opening the plugin registry")?;
+            Ok((tenants, journal, registry))
         };
-        let (tenants, journal) = tokio::task::spawn_blocking(open).await??;
+        let (tenants, journal, registry) = tokio::task::spawn_blocking(open).await??;
+        let registry = Arc::new(registry);
         let plugins = PluginStore::open(&config.data, config.max_plugin_bytes_per_tenant)
             .context("starting the plugin host")?;
         let plugins = Arc::new(plugins);
@@ -157,10 +164,13 @@ impl AppState {
         let jobs = {
             let (data, bases, plugins) =
                 (config.data.clone(), service.bases(), Arc::clone(&plugins));
+            let packages = Arc::new(registry::JobPackages(Arc::clone(&registry)));
             let quotas = config.job_quotas;
-            tokio::task::spawn_blocking(move || JobService::open(&data, bases, plugins, quotas))
-                .await?
-                .context("opening the jobs table")?
+            tokio::task::spawn_blocking(move || {
+                JobService::open(&data, bases, plugins, packages, quotas)
+            })
+            .await?
+            .context("opening the jobs table")?
         };
         let jobs = Arc::new(jobs);
         let state = Arc::new(AppState {
@@ -172,6 +182,7 @@ impl AppState {
             known_keys: Mutex::new(HashMap::new()),
             openai: openai::Samplers::default(),
             plugins,
+            registry,
             jobs: Arc::clone(&jobs),
         });
         state.futures.restore(recorded.finished);

@@ -51,10 +51,12 @@ pub fn router(state: Shared) -> Router {
     let api = api
         .merge(super::plugins::router())
         .merge(super::jobs::router())
+        .merge(super::registry::api_router())
         .merge(super::dashboard::router());
     Router::new()
         .nest("/api/v1", api)
         .merge(super::dashboard::page_router())
+        .merge(super::registry::router())
         .nest("/v1", super::openai::router())
         .fallback(|| async { HttpError(ApiError::new(ApiErrorKind::NotFound, "no such endpoint")) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

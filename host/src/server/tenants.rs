@@ -101,6 +101,19 @@ impl Tenants {
         Ok((tenant, key))
     }
 
+    /// Whether a tenant is named `name`.
+    pub fn exists(&self, name: &str) -> Result<bool, TenantError> {
+        Ok(self
+            .lock()
+            .query_row(
+                "SELECT 1 FROM tenants WHERE name = ?1",
+                params![name],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
     /// The tenant whose key `key` is, with its weight, or `None` for a key that is not valid.
     pub fn authenticate(&self, key: &str) -> Result<Option<(TenantId, u64)>, TenantError> {
         let Some((key_id, _)) = key.strip_prefix("tml-").and_then(|k| k.split_once('_')) else {

@@ -142,6 +142,16 @@ pub fn write_atomic_dir(
     staged.commit()
 }
 
+/// Move the finished file `from` to `to` (same file system) durably: `from` is fsynced, then
+/// renamed, then the folder of `to` is synced.
+pub fn rename_durably(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::File::open(from)?.sync_all()?;
+    let folder = parent_folder(to)?;
+    std::fs::rename(from, to)?;
+    sync_folder(folder);
+    Ok(())
+}
+
 /// Write `bytes` to `path` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     write_atomic_with(path, |file| file.write_all(bytes))
