@@ -213,6 +213,7 @@ pub(super) fn sampling_params(job: &Job) -> SamplingParams {
     SamplingParams {
         max_tokens: Some(job.rl.max_tokens),
         temperature: job.rl.temperature,
+        top_p: job.rl.top_p,
         stop: None,
         ..SamplingParams::default()
     }

@@ -310,6 +310,11 @@ pub struct RlSection {
     pub loss_config: std::collections::BTreeMap<String, f64>,
     #[serde(default = "default_temperature")]
     pub temperature: f64,
+    /// Sample from the smallest set of most likely tokens whose mass reaches this (1: all).
+    /// A tiny or freshly warmed-up model puts enough mass on its tail that samples at
+    /// temperature 1 are mostly misspellings, which then are all the groups teach.
+    #[serde(default = "default_top_p")]
+    pub top_p: f64,
     #[serde(default = "default_max_turns")]
     pub max_turns: usize,
     #[serde(default = "default_max_tokens")]
@@ -428,6 +433,9 @@ fn default_rl_lr() -> f64 {
 fn default_temperature() -> f64 {
     1.0
 }
+fn default_top_p() -> f64 {
+    1.0
+}
 fn default_max_turns() -> usize {
     16
 }
@@ -451,6 +459,7 @@ impl Default for RlSection {
             loss: LossName::default(),
             loss_config: Default::default(),
             temperature: default_temperature(),
+            top_p: default_top_p(),
             max_turns: default_max_turns(),
             max_tokens: default_max_tokens(),
             estimator: EstimatorName::default(),
@@ -691,6 +700,18 @@ impl Job {
         if self.environment.is_none() && (self.rl.steps > 0 || demonstrations) {
             return Err("environment: RL and demonstrations need an `[environment]`".into());
         }
+        if !(self.rl.temperature >= 0.0 && self.rl.temperature.is_finite()) {
+            return Err(format!(
+                "rl.temperature: {} is not a finite number >= 0",
+                self.rl.temperature
+            ));
+        }
+        if !(self.rl.top_p > 0.0 && self.rl.top_p <= 1.0) {
+            return Err(format!(
+                "rl.top_p: {} is not a fraction above 0 and at most 1",
+                self.rl.top_p
+            ));
+        }
         if !(self.rl.kl_coef >= 0.0 && self.rl.kl_coef.is_finite()) {
             return Err(format!(
                 "rl.kl_coef: {} is not a finite number >= 0",
@@ -839,6 +860,21 @@ mod tests {
             err.contains("rl.loss_config") && err.contains("clip_hihg_threshold"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn sampling_settings_are_checked_when_the_job_is_read() {
+        let job = |line: &str| parse(&MINIMAL.replace("steps = 3", &format!("steps = 3\n{line}")));
+        assert_eq!(job("top_p = 0.9").unwrap().rl.top_p, 0.9);
+        assert_eq!(parse(MINIMAL).unwrap().rl.top_p, 1.0);
+        for (line, says) in [
+            ("top_p = 0.0", "rl.top_p: 0"),
+            ("top_p = 1.5", "rl.top_p: 1.5"),
+            ("temperature = -1.0", "rl.temperature: -1"),
+        ] {
+            let err = job(line).unwrap_err();
+            assert!(err.contains(says), "{line}: {err}");
+        }
     }
 
     #[test]
