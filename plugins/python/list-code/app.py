@@ -11,9 +11,11 @@ program that never ends or that allocates without bound is stopped by the host's
 limits: the episode ends with that typed error, and no other episode is touched.
 
 Config (JSON): `{"turns": 2, "length": [3, 5], "questions": ["sum", "max", ...], "demonstrations":
-0.8}` (`length`: the shortest and longest list; `questions`: default all of `QUESTIONS`;
-`demonstrations`: how often the demonstration is the right program; else a program for another
-question, so that a warm-up is modest).
+0.8, "unsure": ["min"]}` (`length`: the shortest and longest list; `questions`: default all of
+`QUESTIONS`; `demonstrations`: how often the demonstration is the right program; else a program for
+another question, so that a warm-up is modest; `unsure`: questions on which the teacher is torn,
+its demonstration half the time the program of the question it is taken for, `CONFUSED_WITH`:
+a warm-up however long leaves the policy guessing there, which RL must settle).
 Task (JSON): `{"question": "sum", "numbers": [3, 8, 1]}`.
 """
 
@@ -40,6 +42,12 @@ QUESTIONS = {
               lambda xs: len([x for x in xs if x % 2 == 0])),
 }
 
+#: The question each is most easily taken for: an unsure teacher's other answer.
+CONFUSED_WITH = {
+    "sum": "len", "len": "sum", "max": "min", "min": "max", "sorted": "sum", "last": "max",
+    "spread": "max", "evens": "len",
+}
+
 #: What a program may call: pure functions of their arguments, nothing that reaches out.
 SAFE_BUILTINS = {
     name: getattr(builtins, name)
@@ -60,6 +68,7 @@ class Config:
     length: list = None  # type: ignore[assignment]
     questions: list = None  # type: ignore[assignment]
     demonstrations: float = 0.8
+    unsure: list = None  # type: ignore[assignment]
 
 
 def parse_config(text: str) -> Config:
@@ -68,6 +77,8 @@ def parse_config(text: str) -> Config:
         config.questions = list(QUESTIONS)
     if config.length is None:
         config.length = [3, 5]
+    if config.unsure is None:
+        config.unsure = []
     if not 1 <= config.turns <= 4:
         raise PluginError("list-code config: `turns` must be in 1..=4")
     if (
@@ -81,6 +92,8 @@ def parse_config(text: str) -> Config:
         raise PluginError(
             f"list-code config: `questions` must be a non-empty list of {', '.join(QUESTIONS)}"
         )
+    if any(q not in QUESTIONS for q in config.unsure):
+        raise PluginError(f"list-code config: `unsure` must be a list of {', '.join(QUESTIONS)}")
     if not 0.0 <= config.demonstrations <= 1.0:
         raise PluginError("list-code config: `demonstrations` must be in 0..=1")
     return config
@@ -133,6 +146,7 @@ class ListCode(opentinker.Environment):
                 "default": list(QUESTIONS),
             },
             "demonstrations": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.8},
+            "unsure": {"type": "array", "items": {"enum": list(QUESTIONS)}, "default": []},
         },
     }
 
@@ -189,6 +203,8 @@ class ListCode(opentinker.Environment):
 
     def demonstration(self) -> Optional[str]:
         question = self.question
+        if question in self.config.unsure and self.rng.random() < 0.5:
+            return QUESTIONS[CONFUSED_WITH[question]][1]
         if self.rng.random() >= self.config.demonstrations:
             question = self.rng.choice(list(QUESTIONS))
         return QUESTIONS[question][1]

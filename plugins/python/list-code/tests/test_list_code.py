@@ -52,10 +52,24 @@ def test_demonstrations_are_right_as_often_as_the_config_says():
     assert 0.75 < right / 200 <= 0.95
 
 
+def test_an_unsure_teacher_gives_the_confused_program_half_the_time():
+    config = json.dumps({"questions": ["min", "sum"], "unsure": ["min"], "demonstrations": 1.0})
+    programs = {"min": [], "sum": []}
+    for seed in range(400):
+        task = app.ListCode.generate_task(config, seed)
+        episode = app.ListCode(config, task, seed)
+        programs[episode.question].append(episode.demonstration())
+    assert set(programs["sum"]) == {"sum(xs)"}
+    confused = programs["min"].count("max(xs)") / len(programs["min"])
+    assert set(programs["min"]) == {"min(xs)", "max(xs)"} and 0.4 < confused < 0.6
+
+
 def test_a_bad_config_is_refused_by_name():
     with pytest.raises(PluginError, match="questions"):
         app.ListCode.generate_task('{"questions": ["product"]}', 0)
     with pytest.raises(PluginError, match="unknown config field `turn`"):
         app.ListCode.generate_task('{"turn": 3}', 0)
+    with pytest.raises(PluginError, match="unsure"):
+        app.ListCode.generate_task('{"unsure": ["product"]}', 0)
     with pytest.raises(PluginError, match="length"):
         app.ListCode.generate_task('{"length": [5, 2]}', 0)
