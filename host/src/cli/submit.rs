@@ -16,8 +16,8 @@ use super::progress::TrainProgress;
 use crate::api::ApiErrorKind;
 use crate::client::remote::jobs::JobsClient;
 use crate::jobs::{JobRecord, JobState, RunFile};
-use crate::market::MarketError;
 use crate::market::lock::{LockFile, Locked, lock_path};
+use crate::market::{MarketError, PackageRef};
 use crate::rl::driver::StepMetrics;
 use crate::rl::job::{Job, is_digest, is_package};
 
@@ -156,17 +156,18 @@ fn pin_resolved(job_file: &Path, resolved: &Value) -> anyhow::Result<()> {
     }
     let path = lock_path(job_file);
     let mut lock = LockFile::load(&path)?;
-    let package = |wanted: &str| wanted.split('@').next().unwrap_or("").to_string();
+    let name_of = |wanted: &str| wanted.parse::<PackageRef>().map(|r| r.name).ok();
     let mut pinned = Vec::new();
     for resolved in resolved {
-        let name = package(&resolved.wanted);
-        let id = format!("{name}@{}", resolved.version);
+        let wanted: PackageRef = resolved
+            .wanted
+            .parse()
+            .context("reading a package the server resolved")?;
+        let id = resolved.id(&wanted);
         // A version the lock file pins, which the server was asked for exactly.
-        if let Some(locked) = lock
-            .packages
-            .iter()
-            .find(|l| package(&l.wanted) == name && l.version == resolved.version)
-        {
+        if let Some(locked) = lock.packages.iter().find(|l| {
+            name_of(&l.wanted).as_ref() == Some(&wanted.name) && l.version == resolved.version
+        }) {
             if locked.digest != resolved.digest {
                 return Err(MarketError::DigestMismatch {
                     what: format!("{id} on the server (pinned by {})", path.display()),
