@@ -604,10 +604,7 @@ async fn an_adversary_is_contained_as_a_rust_one_is(adversary: &str, raised: &st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_plugin_is_contained_as_a_rust_one_is() {
-    if std::env::var_os("OPENTINKER_COMPONENTIZE_PY").is_none() {
-        eprintln!(
-            "skipped: OPENTINKER_COMPONENTIZE_PY names no componentize-py (scripts/test.sh sets it)"
-        );
+    if opentinker_test_tools::componentize_py().is_none() {
         return;
     }
     an_adversary_is_contained_as_a_rust_one_is("python/adversary", "ValueError").await;
@@ -615,10 +612,7 @@ async fn a_python_plugin_is_contained_as_a_rust_one_is() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_javascript_plugin_is_contained_as_a_rust_one_is() {
-    if std::env::var_os("OPENTINKER_JS_TOOLCHAIN").is_none() {
-        eprintln!(
-            "skipped: OPENTINKER_JS_TOOLCHAIN names no JavaScript toolchain (scripts/test.sh sets it)"
-        );
+    if opentinker_test_tools::js_toolchain().is_none() {
         return;
     }
     an_adversary_is_contained_as_a_rust_one_is("js/adversary", "TypeError").await;
@@ -629,10 +623,7 @@ async fn a_javascript_plugin_is_contained_as_a_rust_one_is() {
 /// while an episode beside it on the same plugin plays on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policys_runaway_program_ends_its_own_episode_alone() {
-    if std::env::var_os("OPENTINKER_COMPONENTIZE_PY").is_none() {
-        eprintln!(
-            "skipped: OPENTINKER_COMPONENTIZE_PY names no componentize-py (scripts/test.sh sets it)"
-        );
+    if opentinker_test_tools::componentize_py().is_none() {
         return;
     }
     let host = test_host();

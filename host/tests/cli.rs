@@ -25,10 +25,19 @@ fn opentinker(args: &[&str]) -> std::process::Output {
         .expect("running opentinker")
 }
 
+/// The compile cache of the commands these tests run: the test script's one for the whole run
+/// (`OPENTINKER_TEST_COMPILE_CACHE`, shared by every test process, so that each component is
+/// compiled once per run, not once per test), else a temporary one for this process.
 fn cache_dir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().expect("a temporary directory"))
-        .path()
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    static TEMPORARY: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| match std::env::var_os("OPENTINKER_TEST_COMPILE_CACHE") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => TEMPORARY
+            .get_or_init(|| tempfile::tempdir().expect("a temporary directory"))
+            .path()
+            .to_path_buf(),
+    })
 }
 
 fn json(output: &std::process::Output) -> serde_json::Value {
@@ -1207,28 +1216,15 @@ fn the_guess_number_example_runs_on(port: &str) {
     );
 }
 
-/// Whether the test script's componentize-py is here (`OPENTINKER_COMPONENTIZE_PY`); says so
-/// when it is not.
+/// Whether the test script's componentize-py is here (`OPENTINKER_COMPONENTIZE_PY`): a strict
+/// run fails without it, another skips and counts the skip.
 fn componentize_py_present() -> bool {
-    let present = std::env::var_os("OPENTINKER_COMPONENTIZE_PY").is_some();
-    if !present {
-        eprintln!(
-            "skipped: OPENTINKER_COMPONENTIZE_PY names no componentize-py (scripts/test.sh sets it)"
-        );
-    }
-    present
+    opentinker_test_tools::componentize_py().is_some()
 }
 
-/// Whether the test script's JavaScript toolchain is here (`OPENTINKER_JS_TOOLCHAIN`); says so
-/// when it is not.
+/// Whether the test script's JavaScript toolchain is here (`OPENTINKER_JS_TOOLCHAIN`), as above.
 fn js_toolchain_present() -> bool {
-    let present = std::env::var_os("OPENTINKER_JS_TOOLCHAIN").is_some();
-    if !present {
-        eprintln!(
-            "skipped: OPENTINKER_JS_TOOLCHAIN names no JavaScript toolchain (scripts/test.sh sets it)"
-        );
-    }
-    present
+    opentinker_test_tools::js_toolchain().is_some()
 }
 
 /// A Python plugin (`plugins/python/guess-number`, on the Python SDK) builds with the test
@@ -1411,12 +1407,9 @@ fn plugin_new_writes_plugins_that_test_build_and_play_as_written() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("lowercase letters"));
 
     let (Some(python), Some(_)) = (
-        std::env::var_os("OPENTINKER_TEST_PYTHON"),
-        std::env::var_os("OPENTINKER_COMPONENTIZE_PY"),
+        opentinker_test_tools::test_python(),
+        opentinker_test_tools::componentize_py(),
     ) else {
-        eprintln!(
-            "Python half skipped: scripts/test.sh sets OPENTINKER_TEST_PYTHON and OPENTINKER_COMPONENTIZE_PY"
-        );
         return;
     };
     for kind in ["environment", "agent", "reward"] {

@@ -5,7 +5,6 @@
 //! NVRTC are present (`scripts/gpu-check.sh`); elsewhere each test says it skipped and why.
 #![cfg(feature = "cuda")]
 
-use std::io::Write;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
@@ -21,7 +20,7 @@ fn gpu(test: &str) -> Option<Arc<Gpu>> {
     match Gpu::new(0) {
         Ok(gpu) => Some(Arc::new(gpu)),
         Err(error) if error.is_unavailable() => {
-            let _ = writeln!(std::io::stderr(), "{test}: skipped: {error}");
+            opentinker_test_tools::skip_for_machine(&error);
             None
         }
         Err(error) => panic!("{test}: {error}"),

@@ -5,8 +5,6 @@
 
 #[path = "common/arithmetic_job.rs"]
 mod arithmetic_job;
-#[path = "common/python.rs"]
-mod python;
 #[path = "common/server.rs"]
 mod server;
 
@@ -14,12 +12,14 @@ use std::path::Path;
 use std::process::Command;
 
 use arithmetic_job::ArithmeticJob;
-use python::python;
+use opentinker_test_tools::{chromium, test_python as python};
 use server::{BIN, start_server};
 
 #[test]
 fn the_dashboard_shows_a_running_job_its_curves_and_rollouts_in_a_real_browser() {
-    let Some(python) = python() else { return };
+    let (Some(python), Some(chromium)) = (python(), chromium()) else {
+        return;
+    };
     let server = start_server();
     let dir = tempfile::tempdir().unwrap();
     let job = ArithmeticJob {
@@ -54,6 +54,7 @@ fn the_dashboard_shows_a_running_job_its_curves_and_rollouts_in_a_real_browser()
         .env("TINKER_BASE_URL", &server.url)
         .env("TINKER_API_KEY", &server.alice)
         .env("JOB_ID", &id)
+        .env("OPENTINKER_CHROMIUM", &chromium)
         .env("SCREENSHOT", &screenshot)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()

@@ -7,10 +7,10 @@
 //! NVRTC alone is present.
 #![cfg(feature = "cuda")]
 
-use std::io::Write;
-
 mod common;
 use common::values;
+
+use opentinker_test_tools::skip_for_machine;
 
 use opentinker_kernels::cuda::{
     AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, LoraPool, LoraSite, PagedKvCache,
@@ -18,16 +18,11 @@ use opentinker_kernels::cuda::{
 };
 use opentinker_kernels::{Heads, LoraPair, Segment, causal_attention, linear, lora_apply, ops};
 
-/// Says, past the test harness's capture, that a test was skipped and why.
-fn skipped(test: &str, reason: &dyn std::fmt::Display) {
-    let _ = writeln!(std::io::stderr(), "{test}: skipped: {reason}");
-}
-
 fn gpu(test: &str) -> Option<Gpu> {
     match Gpu::new(0) {
         Ok(gpu) => Some(gpu),
         Err(error) if error.is_unavailable() => {
-            skipped(test, &error);
+            skip_for_machine(&error);
             None
         }
         Err(error) => panic!("{test}: {error}"),
@@ -72,9 +67,7 @@ fn the_kernel_source_compiles_with_nvrtc() {
                 assert!(ptx.contains(&format!(".entry {kernel}")), "{kernel}");
             }
         }
-        Err(error) if error.kind() == GpuErrorKind::NoCompiler => {
-            skipped("the_kernel_source_compiles_with_nvrtc", &error)
-        }
+        Err(error) if error.kind() == GpuErrorKind::NoCompiler => skip_for_machine(&error),
         Err(error) => panic!("{error}"),
     }
 }

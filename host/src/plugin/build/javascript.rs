@@ -14,6 +14,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
+use super::reuse::{Inputs, build_once};
 use super::{cache_dir, write_file};
 use crate::plugin::PluginKind;
 
@@ -134,7 +135,8 @@ fn read_package(dir: &Path) -> anyhow::Result<PackageJson> {
         .with_context(|| format!("{} is not a valid package.json", path.display()))
 }
 
-/// Build the JavaScript plugin in `dir` into `dir/target/opentinker/NAME.wasm`.
+/// Build the JavaScript plugin in `dir` into `dir/target/opentinker/NAME.wasm`, or reuse the one
+/// there that was built from the same inputs.
 pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
     let dir = dir
         .canonicalize()
@@ -172,27 +174,22 @@ pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
     };
 
     let build_dir = dir.join("target").join("opentinker");
-    write_file(&build_dir.join("wit/plugin.wit"), WIT)?;
-    for (relative, contents) in SDK_FILES {
-        write_file(&build_dir.join(relative), contents)?;
-    }
-    write_file(
-        &build_dir.join("glue/package.js"),
-        &format!(
-            "// The package's fields for the component's metadata, from its package.json.\n\
-             export const PACKAGE = {};\n",
-            serde_json::to_string(&fields)?
-        ),
-    )?;
+    let package_module = format!(
+        "// The package's fields for the component's metadata, from its package.json.\n\
+         export const PACKAGE = {};\n",
+        serde_json::to_string(&fields)?
+    );
     let kind = settings.kind.interface();
     let module_literal = serde_json::to_string(&module.to_string_lossy())?;
-    write_file(
-        &build_dir.join("entry.js"),
-        &format!(
-            "// The component's module: the plugin's own (which marks its class), and the WIT \
-             exports of its kind.\nimport {module_literal};\nexport * from \"./glue/{kind}.js\";\n"
-        ),
-    )?;
+    let entry = format!(
+        "// The component's module: the plugin's own (which marks its class), and the WIT \
+         exports of its kind.\nimport {module_literal};\nexport * from \"./glue/{kind}.js\";\n"
+    );
+    let generated = [
+        ("wit/plugin.wit", WIT),
+        ("glue/package.js", package_module.as_str()),
+        ("entry.js", entry.as_str()),
+    ];
 
     let output = build_dir.join(format!("{file_name}.wasm"));
     let job = DriverJob {
@@ -204,24 +201,39 @@ pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
         output: &output,
     };
     let toolchain = toolchain()?;
-    let status = Command::new("node")
-        .arg(toolchain.join(DRIVER.0))
-        .arg(serde_json::to_string(&job)?)
-        // componentize-js reads the bundle and the WIT through a program that sees this folder.
-        .current_dir(&build_dir)
-        // Its progress goes with the build's other messages, never into a command's output.
-        .stdout(std::io::stderr())
-        .status()
-        .context(
-            "running node: JavaScript plugins are built with Node.js 20 or newer, not found on PATH",
-        )?;
-    if !status.success() {
-        bail!(
-            "componentize-js could not build {} ({status}; its errors are above)",
-            dir.display()
-        );
+    let mut inputs = Inputs::new(&format!(
+        "componentize-js {COMPONENTIZE_JS_VERSION} at {}",
+        toolchain.display()
+    ));
+    for (relative, contents) in TOOLCHAIN_FILES.iter().chain(&SDK_FILES).chain(&generated) {
+        inputs.add(relative, contents.as_bytes());
     }
-    Ok(output)
+    inputs.add_folder(&dir)?;
+    build_once(&build_dir, &output, inputs, || {
+        for (relative, contents) in SDK_FILES.iter().chain(&generated) {
+            write_file(&build_dir.join(relative), contents)?;
+        }
+        let status = Command::new("node")
+            .arg(toolchain.join(DRIVER.0))
+            .arg(serde_json::to_string(&job)?)
+            // componentize-js reads the bundle and the WIT through a program that sees this
+            // folder.
+            .current_dir(&build_dir)
+            // Its progress goes with the build's other messages, never into a command's output.
+            .stdout(std::io::stderr())
+            .status()
+            .context(
+                "running node: JavaScript plugins are built with Node.js 20 or newer, not found \
+                 on PATH",
+            )?;
+        if !status.success() {
+            bail!(
+                "componentize-js could not build {} ({status}; its errors are above)",
+                dir.display()
+            );
+        }
+        Ok(())
+    })
 }
 
 /// The plugin's module `relative` to its package `dir`: a file inside it.

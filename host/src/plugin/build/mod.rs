@@ -1,9 +1,11 @@
 //! Build a plugin's source into a component, for `opentinker plugin build` and for jobs that name
 //! a plugin directory: a Rust crate with cargo, a Python project with componentize-py, a
-//! JavaScript package with componentize-js.
+//! JavaScript package with componentize-js. Like cargo for a crate, a Python or JavaScript build
+//! whose inputs are unchanged reuses its component.
 
 mod javascript;
 mod python;
+mod reuse;
 mod rust;
 
 use std::path::{Path, PathBuf};

@@ -12,6 +12,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+use super::reuse::{Inputs, build_once};
 use super::{cache_dir, write_file};
 use crate::plugin::PluginKind;
 
@@ -134,7 +135,8 @@ fn read_pyproject(dir: &Path) -> anyhow::Result<PyProject> {
     toml::from_str(&text).with_context(|| format!("{} is not a valid pyproject", path.display()))
 }
 
-/// Build the Python plugin in `dir` into `dir/target/opentinker/NAME.wasm`.
+/// Build the Python plugin in `dir` into `dir/target/opentinker/NAME.wasm`, or reuse the one
+/// there that was built from the same inputs.
 pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
     let dir = dir
         .canonicalize()
@@ -161,52 +163,61 @@ pub(super) fn build(dir: &Path) -> anyhow::Result<PathBuf> {
         .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "plugin".into());
     let build_dir = dir.join("target").join("opentinker");
-    let write = |relative: &str, contents: &str| write_file(&build_dir.join(relative), contents);
-    write("wit/plugin.wit", WIT)?;
-    for (relative, contents) in SDK_FILES {
-        write(relative, contents)?;
-    }
-    write(
-        "glue/_opentinker_package.py",
-        &project.project.package_module(&name),
-    )?;
-    write(
-        "glue/_opentinker_user.py",
-        &format!(
-            "\"\"\"The plugin's own module, imported so that it marks its class.\"\"\"\n\nimport {}  # noqa: F401\n",
-            settings.module
-        ),
-    )?;
+    let package_module = project.project.package_module(&name);
+    let user_module = format!(
+        "\"\"\"The plugin's own module, imported so that it marks its class.\"\"\"\n\nimport {}  # noqa: F401\n",
+        settings.module
+    );
     let kind = settings.kind.interface();
     let output = build_dir.join(format!("{name}.wasm"));
     let componentize_py = componentize_py()?;
-    let status = Command::new(&componentize_py)
-        .arg("-d")
-        .arg(build_dir.join("wit"))
-        .arg("-w")
-        .arg(format!("{kind}-plugin"))
-        .arg("componentize")
-        .arg(format!("opentinker_{kind}_app"))
-        .arg("-p")
-        .arg(build_dir.join("glue"))
-        .arg("-p")
-        .arg(build_dir.join("sdk"))
-        .arg("-p")
-        .arg(&dir)
-        .arg("-o")
-        .arg(&output)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        // Its progress goes with the build's other messages, never into a command's output.
-        .stdout(std::io::stderr())
-        .status()
-        .with_context(|| format!("running {}", componentize_py.display()))?;
-    if !status.success() {
-        bail!(
-            "componentize-py could not build {} ({status}; its errors are above)",
-            dir.display()
-        );
+    let generated = [
+        ("wit/plugin.wit", WIT),
+        ("glue/_opentinker_package.py", package_module.as_str()),
+        ("glue/_opentinker_user.py", user_module.as_str()),
+    ];
+
+    let mut inputs = Inputs::new(&format!(
+        "componentize-py {COMPONENTIZE_PY_VERSION} at {}",
+        componentize_py.display()
+    ));
+    inputs.add("world", kind.as_bytes());
+    for (relative, contents) in SDK_FILES.iter().chain(&generated) {
+        inputs.add(relative, contents.as_bytes());
     }
-    Ok(output)
+    inputs.add_folder(&dir)?;
+    build_once(&build_dir, &output, inputs, || {
+        for (relative, contents) in SDK_FILES.iter().chain(&generated) {
+            write_file(&build_dir.join(relative), contents)?;
+        }
+        let status = Command::new(&componentize_py)
+            .arg("-d")
+            .arg(build_dir.join("wit"))
+            .arg("-w")
+            .arg(format!("{kind}-plugin"))
+            .arg("componentize")
+            .arg(format!("opentinker_{kind}_app"))
+            .arg("-p")
+            .arg(build_dir.join("glue"))
+            .arg("-p")
+            .arg(build_dir.join("sdk"))
+            .arg("-p")
+            .arg(&dir)
+            .arg("-o")
+            .arg(&output)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            // Its progress goes with the build's other messages, never into a command's output.
+            .stdout(std::io::stderr())
+            .status()
+            .with_context(|| format!("running {}", componentize_py.display()))?;
+        if !status.success() {
+            bail!(
+                "componentize-py could not build {} ({status}; its errors are above)",
+                dir.display()
+            );
+        }
+        Ok(())
+    })
 }
 
 /// The `componentize-py` to build with: [`COMPONENTIZE_PY_ENV`], or the pinned version in the
