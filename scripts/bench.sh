@@ -12,7 +12,9 @@
 # quarter of the cores): the benchmarks say so instead.
 #
 # --quick (the test script runs `all --quick`): tiny shapes, one iteration, no peers and no
-# venv; it checks that every benchmark builds and runs, and its figures mean nothing.
+# venv; it checks that every benchmark builds and runs, and its figures mean nothing. It builds
+# in the dev profile, whose dependencies the test build has already compiled (optimised), so the
+# test script does not pay for a second, release build of the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,7 +45,12 @@ fi
 
 if $quick; then
     export OPENTINKER_BENCH_QUICK=1
+    export OPENTINKER_BENCH_PROFILE=dev
+    # The test build's features, so that the quick run reuses its build of the host crate.
+    export OPENTINKER_BENCH_FEATURES=cuda
 else
+    export OPENTINKER_BENCH_PROFILE=release
+    export OPENTINKER_BENCH_FEATURES=""
     unset OPENTINKER_BENCH_QUICK
     # The peers' virtual environment, remade only when the requirements change.
     source scripts/venv.sh
@@ -51,6 +58,8 @@ else
     make_venv "$venv" bench/python/requirements.txt
     export PYTHON="$venv/bin/python"
 fi
+
+cargo_bench=(cargo bench --locked -q --profile "$OPENTINKER_BENCH_PROFILE" --features "$OPENTINKER_BENCH_FEATURES")
 
 echo "$date, $cpu, $cores cores, load $load$($quick && echo ', quick: figures mean nothing')"
 
@@ -109,27 +118,27 @@ PY
 }
 
 if [[ "$which" == plugins || "$which" == all ]]; then
-    run plugins cargo bench --locked -q -p opentinker --bench plugin_calls
+    run plugins "${cargo_bench[@]}" -p opentinker --bench plugin_calls
     run plugins_table plugin_table
-    run plugin_languages cargo bench --locked -q -p opentinker --bench plugin_languages
+    run plugin_languages "${cargo_bench[@]}" -p opentinker --bench plugin_languages
 fi
 # The README's shapes: the tiny one, and the Qwen2.5-0.5B one (each of its benchmarks writes a
 # 2 GB model to a temporary folder first); the quick run takes the tiny one only.
 if [[ "$which" == training || "$which" == all ]]; then
-    run lora_training cargo bench --locked -q -p opentinker --bench lora_training
+    run lora_training "${cargo_bench[@]}" -p opentinker --bench lora_training
     if ! $quick; then
-        run lora_training_0.5b cargo bench --locked -q -p opentinker --bench lora_training -- qwen2.5-0.5b
-        run lora_vs_full cargo bench --locked -q -p opentinker --bench lora_vs_full -- qwen2.5-0.5b
+        run lora_training_0.5b "${cargo_bench[@]}" -p opentinker --bench lora_training -- qwen2.5-0.5b
+        run lora_vs_full "${cargo_bench[@]}" -p opentinker --bench lora_vs_full -- qwen2.5-0.5b
     else
-        run lora_vs_full cargo bench --locked -q -p opentinker --bench lora_vs_full -- tiny
+        run lora_vs_full "${cargo_bench[@]}" -p opentinker --bench lora_vs_full -- tiny
     fi
 fi
 if [[ "$which" == sampling || "$which" == all ]]; then
-    run sampling cargo bench --locked -q -p opentinker --bench sampling
+    run sampling "${cargo_bench[@]}" -p opentinker --bench sampling
     if ! $quick; then
-        run sampling_0.5b cargo bench --locked -q -p opentinker --bench sampling -- qwen2.5-0.5b
+        run sampling_0.5b "${cargo_bench[@]}" -p opentinker --bench sampling -- qwen2.5-0.5b
     fi
-    run kernels cargo bench --locked -q -p opentinker-kernels --bench kernels
+    run kernels "${cargo_bench[@]}" -p opentinker-kernels --bench kernels
 fi
 if [[ "$which" == service || "$which" == all ]]; then
     steps=30

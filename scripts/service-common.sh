@@ -1,11 +1,15 @@
 # Sourced by the service's benchmark scripts: the SDK's venv (the test script's, made if
-# missing) and a release `opentinker serve` on loopback with its own data folder, stopped and
-# removed on exit. After `start_server`: $bin, $data, $port, $server.
+# missing) and an `opentinker serve` (release unless OPENTINKER_BENCH_PROFILE=dev) on loopback
+# with its own data folder, stopped and removed on exit. After `start_server`: $bin, $data,
+# $port, $server.
 
 source scripts/venv.sh
 venv="${OPENTINKER_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv}"
 make_venv "$venv" scripts/requirements-test.txt
-bin=target/release/opentinker
+# The build profile (OPENTINKER_BENCH_PROFILE, release unless told) and its output folder.
+profile="${OPENTINKER_BENCH_PROFILE:-release}"
+target="target/$([[ "$profile" == dev ]] && echo debug || echo "$profile")"
+bin="$target/opentinker"
 
 data="$(mktemp -d)"
 server=""
