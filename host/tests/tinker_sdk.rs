@@ -129,7 +129,10 @@ fn a_loop_survives_sigkills_of_the_server_with_the_same_final_adapter() {
     drop(reference);
 
     // The same loop, with the server killed (SIGKILL) and restarted on the same port and data
-    // at moments drawn from the clock.
+    // at moments drawn from the clock, while the loop runs: from the line the script prints
+    // once its training client exists until its result line. (Drawn from the script's start,
+    // all four kills could land while Python was still importing the SDK, and none in the
+    // loop: seen once in twenty runs.)
     let mut server = start_server();
     let addr = server.url.trim_start_matches("http://").to_string();
     let mut script = script_command(&python, "durable_loop.py", &server)
@@ -137,18 +140,39 @@ fn a_loop_survives_sigkills_of_the_server_with_the_same_final_adapter() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let (lines, read) = std::sync::mpsc::channel();
+    let stdout = script.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { break };
+            all.push_str(&line);
+            all.push('\n');
+            let _ = lines.send(line);
+        }
+        all
+    });
+    let started = read.recv_timeout(std::time::Duration::from_secs(120));
+    assert!(
+        started
+            .as_deref()
+            .is_ok_and(|line| line.contains("started")),
+        "the loop did not start: {started:?}"
+    );
     let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos() as u64;
     let (mut kills, mut mid_loop) = (0, 0);
-    while kills < 4 && script.try_wait().unwrap().is_none() {
+    while kills < 4 {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        std::thread::sleep(std::time::Duration::from_millis(200 + (seed >> 33) % 1200));
-        if script.try_wait().unwrap().is_some() {
-            break;
+        let pause = std::time::Duration::from_millis(200 + (seed >> 33) % 1200);
+        // The result line (or the script's end) stops the kills.
+        match read.recv_timeout(pause) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            _ => break,
         }
         server.child.kill().unwrap();
         server.child.wait().unwrap();
@@ -158,7 +182,9 @@ fn a_loop_survives_sigkills_of_the_server_with_the_same_final_adapter() {
         mid_loop += usize::from(line.contains("restored 1 sessions, 1 models"));
         server.child = child;
     }
-    let output = script.wait_with_output().unwrap();
+    let stdout = reader.join().unwrap();
+    let mut output = script.wait_with_output().unwrap();
+    output.stdout = stdout.into_bytes();
     let (bytes, losses) = final_adapter(&server, &output);
     println!("{kills} kills; losses {losses}");
     assert!(

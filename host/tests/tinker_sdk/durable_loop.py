@@ -1,5 +1,6 @@
 """A training loop that a test runs while it kills and restarts the server: it must finish with
-no change to the script. Prints the path of its final adapter and its losses."""
+no change to the script. Prints a line once its training client exists, then the path of its final
+adapter and its losses."""
 
 import json
 
@@ -8,6 +9,8 @@ from tinker import types
 
 STEPS = 30
 training = service().create_lora_training_client(base_model=BASE_MODEL, rank=8).result()
+# The test kills the server only from here on: before this line, a kill meets no session.
+print(json.dumps({"started": True}), flush=True)
 data = [sft_datum(list(range(5 + 3 * i, 45 + 3 * i))) for i in range(3)]
 losses = []
 for step in range(STEPS):
