@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every benchmark of the README with its peers, in one command:
 #
-#   scripts/bench.sh [plugins|training|sampling|service|all] [--quick]
+#   scripts/bench.sh [plugins|training|sampling|service|soak|all] [--quick]
 #
 # Makes (or reuses) the peers' virtual environment outside the repository from
 # bench/python/requirements.txt (PyTorch, transformers, PEFT, FastAPI, uvicorn; the service
@@ -10,6 +10,10 @@
 # and its load, and writes each as JSON into target/bench-results/. A ratio against a peer is not
 # reported when the machine was busy at the start (1-minute load above BENCH_MAX_LOAD, default a
 # quarter of the cores): the benchmarks say so instead.
+#
+# soak (not part of `all`): the long versions of the suite's load and soak tests, which the suite
+# runs short: eight tenants' SDK loops for 180 s instead of 40, and a thousand memory-limit hits
+# instead of 250; it prints their figures (the tests' own assertions still hold).
 #
 # --quick (the test script runs `all --quick`): tiny shapes, one iteration, no peers and no
 # venv; it checks that every benchmark builds and runs, and its figures mean nothing. It builds
@@ -22,7 +26,7 @@ which="all"
 quick=false
 for arg in "$@"; do
     case "$arg" in
-        plugins | training | sampling | service | all) which="$arg" ;;
+        plugins | training | sampling | service | soak | all) which="$arg" ;;
         --quick) quick=true ;;
         *) echo "unknown argument $arg: see the head of $0" >&2; exit 2 ;;
     esac
@@ -144,4 +148,14 @@ if [[ "$which" == service || "$which" == all ]]; then
     steps=30
     $quick && steps=2
     run service scripts/bench-service.sh "$steps"
+fi
+if [[ "$which" == soak ]]; then
+    # The tests' own venv and JavaScript toolchain (scripts/test.sh makes them).
+    export OPENTINKER_TEST_PYTHON="${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv/bin/python"
+    soak_test() {
+        cargo nextest run --locked --features cuda --workspace --no-capture --status-level none \
+            --final-status-level none -E "test(=$1)" 2>&1 | grep -E "$2"
+    }
+    run soak_load env OPENTINKER_LOAD_SECONDS=180 bash -c "$(declare -f soak_test); soak_test eight_tenants_share_the_server_fairly_under_load 'share|resident memory'"
+    run soak_memory env OPENTINKER_SOAK_EPISODES=1000 bash -c "$(declare -f soak_test); soak_test memory_comes_back_after_many_memory_limit_hits 'resident after'"
 fi

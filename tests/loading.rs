@@ -47,22 +47,37 @@ async fn a_second_load_skips_compilation_and_a_damaged_entry_is_rebuilt() {
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0xFF;
     std::fs::write(&entry, &bytes).unwrap();
+    let functions = dir.join("functions");
+    let compiled_functions = std::fs::read_dir(&functions).unwrap().count();
+    assert!(compiled_functions > 0);
     let third = host_with_cache(cache.path())
         .load_file(&wasm)
         .await
         .unwrap();
     assert!(!third.load_report().cache_hit);
+    // The recompilation took most functions from the function cache (a few, whose compiler
+    // input differs from one compilation to the next, are compiled anew each time).
+    let anew = std::fs::read_dir(&functions).unwrap().count() - compiled_functions;
+    assert!(
+        anew * 4 < compiled_functions,
+        "{anew} of {compiled_functions} functions compiled again"
+    );
     let fourth = host_with_cache(cache.path())
         .load_file(&wasm)
         .await
         .unwrap();
     assert!(fourth.load_report().cache_hit);
-    // No temporary files are left behind.
-    let names: Vec<_> = std::fs::read_dir(&dir)
+    // No temporary files are left behind: the entry and the function cache's folder.
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
-        .map(|e| e.unwrap().file_name())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(names.len(), 1, "{names:?}");
+    names.sort();
+    assert_eq!(
+        names,
+        [format!("{}.cwasm", first.digest()), "functions".to_string()],
+        "{names:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

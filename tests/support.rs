@@ -36,11 +36,18 @@ pub fn plugin_wasm(name: &str) -> PathBuf {
     path
 }
 
-/// A host sized for tests (fewer instance slots than a server's), without a compile cache.
+/// A host sized for tests (fewer instance slots than a server's). Its compile cache is the test
+/// script's one for the whole run (`OPENTINKER_TEST_COMPILE_CACHE`), shared with every other test
+/// process, so that a component, and each function of the Python and JavaScript engines that
+/// many components carry, is compiled once per run; without it, no cache.
 pub fn test_host() -> PluginHost {
+    let cache_dir = std::env::var_os("OPENTINKER_TEST_COMPILE_CACHE")
+        .filter(|dir| !dir.is_empty())
+        .map(std::path::PathBuf::from);
     PluginHost::new(HostConfig {
         max_instances: 2_500,
         max_instances_per_plugin: 2_500,
+        cache_dir,
         ..HostConfig::default()
     })
     .expect("starting a plugin host")

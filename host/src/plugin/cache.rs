@@ -20,6 +20,8 @@ use sha2::Sha256;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use super::function_cache::{self, FunctionCache};
+
 type CacheMac = Hmac<Sha256>;
 
 /// What an entry starts with, before its MAC.
@@ -187,11 +189,21 @@ impl CompileCache {
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// The per-function cache of this engine's compilations, under the same key.
+    pub(crate) fn functions(&self) -> FunctionCache {
+        FunctionCache::new(function_cache::folder_in(&self.dir), self.key)
+    }
+
+    /// Evict the per-function cache past the same size bound as the components'.
+    pub(crate) fn evict_functions(&self) -> std::io::Result<()> {
+        self.functions().evict(self.max_total_bytes)
+    }
 }
 
 /// The bytes of `path` if it is a regular file (not followed through a link; a FIFO or device is
 /// opened without blocking and refused) of at most `max` bytes.
-fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
     let mut file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)

@@ -14,6 +14,7 @@ use std::io::{Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -23,6 +24,7 @@ use wasmtime::component::Component;
 
 use super::engine::{EngineSettings, wasm_config};
 use super::error::{CompileResource, LoadError};
+use super::function_cache::FunctionCache;
 use super::structure::{self, StructureError, StructureLimits};
 
 /// The subcommand of `opentinker` that runs the worker.
@@ -133,6 +135,9 @@ pub fn find_worker() -> Result<PathBuf, LoadError> {
 struct WorkerRequest {
     settings: EngineSettings,
     structure: StructureLimits,
+    /// The per-function cache's folder, whose key then leads the worker's input (never on the
+    /// command line, which other users can read).
+    functions: Option<PathBuf>,
 }
 
 /// What the worker says when it refuses or fails a component (on stderr, one JSON line, exit
@@ -155,12 +160,15 @@ pub(crate) async fn compile_in_worker(
     program: &Path,
     settings: &EngineSettings,
     limits: &CompileLimits,
+    functions: Option<&FunctionCache>,
     bytes: &[u8],
 ) -> Result<Component, LoadError> {
     let request = WorkerRequest {
         settings: settings.clone(),
         structure: limits.structure.clone(),
+        functions: functions.map(|cache| cache.dir().to_path_buf()),
     };
+    let key = functions.map(FunctionCache::key);
     let request = serde_json::to_string(&request)
         .map_err(|e| LoadError::CompilerUnavailable(format!("encoding the request: {e}")))?;
     let mut command = std::process::Command::new(program);
@@ -199,6 +207,9 @@ pub(crate) async fn compile_in_worker(
     let exchange = async {
         // The worker reads all its input before it writes anything, so no pipe can fill both ways.
         let wrote = async {
+            if let Some(key) = &key {
+                stdin.write_all(key).await?;
+            }
             stdin.write_all(bytes).await?;
             stdin.shutdown().await
         }
@@ -307,8 +318,19 @@ pub fn run_worker(request: &str) -> i32 {
         Ok(request) => request,
         Err(e) => return refuse(WorkerError::Compile(format!("a bad request: {e}"))),
     };
+    let mut stdin = std::io::stdin().lock();
+    let functions = match &request.functions {
+        Some(dir) => {
+            let mut key = [0; 32];
+            if let Err(e) = stdin.read_exact(&mut key) {
+                return refuse(WorkerError::Compile(format!("reading the cache key: {e}")));
+            }
+            Some(FunctionCache::new(dir.clone(), key))
+        }
+        None => None,
+    };
     let mut bytes = Vec::new();
-    if let Err(e) = std::io::stdin().read_to_end(&mut bytes) {
+    if let Err(e) = stdin.read_to_end(&mut bytes) {
         return refuse(WorkerError::Compile(format!("reading the component: {e}")));
     }
     let structure = match structure::measure(&bytes) {
@@ -318,7 +340,13 @@ pub fn run_worker(request: &str) -> i32 {
     if let Err(error) = request.structure.check(&structure) {
         return refuse(WorkerError::Structure(error));
     }
-    let engine = match Engine::new(&wasm_config(&request.settings)) {
+    let mut config = wasm_config(&request.settings);
+    if let Some(functions) = functions
+        && let Err(e) = config.enable_incremental_compilation(Arc::new(functions))
+    {
+        return refuse(WorkerError::Compile(format!("{e:#}")));
+    }
+    let engine = match Engine::new(&config) {
         Ok(engine) => engine,
         Err(e) => return refuse(WorkerError::Compile(format!("{e:#}"))),
     };

@@ -192,6 +192,7 @@ impl PluginHost {
                     &program,
                     &settings,
                     &self.config.compile,
+                    self.cache.as_ref().map(CompileCache::functions).as_ref(),
                     &bytes,
                 )
                 .await?;
@@ -200,6 +201,11 @@ impl PluginHost {
                     && let Err(error) = cache.put(&digest, &component)
                 {
                     tracing::warn!(dir = %cache.dir().display(), %error, "could not cache a compiled component");
+                }
+                if let Some(cache) = &self.cache
+                    && let Err(error) = cache.evict_functions()
+                {
+                    tracing::warn!(dir = %cache.dir().display(), %error, "could not evict the function cache");
                 }
                 let report = LoadReport {
                     cache_hit: false,

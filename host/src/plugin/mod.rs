@@ -15,6 +15,7 @@ mod contract;
 mod engine;
 mod environment;
 mod error;
+mod function_cache;
 mod inspect;
 mod limits;
 mod loader;
