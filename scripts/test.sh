@@ -46,10 +46,13 @@ phases=()
 run_started=$SECONDS
 skips="$(mktemp)"
 export OPENTINKER_TEST_SKIPS="$skips"
-# One compile cache for the run's CLI tests, each in its own process: a component is compiled
-# once per run rather than once per test.
-compile_cache="$(mktemp -d)"
-export OPENTINKER_TEST_COMPILE_CACHE="$compile_cache"
+# One compile cache for the tests' plugin hosts and CLI commands, each test in its own process:
+# a component, and each function of the Python and JavaScript engines that many components
+# carry, is compiled once, not once per test. It lives in target/ and is kept between runs as
+# cargo's build is (its entries are content-addressed and authenticated, so a stale one is only
+# a miss); a clean clone compiles everything once. The tests of the cache itself use their own.
+export OPENTINKER_TEST_COMPILE_CACHE="$PWD/target/test-compile-cache"
+mkdir -p "$OPENTINKER_TEST_COMPILE_CACHE"
 phase() {
     local name="$1" started=$SECONDS
     shift
@@ -70,7 +73,7 @@ report() {
     count="$(grep -c . "$skips" || true)"
     echo "  skipped: $count test(s)"
     sed 's/^/    /' "$skips"
-    rm -rf "$skips" "$compile_cache"
+    rm -f "$skips"
     exit "$status"
 }
 trap report EXIT

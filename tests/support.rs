@@ -37,9 +37,9 @@ pub fn plugin_wasm(name: &str) -> PathBuf {
 }
 
 /// A host sized for tests (fewer instance slots than a server's). Its compile cache is the test
-/// script's one for the whole run (`OPENTINKER_TEST_COMPILE_CACHE`), shared with every other test
-/// process, so that a component, and each function of the Python and JavaScript engines that
-/// many components carry, is compiled once per run; without it, no cache.
+/// script's one (`OPENTINKER_TEST_COMPILE_CACHE`), shared with every other test process, so that
+/// a component, and each function of the Python and JavaScript engines that many components
+/// carry, is compiled once; without it, no cache.
 pub fn test_host() -> PluginHost {
     let cache_dir = std::env::var_os("OPENTINKER_TEST_COMPILE_CACHE")
         .filter(|dir| !dir.is_empty())

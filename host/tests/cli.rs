@@ -25,9 +25,9 @@ fn opentinker(args: &[&str]) -> std::process::Output {
         .expect("running opentinker")
 }
 
-/// The compile cache of the commands these tests run: the test script's one for the whole run
-/// (`OPENTINKER_TEST_COMPILE_CACHE`, shared by every test process, so that each component is
-/// compiled once per run, not once per test), else a temporary one for this process.
+/// The compile cache of the commands these tests run: the test script's one
+/// (`OPENTINKER_TEST_COMPILE_CACHE`, shared by every test process and kept between runs, so that
+/// each component is compiled once, not once per test), else a temporary one for this process.
 fn cache_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     static TEMPORARY: OnceLock<tempfile::TempDir> = OnceLock::new();
