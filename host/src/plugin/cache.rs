@@ -165,23 +165,9 @@ impl CompileCache {
 
     /// Remove entries, oldest use first, until they take at most `max_total_bytes`.
     fn evict(&self) -> std::io::Result<()> {
-        let mut entries = Vec::new();
-        for entry in std::fs::read_dir(&self.dir)? {
-            let entry = entry?;
-            let metadata = entry.metadata()?;
-            if metadata.is_file() {
-                entries.push((metadata.modified()?, metadata.len(), entry.path()));
-            }
-        }
-        let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
-        entries.sort();
-        for (_, len, path) in entries {
-            if total <= self.max_total_bytes {
-                break;
-            }
-            tracing::info!(path = %path.display(), "evicting a compile-cache entry");
-            std::fs::remove_file(&path)?;
-            total -= len;
+        let evicted = evict_oldest(&self.dir, self.max_total_bytes)?;
+        if evicted > 0 {
+            tracing::info!(dir = %self.dir.display(), evicted, "evicted compile-cache entries");
         }
         Ok(())
     }
@@ -199,6 +185,36 @@ impl CompileCache {
     pub(crate) fn evict_functions(&self) -> std::io::Result<()> {
         self.functions().evict(self.max_total_bytes)
     }
+}
+
+/// Remove the regular files of `dir`, oldest modification first, until they take at most
+/// `max_total_bytes`; how many were removed. A missing folder holds nothing.
+pub(crate) fn evict_oldest(dir: &Path, max_total_bytes: u64) -> std::io::Result<usize> {
+    let listing = match std::fs::read_dir(dir) {
+        Ok(listing) => listing,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(error) => return Err(error),
+    };
+    let mut entries = Vec::new();
+    for entry in listing {
+        let entry = entry?;
+        let metadata = entry.metadata()?;
+        if metadata.is_file() {
+            entries.push((metadata.modified()?, metadata.len(), entry.path()));
+        }
+    }
+    let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
+    entries.sort();
+    let mut removed = 0;
+    for (_, len, path) in entries {
+        if total <= max_total_bytes {
+            break;
+        }
+        std::fs::remove_file(&path)?;
+        total -= len;
+        removed += 1;
+    }
+    Ok(removed)
 }
 
 /// The bytes of `path` if it is a regular file (not followed through a link; a FIFO or device is

@@ -22,7 +22,7 @@ use std::time::SystemTime;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use super::cache::read_bounded;
+use super::cache::{evict_oldest, read_bounded};
 
 type EntryMac = Hmac<Sha256>;
 
@@ -75,34 +75,9 @@ impl FunctionCache {
         mac
     }
 
-    /// Remove entries, oldest first, until they take at most `max_total_bytes`.
+    /// Remove entries, oldest use first, until they take at most `max_total_bytes`.
     pub(crate) fn evict(&self, max_total_bytes: u64) -> std::io::Result<()> {
-        let mut entries = Vec::new();
-        let listing = match std::fs::read_dir(&self.dir) {
-            Ok(listing) => listing,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(error) => return Err(error),
-        };
-        for entry in listing {
-            let entry = entry?;
-            let metadata = entry.metadata()?;
-            if metadata.is_file() {
-                entries.push((metadata.modified()?, metadata.len(), entry.path()));
-            }
-        }
-        let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
-        if total <= max_total_bytes {
-            return Ok(());
-        }
-        entries.sort();
-        for (_, len, path) in entries {
-            if total <= max_total_bytes {
-                break;
-            }
-            std::fs::remove_file(&path)?;
-            total -= len;
-        }
-        Ok(())
+        evict_oldest(&self.dir, max_total_bytes).map(drop)
     }
 
     fn write(&self, key: &[u8], value: &[u8]) -> std::io::Result<()> {
