@@ -99,7 +99,8 @@ fn final_adapter(server: &Server, output: &std::process::Output) -> (Vec<u8>, St
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
-        "the loop failed:\n{stdout}{stderr}"
+        "the loop failed ({}):\n{stdout}{stderr}",
+        output.status
     );
     let last = stdout.lines().last().unwrap_or_default();
     let result: serde_json::Value = serde_json::from_str(last).expect("the loop's result line");
