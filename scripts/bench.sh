@@ -150,12 +150,15 @@ if [[ "$which" == service || "$which" == all ]]; then
     run service scripts/bench-service.sh "$steps"
 fi
 if [[ "$which" == soak ]]; then
-    # The tests' own venv and JavaScript toolchain (scripts/test.sh makes them).
+    # The test venv, with the tinker SDK (scripts/test.sh makes it).
     export OPENTINKER_TEST_PYTHON="${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv/bin/python"
+    # soak_test VAR=VALUE TEST PATTERN: run TEST with the long setting, print its figure lines.
     soak_test() {
-        cargo nextest run --locked --features cuda --workspace --no-capture --status-level none \
-            --final-status-level none -E "test(=$1)" 2>&1 | grep -E "$2"
+        env "$1" cargo nextest run --locked --features cuda --workspace --no-capture \
+            --status-level none --final-status-level none -E "test(=$2)" 2>&1 | grep -E "$3"
     }
-    run soak_load env OPENTINKER_LOAD_SECONDS=180 bash -c "$(declare -f soak_test); soak_test eight_tenants_share_the_server_fairly_under_load 'share|resident memory'"
-    run soak_memory env OPENTINKER_SOAK_EPISODES=1000 bash -c "$(declare -f soak_test); soak_test memory_comes_back_after_many_memory_limit_hits 'resident after'"
+    run soak_load soak_test OPENTINKER_LOAD_SECONDS=180 \
+        eight_tenants_share_the_server_fairly_under_load 'share|resident memory'
+    run soak_memory soak_test OPENTINKER_SOAK_EPISODES=1000 \
+        memory_comes_back_after_many_memory_limit_hits 'resident after'
 fi

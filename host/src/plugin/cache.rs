@@ -20,15 +20,17 @@ use sha2::Sha256;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::function_cache::{self, FunctionCache};
+use super::function_cache::FunctionCache;
 
 type CacheMac = Hmac<Sha256>;
 
 /// What an entry starts with, before its MAC.
 const MAGIC: &[u8; 8] = b"otcache1";
 const MAC_LEN: usize = 32;
-const KEY_LEN: usize = 32;
+pub(crate) const KEY_LEN: usize = 32;
 const KEY_FILE: &str = "cache.key";
+/// The per-function cache's folder inside an engine's folder.
+const FUNCTIONS_FOLDER: &str = "functions";
 
 pub(crate) struct CompileCache {
     dir: PathBuf,
@@ -163,9 +165,11 @@ impl CompileCache {
         self.evict()
     }
 
-    /// Remove entries, oldest use first, until they take at most `max_total_bytes`.
+    /// Remove entries, oldest use first, until they take at most `max_total_bytes`: the
+    /// components', then the per-function cache's, each under that bound.
     fn evict(&self) -> std::io::Result<()> {
-        let evicted = evict_oldest(&self.dir, self.max_total_bytes)?;
+        let evicted = evict_oldest(&self.dir, self.max_total_bytes)?
+            + evict_oldest(&self.dir.join(FUNCTIONS_FOLDER), self.max_total_bytes)?;
         if evicted > 0 {
             tracing::info!(dir = %self.dir.display(), evicted, "evicted compile-cache entries");
         }
@@ -176,14 +180,10 @@ impl CompileCache {
         &self.dir
     }
 
-    /// The per-function cache of this engine's compilations, under the same key.
+    /// The per-function cache of this engine's compilations, under the same key (evicted with
+    /// the components' entries).
     pub(crate) fn functions(&self) -> FunctionCache {
-        FunctionCache::new(function_cache::folder_in(&self.dir), self.key)
-    }
-
-    /// Evict the per-function cache past the same size bound as the components'.
-    pub(crate) fn evict_functions(&self) -> std::io::Result<()> {
-        self.functions().evict(self.max_total_bytes)
+        FunctionCache::new(self.dir.join(FUNCTIONS_FOLDER), self.key)
     }
 }
 

@@ -22,6 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use super::cache::KEY_LEN;
 use super::engine::{EngineSettings, wasm_config};
 use super::error::{CompileResource, LoadError};
 use super::function_cache::FunctionCache;
@@ -321,7 +322,7 @@ pub fn run_worker(request: &str) -> i32 {
     let mut stdin = std::io::stdin().lock();
     let functions = match &request.functions {
         Some(dir) => {
-            let mut key = [0; 32];
+            let mut key = [0; KEY_LEN];
             if let Err(e) = stdin.read_exact(&mut key) {
                 return refuse(WorkerError::Compile(format!("reading the cache key: {e}")));
             }

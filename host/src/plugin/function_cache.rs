@@ -12,7 +12,7 @@
 //! written by anyone without the key, copied under another name, or changed in a byte fails the
 //! MAC and is a miss. Entries are read only from bounded regular files, never through a link.
 //! Entries are not fsynced (a function is cheap to compile again, and there are tens of
-//! thousands): a torn write fails its MAC. The oldest are evicted past a size bound.
+//! thousands): a torn write fails its MAC. The component cache evicts the oldest past its bound.
 
 use std::borrow::Cow;
 use std::io::Write;
@@ -22,7 +22,7 @@ use std::time::SystemTime;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use super::cache::{evict_oldest, read_bounded};
+use super::cache::{KEY_LEN, read_bounded};
 
 type EntryMac = Hmac<Sha256>;
 
@@ -33,10 +33,9 @@ const MAC_LEN: usize = 32;
 const MAX_ENTRY_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The function cache in one folder, under the component cache's secret key.
-#[derive(Clone)]
 pub(crate) struct FunctionCache {
     dir: PathBuf,
-    key: [u8; 32],
+    key: [u8; KEY_LEN],
 }
 
 impl std::fmt::Debug for FunctionCache {
@@ -49,7 +48,7 @@ impl std::fmt::Debug for FunctionCache {
 }
 
 impl FunctionCache {
-    pub(crate) fn new(dir: PathBuf, key: [u8; 32]) -> Self {
+    pub(crate) fn new(dir: PathBuf, key: [u8; KEY_LEN]) -> Self {
         FunctionCache { dir, key }
     }
 
@@ -58,7 +57,7 @@ impl FunctionCache {
     }
 
     /// The secret key, for the compile worker.
-    pub(crate) fn key(&self) -> [u8; 32] {
+    pub(crate) fn key(&self) -> [u8; KEY_LEN] {
         self.key
     }
 
@@ -73,11 +72,6 @@ impl FunctionCache {
         mac.update(key);
         mac.update(value);
         mac
-    }
-
-    /// Remove entries, oldest use first, until they take at most `max_total_bytes`.
-    pub(crate) fn evict(&self, max_total_bytes: u64) -> std::io::Result<()> {
-        evict_oldest(&self.dir, max_total_bytes).map(drop)
     }
 
     fn write(&self, key: &[u8], value: &[u8]) -> std::io::Result<()> {
@@ -114,11 +108,6 @@ impl wasmtime::CacheStore for FunctionCache {
     fn insert(&self, key: &[u8], value: Vec<u8>) -> bool {
         self.write(key, &value).is_ok()
     }
-}
-
-/// The folder of the function cache of a component cache's engine folder.
-pub(crate) fn folder_in(engine_dir: &Path) -> PathBuf {
-    engine_dir.join("functions")
 }
 
 #[cfg(test)]
@@ -166,7 +155,7 @@ mod tests {
             file.set_modified(SystemTime::now() - std::time::Duration::from_secs(age))
                 .unwrap();
         }
-        cache.evict(2 * (1000 + MAC_LEN as u64)).unwrap();
+        crate::plugin::cache::evict_oldest(cache.dir(), 2 * (1000 + MAC_LEN as u64)).unwrap();
         assert_eq!(cache.get(b"old"), None);
         assert!(cache.get(b"middle").is_some() && cache.get(b"new").is_some());
     }

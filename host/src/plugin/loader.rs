@@ -202,11 +202,6 @@ impl PluginHost {
                 {
                     tracing::warn!(dir = %cache.dir().display(), %error, "could not cache a compiled component");
                 }
-                if let Some(cache) = &self.cache
-                    && let Err(error) = cache.evict_functions()
-                {
-                    tracing::warn!(dir = %cache.dir().display(), %error, "could not evict the function cache");
-                }
                 let report = LoadReport {
                     cache_hit: false,
                     compile_time: started.elapsed(),
