@@ -23,8 +23,9 @@ use candle_core::{DType, Tensor};
 use opentinker::lora::{Adapter, AdapterRegistry, LoraConfig};
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, Transformer};
-use opentinker::sample::forward::{KvCache, SequenceInput, forward};
+use opentinker::sample::forward::{SequenceInput, forward};
 use opentinker::sample::{EngineConfig, SampleRequest, SamplingEngine, SamplingParams, Stop};
+use opentinker_kernels::KvCache;
 use rayon::prelude::*;
 
 #[global_allocator]

@@ -13,7 +13,8 @@ use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::transformer::Transformer;
 use opentinker::model::{Architecture, Model};
 use opentinker::sample::cuda_forward::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
-use opentinker::sample::forward::{KvCache, SequenceInput, forward};
+use opentinker::sample::forward::{SequenceInput, forward};
+use opentinker_kernels::KvCache;
 use opentinker_kernels::cuda::Gpu;
 
 fn gpu(test: &str) -> Option<Arc<Gpu>> {
@@ -127,7 +128,9 @@ fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
         let tables: Vec<Vec<usize>> = vec![vec![5, 1], vec![9, 3], vec![0]];
 
         // Prefill, then two decode steps, on both sides.
-        let mut caches: Vec<KvCache> = (0..3).map(|_| KvCache::new(&model.config)).collect();
+        let mut caches: Vec<KvCache> = (0..3)
+            .map(|_| KvCache::new(model.config.num_layers, model.config.num_kv_heads))
+            .collect();
         let mut fed: Vec<Vec<u32>> = prompts.to_vec();
         let mut starts = [0usize; 3];
         for step in 0..3 {
@@ -185,7 +188,7 @@ fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
         // Greedy generation: the CPU forward's argmax token by token.
         let generated = cuda.generate_greedy(&prompts, &gpu_adapters, 6).unwrap();
         for (i, prompt) in prompts.iter().enumerate() {
-            let mut cache = KvCache::new(&model.config);
+            let mut cache = KvCache::new(model.config.num_layers, model.config.num_kv_heads);
             let mut tokens = prompt.clone();
             let mut want = Vec::new();
             for _ in 0..6 {

@@ -28,6 +28,41 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "plugin",
         ],
     ),
+    // The engine's layers: kernels <- model <- lora <- train, sample. The one definition of the
+    // transformer's layers names no adapter (LoRA comes in through its projection hook); the
+    // rest of `model` still names `lora` in the candle training graph, until training runs on
+    // the layers too.
+    (
+        "model/layers",
+        &[
+            "lora", "train", "sample", "sched", "client", "rl", "jobs", "server", "cli", "plugin",
+            "market",
+        ],
+    ),
+    (
+        "model",
+        &[
+            "train", "sample", "sched", "client", "rl", "jobs", "server", "cli", "plugin", "market",
+        ],
+    ),
+    (
+        "lora",
+        &[
+            "train", "sample", "sched", "client", "rl", "jobs", "server", "cli", "plugin", "market",
+        ],
+    ),
+    (
+        "train",
+        &[
+            "sample", "sched", "client", "rl", "jobs", "server", "cli", "plugin", "market",
+        ],
+    ),
+    (
+        "sample",
+        &[
+            "train", "sched", "client", "rl", "jobs", "server", "cli", "plugin", "market",
+        ],
+    ),
     ("sched", &["client", "rl", "jobs", "server", "cli"]),
     ("client", &["rl", "jobs", "server", "cli"]),
     // The jobs a server runs: the RL driver's client, below the HTTP routes.

@@ -10,6 +10,8 @@
 //! same math as plain loops, for the contract tests.
 
 pub mod attention;
+pub mod backend;
+mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod linear;
@@ -18,5 +20,7 @@ pub mod ops;
 pub mod reference;
 
 pub use attention::{Heads, causal_attention};
+pub use backend::Backend;
+pub use cpu::{Cpu, CpuBatch, KvCache};
 pub use linear::linear;
 pub use lora::{LoraPair, Segment, lora_apply};

@@ -2,8 +2,10 @@
 //! adapter versions that the trainer publishes and the sampler reads.
 
 pub mod adapter;
+mod apply;
 pub mod linear;
 pub mod registry;
 
-pub use adapter::{Adapter, AdapterError, LoraConfig, LoraError, LowRank, Site, Target};
+pub use adapter::{Adapter, AdapterError, LoraConfig, LoraError, LowRank};
+pub use apply::CpuAdapters;
 pub use registry::{AdapterRegistry, PolicyVersion, RegistryError};

@@ -2,9 +2,12 @@
 //! template) loaded into a candle transformer, and the generated tiny preset.
 
 pub mod config;
+mod cpu_view;
 pub mod frozen;
 pub mod gemm;
+pub mod layers;
 pub mod logprobs;
+mod site;
 pub mod tiny;
 pub mod transformer;
 pub mod unembed;
@@ -14,6 +17,8 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 
 pub use config::{Architecture, ModelConfig, OutOfVocabulary};
+pub use cpu_view::{CpuWeights, TensorView};
+pub use site::{Site, Target};
 pub use transformer::Transformer;
 
 use crate::lora::Adapter;

@@ -11,9 +11,10 @@ use candle_core::{D, DType, Device, Tensor, Var};
 
 use super::config::{ModelConfig, RopeScaling};
 use super::frozen::FrozenLinear;
+use super::site::{Site, Target};
 use super::unembed::UnembedLogprobs;
+use crate::lora::Adapter;
 use crate::lora::linear::LoraLinear;
-use crate::lora::{Adapter, Site, Target};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {

@@ -17,10 +17,10 @@ use opentinker_kernels::cuda::{
     LoraSite, PagedKvCache, SequenceRow,
 };
 
-use super::forward::attention_heads;
-use crate::lora::{Adapter, Site, Target};
+use crate::lora::Adapter;
 use crate::model::Transformer;
 use crate::model::config::{Architecture, ModelConfig};
+use crate::model::{Site, Target};
 
 /// What can go wrong in the CUDA forward.
 #[derive(Debug, thiserror::Error)]
@@ -447,7 +447,11 @@ impl CudaModel {
         let c = &self.config;
         let (hidden, head_dim, vocab) = (c.hidden_size, c.head_dim, c.vocab_size);
         let eps = c.rms_norm_eps as f32;
-        let shape = attention_heads(c);
+        let shape = opentinker_kernels::Heads {
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
         let invalid = |what: String| CudaForwardError::InvalidInput(what);
         if sequences.iter().any(|s| s.tokens.is_empty()) {
             return Err(invalid("a sequence has no new tokens".into()));

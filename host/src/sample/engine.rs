@@ -13,7 +13,9 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rayon::prelude::*;
 
-use super::forward::{KvCache, SequenceInput, forward};
+use opentinker_kernels::KvCache;
+
+use super::forward::{SequenceInput, forward};
 use super::params::{ParamsError, SamplingParams, Stop, choose, sample_rng};
 use super::prefix::{PolicyKey, PrefixCache};
 use crate::lora::{AdapterRegistry, PolicyVersion, RegistryError};
@@ -163,7 +165,9 @@ pub struct EngineConfig {
 impl EngineConfig {
     /// Budgets in bytes of KV memory, for `config`'s model.
     pub fn from_bytes(config: &ModelConfig, kv_budget: usize, prefix_cache: usize) -> Self {
-        let per = KvCache::bytes_per_position(config).max(1);
+        let per =
+            KvCache::bytes_per_position(config.num_layers, config.num_kv_heads, config.head_dim)
+                .max(1);
         EngineConfig {
             kv_budget_positions: kv_budget / per,
             prefix_cache_positions: prefix_cache / per,
@@ -327,7 +331,11 @@ impl SamplingEngine {
                 self.prefix
                     .lookup(&a.key(), &a.request.prompt, limit, config)
             };
-            prefills.push((id, a, cache.unwrap_or_else(|| KvCache::new(config))));
+            prefills.push((
+                id,
+                a,
+                cache.unwrap_or_else(|| KvCache::new(config.num_layers, config.num_kv_heads)),
+            ));
         }
 
         let mut inputs = Vec::new();

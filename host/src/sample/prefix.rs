@@ -3,8 +3,8 @@
 //! prompt again) computes only the rest. Keyed by policy version, since an adapter changes the
 //! keys and values; least recently used entries go first when it is full.
 
-use super::forward::KvCache;
 use crate::model::ModelConfig;
+use opentinker_kernels::KvCache;
 
 /// Which weights computed a cache: the base model, or an adapter version.
 pub type PolicyKey = Option<(String, u64)>;
@@ -61,7 +61,7 @@ impl PrefixCache {
             return None;
         }
         best.last_used = self.clock;
-        Some(best.cache.prefix(len, config))
+        Some(best.cache.prefix(len, config.head_dim))
     }
 
     /// Remember `cache`, which holds the KV of `tokens[..cache.len]`.

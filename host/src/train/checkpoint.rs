@@ -10,8 +10,9 @@ use candle_core::{DType, Device, Tensor, Var};
 use serde_json::{Value, json};
 
 use super::engine::Moments;
-use crate::lora::{Adapter, LoraConfig, LowRank, Site, Target};
+use crate::lora::{Adapter, LoraConfig, LowRank};
 use crate::model::ModelConfig;
+use crate::model::{Site, Target};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
