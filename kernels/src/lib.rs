@@ -2,6 +2,13 @@
 //! (per run of rows, shrink `x · Aᵀ` into rank space and expand `· Bᵀ`), causal attention over a
 //! KV cache, and the small row-wise ops around them. All f32, all on slices.
 //!
+//! Beside them, the training path's kernels, each forward next to its backward and generic over
+//! [`Float`] (f32, and f64 for gradient checks): RMSNorm keeping each row's inverse rms, RoPE
+//! (whose backward is the opposite rotation), the SiLU gate, whole-sequence causal attention that
+//! keeps one log-sum-exp per row and head and recomputes the probabilities in its backward, the
+//! LoRA apply with its `A`, `B` and input gradients, and the matrix products of [`gemm`].
+//! `tests/gradients.rs` checks each backward against central differences in f64.
+//!
 //! The contract every kernel keeps: **a row's result depends only on that row's inputs**, never
 //! on what else is in the batch, how rows are grouped into adapter segments, or how many threads
 //! run. Each output is summed in one fixed order, so a sequence decodes to bit-identical tokens
@@ -14,13 +21,16 @@ pub mod backend;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod float;
+pub mod gemm;
 pub mod linear;
 pub mod lora;
 pub mod ops;
 pub mod reference;
 
-pub use attention::{Heads, causal_attention};
+pub use attention::{Heads, attention_backward, attention_forward, causal_attention};
 pub use backend::Backend;
 pub use cpu::{Cpu, CpuBatch, KvCache};
+pub use float::Float;
 pub use linear::linear;
-pub use lora::{LoraPair, Segment, lora_apply};
+pub use lora::{LoraGrad, LoraPair, Segment, lora_apply, lora_backward, lora_forward};

@@ -5,24 +5,34 @@
 
 use rayon::prelude::*;
 
+use crate::float::Float;
+use crate::gemm::{matmul_nn, matmul_nt, matmul_tn};
 use crate::linear::{SERIAL_BELOW, linear_serial};
 
 /// One adapter's low-rank pair at one projection.
 #[derive(Clone, Copy, Debug)]
-pub struct LoraPair<'a> {
+pub struct LoraPair<'a, T = f32> {
     /// `rank × in`, row-major.
-    pub a: &'a [f32],
+    pub a: &'a [T],
     /// `out × rank`, row-major.
-    pub b: &'a [f32],
+    pub b: &'a [T],
     pub rank: usize,
-    pub scale: f32,
+    pub scale: T,
 }
 
 /// A run of consecutive rows that share one adapter (`None`: no delta).
 #[derive(Clone, Copy, Debug)]
-pub struct Segment<'a> {
+pub struct Segment<'a, T = f32> {
     pub rows: usize,
-    pub pair: Option<LoraPair<'a>>,
+    pub pair: Option<LoraPair<'a, T>>,
+}
+
+/// The gradients of one segment's pair, accumulated into by [`lora_backward`].
+pub struct LoraGrad<'a, T> {
+    /// `rank × in`.
+    pub a: &'a mut [T],
+    /// `out × rank`.
+    pub b: &'a mut [T],
 }
 
 /// `y (rows × out) += scale · (x Aᵀ) Bᵀ` for every segment with an adapter; `x` is `rows × inp`.
@@ -75,3 +85,97 @@ pub fn lora_apply(x: &[f32], inp: usize, y: &mut [f32], out: usize, segments: &[
 
 /// Rows a parallel job of the apply takes at most.
 const ROWS_PER_JOB: usize = 8;
+
+/// The runs of `x (rows × inp)` and `y (rows × out)` of each segment that has an adapter.
+fn adapted<'s, 'x, T: Float>(
+    x: &'x [T],
+    inp: usize,
+    out: usize,
+    segments: &'s [Segment<'s, T>],
+) -> impl Iterator<Item = (usize, std::ops::Range<usize>, LoraPair<'s, T>)> + use<'s, 'x, T> {
+    let rows: usize = segments.iter().map(|s| s.rows).sum();
+    assert_eq!(x.len(), rows * inp, "x must be {rows} × {inp}");
+    let mut start = 0;
+    segments
+        .iter()
+        .enumerate()
+        .filter_map(move |(index, segment)| {
+            let range = start..start + segment.rows;
+            start += segment.rows;
+            segment.pair.map(|pair| {
+                assert_eq!(pair.a.len(), pair.rank * inp, "A must be rank × {inp}");
+                assert_eq!(pair.b.len(), out * pair.rank, "B must be {out} × rank");
+                (index, range, pair)
+            })
+        })
+}
+
+/// The training path's apply: `y (rows × out) += scale · (x Aᵀ) Bᵀ` per segment, through the
+/// blocked matrix products (not batch-invariant; training does not need it). Generic over
+/// [`Float`] for gradient checks in f64.
+pub fn lora_forward<T: Float>(
+    x: &[T],
+    inp: usize,
+    y: &mut [T],
+    out: usize,
+    segments: &[Segment<'_, T>],
+) {
+    for (_, rows, pair) in adapted(x, inp, out, segments) {
+        let x_seg = &x[rows.start * inp..rows.end * inp];
+        let mut shrunk = vec![T::zero(); rows.len() * pair.rank];
+        matmul_nt(x_seg, pair.a, inp, &mut shrunk, false);
+        shrunk.iter_mut().for_each(|s| *s *= pair.scale);
+        matmul_nt(
+            &shrunk,
+            pair.b,
+            pair.rank,
+            &mut y[rows.start * out..rows.end * out],
+            true,
+        );
+    }
+}
+
+/// The backward of [`lora_forward`] from `dy (rows × out)`: `dx += ` each segment's input
+/// gradient and, per segment with an adapter, its `grads` entry `+= ∂A, ∂B` (`grads` has one
+/// entry per segment; `None` where a segment's pair is not trained).
+pub fn lora_backward<T: Float>(
+    x: &[T],
+    inp: usize,
+    dy: &[T],
+    out: usize,
+    segments: &[Segment<'_, T>],
+    grads: &mut [Option<LoraGrad<'_, T>>],
+    dx: &mut [T],
+) {
+    assert_eq!(
+        grads.len(),
+        segments.len(),
+        "one gradient entry per segment"
+    );
+    assert_eq!(dx.len(), x.len(), "dx must have x's shape");
+    for (index, rows, pair) in adapted(x, inp, out, segments) {
+        let (x_seg, dy_seg) = (
+            &x[rows.start * inp..rows.end * inp],
+            &dy[rows.start * out..rows.end * out],
+        );
+        let rank = pair.rank;
+        // d(shrunk) = scale · dy B, the gradient in rank space.
+        let mut d_shrunk = vec![T::zero(); rows.len() * rank];
+        matmul_nn(dy_seg, pair.b, rank, &mut d_shrunk, false);
+        d_shrunk.iter_mut().for_each(|d| *d *= pair.scale);
+        if let Some(grad) = grads[index].as_mut() {
+            let mut shrunk = vec![T::zero(); rows.len() * rank];
+            matmul_nt(x_seg, pair.a, inp, &mut shrunk, false);
+            shrunk.iter_mut().for_each(|s| *s *= pair.scale);
+            matmul_tn(dy_seg, &shrunk, rank, grad.b, true);
+            matmul_tn(&d_shrunk, x_seg, inp, grad.a, true);
+        }
+        matmul_nn(
+            &d_shrunk,
+            pair.a,
+            inp,
+            &mut dx[rows.start * inp..rows.end * inp],
+            true,
+        );
+    }
+}
