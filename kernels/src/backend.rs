@@ -20,11 +20,13 @@ use crate::attention::Heads;
 pub trait Backend: Sync {
     /// What a failed op says (a device error; the CPU's ops cannot fail).
     type Error: std::error::Error + Send + Sync + 'static;
-    /// An owned row-major f32 activation (`rows × width`; the caller knows the shape).
+    /// The element type of buffers and weights (f32; f64 for gradient checks).
+    type Elem: Copy;
+    /// An owned row-major activation (`rows × width`; the caller knows the shape).
     type Buffer;
     /// A weight matrix `out × in`, row-major, in the backend's storage format.
     type Matrix: ?Sized;
-    /// An f32 weight vector: norm weights, biases, RoPE tables.
+    /// A weight vector: norm weights, biases, RoPE tables.
     type Vector: ?Sized;
     /// The adapters of one projection over a call's rows (mixed LoRA: a run of rows per
     /// adapter).
@@ -36,7 +38,13 @@ pub trait Backend: Sync {
     fn zeros(&self, len: usize) -> Result<Self::Buffer, Self::Error>;
 
     /// The buffer's values on the host.
-    fn download(&self, x: Self::Buffer) -> Result<Vec<f32>, Self::Error>;
+    fn download(&self, x: Self::Buffer) -> Result<Vec<Self::Elem>, Self::Error>;
+
+    /// Host values in a buffer.
+    fn upload(&self, values: &[Self::Elem]) -> Result<Self::Buffer, Self::Error>;
+
+    /// A copy of `x`.
+    fn copy(&self, x: &Self::Buffer) -> Result<Self::Buffer, Self::Error>;
 
     /// Rows `indices` of `table` (`width` columns): the embedding lookup.
     fn embed(
@@ -59,7 +67,7 @@ pub trait Backend: Sync {
         &self,
         x: &mut Self::Buffer,
         weight: &Self::Vector,
-        eps: f32,
+        eps: f64,
     ) -> Result<(), Self::Error>;
 
     /// `out = ` RMSNorm of each row of `x`; `out` has `x`'s shape.
@@ -67,7 +75,7 @@ pub trait Backend: Sync {
         &self,
         x: &Self::Buffer,
         weight: &Self::Vector,
-        eps: f32,
+        eps: f64,
         out: &mut Self::Buffer,
     ) -> Result<(), Self::Error>;
 
@@ -116,4 +124,134 @@ pub trait Backend: Sync {
 
     /// Commit the call's positions: every cache in `batch` now holds its new rows.
     fn advance(&self, batch: &mut Self::Batch<'_>);
+}
+
+/// The backward ops of training, for a backend whose forward keeps what they need (the
+/// attention's log-sum-exp in its [`Backend::Batch`]). Each accumulates into its gradient
+/// outputs (`+=`) unless it says it writes them.
+pub trait Backward: Backend {
+    /// A projection's adapters with the gradients their pairs accumulate into.
+    type LoraGrads<'a>;
+
+    /// `x += y`.
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer) -> Result<(), Self::Error>;
+
+    /// The backward of [`Backend::rms_norm_into`]: `dx += ∂x`, `dweight += ∂weight` when given.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_backward(
+        &self,
+        x: &Self::Buffer,
+        weight: &Self::Vector,
+        eps: f64,
+        dy: &Self::Buffer,
+        dx: &mut Self::Buffer,
+        dweight: Option<&mut Self::Buffer>,
+    ) -> Result<(), Self::Error>;
+
+    /// The input side of [`Backend::project`]'s backward: `dx += dy · W` plus each run's LoRA
+    /// input gradient, and each trained pair's `A` and `B` gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn project_backward(
+        &self,
+        x: &Self::Buffer,
+        weight: &Self::Matrix,
+        inp: usize,
+        lora: Option<Self::LoraGrads<'_>>,
+        dy: &Self::Buffer,
+        dx: &mut Self::Buffer,
+    ) -> Result<(), Self::Error>;
+
+    /// The weight side of a projection's backward (full-parameter training): `dweight += dyᵀ ·
+    /// x`, `dbias += Σ dy`.
+    fn weight_gradient(
+        &self,
+        x: &Self::Buffer,
+        dy: &Self::Buffer,
+        inp: usize,
+        dweight: &mut Self::Buffer,
+        dbias: Option<&mut Self::Buffer>,
+    ) -> Result<(), Self::Error>;
+
+    /// The backward of [`Backend::rope`], in place on the gradient.
+    fn rope_backward(
+        &self,
+        batch: &Self::Batch<'_>,
+        dx: &mut Self::Buffer,
+        head_dim: usize,
+        cos: &Self::Vector,
+        sin: &Self::Vector,
+    ) -> Result<(), Self::Error>;
+
+    /// The backward of [`Backend::attend`] at `layer` from `d_out`, given its inputs and
+    /// output: writes `dq`, `dk` and `dv`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_backward(
+        &self,
+        batch: &Self::Batch<'_>,
+        layer: usize,
+        shape: Heads,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        out: &Self::Buffer,
+        d_out: &Self::Buffer,
+        dq: &mut Self::Buffer,
+        dk: &mut Self::Buffer,
+        dv: &mut Self::Buffer,
+    ) -> Result<(), Self::Error>;
+
+    /// The backward of [`Backend::silu_mul`] from its inputs: writes `d_gate` and `d_up`.
+    fn silu_mul_backward(
+        &self,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+        d_out: &Self::Buffer,
+        d_gate: &mut Self::Buffer,
+        d_up: &mut Self::Buffer,
+    ) -> Result<(), Self::Error>;
+
+    /// The backward of [`Backend::embed`]: `d_table[indices[r]] += d_x[r]`.
+    fn embed_backward(
+        &self,
+        indices: &[usize],
+        width: usize,
+        d_x: &Self::Buffer,
+        d_table: &mut Self::Buffer,
+    ) -> Result<(), Self::Error>;
+
+    /// The logprob of each row's target under a frozen unembedding `table`, without the logits;
+    /// with `jacobian` (`x`'s shape), it also writes what its backward needs.
+    fn unembed_logprobs(
+        &self,
+        x: &Self::Buffer,
+        table: &Self::Matrix,
+        hidden: usize,
+        targets: &[u32],
+        jacobian: Option<&mut Self::Buffer>,
+    ) -> Result<Self::Buffer, Self::Error>;
+
+    /// The backward of [`Backward::unembed_logprobs`]: `dx += g · J` per row.
+    fn unembed_logprobs_backward(
+        &self,
+        jacobian: &Self::Buffer,
+        g: &Self::Buffer,
+        dx: &mut Self::Buffer,
+    ) -> Result<(), Self::Error>;
+
+    /// `log_softmax(logits)[target]` of each row of `logits (rows × vocab)`.
+    fn target_logprobs(
+        &self,
+        logits: &Self::Buffer,
+        vocab: usize,
+        targets: &[u32],
+    ) -> Result<Self::Buffer, Self::Error>;
+
+    /// The backward of [`Backward::target_logprobs`]: the logits' gradient.
+    fn target_logprobs_backward(
+        &self,
+        logits: &Self::Buffer,
+        vocab: usize,
+        targets: &[u32],
+        g: &Self::Buffer,
+    ) -> Result<Self::Buffer, Self::Error>;
 }

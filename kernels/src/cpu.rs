@@ -122,6 +122,7 @@ fn project_into(
 
 impl Backend for Cpu {
     type Error = Infallible;
+    type Elem = f32;
     type Buffer = Vec<f32>;
     type Matrix = [f32];
     type Vector = [f32];
@@ -134,6 +135,14 @@ impl Backend for Cpu {
 
     fn download(&self, x: Vec<f32>) -> Result<Vec<f32>, Infallible> {
         Ok(x)
+    }
+
+    fn upload(&self, values: &[f32]) -> Result<Vec<f32>, Infallible> {
+        Ok(values.to_vec())
+    }
+
+    fn copy(&self, x: &Vec<f32>) -> Result<Vec<f32>, Infallible> {
+        Ok(x.clone())
     }
 
     fn embed(
@@ -158,8 +167,8 @@ impl Backend for Cpu {
         self.embed(x, width, indices)
     }
 
-    fn rms_norm(&self, x: &mut Vec<f32>, weight: &[f32], eps: f32) -> Result<(), Infallible> {
-        ops::rms_norm(x, weight, eps);
+    fn rms_norm(&self, x: &mut Vec<f32>, weight: &[f32], eps: f64) -> Result<(), Infallible> {
+        ops::rms_norm(x, weight, eps as f32);
         Ok(())
     }
 
@@ -167,11 +176,11 @@ impl Backend for Cpu {
         &self,
         x: &Vec<f32>,
         weight: &[f32],
-        eps: f32,
+        eps: f64,
         out: &mut Vec<f32>,
     ) -> Result<(), Infallible> {
         out.copy_from_slice(x);
-        ops::rms_norm(out, weight, eps);
+        ops::rms_norm(out, weight, eps as f32);
         Ok(())
     }
 

@@ -19,6 +19,7 @@
 pub mod attention;
 pub mod backend;
 mod cpu;
+mod cpu_train;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod float;
@@ -27,10 +28,12 @@ pub mod linear;
 pub mod lora;
 pub mod ops;
 pub mod reference;
+pub mod unembed;
 
 pub use attention::{Heads, attention_backward, attention_forward, causal_attention};
-pub use backend::Backend;
+pub use backend::{Backend, Backward};
 pub use cpu::{Cpu, CpuBatch, KvCache};
+pub use cpu_train::{CpuTrain, LoraGrads, TrainBatch};
 pub use float::Float;
 pub use linear::linear;
 pub use lora::{LoraGrad, LoraPair, Segment, lora_apply, lora_backward, lora_forward};

@@ -1,34 +1,42 @@
-//! LoRA through the model's projection hook ([`Adapters`]) on the CPU backend: each run of rows
-//! gets its adapter's delta `scale · (x Aᵀ) Bᵀ` at the projection's site, all runs in one
-//! mixed-adapter apply of the kernels.
+//! LoRA through the model's projection hook ([`Adapters`], [`AdapterGrads`]) on the CPU
+//! backends: each run of rows gets its adapter's delta `scale · (x Aᵀ) Bᵀ` at the projection's
+//! site, all runs in one mixed-adapter apply of the kernels; in training, each adapter's `A` and
+//! `B` gradients accumulate here, by site.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use opentinker_kernels::{Backend, Cpu, LoraPair, Segment};
+use candle_core::WithDType;
+use opentinker_kernels::{Backend, CpuTrain, Float, LoraGrad, LoraGrads, LoraPair, Segment};
 
 use super::Adapter;
-use crate::model::layers::{Adapters, Linear, Run};
+use crate::model::layers::{AdapterGrads, Adapters, Linear, Run};
 use crate::model::{Site, TensorView};
 
 /// One site's pair, borrowed in place.
-struct PairView<'a> {
-    a: TensorView<'a>,
-    b: TensorView<'a>,
+struct PairView<'a, T> {
+    a: TensorView<'a, T>,
+    b: TensorView<'a, T>,
 }
 
-struct AdapterView<'a> {
-    sites: BTreeMap<Site, PairView<'a>>,
+struct AdapterView<'a, T> {
+    sites: BTreeMap<Site, PairView<'a, T>>,
     rank: usize,
-    scale: f32,
+    scale: f64,
 }
 
-/// The adapters of one forward call, by the index a [`Run`] names, read by the CPU backend.
-pub struct CpuAdapters<'a> {
-    adapters: Vec<AdapterView<'a>>,
+/// The `A` and `B` gradients of one adapter, by site.
+pub type PairGradients<T> = BTreeMap<Site, (Vec<T>, Vec<T>)>;
+
+/// The adapters of one forward call, by the index a [`Run`] names, read by a CPU backend in
+/// `T`; made with [`CpuAdapters::training`], they also gather their gradients.
+pub struct CpuAdapters<'a, T = f32> {
+    adapters: Vec<AdapterView<'a, T>>,
+    gradients: Option<RefCell<Vec<PairGradients<T>>>>,
 }
 
-impl<'a> CpuAdapters<'a> {
-    /// Borrows every pair of `adapters` (refusing one not in f32 on the CPU).
+impl<'a, T: WithDType + Float> CpuAdapters<'a, T> {
+    /// Borrows every pair of `adapters` (refusing one not in `T` on the CPU).
     pub fn of(adapters: &[&'a Adapter]) -> candle_core::Result<Self> {
         let adapters = adapters
             .iter()
@@ -49,27 +57,33 @@ impl<'a> CpuAdapters<'a> {
                 Ok(AdapterView {
                     sites,
                     rank: adapter.config.rank,
-                    scale: adapter.config.scale() as f32,
+                    scale: adapter.config.scale(),
                 })
             })
             .collect::<candle_core::Result<_>>()?;
-        Ok(CpuAdapters { adapters })
+        Ok(CpuAdapters {
+            adapters,
+            gradients: None,
+        })
     }
-}
 
-impl Adapters<Cpu> for CpuAdapters<'_> {
-    fn project(
-        &self,
-        ops: &Cpu,
-        site: Site,
-        runs: &[Run],
-        x: &Vec<f32>,
-        linear: &Linear<'_, Cpu>,
-        y: &mut Vec<f32>,
-        accumulate: bool,
-    ) -> Result<(), <Cpu as Backend>::Error> {
-        let segments: Vec<Segment<'_>> = runs
-            .iter()
+    /// As [`CpuAdapters::of`], gathering each adapter's gradients (read them with
+    /// [`CpuAdapters::into_gradients`]).
+    pub fn training(adapters: &[&'a Adapter]) -> candle_core::Result<Self> {
+        let mut hook = Self::of(adapters)?;
+        hook.gradients = Some(RefCell::new(vec![BTreeMap::new(); adapters.len()]));
+        Ok(hook)
+    }
+
+    /// Per adapter (in the order given), the gradients gathered by the backward passes: only
+    /// the sites a backward reached.
+    pub fn into_gradients(self) -> Vec<PairGradients<T>> {
+        self.gradients.map(RefCell::into_inner).unwrap_or_default()
+    }
+
+    /// Each run's pair at `site`.
+    fn segments(&self, site: Site, runs: &[Run]) -> Vec<Segment<'_, T>> {
+        runs.iter()
             .map(|run| Segment {
                 rows: run.rows,
                 pair: run.adapter.and_then(|i| {
@@ -78,11 +92,46 @@ impl Adapters<Cpu> for CpuAdapters<'_> {
                         a: pair.a.slice(),
                         b: pair.b.slice(),
                         rank: adapter.rank,
-                        scale: adapter.scale,
+                        scale: T::of(adapter.scale),
                     })
                 }),
             })
-            .collect();
+            .collect()
+    }
+
+    fn adapts_at(&self, site: Site, runs: &[Run]) -> bool {
+        runs.iter()
+            .filter_map(|run| run.adapter)
+            .any(|i| self.adapters[i].sites.contains_key(&site))
+    }
+}
+
+/// Both CPU backends take the adapters as the kernels' segments of host slices.
+impl<T, B> Adapters<B> for CpuAdapters<'_, T>
+where
+    T: WithDType + Float,
+    B: for<'a> Backend<
+            Buffer = Vec<T>,
+            Matrix = [T],
+            Vector = [T],
+            Lora<'a> = &'a [Segment<'a, T>],
+        >,
+{
+    fn adapts(&self, site: Site, runs: &[Run]) -> bool {
+        self.adapts_at(site, runs)
+    }
+
+    fn project(
+        &self,
+        ops: &B,
+        site: Site,
+        runs: &[Run],
+        x: &Vec<T>,
+        linear: &Linear<'_, B>,
+        y: &mut Vec<T>,
+        accumulate: bool,
+    ) -> Result<(), B::Error> {
+        let segments = self.segments(site, runs);
         ops.project(
             x,
             linear.weight,
@@ -92,5 +141,57 @@ impl Adapters<Cpu> for CpuAdapters<'_> {
             y,
             accumulate,
         )
+    }
+}
+
+impl<T: WithDType + Float> AdapterGrads<CpuTrain<T>> for CpuAdapters<'_, T> {
+    fn project_backward(
+        &self,
+        ops: &CpuTrain<T>,
+        site: Site,
+        runs: &[Run],
+        x: &Vec<T>,
+        linear: &Linear<'_, CpuTrain<T>>,
+        dy: &Vec<T>,
+        dx: &mut Vec<T>,
+    ) -> Result<(), <CpuTrain<T> as Backend>::Error> {
+        use opentinker_kernels::Backward;
+        let segments = self.segments(site, runs);
+        // Each run's gradients into a buffer of its own (one adapter may serve two runs), then
+        // into its adapter's.
+        let inp = linear.inp;
+        let out = linear.weight.len() / inp;
+        let mut parts: Vec<Option<(Vec<T>, Vec<T>)>> = segments
+            .iter()
+            .map(|s| {
+                let trains = self.gradients.is_some();
+                s.pair
+                    .filter(|_| trains)
+                    .map(|p| (vec![T::zero(); p.rank * inp], vec![T::zero(); out * p.rank]))
+            })
+            .collect();
+        let grads = parts
+            .iter_mut()
+            .map(|p| p.as_mut().map(|(a, b)| LoraGrad { a, b }))
+            .collect();
+        let lora = LoraGrads {
+            segments: &segments,
+            grads,
+        };
+        ops.project_backward(x, linear.weight, inp, Some(lora), dy, dx)?;
+        if let Some(gradients) = &self.gradients {
+            let mut gradients = gradients.borrow_mut();
+            for (run, part) in runs.iter().zip(parts) {
+                let (Some(index), Some((da, db))) = (run.adapter, part) else {
+                    continue;
+                };
+                let (ga, gb) = gradients[index]
+                    .entry(site)
+                    .or_insert_with(|| (vec![T::zero(); da.len()], vec![T::zero(); db.len()]));
+                ga.iter_mut().zip(&da).for_each(|(g, d)| *g += *d);
+                gb.iter_mut().zip(&db).for_each(|(g, d)| *g += *d);
+            }
+        }
+        Ok(())
     }
 }

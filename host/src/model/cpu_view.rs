@@ -1,51 +1,60 @@
 //! The candle model's weights as the CPU backend reads them: each tensor's f32 data borrowed in
 //! place under its storage lock, never copied.
 
-use candle_core::{CpuStorage, Storage, Tensor};
-use opentinker_kernels::Cpu;
+use candle_core::{Storage, Tensor, WithDType};
+use opentinker_kernels::Backend;
 
 use super::layers::{AttentionWeights, DecoderWeights, LayerWeights, Linear, MlpWeights};
 use super::transformer::{self, Transformer};
 
-/// A contiguous f32 CPU tensor's data, read in place under its storage lock.
-pub struct TensorView<'a> {
+/// A contiguous CPU tensor's data, read in place under its storage lock.
+pub struct TensorView<'a, T = f32> {
     guard: candle_core::StorageRef<'a>,
     range: std::ops::Range<usize>,
+    element: std::marker::PhantomData<T>,
 }
 
-impl<'a> TensorView<'a> {
-    /// Refuses a tensor that is not contiguous f32 on the CPU.
+impl<'a, T: WithDType> TensorView<'a, T> {
+    /// Refuses a tensor that is not contiguous, on the CPU, in `T`.
     pub fn of(tensor: &'a Tensor) -> candle_core::Result<Self> {
         let (guard, layout) = tensor.storage_and_layout();
         let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
             candle_core::Error::Msg("the CPU backend needs contiguous weights".into())
         })?;
-        if !matches!(&*guard, Storage::Cpu(CpuStorage::F32(_))) {
-            return Err(candle_core::Error::Msg(
-                "the CPU backend computes in f32 on the CPU".into(),
-            ));
+        match &*guard {
+            Storage::Cpu(cpu) => {
+                T::cpu_storage_as_slice(cpu)?;
+            }
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "the CPU backend reads tensors on the CPU".into(),
+                ));
+            }
         }
         Ok(TensorView {
             guard,
             range: start..end,
+            element: std::marker::PhantomData,
         })
     }
 
-    pub fn slice(&self) -> &[f32] {
+    pub fn slice(&self) -> &[T] {
         match &*self.guard {
-            Storage::Cpu(CpuStorage::F32(data)) => &data[self.range.clone()],
+            Storage::Cpu(cpu) => T::cpu_storage_as_slice(cpu)
+                .map(|data| &data[self.range.clone()])
+                .unwrap_or(&[]),
             _ => &[],
         }
     }
 }
 
-struct LinearView<'a> {
-    weight: TensorView<'a>,
-    bias: Option<TensorView<'a>>,
+struct LinearView<'a, T> {
+    weight: TensorView<'a, T>,
+    bias: Option<TensorView<'a, T>>,
     inp: usize,
 }
 
-impl<'a> LinearView<'a> {
+impl<'a, T: WithDType> LinearView<'a, T> {
     fn of(linear: &'a transformer::Linear) -> candle_core::Result<Self> {
         Ok(LinearView {
             weight: TensorView::of(&linear.weight)?,
@@ -54,7 +63,7 @@ impl<'a> LinearView<'a> {
         })
     }
 
-    fn linear(&self) -> Linear<'_, Cpu> {
+    fn linear<B: Backend<Matrix = [T], Vector = [T]>>(&self) -> Linear<'_, B> {
         Linear {
             weight: self.weight.slice(),
             bias: self.bias.as_ref().map(TensorView::slice),
@@ -63,32 +72,32 @@ impl<'a> LinearView<'a> {
     }
 }
 
-struct LayerView<'a> {
-    input_norm: TensorView<'a>,
-    q: LinearView<'a>,
-    k: LinearView<'a>,
-    v: LinearView<'a>,
-    o: LinearView<'a>,
-    q_norm: Option<TensorView<'a>>,
-    k_norm: Option<TensorView<'a>>,
-    post_attention_norm: TensorView<'a>,
-    gate: LinearView<'a>,
-    up: LinearView<'a>,
-    down: LinearView<'a>,
+struct LayerView<'a, T> {
+    input_norm: TensorView<'a, T>,
+    q: LinearView<'a, T>,
+    k: LinearView<'a, T>,
+    v: LinearView<'a, T>,
+    o: LinearView<'a, T>,
+    q_norm: Option<TensorView<'a, T>>,
+    k_norm: Option<TensorView<'a, T>>,
+    post_attention_norm: TensorView<'a, T>,
+    gate: LinearView<'a, T>,
+    up: LinearView<'a, T>,
+    down: LinearView<'a, T>,
 }
 
-/// Every weight of a [`Transformer`], borrowed for the CPU backend.
-pub struct CpuWeights<'a> {
-    embed: TensorView<'a>,
-    layers: Vec<LayerView<'a>>,
-    norm: TensorView<'a>,
-    lm_head: LinearView<'a>,
-    cos: TensorView<'a>,
-    sin: TensorView<'a>,
+/// Every weight of a [`Transformer`] (computing in `T`), borrowed for the CPU backends.
+pub struct CpuWeights<'a, T = f32> {
+    embed: TensorView<'a, T>,
+    layers: Vec<LayerView<'a, T>>,
+    norm: TensorView<'a, T>,
+    lm_head: LinearView<'a, T>,
+    cos: TensorView<'a, T>,
+    sin: TensorView<'a, T>,
     context: usize,
 }
 
-impl<'a> CpuWeights<'a> {
+impl<'a, T: WithDType> CpuWeights<'a, T> {
     pub fn of(model: &'a Transformer) -> candle_core::Result<Self> {
         let view = TensorView::of;
         let norm = |t: &'a Option<Tensor>| t.as_ref().map(TensorView::of).transpose();
@@ -123,7 +132,7 @@ impl<'a> CpuWeights<'a> {
     }
 
     /// The weights as the layers take them.
-    pub fn decoder(&self) -> DecoderWeights<'_, Cpu> {
+    pub fn decoder<B: Backend<Matrix = [T], Vector = [T]>>(&self) -> DecoderWeights<'_, B> {
         DecoderWeights {
             embed: self.embed.slice(),
             layers: self

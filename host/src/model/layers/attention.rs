@@ -1,10 +1,11 @@
 //! The attention block: RMSNorm'd input projected to queries, keys and values (Qwen3 norms each
-//! head's queries and keys), rotary positions, causal grouped-query attention over each
-//! sequence's KV cache, and the output projection added into the residual stream.
+//! head's queries and keys), rotary positions, causal grouped-query attention (over each
+//! sequence's KV cache when sampling, over whole sequences when training), and the output
+//! projection added into the residual stream. The forward, then its backward.
 
-use opentinker_kernels::{Backend, Heads};
+use opentinker_kernels::{Backend, Backward, Heads};
 
-use super::projection::{Adapters, Linear, Run};
+use super::projection::{AdapterGrads, Adapters, Linear, LinearGrads, Run};
 use crate::model::{ModelConfig, Site, Target};
 
 /// One layer's attention weights.
@@ -18,7 +19,29 @@ pub struct AttentionWeights<'a, B: Backend + ?Sized> {
     pub k_norm: Option<&'a B::Vector>,
 }
 
-/// What every layer's attention shares in one call.
+/// The gradients of one layer's attention weights (full-parameter training).
+pub struct AttentionGrads<B: Backend> {
+    pub q: LinearGrads<B>,
+    pub k: LinearGrads<B>,
+    pub v: LinearGrads<B>,
+    pub o: LinearGrads<B>,
+    pub q_norm: Option<B::Buffer>,
+    pub k_norm: Option<B::Buffer>,
+}
+
+/// What the attention's backward needs of its forward (the normed input is recomputed).
+pub(super) struct AttentionTape<B: Backend> {
+    /// Queries and keys before the per-head norms, when the model has them.
+    q_raw: Option<B::Buffer>,
+    k_raw: Option<B::Buffer>,
+    /// Queries, keys and values as attended (rotated).
+    q: B::Buffer,
+    k: B::Buffer,
+    v: B::Buffer,
+    attended: B::Buffer,
+}
+
+/// What every layer shares in one call.
 pub(super) struct Context<'c, 'b, B: Backend, H> {
     pub ops: &'c B,
     pub config: &'c ModelConfig,
@@ -30,19 +53,31 @@ pub(super) struct Context<'c, 'b, B: Backend, H> {
     pub batch: &'c mut B::Batch<'b>,
 }
 
-/// `x += attention(h)` at layer `layer`, where `h` is the normed residual stream.
+impl<B: Backend, H> Context<'_, '_, B, H> {
+    fn heads(&self) -> Heads {
+        Heads {
+            heads: self.config.num_heads,
+            kv_heads: self.config.num_kv_heads,
+            head_dim: self.config.head_dim,
+        }
+    }
+}
+
+/// `x += attention(h)` at layer `layer`, where `h` is the normed residual stream; with `keep`,
+/// returns what the backward needs.
 pub(super) fn attention<B: Backend, H: Adapters<B>>(
     cx: &mut Context<'_, '_, B, H>,
     layer: usize,
     w: &AttentionWeights<'_, B>,
     h: &B::Buffer,
     x: &mut B::Buffer,
-) -> Result<(), B::Error> {
+    keep: bool,
+) -> Result<Option<AttentionTape<B>>, B::Error> {
     let c = cx.config;
     let (ops, runs) = (cx.ops, cx.runs);
-    let eps = c.rms_norm_eps as f32;
-    let head_dim = c.head_dim;
-    let (q_width, kv_width) = (c.num_heads * head_dim, c.num_kv_heads * head_dim);
+    let shape = cx.heads();
+    let head_dim = shape.head_dim;
+    let (q_width, kv_width) = (shape.heads * head_dim, shape.kv_heads * head_dim);
     let site = |target| Site::Layer(layer, target);
     let project = |target, linear: &Linear<'_, B>, width: usize| -> Result<B::Buffer, B::Error> {
         let mut y = ops.zeros(cx.rows * width)?;
@@ -53,19 +88,112 @@ pub(super) fn attention<B: Backend, H: Adapters<B>>(
     let mut q = project(Target::Q, &w.q, q_width)?;
     let mut k = project(Target::K, &w.k, kv_width)?;
     let v = project(Target::V, &w.v, kv_width)?;
+    let (mut q_raw, mut k_raw) = (None, None);
     if let (Some(qn), Some(kn)) = (w.q_norm, w.k_norm) {
-        ops.rms_norm(&mut q, qn, eps)?;
-        ops.rms_norm(&mut k, kn, eps)?;
+        if keep {
+            (q_raw, k_raw) = (Some(ops.copy(&q)?), Some(ops.copy(&k)?));
+        }
+        ops.rms_norm(&mut q, qn, c.rms_norm_eps)?;
+        ops.rms_norm(&mut k, kn, c.rms_norm_eps)?;
     }
     ops.rope(cx.batch, &mut q, head_dim, cx.cos, cx.sin)?;
     ops.rope(cx.batch, &mut k, head_dim, cx.cos, cx.sin)?;
-    let shape = Heads {
-        heads: c.num_heads,
-        kv_heads: c.num_kv_heads,
-        head_dim,
-    };
     let mut attended = ops.zeros(cx.rows * q_width)?;
     ops.attend(cx.batch, layer, shape, &q, &k, &v, &mut attended)?;
     cx.adapters
-        .project(ops, site(Target::O), runs, &attended, &w.o, x, true)
+        .project(ops, site(Target::O), runs, &attended, &w.o, x, true)?;
+    Ok(keep.then_some(AttentionTape {
+        q_raw,
+        k_raw,
+        q,
+        k,
+        v,
+        attended,
+    }))
+}
+
+/// The backward of [`attention`] from `dy`, the gradient of its output: returns the gradient
+/// of `h`; the adapters and (when given) `grads` accumulate theirs.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attention_backward<B: Backward, H: AdapterGrads<B>>(
+    cx: &mut Context<'_, '_, B, H>,
+    layer: usize,
+    w: &AttentionWeights<'_, B>,
+    h: &B::Buffer,
+    tape: &AttentionTape<B>,
+    dy: &B::Buffer,
+    mut grads: Option<&mut AttentionGrads<B>>,
+) -> Result<B::Buffer, B::Error> {
+    let c = cx.config;
+    let (ops, runs) = (cx.ops, cx.runs);
+    let shape = cx.heads();
+    let head_dim = shape.head_dim;
+    let (q_width, kv_width) = (shape.heads * head_dim, shape.kv_heads * head_dim);
+    let site = |target| Site::Layer(layer, target);
+    // Through the output projection.
+    let mut d_attended = ops.zeros(cx.rows * q_width)?;
+    cx.adapters.project_backward(
+        ops,
+        site(Target::O),
+        runs,
+        &tape.attended,
+        &w.o,
+        dy,
+        &mut d_attended,
+    )?;
+    if let Some(g) = grads.as_deref_mut() {
+        g.o.accumulate(ops, &tape.attended, dy, w.o.inp)?;
+    }
+    // Through the attention, the rotation and the per-head norms.
+    let mut dq = ops.zeros(cx.rows * q_width)?;
+    let (mut dk, mut dv) = (
+        ops.zeros(cx.rows * kv_width)?,
+        ops.zeros(cx.rows * kv_width)?,
+    );
+    ops.attend_backward(
+        cx.batch,
+        layer,
+        shape,
+        &tape.q,
+        &tape.k,
+        &tape.v,
+        &tape.attended,
+        &d_attended,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+    )?;
+    ops.rope_backward(cx.batch, &mut dq, head_dim, cx.cos, cx.sin)?;
+    ops.rope_backward(cx.batch, &mut dk, head_dim, cx.cos, cx.sin)?;
+    if let (Some(qn), Some(kn), Some(q_raw), Some(k_raw)) =
+        (w.q_norm, w.k_norm, &tape.q_raw, &tape.k_raw)
+    {
+        let (mut dq_raw, mut dk_raw) = (
+            ops.zeros(cx.rows * q_width)?,
+            ops.zeros(cx.rows * kv_width)?,
+        );
+        let (dqn, dkn) = match grads.as_deref_mut() {
+            Some(g) => (g.q_norm.as_mut(), g.k_norm.as_mut()),
+            None => (None, None),
+        };
+        ops.rms_norm_backward(q_raw, qn, c.rms_norm_eps, &dq, &mut dq_raw, dqn)?;
+        ops.rms_norm_backward(k_raw, kn, c.rms_norm_eps, &dk, &mut dk_raw, dkn)?;
+        (dq, dk) = (dq_raw, dk_raw);
+    }
+    // Through the input projections.
+    let mut dh = ops.zeros(cx.rows * c.hidden_size)?;
+    for (target, linear, d) in [
+        (Target::Q, &w.q, &dq),
+        (Target::K, &w.k, &dk),
+        (Target::V, &w.v, &dv),
+    ] {
+        cx.adapters
+            .project_backward(ops, site(target), runs, h, linear, d, &mut dh)?;
+    }
+    if let Some(g) = grads {
+        g.q.accumulate(ops, h, &dq, w.q.inp)?;
+        g.k.accumulate(ops, h, &dk, w.k.inp)?;
+        g.v.accumulate(ops, h, &dv, w.v.inp)?;
+    }
+    Ok(dh)
 }

@@ -1,12 +1,14 @@
 //! The decoder stack: embedding, the layers, the final norm and the unembedding of the rows
 //! whose logits are wanted.
 
-use opentinker_kernels::Backend;
+use opentinker_kernels::{Backend, Backward};
 
-use super::attention::{AttentionWeights, Context, attention};
-use super::mlp::{MlpWeights, mlp};
-use super::projection::{Adapters, Linear, Run, runs};
-use crate::model::{ModelConfig, OutOfVocabulary, Site};
+use super::attention::{
+    AttentionGrads, AttentionTape, AttentionWeights, Context, attention, attention_backward,
+};
+use super::mlp::{MlpGrads, MlpTape, MlpWeights, mlp, mlp_backward};
+use super::projection::{AdapterGrads, Adapters, Linear, LinearGrads, Run, runs};
+use crate::model::{ModelConfig, OutOfVocabulary, Site, Target};
 
 /// One decoder layer's weights.
 pub struct LayerWeights<'a, B: Backend + ?Sized> {
@@ -63,8 +65,68 @@ pub enum ForwardError<E> {
     NoTokens,
     #[error("a sequence reaches past the context of {context} positions")]
     PastContext { context: usize },
+    #[error("a sequence has {targets} targets for {tokens} tokens")]
+    Targets { tokens: usize, targets: usize },
     #[error(transparent)]
     Backend(E),
+}
+
+/// The refusals every call shares: tokens outside the vocabulary, empty sequences, sequences
+/// past the context.
+fn check<'t, E>(
+    config: &ModelConfig,
+    context: usize,
+    tokens: impl Iterator<Item = &'t [u32]> + Clone,
+    ends: impl Iterator<Item = usize>,
+) -> Result<(), ForwardError<E>> {
+    config.check_tokens(tokens.clone().flatten())?;
+    if tokens.clone().any(<[u32]>::is_empty) {
+        return Err(ForwardError::NoTokens);
+    }
+    if ends.into_iter().any(|end| end > context) {
+        return Err(ForwardError::PastContext { context });
+    }
+    Ok(())
+}
+
+/// What a layer's backward needs of its forward: its input and the residual stream between
+/// its two blocks (the norms of both are recomputed), and each block's own.
+struct LayerTape<B: Backend> {
+    x_in: B::Buffer,
+    attention: AttentionTape<B>,
+    x_mid: B::Buffer,
+    mlp: MlpTape<B>,
+}
+
+/// Every layer over the residual stream `x`; with `keep`, what the backward needs.
+fn stack<B: Backend, H: Adapters<B>>(
+    cx: &mut Context<'_, '_, B, H>,
+    weights: &DecoderWeights<'_, B>,
+    x: &mut B::Buffer,
+    keep: bool,
+) -> Result<Vec<LayerTape<B>>, B::Error> {
+    let ops = cx.ops;
+    let eps = cx.config.rms_norm_eps;
+    let mut tapes = Vec::with_capacity(if keep { weights.layers.len() } else { 0 });
+    let mut h = ops.zeros(cx.rows * cx.config.hidden_size)?;
+    for (li, layer) in weights.layers.iter().enumerate() {
+        let x_in = if keep { Some(ops.copy(x)?) } else { None };
+        ops.rms_norm_into(x, layer.input_norm, eps, &mut h)?;
+        let attention = attention(cx, li, &layer.attention, &h, x, keep)?;
+        let x_mid = if keep { Some(ops.copy(x)?) } else { None };
+        ops.rms_norm_into(x, layer.post_attention_norm, eps, &mut h)?;
+        let mlp = mlp(cx, li, &layer.mlp, &h, x, keep)?;
+        if let (Some(x_in), Some(attention), Some(x_mid), Some(mlp)) = (x_in, attention, x_mid, mlp)
+        {
+            tapes.push(LayerTape {
+                x_in,
+                attention,
+                x_mid,
+                mlp,
+            });
+        }
+    }
+    Ok(tapes)
 }
 
 /// Run the new tokens of every sequence through the model, appending their keys and values to
@@ -78,20 +140,13 @@ pub fn forward<B: Backend, H: Adapters<B>>(
     sequences: &[Sequence<'_>],
     batch: &mut B::Batch<'_>,
 ) -> Result<B::Buffer, ForwardError<B::Error>> {
-    config.check_tokens(sequences.iter().flat_map(|s| s.tokens))?;
-    if sequences.iter().any(|s| s.tokens.is_empty()) {
-        return Err(ForwardError::NoTokens);
-    }
-    if sequences
-        .iter()
-        .any(|s| s.start + s.tokens.len() > weights.context)
-    {
-        return Err(ForwardError::PastContext {
-            context: weights.context,
-        });
-    }
+    check(
+        config,
+        weights.context,
+        sequences.iter().map(|s| s.tokens),
+        sequences.iter().map(|s| s.start + s.tokens.len()),
+    )?;
     let hidden = config.hidden_size;
-    let eps = config.rms_norm_eps as f32;
     let rows: usize = sequences.iter().map(|s| s.tokens.len()).sum();
     let row_runs = runs(sequences.iter().map(|s| Run {
         rows: s.tokens.len(),
@@ -104,7 +159,6 @@ pub fn forward<B: Backend, H: Adapters<B>>(
         .flat_map(|s| s.tokens.iter().map(|&t| t as usize))
         .collect();
     let mut x = ops.embed(weights.embed, hidden, &tokens).map_err(backend)?;
-    let mut h = ops.zeros(rows * hidden).map_err(backend)?;
     let mut cx = Context {
         ops,
         config,
@@ -115,14 +169,7 @@ pub fn forward<B: Backend, H: Adapters<B>>(
         sin: weights.sin,
         batch,
     };
-    for (li, layer) in weights.layers.iter().enumerate() {
-        ops.rms_norm_into(&x, layer.input_norm, eps, &mut h)
-            .map_err(backend)?;
-        attention(&mut cx, li, &layer.attention, &h, &mut x).map_err(backend)?;
-        ops.rms_norm_into(&x, layer.post_attention_norm, eps, &mut h)
-            .map_err(backend)?;
-        mlp(&mut cx, li, &layer.mlp, &h, &mut x).map_err(backend)?;
-    }
+    stack(&mut cx, weights, &mut x, false).map_err(backend)?;
     ops.advance(cx.batch);
 
     // Only the rows whose logits are wanted go through the unembedding.
@@ -133,7 +180,7 @@ pub fn forward<B: Backend, H: Adapters<B>>(
         kept.extend(end - s.logit_rows()..end);
     }
     let mut kept = ops.select_rows(&x, hidden, &kept).map_err(backend)?;
-    ops.rms_norm(&mut kept, weights.norm, eps)
+    ops.rms_norm(&mut kept, weights.norm, config.rms_norm_eps)
         .map_err(backend)?;
     let kept_runs = runs(sequences.iter().map(|s| Run {
         rows: s.logit_rows(),
@@ -153,4 +200,335 @@ pub fn forward<B: Backend, H: Adapters<B>>(
         )
         .map_err(backend)?;
     Ok(logits)
+}
+
+/// One sequence of a training call: its tokens, the token that should follow each, and its
+/// adapter.
+#[derive(Clone, Copy, Debug)]
+pub struct TrainSequence<'a> {
+    pub tokens: &'a [u32],
+    pub targets: &'a [u32],
+    /// Which of the hook's adapters the sequence goes through (`None`: the base model).
+    pub adapter: Option<usize>,
+}
+
+/// How the head computed the logprobs, and what its backward needs.
+enum HeadTape<B: Backend> {
+    /// A frozen, unadapted unembedding: the rows' Jacobians, no logits.
+    Fused { jacobian: B::Buffer },
+    /// Logits through the projection (an adapted or trained unembedding).
+    Logits {
+        normed: B::Buffer,
+        logits: B::Buffer,
+    },
+}
+
+/// What [`train_backward`] needs of [`train_forward`].
+pub struct Tape<B: Backend> {
+    layers: Vec<LayerTape<B>>,
+    /// The residual stream before the final norm.
+    x_final: B::Buffer,
+    head: HeadTape<B>,
+}
+
+/// What [`train_forward`] gives.
+pub struct TrainOutput<B: Backend> {
+    /// The logprob of each target, sequence after sequence.
+    pub logprobs: B::Buffer,
+    /// What [`train_backward`] needs (when asked to keep it).
+    pub tape: Option<Tape<B>>,
+}
+
+/// The gradient of every weight of the model (full-parameter training).
+pub struct WeightGrads<B: Backend> {
+    pub embed: B::Buffer,
+    pub layers: Vec<LayerGrads<B>>,
+    pub norm: B::Buffer,
+    /// `None` when the unembedding is the embedding: its gradient adds to `embed`.
+    pub lm_head: Option<B::Buffer>,
+}
+
+/// The gradients of one layer's weights.
+pub struct LayerGrads<B: Backend> {
+    pub input_norm: B::Buffer,
+    pub attention: AttentionGrads<B>,
+    pub post_attention_norm: B::Buffer,
+    pub mlp: MlpGrads<B>,
+}
+
+impl<B: Backend> WeightGrads<B> {
+    /// Zero gradients for every weight of `config`'s model.
+    pub fn zeros(ops: &B, config: &ModelConfig) -> Result<Self, B::Error> {
+        let (hidden, head_dim) = (config.hidden_size, config.head_dim);
+        let linear = |target: Target, bias: bool| {
+            let (out, inp) = target.shape(config);
+            LinearGrads::zeros(ops, out, inp, bias)
+        };
+        let qk_norm = |present: bool| -> Result<Option<B::Buffer>, B::Error> {
+            present.then(|| ops.zeros(head_dim)).transpose()
+        };
+        let qwen3 = config.architecture == crate::model::Architecture::Qwen3;
+        let layers = (0..config.num_layers)
+            .map(|_| {
+                Ok(LayerGrads {
+                    input_norm: ops.zeros(hidden)?,
+                    attention: AttentionGrads {
+                        q: linear(Target::Q, config.qkv_bias)?,
+                        k: linear(Target::K, config.qkv_bias)?,
+                        v: linear(Target::V, config.qkv_bias)?,
+                        o: linear(Target::O, config.o_bias)?,
+                        q_norm: qk_norm(qwen3)?,
+                        k_norm: qk_norm(qwen3)?,
+                    },
+                    post_attention_norm: ops.zeros(hidden)?,
+                    mlp: MlpGrads {
+                        gate: linear(Target::Gate, config.mlp_bias)?,
+                        up: linear(Target::Up, config.mlp_bias)?,
+                        down: linear(Target::Down, config.mlp_bias)?,
+                    },
+                })
+            })
+            .collect::<Result<_, B::Error>>()?;
+        Ok(WeightGrads {
+            embed: ops.zeros(config.vocab_size * hidden)?,
+            layers,
+            norm: ops.zeros(hidden)?,
+            lm_head: if config.tie_word_embeddings {
+                None
+            } else {
+                Some(ops.zeros(config.vocab_size * hidden)?)
+            },
+        })
+    }
+}
+
+/// The rows of a training call and their runs of adapters.
+fn train_rows(sequences: &[TrainSequence<'_>]) -> (usize, Vec<Run>) {
+    let rows = sequences.iter().map(|s| s.tokens.len()).sum();
+    let row_runs = runs(sequences.iter().map(|s| Run {
+        rows: s.tokens.len(),
+        adapter: s.adapter,
+    }));
+    (rows, row_runs)
+}
+
+/// The logprob of every sequence's targets (`rows`, sequence after sequence), each sequence
+/// whole from position 0. With `keep`, also what [`train_backward`] needs; `trained_head` says
+/// the unembedding's own weight will get a gradient (full-parameter training).
+#[allow(clippy::too_many_arguments)]
+pub fn train_forward<B: Backward, H: Adapters<B>>(
+    ops: &B,
+    config: &ModelConfig,
+    weights: &DecoderWeights<'_, B>,
+    adapters: &H,
+    sequences: &[TrainSequence<'_>],
+    batch: &mut B::Batch<'_>,
+    keep: bool,
+    trained_head: bool,
+) -> Result<TrainOutput<B>, ForwardError<B::Error>> {
+    check(
+        config,
+        weights.context,
+        sequences.iter().map(|s| s.tokens),
+        sequences.iter().map(|s| s.tokens.len()),
+    )?;
+    config.check_tokens(sequences.iter().flat_map(|s| s.targets))?;
+    if let Some(s) = sequences.iter().find(|s| s.targets.len() != s.tokens.len()) {
+        return Err(ForwardError::Targets {
+            tokens: s.tokens.len(),
+            targets: s.targets.len(),
+        });
+    }
+    let backend = ForwardError::Backend;
+    let (hidden, vocab) = (config.hidden_size, config.vocab_size);
+    let (rows, row_runs) = train_rows(sequences);
+    let tokens: Vec<usize> = sequences
+        .iter()
+        .flat_map(|s| s.tokens.iter().map(|&t| t as usize))
+        .collect();
+    let targets: Vec<u32> = sequences
+        .iter()
+        .flat_map(|s| s.targets.iter().copied())
+        .collect();
+    let mut x = ops.embed(weights.embed, hidden, &tokens).map_err(backend)?;
+    let mut cx = Context {
+        ops,
+        config,
+        adapters,
+        runs: &row_runs,
+        rows,
+        cos: weights.cos,
+        sin: weights.sin,
+        batch,
+    };
+    let layers = stack(&mut cx, weights, &mut x, keep).map_err(backend)?;
+    let x_final = if keep {
+        Some(ops.copy(&x).map_err(backend)?)
+    } else {
+        None
+    };
+    let mut normed = x;
+    ops.rms_norm(&mut normed, weights.norm, config.rms_norm_eps)
+        .map_err(backend)?;
+    let fused = !trained_head
+        && weights.lm_head.bias.is_none()
+        && !adapters.adapts(Site::Unembed, &row_runs);
+    let (logprobs, head) = if fused {
+        let mut jacobian = if keep {
+            Some(ops.zeros(rows * hidden).map_err(backend)?)
+        } else {
+            None
+        };
+        let logprobs = ops
+            .unembed_logprobs(
+                &normed,
+                weights.lm_head.weight,
+                hidden,
+                &targets,
+                jacobian.as_mut(),
+            )
+            .map_err(backend)?;
+        (
+            logprobs,
+            jacobian.map(|jacobian| HeadTape::Fused { jacobian }),
+        )
+    } else {
+        let mut logits = ops.zeros(rows * vocab).map_err(backend)?;
+        adapters
+            .project(
+                ops,
+                Site::Unembed,
+                &row_runs,
+                &normed,
+                &weights.lm_head,
+                &mut logits,
+                false,
+            )
+            .map_err(backend)?;
+        let logprobs = ops
+            .target_logprobs(&logits, vocab, &targets)
+            .map_err(backend)?;
+        (
+            logprobs,
+            keep.then_some(HeadTape::Logits { normed, logits }),
+        )
+    };
+    let tape = match (x_final, head) {
+        (Some(x_final), Some(head)) => Some(Tape {
+            layers,
+            x_final,
+            head,
+        }),
+        _ => None,
+    };
+    Ok(TrainOutput { logprobs, tape })
+}
+
+/// The backward of [`train_forward`] from `d_logprobs`, the gradient of each target's logprob:
+/// the adapters accumulate their gradients through the hook, and `grads` (when given) every
+/// weight's.
+#[allow(clippy::too_many_arguments)]
+pub fn train_backward<B: Backward, H: AdapterGrads<B>>(
+    ops: &B,
+    config: &ModelConfig,
+    weights: &DecoderWeights<'_, B>,
+    adapters: &H,
+    sequences: &[TrainSequence<'_>],
+    batch: &mut B::Batch<'_>,
+    tape: &Tape<B>,
+    d_logprobs: &B::Buffer,
+    mut grads: Option<&mut WeightGrads<B>>,
+) -> Result<(), B::Error> {
+    let (hidden, vocab, eps) = (config.hidden_size, config.vocab_size, config.rms_norm_eps);
+    let (rows, row_runs) = train_rows(sequences);
+    let targets: Vec<u32> = sequences
+        .iter()
+        .flat_map(|s| s.targets.iter().copied())
+        .collect();
+
+    // The head, then the final norm.
+    let mut d_normed = ops.zeros(rows * hidden)?;
+    match &tape.head {
+        HeadTape::Fused { jacobian } => {
+            ops.unembed_logprobs_backward(jacobian, d_logprobs, &mut d_normed)?
+        }
+        HeadTape::Logits { normed, logits } => {
+            let d_logits = ops.target_logprobs_backward(logits, vocab, &targets, d_logprobs)?;
+            adapters.project_backward(
+                ops,
+                Site::Unembed,
+                &row_runs,
+                normed,
+                &weights.lm_head,
+                &d_logits,
+                &mut d_normed,
+            )?;
+            if let Some(g) = grads.as_deref_mut() {
+                let d_weight = g.lm_head.as_mut().unwrap_or(&mut g.embed);
+                ops.weight_gradient(normed, &d_logits, hidden, d_weight, None)?;
+            }
+        }
+    }
+    let mut dx = ops.zeros(rows * hidden)?;
+    let d_norm = grads.as_deref_mut().map(|g| &mut g.norm);
+    ops.rms_norm_backward(&tape.x_final, weights.norm, eps, &d_normed, &mut dx, d_norm)?;
+
+    let mut cx = Context {
+        ops,
+        config,
+        adapters,
+        runs: &row_runs,
+        rows,
+        cos: weights.cos,
+        sin: weights.sin,
+        batch,
+    };
+    let mut h = ops.zeros(rows * hidden)?;
+    for (li, (layer, layer_tape)) in weights.layers.iter().zip(&tape.layers).enumerate().rev() {
+        let mut layer_grads = grads.as_deref_mut().map(|g| &mut g.layers[li]);
+        // dx is the gradient of the layer's output; both blocks add into the residual.
+        ops.rms_norm_into(&layer_tape.x_mid, layer.post_attention_norm, eps, &mut h)?;
+        let mlp_grads = layer_grads.as_deref_mut().map(|g| &mut g.mlp);
+        let dh = mlp_backward(&mut cx, li, &layer.mlp, &h, &layer_tape.mlp, &dx, mlp_grads)?;
+        let d_post = layer_grads
+            .as_deref_mut()
+            .map(|g| &mut g.post_attention_norm);
+        ops.rms_norm_backward(
+            &layer_tape.x_mid,
+            layer.post_attention_norm,
+            eps,
+            &dh,
+            &mut dx,
+            d_post,
+        )?;
+
+        ops.rms_norm_into(&layer_tape.x_in, layer.input_norm, eps, &mut h)?;
+        let attention_grads = layer_grads.as_deref_mut().map(|g| &mut g.attention);
+        let dh = attention_backward(
+            &mut cx,
+            li,
+            &layer.attention,
+            &h,
+            &layer_tape.attention,
+            &dx,
+            attention_grads,
+        )?;
+        let d_input = layer_grads.map(|g| &mut g.input_norm);
+        ops.rms_norm_backward(
+            &layer_tape.x_in,
+            layer.input_norm,
+            eps,
+            &dh,
+            &mut dx,
+            d_input,
+        )?;
+    }
+    if let Some(g) = grads {
+        let tokens: Vec<usize> = sequences
+            .iter()
+            .flat_map(|s| s.tokens.iter().map(|&t| t as usize))
+            .collect();
+        ops.embed_backward(&tokens, hidden, &dx, &mut g.embed)?;
+    }
+    Ok(())
 }

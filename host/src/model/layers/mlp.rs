@@ -1,9 +1,10 @@
-//! The MLP block: `down(silu(gate(h)) · up(h))`, added into the residual stream.
+//! The MLP block: `down(silu(gate(h)) · up(h))`, added into the residual stream. The forward,
+//! then its backward.
 
-use opentinker_kernels::Backend;
+use opentinker_kernels::{Backend, Backward};
 
 use super::attention::Context;
-use super::projection::{Adapters, Linear};
+use super::projection::{AdapterGrads, Adapters, Linear, LinearGrads};
 use crate::model::{Site, Target};
 
 /// One layer's MLP weights.
@@ -13,14 +14,30 @@ pub struct MlpWeights<'a, B: Backend + ?Sized> {
     pub down: Linear<'a, B>,
 }
 
-/// `x += mlp(h)` at layer `layer`, where `h` is the normed residual stream.
+/// The gradients of one layer's MLP weights (full-parameter training).
+pub struct MlpGrads<B: Backend> {
+    pub gate: LinearGrads<B>,
+    pub up: LinearGrads<B>,
+    pub down: LinearGrads<B>,
+}
+
+/// What the MLP's backward needs of its forward: the gate before its activation, and the up
+/// projection (their product is recomputed).
+pub(super) struct MlpTape<B: Backend> {
+    gate: B::Buffer,
+    up: B::Buffer,
+}
+
+/// `x += mlp(h)` at layer `layer`, where `h` is the normed residual stream; with `keep`,
+/// returns what the backward needs.
 pub(super) fn mlp<B: Backend, H: Adapters<B>>(
     cx: &mut Context<'_, '_, B, H>,
     layer: usize,
     w: &MlpWeights<'_, B>,
     h: &B::Buffer,
     x: &mut B::Buffer,
-) -> Result<(), B::Error> {
+    keep: bool,
+) -> Result<Option<MlpTape<B>>, B::Error> {
     let (ops, runs) = (cx.ops, cx.runs);
     let inter = cx.config.intermediate_size;
     let site = |target| Site::Layer(layer, target);
@@ -30,7 +47,50 @@ pub(super) fn mlp<B: Backend, H: Adapters<B>>(
     let mut up = ops.zeros(cx.rows * inter)?;
     cx.adapters
         .project(ops, site(Target::Up), runs, h, &w.up, &mut up, false)?;
+    let gate_raw = if keep { Some(ops.copy(&gate)?) } else { None };
     ops.silu_mul(&mut gate, &up)?;
     cx.adapters
-        .project(ops, site(Target::Down), runs, &gate, &w.down, x, true)
+        .project(ops, site(Target::Down), runs, &gate, &w.down, x, true)?;
+    Ok(gate_raw.map(|gate| MlpTape { gate, up }))
+}
+
+/// The backward of [`mlp`] from `dy`, the gradient of its output: returns the gradient of `h`;
+/// the adapters and (when given) `grads` accumulate theirs.
+pub(super) fn mlp_backward<B: Backward, H: AdapterGrads<B>>(
+    cx: &mut Context<'_, '_, B, H>,
+    layer: usize,
+    w: &MlpWeights<'_, B>,
+    h: &B::Buffer,
+    tape: &MlpTape<B>,
+    dy: &B::Buffer,
+    grads: Option<&mut MlpGrads<B>>,
+) -> Result<B::Buffer, B::Error> {
+    let (ops, runs) = (cx.ops, cx.runs);
+    let (inter, hidden) = (cx.config.intermediate_size, cx.config.hidden_size);
+    let site = |target| Site::Layer(layer, target);
+    let mut activated = ops.copy(&tape.gate)?;
+    ops.silu_mul(&mut activated, &tape.up)?;
+    let mut d_activated = ops.zeros(cx.rows * inter)?;
+    cx.adapters.project_backward(
+        ops,
+        site(Target::Down),
+        runs,
+        &activated,
+        &w.down,
+        dy,
+        &mut d_activated,
+    )?;
+    let (mut d_gate, mut d_up) = (ops.zeros(cx.rows * inter)?, ops.zeros(cx.rows * inter)?);
+    ops.silu_mul_backward(&tape.gate, &tape.up, &d_activated, &mut d_gate, &mut d_up)?;
+    let mut dh = ops.zeros(cx.rows * hidden)?;
+    cx.adapters
+        .project_backward(ops, site(Target::Gate), runs, h, &w.gate, &d_gate, &mut dh)?;
+    cx.adapters
+        .project_backward(ops, site(Target::Up), runs, h, &w.up, &d_up, &mut dh)?;
+    if let Some(g) = grads {
+        g.down.accumulate(ops, &activated, dy, w.down.inp)?;
+        g.gate.accumulate(ops, h, &d_gate, w.gate.inp)?;
+        g.up.accumulate(ops, h, &d_up, w.up.inp)?;
+    }
+    Ok(dh)
 }

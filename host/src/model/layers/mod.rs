@@ -24,7 +24,10 @@ mod decoder;
 mod mlp;
 mod projection;
 
-pub use attention::AttentionWeights;
-pub use decoder::{DecoderWeights, ForwardError, LayerWeights, Sequence, forward};
-pub use mlp::MlpWeights;
-pub use projection::{Adapters, Linear, NoAdapters, Run};
+pub use attention::{AttentionGrads, AttentionWeights};
+pub use decoder::{
+    DecoderWeights, ForwardError, LayerGrads, LayerWeights, Sequence, Tape, TrainOutput,
+    TrainSequence, WeightGrads, forward, train_backward, train_forward,
+};
+pub use mlp::{MlpGrads, MlpWeights};
+pub use projection::{AdapterGrads, Adapters, Linear, LinearGrads, NoAdapters, Run};
