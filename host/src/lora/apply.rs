@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use candle_core::WithDType;
-use opentinker_kernels::{Backend, CpuTrain, Float, LoraGrad, LoraGrads, LoraPair, Segment};
+use opentinker_kernels::{Backend, Backward, Float, LoraGrad, LoraGrads, LoraPair, Segment};
 
 use super::Adapter;
 use crate::model::layers::{AdapterGrads, Adapters, Linear, Run};
@@ -144,18 +144,28 @@ where
     }
 }
 
-impl<T: WithDType + Float> AdapterGrads<CpuTrain<T>> for CpuAdapters<'_, T> {
+/// The training backend's LoRA gradients, per segment, gathered by adapter and site.
+impl<T, B> AdapterGrads<B> for CpuAdapters<'_, T>
+where
+    T: WithDType + Float,
+    B: for<'a> Backward<
+            Buffer = Vec<T>,
+            Matrix = [T],
+            Vector = [T],
+            Lora<'a> = &'a [Segment<'a, T>],
+            LoraGrads<'a> = LoraGrads<'a, T>,
+        >,
+{
     fn project_backward(
         &self,
-        ops: &CpuTrain<T>,
+        ops: &B,
         site: Site,
         runs: &[Run],
         x: &Vec<T>,
-        linear: &Linear<'_, CpuTrain<T>>,
+        linear: &Linear<'_, B>,
         dy: &Vec<T>,
         dx: &mut Vec<T>,
-    ) -> Result<(), <CpuTrain<T> as Backend>::Error> {
-        use opentinker_kernels::Backward;
+    ) -> Result<(), B::Error> {
         let segments = self.segments(site, runs);
         // Each run's gradients into a buffer of its own (one adapter may serve two runs), then
         // into its adapter's.
