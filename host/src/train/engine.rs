@@ -6,17 +6,26 @@
 //! (rows grouped by adapter); each adapter's gradients accumulate in its own slot until its
 //! `optim_step` (AdamW with its own step count, moments and clipping). A non-finite loss or
 //! gradient marks only that adapter, whose next update is skipped.
+//!
+//! A pass runs the model's one layer definition (`model::layers`) on the CPU training backend,
+//! each datum a whole sequence (no padding in the model); the losses are small candle graphs
+//! over the padded logprobs, whose gradient with respect to the logprobs starts the layers'
+//! explicit backward.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor, Var};
+use std::convert::Infallible;
+
+use candle_core::{DType, Device, Tensor, Var, WithDType};
+use opentinker_kernels::{Backward, CpuTrain, Float, LoraGrads, Segment, TrainBatch};
 
 use super::loss::{Loss, LossInputs, loss};
 use super::slot_state::{NamedState, SlotState};
-use crate::lora::{Adapter, AdapterError, LoraConfig};
-use crate::model::Transformer;
-use crate::model::transformer::{RowAdapters, WeightsError};
+use crate::lora::{Adapter, AdapterError, CpuAdapters, LoraConfig};
+use crate::model::layers::{TrainSequence, WeightGrads, train_backward, train_forward};
+use crate::model::transformer::WeightsError;
+use crate::model::{CpuWeights, Transformer};
 
 /// The name of an adapter in the engine.
 pub type AdapterId = String;
@@ -101,8 +110,31 @@ pub enum TrainError {
     Adapter(#[from] AdapterError),
     #[error(transparent)]
     Checkpoint(#[from] super::checkpoint::CheckpointError),
+    #[error("the model refused the batch: {0}")]
+    Model(String),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+}
+
+/// The float types the engine computes in: f32, and f64 for gradient checks.
+trait TrainFloat: Float + WithDType {}
+impl TrainFloat for f32 {}
+impl TrainFloat for f64 {}
+
+/// What one fused pass gives: each item's output and, after a backward, each trainable's fresh
+/// gradients (in the order of its `named_tensors`).
+struct Pass {
+    outputs: Vec<ItemOutput>,
+    gradients: Vec<(AdapterId, Vec<Tensor>)>,
+}
+
+/// A gradient's values as a tensor of `like`'s shape (zeros when the backward never reached
+/// it).
+fn gradient_tensor<T: TrainFloat>(values: Vec<T>, like: &Tensor) -> candle_core::Result<Tensor> {
+    if values.is_empty() {
+        return like.zeros_like();
+    }
+    Tensor::from_vec(values, like.shape(), &Device::Cpu)
 }
 
 /// What a slot trains.
@@ -417,14 +449,15 @@ impl TrainingEngine {
 
     /// Logprobs and losses of the items, without gradients.
     pub fn forward(&self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
-        let (outputs, _) = self.run(items, false)?;
-        Ok(outputs)
+        Ok(self.run(items, false)?.outputs)
     }
 
     /// Logprobs and losses of the items; their gradients accumulate in each adapter's slot.
     pub fn forward_backward(&mut self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
-        let (outputs, total) = self.run(items, true)?;
-        let gradients = total.backward()?;
+        let Pass {
+            outputs,
+            mut gradients,
+        } = self.run(items, true)?;
         let mut adapters: Vec<&AdapterId> = items.iter().map(|i| &i.adapter).collect();
         adapters.sort();
         adapters.dedup();
@@ -433,14 +466,15 @@ impl TrainingEngine {
                 .slots
                 .get_mut(id)
                 .ok_or_else(|| TrainError::UnknownAdapter(id.clone()))?;
-            let mut fresh = Vec::new();
-            for (_, var) in slot.trainable.named_tensors() {
-                let gradient = match gradients.get(var.as_tensor()) {
-                    Some(g) => g.clone(),
-                    None => var.as_tensor().zeros_like()?,
-                };
-                fresh.push(gradient);
-            }
+            let fresh = match gradients.iter().position(|(g, _)| g == id) {
+                Some(at) => gradients.swap_remove(at).1,
+                None => slot
+                    .trainable
+                    .named_tensors()
+                    .iter()
+                    .map(|(_, var)| var.as_tensor().zeros_like())
+                    .collect::<candle_core::Result<_>>()?,
+            };
             let non_finite = fresh
                 .iter()
                 .map(|g| g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>())
@@ -538,23 +572,42 @@ impl TrainingEngine {
         })
     }
 
-    /// One fused forward over every item: rows grouped by adapter, padded to the longest datum.
-    /// Returns the outputs and the summed loss (the root of the backward pass).
-    fn run(
-        &self,
-        items: &[WorkItem],
-        for_backward: bool,
-    ) -> Result<(Vec<ItemOutput>, Tensor), TrainError> {
+    /// One fused pass over every item: rows grouped by adapter, each datum a whole sequence
+    /// through the model's layers; with `backward`, each trainable's fresh gradients.
+    fn run(&self, items: &[WorkItem], backward: bool) -> Result<Pass, TrainError> {
+        match self.dtype {
+            DType::F32 => self.run_in::<f32>(items, backward),
+            DType::F64 => self.run_in::<f64>(items, backward),
+            other => Err(candle_core::Error::Msg(format!(
+                "training computes in f32 or f64, not {other:?}"
+            ))
+            .into()),
+        }
+    }
+
+    fn run_in<T>(&self, items: &[WorkItem], backward: bool) -> Result<Pass, TrainError>
+    where
+        T: TrainFloat,
+        CpuTrain<T>: for<'a> Backward<
+                Error = Infallible,
+                Buffer = Vec<T>,
+                Matrix = [T],
+                Vector = [T],
+                Lora<'a> = &'a [Segment<'a, T>],
+                LoraGrads<'a> = LoraGrads<'a, T>,
+                Batch<'a> = TrainBatch<T>,
+            >,
+    {
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by(|&a, &b| items[a].adapter.cmp(&items[b].adapter));
-        let vocab = self.model.config.vocab_size;
+        let config = &self.model.config;
         let mut width = 1;
         for (i, item) in items.iter().enumerate() {
             if !self.slots.contains_key(&item.adapter) {
                 return Err(TrainError::UnknownAdapter(item.adapter.clone()));
             }
             for (d, datum) in item.datums.iter().enumerate() {
-                check_datum(datum, vocab).map_err(|problem| TrainError::BadDatum {
+                check_datum(datum, config.vocab_size).map_err(|problem| TrainError::BadDatum {
                     item: i,
                     datum: d,
                     problem,
@@ -567,59 +620,151 @@ impl TrainingEngine {
             .flat_map(|&i| items[i].datums.iter().map(move |d| (i, d)))
             .collect();
         if rows.is_empty() {
-            let zero = Tensor::zeros((), self.dtype, &Device::Cpu)?;
             let outputs = items.iter().map(|_| ItemOutput::default()).collect();
-            return Ok((outputs, zero));
+            return Ok(Pass {
+                outputs,
+                gradients: Vec::new(),
+            });
         }
+
+        // The adapters of the pass, each named by one index.
+        let mut ids: Vec<&AdapterId> = order.iter().map(|&i| &items[i].adapter).collect();
+        ids.dedup();
+        let mut adapters: Vec<&Adapter> = Vec::new();
+        let mut index: HashMap<&AdapterId, usize> = HashMap::new();
+        for id in &ids {
+            if let Some(adapter) = self.slots.get(*id).and_then(|s| s.trainable.adapter()) {
+                index.insert(*id, adapters.len());
+                adapters.push(adapter);
+            }
+        }
+        let hook = if backward {
+            CpuAdapters::<T>::training(&adapters)?
+        } else {
+            CpuAdapters::<T>::of(&adapters)?
+        };
+        let sequences: Vec<TrainSequence<'_>> = rows
+            .iter()
+            .map(|(i, datum)| TrainSequence {
+                tokens: &datum.input_tokens,
+                targets: &datum.target_tokens,
+                adapter: index.get(&items[*i].adapter).copied(),
+            })
+            .collect();
+        let weights = CpuWeights::<T>::of(&self.model)?;
+        let weights = weights.decoder::<CpuTrain<T>>();
+        let ops = CpuTrain::<T>::new();
+        let mut batch = TrainBatch::new(rows.iter().map(|(_, d)| d.input_tokens.len()).collect());
+        let forward = train_forward(
+            &ops,
+            config,
+            &weights,
+            &hook,
+            &sequences,
+            &mut batch,
+            backward,
+            self.full_parameters,
+        )
+        .map_err(|e| TrainError::Model(e.to_string()))?;
+
+        // The losses are small graphs over the logprobs, padded to the longest datum; their
+        // gradient with respect to the logprobs starts the model's backward.
+        let mut padded = vec![T::zero(); rows.len() * width];
+        let mut rest = &forward.logprobs[..];
+        for ((_, datum), row) in rows.iter().zip(padded.chunks_exact_mut(width)) {
+            let (mine, next) = rest.split_at(datum.input_tokens.len());
+            row[..mine.len()].copy_from_slice(mine);
+            rest = next;
+        }
+        let logprobs = Var::from_tensor(&Tensor::from_vec(
+            padded,
+            (rows.len(), width),
+            &Device::Cpu,
+        )?)?;
+        let (outputs, total) = self.losses(items, &order, &rows, logprobs.as_tensor(), width)?;
+        let Some(tape) = forward.tape.filter(|_| backward) else {
+            return Ok(Pass {
+                outputs,
+                gradients: Vec::new(),
+            });
+        };
+        let d_padded = match total.backward()?.get(logprobs.as_tensor()) {
+            Some(g) => g.flatten_all()?.to_vec1::<T>()?,
+            None => vec![T::zero(); rows.len() * width],
+        };
+        let d_logprobs: Vec<T> = rows
+            .iter()
+            .zip(d_padded.chunks_exact(width))
+            .flat_map(|((_, datum), row)| row[..datum.input_tokens.len()].iter().copied())
+            .collect();
+        let mut weight_grads = None;
+        if self.full_parameters {
+            let Ok(zeros) = WeightGrads::zeros(&ops, config);
+            weight_grads = Some(zeros);
+        }
+        let Ok(()) = train_backward(
+            &ops,
+            config,
+            &weights,
+            &hook,
+            &sequences,
+            &mut batch,
+            &tape,
+            &d_logprobs,
+            weight_grads.as_mut(),
+        );
+
+        let mut gradients = Vec::new();
+        let mut per_adapter = hook.into_gradients();
+        for id in ids {
+            let Some(slot) = self.slots.get(id) else {
+                continue;
+            };
+            let tensors = match (&slot.trainable, index.get(id), weight_grads.take()) {
+                (Trainable::Lora(adapter), Some(&k), _) => {
+                    let mut sites = std::mem::take(&mut per_adapter[k]);
+                    let mut tensors = Vec::with_capacity(2 * adapter.sites.len());
+                    for (site, pair) in &adapter.sites {
+                        let (da, db) = sites.remove(site).unwrap_or_default();
+                        tensors.push(gradient_tensor(da, pair.a.as_tensor())?);
+                        tensors.push(gradient_tensor(db, pair.b.as_tensor())?);
+                    }
+                    tensors
+                }
+                (Trainable::Full(vars), _, Some(grads)) => {
+                    let mut named: HashMap<String, Vec<T>> =
+                        grads.into_named().into_iter().collect();
+                    vars.iter()
+                        .map(|(name, var)| {
+                            gradient_tensor(named.remove(name).unwrap_or_default(), var.as_tensor())
+                        })
+                        .collect::<candle_core::Result<_>>()?
+                }
+                _ => continue,
+            };
+            gradients.push((id.clone(), tensors));
+        }
+        Ok(Pass { outputs, gradients })
+    }
+
+    /// Each item's loss and metrics from the padded logprobs (`rows × width`, in `order`), and
+    /// their sum (the root of the loss's backward).
+    fn losses(
+        &self,
+        items: &[WorkItem],
+        order: &[usize],
+        rows: &[(usize, &Datum)],
+        logprobs: &Tensor,
+        width: usize,
+    ) -> Result<(Vec<ItemOutput>, Tensor), TrainError> {
         let padded = |values: &dyn Fn(&Datum) -> Vec<f64>| -> candle_core::Result<Tensor> {
             let mut flat = Vec::with_capacity(rows.len() * width);
-            for (_, datum) in &rows {
+            for (_, datum) in rows {
                 let mut row = values(datum);
                 row.resize(width, 0.0);
                 flat.extend(row);
             }
             Tensor::from_vec(flat, (rows.len(), width), &Device::Cpu)?.to_dtype(self.dtype)
-        };
-        let token_rows = |tokens: &dyn Fn(&Datum) -> &Vec<u32>| -> candle_core::Result<Tensor> {
-            let mut flat = Vec::with_capacity(rows.len() * width);
-            for (_, datum) in &rows {
-                let t = tokens(datum);
-                flat.extend(
-                    t.iter()
-                        .copied()
-                        .chain(std::iter::repeat_n(0, width - t.len())),
-                );
-            }
-            Tensor::from_vec(flat, (rows.len(), width), &Device::Cpu)
-        };
-        let inputs = token_rows(&|d| &d.input_tokens)?;
-        let targets = token_rows(&|d| &d.target_tokens)?;
-        let mut runs: Vec<(usize, Option<&Adapter>)> = Vec::new();
-        let mut run_adapter: Option<&str> = None;
-        for &i in &order {
-            let count = items[i].datums.len();
-            match runs.last_mut() {
-                Some((rows, _)) if run_adapter == Some(items[i].adapter.as_str()) => *rows += count,
-                _ => {
-                    let adapter = self
-                        .slots
-                        .get(&items[i].adapter)
-                        .and_then(|s| s.trainable.adapter());
-                    runs.push((count, adapter));
-                    run_adapter = Some(items[i].adapter.as_str());
-                }
-            }
-        }
-        let logprobs = self.model.target_logprobs_with_adapters(
-            &inputs,
-            &targets,
-            &RowAdapters { runs },
-            for_backward,
-        )?;
-        let logprobs = if logprobs.dtype() == self.dtype {
-            logprobs
-        } else {
-            logprobs.to_dtype(self.dtype)?
         };
         let as_f64 = |v: &Option<Vec<f32>>| {
             v.as_ref()
@@ -635,10 +780,10 @@ impl TrainingEngine {
         let mut outputs: Vec<Option<ItemOutput>> = vec![None; items.len()];
         let mut total: Option<Tensor> = None;
         let mut start = 0;
-        for &i in &order {
+        for &i in order {
             let count = items[i].datums.len();
             let rows_of = |t: &Tensor| t.narrow(0, start, count);
-            let item_logprobs = rows_of(&logprobs)?;
+            let item_logprobs = rows_of(logprobs)?;
             let (item_mask, item_weights, item_advantages, item_sampler) = (
                 rows_of(&mask)?,
                 rows_of(&weights)?,

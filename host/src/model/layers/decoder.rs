@@ -302,6 +302,50 @@ impl<B: Backend> WeightGrads<B> {
     }
 }
 
+impl<B: Backend> WeightGrads<B> {
+    /// Every gradient by its weight's Hugging Face name (as `Transformer::named_weights` names
+    /// them).
+    pub fn into_named(self) -> Vec<(String, B::Buffer)> {
+        let mut named = vec![("model.embed_tokens.weight".to_string(), self.embed)];
+        for (i, layer) in self.layers.into_iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            named.push((format!("{p}.input_layernorm.weight"), layer.input_norm));
+            named.push((
+                format!("{p}.post_attention_layernorm.weight"),
+                layer.post_attention_norm,
+            ));
+            let a = layer.attention;
+            let norms = [("q_norm", a.q_norm), ("k_norm", a.k_norm)];
+            for (norm, grad) in norms {
+                if let Some(grad) = grad {
+                    named.push((format!("{p}.self_attn.{norm}.weight"), grad));
+                }
+            }
+            let m = layer.mlp;
+            let linears = [
+                (Target::Q, a.q),
+                (Target::K, a.k),
+                (Target::V, a.v),
+                (Target::O, a.o),
+                (Target::Gate, m.gate),
+                (Target::Up, m.up),
+                (Target::Down, m.down),
+            ];
+            for (target, grads) in linears {
+                named.push((format!("{p}.{}.weight", target.module()), grads.weight));
+                if let Some(bias) = grads.bias {
+                    named.push((format!("{p}.{}.bias", target.module()), bias));
+                }
+            }
+        }
+        named.push(("model.norm.weight".to_string(), self.norm));
+        if let Some(lm_head) = self.lm_head {
+            named.push(("lm_head.weight".to_string(), lm_head));
+        }
+        named
+    }
+}
+
 /// The rows of a training call and their runs of adapters.
 fn train_rows(sequences: &[TrainSequence<'_>]) -> (usize, Vec<Run>) {
     let rows = sequences.iter().map(|s| s.tokens.len()).sum();
