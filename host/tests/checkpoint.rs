@@ -8,9 +8,8 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use common::{fixture, max_abs_diff};
-use opentinker::lora::LoraConfig;
+use opentinker::lora::{LoraConfig, RowAdapters};
 use opentinker::model::Model;
-use opentinker::model::transformer::RowAdapters;
 use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
 
 fn qwen2_engine() -> TrainingEngine {
@@ -40,9 +39,8 @@ fn an_adapter_written_by_peft_gives_peft_logits() {
     let runs = RowAdapters {
         runs: vec![(1, Some(adapter))],
     };
-    let ours = model
-        .transformer
-        .forward_with_adapters(&tokens, &runs)
+    let ours = runs
+        .logits(&model.transformer, &tokens)
         .unwrap()
         .squeeze(0)
         .unwrap();

@@ -28,21 +28,13 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "plugin",
         ],
     ),
-    // The engine's layers: kernels <- model <- lora <- train, sample. The one definition of the
-    // transformer's layers names no adapter (LoRA comes in through its projection hook); the
-    // rest of `model` still names `lora` in the candle training graph, until training runs on
-    // the layers too.
-    (
-        "model/layers",
-        &[
-            "lora", "train", "sample", "sched", "client", "rl", "jobs", "server", "cli", "plugin",
-            "market",
-        ],
-    ),
+    // The engine's layers: kernels <- model <- lora <- train, sample. The model's layers name no
+    // adapter: LoRA comes in through their projection hook.
     (
         "model",
         &[
-            "train", "sample", "sched", "client", "rl", "jobs", "server", "cli", "plugin", "market",
+            "lora", "train", "sample", "sched", "client", "rl", "jobs", "server", "cli", "plugin",
+            "market",
         ],
     ),
     (

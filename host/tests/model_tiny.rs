@@ -96,7 +96,7 @@ fn every_architecture_loads_tokenizes_and_chats() {
             "merges shorten the text: {} tokens",
             tokens.len()
         );
-        let logprobs = model.token_logprobs(&tokens, None).unwrap();
+        let logprobs = opentinker::lora::token_logprobs(&model, &tokens, None).unwrap();
         assert!(logprobs[1..].iter().all(|l| l.is_some_and(f32::is_finite)));
     }
 }

@@ -86,7 +86,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
                 .transpose()?
                 .map(|loaded| loaded.adapter);
             let tokens = model.tokenizer.encode(&text)?;
-            let logprobs = model.token_logprobs(&tokens, adapter.as_ref())?;
+            let logprobs = crate::lora::token_logprobs(&model, &tokens, adapter.as_ref())?;
             let rows = tokens
                 .iter()
                 .zip(logprobs)

@@ -3,9 +3,10 @@
 
 pub mod adapter;
 mod apply;
-pub mod linear;
 pub mod registry;
+mod score;
 
 pub use adapter::{Adapter, AdapterError, LoraConfig, LoraError, LowRank};
 pub use apply::CpuAdapters;
 pub use registry::{AdapterRegistry, PolicyVersion, RegistryError};
+pub use score::{RowAdapters, token_logprobs};

@@ -1,10 +1,13 @@
 //! The candle model's weights as the CPU backend reads them: each tensor's f32 data borrowed in
 //! place under its storage lock, never copied.
 
-use candle_core::{Storage, Tensor, WithDType};
-use opentinker_kernels::Backend;
+use candle_core::{Device, Storage, Tensor, WithDType};
+use opentinker_kernels::{Backend, Cpu, CpuBatch, KvCache};
 
-use super::layers::{AttentionWeights, DecoderWeights, LayerWeights, Linear, MlpWeights};
+use super::layers::{
+    Adapters, AttentionWeights, DecoderWeights, LayerWeights, Linear, MlpWeights, NoAdapters,
+    Sequence, forward,
+};
 use super::transformer::{self, Transformer};
 
 /// A contiguous CPU tensor's data, read in place under its storage lock.
@@ -162,5 +165,58 @@ impl<'a, T: WithDType> CpuWeights<'a, T> {
             sin: self.sin.slice(),
             context: self.context,
         }
+    }
+}
+
+/// The logits `(batch, time, vocab)` of whole sequences of token ids `(batch, time)` on the CPU
+/// backend, row `r` through `adapters[r]` of `hook` (`None`: the base model).
+pub fn sequence_logits<H: Adapters<Cpu>>(
+    model: &Transformer,
+    tokens: &Tensor,
+    hook: &H,
+    adapters: &[Option<usize>],
+) -> candle_core::Result<Tensor> {
+    let (batch, time) = tokens.dims2()?;
+    if adapters.len() != batch {
+        return Err(candle_core::Error::Msg(format!(
+            "{} adapters for a batch of {batch}",
+            adapters.len()
+        )));
+    }
+    let rows = tokens.to_vec2::<u32>()?;
+    let c = &model.config;
+    let weights = CpuWeights::<f32>::of(model)?;
+    let sequences: Vec<Sequence<'_>> = rows
+        .iter()
+        .zip(adapters)
+        .map(|(tokens, &adapter)| Sequence {
+            tokens,
+            start: 0,
+            adapter,
+            all_logits: true,
+        })
+        .collect();
+    let mut caches: Vec<KvCache> = (0..batch)
+        .map(|_| KvCache::new(c.num_layers, c.num_kv_heads))
+        .collect();
+    let mut cpu_batch = CpuBatch::new(caches.iter_mut().map(|cache| (cache, time)).collect());
+    let logits = forward(
+        &Cpu,
+        c,
+        &weights.decoder(),
+        hook,
+        &sequences,
+        &mut cpu_batch,
+    )
+    .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    Tensor::from_vec(logits, (batch, time, c.vocab_size), &Device::Cpu)
+}
+
+impl Transformer {
+    /// Logits `(batch, time, vocab)` of the base model for token ids `(batch, time)`, each row a
+    /// sequence of its own (the layers on the CPU backend; f32 weights).
+    pub fn forward(&self, tokens: &Tensor) -> candle_core::Result<Tensor> {
+        let (batch, _) = tokens.dims2()?;
+        sequence_logits(self, tokens, &NoAdapters, &vec![None; batch])
     }
 }

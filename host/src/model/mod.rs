@@ -3,25 +3,18 @@
 
 pub mod config;
 mod cpu_view;
-pub mod frozen;
-pub mod gemm;
 pub mod layers;
-pub mod logprobs;
 mod site;
 pub mod tiny;
 pub mod transformer;
-pub mod unembed;
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
-
 pub use config::{Architecture, ModelConfig, OutOfVocabulary};
-pub use cpu_view::{CpuWeights, TensorView};
+pub use cpu_view::{CpuWeights, TensorView, sequence_logits};
 pub use site::{Site, Target};
 pub use transformer::Transformer;
 
-use crate::lora::Adapter;
 use crate::text::{ChatTemplate, Tokenizer, tokenizer};
 
 #[derive(Debug, thiserror::Error)]
@@ -65,55 +58,6 @@ impl Model {
             tokenizer,
             chat_template,
         })
-    }
-
-    /// The logprob of each token given the ones before it (`None` for the first), under the base
-    /// model or under `adapter`.
-    pub fn token_logprobs(
-        &self,
-        tokens: &[u32],
-        adapter: Option<&Adapter>,
-    ) -> Result<Vec<Option<f32>>, ModelError> {
-        if tokens.is_empty() {
-            return Ok(Vec::new());
-        }
-        if let Some(&bad) = tokens
-            .iter()
-            .find(|&&t| t as usize >= self.config.vocab_size)
-        {
-            return Err(ModelError::Input(format!(
-                "token id {bad} is outside the model's vocabulary of {}",
-                self.config.vocab_size
-            )));
-        }
-        if tokens.len() > self.config.max_position_embeddings {
-            return Err(ModelError::Input(format!(
-                "{} tokens exceed the context length of {}",
-                tokens.len(),
-                self.config.max_position_embeddings
-            )));
-        }
-        let input = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
-        let logits = match adapter {
-            Some(adapter) => {
-                let runs = transformer::RowAdapters {
-                    runs: vec![(1, Some(adapter))],
-                };
-                self.transformer.forward_with_adapters(&input, &runs)?
-            }
-            None => self.transformer.forward(&input)?,
-        };
-        let time = tokens.len();
-        let mut out = vec![None];
-        if time > 1 {
-            let logits = logits.narrow(1, 0, time - 1)?;
-            let targets = Tensor::new(&tokens[1..], &Device::Cpu)?.unsqueeze(0)?;
-            let logprobs = transformer::target_logprobs(&logits, &targets)?
-                .squeeze(0)?
-                .to_vec1::<f32>()?;
-            out.extend(logprobs.into_iter().map(Some));
-        }
-        Ok(out)
     }
 }
 

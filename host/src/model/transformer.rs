@@ -1,20 +1,14 @@
-//! The decoder-only transformer of the Llama, Qwen2 and Qwen3 families, in candle, f32.
-//!
-//! Built only from differentiable candle ops (candle's fused softmax, RMSNorm and RoPE kernels
-//! silently drop gradients; see `engine-facts.md`), so the same forward serves sampling and
-//! training.
+//! The weights of the decoder-only transformer of the Llama, Qwen2 and Qwen3 families, as
+//! candle tensors (f32, or f64 for gradient checks): read from a Hugging Face directory with
+//! every shape checked, named as Hugging Face names them, made trainable for full-parameter
+//! training, and the RoPE tables. The layers that compute with them are `model::layers`.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{D, DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 
 use super::config::{ModelConfig, RopeScaling};
-use super::frozen::FrozenLinear;
-use super::site::{Site, Target};
-use super::unembed::UnembedLogprobs;
-use crate::lora::Adapter;
-use crate::lora::linear::LoraLinear;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -37,26 +31,6 @@ pub enum WeightsError {
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
-}
-
-impl Linear {
-    /// The projection. A base weight is frozen: when `x` is part of a gradient graph (training an
-    /// adapter), the frozen op passes gradients to `x` only, never computing the weight's. A
-    /// weight that is a variable (full-parameter training) gets its gradient.
-    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if x.track_op() && !self.weight.is_variable() {
-            let frozen = FrozenLinear {
-                weight: self.weight.clone(),
-                bias: self.bias.clone(),
-            };
-            return x.contiguous()?.apply_op1(frozen);
-        }
-        let y = x.broadcast_matmul(&self.weight.t()?)?;
-        match &self.bias {
-            Some(bias) => y.broadcast_add(bias),
-            None => Ok(y),
-        }
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -354,263 +328,6 @@ impl Transformer {
         let tensors = read_safetensors(dir)?;
         Self::from_tensors(config, &tensors)
     }
-
-    /// Logits `(batch, time, vocab)` for token ids `(batch, time)` (u32), with causal attention.
-    pub fn forward(&self, tokens: &Tensor) -> candle_core::Result<Tensor> {
-        let (batch, time) = tokens.dims2()?;
-        let embedded = self
-            .embed_tokens
-            .embedding(&tokens.flatten_all()?)?
-            .reshape((batch, time, self.config.hidden_size))?;
-        self.forward_embeddings(&embedded)
-    }
-
-    /// Logits `(batch, time, vocab)` for input embeddings `(batch, time, hidden)`.
-    pub fn forward_embeddings(&self, embedded: &Tensor) -> candle_core::Result<Tensor> {
-        self.run(embedded, None)
-    }
-
-    /// Logits `(batch, time, vocab)` for token ids `(batch, time)`, each run of rows through its
-    /// own adapter (or the base model).
-    pub fn forward_with_adapters(
-        &self,
-        tokens: &Tensor,
-        adapters: &RowAdapters<'_>,
-    ) -> candle_core::Result<Tensor> {
-        let (batch, time) = tokens.dims2()?;
-        if adapters.rows() != batch {
-            return Err(candle_core::Error::Msg(format!(
-                "adapters cover {} rows of a batch of {batch}",
-                adapters.rows()
-            )));
-        }
-        let embedded = self
-            .embed_tokens
-            .embedding(&tokens.flatten_all()?)?
-            .reshape((batch, time, self.config.hidden_size))?;
-        self.run(&embedded, Some(adapters))
-    }
-
-    /// The logprob of each target token `(batch, time)` after token ids `(batch, time)`, each
-    /// run of rows through its own adapter. With a frozen, unadapted unembedding the logits are
-    /// never materialised ([`UnembedLogprobs`]); `for_backward` says a backward pass follows.
-    pub fn target_logprobs_with_adapters(
-        &self,
-        tokens: &Tensor,
-        targets: &Tensor,
-        adapters: &RowAdapters<'_>,
-        for_backward: bool,
-    ) -> candle_core::Result<Tensor> {
-        let unembed_adapted = adapters
-            .runs
-            .iter()
-            .any(|(_, a)| a.is_some_and(|a| a.sites.contains_key(&Site::Unembed)));
-        if unembed_adapted || self.lm_head.weight.is_variable() || self.lm_head.bias.is_some() {
-            let logits = self.forward_with_adapters(tokens, adapters)?;
-            return target_logprobs(&logits, targets);
-        }
-        let (batch, time) = tokens.dims2()?;
-        if adapters.rows() != batch {
-            return Err(candle_core::Error::Msg(format!(
-                "adapters cover {} rows of a batch of {batch}",
-                adapters.rows()
-            )));
-        }
-        let embedded = self
-            .embed_tokens
-            .embedding(&tokens.flatten_all()?)?
-            .reshape((batch, time, self.config.hidden_size))?;
-        let hidden = self.hidden_states(&embedded, Some(adapters))?;
-        let op = UnembedLogprobs::new(
-            self.lm_head.weight.clone(),
-            targets.flatten_all()?.to_vec1::<u32>()?,
-            for_backward,
-        );
-        hidden.contiguous()?.apply_op1(op)
-    }
-
-    fn run(
-        &self,
-        embedded: &Tensor,
-        adapters: Option<&RowAdapters<'_>>,
-    ) -> candle_core::Result<Tensor> {
-        let x = self.hidden_states(embedded, adapters)?;
-        project(&self.lm_head, Site::Unembed, &x, adapters)
-    }
-
-    /// The final hidden states (after the last RMSNorm) `(batch, time, hidden)`.
-    fn hidden_states(
-        &self,
-        embedded: &Tensor,
-        adapters: Option<&RowAdapters<'_>>,
-    ) -> candle_core::Result<Tensor> {
-        let (_, time, _) = embedded.dims3()?;
-        let c = &self.config;
-        let mut x = embedded.clone();
-        let mask = causal_mask(time, embedded.device())?.to_dtype(embedded.dtype())?;
-        let cos = self.cos.narrow(0, 0, time)?;
-        let sin = self.sin.narrow(0, 0, time)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let project = |linear: &Linear, target: Target, input: &Tensor| {
-                project(linear, Site::Layer(i, target), input, adapters)
-            };
-            let h = rms_norm(&x, &layer.input_norm, c.rms_norm_eps)?;
-            let attention = self.attention(layer, &h, &mask, &cos, &sin, &project)?;
-            x = (x + attention)?;
-            let h = rms_norm(&x, &layer.post_attention_norm, c.rms_norm_eps)?;
-            let gate = candle_nn::ops::silu(&project(&layer.gate_proj, Target::Gate, &h)?)?;
-            let up = project(&layer.up_proj, Target::Up, &h)?;
-            let mlp = project(&layer.down_proj, Target::Down, &(gate * up)?)?;
-            x = (x + mlp)?;
-        }
-        rms_norm(&x, &self.norm, c.rms_norm_eps)
-    }
-
-    fn attention(
-        &self,
-        layer: &Layer,
-        h: &Tensor,
-        mask: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        project: &dyn Fn(&Linear, Target, &Tensor) -> candle_core::Result<Tensor>,
-    ) -> candle_core::Result<Tensor> {
-        let c = &self.config;
-        let (batch, time, _) = h.dims3()?;
-        let heads = |proj: &Linear,
-                     target: Target,
-                     n: usize,
-                     norm: Option<&Tensor>|
-         -> candle_core::Result<Tensor> {
-            let x = project(proj, target, h)?.reshape((batch, time, n, c.head_dim))?;
-            let x = match norm {
-                Some(weight) => rms_norm(&x, weight, c.rms_norm_eps)?,
-                None => x,
-            };
-            x.transpose(1, 2)?.contiguous()
-        };
-        let q = apply_rope(
-            &heads(&layer.q_proj, Target::Q, c.num_heads, layer.q_norm.as_ref())?,
-            cos,
-            sin,
-        )?;
-        let k = apply_rope(
-            &heads(
-                &layer.k_proj,
-                Target::K,
-                c.num_kv_heads,
-                layer.k_norm.as_ref(),
-            )?,
-            cos,
-            sin,
-        )?;
-        let v = heads(&layer.v_proj, Target::V, c.num_kv_heads, None)?;
-        let (k, v) = (repeat_kv(&k, c.kv_groups())?, repeat_kv(&v, c.kv_groups())?);
-        let scale = 1.0 / (c.head_dim as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(mask)?;
-        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let out =
-            probs
-                .matmul(&v)?
-                .transpose(1, 2)?
-                .reshape((batch, time, c.num_heads * c.head_dim))?;
-        project(&layer.o_proj, Target::O, &out)
-    }
-}
-
-/// Which adapter serves each run of consecutive batch rows (`None`: the base model).
-#[derive(Clone, Debug, Default)]
-pub struct RowAdapters<'a> {
-    pub runs: Vec<(usize, Option<&'a Adapter>)>,
-}
-
-impl RowAdapters<'_> {
-    pub fn rows(&self) -> usize {
-        self.runs.iter().map(|(rows, _)| rows).sum()
-    }
-}
-
-/// A projection of the base model plus, for each run of rows, its adapter's delta at `site`.
-fn project(
-    linear: &Linear,
-    site: Site,
-    x: &Tensor,
-    adapters: Option<&RowAdapters<'_>>,
-) -> candle_core::Result<Tensor> {
-    let Some(adapters) = adapters else {
-        return linear.forward(x);
-    };
-    let targeted = |a: &Option<&Adapter>| a.is_some_and(|a| a.sites.contains_key(&site));
-    if !adapters.runs.iter().any(|(_, a)| targeted(a)) {
-        return linear.forward(x);
-    }
-    if let [(_, adapter)] = adapters.runs.as_slice() {
-        return project_rows(linear, site, x, *adapter);
-    }
-    let mut outputs = Vec::with_capacity(adapters.runs.len());
-    let mut start = 0;
-    for (rows, adapter) in &adapters.runs {
-        outputs.push(project_rows(
-            linear,
-            site,
-            &x.narrow(0, start, *rows)?,
-            *adapter,
-        )?);
-        start += rows;
-    }
-    Tensor::cat(&outputs, 0)
-}
-
-/// The projection of rows that share one adapter (or none), fused with the adapter's delta.
-fn project_rows(
-    linear: &Linear,
-    site: Site,
-    x: &Tensor,
-    adapter: Option<&Adapter>,
-) -> candle_core::Result<Tensor> {
-    match adapter.and_then(|a| a.sites.get(&site).map(|pair| (a, pair))) {
-        Some((adapter, pair)) => x.contiguous()?.apply_op3(
-            pair.a.as_tensor(),
-            pair.b.as_tensor(),
-            LoraLinear::new(linear, adapter.config.scale()),
-        ),
-        None => linear.forward(x),
-    }
-}
-
-/// RMSNorm over the last dimension, from differentiable ops.
-pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let mean_square = x.sqr()?.mean_keepdim(D::Minus1)?;
-    x.broadcast_div(&(mean_square + eps)?.sqrt()?)?
-        .broadcast_mul(weight)
-}
-
-/// 0 on and below the diagonal, -inf above: `(time, time)`.
-fn causal_mask(time: usize, device: &Device) -> candle_core::Result<Tensor> {
-    let mask: Vec<f32> = (0..time)
-        .flat_map(|i| (0..time).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
-        .collect();
-    Tensor::from_vec(mask, (time, time), device)
-}
-
-/// Repeat each key/value head `groups` times, for grouped-query attention.
-fn repeat_kv(x: &Tensor, groups: usize) -> candle_core::Result<Tensor> {
-    if groups == 1 {
-        return Ok(x.clone());
-    }
-    let (batch, heads, time, dim) = x.dims4()?;
-    x.unsqueeze(2)?
-        .expand((batch, heads, groups, time, dim))?
-        .reshape((batch, heads * groups, time, dim))
-}
-
-/// Rotary embedding in the Hugging Face layout (halves rotated, not interleaved pairs).
-fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
-    let half = x.dim(D::Minus1)? / 2;
-    let first = x.narrow(D::Minus1, 0, half)?;
-    let second = x.narrow(D::Minus1, half, half)?;
-    let rotated = Tensor::cat(&[&second.neg()?, &first], D::Minus1)?;
-    x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
 }
 
 /// The inverse frequencies of RoPE, with the configured scaling.
@@ -669,9 +386,20 @@ pub(crate) fn rope_tables(config: &ModelConfig) -> candle_core::Result<(Tensor, 
 }
 
 /// Log-probability of each target token: `logits (batch, time, vocab)`, `targets (batch, time)`
-/// u32 → `(batch, time)`.
+/// u32 → `(batch, time)` f32.
 pub fn target_logprobs(logits: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
-    logits
-        .contiguous()?
-        .apply_op2(&targets.contiguous()?, super::logprobs::TargetLogprobs)
+    let (batch, time, vocab) = logits.dims3()?;
+    let targets = targets.flatten_all()?.to_vec1::<u32>()?;
+    if targets.len() != batch * time || targets.iter().any(|&t| t as usize >= vocab) {
+        return Err(candle_core::Error::Msg(format!(
+            "targets do not fit logits of {batch} × {time} × {vocab}"
+        )));
+    }
+    let logits = logits
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let mut logprobs = vec![0.0f32; targets.len()];
+    opentinker_kernels::unembed::target_logprobs(&logits, vocab, &targets, &mut logprobs);
+    Tensor::from_vec(logprobs, (batch, time), &Device::Cpu)
 }
