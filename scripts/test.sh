@@ -7,8 +7,8 @@
 # toolchain (rust-toolchain.toml) with its wasm32-wasip2 target, which builds the plugin
 # components of plugins/; Debian's Chromium, for the dashboard's browser test, and its
 # docker-registry and skopeo, for the marketplace's tests; a Python virtual environment outside
-# the repository with the official `tinker` and `openai` clients, Playwright and componentize-py
-# (scripts/requirements-test.txt); and, beside it, the JavaScript plugins' toolchain
+# the repository with the official `tinker` and `openai` clients, Playwright, componentize-py and
+# NVRTC (scripts/requirements-test.txt; the CUDA kernels compile with it, no GPU needed); and, beside it, the JavaScript plugins' toolchain
 # (componentize-js and esbuild, pinned by sdk/js/toolchain/package-lock.json). Then the Python and
 # JavaScript SDKs' and plugins' own tests, every Rust test under cargo-nextest (.config/nextest.toml;
 # the suite is built with the `cuda` feature, which needs no CUDA toolkit: on a machine without a
@@ -147,6 +147,13 @@ cargo_args=(--workspace --locked --features cuda)
 phase toolchain install_toolchain
 phase "debian packages" install_debian_packages
 phase "python venv" make_venv "$venv" scripts/requirements-test.txt
+# NVRTC from the venv's nvidia-cuda-nvrtc wheel, where the kernels load it (cudarc dlopens
+# libnvrtc.so.13): the CUDA kernels' compile test runs on every machine.
+for nvrtc in "$venv"/lib/python*/site-packages/nvidia/cu13/lib; do
+    if [[ -e "$nvrtc/libnvrtc.so.13" ]]; then
+        export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+done
 phase "js toolchain" make_js_toolchain "$js_toolchain"
 phase "cargo fmt" cargo fmt --all --check
 if ! $quick; then

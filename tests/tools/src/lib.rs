@@ -1,7 +1,9 @@
 //! Whether an integration test's external tool is here, and what the test does when it is not.
 //!
 //! Some tests drive tools that are not Rust crates: the test venv's Python with the `tinker` SDK,
-//! componentize-py, the JavaScript toolchain, Debian's Chromium, `docker-registry` and `skopeo`.
+//! componentize-py, the JavaScript toolchain, Debian's Chromium, `docker-registry`, `skopeo`, and
+//! NVRTC (which compiles the CUDA kernels without a GPU, so it is a tool, not a fact of the
+//! machine: [`NVRTC`]).
 //! `scripts/test.sh` installs all of them. A test that finds one missing must not pass as if it had
 //! tested something, so every such test asks for its tool here ([`test_python`],
 //! [`componentize_py`], [`js_toolchain`], [`chromium`], [`docker_registry`], [`skopeo`]), each of
@@ -165,6 +167,12 @@ pub fn chromium() -> Option<PathBuf> {
     };
     require(&CHROMIUM, found)
 }
+
+pub const NVRTC: Tool = Tool {
+    name: "NVRTC (libnvrtc.so.13, CUDA's run-time compiler; it needs no GPU)",
+    provided_by: "the nvidia-cuda-nvrtc wheel of the test venv (scripts/requirements-test.txt), \
+                  whose lib folder scripts/test.sh puts on LD_LIBRARY_PATH",
+};
 
 pub const DOCKER_REGISTRY: Tool = Tool {
     name: "an OCI registry (/usr/bin/docker-registry)",
