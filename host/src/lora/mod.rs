@@ -1,5 +1,7 @@
-//! LoRA: the adapters (low-rank deltas on a frozen base model) and the registry of immutable
-//! adapter versions that the trainer publishes and the sampler reads.
+//! LoRA: the adapters (low-rank deltas on a frozen base model), the registry of immutable
+//! adapter versions that the trainer publishes and the sampler reads, the projection hook through
+//! which adapters enter the model's layers on the CPU backends ([`CpuAdapters`]), and scoring
+//! sequences through adapters.
 
 pub mod adapter;
 mod apply;

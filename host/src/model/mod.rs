@@ -1,5 +1,7 @@
 //! The base model: a Hugging Face model directory (config, safetensors weights, tokenizer, chat
-//! template) loaded into a candle transformer, and the generated tiny preset.
+//! template) loaded as candle tensors, the generated tiny preset, and [`layers`]: the
+//! transformer's layers written once over the kernels' op boundary, which every forward and
+//! backward (sampling, training, scoring) runs.
 
 pub mod config;
 mod cpu_view;

@@ -1,5 +1,5 @@
 //! Training: the Tinker losses, and the engine that runs forward / forward_backward over
-//! mixed-adapter work items with a per-adapter AdamW (checkpoints come next).
+//! mixed-adapter work items on the model's layers with a per-adapter AdamW, and PEFT checkpoints.
 
 pub mod checkpoint;
 pub mod engine;
