@@ -79,6 +79,7 @@ async fn run() -> anyhow::Result<()> {
         model_seq: 0,
         base_model: TINY_MODEL_NAME.into(),
         lora,
+        user_metadata: Default::default(),
     };
     let OpOutput::Model(model) = run(create, None).await.outcome? else {
         anyhow::bail!("no model");

@@ -401,6 +401,207 @@ fn an_oversized_body_is_refused_with_the_limit_in_tinker_shape() {
 }
 
 #[test]
+fn the_access_log_writes_one_line_per_request_with_its_status_and_latency_and_never_a_key() {
+    let data = tempfile::tempdir().unwrap();
+    let alice = server::create_tenant(data.path(), "alice");
+    let bob = server::create_tenant(data.path(), "bob");
+    let log_path = data.path().join("serve.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let (child, url, _) = server::spawn_server_logging(data.path(), "127.0.0.1:0", "info", log);
+    let server = Server {
+        child,
+        url,
+        data,
+        alice,
+        bob,
+    };
+    let healthy = exchange(&server, "GET", "healthz", None, "application/json", b"");
+    assert_eq!(healthy.0, 200, "{}", healthy.1);
+    let (status, _) = refused(get(&server, "samplers/nothing-here", &server.alice));
+    assert_eq!(status, 404);
+    let (status, _) = refused(call(
+        &server,
+        "create_session",
+        Some("tml-0000_ffff"),
+        "application/json",
+        b"{}",
+    ));
+    assert_eq!(status, 401);
+    let (status, _) = refused(post(&server, "no/such/route", json!({})));
+    assert_eq!(status, 404);
+    let (status, _) = refused(call(
+        &server,
+        "create_session",
+        Some(&server.bob),
+        "application/json",
+        b"{not json",
+    ));
+    assert_eq!(status, 400);
+
+    // Each line is written before its answer is sent; wait only for the file to be read whole.
+    let lines: Vec<String> = std::fs::read_to_string(&log_path)
+        .unwrap()
+        .lines()
+        .filter(|line| line.contains("opentinker::access"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(lines.len(), 5, "one line per request: {lines:#?}");
+    for line in &lines {
+        assert!(line.contains(" INFO "), "{line}");
+        assert!(line.contains("latency_ms="), "{line}");
+        assert!(line.contains("id="), "{line}");
+        assert!(!line.contains("tml-"), "a key in the log: {line}");
+        assert!(
+            !line.contains('\u{1b}'),
+            "terminal colours in a file: {line}"
+        );
+    }
+    let expect = |n: usize, parts: &[&str]| {
+        for part in parts {
+            assert!(
+                lines[n].contains(part),
+                "{part:?} missing from {}",
+                lines[n]
+            );
+        }
+    };
+    expect(
+        0,
+        &["method=GET", "route=\"/api/v1/healthz\"", "status=200"],
+    );
+    assert!(!lines[0].contains("error="), "{}", lines[0]);
+    expect(
+        1,
+        &[
+            "route=\"/api/v1/samplers/{id}\"",
+            "tenant=\"alice\"",
+            "status=404",
+            "error=\"not_found\"",
+        ],
+    );
+    assert!(
+        !lines[1].contains("nothing-here"),
+        "ids stay out: {}",
+        lines[1]
+    );
+    expect(
+        2,
+        &[
+            "route=\"/api/v1/create_session\"",
+            "status=401",
+            "error=\"unauthorized\"",
+        ],
+    );
+    expect(3, &["method=POST", "status=404", "error=\"not_found\""]);
+    expect(
+        4,
+        &["tenant=\"bob\"", "status=400", "error=\"invalid_request\""],
+    );
+}
+
+#[test]
+fn an_expired_checkpoint_is_gone_at_once_and_its_files_swept_and_only_its_tenant_deletes_one() {
+    let server = server::start_server_with(&["--checkpoint-sweep-secs", "1"]);
+    let model = model(&server);
+    let save = |name: &str, ttl: Option<u64>| {
+        let (status, submitted) = post(
+            &server,
+            "save_weights",
+            json!({"model_id": model, "path": name, "ttl_seconds": ttl}),
+        );
+        assert_eq!(status, 200, "{submitted}");
+        let saved = result(&server, submitted["request_id"].as_str().unwrap());
+        saved["path"].as_str().unwrap().to_string()
+    };
+    let brief = save("brief", Some(3));
+    let kept = save("kept", None);
+    let folder = |name: &str| {
+        server
+            .data
+            .path()
+            .join("checkpoints/alice")
+            .join(&model)
+            .join("weights")
+            .join(name)
+    };
+    assert!(folder("brief").is_dir() && folder("kept").is_dir());
+    let listed = |key: &str| {
+        let (status, body) = get(&server, &format!("training_runs/{model}/checkpoints"), key);
+        (status, body)
+    };
+    let (status, body) = listed(&server.alice);
+    assert_eq!(status, 200, "{body}");
+    let both = body["checkpoints"].as_array().unwrap();
+    assert_eq!(both.len(), 2, "{body}");
+    assert!(
+        both.iter()
+            .any(|c| c["tinker_path"] == brief.as_str() && c["expires_at"].is_string())
+    );
+
+    // Bob is answered as for an unknown run and an unknown checkpoint.
+    let (status, _) = refused(listed(&server.bob));
+    assert_eq!(status, 404);
+    let delete = |key: &str, name: &str| {
+        exchange(
+            &server,
+            "DELETE",
+            &format!("training_runs/{model}/checkpoints/weights/{name}"),
+            Some(key),
+            "application/json",
+            b"",
+        )
+    };
+    let (status, bobs) = refused(delete(&server.bob, "kept"));
+    let (_, unknown) = refused(delete(&server.bob, "nothing"));
+    assert_eq!(status, 404);
+    assert_eq!(bobs.replace("kept", "X"), unknown.replace("nothing", "X"));
+    assert!(
+        folder("kept").is_dir(),
+        "bob's delete removed alice's files"
+    );
+
+    // Expired: not listed and not loadable at once; its files go with the next sweep.
+    std::thread::sleep(std::time::Duration::from_millis(3100));
+    let (_, body) = listed(&server.alice);
+    let paths: Vec<&str> = body["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["tinker_path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, vec![kept.as_str()], "{body}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while folder("brief").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the expired checkpoint was not swept"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (status, _) = refused(delete(&server.alice, "brief"));
+    assert_eq!(status, 404);
+
+    // Alice's own delete frees the files; the path is refused afterwards.
+    let (status, head, _) = server::request(
+        &server.url,
+        "DELETE",
+        &format!("/api/v1/training_runs/{model}/checkpoints/weights/kept"),
+        Some(&server.alice),
+        "application/json",
+        b"",
+    );
+    assert_eq!(status, 204, "{head}");
+    assert!(!folder("kept").exists());
+    let (status, error) = refused(post(
+        &server,
+        "create_sampling_session",
+        json!({"session_id": model.split(':').next().unwrap(), "sampling_session_seq_id": 0,
+               "model_path": kept}),
+    ));
+    assert_eq!(status, 404, "{error}");
+}
+
+#[test]
 fn a_session_keeps_its_latest_sampling_sessions_and_lets_the_oldest_go() {
     let server = start_server();
     let (_, session) = post(

@@ -89,6 +89,11 @@ fn saved_state_resumes_with_identical_next_step_losses() {
 }
 
 #[test]
+fn training_runs_and_checkpoints_are_listed_expired_and_deleted_through_the_rest_client() {
+    run_script("training_runs.py");
+}
+
+#[test]
 fn tenants_cannot_see_each_others_objects() {
     run_script("tenants.py");
 }

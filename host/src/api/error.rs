@@ -25,6 +25,20 @@ pub enum ApiErrorKind {
 }
 
 impl ApiErrorKind {
+    /// The kind's name as the answers' `kind` field spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiErrorKind::InvalidRequest => "invalid_request",
+            ApiErrorKind::NotFound => "not_found",
+            ApiErrorKind::Unauthorized => "unauthorized",
+            ApiErrorKind::Conflict => "conflict",
+            ApiErrorKind::TooManyRequests => "too_many_requests",
+            ApiErrorKind::QuotaExceeded => "quota_exceeded",
+            ApiErrorKind::Unavailable => "unavailable",
+            ApiErrorKind::Internal => "internal",
+        }
+    }
+
     /// Whether the client should send the same request again.
     pub fn is_retryable(self) -> bool {
         matches!(

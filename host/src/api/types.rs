@@ -249,6 +249,18 @@ pub struct ModelInfo {
     pub tokenizer_dir: String,
 }
 
+/// A saved checkpoint of one of the tenant's models, as the training-run routes list it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointInfo {
+    pub path: CheckpointPath,
+    /// When it was saved, in Unix seconds.
+    pub saved_at: i64,
+    /// Its files' bytes.
+    pub size_bytes: u64,
+    /// When it expires, in Unix seconds (`ttl_seconds` when saved); none: kept until deleted.
+    pub expires_at: Option<i64>,
+}
+
 /// A sampling session, as `GET samplers/{id}` describes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SamplerInfo {
@@ -273,6 +285,10 @@ pub enum SamplerSource {
     Checkpoint(CheckpointPath),
 }
 
+/// What a client attached to a training run (`user_metadata` of `create_model`): the cookbook
+/// keeps a run's renderer name there.
+pub type UserMetadata = BTreeMap<String, String>;
+
 /// One op of the service. Ops that name a model run in the order of their `seq` for that model.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -282,6 +298,7 @@ pub enum Op {
         model_seq: u64,
         base_model: String,
         lora: LoraConfig,
+        user_metadata: UserMetadata,
     },
     /// A new model whose adapter (and optimizer state, when `with_optimizer`) is a checkpoint's.
     CreateModelFromState {
@@ -289,6 +306,7 @@ pub enum Op {
         model_seq: u64,
         path: CheckpointPath,
         with_optimizer: bool,
+        user_metadata: UserMetadata,
     },
     GetInfo {
         model: ModelId,
@@ -307,6 +325,8 @@ pub enum Op {
     SaveState {
         model: ModelId,
         name: String,
+        /// Seconds the checkpoint is kept; none: until deleted.
+        ttl_seconds: Option<u64>,
     },
     /// Replace the model's adapter (and optimizer state) with a checkpoint's.
     LoadState {
@@ -318,6 +338,8 @@ pub enum Op {
     SaveWeightsForSampler {
         model: ModelId,
         name: String,
+        /// Seconds the checkpoint is kept; none: until deleted.
+        ttl_seconds: Option<u64>,
     },
     /// A sampling session on the adapter as it is now (no file written).
     SnapshotForSampler {

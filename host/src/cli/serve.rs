@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// `create_model` is refused.
     #[arg(long, default_value_t = 256)]
     max_models_per_tenant: usize,
+    /// Seconds between sweeps that delete expired checkpoints (`ttl_seconds`) and free their
+    /// files; an expired checkpoint is gone for every request as it expires.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    checkpoint_sweep_secs: u64,
 }
 
 /// A `--model` value that is not `NAME=DIR`.
@@ -107,6 +111,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         max_plugin_bytes_per_tenant: args.max_plugin_mib_per_tenant << 20,
         max_models_per_tenant: args.max_models_per_tenant,
+        checkpoint_sweep: Duration::from_secs(args.checkpoint_sweep_secs),
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),
             quantum: 128,

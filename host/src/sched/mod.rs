@@ -4,6 +4,7 @@
 
 pub mod anticipate;
 pub mod base;
+mod checkpoints;
 pub mod convert;
 pub mod fair;
 pub mod sampler;

@@ -15,12 +15,14 @@ use candle_core::DType;
 use tokio::sync::watch;
 
 use super::base::ServedBase;
+use super::checkpoints::{CheckpointStore, unix_now};
 use super::convert::{self, sampler_error, train_error, trainer_error};
 use super::usage::Usage;
 use crate::api::{
-    AdamParams, ApiError, ApiErrorKind, BaseModelInfo, CheckpointKind, CheckpointPath,
-    ForwardBackwardInput, ForwardBackwardOutput, ModelId, ModelInfo, Op, OpOutput, OptimStepOutput,
-    SampleRequest, SampleResponse, SamplerId, SamplerInfo, SamplerSource, SessionId, TenantId,
+    AdamParams, ApiError, ApiErrorKind, BaseModelInfo, CheckpointInfo, CheckpointKind,
+    CheckpointPath, ForwardBackwardInput, ForwardBackwardOutput, ModelId, ModelInfo, Op, OpOutput,
+    OptimStepOutput, SampleRequest, SampleResponse, SamplerId, SamplerInfo, SamplerSource,
+    SessionId, TenantId, UserMetadata,
 };
 use crate::lora::PolicyVersion;
 use crate::sample::{self, PolicyRef, TokenSink};
@@ -121,6 +123,8 @@ pub enum Change {
         lora_rank: usize,
         applied_seq: u64,
         state: Option<Vec<u8>>,
+        /// What the client attached to the run, given when the model is made.
+        user_metadata: Option<UserMetadata>,
     },
     Sampler {
         id: SamplerId,
@@ -238,6 +242,7 @@ struct Objects {
 pub struct Service {
     bases: BTreeMap<String, Arc<ServedBase>>,
     config: ServiceConfig,
+    checkpoints: CheckpointStore,
     objects: Mutex<Objects>,
 }
 
@@ -248,6 +253,7 @@ impl Service {
                 .into_iter()
                 .map(|b| (b.name.clone(), Arc::new(b)))
                 .collect(),
+            checkpoints: CheckpointStore::new(&config.data),
             config,
             objects: Mutex::new(Objects::default()),
         }
@@ -345,6 +351,7 @@ impl Service {
                 lora_rank: model.lora_rank,
                 applied_seq: turn.seq,
                 state,
+                user_metadata: None,
             });
         }
         Executed {
@@ -378,6 +385,7 @@ impl Service {
                 model_seq,
                 base_model,
                 lora,
+                user_metadata,
             } => {
                 let config = convert::lora_config(&lora)?;
                 let base = self.base(&base_model)?;
@@ -385,7 +393,7 @@ impl Service {
                 let adapter = model.adapter.clone();
                 let add = move |e: &mut TrainingEngine| e.add_adapter(&adapter, config);
                 return self
-                    .start_model(tenant, id, model, add)
+                    .start_model(tenant, id, model, user_metadata, add)
                     .await
                     .map(Into::into);
             }
@@ -394,8 +402,9 @@ impl Service {
                 model_seq,
                 path,
                 with_optimizer,
+                user_metadata,
             } => {
-                let dir = self.checkpoint_dir(tenant, &path)?;
+                let dir = self.checkpoints.existing(tenant, &path)?;
                 let source = self.model(tenant, &path.model)?;
                 let base = Arc::clone(&source.base);
                 let (id, model) =
@@ -404,7 +413,7 @@ impl Service {
                 let load =
                     move |e: &mut TrainingEngine| e.load_adapter(&adapter, &dir, with_optimizer);
                 return self
-                    .start_model(tenant, id, model, load)
+                    .start_model(tenant, id, model, user_metadata, load)
                     .await
                     .map(Into::into);
             }
@@ -431,14 +440,24 @@ impl Service {
                 let (output, state) = optim_step(&*model_of(model)?, params).await?;
                 return Ok(Ran::with_state(OpOutput::OptimStep(output), Some(state)));
             }
-            Op::SaveState { model: id, name } => {
+            Op::SaveState {
+                model: id,
+                name,
+                ttl_seconds,
+            } => {
                 let path = CheckpointPath::new(id, CheckpointKind::Weights, &name)?;
-                self.save(tenant, &*model_of(model)?, &path, true).await?;
+                self.save(tenant, &*model_of(model)?, &path, true, ttl_seconds)
+                    .await?;
                 OpOutput::Checkpoint(path)
             }
-            Op::SaveWeightsForSampler { model: id, name } => {
+            Op::SaveWeightsForSampler {
+                model: id,
+                name,
+                ttl_seconds,
+            } => {
                 let path = CheckpointPath::new(id, CheckpointKind::SamplerWeights, &name)?;
-                self.save(tenant, &*model_of(model)?, &path, false).await?;
+                self.save(tenant, &*model_of(model)?, &path, false, ttl_seconds)
+                    .await?;
                 OpOutput::Checkpoint(path)
             }
             Op::LoadState {
@@ -447,7 +466,7 @@ impl Service {
                 ..
             } => {
                 let model = model_of(model)?;
-                let dir = self.checkpoint_dir(tenant, &path)?;
+                let dir = self.checkpoints.existing(tenant, &path)?;
                 let adapter = model.adapter.clone();
                 let state = model
                     .base
@@ -570,7 +589,7 @@ impl Service {
             }
             Op::CreateModelFromState { session, path, .. } => {
                 self.session(tenant, session)?;
-                self.checkpoint_dir(tenant, path).map(|_| ())
+                self.checkpoints.existing(tenant, path).map(|_| ())
             }
             Op::ForwardBackward { model, input, .. } => {
                 work_item(&*self.model(tenant, model)?, input).map(|_| ())
@@ -579,17 +598,17 @@ impl Service {
                 self.model(tenant, model)?;
                 convert::check_adam(params)
             }
-            Op::SaveState { model, name } => {
+            Op::SaveState { model, name, .. } => {
                 self.model(tenant, model)?;
                 CheckpointPath::new(model.clone(), CheckpointKind::Weights, name).map(|_| ())
             }
-            Op::SaveWeightsForSampler { model, name } => {
+            Op::SaveWeightsForSampler { model, name, .. } => {
                 self.model(tenant, model)?;
                 CheckpointPath::new(model.clone(), CheckpointKind::SamplerWeights, name).map(|_| ())
             }
             Op::LoadState { model, path, .. } => {
                 self.model(tenant, model)?;
-                self.checkpoint_dir(tenant, path).map(|_| ())
+                self.checkpoints.existing(tenant, path).map(|_| ())
             }
             Op::SnapshotForSampler { model, .. } => self.model(tenant, model).map(|_| ()),
             Op::CreateSamplingSession { session, .. } => self.session(tenant, session),
@@ -597,6 +616,58 @@ impl Service {
                 engine_request(&*self.sampler(tenant, &request.sampler)?, request).map(|_| ())
             }
         }
+    }
+
+    /// `tenant`'s live checkpoints of its model `model` (every model's when `None`), oldest first.
+    pub async fn checkpoints(
+        &self,
+        tenant: &TenantId,
+        model: Option<&ModelId>,
+    ) -> Result<Vec<CheckpointInfo>, ApiError> {
+        if let Some(model) = model {
+            self.model(tenant, model)?;
+        }
+        let (store, tenant, model) = (self.checkpoints.clone(), tenant.clone(), model.cloned());
+        tokio::task::spawn_blocking(move || match model {
+            Some(model) => store.list(&tenant, &model),
+            None => store.list_all(&tenant),
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("listing checkpoints: {e}")))
+    }
+
+    /// Delete `tenant`'s checkpoint `path`, files and all; another tenant's is not found.
+    /// Samplers opened on it keep the adapter they loaded.
+    pub async fn delete_checkpoint(
+        &self,
+        tenant: &TenantId,
+        path: &CheckpointPath,
+    ) -> Result<(), ApiError> {
+        let (store, tenant, path) = (self.checkpoints.clone(), tenant.clone(), path.clone());
+        tokio::task::spawn_blocking(move || store.delete(&tenant, &path))
+            .await
+            .map_err(|e| ApiError::internal(format!("deleting a checkpoint: {e}")))?
+    }
+
+    /// Keep `tenant`'s checkpoint `path` for `ttl_seconds` from now (`None`: until deleted).
+    pub async fn set_checkpoint_ttl(
+        &self,
+        tenant: &TenantId,
+        path: &CheckpointPath,
+        ttl_seconds: Option<u64>,
+    ) -> Result<CheckpointInfo, ApiError> {
+        let (store, tenant, path) = (self.checkpoints.clone(), tenant.clone(), path.clone());
+        tokio::task::spawn_blocking(move || store.set_ttl(&tenant, &path, ttl_seconds))
+            .await
+            .map_err(|e| ApiError::internal(format!("setting a checkpoint's expiry: {e}")))?
+    }
+
+    /// Delete every tenant's expired checkpoints; the paths deleted.
+    pub async fn sweep_checkpoints(&self) -> Vec<(TenantId, CheckpointPath)> {
+        let store = self.checkpoints.clone();
+        tokio::task::spawn_blocking(move || store.sweep(unix_now()))
+            .await
+            .unwrap_or_default()
     }
 
     /// Restore the objects that `changes` (the latest record of each) describe: what a
@@ -614,6 +685,7 @@ impl Service {
                     lora_rank,
                     applied_seq,
                     state,
+                    ..
                 } => {
                     let base = self.base(&base)?;
                     let state = state.ok_or_else(|| {
@@ -651,8 +723,16 @@ impl Service {
                                 .await?
                         }
                         SamplerRecord::Checkpoint(path) => {
-                            self.open_sampler(&tenant, SamplerSource::Checkpoint(path))
-                                .await?
+                            let source = SamplerSource::Checkpoint(path.clone());
+                            match self.open_sampler(&tenant, source).await {
+                                Ok(sampler) => sampler,
+                                // Deleted or expired since: the sampler is gone with it.
+                                Err(error) if error.kind == ApiErrorKind::NotFound => {
+                                    tracing::info!(%id, %path, "a sampler's checkpoint is gone");
+                                    continue;
+                                }
+                                Err(error) => return Err(error),
+                            }
                         }
                         SamplerRecord::Snapshot(state) => {
                             let base = self.base(&base)?;
@@ -682,6 +762,7 @@ impl Service {
         tenant: &TenantId,
         id: ModelId,
         model: Arc<TrainedModel>,
+        user_metadata: UserMetadata,
         make: impl FnOnce(&mut TrainingEngine) -> Result<(), TrainError> + Send + 'static,
     ) -> Result<(OpOutput, Vec<Change>), ApiError> {
         let made = model
@@ -709,6 +790,7 @@ impl Service {
             lora_rank: model.lora_rank,
             applied_seq: 0,
             state: Some(state),
+            user_metadata: Some(user_metadata),
         };
         Ok((OpOutput::Model(id), vec![change]))
     }
@@ -820,31 +902,6 @@ impl Service {
         self.lock().models.remove(id);
     }
 
-    /// The folder of `path`, if it is one of `tenant`'s checkpoints: the path is looked up
-    /// under the tenant's own folder only, so another tenant's path is simply not there.
-    fn checkpoint_dir(
-        &self,
-        tenant: &TenantId,
-        path: &CheckpointPath,
-    ) -> Result<PathBuf, ApiError> {
-        let dir = self.tenant_dir(tenant, path);
-        if dir.is_dir() {
-            Ok(dir)
-        } else {
-            Err(ApiError::not_found(format!("checkpoint {path}")))
-        }
-    }
-
-    fn tenant_dir(&self, tenant: &TenantId, path: &CheckpointPath) -> PathBuf {
-        self.config
-            .data
-            .join("checkpoints")
-            .join(tenant.as_str())
-            .join(path.model.to_string())
-            .join(path.kind.as_str())
-            .join(&path.name)
-    }
-
     /// Save `model`'s adapter at `path`: a copy is taken on the training loop, the files are
     /// written off it, so another tenant's step does not wait for this disk.
     async fn save(
@@ -853,6 +910,7 @@ impl Service {
         model: &TrainedModel,
         path: &CheckpointPath,
         with_optimizer: bool,
+        ttl_seconds: Option<u64>,
     ) -> Result<(), ApiError> {
         let adapter = model.adapter.clone();
         let (copy, optimizer) = model
@@ -871,11 +929,16 @@ impl Service {
             })
             .await
             .map_err(trainer_error)??;
-        let dir = self.tenant_dir(tenant, path);
+        let dir = self.checkpoints.dir(tenant, path);
         let base_name = model.base.name.clone();
+        let store = self.checkpoints.clone();
         tokio::task::spawn_blocking(move || {
             let optimizer = optimizer.as_ref().map(|(step, moments)| (*step, moments));
             train::checkpoint::save(&dir, &copy, &base_name, optimizer)
+                .map_err(|e| e.to_string())?;
+            store
+                .set_retention(&dir, ttl_seconds)
+                .map_err(|e| format!("recording its expiry: {e}"))
         })
         .await
         .map_err(|e| ApiError::internal(format!("saving the checkpoint: {e}")))?
@@ -896,7 +959,7 @@ impl Service {
                 model_path: None,
             }),
             SamplerSource::Checkpoint(path) => {
-                let dir = self.checkpoint_dir(tenant, &path)?;
+                let dir = self.checkpoints.existing(tenant, &path)?;
                 let base = Arc::clone(&self.model(tenant, &path.model)?.base);
                 let policy = self.load_policy(tenant, &base, dir).await?;
                 Ok(Sampler {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::futures::{Answer, Outcome};
-use crate::api::{ApiError, ApiErrorKind, ModelId, SamplerId, SessionId, TenantId};
+use crate::api::{ApiError, ApiErrorKind, ModelId, SamplerId, SessionId, TenantId, UserMetadata};
 use crate::sched::service::{Change, SamplerRecord};
 use crate::store::database::open_database;
 
@@ -123,7 +123,64 @@ impl Journal {
                  finished_at INTEGER
              );",
         )?;
+        // Columns added since the first release, to databases made before them.
+        let columns: Vec<String> = db
+            .prepare("SELECT name FROM pragma_table_info('models')")?
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for (column, kind) in [("user_metadata", "TEXT"), ("last_request_at", "INTEGER")] {
+            if !columns.iter().any(|c| c == column) {
+                db.execute_batch(&format!("ALTER TABLE models ADD COLUMN {column} {kind}"))?;
+            }
+        }
         Ok(Journal { db: Mutex::new(db) })
+    }
+
+    /// `tenant`'s training runs (its models), oldest first: `limit` of them from `offset`, and
+    /// how many it has in all.
+    pub fn training_runs(
+        &self,
+        tenant: &TenantId,
+        limit: u64,
+        offset: u64,
+    ) -> Result<(Vec<RunRecord>, u64), JournalError> {
+        let db = self.lock();
+        let total: i64 = db.query_row(
+            "SELECT count(*) FROM models WHERE tenant = ?1",
+            params![tenant.as_str()],
+            |r| r.get(0),
+        )?;
+        let mut query = db.prepare(&format!(
+            "SELECT {RUN_COLUMNS} FROM models WHERE tenant = ?1 ORDER BY rowid LIMIT ?2 OFFSET ?3"
+        ))?;
+        let runs = query
+            .query_map(
+                params![
+                    tenant.as_str(),
+                    limit.min(i64::MAX as u64) as i64,
+                    offset.min(i64::MAX as u64) as i64
+                ],
+                run_record,
+            )?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((runs, total as u64))
+    }
+
+    /// `tenant`'s training run `id`, if it has one by that id.
+    pub fn training_run(
+        &self,
+        tenant: &TenantId,
+        id: &ModelId,
+    ) -> Result<Option<RunRecord>, JournalError> {
+        let db = self.lock();
+        let record = db
+            .query_row(
+                &format!("SELECT {RUN_COLUMNS} FROM models WHERE tenant = ?1 AND id = ?2"),
+                params![tenant.as_str(), id.to_string()],
+                run_record,
+            )
+            .optional()?;
+        Ok(record)
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
@@ -248,6 +305,7 @@ impl Journal {
                 lora_rank: rank as usize,
                 applied_seq: applied as u64,
                 state: Some(state),
+                user_metadata: None,
             });
         }
         let mut query =
@@ -326,6 +384,40 @@ impl Journal {
     }
 }
 
+/// A training run (one model) as recorded.
+#[derive(Clone, Debug)]
+pub struct RunRecord {
+    pub id: ModelId,
+    pub base: String,
+    pub lora_rank: usize,
+    pub user_metadata: UserMetadata,
+    /// When an op of the model last changed it (its creation at least), in Unix seconds.
+    pub last_request_at: i64,
+}
+
+const RUN_COLUMNS: &str = "id, base, lora_rank, user_metadata, last_request_at";
+
+/// A `models` row as a [`RunRecord`]; a damaged id or metadata is a conversion failure.
+fn run_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
+    let damaged = |column: usize, error: Box<dyn std::error::Error + Send + Sync>| {
+        rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, error)
+    };
+    let id: String = row.get(0)?;
+    let metadata: Option<String> = row.get(3)?;
+    Ok(RunRecord {
+        id: id
+            .parse()
+            .map_err(|e: ApiError| damaged(0, e.message.into()))?,
+        base: row.get(1)?,
+        lora_rank: row.get::<_, i64>(2)? as usize,
+        user_metadata: match metadata {
+            Some(text) => serde_json::from_str(&text).map_err(|e| damaged(3, e.into()))?,
+            None => UserMetadata::new(),
+        },
+        last_request_at: row.get::<_, Option<i64>>(4)?.unwrap_or(0),
+    })
+}
+
 fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -361,20 +453,31 @@ fn apply(tx: &rusqlite::Transaction<'_>, change: &Change) -> Result<(), JournalE
             lora_rank,
             applied_seq,
             state: Some(state),
+            user_metadata,
         } => {
+            let metadata = user_metadata
+                .as_ref()
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(|e| JournalError::Damaged(format!("a run's user_metadata: {e}")))?;
             tx.execute(
-                "INSERT INTO models (id, tenant, base, lora_rank, applied_seq, state)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                "INSERT INTO models
+                     (id, tenant, base, lora_rank, applied_seq, state, user_metadata, last_request_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
                  ON CONFLICT(id) DO UPDATE SET
                      applied_seq = max(applied_seq, excluded.applied_seq),
-                     state = excluded.state",
+                     state = excluded.state,
+                     user_metadata = coalesce(excluded.user_metadata, user_metadata),
+                     last_request_at = excluded.last_request_at",
                 params![
                     id.to_string(),
                     tenant.as_str(),
                     base,
                     *lora_rank as i64,
                     *applied_seq as i64,
-                    state
+                    state,
+                    metadata,
+                    unix_now()
                 ],
             )?;
         }
@@ -385,8 +488,9 @@ fn apply(tx: &rusqlite::Transaction<'_>, change: &Change) -> Result<(), JournalE
             ..
         } => {
             tx.execute(
-                "UPDATE models SET applied_seq = max(applied_seq, ?2) WHERE id = ?1",
-                params![id.to_string(), *applied_seq as i64],
+                "UPDATE models SET applied_seq = max(applied_seq, ?2), last_request_at = ?3
+                 WHERE id = ?1",
+                params![id.to_string(), *applied_seq as i64, unix_now()],
             )?;
         }
         Change::Sampler {

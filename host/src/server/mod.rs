@@ -4,8 +4,10 @@
 //! tenant whose key is checked before any work.
 //!
 //! [`routes`] maps paths to ops, [`wire`] converts bodies, [`proto`] is the SDK's protobuf schema,
-//! [`futures`] holds running and finished ops, [`tenants`] the keys.
+//! [`futures`] holds running and finished ops, [`tenants`] the keys; a private access log writes
+//! one line per request, and the training-run routes list, expire and delete checkpoints.
 
+mod access_log;
 pub mod dashboard;
 pub mod futures;
 pub mod jobs;
@@ -15,6 +17,7 @@ pub mod plugins;
 pub mod registry;
 pub mod routes;
 pub mod tenants;
+mod training_runs;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -71,6 +74,9 @@ pub struct ServerConfig {
     pub max_plugin_bytes_per_tenant: u64,
     /// Models (adapters in training through the Tinker API) one tenant may hold.
     pub max_models_per_tenant: usize,
+    /// How often expired checkpoints (`ttl_seconds`) are deleted; they are gone for every
+    /// reader as they expire, this frees their files.
+    pub checkpoint_sweep: Duration,
 }
 
 /// What a start found recorded from earlier runs.
@@ -187,6 +193,7 @@ impl AppState {
         });
         state.futures.restore(recorded.finished);
         routes::resume(&state, recorded.pending);
+        sweep_checkpoints(&state, config.checkpoint_sweep).await;
         restored.jobs = jobs
             .resume_unfinished()
             .await
@@ -227,6 +234,7 @@ impl AppState {
     pub async fn authenticate(self: &Arc<Self>, key: &str) -> Result<TenantId, ApiError> {
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
         if let Some(tenant) = self.keys().get(&digest) {
+            access_log::record_tenant(tenant.as_str());
             return Ok(tenant.clone());
         }
         let (state, key) = (Arc::clone(self), key.to_string());
@@ -238,6 +246,7 @@ impl AppState {
                 .ok_or_else(|| ApiError::new(ApiErrorKind::Unauthorized, "invalid API key"))?;
         self.service.set_weight(&tenant, weight);
         self.keys().insert(digest, tenant.clone());
+        access_log::record_tenant(tenant.as_str());
         Ok(tenant)
     }
 
@@ -284,8 +293,31 @@ impl IntoResponse for HttpError {
             "category": category(self.0.kind),
             "kind": self.0.kind,
         });
-        (status, axum::Json(body)).into_response()
+        // The access log reads the kind from here.
+        (status, axum::Extension(self.0.kind), axum::Json(body)).into_response()
     }
+}
+
+/// Delete the expired checkpoints now, and every `interval` for as long as the server runs.
+async fn sweep_checkpoints(state: &Arc<AppState>, interval: Duration) {
+    let sweep = |state: Arc<AppState>| async move {
+        for (tenant, path) in state.service.sweep_checkpoints().await {
+            tracing::info!(%tenant, %path, "expired checkpoint deleted");
+        }
+    };
+    sweep(Arc::clone(state)).await;
+    let state = Arc::downgrade(state);
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval.max(Duration::from_secs(1)));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            // The server is gone: so is the sweeper.
+            let Some(state) = state.upgrade() else { return };
+            sweep(state).await;
+        }
+    });
 }
 
 /// Serve on `listener` until `shutdown` resolves.

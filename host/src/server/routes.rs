@@ -50,6 +50,7 @@ pub fn router(state: Shared) -> Router {
     });
     let api = api
         .merge(super::plugins::router())
+        .merge(super::training_runs::router())
         .merge(super::jobs::router())
         .merge(super::registry::api_router())
         .merge(super::dashboard::router());
@@ -61,6 +62,7 @@ pub fn router(state: Shared) -> Router {
         .fallback(|| async { HttpError(ApiError::new(ApiErrorKind::NotFound, "no such endpoint")) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::map_response(json_errors))
+        .layer(super::access_log::layer())
         .with_state(state)
 }
 
@@ -276,6 +278,7 @@ pub fn accept(
                     model_seq: request.model_seq_id,
                     base_model: request.base_model,
                     lora,
+                    user_metadata: request.user_metadata.unwrap_or_default(),
                 },
                 seq: None,
             }
@@ -314,6 +317,7 @@ pub fn accept(
                 op: Op::SaveState {
                     name: checkpoint_name(request.path, request.seq_id),
                     model: request.model_id,
+                    ttl_seconds: request.ttl_seconds,
                 },
             }
         }
@@ -321,7 +325,11 @@ pub fn accept(
             let request: wire::SaveWeightsForSampler = parse(body)?;
             let model = request.model_id.clone();
             let op = match (request.path, request.sampling_session_seq_id) {
-                (Some(name), _) => Op::SaveWeightsForSampler { model, name },
+                (Some(name), _) => Op::SaveWeightsForSampler {
+                    model,
+                    name,
+                    ttl_seconds: request.ttl_seconds,
+                },
                 (None, Some(sampler_seq)) => Op::SnapshotForSampler { model, sampler_seq },
                 (None, None) => {
                     return Err(ApiError::invalid(
@@ -365,6 +373,7 @@ pub fn accept(
                             model_seq,
                             path,
                             with_optimizer: request.optimizer,
+                            user_metadata: request.user_metadata.unwrap_or_default(),
                         },
                     }
                 }

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::api::{
     AdamParams, ApiError, Chunk, Datum, ForwardBackwardInput, LoraConfig, ModelId, ModelInput,
-    SamplingParams,
+    SamplingParams, UserMetadata,
 };
 use crate::wire::codec::{decode_tensor, decode_tokens};
 use crate::wire::proto;
@@ -26,6 +26,8 @@ pub struct CreateModel {
     pub lora_config: Option<LoraConfig>,
     #[serde(default)]
     pub optimizer_config: Option<OptimizerConfig>,
+    #[serde(default)]
+    pub user_metadata: Option<UserMetadata>,
 }
 
 /// The optimizer of a new model: AdamW is the one served.
@@ -54,6 +56,7 @@ pub struct SaveWeights {
     pub model_id: ModelId,
     pub path: Option<String>,
     pub seq_id: Option<u64>,
+    pub ttl_seconds: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -62,6 +65,7 @@ pub struct SaveWeightsForSampler {
     pub path: Option<String>,
     pub sampling_session_seq_id: Option<u64>,
     pub seq_id: Option<u64>,
+    pub ttl_seconds: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -73,6 +77,8 @@ pub struct LoadWeights {
     pub path: String,
     #[serde(default)]
     pub optimizer: bool,
+    #[serde(default)]
+    pub user_metadata: Option<UserMetadata>,
 }
 
 #[derive(Deserialize)]

@@ -52,12 +52,35 @@ pub fn spawn_server(data: &Path, addr: &str) -> (Child, String, String) {
 
 /// [`spawn_server`] with more options of `serve`.
 pub fn spawn_server_with(data: &Path, addr: &str, options: &[&str]) -> (Child, String, String) {
-    let mut child = Command::new(BIN)
+    let mut command = Command::new(BIN);
+    command.stderr(Stdio::inherit());
+    spawn(command, data, addr, options)
+}
+
+/// [`spawn_server`] with `OPENTINKER_LOG` set to `filter` and the server's log (its stderr)
+/// written to `log`.
+pub fn spawn_server_logging(
+    data: &Path,
+    addr: &str,
+    filter: &str,
+    log: std::fs::File,
+) -> (Child, String, String) {
+    let mut command = Command::new(BIN);
+    command.env("OPENTINKER_LOG", filter).stderr(log);
+    spawn(command, data, addr, &[])
+}
+
+fn spawn(
+    mut command: Command,
+    data: &Path,
+    addr: &str,
+    options: &[&str],
+) -> (Child, String, String) {
+    let mut child = command
         .args(["serve", "--addr", addr, "--poll-wait", "5", "--data"])
         .arg(data)
         .args(options)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
         .spawn()
         .expect("starting opentinker serve");
     let mut line = String::new();

@@ -66,3 +66,14 @@ def close(a, b, tolerance, what):
     worst = max(abs(x - y) for x, y in zip(a, b))
     assert worst <= tolerance, f"{what}: differ by {worst} (> {tolerance}): {a} vs {b}"
     print(f"{what}: agree within {worst:.2e}")
+
+
+def refused(call, what):
+    """Assert that `call` is refused as for an unknown object (the SDK raises its own errors)."""
+    try:
+        call()
+    except Exception as error:
+        text = str(error)
+        assert "not found" in text or "404" in text, f"{what}: {text}"
+        return
+    raise AssertionError(f"{what}: answered")

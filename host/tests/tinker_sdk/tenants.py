@@ -4,7 +4,7 @@ ids are answered exactly as unknown ones. A bad key is refused before any work."
 import os
 
 import httpx
-from common import BASE_MODEL, service, sft_datum
+from common import BASE_MODEL, refused, service, sft_datum
 from tinker import types
 
 alice, bob = service(), service("OTHER_TINKER_API_KEY")
@@ -13,16 +13,6 @@ training.forward_backward([sft_datum(list(range(10, 30)))], "cross_entropy").res
 state = training.save_state(name="mine").result().path
 weights = training.save_weights_for_sampler(name="mine").result().path
 model_id = training.model_id
-
-
-def refused(call, what):
-    try:
-        call()
-    except Exception as error:  # the SDK raises its own error types
-        text = str(error)
-        assert "not found" in text or "404" in text, f"{what}: {text}"
-        return
-    raise AssertionError(f"{what}: bob was answered")
 
 
 refused(lambda: bob.create_training_client_from_state(state).result(), "load alice's state")

@@ -1,0 +1,353 @@
+//! The tenants' saved checkpoints on disk: `data/checkpoints/TENANT/MODEL/KIND/NAME/`, each a
+//! PEFT adapter folder (`train::checkpoint`) and a `retention.json` that says when it was saved
+//! and when it expires (`ttl_seconds` of `save_state` / `save_weights_for_sampler`).
+//!
+//! A path is only ever looked up under its tenant's own folder, so another tenant's checkpoint is
+//! simply not there and is answered as an unknown one. An expired checkpoint is gone for every
+//! reader at once; [`CheckpointStore::sweep`] frees its files later. A deletion first renames the
+//! folder out of the tree (`data/deleted/`), so no reader sees it half removed.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{ApiError, CheckpointInfo, CheckpointKind, CheckpointPath, ModelId, TenantId};
+
+/// The retention record of a checkpoint folder.
+const RETENTION_FILE: &str = "retention.json";
+/// Every checkpoint folder has it (`train::checkpoint` writes it); a folder without it is not one.
+const ADAPTER_CONFIG: &str = "adapter_config.json";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Retention {
+    /// Unix seconds.
+    saved_at: i64,
+    /// Unix seconds; none: kept until deleted.
+    expires_at: Option<i64>,
+}
+
+/// The checkpoint folders under a server's data folder.
+#[derive(Clone, Debug)]
+pub struct CheckpointStore {
+    root: PathBuf,
+    deleted: PathBuf,
+}
+
+/// The current time in Unix seconds.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+impl CheckpointStore {
+    pub fn new(data: &Path) -> Self {
+        CheckpointStore {
+            root: data.join("checkpoints"),
+            deleted: data.join("deleted"),
+        }
+    }
+
+    /// Where `tenant`'s checkpoint `path` is (or would be) kept.
+    pub fn dir(&self, tenant: &TenantId, path: &CheckpointPath) -> PathBuf {
+        self.model_dir(tenant, &path.model)
+            .join(path.kind.as_str())
+            .join(&path.name)
+    }
+
+    fn model_dir(&self, tenant: &TenantId, model: &ModelId) -> PathBuf {
+        self.root.join(tenant.as_str()).join(model.to_string())
+    }
+
+    /// The folder of `path` if it is one of `tenant`'s checkpoints and has not expired.
+    pub fn existing(&self, tenant: &TenantId, path: &CheckpointPath) -> Result<PathBuf, ApiError> {
+        let dir = self.dir(tenant, path);
+        let live = dir.is_dir() && !read_retention(&dir).is_some_and(|r| expired(&r, unix_now()));
+        match live {
+            true => Ok(dir),
+            false => Err(ApiError::not_found(format!("checkpoint {path}"))),
+        }
+    }
+
+    /// Record when the checkpoint just saved in `dir` was saved and when it expires.
+    pub fn set_retention(&self, dir: &Path, ttl_seconds: Option<u64>) -> std::io::Result<()> {
+        let saved_at = unix_now();
+        let expires_at =
+            ttl_seconds.map(|ttl| saved_at.saturating_add(ttl.min(i64::MAX as u64) as i64));
+        write_retention(
+            dir,
+            &Retention {
+                saved_at,
+                expires_at,
+            },
+        )
+    }
+
+    /// Change when `tenant`'s checkpoint `path` expires (`None`: never).
+    pub fn set_ttl(
+        &self,
+        tenant: &TenantId,
+        path: &CheckpointPath,
+        ttl_seconds: Option<u64>,
+    ) -> Result<CheckpointInfo, ApiError> {
+        let dir = self.existing(tenant, path)?;
+        let saved_at = read_retention(&dir).map_or_else(|| modified_at(&dir), |r| r.saved_at);
+        let expires_at =
+            ttl_seconds.map(|ttl| unix_now().saturating_add(ttl.min(i64::MAX as u64) as i64));
+        write_retention(
+            &dir,
+            &Retention {
+                saved_at,
+                expires_at,
+            },
+        )
+        .map_err(|e| {
+            ApiError::internal(format!("recording the expiry of checkpoint {path}: {e}"))
+        })?;
+        self.info(&dir, path.clone())
+            .ok_or_else(|| ApiError::not_found(format!("checkpoint {path}")))
+    }
+
+    /// `tenant`'s live checkpoints of `model`, oldest first (by name for the same second).
+    pub fn list(&self, tenant: &TenantId, model: &ModelId) -> Vec<CheckpointInfo> {
+        let mut found = Vec::new();
+        for kind in [CheckpointKind::Weights, CheckpointKind::SamplerWeights] {
+            let folder = self.model_dir(tenant, model).join(kind.as_str());
+            for name in folder_names(&folder) {
+                let Ok(path) = CheckpointPath::new(model.clone(), kind, &name) else {
+                    continue;
+                };
+                if let Some(info) = self.info(&folder.join(&name), path) {
+                    found.push(info);
+                }
+            }
+        }
+        found.sort_by(|a, b| {
+            (a.saved_at, a.path.to_string()).cmp(&(b.saved_at, b.path.to_string()))
+        });
+        found
+    }
+
+    /// `tenant`'s live checkpoints of all its models, oldest first.
+    pub fn list_all(&self, tenant: &TenantId) -> Vec<CheckpointInfo> {
+        let mut found: Vec<CheckpointInfo> = folder_names(&self.root.join(tenant.as_str()))
+            .into_iter()
+            .filter_map(|model| model.parse::<ModelId>().ok())
+            .flat_map(|model| self.list(tenant, &model))
+            .collect();
+        found.sort_by(|a, b| {
+            (a.saved_at, a.path.to_string()).cmp(&(b.saved_at, b.path.to_string()))
+        });
+        found
+    }
+
+    /// What a checkpoint folder holds, if it is a live checkpoint.
+    fn info(&self, dir: &Path, path: CheckpointPath) -> Option<CheckpointInfo> {
+        if !dir.join(ADAPTER_CONFIG).is_file() {
+            // A folder being written (`store::StagedDir`'s `.writing-*`) or set aside.
+            return None;
+        }
+        let retention = read_retention(dir);
+        if retention.is_some_and(|r| expired(&r, unix_now())) {
+            return None;
+        }
+        Some(CheckpointInfo {
+            path,
+            saved_at: retention.map_or_else(|| modified_at(dir), |r| r.saved_at),
+            size_bytes: size_of_tree(dir),
+            expires_at: retention.and_then(|r| r.expires_at),
+        })
+    }
+
+    /// Delete `tenant`'s checkpoint `path`: it is gone at once, its files freed before this
+    /// returns. Another tenant's, or one already gone, is not found.
+    pub fn delete(&self, tenant: &TenantId, path: &CheckpointPath) -> Result<(), ApiError> {
+        let dir = self.existing(tenant, path)?;
+        self.remove(&dir).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ApiError::not_found(format!("checkpoint {path}")),
+            _ => ApiError::internal(format!("deleting checkpoint {path}: {e}")),
+        })
+    }
+
+    /// Take `dir` out of the tree by one rename, then free its files.
+    fn remove(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.deleted)?;
+        let aside = tempfile::Builder::new()
+            .prefix("checkpoint-")
+            .tempdir_in(&self.deleted)?
+            .keep();
+        std::fs::rename(dir, aside.join("folder"))?;
+        std::fs::remove_dir_all(&aside)
+    }
+
+    /// Delete every expired checkpoint of every tenant, and whatever an interrupted deletion
+    /// left in `data/deleted/`; the paths deleted.
+    pub fn sweep(&self, now: i64) -> Vec<(TenantId, CheckpointPath)> {
+        if let Ok(entries) = std::fs::read_dir(&self.deleted) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let mut swept = Vec::new();
+        for tenant in folder_names(&self.root) {
+            let Ok(tenant) = TenantId::new(&tenant) else {
+                continue;
+            };
+            for model in folder_names(&self.root.join(tenant.as_str())) {
+                let Ok(model) = model.parse::<ModelId>() else {
+                    continue;
+                };
+                for kind in [CheckpointKind::Weights, CheckpointKind::SamplerWeights] {
+                    let folder = self.model_dir(&tenant, &model).join(kind.as_str());
+                    for name in folder_names(&folder) {
+                        let dir = folder.join(&name);
+                        let due = read_retention(&dir).is_some_and(|r| expired(&r, now));
+                        let Ok(path) = CheckpointPath::new(model.clone(), kind, &name) else {
+                            continue;
+                        };
+                        if !due {
+                            continue;
+                        }
+                        match self.remove(&dir) {
+                            Ok(()) => swept.push((tenant.clone(), path)),
+                            Err(error) => {
+                                tracing::warn!(%path, %tenant, %error, "sweeping an expired checkpoint");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        swept
+    }
+}
+
+fn expired(retention: &Retention, now: i64) -> bool {
+    retention.expires_at.is_some_and(|at| at <= now)
+}
+
+fn read_retention(dir: &Path) -> Option<Retention> {
+    let bytes = std::fs::read(dir.join(RETENTION_FILE)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn write_retention(dir: &Path, retention: &Retention) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(retention).map_err(std::io::Error::other)?;
+    crate::store::write_atomic(&dir.join(RETENTION_FILE), &bytes)
+}
+
+/// The names of the folders in `folder` (none if it is missing).
+fn folder_names(folder: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect()
+}
+
+/// When a folder saved before retention records was last changed, in Unix seconds.
+fn modified_at(dir: &Path) -> i64 {
+    std::fs::metadata(dir)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn size_of_tree(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.file_type() {
+            Ok(t) if t.is_dir() => size_of_tree(&entry.path()),
+            _ => entry.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checkpoint(
+        store: &CheckpointStore,
+        tenant: &TenantId,
+        path: &CheckpointPath,
+        ttl: Option<u64>,
+    ) {
+        let dir = store.dir(tenant, path);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(ADAPTER_CONFIG), b"{}").unwrap();
+        std::fs::write(dir.join("adapter_model.safetensors"), vec![0u8; 100]).unwrap();
+        store.set_retention(&dir, ttl).unwrap();
+    }
+
+    #[test]
+    fn checkpoints_are_listed_deleted_and_swept_per_tenant() {
+        let data = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(data.path());
+        let (alice, bob) = (
+            TenantId::new("alice").unwrap(),
+            TenantId::new("bob").unwrap(),
+        );
+        let model: ModelId = "s-1:train:0".parse().unwrap();
+        let kept = CheckpointPath::new(model.clone(), CheckpointKind::Weights, "kept").unwrap();
+        let brief =
+            CheckpointPath::new(model.clone(), CheckpointKind::SamplerWeights, "brief").unwrap();
+        checkpoint(&store, &alice, &kept, None);
+        checkpoint(&store, &alice, &brief, Some(60));
+
+        let listed = store.list(&alice, &model);
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        let brief_info = listed.iter().find(|c| c.path == brief).unwrap();
+        assert!(brief_info.expires_at.unwrap() >= brief_info.saved_at + 60);
+        assert!(brief_info.size_bytes >= 100);
+        assert!(
+            store.list(&bob, &model).is_empty(),
+            "bob sees alice's checkpoints"
+        );
+        assert_eq!(
+            store.delete(&bob, &kept).unwrap_err().kind,
+            crate::api::ApiErrorKind::NotFound
+        );
+
+        // Not due yet: the sweep keeps it; an hour later it is gone, files and all.
+        assert!(store.sweep(unix_now()).is_empty());
+        let swept = store.sweep(unix_now() + 3600);
+        assert_eq!(swept, vec![(alice.clone(), brief.clone())]);
+        assert!(!store.dir(&alice, &brief).exists());
+
+        store.delete(&alice, &kept).unwrap();
+        assert!(!store.dir(&alice, &kept).exists());
+        assert!(store.existing(&alice, &kept).is_err());
+        assert!(store.list(&alice, &model).is_empty());
+        let leftovers: Vec<_> = std::fs::read_dir(data.path().join("deleted"))
+            .unwrap()
+            .collect();
+        assert!(
+            leftovers.is_empty(),
+            "deleted files left behind: {leftovers:?}"
+        );
+    }
+
+    #[test]
+    fn an_expired_checkpoint_is_gone_before_the_sweep() {
+        let data = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(data.path());
+        let alice = TenantId::new("alice").unwrap();
+        let model: ModelId = "s-1:train:0".parse().unwrap();
+        let path = CheckpointPath::new(model.clone(), CheckpointKind::Weights, "old").unwrap();
+        checkpoint(&store, &alice, &path, Some(0));
+        assert!(store.existing(&alice, &path).is_err());
+        assert!(store.list(&alice, &model).is_empty());
+        assert_eq!(
+            store.set_ttl(&alice, &path, None).unwrap_err().kind,
+            crate::api::ApiErrorKind::NotFound
+        );
+    }
+}

@@ -1,0 +1,275 @@
+//! The training-run and checkpoint routes of the SDK's `RestClient`: a tenant's runs (its models,
+//! with the `user_metadata` attached when each was made and its latest checkpoints), one run's
+//! checkpoints, the tenant's checkpoints across runs, and a checkpoint's deletion and expiry.
+//! Another tenant's run or checkpoint is answered as an unknown one. Times are RFC 3339, UTC.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::HttpError;
+use super::journal::RunRecord;
+use super::routes::Caller;
+use crate::api::{
+    ApiError, ApiErrorKind, CheckpointInfo, CheckpointKind, CheckpointPath, ModelId, TenantId,
+};
+
+type Shared = std::sync::Arc<super::AppState>;
+type Answered = Result<Response, HttpError>;
+
+/// The SDK's page size for runs when it names none.
+const DEFAULT_RUNS_LIMIT: u64 = 20;
+/// The SDK's page size for checkpoints when it names none.
+const DEFAULT_CHECKPOINTS_LIMIT: u64 = 100;
+
+pub fn router() -> Router<Shared> {
+    Router::new()
+        .route("/training_runs", get(list_runs))
+        .route("/training_runs/{id}", get(get_run))
+        .route("/training_runs/{id}/checkpoints", get(run_checkpoints))
+        .route(
+            "/training_runs/{id}/checkpoints/{kind}/{name}",
+            delete(delete_checkpoint),
+        )
+        .route(
+            "/training_runs/{id}/checkpoints/{kind}/{name}/ttl",
+            put(set_ttl),
+        )
+        .route("/checkpoints", get(tenant_checkpoints))
+}
+
+/// Whose runs to list: `accessible` adds others' public ones, and nothing is public here.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum AccessScope {
+    #[default]
+    Owned,
+    Accessible,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Page {
+    limit: Option<u64>,
+    #[serde(default)]
+    offset: u64,
+    /// Accepted, and the same as `owned`: no checkpoint is published on this server.
+    #[serde(default)]
+    #[allow(dead_code)]
+    access_scope: AccessScope,
+    project_id: Option<String>,
+}
+
+impl Page {
+    fn check(&self) -> Result<(), ApiError> {
+        match &self.project_id {
+            Some(_) => Err(ApiError::invalid(
+                "project_id: projects are not offered by this server (list without it)",
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunQuery {
+    /// As [`Page::access_scope`].
+    #[serde(default)]
+    #[allow(dead_code)]
+    access_scope: AccessScope,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Ttl {
+    ttl_seconds: Option<u64>,
+}
+
+/// A run id from a path: one that cannot be an id is no run of the caller's.
+fn run_id(id: &str) -> Result<ModelId, ApiError> {
+    id.parse()
+        .map_err(|_| ApiError::not_found(format!("training run {id}")))
+}
+
+/// A checkpoint from a path's `{kind}/{name}`, as the SDK's `checkpoint_id` spells it.
+fn checkpoint_path(id: &str, kind: &str, name: &str) -> Result<CheckpointPath, ApiError> {
+    let unknown = || ApiError::not_found(format!("checkpoint {kind}/{name} of training run {id}"));
+    let kind = match kind {
+        "weights" => CheckpointKind::Weights,
+        "sampler_weights" => CheckpointKind::SamplerWeights,
+        _ => return Err(unknown()),
+    };
+    CheckpointPath::new(run_id(id)?, kind, name)
+}
+
+fn time(unix_seconds: i64) -> Value {
+    match chrono::DateTime::from_timestamp(unix_seconds, 0) {
+        Some(at) => json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+        None => Value::Null,
+    }
+}
+
+/// A checkpoint as the SDK's `Checkpoint` reads it.
+fn checkpoint_json(checkpoint: &CheckpointInfo) -> Value {
+    let path = &checkpoint.path;
+    json!({
+        "checkpoint_id": format!("{}/{}", path.kind.as_str(), path.name),
+        "checkpoint_type": match path.kind {
+            CheckpointKind::Weights => "training",
+            CheckpointKind::SamplerWeights => "sampler",
+        },
+        "time": time(checkpoint.saved_at),
+        "tinker_path": path.to_string(),
+        "size_bytes": checkpoint.size_bytes,
+        "public": false,
+        "expires_at": checkpoint.expires_at.map_or(Value::Null, time),
+    })
+}
+
+/// A run as the SDK's `TrainingRun` reads it; `checkpoints` are the run's, oldest first.
+fn run_json(tenant: &TenantId, run: &RunRecord, checkpoints: &[CheckpointInfo]) -> Value {
+    let last = |kind: CheckpointKind| {
+        checkpoints
+            .iter()
+            .rev()
+            .find(|c| c.path.kind == kind)
+            .map_or(Value::Null, checkpoint_json)
+    };
+    json!({
+        "training_run_id": run.id,
+        "base_model": run.base,
+        "model_owner": tenant,
+        "is_lora": true,
+        "corrupted": false,
+        "lora_rank": run.lora_rank,
+        "last_request_time": time(run.last_request_at),
+        "last_checkpoint": last(CheckpointKind::Weights),
+        "last_sampler_checkpoint": last(CheckpointKind::SamplerWeights),
+        "user_metadata": run.user_metadata,
+    })
+}
+
+async fn list_runs(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Query(page): Query<Page>,
+) -> Answered {
+    page.check()?;
+    let limit = page.limit.unwrap_or(DEFAULT_RUNS_LIMIT);
+    let (runs, total) = {
+        let (tenant, offset) = (tenant.clone(), page.offset);
+        state
+            .journal
+            .off_thread(move |j| j.training_runs(&tenant, limit, offset))
+            .await
+            .map_err(ApiError::from)?
+    };
+    let checkpoints = state.service.checkpoints(&tenant, None).await?;
+    let runs: Vec<Value> = runs
+        .iter()
+        .map(|run| {
+            let own: Vec<CheckpointInfo> = checkpoints
+                .iter()
+                .filter(|c| c.path.model == run.id)
+                .cloned()
+                .collect();
+            run_json(&tenant, run, &own)
+        })
+        .collect();
+    Ok(Json(json!({
+        "training_runs": runs,
+        "cursor": { "offset": page.offset, "limit": limit, "total_count": total },
+    }))
+    .into_response())
+}
+
+async fn get_run(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+    Query(_): Query<RunQuery>,
+) -> Answered {
+    let id = run_id(&id)?;
+    let run = {
+        let (owner, run) = (tenant.clone(), id.clone());
+        state
+            .journal
+            .off_thread(move |j| j.training_run(&owner, &run))
+            .await
+            .map_err(ApiError::from)?
+            .ok_or_else(|| ApiError::not_found(format!("training run {id}")))?
+    };
+    let checkpoints = state.service.checkpoints(&tenant, Some(&id)).await?;
+    Ok(Json(run_json(&tenant, &run, &checkpoints)).into_response())
+}
+
+async fn run_checkpoints(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+) -> Answered {
+    let id = run_id(&id)?;
+    let checkpoints = state.service.checkpoints(&tenant, Some(&id)).await?;
+    let listed: Vec<Value> = checkpoints.iter().map(checkpoint_json).collect();
+    Ok(Json(json!({ "checkpoints": listed, "cursor": null })).into_response())
+}
+
+async fn tenant_checkpoints(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Query(page): Query<Page>,
+) -> Answered {
+    page.check()?;
+    let limit = page.limit.unwrap_or(DEFAULT_CHECKPOINTS_LIMIT);
+    let checkpoints = state.service.checkpoints(&tenant, None).await?;
+    let total = checkpoints.len();
+    // Newest first, as a person looking for what to clean up wants them.
+    let listed: Vec<Value> = checkpoints
+        .iter()
+        .rev()
+        .skip(usize::try_from(page.offset).unwrap_or(usize::MAX))
+        .take(usize::try_from(limit).unwrap_or(usize::MAX))
+        .map(checkpoint_json)
+        .collect();
+    Ok(Json(json!({
+        "checkpoints": listed,
+        "cursor": { "offset": page.offset, "limit": limit, "total_count": total },
+    }))
+    .into_response())
+}
+
+async fn delete_checkpoint(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path((id, kind, name)): Path<(String, String, String)>,
+) -> Answered {
+    let path = checkpoint_path(&id, &kind, &name)?;
+    state.service.delete_checkpoint(&tenant, &path).await?;
+    tracing::info!(%tenant, %path, "checkpoint deleted");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn set_ttl(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path((id, kind, name)): Path<(String, String, String)>,
+    body: axum::body::Bytes,
+) -> Answered {
+    let path = checkpoint_path(&id, &kind, &name)?;
+    let ttl: Ttl = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            ApiErrorKind::InvalidRequest,
+            format!("the body must be {{\"ttl_seconds\": SECONDS or null}}: {e}"),
+        )
+    })?;
+    let checkpoint = state
+        .service
+        .set_checkpoint_ttl(&tenant, &path, ttl.ttl_seconds)
+        .await?;
+    Ok(Json(checkpoint_json(&checkpoint)).into_response())
+}
