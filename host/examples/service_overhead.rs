@@ -30,6 +30,7 @@ fn batch() -> Vec<Datum> {
                     ),
                     ("weights".to_string(), TensorData::f32(vec![1.0; 128])),
                 ]),
+                loss_fn_input_spans: None,
             }
         })
         .collect()

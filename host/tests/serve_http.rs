@@ -125,6 +125,7 @@ fn datum(tokens: &[i32], targets: proto::Tensor) -> proto::Datum {
             })),
         }],
         loss_fn_inputs: BTreeMap::from([("target_tokens".to_string(), targets)]),
+        ..Default::default()
     }
 }
 

@@ -84,6 +84,11 @@ fn sampling_through_the_sdk_honours_seeds_stops_and_prompt_logprobs() {
 }
 
 #[test]
+fn stable_reinforce_trains_off_policy_on_the_logprobs_the_server_recorded() {
+    run_script("stable_reinforce.py");
+}
+
+#[test]
 fn saved_state_resumes_with_identical_next_step_losses() {
     run_script("checkpoints.py");
 }

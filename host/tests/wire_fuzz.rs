@@ -81,6 +81,7 @@ proptest! {
                     shape: vec![tokens.len() as i64],
                 },
             )]),
+            ..Default::default()
         }).collect();
         let body = proto::ForwardBackwardRequest {
             model_id: "s-1:train:0".into(),

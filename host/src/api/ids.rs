@@ -99,10 +99,38 @@ impl SessionId {
     }
 }
 
+string_id!(
+    /// A sampled sequence (`SampledSequence.sequence_id`), which training data names in its
+    /// provenance: the sample request's place in its sampler's order and the sample's index.
+    SequenceId
+);
+
+impl SequenceId {
+    /// The `index`-th sequence of request `seq` of `sampler`: the same for a repeat of the
+    /// request, which the SDK sends under the same `seq_id`.
+    pub fn of_sample(sampler: &SamplerId, seq: u64, index: usize) -> Self {
+        SequenceId(format!("{sampler}#{seq}/{index}"))
+    }
+
+    /// Any id a client sends: unknown ones are answered "not found" later.
+    pub fn parse(id: &str) -> Result<Self, ApiError> {
+        if !id.is_empty() && id.len() <= 400 && id.chars().all(|c| c.is_ascii_graphic()) {
+            Ok(SequenceId(id.to_string()))
+        } else {
+            Err(ApiError::invalid(format!("{id:?} is not a sequence id")))
+        }
+    }
+}
+
 impl SamplerId {
     /// The sampler a session numbers `seq`.
     pub fn of_session(session: &SessionId, seq: u64) -> Self {
         SamplerId(format!("{session}:sample:{seq}"))
+    }
+
+    /// The session that made the sampler (its id up to `:sample:`).
+    pub fn session(&self) -> &str {
+        self.0.split(":sample:").next().unwrap_or_default()
     }
 
     /// Any id a client sends: unknown ones are answered "not found" later.

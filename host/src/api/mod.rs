@@ -11,5 +11,7 @@ pub mod ids;
 pub mod types;
 
 pub use error::{ApiError, ApiErrorKind};
-pub use ids::{CheckpointKind, CheckpointPath, JobId, ModelId, SamplerId, SessionId, TenantId};
+pub use ids::{
+    CheckpointKind, CheckpointPath, JobId, ModelId, SamplerId, SequenceId, SessionId, TenantId,
+};
 pub use types::*;

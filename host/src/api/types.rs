@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::ids::{CheckpointPath, ModelId, SamplerId, SessionId};
+use super::ids::{CheckpointPath, ModelId, SamplerId, SequenceId, SessionId};
 
 /// A model's input: chunks of tokens (Tinker's other chunk kinds, images, are not served).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -85,6 +85,30 @@ impl TensorData {
 pub struct Datum {
     pub model_input: ModelInput,
     pub loss_fn_inputs: BTreeMap<String, TensorData>,
+    /// Where each target token came from: consecutive runs tiling `target_tokens` (the SDK's
+    /// `loss_fn_input_spans`). `stable_reinforce` needs it; other losses ignore it.
+    #[serde(default)]
+    pub loss_fn_input_spans: Option<Vec<ProvenanceSpan>>,
+}
+
+/// A run of a datum's tokens and the sampled sequence it came from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProvenanceSpan {
+    pub source: SpanSource,
+    pub sequence: SequenceId,
+    /// The run's first position in the sequence's prompt or sampled tokens.
+    pub offset: usize,
+    pub length: usize,
+}
+
+/// Which tokens of the named sequence a [`ProvenanceSpan`] covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpanSource {
+    /// The sampling request's prompt.
+    Prompt,
+    /// The tokens that were sampled.
+    Sampled,
 }
 
 /// A new adapter's shape. Tinker trains attention, MLP and unembedding by default.
@@ -183,6 +207,9 @@ pub struct SampleRequest {
     pub prompt_logprobs: bool,
     /// The `k` most likely tokens at every prompt position; 0: none.
     pub topk_prompt_logprobs: usize,
+    /// One id per sample: each sequence's tokens and logprobs are kept under it for
+    /// `stable_reinforce` (`record_stability_info`). None: nothing is kept.
+    pub record_as: Option<Vec<SequenceId>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

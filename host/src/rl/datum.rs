@@ -42,6 +42,7 @@ impl Datum {
         api::Datum {
             model_input: ModelInput::from_tokens(self.input_tokens.clone()),
             loss_fn_inputs: inputs,
+            loss_fn_input_spans: None,
         }
     }
 }

@@ -8,6 +8,7 @@ mod checkpoints;
 pub mod convert;
 pub mod fair;
 pub mod sampler;
+mod sequences;
 pub mod service;
 pub mod trainer;
 pub mod usage;

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use super::base::ServedBase;
 use super::checkpoints::{CheckpointStore, unix_now};
 use super::convert::{self, sampler_error, train_error, trainer_error};
+use super::sequences::SequenceRecords;
 use super::usage::Usage;
 use crate::api::{
     AdamParams, ApiError, ApiErrorKind, BaseModelInfo, CheckpointInfo, CheckpointKind,
@@ -243,6 +244,7 @@ pub struct Service {
     bases: BTreeMap<String, Arc<ServedBase>>,
     config: ServiceConfig,
     checkpoints: CheckpointStore,
+    sequences: SequenceRecords,
     objects: Mutex<Objects>,
 }
 
@@ -254,6 +256,7 @@ impl Service {
                 .map(|b| (b.name.clone(), Arc::new(b)))
                 .collect(),
             checkpoints: CheckpointStore::new(&config.data),
+            sequences: SequenceRecords::default(),
             config,
             objects: Mutex::new(Objects::default()),
         }
@@ -428,10 +431,14 @@ impl Service {
                 })
             }
             Op::ForwardBackward {
+                model: id,
                 input,
                 forward_only,
-                ..
             } => {
+                let input = self
+                    .sequences
+                    .resolve(tenant, &id.session, &input)?
+                    .unwrap_or(input);
                 let (output, state) =
                     forward_backward(&*model_of(model)?, input, forward_only).await?;
                 return Ok(Ran::with_state(OpOutput::ForwardBackward(output), state));
@@ -554,7 +561,13 @@ impl Service {
             }
             Op::Sample(request) => {
                 let sampler = self.sampler(tenant, &request.sampler)?;
-                OpOutput::Sample(sample_with(&sampler, request, None).await?)
+                let (id, record_as) = (request.sampler.clone(), request.record_as.clone());
+                let prompt = request.prompt.tokens();
+                let response = sample_with(&sampler, request, None).await?;
+                if let Some(ids) = record_as {
+                    self.sequences.record(tenant, &id, &prompt, &ids, &response);
+                }
+                OpOutput::Sample(response)
             }
         };
         Ok((output, Vec::new()).into())
@@ -592,7 +605,9 @@ impl Service {
                 self.checkpoints.existing(tenant, path).map(|_| ())
             }
             Op::ForwardBackward { model, input, .. } => {
-                work_item(&*self.model(tenant, model)?, input).map(|_| ())
+                let trained = self.model(tenant, model)?;
+                let resolved = self.sequences.resolve(tenant, &model.session, input)?;
+                work_item(&trained, resolved.as_ref().unwrap_or(input)).map(|_| ())
             }
             Op::OptimStep { model, params } => {
                 self.model(tenant, model)?;

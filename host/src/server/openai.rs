@@ -295,6 +295,7 @@ async fn prepare(
         params: params.clone(),
         prompt_logprobs: false,
         topk_prompt_logprobs: 0,
+        record_as: None,
     };
     Ok((resolved.base, prompt_tokens, request))
 }

@@ -18,7 +18,7 @@ use super::journal::AcceptedRequest;
 use super::{AppState, HttpError, MAX_BODY_BYTES, category, wire};
 use crate::api::{
     ApiError, ApiErrorKind, CheckpointPath, ModelId, ModelInput, Op, OpOutput, SampleRequest,
-    SamplerId, SamplerSource, SessionId, TenantId,
+    SamplerId, SamplerSource, SequenceId, SessionId, TenantId,
 };
 use crate::sched::service::{Change, Hold};
 use crate::wire::codec;
@@ -409,9 +409,28 @@ pub fn accept(
                 ));
             };
             let sampler = SamplerId::parse(id)?;
+            // Named by the request's place in its sampler's order, so that a repeat of it (and
+            // its run after a restart) names the same sequences.
+            let sequence_ids = request.seq_id.map(|seq| {
+                (0..request.num_samples)
+                    .map(|i| SequenceId::of_sample(&sampler, seq, i))
+                    .collect::<Vec<_>>()
+            });
+            let record_as = match (request.record_stability_info, &sequence_ids) {
+                (Some(true), None) => {
+                    return Err(ApiError::invalid(
+                        "asample: `record_stability_info` needs the request's `seq_id`, which names its sequences",
+                    ));
+                }
+                (Some(true), Some(ids)) => Some(ids.clone()),
+                _ => None,
+            };
             Accepted {
                 key: seq_key(&sampler, request.seq_id, header_key),
-                extra: json!({ "num_samples": request.num_samples }),
+                extra: json!({
+                    "num_samples": request.num_samples,
+                    "sample_sequence_ids": sequence_ids,
+                }),
                 seq: None,
                 op: Op::Sample(SampleRequest {
                     sampler,
@@ -422,6 +441,7 @@ pub fn accept(
                     params: request.sampling_params,
                     prompt_logprobs: request.prompt_logprobs.unwrap_or(false),
                     topk_prompt_logprobs: request.topk_prompt_logprobs,
+                    record_as,
                 }),
             }
         }
@@ -541,7 +561,11 @@ async fn submit(
     let mut extra = accepted.extra;
     if route == FutureRoute::Sample {
         let n = extra["num_samples"].as_u64().unwrap_or(1);
-        extra = json!({ "sample_sequence_ids": (0..n).map(|i| format!("{id}:{i}")).collect::<Vec<_>>() });
+        let ids = match extra["sample_sequence_ids"].take() {
+            Value::Null => json!((0..n).map(|i| format!("{id}/{i}")).collect::<Vec<_>>()),
+            ids => ids,
+        };
+        extra = json!({ "sample_sequence_ids": ids });
     }
     let mut answer = json!({ "request_id": id });
     if let (Some(answer), Value::Object(extra)) = (answer.as_object_mut(), extra) {

@@ -12,7 +12,7 @@ use crate::api::{
     AdamParams, ApiError, Chunk, Datum, ForwardBackwardInput, LoraConfig, ModelId, ModelInput,
     SamplingParams, UserMetadata,
 };
-use crate::wire::codec::{decode_tensor, decode_tokens};
+use crate::wire::codec::{decode_spans, decode_tensor, decode_tokens};
 use crate::wire::proto;
 
 #[derive(Deserialize)]
@@ -109,6 +109,9 @@ pub struct Sample {
     pub prompt_alt_tokens_k: usize,
     pub target_prompt_logprobs: Option<Value>,
     pub prompt_logprobs_last_n: Option<usize>,
+    /// Keep each sequence's tokens and logprobs for `stable_reinforce`.
+    #[serde(default)]
+    pub record_stability_info: Option<bool>,
 }
 
 fn one() -> usize {
@@ -174,9 +177,11 @@ pub fn forward_backward(body: &[u8]) -> Result<ForwardBackward, ApiError> {
             let what = format!("datum {i}: loss_fn_inputs[{key:?}]");
             inputs.insert(key, decode_tensor(value, &what)?);
         }
+        let spans = format!("datum {i}: loss_fn_input_spans");
         data.push(Datum {
             model_input: ModelInput { chunks },
             loss_fn_inputs: inputs,
+            loss_fn_input_spans: decode_spans(datum.loss_fn_input_spans, &spans)?,
         });
     }
     Ok(ForwardBackward {
@@ -232,6 +237,7 @@ mod tests {
         let body = request(proto::Datum {
             model_input: vec![tokens(&[1, 2])],
             loss_fn_inputs: BTreeMap::from([("target_tokens".into(), targets)]),
+            ..Default::default()
         });
         let decoded = forward_backward(&body).unwrap();
         assert_eq!(decoded.seq_id, Some(1));
@@ -249,6 +255,7 @@ mod tests {
         let body = request(proto::Datum {
             model_input: vec![tokens(&[1, -5])],
             loss_fn_inputs: BTreeMap::new(),
+            ..Default::default()
         });
         let error = forward_backward(&body).err().unwrap();
         assert!(error.message.contains("negative"), "{error}");
@@ -260,6 +267,7 @@ mod tests {
         let body = request(proto::Datum {
             model_input: vec![tokens(&[1, 2])],
             loss_fn_inputs: BTreeMap::from([("weights".into(), bad_shape)]),
+            ..Default::default()
         });
         let error = forward_backward(&body).err().unwrap();
         assert!(error.message.contains("does not hold 2 values"), "{error}");

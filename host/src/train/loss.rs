@@ -9,6 +9,13 @@
 //! | `ppo` | `-min(r·A, clip(r, lo, hi)·A)` (lo, hi = 0.8, 1.2) |
 //! | `cispo` | `-stopgrad(clip(r, lo, hi))·l·A` (lo, hi = 0.0, 4.0) |
 //! | `dro` | `-(l·A - β/2·(l - q)²)` (β required) |
+//! | `stable_reinforce` | `-(stopgrad(min(r, c))·l·A - κ·(r - 1 - log r))` (c = 2.0, κ = 0.0) |
+//!
+//! `stable_reinforce` is REINFORCE with a truncated importance weight (the weight never passes
+//! `clip_high_threshold`, so a stale or numerically drifted sample cannot dominate a step) and
+//! an optional penalty `kl_coeff` times the k3 estimate of KL(sampler ‖ learner). Its `q` is not
+//! the client's copy: the server takes it from the sequences it recorded when sampling
+//! (`record_stability_info`, resolved in `sched`), which is what keeps it stable off-policy.
 
 use std::collections::BTreeMap;
 
@@ -22,12 +29,13 @@ pub enum Loss {
     Ppo { clip_low: f64, clip_high: f64 },
     Cispo { clip_low: f64, clip_high: f64 },
     Dro { beta: f64 },
+    StableReinforce { clip_high: f64, kl_coeff: f64 },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum LossError {
     #[error(
-        "unknown loss function {0:?} (known: cross_entropy, importance_sampling, ppo, cispo, dro)"
+        "unknown loss function {0:?} (known: cross_entropy, importance_sampling, ppo, cispo, dro, stable_reinforce)"
     )]
     Unknown(String),
     #[error("loss {loss}: unknown config key {key:?} (known: {known})")]
@@ -44,6 +52,13 @@ pub enum LossError {
         key: String,
         value: f64,
     },
+    #[error("loss {loss}: config key {key:?} = {value} must be {rule}")]
+    OutOfRange {
+        loss: String,
+        key: &'static str,
+        value: f64,
+        rule: &'static str,
+    },
 }
 
 impl Loss {
@@ -54,6 +69,7 @@ impl Loss {
             "cross_entropy" | "importance_sampling" => &[],
             "ppo" | "cispo" => &["clip_low_threshold", "clip_high_threshold"],
             "dro" => &["beta"],
+            "stable_reinforce" => &["clip_high_threshold", "kl_coeff"],
             other => return Err(LossError::Unknown(other.to_string())),
         };
         for (key, value) in config {
@@ -88,6 +104,25 @@ impl Loss {
                 clip_low: get("clip_low_threshold", 0.0),
                 clip_high: get("clip_high_threshold", 4.0),
             },
+            "stable_reinforce" => {
+                let (clip_high, kl_coeff) = (get("clip_high_threshold", 2.0), get("kl_coeff", 0.0));
+                let out_of_range = |key, value, rule| LossError::OutOfRange {
+                    loss: name.into(),
+                    key,
+                    value,
+                    rule,
+                };
+                if clip_high <= 0.0 {
+                    return Err(out_of_range("clip_high_threshold", clip_high, "above 0"));
+                }
+                if kl_coeff < 0.0 {
+                    return Err(out_of_range("kl_coeff", kl_coeff, "0 or more"));
+                }
+                Loss::StableReinforce {
+                    clip_high,
+                    kl_coeff,
+                }
+            }
             _ => Loss::Dro {
                 beta: *config.get("beta").ok_or(LossError::MissingKey {
                     loss: name.into(),
@@ -157,6 +192,18 @@ pub fn loss(kind: &Loss, inputs: &LossInputs<'_>) -> candle_core::Result<Tensor>
             let penalty = ((l - q)?.sqr()? * (beta / 2.0))?;
             ((l * a)? - penalty)?
         }
+        Loss::StableReinforce {
+            clip_high,
+            kl_coeff,
+        } => {
+            let (q, a) = rl()?;
+            let log_ratio = (l - q)?;
+            let ratio = log_ratio.exp()?;
+            let weight = ratio.clamp(0.0, *clip_high)?.detach();
+            let reinforce = ((weight * l)? * a)?;
+            let k3 = ((&ratio - 1.0)? - &log_ratio)?;
+            (reinforce - (k3 * *kl_coeff)?)?
+        }
     };
     (per_token * inputs.mask)?.sum_all()?.neg()
 }
@@ -177,6 +224,11 @@ mod tests {
             Loss::from_config("ppo", &config(&[])).unwrap(),
             Loss::from_config("cispo", &config(&[("clip_high_threshold", 1.5)])).unwrap(),
             Loss::from_config("dro", &config(&[("beta", 0.3)])).unwrap(),
+            Loss::from_config(
+                "stable_reinforce",
+                &config(&[("clip_high_threshold", 1.5), ("kl_coeff", 0.2)]),
+            )
+            .unwrap(),
         ]
     }
 
@@ -239,10 +291,13 @@ mod tests {
                 };
                 let eps = 1e-6;
                 let numeric = (at(eps) - at(-eps)) / (2.0 * eps);
-                let expected = if kind_is_cispo(&kind) {
-                    cispo_surrogate_gradient(&l0, &q, &a, &mask, i)
-                } else {
-                    numeric
+                let expected = match kind {
+                    Loss::Cispo { .. } => cispo_surrogate_gradient(&l0, &q, &a, &mask, i),
+                    Loss::StableReinforce {
+                        clip_high,
+                        kl_coeff,
+                    } => stable_reinforce_gradient(&l0, &q, &a, &mask, i, clip_high, kl_coeff),
+                    _ => numeric,
                 };
                 assert!(
                     (analytic[i] - expected).abs() <= 1e-6 * (1.0 + expected.abs()),
@@ -257,8 +312,24 @@ mod tests {
         }
     }
 
-    fn kind_is_cispo(kind: &Loss) -> bool {
-        matches!(kind, Loss::Cispo { .. })
+    /// StableReinforce's weight is a constant (stop-gradient) and its penalty's derivative is
+    /// `κ·(r - 1)`: its gradient is `-min(r, c)·A + κ·(r - 1)` on a counted token.
+    fn stable_reinforce_gradient(
+        l: &[f64],
+        q: &Tensor,
+        a: &Tensor,
+        mask: &Tensor,
+        i: usize,
+        clip_high: f64,
+        kl_coeff: f64,
+    ) -> f64 {
+        let (q, a, m) = (
+            q.to_vec1::<f64>().unwrap(),
+            a.to_vec1::<f64>().unwrap(),
+            mask.to_vec1::<f64>().unwrap(),
+        );
+        let ratio = (l[i] - q[i]).exp();
+        (-ratio.min(clip_high) * a[i] + kl_coeff * (ratio - 1.0)) * m[i]
     }
 
     /// CISPO's ratio is a constant (stop-gradient), so its gradient is -clip(r)·A, not the
@@ -303,6 +374,26 @@ mod tests {
         assert!(err.to_string().contains("beta"), "{err}");
         let err = Loss::from_config("reinforce", &config(&[])).unwrap_err();
         assert!(err.to_string().contains("reinforce"), "{err}");
+        let err = Loss::from_config("stable_reinforce", &config(&[("kl_coef", 0.1)])).unwrap_err();
+        assert!(err.to_string().contains("\"kl_coef\"") && err.to_string().contains("kl_coeff"));
+        let err = Loss::from_config("stable_reinforce", &config(&[("kl_coeff", -1.0)]));
+        assert!(
+            matches!(
+                err,
+                Err(LossError::OutOfRange {
+                    key: "kl_coeff",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            Loss::from_config("stable_reinforce", &config(&[])).unwrap(),
+            Loss::StableReinforce {
+                clip_high: 2.0,
+                kl_coeff: 0.0
+            }
+        );
         let nan = Loss::from_config("dro", &config(&[("beta", f64::NAN)])).unwrap_err();
         assert!(matches!(nan, LossError::NotFinite { .. }));
         assert_eq!(

@@ -10,8 +10,8 @@ use prost::Message;
 
 use super::proto;
 use crate::api::{
-    ApiError, Chunk, ForwardBackwardInput, ForwardBackwardOutput, SampleResponse, SampledSequence,
-    StopReason, TensorData, TensorValues, TopLogprobs,
+    ApiError, Chunk, ForwardBackwardInput, ForwardBackwardOutput, ProvenanceSpan, SampleResponse,
+    SampledSequence, SequenceId, SpanSource, StopReason, TensorData, TensorValues, TopLogprobs,
 };
 
 /// The logprob the SDK reads as "no entry" in a top-k row.
@@ -206,6 +206,55 @@ pub fn encode_tensor(tensor: &TensorData) -> proto::Tensor {
     }
 }
 
+/// Provenance runs as the wire writes them.
+pub fn encode_spans(spans: &[ProvenanceSpan]) -> Vec<proto::ProvenanceSpan> {
+    spans
+        .iter()
+        .map(|span| {
+            let run = proto::SpanRun {
+                sequence_id: span.sequence.to_string(),
+                offset: span.offset as i64,
+                length: span.length as i64,
+            };
+            proto::ProvenanceSpan {
+                span: Some(match span.source {
+                    SpanSource::Prompt => proto::provenance_span::Span::PromptTokens(run),
+                    SpanSource::Sampled => proto::provenance_span::Span::SampledTokens(run),
+                }),
+            }
+        })
+        .collect()
+}
+
+/// The provenance runs of [`encode_spans`]; `what` names the field in errors. No runs: none.
+pub fn decode_spans(
+    spans: Vec<proto::ProvenanceSpan>,
+    what: &str,
+) -> Result<Option<Vec<ProvenanceSpan>>, ApiError> {
+    if spans.is_empty() {
+        return Ok(None);
+    }
+    let mut decoded = Vec::with_capacity(spans.len());
+    for (i, span) in spans.into_iter().enumerate() {
+        let bad = |problem: &str| ApiError::invalid(format!("{what}[{i}]: {problem}"));
+        let (source, run) = match span.span {
+            Some(proto::provenance_span::Span::PromptTokens(run)) => (SpanSource::Prompt, run),
+            Some(proto::provenance_span::Span::SampledTokens(run)) => (SpanSource::Sampled, run),
+            None => return Err(bad("neither prompt_tokens nor sampled_tokens")),
+        };
+        let count = |n: i64, name: &str| {
+            usize::try_from(n).map_err(|_| bad(&format!("{name} {n} is negative")))
+        };
+        decoded.push(ProvenanceSpan {
+            source,
+            sequence: SequenceId::parse(&run.sequence_id).map_err(|e| bad(&e.message))?,
+            offset: count(run.offset, "offset")?,
+            length: count(run.length, "length")?,
+        });
+    }
+    Ok(Some(decoded))
+}
+
 /// Encode a `forward_backward` (or, with `forward_only`, a `forward`) request.
 pub fn encode_forward_backward_request(
     model_id: &str,
@@ -234,6 +283,12 @@ pub fn encode_forward_backward_request(
                 .iter()
                 .map(|(name, tensor)| (name.clone(), encode_tensor(tensor)))
                 .collect(),
+            model_input_spans: Vec::new(),
+            loss_fn_input_spans: datum
+                .loss_fn_input_spans
+                .as_deref()
+                .map(encode_spans)
+                .unwrap_or_default(),
         })
         .collect();
     proto::ForwardBackwardRequest {
@@ -397,6 +452,20 @@ mod tests {
                     ("target_tokens".into(), TensorData::i64(vec![2, 3, 4])),
                     ("weights".into(), TensorData::f32(vec![0.0, 1.0, 0.5])),
                 ]),
+                loss_fn_input_spans: Some(vec![
+                    ProvenanceSpan {
+                        source: SpanSource::Prompt,
+                        sequence: SequenceId::parse("s:sample:0#1/0").unwrap(),
+                        offset: 1,
+                        length: 1,
+                    },
+                    ProvenanceSpan {
+                        source: SpanSource::Sampled,
+                        sequence: SequenceId::parse("s:sample:0#1/0").unwrap(),
+                        offset: 0,
+                        length: 2,
+                    },
+                ]),
             }],
             loss_fn: "ppo".into(),
             loss_fn_config: BTreeMap::from([("clip_low_threshold".into(), 0.7)]),
@@ -413,6 +482,8 @@ mod tests {
             let wire = datum.loss_fn_inputs[name].clone();
             assert_eq!(&decode_tensor(wire, name).unwrap(), tensor);
         }
+        let spans = decode_spans(datum.loss_fn_input_spans.clone(), "spans").unwrap();
+        assert_eq!(spans, input.data[0].loss_fn_input_spans);
         assert_eq!(request.loss_fn_config, input.loss_fn_config);
     }
 
