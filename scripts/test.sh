@@ -8,7 +8,9 @@
 # components of plugins/; Debian's Chromium, for the dashboard's browser test, and its
 # docker-registry and skopeo, for the marketplace's tests; a Python virtual environment outside
 # the repository with the official `tinker` and `openai` clients, Playwright, componentize-py and
-# NVRTC (scripts/requirements-test.txt; the CUDA kernels compile with it, no GPU needed); and, beside it, the JavaScript plugins' toolchain
+# NVRTC (scripts/requirements-test.txt; the CUDA kernels compile with it, no GPU needed); a second
+# one with the tinker-cookbook and PyTorch (scripts/requirements-cookbook.txt; not for --quick);
+# and, beside them, the JavaScript plugins' toolchain
 # (componentize-js and esbuild, pinned by sdk/js/toolchain/package-lock.json). Then the Python and
 # JavaScript SDKs' and plugins' own tests, every Rust test under cargo-nextest (.config/nextest.toml;
 # the suite is built with the `cuda` feature, which needs no CUDA toolkit: on a machine without a
@@ -105,7 +107,9 @@ source scripts/venv.sh
 source scripts/js-toolchain.sh
 venv="${OPENTINKER_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv}"
 js_toolchain="${OPENTINKER_JS_TOOLCHAIN:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-js-toolchain}"
+cookbook_venv="${OPENTINKER_COOKBOOK_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/cookbook-venv}"
 export OPENTINKER_TEST_PYTHON="$venv/bin/python"
+export OPENTINKER_COOKBOOK_PYTHON="$cookbook_venv/bin/python"
 export OPENTINKER_COMPONENTIZE_PY="$venv/bin/componentize-py"
 export OPENTINKER_JS_TOOLCHAIN="$js_toolchain"
 
@@ -147,6 +151,10 @@ cargo_args=(--workspace --locked --features cuda)
 phase toolchain install_toolchain
 phase "debian packages" install_debian_packages
 phase "python venv" make_venv "$venv" scripts/requirements-test.txt
+if ! $quick; then
+    phase "cookbook venv" make_venv "$cookbook_venv" scripts/requirements-cookbook.txt \
+        scripts/requirements-cookbook-nodeps.txt
+fi
 # NVRTC from the venv's nvidia-cuda-nvrtc wheel, where the kernels load it (cudarc dlopens
 # libnvrtc.so.13): the CUDA kernels' compile test runs on every machine.
 for nvrtc in "$venv"/lib/python*/site-packages/nvidia/cu13/lib; do

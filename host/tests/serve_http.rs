@@ -408,7 +408,8 @@ fn the_access_log_writes_one_line_per_request_with_its_status_and_latency_and_ne
     let bob = server::create_tenant(data.path(), "bob");
     let log_path = data.path().join("serve.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let (child, url, _) = server::spawn_server_logging(data.path(), "127.0.0.1:0", "info", log);
+    let (child, url, _) =
+        server::spawn_server_logging(data.path(), "127.0.0.1:0", "info", log, &[]);
     let server = Server {
         child,
         url,

@@ -57,17 +57,18 @@ pub fn spawn_server_with(data: &Path, addr: &str, options: &[&str]) -> (Child, S
     spawn(command, data, addr, options)
 }
 
-/// [`spawn_server`] with `OPENTINKER_LOG` set to `filter` and the server's log (its stderr)
-/// written to `log`.
+/// [`spawn_server_with`] with `OPENTINKER_LOG` set to `filter` and the server's log (its
+/// stderr) written to `log`.
 pub fn spawn_server_logging(
     data: &Path,
     addr: &str,
     filter: &str,
     log: std::fs::File,
+    options: &[&str],
 ) -> (Child, String, String) {
     let mut command = Command::new(BIN);
     command.env("OPENTINKER_LOG", filter).stderr(log);
-    spawn(command, data, addr, &[])
+    spawn(command, data, addr, options)
 }
 
 fn spawn(

@@ -126,6 +126,20 @@ pub fn test_python() -> Option<PathBuf> {
     require(&TEST_PYTHON, file_from_env("OPENTINKER_TEST_PYTHON"))
 }
 
+pub const COOKBOOK_PYTHON: Tool = Tool {
+    name: "the cookbook venv's Python (tinker-cookbook, PyTorch)",
+    provided_by: "OPENTINKER_COOKBOOK_PYTHON, which scripts/test.sh sets after making the venv \
+                  from scripts/requirements-cookbook.txt",
+};
+
+/// The cookbook venv's Python: the tinker-cookbook's loops that drive `opentinker serve`.
+pub fn cookbook_python() -> Option<PathBuf> {
+    require(
+        &COOKBOOK_PYTHON,
+        file_from_env("OPENTINKER_COOKBOOK_PYTHON"),
+    )
+}
+
 pub const COMPONENTIZE_PY: Tool = Tool {
     name: "componentize-py",
     provided_by: "OPENTINKER_COMPONENTIZE_PY, which scripts/test.sh sets to the test venv's \

@@ -1,0 +1,148 @@
+//! The tinker-cookbook 0.6.1's own loops, unmodified, against `opentinker serve` on loopback: its
+//! RL loop in sync mode (and resumed from its checkpoints), in async mode with its default loss
+//! (`stable_reinforce`), and its supervised loop, each on an environment or data set written with
+//! the cookbook's own classes (`tests/cookbook/`), on the tiny model served under its directory's
+//! path (where the cookbook's `get_tokenizer` reads the tokenizer: nothing comes from the hub).
+//! The server's access log must show no refused or failed request.
+//!
+//! The Python interpreter is `OPENTINKER_COOKBOOK_PYTHON`, a virtual environment that
+//! `scripts/test.sh` makes outside the repository from `scripts/requirements-cookbook.txt`.
+
+#[path = "common/server.rs"]
+mod server;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use opentinker_test_tools::cookbook_python;
+use server::{BIN, Server, create_tenant, spawn_server_logging};
+
+/// A server with the tiny model served under its directory's path, logging every request.
+struct Cookbook {
+    server: Server,
+    model: PathBuf,
+    log: PathBuf,
+    python: PathBuf,
+}
+
+fn start() -> Option<Cookbook> {
+    let python = cookbook_python()?;
+    let data = tempfile::tempdir().unwrap();
+    let model = data.path().join("tiny");
+    let made = Command::new(BIN)
+        .args(["model", "init-tiny"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let alice = create_tenant(data.path(), "alice");
+    let bob = create_tenant(data.path(), "bob");
+    let log = data.path().join("serve.log");
+    let served = format!("{0}={0}", model.display());
+    let (child, url, _) = spawn_server_logging(
+        data.path(),
+        "127.0.0.1:0",
+        "opentinker::access=info",
+        std::fs::File::create(&log).unwrap(),
+        &["--model", &served],
+    );
+    Some(Cookbook {
+        server: Server {
+            child,
+            url,
+            data,
+            alice,
+            bob,
+        },
+        model,
+        log,
+        python,
+    })
+}
+
+impl Cookbook {
+    /// Run `tests/cookbook/{script}` with `args`; its output, after asserting that it succeeded.
+    fn run(&self, script: &str, args: &[&Path]) -> String {
+        let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cookbook");
+        let output = Command::new(&self.python)
+            .arg(scripts.join(script))
+            .args(args)
+            .current_dir(self.server.data.path())
+            .env("TINKER_BASE_URL", &self.server.url)
+            .env("TINKER_API_KEY", &self.server.alice)
+            .env("OPENTINKER_MODEL_DIR", &self.model)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            // Nothing from the model hub: the tokenizer is read from the served directory.
+            .env("HF_HUB_OFFLINE", "1")
+            .output()
+            .expect("running the cookbook script");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.status.success(),
+            "{script} failed ({}):\n{text}",
+            output.status
+        );
+        text
+    }
+
+    /// Assert that the server answered every request of the loop with a success.
+    fn every_request_served(&self) {
+        let log = std::fs::read_to_string(&self.log).unwrap();
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("opentinker::access"))
+            .collect();
+        assert!(lines.len() > 10, "the access log has {} lines", lines.len());
+        let refused: Vec<&&str> = lines
+            .iter()
+            .filter(|l| !(l.contains("status=200") || l.contains("status=204")))
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "requests the server refused: {refused:#?}"
+        );
+    }
+}
+
+#[test]
+fn the_cookbooks_async_rl_loop_trains_with_its_default_loss() {
+    let Some(cookbook) = start() else { return };
+    let log_dir = cookbook.server.data.path().join("rl-async");
+    let output = cookbook.run("rl_letters.py", &[Path::new("async"), &log_dir]);
+    assert!(
+        output.contains("Training completed successfully"),
+        "{output}"
+    );
+    cookbook.every_request_served();
+}
+
+#[test]
+fn the_cookbooks_sync_rl_loop_trains_and_resumes_from_its_checkpoint() {
+    let Some(cookbook) = start() else { return };
+    let log_dir = cookbook.server.data.path().join("rl-sync");
+    cookbook.run("rl_letters.py", &[Path::new("sync"), &log_dir]);
+    let resumed = cookbook.run("rl_letters.py", &[Path::new("sync"), &log_dir]);
+    assert!(resumed.contains("Renderer metadata matches"), "{resumed}");
+    assert!(
+        resumed.contains("Resumed training from tinker://"),
+        "{resumed}"
+    );
+    cookbook.every_request_served();
+}
+
+#[test]
+fn the_cookbooks_supervised_loop_lowers_the_loss() {
+    let Some(cookbook) = start() else { return };
+    let log_dir = cookbook.server.data.path().join("sl");
+    let output = cookbook.run("sl_letters.py", &[&log_dir]);
+    assert!(output.contains("cookbook sl: losses"), "{output}");
+    cookbook.every_request_served();
+}
