@@ -1,6 +1,7 @@
 //! The tinker-cookbook 0.6.1's own loops, unmodified, against `opentinker serve` on loopback: its
 //! RL loop in sync mode (and resumed from its checkpoints), in async mode with its default loss
-//! (`stable_reinforce`), and its supervised loop, each on an environment or data set written with
+//! (`stable_reinforce`) and with PPO and a KL penalty, with streaming minibatches, and its
+//! supervised loop, each on an environment or data set written with
 //! the cookbook's own classes (`tests/cookbook/`), on the tiny model served under its directory's
 //! path (where the cookbook's `get_tokenizer` reads the tokenizer: nothing comes from the hub).
 //! The server's access log must show no refused or failed request.
@@ -117,6 +118,35 @@ fn the_cookbooks_async_rl_loop_trains_with_its_default_loss() {
     let Some(cookbook) = start() else { return };
     let log_dir = cookbook.server.data.path().join("rl-async");
     let output = cookbook.run("rl_letters.py", &[Path::new("async"), &log_dir]);
+    assert!(
+        output.contains("Training completed successfully"),
+        "{output}"
+    );
+    cookbook.every_request_served();
+}
+
+#[test]
+fn the_cookbooks_async_rl_loop_trains_with_ppo_and_a_kl_penalty_against_the_base() {
+    let Some(cookbook) = start() else { return };
+    let log_dir = cookbook.server.data.path().join("rl-ppo-kl");
+    let output = cookbook.run("rl_letters.py", &[Path::new("async-ppo-kl"), &log_dir]);
+    assert!(
+        output.contains("Training completed successfully"),
+        "{output}"
+    );
+    let metrics = std::fs::read_to_string(log_dir.join("metrics.jsonl")).unwrap();
+    assert!(
+        metrics.contains("\"kl_policy_base\""),
+        "no KL penalty was computed: {metrics}"
+    );
+    cookbook.every_request_served();
+}
+
+#[test]
+fn the_cookbooks_streaming_rl_loop_trains_in_minibatches() {
+    let Some(cookbook) = start() else { return };
+    let log_dir = cookbook.server.data.path().join("rl-stream");
+    let output = cookbook.run("rl_letters.py", &[Path::new("stream"), &log_dir]);
     assert!(
         output.contains("Training completed successfully"),
         "{output}"

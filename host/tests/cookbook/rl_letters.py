@@ -3,7 +3,7 @@
 RLDataset classes, on the served tiny model named by its directory path (which is also where the
 cookbook's get_tokenizer finds its tokenizer: nothing comes from the model hub).
 
-Usage: rl_letters.py MODE LOG_DIR   (MODE: sync, async; run again on LOG_DIR to resume)
+Usage: rl_letters.py MODE LOG_DIR   (MODE: see `config`; run again on LOG_DIR to resume)
 Environment: TINKER_BASE_URL, TINKER_API_KEY, OPENTINKER_MODEL_DIR."""
 
 import asyncio
@@ -77,10 +77,22 @@ class LettersDatasetBuilder(RLDatasetBuilder):
 
 
 def config(mode: str, log_path: str) -> train.Config:
-    async_config = None
+    """`sync`; `async` (its loss is the AsyncConfig default, stable_reinforce); `async-ppo-kl`
+    (PPO, with a KL penalty against the base model); `stream` (streaming minibatches)."""
+    async_config = stream_config = kl_reference = None
+    extra = {}
     if mode == "async":
-        # Its loss is the AsyncConfig default, stable_reinforce.
         async_config = train.AsyncConfig(max_steps_off_policy=1, groups_per_batch=2)
+    elif mode == "async-ppo-kl":
+        async_config = train.AsyncConfig(
+            max_steps_off_policy=1, groups_per_batch=2, loss_fn="ppo"
+        )
+        kl_reference = train.KLReferenceConfig(base_model=MODEL)
+        extra = {"kl_penalty_coef": 0.05, "loss_fn": "ppo"}
+    elif mode == "stream":
+        stream_config = train.StreamMinibatchConfig(groups_per_batch=2, num_minibatches=2)
+    elif mode != "sync":
+        raise SystemExit(f"unknown mode {mode!r}")
     return train.Config(
         learning_rate=1e-3,
         dataset_builder=LettersDatasetBuilder(),
@@ -95,6 +107,9 @@ def config(mode: str, log_path: str) -> train.Config:
         rolling_save_every=1,
         base_url=os.environ["TINKER_BASE_URL"],
         async_config=async_config,
+        stream_minibatch_config=stream_config,
+        kl_reference_config=kl_reference,
+        **extra,
     )
 
 
