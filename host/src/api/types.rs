@@ -286,6 +286,8 @@ pub struct CheckpointInfo {
     pub size_bytes: u64,
     /// When it expires, in Unix seconds (`ttl_seconds` when saved); none: kept until deleted.
     pub expires_at: Option<i64>,
+    /// What the client attached when it saved it.
+    pub user_metadata: UserMetadata,
 }
 
 /// A sampling session, as `GET samplers/{id}` describes it.
@@ -310,6 +312,15 @@ pub enum SamplerSource {
     Base(String),
     /// Adapter weights saved by `save_weights_for_sampler` or `save_state`.
     Checkpoint(CheckpointPath),
+}
+
+/// What a save of a checkpoint keeps beside its weights.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SaveOptions {
+    /// Seconds the checkpoint is kept; none: until deleted.
+    pub ttl_seconds: Option<u64>,
+    /// What the client attached to the checkpoint.
+    pub user_metadata: UserMetadata,
 }
 
 /// What a client attached to a training run (`user_metadata` of `create_model`): the cookbook
@@ -352,8 +363,7 @@ pub enum Op {
     SaveState {
         model: ModelId,
         name: String,
-        /// Seconds the checkpoint is kept; none: until deleted.
-        ttl_seconds: Option<u64>,
+        options: SaveOptions,
     },
     /// Replace the model's adapter (and optimizer state) with a checkpoint's.
     LoadState {
@@ -365,8 +375,7 @@ pub enum Op {
     SaveWeightsForSampler {
         model: ModelId,
         name: String,
-        /// Seconds the checkpoint is kept; none: until deleted.
-        ttl_seconds: Option<u64>,
+        options: SaveOptions,
     },
     /// A sampling session on the adapter as it is now (no file written).
     SnapshotForSampler {

@@ -1,6 +1,7 @@
 //! The tenants' saved checkpoints on disk: `data/checkpoints/TENANT/MODEL/KIND/NAME/`, each a
-//! PEFT adapter folder (`train::checkpoint`) and a `retention.json` that says when it was saved
-//! and when it expires (`ttl_seconds` of `save_state` / `save_weights_for_sampler`).
+//! PEFT adapter folder (`train::checkpoint`) and a `checkpoint.json` that says when it was saved,
+//! when it expires (`ttl_seconds` of `save_state` / `save_weights_for_sampler`) and what the
+//! client attached to it (`user_metadata`).
 //!
 //! A path is only ever looked up under its tenant's own folder, so another tenant's checkpoint is
 //! simply not there and is answered as an unknown one. An expired checkpoint is gone for every
@@ -11,19 +12,24 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::{ApiError, CheckpointInfo, CheckpointKind, CheckpointPath, ModelId, TenantId};
+use crate::api::{
+    ApiError, CheckpointInfo, CheckpointKind, CheckpointPath, ModelId, SaveOptions, TenantId,
+    UserMetadata,
+};
 
-/// The retention record of a checkpoint folder.
-const RETENTION_FILE: &str = "retention.json";
+/// The record of a checkpoint folder.
+const RECORD_FILE: &str = "checkpoint.json";
 /// Every checkpoint folder has it (`train::checkpoint` writes it); a folder without it is not one.
 const ADAPTER_CONFIG: &str = "adapter_config.json";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct Retention {
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
     /// Unix seconds.
     saved_at: i64,
     /// Unix seconds; none: kept until deleted.
     expires_at: Option<i64>,
+    #[serde(default)]
+    user_metadata: UserMetadata,
 }
 
 /// The checkpoint folders under a server's data folder.
@@ -62,25 +68,23 @@ impl CheckpointStore {
     /// The folder of `path` if it is one of `tenant`'s checkpoints and has not expired.
     pub fn existing(&self, tenant: &TenantId, path: &CheckpointPath) -> Result<PathBuf, ApiError> {
         let dir = self.dir(tenant, path);
-        let live = dir.is_dir() && !read_retention(&dir).is_some_and(|r| expired(&r, unix_now()));
+        let live = dir.is_dir() && !read_record(&dir).is_some_and(|r| expired(&r, unix_now()));
         match live {
             true => Ok(dir),
             false => Err(ApiError::not_found(format!("checkpoint {path}"))),
         }
     }
 
-    /// Record when the checkpoint just saved in `dir` was saved and when it expires.
-    pub fn set_retention(&self, dir: &Path, ttl_seconds: Option<u64>) -> std::io::Result<()> {
+    /// Record when the checkpoint just saved in `dir` was saved, when it expires and what the
+    /// client attached to it.
+    pub fn set_retention(&self, dir: &Path, options: &SaveOptions) -> std::io::Result<()> {
         let saved_at = unix_now();
-        let expires_at =
-            ttl_seconds.map(|ttl| saved_at.saturating_add(ttl.min(i64::MAX as u64) as i64));
-        write_retention(
-            dir,
-            &Retention {
-                saved_at,
-                expires_at,
-            },
-        )
+        let record = Record {
+            saved_at,
+            expires_at: expiry(saved_at, options.ttl_seconds),
+            user_metadata: options.user_metadata.clone(),
+        };
+        write_record(dir, &record)
     }
 
     /// Change when `tenant`'s checkpoint `path` expires (`None`: never).
@@ -91,17 +95,13 @@ impl CheckpointStore {
         ttl_seconds: Option<u64>,
     ) -> Result<CheckpointInfo, ApiError> {
         let dir = self.existing(tenant, path)?;
-        let saved_at = read_retention(&dir).map_or_else(|| modified_at(&dir), |r| r.saved_at);
-        let expires_at =
-            ttl_seconds.map(|ttl| unix_now().saturating_add(ttl.min(i64::MAX as u64) as i64));
-        write_retention(
-            &dir,
-            &Retention {
-                saved_at,
-                expires_at,
-            },
-        )
-        .map_err(|e| {
+        let mut record = read_record(&dir).unwrap_or_else(|| Record {
+            saved_at: modified_at(&dir),
+            expires_at: None,
+            user_metadata: UserMetadata::new(),
+        });
+        record.expires_at = expiry(unix_now(), ttl_seconds);
+        write_record(&dir, &record).map_err(|e| {
             ApiError::internal(format!("recording the expiry of checkpoint {path}: {e}"))
         })?;
         self.info(&dir, path.clone())
@@ -147,15 +147,26 @@ impl CheckpointStore {
             // A folder being written (`store::StagedDir`'s `.writing-*`) or set aside.
             return None;
         }
-        let retention = read_retention(dir);
-        if retention.is_some_and(|r| expired(&r, unix_now())) {
+        let record = read_record(dir);
+        if record.as_ref().is_some_and(|r| expired(r, unix_now())) {
             return None;
         }
-        Some(CheckpointInfo {
-            path,
-            saved_at: retention.map_or_else(|| modified_at(dir), |r| r.saved_at),
-            size_bytes: size_of_tree(dir),
-            expires_at: retention.and_then(|r| r.expires_at),
+        let size_bytes = size_of_tree(dir);
+        Some(match record {
+            Some(record) => CheckpointInfo {
+                path,
+                saved_at: record.saved_at,
+                size_bytes,
+                expires_at: record.expires_at,
+                user_metadata: record.user_metadata,
+            },
+            None => CheckpointInfo {
+                path,
+                saved_at: modified_at(dir),
+                size_bytes,
+                expires_at: None,
+                user_metadata: UserMetadata::new(),
+            },
         })
     }
 
@@ -201,7 +212,7 @@ impl CheckpointStore {
                     let folder = self.model_dir(&tenant, &model).join(kind.as_str());
                     for name in folder_names(&folder) {
                         let dir = folder.join(&name);
-                        let due = read_retention(&dir).is_some_and(|r| expired(&r, now));
+                        let due = read_record(&dir).is_some_and(|r| expired(&r, now));
                         let Ok(path) = CheckpointPath::new(model.clone(), kind, &name) else {
                             continue;
                         };
@@ -222,18 +233,23 @@ impl CheckpointStore {
     }
 }
 
-fn expired(retention: &Retention, now: i64) -> bool {
-    retention.expires_at.is_some_and(|at| at <= now)
+fn expired(record: &Record, now: i64) -> bool {
+    record.expires_at.is_some_and(|at| at <= now)
 }
 
-fn read_retention(dir: &Path) -> Option<Retention> {
-    let bytes = std::fs::read(dir.join(RETENTION_FILE)).ok()?;
+/// When a checkpoint kept `ttl_seconds` from `from` expires.
+fn expiry(from: i64, ttl_seconds: Option<u64>) -> Option<i64> {
+    ttl_seconds.map(|ttl| from.saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX)))
+}
+
+fn read_record(dir: &Path) -> Option<Record> {
+    let bytes = std::fs::read(dir.join(RECORD_FILE)).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
-fn write_retention(dir: &Path, retention: &Retention) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec(retention).map_err(std::io::Error::other)?;
-    crate::store::write_atomic(&dir.join(RETENTION_FILE), &bytes)
+fn write_record(dir: &Path, record: &Record) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    crate::store::write_atomic(&dir.join(RECORD_FILE), &bytes)
 }
 
 /// The names of the folders in `folder` (none if it is missing).
@@ -284,7 +300,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(ADAPTER_CONFIG), b"{}").unwrap();
         std::fs::write(dir.join("adapter_model.safetensors"), vec![0u8; 100]).unwrap();
-        store.set_retention(&dir, ttl).unwrap();
+        let options = SaveOptions {
+            ttl_seconds: ttl,
+            user_metadata: UserMetadata::from([("step".to_string(), "7".to_string())]),
+        };
+        store.set_retention(&dir, &options).unwrap();
     }
 
     #[test]
@@ -307,6 +327,7 @@ mod tests {
         let brief_info = listed.iter().find(|c| c.path == brief).unwrap();
         assert!(brief_info.expires_at.unwrap() >= brief_info.saved_at + 60);
         assert!(brief_info.size_bytes >= 100);
+        assert_eq!(brief_info.user_metadata["step"], "7");
         assert!(
             store.list(&bob, &model).is_empty(),
             "bob sees alice's checkpoints"

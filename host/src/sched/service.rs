@@ -23,7 +23,7 @@ use crate::api::{
     AdamParams, ApiError, ApiErrorKind, BaseModelInfo, CheckpointInfo, CheckpointKind,
     CheckpointPath, ForwardBackwardInput, ForwardBackwardOutput, ModelId, ModelInfo, Op, OpOutput,
     OptimStepOutput, SampleRequest, SampleResponse, SamplerId, SamplerInfo, SamplerSource,
-    SessionId, TenantId, UserMetadata,
+    SaveOptions, SessionId, TenantId, UserMetadata,
 };
 use crate::lora::PolicyVersion;
 use crate::sample::{self, PolicyRef, TokenSink};
@@ -450,20 +450,20 @@ impl Service {
             Op::SaveState {
                 model: id,
                 name,
-                ttl_seconds,
+                options,
             } => {
                 let path = CheckpointPath::new(id, CheckpointKind::Weights, &name)?;
-                self.save(tenant, &*model_of(model)?, &path, true, ttl_seconds)
+                self.save(tenant, &*model_of(model)?, &path, true, options)
                     .await?;
                 OpOutput::Checkpoint(path)
             }
             Op::SaveWeightsForSampler {
                 model: id,
                 name,
-                ttl_seconds,
+                options,
             } => {
                 let path = CheckpointPath::new(id, CheckpointKind::SamplerWeights, &name)?;
-                self.save(tenant, &*model_of(model)?, &path, false, ttl_seconds)
+                self.save(tenant, &*model_of(model)?, &path, false, options)
                     .await?;
                 OpOutput::Checkpoint(path)
             }
@@ -925,7 +925,7 @@ impl Service {
         model: &TrainedModel,
         path: &CheckpointPath,
         with_optimizer: bool,
-        ttl_seconds: Option<u64>,
+        options: SaveOptions,
     ) -> Result<(), ApiError> {
         let adapter = model.adapter.clone();
         let (copy, optimizer) = model
@@ -952,8 +952,8 @@ impl Service {
             train::checkpoint::save(&dir, &copy, &base_name, optimizer)
                 .map_err(|e| e.to_string())?;
             store
-                .set_retention(&dir, ttl_seconds)
-                .map_err(|e| format!("recording its expiry: {e}"))
+                .set_retention(&dir, &options)
+                .map_err(|e| format!("recording its expiry and metadata: {e}"))
         })
         .await
         .map_err(|e| ApiError::internal(format!("saving the checkpoint: {e}")))?

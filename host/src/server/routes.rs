@@ -18,7 +18,7 @@ use super::journal::AcceptedRequest;
 use super::{AppState, HttpError, MAX_BODY_BYTES, category, wire};
 use crate::api::{
     ApiError, ApiErrorKind, CheckpointPath, ModelId, ModelInput, Op, OpOutput, SampleRequest,
-    SamplerId, SamplerSource, SequenceId, SessionId, TenantId,
+    SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId, TenantId,
 };
 use crate::sched::service::{Change, Hold};
 use crate::wire::codec;
@@ -317,7 +317,10 @@ pub fn accept(
                 op: Op::SaveState {
                     name: checkpoint_name(request.path, request.seq_id),
                     model: request.model_id,
-                    ttl_seconds: request.ttl_seconds,
+                    options: SaveOptions {
+                        ttl_seconds: request.ttl_seconds,
+                        user_metadata: request.user_metadata.unwrap_or_default(),
+                    },
                 },
             }
         }
@@ -328,7 +331,10 @@ pub fn accept(
                 (Some(name), _) => Op::SaveWeightsForSampler {
                     model,
                     name,
-                    ttl_seconds: request.ttl_seconds,
+                    options: SaveOptions {
+                        ttl_seconds: request.ttl_seconds,
+                        user_metadata: request.user_metadata.unwrap_or_default(),
+                    },
                 },
                 (None, Some(sampler_seq)) => Op::SnapshotForSampler { model, sampler_seq },
                 (None, None) => {

@@ -128,6 +128,7 @@ fn checkpoint_json(checkpoint: &CheckpointInfo) -> Value {
         "size_bytes": checkpoint.size_bytes,
         "public": false,
         "expires_at": checkpoint.expires_at.map_or(Value::Null, time),
+        "user_metadata": checkpoint.user_metadata,
     })
 }
 

@@ -57,6 +57,8 @@ pub struct SaveWeights {
     pub path: Option<String>,
     pub seq_id: Option<u64>,
     pub ttl_seconds: Option<u64>,
+    #[serde(default)]
+    pub user_metadata: Option<UserMetadata>,
 }
 
 #[derive(Deserialize)]
@@ -66,6 +68,8 @@ pub struct SaveWeightsForSampler {
     pub sampling_session_seq_id: Option<u64>,
     pub seq_id: Option<u64>,
     pub ttl_seconds: Option<u64>,
+    #[serde(default)]
+    pub user_metadata: Option<UserMetadata>,
 }
 
 #[derive(Deserialize)]

@@ -15,7 +15,9 @@ training = alice.create_lora_training_client(
 ).result()
 training.forward_backward([sft_datum(list(range(10, 30)))], "cross_entropy").result()
 kept = training.save_state(name="kept").result().path
-rolling = training.save_state(name="rolling", ttl_seconds=7200).result().path
+rolling = training.save_state(
+    name="rolling", ttl_seconds=7200, user_metadata={"step": "1"}
+).result().path
 sampler = training.save_weights_for_sampler(name="for-sampling").result().path
 
 rest = alice.create_rest_client()
@@ -35,6 +37,7 @@ listed = {c.tinker_path: c for c in rest.list_checkpoints(training.model_id).res
 assert set(listed) == {kept, rolling, sampler}, listed
 assert listed[kept].expires_at is None and listed[kept].checkpoint_type == "training"
 assert listed[sampler].checkpoint_type == "sampler", listed[sampler]
+assert listed[rolling].user_metadata == {"step": "1"}, listed[rolling]
 expiry = (listed[rolling].expires_at - listed[rolling].time).total_seconds()
 assert 7190 <= expiry <= 7210, listed[rolling]
 assert all(c.size_bytes > 0 for c in listed.values()), listed
