@@ -5,7 +5,9 @@
 //! `tinker://` paths (`save_weights_for_sampler` or `save_state`), or a job of the tenant's
 //! (`job-ID`: its final adapter; `job-ID/step-10/policy`: a folder of its checkpoints); another
 //! tenant's path or job answers 404 as an unknown one does. Requests run on the same sampler and fair queue as the Tinker
-//! API's; a chat is rendered with the base model's chat template.
+//! API's; a chat is rendered with the base model's chat template. A field these routes do not
+//! serve is refused by name, and every refusal comes in OpenAI's error shape, whose message
+//! OpenAI's clients show.
 //!
 //! A streamed answer is sent as server-sent events in the OpenAI chunk format, a chunk as each
 //! token is sampled (the sampler tells a `TokenSink`), its text decoded from the tokens so far
@@ -42,6 +44,52 @@ pub fn router() -> Router<Shared> {
         .route("/models", get(models))
         .route("/completions", post(completions))
         .route("/chat/completions", post(chat_completions))
+        .layer(axum::middleware::map_response(openai_errors))
+}
+
+/// Give every error answer of these routes OpenAI's error shape,
+/// `{"error": {"message", "type", "param", "code"}}`, which OpenAI's clients read the message
+/// from (they show only the status of any other shape): the server's own refusals (key checks
+/// included) and axum's (an oversized body). The error's kind stays on the answer for the
+/// access log.
+async fn openai_errors(response: Response) -> Response {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let kind = response.extensions().get::<ApiErrorKind>().copied();
+    let bytes = axum::body::to_bytes(response.into_body(), 64 << 10)
+        .await
+        .unwrap_or_default();
+    let message = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(body)) => match body.get("error") {
+            Some(Value::String(message)) => message.clone(),
+            Some(other) => other.to_string(),
+            None => Value::Object(body).to_string(),
+        },
+        _ => String::from_utf8_lossy(&bytes).trim().to_string(),
+    };
+    let message = match message.is_empty() {
+        true => status.canonical_reason().unwrap_or("error").to_string(),
+        false => message,
+    };
+    let kind_name = match kind {
+        Some(ApiErrorKind::Unauthorized) => "authentication_error",
+        Some(ApiErrorKind::NotFound) => "not_found_error",
+        Some(ApiErrorKind::TooManyRequests) => "rate_limit_error",
+        Some(ApiErrorKind::QuotaExceeded) => "insufficient_quota",
+        Some(ApiErrorKind::Unavailable | ApiErrorKind::Internal) => "server_error",
+        _ if status.is_server_error() => "server_error",
+        _ => "invalid_request_error",
+    };
+    let body = json!({
+        "error": { "message": message, "type": kind_name, "param": null, "code": null }
+    });
+    let mut answer = (status, Json(body)).into_response();
+    if let Some(kind) = kind {
+        answer.extensions_mut().insert(kind);
+    }
+    answer
 }
 
 /// The sampling sessions made for OpenAI requests, by tenant and model name, so that a model is
@@ -202,8 +250,9 @@ enum StopText {
     Many(Vec<String>),
 }
 
-/// What both endpoints take besides their prompt (other fields OpenAI defines are ignored, as
-/// vLLM ignores them).
+/// What both endpoints take besides their prompt. Any other field OpenAI defines (`tools`,
+/// `response_format`, penalties, `top_logprobs`, ...) is refused by name ([`parse_strict`]): a
+/// client that asks for it would otherwise get an answer that silently lacks it.
 #[derive(Deserialize)]
 struct Common {
     model: String,
@@ -270,9 +319,42 @@ struct ChatRequest {
     logprobs: bool,
 }
 
-/// A JSON body, or a 400 naming what is wrong with it.
-fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
+/// The fields of [`Common`], and `user` (an end user's id for the operator's records: it changes
+/// nothing in the answer, so it is accepted and not kept).
+const COMMON_FIELDS: [&str; 10] = [
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "seed",
+    "stream",
+    "user",
+];
+
+/// A JSON body of an endpoint whose own fields are `own` besides [`COMMON_FIELDS`], or a 400
+/// naming what is wrong with it: a field the endpoint does not serve is named (one sent as
+/// `null` is taken as absent).
+fn parse_strict<T: serde::de::DeserializeOwned>(body: &Bytes, own: &[&str]) -> Result<T, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("request body: {e}")))?;
+    if let Value::Object(fields) = &value {
+        let served = |name: &str| COMMON_FIELDS.contains(&name) || own.contains(&name);
+        if let Some((name, _)) = fields
+            .iter()
+            .find(|(name, value)| !value.is_null() && !served(name))
+        {
+            let mut all: Vec<&str> = COMMON_FIELDS.iter().chain(own).copied().collect();
+            all.sort_unstable();
+            return Err(ApiError::invalid(format!(
+                "`{name}` is not served by this server (served: {})",
+                all.join(", ")
+            )));
+        }
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::invalid(format!("request body: {e}")))
 }
 
 /// The sample request of `prompt` (tokenized for the base of `model`) for `tenant`: its base
@@ -480,7 +562,7 @@ async fn completions(
     Caller(tenant): Caller,
     body: Bytes,
 ) -> Result<Response, HttpError> {
-    let request: CompletionRequest = parse(&body)?;
+    let request: CompletionRequest = parse_strict(&body, &["prompt", "logprobs"])?;
     let text = match &request.prompt {
         PromptText::One(text) => text.clone(),
         PromptText::Many(texts) if texts.len() == 1 => texts[0].clone(),
@@ -559,7 +641,7 @@ async fn chat_completions(
     Caller(tenant): Caller,
     body: Bytes,
 ) -> Result<Response, HttpError> {
-    let request: ChatRequest = parse(&body)?;
+    let request: ChatRequest = parse_strict(&body, &["messages", "logprobs"])?;
     let common = &request.common;
     let render = |base: &ServedBase| {
         let template = base

@@ -105,6 +105,22 @@ texts = [[c.message.content for c in s.choices] for s in sampled]
 assert len(texts[0]) == 2 and texts[0] == texts[1], texts
 print(f"n=2 with a seed: {texts[0]}")
 
+# A field the server does not serve is refused by name, never silently ignored.
+refusals = {
+    "tools": dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    "presence_penalty": dict(presence_penalty=0.5),
+    "response_format": dict(response_format={"type": "json_object"}),
+}
+for name, extra in refusals.items():
+    try:
+        client.chat.completions.create(model=BASE_MODEL, messages=messages, max_tokens=4, **extra)
+    except openai.BadRequestError as error:
+        assert f"`{name}` is not served" in str(error), error
+        continue
+    raise AssertionError(f"{name} was silently ignored")
+client.chat.completions.create(model=BASE_MODEL, messages=messages, max_tokens=4, user="u-1")
+print("unserved fields: refused by name")
+
 # Another tenant's adapter is unknown, exactly as a path nobody saved.
 other = openai.OpenAI(base_url=base_url, api_key=os.environ["OTHER_TINKER_API_KEY"])
 for model in (path, path.replace("for-openai", "never-saved")):
