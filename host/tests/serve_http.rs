@@ -515,7 +515,7 @@ fn an_expired_checkpoint_is_gone_at_once_and_its_files_swept_and_only_its_tenant
         let saved = result(&server, submitted["request_id"].as_str().unwrap());
         saved["path"].as_str().unwrap().to_string()
     };
-    let brief = save("brief", Some(3));
+    let brief = save("brief", Some(5));
     let kept = save("kept", None);
     let folder = |name: &str| {
         server
@@ -563,7 +563,7 @@ fn an_expired_checkpoint_is_gone_at_once_and_its_files_swept_and_only_its_tenant
     );
 
     // Expired: not listed and not loadable at once; its files go with the next sweep.
-    std::thread::sleep(std::time::Duration::from_millis(3100));
+    std::thread::sleep(std::time::Duration::from_millis(5100));
     let (_, body) = listed(&server.alice);
     let paths: Vec<&str> = body["checkpoints"]
         .as_array()
