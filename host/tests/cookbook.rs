@@ -94,6 +94,18 @@ impl Cookbook {
         text
     }
 
+    /// The RL loop of `rl_letters.py` in `mode`, logging to the folder `rl-{mode}` (run again,
+    /// it resumes from there): that folder and the output, after asserting that it completed.
+    fn rl(&self, mode: &str) -> (PathBuf, String) {
+        let log_dir = self.server.data.path().join(format!("rl-{mode}"));
+        let output = self.run("rl_letters.py", &[Path::new(mode), &log_dir]);
+        assert!(
+            output.contains("Training completed successfully"),
+            "{output}"
+        );
+        (log_dir, output)
+    }
+
     /// Assert that the server answered every request of the loop with a success.
     fn every_request_served(&self) {
         let log = std::fs::read_to_string(&self.log).unwrap();
@@ -116,24 +128,14 @@ impl Cookbook {
 #[test]
 fn the_cookbooks_async_rl_loop_trains_with_its_default_loss() {
     let Some(cookbook) = start() else { return };
-    let log_dir = cookbook.server.data.path().join("rl-async");
-    let output = cookbook.run("rl_letters.py", &[Path::new("async"), &log_dir]);
-    assert!(
-        output.contains("Training completed successfully"),
-        "{output}"
-    );
+    cookbook.rl("async");
     cookbook.every_request_served();
 }
 
 #[test]
 fn the_cookbooks_async_rl_loop_trains_with_ppo_and_a_kl_penalty_against_the_base() {
     let Some(cookbook) = start() else { return };
-    let log_dir = cookbook.server.data.path().join("rl-ppo-kl");
-    let output = cookbook.run("rl_letters.py", &[Path::new("async-ppo-kl"), &log_dir]);
-    assert!(
-        output.contains("Training completed successfully"),
-        "{output}"
-    );
+    let (log_dir, _) = cookbook.rl("async-ppo-kl");
     let metrics = std::fs::read_to_string(log_dir.join("metrics.jsonl")).unwrap();
     assert!(
         metrics.contains("\"kl_policy_base\""),
@@ -145,21 +147,15 @@ fn the_cookbooks_async_rl_loop_trains_with_ppo_and_a_kl_penalty_against_the_base
 #[test]
 fn the_cookbooks_streaming_rl_loop_trains_in_minibatches() {
     let Some(cookbook) = start() else { return };
-    let log_dir = cookbook.server.data.path().join("rl-stream");
-    let output = cookbook.run("rl_letters.py", &[Path::new("stream"), &log_dir]);
-    assert!(
-        output.contains("Training completed successfully"),
-        "{output}"
-    );
+    cookbook.rl("stream");
     cookbook.every_request_served();
 }
 
 #[test]
 fn the_cookbooks_sync_rl_loop_trains_and_resumes_from_its_checkpoint() {
     let Some(cookbook) = start() else { return };
-    let log_dir = cookbook.server.data.path().join("rl-sync");
-    cookbook.run("rl_letters.py", &[Path::new("sync"), &log_dir]);
-    let resumed = cookbook.run("rl_letters.py", &[Path::new("sync"), &log_dir]);
+    cookbook.rl("sync");
+    let (_, resumed) = cookbook.rl("sync");
     assert!(resumed.contains("Renderer metadata matches"), "{resumed}");
     assert!(
         resumed.contains("Resumed training from tinker://"),

@@ -205,6 +205,15 @@ pub enum CheckpointKind {
 }
 
 impl CheckpointKind {
+    /// The kind a path's segment names (`weights`, `sampler_weights`).
+    pub fn from_segment(segment: &str) -> Option<Self> {
+        match segment {
+            "weights" => Some(CheckpointKind::Weights),
+            "sampler_weights" => Some(CheckpointKind::SamplerWeights),
+            _ => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             CheckpointKind::Weights => "weights",
@@ -264,11 +273,7 @@ impl FromStr for CheckpointPath {
         else {
             return Err(bad());
         };
-        let kind = match kind {
-            "weights" => CheckpointKind::Weights,
-            "sampler_weights" => CheckpointKind::SamplerWeights,
-            _ => return Err(bad()),
-        };
+        let kind = CheckpointKind::from_segment(kind).ok_or_else(bad)?;
         CheckpointPath::new(model.parse().map_err(|_| bad())?, kind, name)
     }
 }

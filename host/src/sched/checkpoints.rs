@@ -16,6 +16,7 @@ use crate::api::{
     ApiError, CheckpointInfo, CheckpointKind, CheckpointPath, ModelId, SaveOptions, TenantId,
     UserMetadata,
 };
+use crate::store::unix_now;
 
 /// The record of a checkpoint folder.
 const RECORD_FILE: &str = "checkpoint.json";
@@ -37,13 +38,6 @@ struct Record {
 pub struct CheckpointStore {
     root: PathBuf,
     deleted: PathBuf,
-}
-
-/// The current time in Unix seconds.
-pub fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }
 
 impl CheckpointStore {
@@ -122,23 +116,17 @@ impl CheckpointStore {
                 }
             }
         }
-        found.sort_by(|a, b| {
-            (a.saved_at, a.path.to_string()).cmp(&(b.saved_at, b.path.to_string()))
-        });
-        found
+        oldest_first(found)
     }
 
     /// `tenant`'s live checkpoints of all its models, oldest first.
     pub fn list_all(&self, tenant: &TenantId) -> Vec<CheckpointInfo> {
-        let mut found: Vec<CheckpointInfo> = folder_names(&self.root.join(tenant.as_str()))
+        let found: Vec<CheckpointInfo> = folder_names(&self.root.join(tenant.as_str()))
             .into_iter()
             .filter_map(|model| model.parse::<ModelId>().ok())
             .flat_map(|model| self.list(tenant, &model))
             .collect();
-        found.sort_by(|a, b| {
-            (a.saved_at, a.path.to_string()).cmp(&(b.saved_at, b.path.to_string()))
-        });
-        found
+        oldest_first(found)
     }
 
     /// What a checkpoint folder holds, if it is a live checkpoint.
@@ -231,6 +219,12 @@ impl CheckpointStore {
         }
         swept
     }
+}
+
+/// `checkpoints` by when they were saved, by path within a second.
+fn oldest_first(mut checkpoints: Vec<CheckpointInfo>) -> Vec<CheckpointInfo> {
+    checkpoints.sort_by_cached_key(|c| (c.saved_at, c.path.to_string()));
+    checkpoints
 }
 
 fn expired(record: &Record, now: i64) -> bool {

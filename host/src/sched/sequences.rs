@@ -18,11 +18,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::checkpoints::unix_now;
 use crate::api::{
     ApiError, Datum, ForwardBackwardInput, SampleResponse, SamplerId, SequenceId, SessionId,
     SpanSource, TenantId, TensorData, TensorValues,
 };
+use crate::store::unix_now;
 
 /// The loss that reads provenance.
 pub const STABLE_REINFORCE: &str = "stable_reinforce";

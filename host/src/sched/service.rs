@@ -15,7 +15,7 @@ use candle_core::DType;
 use tokio::sync::watch;
 
 use super::base::ServedBase;
-use super::checkpoints::{CheckpointStore, unix_now};
+use super::checkpoints::CheckpointStore;
 use super::convert::{self, sampler_error, train_error, trainer_error};
 use super::sequences::SequenceRecords;
 use super::usage::Usage;
@@ -680,7 +680,7 @@ impl Service {
     /// Delete every tenant's expired checkpoints; the paths deleted.
     pub async fn sweep_checkpoints(&self) -> Vec<(TenantId, CheckpointPath)> {
         let store = self.checkpoints.clone();
-        tokio::task::spawn_blocking(move || store.sweep(unix_now()))
+        tokio::task::spawn_blocking(move || store.sweep(crate::store::unix_now()))
             .await
             .unwrap_or_default()
     }
@@ -950,14 +950,15 @@ impl Service {
         tokio::task::spawn_blocking(move || {
             let optimizer = optimizer.as_ref().map(|(step, moments)| (*step, moments));
             train::checkpoint::save(&dir, &copy, &base_name, optimizer)
-                .map_err(|e| e.to_string())?;
-            store
-                .set_retention(&dir, &options)
-                .map_err(|e| format!("recording its expiry and metadata: {e}"))
+                .map_err(|e| ApiError::internal(format!("saving the checkpoint: {e}")))?;
+            store.set_retention(&dir, &options).map_err(|e| {
+                ApiError::internal(format!(
+                    "recording the checkpoint's expiry and metadata: {e}"
+                ))
+            })
         })
         .await
         .map_err(|e| ApiError::internal(format!("saving the checkpoint: {e}")))?
-        .map_err(|e| ApiError::internal(format!("saving the checkpoint: {e}")))
     }
 
     /// The sampler of `source`: the base model, or a checkpoint's adapter published on its base.

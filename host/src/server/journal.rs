@@ -14,6 +14,7 @@ use super::futures::{Answer, Outcome};
 use crate::api::{ApiError, ApiErrorKind, ModelId, SamplerId, SessionId, TenantId, UserMetadata};
 use crate::sched::service::{Change, SamplerRecord};
 use crate::store::database::open_database;
+use crate::store::unix_now;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -416,12 +417,6 @@ fn run_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         },
         last_request_at: row.get::<_, Option<i64>>(4)?.unwrap_or(0),
     })
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// A recorded answer.

@@ -120,7 +120,7 @@ impl FromRequestParts<Shared> for Caller {
 }
 
 /// A JSON body, or a 400 naming what is wrong with it.
-fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub(super) fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
 }
 

@@ -13,10 +13,8 @@ use serde_json::{Value, json};
 
 use super::HttpError;
 use super::journal::RunRecord;
-use super::routes::Caller;
-use crate::api::{
-    ApiError, ApiErrorKind, CheckpointInfo, CheckpointKind, CheckpointPath, ModelId, TenantId,
-};
+use super::routes::{Caller, parse};
+use crate::api::{ApiError, CheckpointInfo, CheckpointKind, CheckpointPath, ModelId, TenantId};
 
 type Shared = std::sync::Arc<super::AppState>;
 type Answered = Result<Response, HttpError>;
@@ -65,13 +63,20 @@ struct Page {
 }
 
 impl Page {
-    fn check(&self) -> Result<(), ApiError> {
+    /// The page's size (`default` when the client names none), or a refusal of what is not
+    /// offered.
+    fn limit(&self, default: u64) -> Result<u64, ApiError> {
         match &self.project_id {
             Some(_) => Err(ApiError::invalid(
                 "project_id: projects are not offered by this server (list without it)",
             )),
-            None => Ok(()),
+            None => Ok(self.limit.unwrap_or(default)),
         }
+    }
+
+    /// The SDK's `Cursor` of this page of `limit` out of `total`.
+    fn cursor(&self, limit: u64, total: u64) -> Value {
+        json!({ "offset": self.offset, "limit": limit, "total_count": total })
     }
 }
 
@@ -98,12 +103,9 @@ fn run_id(id: &str) -> Result<ModelId, ApiError> {
 
 /// A checkpoint from a path's `{kind}/{name}`, as the SDK's `checkpoint_id` spells it.
 fn checkpoint_path(id: &str, kind: &str, name: &str) -> Result<CheckpointPath, ApiError> {
-    let unknown = || ApiError::not_found(format!("checkpoint {kind}/{name} of training run {id}"));
-    let kind = match kind {
-        "weights" => CheckpointKind::Weights,
-        "sampler_weights" => CheckpointKind::SamplerWeights,
-        _ => return Err(unknown()),
-    };
+    let kind = CheckpointKind::from_segment(kind).ok_or_else(|| {
+        ApiError::not_found(format!("checkpoint {kind}/{name} of training run {id}"))
+    })?;
     CheckpointPath::new(run_id(id)?, kind, name)
 }
 
@@ -160,8 +162,7 @@ async fn list_runs(
     Caller(tenant): Caller,
     Query(page): Query<Page>,
 ) -> Answered {
-    page.check()?;
-    let limit = page.limit.unwrap_or(DEFAULT_RUNS_LIMIT);
+    let limit = page.limit(DEFAULT_RUNS_LIMIT)?;
     let (runs, total) = {
         let (tenant, offset) = (tenant.clone(), page.offset);
         state
@@ -170,21 +171,15 @@ async fn list_runs(
             .await
             .map_err(ApiError::from)?
     };
-    let checkpoints = state.service.checkpoints(&tenant, None).await?;
-    let runs: Vec<Value> = runs
-        .iter()
-        .map(|run| {
-            let own: Vec<CheckpointInfo> = checkpoints
-                .iter()
-                .filter(|c| c.path.model == run.id)
-                .cloned()
-                .collect();
-            run_json(&tenant, run, &own)
-        })
-        .collect();
+    // Only the page's runs' checkpoints are read.
+    let mut listed = Vec::with_capacity(runs.len());
+    for run in &runs {
+        let checkpoints = state.service.checkpoints(&tenant, Some(&run.id)).await?;
+        listed.push(run_json(&tenant, run, &checkpoints));
+    }
     Ok(Json(json!({
-        "training_runs": runs,
-        "cursor": { "offset": page.offset, "limit": limit, "total_count": total },
+        "training_runs": listed,
+        "cursor": page.cursor(limit, total),
     }))
     .into_response())
 }
@@ -225,10 +220,9 @@ async fn tenant_checkpoints(
     Caller(tenant): Caller,
     Query(page): Query<Page>,
 ) -> Answered {
-    page.check()?;
-    let limit = page.limit.unwrap_or(DEFAULT_CHECKPOINTS_LIMIT);
+    let limit = page.limit(DEFAULT_CHECKPOINTS_LIMIT)?;
     let checkpoints = state.service.checkpoints(&tenant, None).await?;
-    let total = checkpoints.len();
+    let total = checkpoints.len() as u64;
     // Newest first, as a person looking for what to clean up wants them.
     let listed: Vec<Value> = checkpoints
         .iter()
@@ -237,11 +231,7 @@ async fn tenant_checkpoints(
         .take(usize::try_from(limit).unwrap_or(usize::MAX))
         .map(checkpoint_json)
         .collect();
-    Ok(Json(json!({
-        "checkpoints": listed,
-        "cursor": { "offset": page.offset, "limit": limit, "total_count": total },
-    }))
-    .into_response())
+    Ok(Json(json!({ "checkpoints": listed, "cursor": page.cursor(limit, total) })).into_response())
 }
 
 async fn delete_checkpoint(
@@ -262,12 +252,7 @@ async fn set_ttl(
     body: axum::body::Bytes,
 ) -> Answered {
     let path = checkpoint_path(&id, &kind, &name)?;
-    let ttl: Ttl = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            ApiErrorKind::InvalidRequest,
-            format!("the body must be {{\"ttl_seconds\": SECONDS or null}}: {e}"),
-        )
-    })?;
+    let ttl: Ttl = parse(&body)?;
     let checkpoint = state
         .service
         .set_checkpoint_ttl(&tenant, &path, ttl.ttl_seconds)

@@ -152,6 +152,13 @@ pub fn rename_durably(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The current time in Unix seconds: what recorded state is stamped with.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
 /// Write `bytes` to `path` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     write_atomic_with(path, |file| file.write_all(bytes))
