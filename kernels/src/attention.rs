@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 
 use crate::float::Float;
+use crate::gemm::{matmul_nn, matmul_nt, matmul_tn};
 use crate::linear::{SERIAL_BELOW, linear_serial};
 
 /// The shape of one attention call.
@@ -90,18 +91,6 @@ pub fn causal_attention(
     }
 }
 
-/// Where each row of a training batch starts its sequence: rows are whole sequences one after
-/// another, of `lengths`.
-fn sequence_starts(lengths: &[usize]) -> Vec<usize> {
-    let mut starts = Vec::with_capacity(lengths.iter().sum());
-    let mut start = 0;
-    for &n in lengths {
-        starts.extend(std::iter::repeat_n(start, n));
-        start += n;
-    }
-    starts
-}
-
 /// `a · b` in eight interleaved partial sums, which the compiler keeps in vector registers (one
 /// running sum would wait on every addition).
 fn dot<T: Float>(a: &[T], b: &[T]) -> T {
@@ -122,11 +111,59 @@ fn dot<T: Float>(a: &[T], b: &[T]) -> T {
     lanes.iter().copied().sum::<T>() + tail
 }
 
+/// Query rows per block of the whole-sequence attention: a block's scores are one
+/// `BLOCK × keys` tile, never a `positions × positions` matrix per head.
+const BLOCK: usize = 64;
+
+/// One head's `(n × head_dim)` slice of rows `start..start + n` of `x`, whose rows hold
+/// `row` values, the head's at `offset`: gathered contiguous so that blocks of it go through
+/// the matrix products.
+fn gather<T: Float>(
+    x: &[T],
+    row: usize,
+    offset: usize,
+    start: usize,
+    n: usize,
+    head_dim: usize,
+) -> Vec<T> {
+    let mut out = Vec::with_capacity(n * head_dim);
+    for r in start..start + n {
+        out.extend_from_slice(&x[r * row + offset..][..head_dim]);
+    }
+    out
+}
+
+/// The inverse of [`gather`]: writes `part (n × head_dim)` into the head's slots of `x`.
+fn scatter<T: Float>(
+    part: &[T],
+    x: &mut [T],
+    row: usize,
+    offset: usize,
+    start: usize,
+    head_dim: usize,
+) {
+    for (i, values) in part.chunks_exact(head_dim).enumerate() {
+        x[(start + i) * row + offset..][..head_dim].copy_from_slice(values);
+    }
+}
+
+/// The sequences of `lengths` (rows one after another) as `(first row, length)`.
+fn sequences(lengths: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    lengths.iter().scan(0, |start, &n| {
+        let first = *start;
+        *start += n;
+        Some((first, n))
+    })
+}
+
 /// Causal attention of whole sequences, as training computes it (no cache): `q (rows × heads ×
 /// head_dim)`, `k` and `v (rows × kv_heads × head_dim)`, the rows being sequences of `lengths`
 /// one after another. Writes `out` (`q`'s shape) and, per row and head, the log-sum-exp of its
 /// scaled scores (`rows × heads`), all the backward needs besides the inputs: it recomputes
 /// the probabilities, so no `positions × positions` matrix is ever kept.
+///
+/// Each sequence and head runs as a task of its own, in blocks of [`BLOCK`] query rows whose
+/// scores, softmax and weighted sum are matrix products over the keys the block can see.
 pub fn attention_forward<T: Float>(
     q: &[T],
     k: &[T],
@@ -160,36 +197,81 @@ pub fn attention_forward<T: Float>(
     assert_eq!(v.len(), k.len(), "v must have k's shape");
     assert_eq!(out.len(), q.len(), "out must have q's shape");
     assert_eq!(lse.len(), rows * heads, "one log-sum-exp per row and head");
-    let starts = sequence_starts(lengths);
     let scale = T::one() / T::of(head_dim as f64).sqrt();
-    out.par_chunks_mut(head_dim)
-        .zip(lse.par_iter_mut())
-        .enumerate()
-        .for_each(|(index, (out_head, lse))| {
-            let (r, h) = (index / heads, index % heads);
-            let query = &q[r * row + h * head_dim..][..head_dim];
+    let units: Vec<(usize, usize, usize)> = sequences(lengths)
+        .filter(|&(_, n)| n > 0)
+        .flat_map(|(start, n)| (0..heads).map(move |h| (start, n, h)))
+        .collect();
+    let parts: Vec<(Vec<T>, Vec<T>)> = units
+        .par_iter()
+        .map(|&(start, n, h)| {
             let kv = (h / groups) * head_dim;
-            let keys = starts[r]..=r;
-            let scores: Vec<T> = keys
-                .clone()
-                .map(|j| dot(query, &k[j * kv_row + kv..][..head_dim]) * scale)
-                .collect();
-            let max = scores.iter().copied().fold(T::neg_infinity(), T::max);
-            let total: T = scores.iter().map(|&s| (s - max).exp()).sum();
-            *lse = max + total.ln();
-            out_head.fill(T::zero());
-            for (&s, j) in scores.iter().zip(keys) {
-                let p = (s - *lse).exp();
-                for (o, &x) in out_head.iter_mut().zip(&v[j * kv_row + kv..][..head_dim]) {
-                    *o += p * x;
+            let query = gather(q, row, h * head_dim, start, n, head_dim);
+            let keys = gather(k, kv_row, kv, start, n, head_dim);
+            let values = gather(v, kv_row, kv, start, n, head_dim);
+            let mut out_h = vec![T::zero(); n * head_dim];
+            let mut lse_h = vec![T::zero(); n];
+            let mut scores = Vec::new();
+            for a in (0..n).step_by(BLOCK) {
+                let b = (a + BLOCK).min(n);
+                scores.clear();
+                scores.resize((b - a) * b, T::zero());
+                let block = a * head_dim..b * head_dim;
+                matmul_nt(
+                    &query[block.clone()],
+                    &keys[..b * head_dim],
+                    head_dim,
+                    &mut scores,
+                    false,
+                );
+                for (i, (scores, lse)) in
+                    scores.chunks_exact_mut(b).zip(&mut lse_h[a..b]).enumerate()
+                {
+                    let (seen, unseen) = scores.split_at_mut(a + i + 1);
+                    let max = seen
+                        .iter()
+                        .fold(T::neg_infinity(), |m, &s| m.max(s * scale));
+                    let mut total = T::zero();
+                    for s in seen.iter_mut() {
+                        *s = (*s * scale - max).fast_exp();
+                        total += *s;
+                    }
+                    *lse = max + total.ln();
+                    let inverse = T::one() / total;
+                    seen.iter_mut().for_each(|s| *s *= inverse);
+                    unseen.fill(T::zero());
                 }
+                matmul_nn(
+                    &scores,
+                    &values[..b * head_dim],
+                    head_dim,
+                    &mut out_h[block],
+                    false,
+                );
             }
-        });
+            (out_h, lse_h)
+        })
+        .collect();
+    for (&(start, _, h), (out_h, lse_h)) in units.iter().zip(parts) {
+        scatter(&out_h, out, row, h * head_dim, start, head_dim);
+        for (i, value) in lse_h.into_iter().enumerate() {
+            lse[(start + i) * heads + h] = value;
+        }
+    }
+}
+
+/// The gradients one sequence's KV head gathers: `dq` of each query head of its group, and its
+/// `dk` and `dv`, each `n × head_dim`.
+struct KvHeadGradients<T> {
+    dq: Vec<Vec<T>>,
+    dk: Vec<T>,
+    dv: Vec<T>,
 }
 
 /// The backward of [`attention_forward`]: writes `dq`, `dk` and `dv` (the inputs' shapes) from
-/// `d_out`, recomputing each row's probabilities from `lse`. Sequences and KV heads run in
-/// parallel; each one's keys gather the gradient of every query of their group.
+/// `d_out`, recomputing each block's probabilities from `lse`. Sequences and KV heads run in
+/// parallel (each one's keys gather the gradient of every query head of their group), in
+/// blocks of [`BLOCK`] query rows whose five products are matrix products.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward<T: Float>(
     q: &[T],
@@ -214,61 +296,87 @@ pub fn attention_backward<T: Float>(
     assert_eq!(dk.len(), k.len(), "dk must have k's shape");
     assert_eq!(dv.len(), v.len(), "dv must have v's shape");
     let scale = T::one() / T::of(head_dim as f64).sqrt();
-    let mut units = Vec::with_capacity(lengths.len() * kv_heads);
-    let mut start = 0;
-    for &n in lengths {
-        units.extend((0..kv_heads).map(|kvh| (start, n, kvh)));
-        start += n;
-    }
-    // Per unit: dq of its group's heads (n × groups × head_dim), dk and dv (n × head_dim).
-    let parts: Vec<(Vec<T>, Vec<T>, Vec<T>)> = units
+    let units: Vec<(usize, usize, usize)> = sequences(lengths)
+        .filter(|&(_, n)| n > 0)
+        .flat_map(|(start, n)| (0..kv_heads).map(move |kvh| (start, n, kvh)))
+        .collect();
+    let parts: Vec<KvHeadGradients<T>> = units
         .par_iter()
         .map(|&(start, n, kvh)| {
             let kv = kvh * head_dim;
-            let mut dq_part = vec![T::zero(); n * groups * head_dim];
+            let keys = gather(k, kv_row, kv, start, n, head_dim);
+            let values = gather(v, kv_row, kv, start, n, head_dim);
             let mut dk_part = vec![T::zero(); n * head_dim];
             let mut dv_part = vec![T::zero(); n * head_dim];
-            let mut ds = vec![T::zero(); n];
-            for i in 0..n {
-                let r = start + i;
-                for g in 0..groups {
+            let (mut p, mut ds) = (Vec::new(), Vec::new());
+            let dq_parts = (0..groups)
+                .map(|g| {
                     let h = kvh * groups + g;
-                    let at = r * row + h * head_dim;
-                    let (query, d_o) = (&q[at..][..head_dim], &d_out[at..][..head_dim]);
-                    let delta = dot(d_o, &out[at..][..head_dim]);
-                    let l = lse[r * heads + h];
-                    for j in 0..=i {
-                        let key = &k[(start + j) * kv_row + kv..][..head_dim];
-                        let value = &v[(start + j) * kv_row + kv..][..head_dim];
-                        let p = (dot(query, key) * scale - l).exp();
-                        ds[j] = p * (dot(d_o, value) - delta) * scale;
-                        for (d, &o) in dv_part[j * head_dim..][..head_dim].iter_mut().zip(d_o) {
-                            *d += p * o;
+                    let query = gather(q, row, h * head_dim, start, n, head_dim);
+                    let d_o = gather(d_out, row, h * head_dim, start, n, head_dim);
+                    let o = gather(out, row, h * head_dim, start, n, head_dim);
+                    let mut dq_part = vec![T::zero(); n * head_dim];
+                    for a in (0..n).step_by(BLOCK) {
+                        let b = (a + BLOCK).min(n);
+                        let block = a * head_dim..b * head_dim;
+                        let (seen_keys, seen_values) =
+                            (&keys[..b * head_dim], &values[..b * head_dim]);
+                        p.clear();
+                        p.resize((b - a) * b, T::zero());
+                        ds.clear();
+                        ds.resize((b - a) * b, T::zero());
+                        matmul_nt(&query[block.clone()], seen_keys, head_dim, &mut p, false);
+                        for (i, p) in p.chunks_exact_mut(b).enumerate() {
+                            let l = lse[(start + a + i) * heads + h];
+                            let (seen, unseen) = p.split_at_mut(a + i + 1);
+                            seen.iter_mut()
+                                .for_each(|s| *s = (*s * scale - l).fast_exp());
+                            unseen.fill(T::zero());
                         }
-                    }
-                    let dq_row = &mut dq_part[(i * groups + g) * head_dim..][..head_dim];
-                    for j in 0..=i {
-                        let key = &k[(start + j) * kv_row + kv..][..head_dim];
-                        let dk_row = &mut dk_part[j * head_dim..][..head_dim];
-                        for t in 0..head_dim {
-                            dq_row[t] += ds[j] * key[t];
-                            dk_row[t] += ds[j] * query[t];
+                        // dV += Pᵀ·dO and dP = dO·Vᵀ.
+                        matmul_tn(
+                            &p,
+                            &d_o[block.clone()],
+                            head_dim,
+                            &mut dv_part[..b * head_dim],
+                            true,
+                        );
+                        matmul_nt(&d_o[block.clone()], seen_values, head_dim, &mut ds, false);
+                        // dS = P ⊙ (dP - rowsum(dO ⊙ O)) · scale, then dQ = dS·K, dK += dSᵀ·Q.
+                        for (i, (ds, p)) in
+                            ds.chunks_exact_mut(b).zip(p.chunks_exact(b)).enumerate()
+                        {
+                            let r = (a + i) * head_dim..(a + i + 1) * head_dim;
+                            let delta = dot(&d_o[r.clone()], &o[r]);
+                            for (d, &p) in ds.iter_mut().zip(p) {
+                                *d = p * (*d - delta) * scale;
+                            }
                         }
+                        matmul_nn(&ds, seen_keys, head_dim, &mut dq_part[block.clone()], false);
+                        matmul_tn(
+                            &ds,
+                            &query[block],
+                            head_dim,
+                            &mut dk_part[..b * head_dim],
+                            true,
+                        );
                     }
-                }
+                    dq_part
+                })
+                .collect();
+            KvHeadGradients {
+                dq: dq_parts,
+                dk: dk_part,
+                dv: dv_part,
             }
-            (dq_part, dk_part, dv_part)
         })
         .collect();
-    for (&(start, n, kvh), (dq_part, dk_part, dv_part)) in units.iter().zip(parts) {
-        let kv = kvh * head_dim;
-        for i in 0..n {
-            let r = start + i;
-            let group = kvh * groups * head_dim;
-            dq[r * row + group..][..groups * head_dim]
-                .copy_from_slice(&dq_part[i * groups * head_dim..][..groups * head_dim]);
-            dk[r * kv_row + kv..][..head_dim].copy_from_slice(&dk_part[i * head_dim..][..head_dim]);
-            dv[r * kv_row + kv..][..head_dim].copy_from_slice(&dv_part[i * head_dim..][..head_dim]);
+    for (&(start, _, kvh), part) in units.iter().zip(parts) {
+        for (g, dq_part) in part.dq.iter().enumerate() {
+            let h = kvh * groups + g;
+            scatter(dq_part, dq, row, h * head_dim, start, head_dim);
         }
+        scatter(&part.dk, dk, kv_row, kvh * head_dim, start, head_dim);
+        scatter(&part.dv, dv, kv_row, kvh * head_dim, start, head_dim);
     }
 }

@@ -5,8 +5,13 @@
 
 use crate::float::Float;
 
-/// gemm's threads: rayon's pool when it has more than one thread.
+/// gemm's threads: rayon's pool when it has more than one thread, and none inside a task of
+/// the pool (the caller already spreads its products over the threads, as the attention's
+/// blocks do; splitting each small product again would only add synchronisation).
 fn parallelism() -> gemm::Parallelism {
+    if rayon::current_thread_index().is_some() {
+        return gemm::Parallelism::None;
+    }
     match rayon::current_num_threads() {
         0 | 1 => gemm::Parallelism::None,
         threads => gemm::Parallelism::Rayon(threads),

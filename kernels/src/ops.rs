@@ -2,18 +2,35 @@
 //! each forward beside its backward. Each touches one row at a time, so they are
 //! batch-invariant by construction. Generic over [`Float`]: f32 for the model, f64 for gradient
 //! checks (the f32 code is the same arithmetic in the same order).
+//!
+//! Rows run in parallel on rayon's pool when there are enough of them ([`min_rows`]); a row's
+//! arithmetic is the same on any thread, so the results do not depend on the split.
+
+use rayon::prelude::*;
 
 use crate::float::Float;
+
+/// Values of one parallel task of a row-wise op: fewer would cost more in waking and
+/// synchronising threads than they save.
+const TASK_VALUES: usize = 1 << 14;
+
+/// Rows of `n` values per parallel task. An input of no more rows is not split, and rayon runs
+/// an unsplit iterator on the calling thread (a decode step's few rows never wake the pool).
+fn min_rows(n: usize) -> usize {
+    (TASK_VALUES / n.max(1)).max(1)
+}
 
 /// RMSNorm of each row of `x` (rows of `weight.len()`), in place.
 pub fn rms_norm<T: Float>(x: &mut [T], weight: &[T], eps: T) {
     let n = weight.len();
-    for row in x.chunks_exact_mut(n) {
-        let inv = inverse_rms(row, eps);
-        for (v, w) in row.iter_mut().zip(weight) {
-            *v = *v * inv * *w;
-        }
-    }
+    x.par_chunks_exact_mut(n)
+        .with_min_len(min_rows(n))
+        .for_each(|row| {
+            let inv = inverse_rms(row, eps);
+            for (v, w) in row.iter_mut().zip(weight) {
+                *v = *v * inv * *w;
+            }
+        });
 }
 
 /// `1 / sqrt(mean(x²) + eps)` of one row.
@@ -28,39 +45,51 @@ pub fn rms_norm_saving<T: Float>(x: &[T], weight: &[T], eps: T, out: &mut [T], i
     let n = weight.len();
     assert_eq!(out.len(), x.len(), "out must have x's shape");
     assert_eq!(inverse.len(), x.len() / n, "one inverse rms per row");
-    for ((row, out), inv) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).zip(inverse) {
-        *inv = inverse_rms(row, eps);
-        for ((o, v), w) in out.iter_mut().zip(row).zip(weight) {
-            *o = *v * *inv * *w;
-        }
-    }
+    x.par_chunks_exact(n)
+        .zip(out.par_chunks_exact_mut(n))
+        .zip(inverse.par_iter_mut())
+        .with_min_len(min_rows(n))
+        .for_each(|((row, out), inv)| {
+            *inv = inverse_rms(row, eps);
+            for ((o, v), w) in out.iter_mut().zip(row).zip(weight) {
+                *o = *v * *inv * *w;
+            }
+        });
 }
 
 /// The backward of [`rms_norm_saving`]: `dx += ∂/∂x` of `Σ dy · y` and, when given,
 /// `dweight += ∂/∂weight`. With `g = dy · w` and `r` the row's inverse rms,
-/// `dx = r·g - r³·x·(g·x)/n`.
+/// `dx = r·g - r³·x·(g·x)/n`. The rows of `dx` run in parallel; `dweight`, a sum over rows, is
+/// summed in row order on the calling thread.
 pub fn rms_norm_backward<T: Float>(
     x: &[T],
     weight: &[T],
     inverse: &[T],
     dy: &[T],
     dx: &mut [T],
-    mut dweight: Option<&mut [T]>,
+    dweight: Option<&mut [T]>,
 ) {
     let n = weight.len();
-    let rows = x.chunks_exact(n).zip(dy.chunks_exact(n));
-    for (((row, dy), dx), &r) in rows.zip(dx.chunks_exact_mut(n)).zip(inverse) {
-        let dot: T = row
-            .iter()
-            .zip(dy)
-            .zip(weight)
-            .map(|((&v, &d), &w)| d * w * v)
-            .sum();
-        let coefficient = r * r * r * dot / T::of(n as f64);
-        for (((d, &v), &g), &w) in dx.iter_mut().zip(row).zip(dy).zip(weight) {
-            *d += r * g * w - coefficient * v;
-        }
-        if let Some(dweight) = dweight.as_deref_mut() {
+    x.par_chunks_exact(n)
+        .zip(dy.par_chunks_exact(n))
+        .zip(dx.par_chunks_exact_mut(n))
+        .zip(inverse.par_iter())
+        .with_min_len(min_rows(n))
+        .for_each(|(((row, dy), dx), &r)| {
+            let dot: T = row
+                .iter()
+                .zip(dy)
+                .zip(weight)
+                .map(|((&v, &d), &w)| d * w * v)
+                .sum();
+            let coefficient = r * r * r * dot / T::of(n as f64);
+            for (((d, &v), &g), &w) in dx.iter_mut().zip(row).zip(dy).zip(weight) {
+                *d += r * g * w - coefficient * v;
+            }
+        });
+    if let Some(dweight) = dweight {
+        let rows = x.chunks_exact(n).zip(dy.chunks_exact(n)).zip(inverse);
+        for ((row, dy), &r) in rows {
             for ((dw, &v), &g) in dweight.iter_mut().zip(row).zip(dy) {
                 *dw += g * v * r;
             }
@@ -97,31 +126,41 @@ fn rotate<T: Float, const BACK: bool>(
 ) {
     let half = head_dim / 2;
     let row = x.len() / positions.len().max(1);
-    for (values, &p) in x.chunks_exact_mut(row).zip(positions) {
-        let (c, s) = (
-            &cos[p * head_dim..][..head_dim],
-            &sin[p * head_dim..][..head_dim],
-        );
-        for head in values.chunks_exact_mut(head_dim) {
-            for i in 0..half {
-                let (a, b) = (head[i], head[i + half]);
-                let (s_low, s_high) = if BACK {
-                    (-s[i + half], -s[i])
-                } else {
-                    (s[i], s[i + half])
-                };
-                head[i] = a * c[i] - b * s_low;
-                head[i + half] = b * c[i + half] + a * s_high;
-            }
-        }
+    if row == 0 {
+        return;
     }
+    x.par_chunks_exact_mut(row)
+        .zip(positions.par_iter())
+        .with_min_len(min_rows(row))
+        .for_each(|(values, &p)| {
+            let (c, s) = (
+                &cos[p * head_dim..][..head_dim],
+                &sin[p * head_dim..][..head_dim],
+            );
+            for head in values.chunks_exact_mut(head_dim) {
+                for i in 0..half {
+                    let (a, b) = (head[i], head[i + half]);
+                    let (s_low, s_high) = if BACK {
+                        (-s[i + half], -s[i])
+                    } else {
+                        (s[i], s[i + half])
+                    };
+                    head[i] = a * c[i] - b * s_low;
+                    head[i + half] = b * c[i + half] + a * s_high;
+                }
+            }
+        });
 }
 
 /// `gate = silu(gate) · up`, in place.
 pub fn silu_mul<T: Float>(gate: &mut [T], up: &[T]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (T::one() + (-*g).exp()) * u;
-    }
+    gate.par_chunks_mut(TASK_VALUES)
+        .zip(up.par_chunks(TASK_VALUES))
+        .for_each(|(gate, up)| {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                *g = *g / (T::one() + (-*g).fast_exp()) * u;
+            }
+        });
 }
 
 /// The backward of `out = silu(gate) · up` from the inputs: writes `d_gate` and `d_up`.
@@ -132,12 +171,21 @@ pub fn silu_mul_backward<T: Float>(
     d_gate: &mut [T],
     d_up: &mut [T],
 ) {
-    let values = gate.iter().zip(up).zip(d_out);
-    for (((&g, &u), &d), (dg, du)) in values.zip(d_gate.iter_mut().zip(d_up.iter_mut())) {
-        let sigmoid = T::one() / (T::one() + (-g).exp());
-        *du = d * g * sigmoid;
-        *dg = d * u * sigmoid * (T::one() + g * (T::one() - sigmoid));
-    }
+    let chunks = gate.par_chunks(TASK_VALUES).zip(up.par_chunks(TASK_VALUES));
+    let chunks = chunks.zip(d_out.par_chunks(TASK_VALUES));
+    let outputs = d_gate
+        .par_chunks_mut(TASK_VALUES)
+        .zip(d_up.par_chunks_mut(TASK_VALUES));
+    chunks
+        .zip(outputs)
+        .for_each(|(((gate, up), d_out), (d_gate, d_up))| {
+            let values = gate.iter().zip(up).zip(d_out);
+            for (((&g, &u), &d), (dg, du)) in values.zip(d_gate.iter_mut().zip(d_up.iter_mut())) {
+                let sigmoid = T::one() / (T::one() + (-g).fast_exp());
+                *du = d * g * sigmoid;
+                *dg = d * u * sigmoid * (T::one() + g * (T::one() - sigmoid));
+            }
+        });
 }
 
 /// `log_softmax` of one row, the normaliser summed in f64: the logprobs the sampler returns.

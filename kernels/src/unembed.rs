@@ -17,7 +17,7 @@ const BLOCK: usize = 64;
 /// `max + ln Σ exp(x - max)` of one row.
 fn log_sum_exp<T: Float>(row: &[T]) -> T {
     let max = row.iter().copied().fold(T::neg_infinity(), T::max);
-    let sum: T = row.iter().map(|&v| (v - max).exp()).sum();
+    let sum: T = row.iter().map(|&v| (v - max).fast_exp()).sum();
     max + sum.ln()
 }
 
@@ -55,7 +55,7 @@ pub fn unembed_logprobs<T: Float>(
                 let log_sum = log_sum_exp(row);
                 *logprob = row[t as usize] - log_sum;
                 if keep_probabilities {
-                    row.iter_mut().for_each(|v| *v = (*v - log_sum).exp());
+                    row.iter_mut().for_each(|v| *v = (*v - log_sum).fast_exp());
                 }
             });
         if let Some(jacobian) = jacobian.as_deref_mut() {
@@ -109,7 +109,7 @@ pub fn target_logprobs_backward<T: Float>(
         .for_each(|((d, row), (&t, &g))| {
             let log_sum = log_sum_exp(row);
             for (d, &v) in d.iter_mut().zip(row) {
-                *d = -g * (v - log_sum).exp();
+                *d = -g * (v - log_sum).fast_exp();
             }
             d[t as usize] += g;
         });

@@ -31,13 +31,24 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 
 /// Every entry of `analytic` against the central difference of `loss` at `x` in that entry.
 fn check_gradient(name: &str, x: &[f64], analytic: &[f64], loss: impl Fn(&[f64]) -> f64) {
+    check_gradient_at(name, x, analytic, 0..x.len(), loss);
+}
+
+/// The entries `at` of `analytic` against the central differences of `loss` at `x`.
+fn check_gradient_at(
+    name: &str,
+    x: &[f64],
+    analytic: &[f64],
+    at: impl Iterator<Item = usize>,
+    loss: impl Fn(&[f64]) -> f64,
+) {
     assert_eq!(
         x.len(),
         analytic.len(),
         "{name}: one gradient entry per input"
     );
     let eps = 1e-6;
-    for i in 0..x.len() {
+    for i in at {
         let at = |delta: f64| {
             let mut moved = x.to_vec();
             moved[i] += delta;
@@ -286,4 +297,75 @@ proptest! {
             });
         }
     }
+}
+
+/// Sequences longer than the attention's block of query rows (64): the blocks' products and
+/// causal masks against the reference and finite differences (at every 17th entry: all of them
+/// would take minutes).
+#[test]
+fn whole_sequence_attention_over_several_blocks() {
+    let lengths = [130, 70, 1];
+    let shape = Heads {
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 4,
+    };
+    let rows: usize = lengths.iter().sum();
+    let (q_len, kv_len) = (
+        rows * shape.heads * shape.head_dim,
+        rows * shape.kv_heads * shape.head_dim,
+    );
+    let (q, k, v) = (values(q_len, 1), values(kv_len, 2), values(kv_len, 3));
+    let forward = |q: &[f64], k: &[f64], v: &[f64]| {
+        let mut out = vec![0.0; q.len()];
+        let mut lse = vec![0.0; rows * shape.heads];
+        attention_forward(q, k, v, shape, &lengths, &mut out, &mut lse);
+        (out, lse)
+    };
+    let (out, lse) = forward(&q, &k, &v);
+    let (mut start, hd) = (0, shape.head_dim);
+    let mut want = Vec::new();
+    for &n in &lengths {
+        let cache = |x: &[f64], h: usize| -> Vec<f32> {
+            (start..start + n)
+                .flat_map(|r| {
+                    x[(r * shape.kv_heads + h) * hd..][..hd]
+                        .iter()
+                        .map(|&v| v as f32)
+                })
+                .collect()
+        };
+        let keys: Vec<Vec<f32>> = (0..shape.kv_heads).map(|h| cache(&k, h)).collect();
+        let values: Vec<Vec<f32>> = (0..shape.kv_heads).map(|h| cache(&v, h)).collect();
+        let q_seq: Vec<f32> = q[start * shape.heads * hd..(start + n) * shape.heads * hd]
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        want.extend(reference::causal_attention(
+            &q_seq,
+            &slices(&keys),
+            &slices(&values),
+            shape,
+            0,
+        ));
+        start += n;
+    }
+    let got: Vec<f32> = out.iter().map(|&v| v as f32).collect();
+    assert_close("out", &got, &want, 1e-5);
+
+    let d_out = values(q_len, 4);
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q_len], vec![0.0; kv_len], vec![0.0; kv_len]);
+    attention_backward(
+        &q, &k, &v, &out, &lse, &d_out, shape, &lengths, &mut dq, &mut dk, &mut dv,
+    );
+    let every = |n: usize| (0..n).step_by(17);
+    check_gradient_at("dq", &q, &dq, every(q_len), |q| {
+        dot(&d_out, &forward(q, &k, &v).0)
+    });
+    check_gradient_at("dk", &k, &dk, every(kv_len), |k| {
+        dot(&d_out, &forward(&q, k, &v).0)
+    });
+    check_gradient_at("dv", &v, &dv, every(kv_len), |v| {
+        dot(&d_out, &forward(&q, &k, v).0)
+    });
 }
