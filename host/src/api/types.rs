@@ -207,6 +207,8 @@ pub struct SampleRequest {
     pub prompt_logprobs: bool,
     /// The `k` most likely tokens at every prompt position; 0: none.
     pub topk_prompt_logprobs: usize,
+    /// The `k` most likely tokens at every sampled position; 0: none.
+    pub topk_sample_logprobs: usize,
     /// One id per sample: each sequence's tokens and logprobs are kept under it for
     /// `stable_reinforce` (`record_stability_info`). None: nothing is kept.
     pub record_as: Option<Vec<SequenceId>>,
@@ -226,6 +228,9 @@ pub struct SampledSequence {
     pub stop_reason: StopReason,
     pub tokens: Vec<u32>,
     pub logprobs: Vec<f32>,
+    /// Per token, the most likely tokens at its position (`topk_sample_logprobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topk_logprobs: Option<Vec<TopLogprobs>>,
 }
 
 /// The most likely `(token, logprob)` pairs at one position.
@@ -272,8 +277,6 @@ pub struct ModelInfo {
     pub base_model: String,
     pub arch: String,
     pub lora_rank: usize,
-    /// A local directory holding the base model's tokenizer.
-    pub tokenizer_dir: String,
 }
 
 /// A saved checkpoint of one of the tenant's models, as the training-run routes list it.

@@ -16,13 +16,20 @@ use rayon::prelude::*;
 use opentinker_kernels::KvCache;
 
 use super::forward::{SequenceInput, forward};
-use super::params::{ParamsError, SamplingParams, Stop, choose, sample_rng};
+use super::params::{
+    ParamsError, SamplingParams, Stop, TopLogprobs, choose, most_likely, sample_rng,
+};
 use super::prefix::{PolicyKey, PrefixCache};
 use crate::lora::{AdapterRegistry, PolicyVersion, RegistryError};
 use crate::model::ModelConfig;
 use crate::text::Tokenizer;
 
 pub type RequestId = u64;
+
+/// The most top tokens a request may ask for per position: enough for distillation's top-k
+/// targets, and a bound on the answer (a `k` of the vocabulary's size at every position of a
+/// long sample would be gigabytes).
+pub const MAX_TOP_LOGPROBS: usize = 1024;
 
 /// An adapter by name, at a version (`None`: its latest live version).
 #[derive(Clone, Debug, PartialEq)]
@@ -62,6 +69,9 @@ pub struct SampleRequest {
     pub prompt_logprobs: bool,
     /// The `k` most likely tokens (with logprobs) at every prompt position; 0: none.
     pub topk_prompt_logprobs: usize,
+    /// The `k` most likely tokens at every sampled position, from the distribution each token
+    /// was drawn from; 0: none.
+    pub topk_sample_logprobs: usize,
     /// Told each token as it is sampled; `None`: the tokens come with the finished output only.
     pub tokens: Option<TokenSink>,
 }
@@ -71,6 +81,18 @@ impl SampleRequest {
     /// engine checks it again, with its own budget and policies, when the request arrives).
     pub fn check(&self, config: &ModelConfig, context: usize) -> Result<(), SampleError> {
         self.params.validate(config.vocab_size)?;
+        for (what, asked) in [
+            ("topk_prompt_logprobs", self.topk_prompt_logprobs),
+            ("topk_sample_logprobs", self.topk_sample_logprobs),
+        ] {
+            if asked > MAX_TOP_LOGPROBS {
+                return Err(SampleError::TooManyTopLogprobs {
+                    what,
+                    asked,
+                    max: MAX_TOP_LOGPROBS,
+                });
+            }
+        }
         if self.prompt.is_empty() {
             return Err(SampleError::EmptyPrompt);
         }
@@ -96,6 +118,7 @@ impl SampleRequest {
             policy: None,
             prompt_logprobs: false,
             topk_prompt_logprobs: 0,
+            topk_sample_logprobs: 0,
             tokens: None,
         }
     }
@@ -114,11 +137,11 @@ pub enum StopReason {
 pub struct Sample {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<f32>,
+    /// Per token, the most likely tokens at its position, when asked for
+    /// ([`SampleRequest::topk_sample_logprobs`]).
+    pub top_logprobs: Option<Vec<TopLogprobs>>,
     pub stop_reason: StopReason,
 }
-
-/// The top tokens of one prompt position.
-pub type TopLogprobs = Vec<(u32, f32)>;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampleOutput {
@@ -143,6 +166,14 @@ pub enum SampleError {
     PromptTooLong { len: usize, context: usize },
     #[error("the request needs {needed} KV positions; the sampler's budget is {budget}")]
     OverBudget { needed: usize, budget: usize },
+    #[error(
+        "`{what}` asks for the {asked} most likely tokens per position; at most {max} are served"
+    )]
+    TooManyTopLogprobs {
+        what: &'static str,
+        asked: usize,
+        max: usize,
+    },
     #[error("stop strings need the model's tokenizer, which this sampler was not given")]
     NoTokenizer,
     #[error(transparent)]
@@ -193,6 +224,7 @@ struct SampleState {
     cache: KvCache,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    top_logprobs: Option<Vec<TopLogprobs>>,
     rng: StdRng,
     stop: Option<StopReason>,
 }
@@ -376,25 +408,27 @@ impl SamplingEngine {
         let mut picks = Vec::with_capacity(decoding);
         for running in &mut self.running {
             let request = &running.admitted.request;
-            let (params, sink) = (&request.params, request.tokens.as_ref());
-            let prompt_len = request.prompt.len();
             let decoding = running.samples.iter_mut().enumerate();
             for (index, sample) in decoding.filter(|(_, s)| s.stop.is_none()) {
                 let row = logits.next().expect("one logits row per decoding sample");
-                picks.push((sample, params, prompt_len, row, sink, index));
+                picks.push((sample, request, row, index));
             }
         }
         let (eos, tokenizer) = (&self.eos, self.tokenizer.as_deref());
         picks
             .into_par_iter()
-            .for_each(|(sample, params, prompt_len, row, sink, index)| {
+            .for_each(|(sample, request, row, index)| {
+                let (params, prompt_len) = (&request.params, request.prompt.len());
                 let uniform = sample.rng.random::<f64>();
-                let (token, logprob) = choose(&row, params, uniform);
-                if let Some(sink) = sink {
-                    sink.send(index, token, logprob);
+                let choice = choose(&row, params, uniform, request.topk_sample_logprobs);
+                if let Some(sink) = &request.tokens {
+                    sink.send(index, choice.token, choice.logprob);
                 }
-                sample.tokens.push(token);
-                sample.logprobs.push(logprob);
+                sample.tokens.push(choice.token);
+                sample.logprobs.push(choice.logprob);
+                if let Some(top) = &mut sample.top_logprobs {
+                    top.push(choice.top);
+                }
                 sample.stop =
                     stop_reason(&sample.tokens, params, eos, tokenizer, prompt_len, context);
             });
@@ -418,11 +452,12 @@ impl SamplingEngine {
             let mut samples = Vec::with_capacity(n);
             for i in 0..n {
                 let mut rng = sample_rng(a.seed, i);
-                let (token, logprob) = choose(last, &a.request.params, rng.random::<f64>());
+                let k = a.request.topk_sample_logprobs;
+                let choice = choose(last, &a.request.params, rng.random::<f64>(), k);
                 if let Some(sink) = &a.request.tokens {
-                    sink.send(i, token, logprob);
+                    sink.send(i, choice.token, choice.logprob);
                 }
-                let tokens = vec![token];
+                let tokens = vec![choice.token];
                 let stop = stop_reason(
                     &tokens,
                     &a.request.params,
@@ -438,7 +473,8 @@ impl SamplingEngine {
                         cache.clone()
                     },
                     tokens,
-                    logprobs: vec![logprob],
+                    logprobs: vec![choice.logprob],
+                    top_logprobs: (k > 0).then(|| vec![choice.top]),
                     rng,
                     stop,
                 });
@@ -484,6 +520,7 @@ impl SamplingEngine {
             samples.push(Sample {
                 tokens: state.tokens,
                 logprobs: state.logprobs,
+                top_logprobs: state.top_logprobs,
                 stop_reason: state.stop.unwrap_or(StopReason::Length),
             });
         }
@@ -538,14 +575,7 @@ fn prompt_statistics(
         let lp = opentinker_kernels::ops::log_softmax(row);
         logprobs.push(Some(lp[next as usize]));
         if k > 0 {
-            let mut order: Vec<usize> = (0..vocab).collect();
-            let by = |a: &usize, b: &usize| lp[*b].total_cmp(&lp[*a]).then(a.cmp(b));
-            if k < vocab {
-                order.select_nth_unstable_by(k - 1, by);
-                order.truncate(k);
-            }
-            order.sort_unstable_by(by);
-            top.push(Some(order.into_iter().map(|i| (i as u32, lp[i])).collect()));
+            top.push(Some(most_likely(&lp, k)));
         }
     }
     (logprobs, top)

@@ -12,4 +12,4 @@ pub use engine::{
     EngineConfig, PolicyRef, RequestId, Sample, SampleError, SampleOutput, SampleRequest,
     SamplingEngine, StopReason, TokenSink,
 };
-pub use params::{SamplingParams, Stop};
+pub use params::{SamplingParams, Stop, TopLogprobs};

@@ -101,29 +101,67 @@ pub fn sample_rng(seed: u64, index: usize) -> StdRng {
     StdRng::from_seed(bytes)
 }
 
+/// The most likely `(token, logprob)` pairs at one position, most likely first.
+pub type TopLogprobs = Vec<(u32, f32)>;
+
+/// A token drawn from one row of logits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    pub token: u32,
+    /// Its logprob under the distribution it was drawn from (see [`choose`]).
+    pub logprob: f32,
+    /// The most likely tokens of that distribution, as many as asked for (none: empty).
+    pub top: TopLogprobs,
+}
+
 /// Pick the next token from `logits` (one row): returns it with its logprob under
 /// `log_softmax(logits / temperature)`, taken before top-k / top-p (at temperature 0, under
-/// `log_softmax(logits)`). `uniform` is one draw in `[0, 1)`.
-pub fn choose(logits: &[f32], params: &SamplingParams, uniform: f64) -> (u32, f32) {
-    if params.temperature == 0.0 {
-        let best = argmax(logits);
-        let logprobs = opentinker_kernels::ops::log_softmax(logits);
-        return (best as u32, logprobs[best]);
+/// `log_softmax(logits)`), and the `top` most likely tokens of that same distribution (what
+/// the sampled token's logprob is compared with). `uniform` is one draw in `[0, 1)`.
+pub fn choose(logits: &[f32], params: &SamplingParams, uniform: f64, top: usize) -> Choice {
+    let (chosen, logprobs) = if params.temperature == 0.0 {
+        (argmax(logits), opentinker_kernels::ops::log_softmax(logits))
+    } else {
+        let inv = (1.0 / params.temperature) as f32;
+        let scaled: Vec<f32> = logits.iter().map(|&l| l * inv).collect();
+        let logprobs = opentinker_kernels::ops::log_softmax(&scaled);
+        (draw_from(&logprobs, params, uniform), logprobs)
+    };
+    Choice {
+        token: chosen as u32,
+        logprob: logprobs[chosen],
+        top: most_likely(&logprobs, top),
     }
-    let inv = (1.0 / params.temperature) as f32;
-    let scaled: Vec<f32> = logits.iter().map(|&l| l * inv).collect();
-    let logprobs = opentinker_kernels::ops::log_softmax(&scaled);
-    let truncated = params.top_k.is_some_and(|k| k < logits.len()) || params.top_p < 1.0;
-    let chosen = if truncated {
-        // Most likely first, ties by id: one fixed order.
-        let mut order: Vec<usize> = (0..logits.len()).collect();
-        let by_logprob =
-            |a: &usize, b: &usize| logprobs[*b].total_cmp(&logprobs[*a]).then(a.cmp(b));
-        if let Some(k) = params.top_k.filter(|&k| k < order.len()) {
-            order.select_nth_unstable_by(k - 1, by_logprob);
-            order.truncate(k);
-        }
-        order.sort_unstable_by(by_logprob);
+}
+
+/// The `k` most likely tokens of `logprobs`, most likely first, ties by id: one fixed order.
+pub fn most_likely(logprobs: &[f32], k: usize) -> TopLogprobs {
+    most_likely_order(logprobs, k)
+        .into_iter()
+        .map(|i| (i as u32, logprobs[i]))
+        .collect()
+}
+
+/// The ids of the `k` most likely tokens of `logprobs` in [`most_likely`]'s order.
+fn most_likely_order(logprobs: &[f32], k: usize) -> Vec<usize> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut order: Vec<usize> = (0..logprobs.len()).collect();
+    let by_logprob = |a: &usize, b: &usize| logprobs[*b].total_cmp(&logprobs[*a]).then(a.cmp(b));
+    if k < order.len() {
+        order.select_nth_unstable_by(k - 1, by_logprob);
+        order.truncate(k);
+    }
+    order.sort_unstable_by(by_logprob);
+    order
+}
+
+/// A token drawn from `logprobs` (at a temperature above 0) under `params`' top-k and top-p.
+fn draw_from(logprobs: &[f32], params: &SamplingParams, uniform: f64) -> usize {
+    let truncated = params.top_k.is_some_and(|k| k < logprobs.len()) || params.top_p < 1.0;
+    if truncated {
+        let order = most_likely_order(logprobs, params.top_k.unwrap_or(logprobs.len()));
         let mut kept = Vec::with_capacity(order.len());
         let mut mass = 0.0f64;
         for &i in &order {
@@ -145,8 +183,7 @@ pub fn choose(logits: &[f32], params: &SamplingParams, uniform: f64) -> (u32, f3
             .map(|(i, &l)| (i, f64::from(l).exp()));
         let mass: f64 = logprobs.iter().map(|&l| f64::from(l).exp()).sum();
         draw(probs, mass, uniform)
-    };
-    (chosen as u32, logprobs[chosen])
+    }
 }
 
 /// The first candidate at which the running mass passes `uniform · mass`.
@@ -229,23 +266,25 @@ mod tests {
             temperature: 0.0,
             ..SamplingParams::default()
         };
-        assert_eq!(choose(&logits, &greedy, 0.99).0, 1);
+        assert_eq!(choose(&logits, &greedy, 0.99, 0).token, 1);
         let top1 = SamplingParams {
             top_k: Some(1),
             ..SamplingParams::default()
         };
         for u in [0.0, 0.5, 0.999] {
-            let (token, logprob) = choose(&logits, &top1, u);
-            assert_eq!(token, 1);
+            let choice = choose(&logits, &top1, u, 2);
+            assert_eq!(choice.token, 1);
             let full = opentinker_kernels::ops::log_softmax(&logits);
-            assert_eq!(logprob, full[1]);
+            assert_eq!(choice.logprob, full[1]);
+            // The alternatives come from the same distribution, before truncation.
+            assert_eq!(choice.top, vec![(1, full[1]), (3, full[3])]);
         }
         let nucleus = SamplingParams {
             top_p: 0.7,
             ..SamplingParams::default()
         };
         for u in [0.0, 0.3, 0.6, 0.999] {
-            let (token, _) = choose(&logits, &nucleus, u);
+            let token = choose(&logits, &nucleus, u, 0).token;
             assert!(token == 1 || token == 3, "{token}");
         }
     }

@@ -277,6 +277,7 @@ pub fn sample_response(output: sample::SampleOutput) -> SampleResponse {
                 },
                 tokens: s.tokens,
                 logprobs: s.logprobs,
+                topk_logprobs: s.top_logprobs,
             })
             .collect(),
         prompt_logprobs: output.prompt_logprobs,

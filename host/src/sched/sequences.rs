@@ -234,6 +234,7 @@ mod tests {
                 stop_reason: StopReason::Length,
                 tokens,
                 logprobs,
+                topk_logprobs: None,
             }],
             prompt_logprobs: None,
             topk_prompt_logprobs: None,

@@ -427,7 +427,6 @@ impl Service {
                     base_model: model.base.name.clone(),
                     arch: model.base.config.architecture.model_type().to_string(),
                     lora_rank: model.lora_rank,
-                    tokenizer_dir: model.base.dir.display().to_string(),
                 })
             }
             Op::ForwardBackward {
@@ -1170,6 +1169,7 @@ fn engine_request(
     });
     engine_request.prompt_logprobs = request.prompt_logprobs;
     engine_request.topk_prompt_logprobs = request.topk_prompt_logprobs;
+    engine_request.topk_sample_logprobs = request.topk_sample_logprobs;
     Ok(engine_request)
 }
 

@@ -1,5 +1,6 @@
 //! OpenAI-compatible sampling, under `/v1`: `models`, `completions` and `chat/completions` (with
-//! `stream`, `n`, `max_tokens`, `temperature`, `top_p`, `stop`, `seed`, `logprobs`), so that
+//! `stream`, `n`, `max_tokens`, `temperature`, `top_p`, `stop`, `seed`, `logprobs` with up to
+//! [`MAX_TOP_LOGPROBS`] alternatives per token (chat's `top_logprobs`)), so that
 //! every chat tool and the official `openai` client can sample what a tenant trained. As vLLM
 //! serves LoRA adapters by name, `model` is a base model's name, one of the tenant's
 //! `tinker://` paths (`save_weights_for_sampler` or `save_state`), or a job of the tenant's
@@ -30,13 +31,17 @@ use super::routes::{Caller, direct};
 use super::{AppState, HttpError};
 use crate::api::{
     ApiError, ApiErrorKind, JobId, ModelInput, Op, OpOutput, SampleRequest, SampleResponse,
-    SamplerId, SamplerSource, SamplingParams, SessionId, Stop, StopReason, TenantId,
+    SampledSequence, SamplerId, SamplerSource, SamplingParams, SessionId, Stop, StopReason,
+    TenantId,
 };
 use crate::sample::TokenSink;
 use crate::sched::base::ServedBase;
 use crate::text::ChatMessage;
 
 type Shared = Arc<AppState>;
+
+/// The most alternatives per token `logprobs` answers, as OpenAI's chat endpoint allows.
+const MAX_TOP_LOGPROBS: usize = 20;
 
 /// The routes, nested under `/v1`.
 pub fn router() -> Router<Shared> {
@@ -251,8 +256,8 @@ enum StopText {
 }
 
 /// What both endpoints take besides their prompt. Any other field OpenAI defines (`tools`,
-/// `response_format`, penalties, `top_logprobs`, ...) is refused by name ([`parse_strict`]): a
-/// client that asks for it would otherwise get an answer that silently lacks it.
+/// `response_format`, penalties, ...) is refused by name ([`parse_strict`]): a client that asks
+/// for it would otherwise get an answer that silently lacks it.
 #[derive(Deserialize)]
 struct Common {
     model: String,
@@ -303,6 +308,31 @@ struct CompletionRequest {
     logprobs: Option<usize>,
 }
 
+impl CompletionRequest {
+    /// Whether logprobs are asked for, and how many alternatives per token.
+    fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match self.logprobs {
+            Some(top) => Ok(Some(check_logprobs(&self.common, "logprobs", top)?)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// `top` alternatives per token (asked for by `field`), or a refusal that names what is not
+/// served: more than [`MAX_TOP_LOGPROBS`], or logprobs of a stream (whose chunks carry text
+/// only).
+fn check_logprobs(common: &Common, field: &str, top: usize) -> Result<usize, ApiError> {
+    if common.stream {
+        return Err(ApiError::invalid("`logprobs` is not served with `stream`"));
+    }
+    if top > MAX_TOP_LOGPROBS {
+        return Err(ApiError::invalid(format!(
+            "`{field}` is {top}; at most {MAX_TOP_LOGPROBS} alternatives per token are served"
+        )));
+    }
+    Ok(top)
+}
+
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum PromptText {
@@ -317,6 +347,25 @@ struct ChatRequest {
     messages: Vec<ChatMessage>,
     #[serde(default)]
     logprobs: bool,
+    /// Alternatives per token with `logprobs`.
+    top_logprobs: Option<usize>,
+}
+
+impl ChatRequest {
+    /// Whether logprobs are asked for, and how many alternatives per token.
+    fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match (self.logprobs, self.top_logprobs) {
+            (false, None) => Ok(None),
+            (false, Some(_)) => Err(ApiError::invalid(
+                "`top_logprobs` needs `logprobs` set to true",
+            )),
+            (true, top) => Ok(Some(check_logprobs(
+                &self.common,
+                "top_logprobs",
+                top.unwrap_or(0),
+            )?)),
+        }
+    }
 }
 
 /// The fields of [`Common`], and `user` (an end user's id for the operator's records: it changes
@@ -357,16 +406,30 @@ fn parse_strict<T: serde::de::DeserializeOwned>(body: &Bytes, own: &[&str]) -> R
     serde_json::from_value(value).map_err(|e| ApiError::invalid(format!("request body: {e}")))
 }
 
-/// The sample request of `prompt` (tokenized for the base of `model`) for `tenant`: its base
-/// and the prompt's length too.
+/// What one request samples: its model, tokenized prompt, number of choices, parameters and
+/// alternatives per token.
+struct Sampling<'a> {
+    model: &'a str,
+    prompt: &'a (dyn Fn(&ServedBase) -> Result<Vec<u32>, ApiError> + Sync),
+    n: usize,
+    params: SamplingParams,
+    top_logprobs: usize,
+}
+
+/// The sample request of `sampling` (its prompt tokenized for the base of its model) for
+/// `tenant`: its base and the prompt's length too.
 async fn prepare(
     state: &Shared,
     tenant: &TenantId,
-    model: &str,
-    prompt: &(dyn Fn(&ServedBase) -> Result<Vec<u32>, ApiError> + Sync),
-    n: usize,
-    params: &SamplingParams,
+    sampling: &Sampling<'_>,
 ) -> Result<(Arc<ServedBase>, usize, SampleRequest), ApiError> {
+    let Sampling {
+        model,
+        prompt,
+        n,
+        ref params,
+        top_logprobs,
+    } = *sampling;
     let resolved = state.openai.resolve(state, tenant, model).await?;
     let tokens = prompt(&resolved.base)?;
     let prompt_tokens = tokens.len();
@@ -377,24 +440,22 @@ async fn prepare(
         params: params.clone(),
         prompt_logprobs: false,
         topk_prompt_logprobs: 0,
+        topk_sample_logprobs: top_logprobs,
         record_as: None,
     };
     Ok((resolved.base, prompt_tokens, request))
 }
 
-/// Sample `prompt` `n` times from `model` for `tenant` (a sampler evicted since it was resolved
-/// is made again, once).
+/// Sample `sampling` for `tenant` (a sampler evicted since it was resolved is made again,
+/// once).
 async fn sample(
     state: &Shared,
     tenant: &TenantId,
-    model: &str,
-    prompt: &(dyn Fn(&ServedBase) -> Result<Vec<u32>, ApiError> + Sync),
-    n: usize,
-    params: SamplingParams,
+    sampling: &Sampling<'_>,
 ) -> Result<(Arc<ServedBase>, usize, SampleResponse), ApiError> {
+    let model = sampling.model;
     for attempt in 0..2 {
-        let (base, prompt_tokens, request) =
-            prepare(state, tenant, model, prompt, n, &params).await?;
+        let (base, prompt_tokens, request) = prepare(state, tenant, sampling).await?;
         match state
             .service
             .execute(tenant, Op::Sample(request), None)
@@ -448,6 +509,24 @@ fn usage(prompt_tokens: usize, response: &SampleResponse) -> Value {
 /// Each token's text, one by one.
 fn token_texts(base: &ServedBase, tokens: &[u32]) -> Result<Vec<String>, ApiError> {
     tokens.iter().map(|&t| decode(base, &[t])).collect()
+}
+
+/// Per sampled token, its alternatives as `(text, logprob)`, most likely first (none when
+/// none were asked for).
+fn alternatives(
+    base: &ServedBase,
+    sequence: &SampledSequence,
+) -> Result<Vec<Vec<(String, f32)>>, ApiError> {
+    let Some(rows) = &sequence.topk_logprobs else {
+        return Ok(vec![Vec::new(); sequence.tokens.len()]);
+    };
+    rows.iter()
+        .map(|row| {
+            row.iter()
+                .map(|&(token, logprob)| Ok((decode(base, &[token])?, logprob)))
+                .collect()
+        })
+        .collect()
 }
 
 /// What the streaming task hands the event stream.
@@ -563,6 +642,7 @@ async fn completions(
     body: Bytes,
 ) -> Result<Response, HttpError> {
     let request: CompletionRequest = parse_strict(&body, &["prompt", "logprobs"])?;
+    let logprobs = request.logprobs()?;
     let text = match &request.prompt {
         PromptText::One(text) => text.clone(),
         PromptText::Many(texts) if texts.len() == 1 => texts[0].clone(),
@@ -571,17 +651,21 @@ async fn completions(
         }
     };
     let common = &request.common;
-    let n = common.n.unwrap_or(1);
-    let params = common.params(Some(16))?;
     let encode = |base: &ServedBase| {
         base.tokenizer
             .encode(&text)
             .map_err(|e| ApiError::invalid(format!("prompt: {e}")))
     };
+    let sampling = Sampling {
+        model: &common.model,
+        prompt: &encode,
+        n: common.n.unwrap_or(1),
+        params: common.params(Some(16))?,
+        top_logprobs: logprobs.unwrap_or(0),
+    };
     let (id, created) = id_and_time("cmpl")?;
     if common.stream {
-        let (base, _, sample_request) =
-            prepare(&state, &tenant, &common.model, &encode, n, &params).await?;
+        let (base, _, sample_request) = prepare(&state, &tenant, &sampling).await?;
         let model = common.model.clone();
         let chunk: ChunkOf = Box::new(move |index, text, finish| {
             json!({
@@ -594,14 +678,28 @@ async fn completions(
         });
         return Ok(stream(state, tenant, base, sample_request, chunk));
     }
-    let (base, prompt_tokens, response) =
-        sample(&state, &tenant, &common.model, &encode, n, params).await?;
+    let (base, prompt_tokens, response) = sample(&state, &tenant, &sampling).await?;
     let mut choices = Vec::new();
     for (index, sequence) in response.sequences.iter().enumerate() {
-        let logprobs = match request.logprobs {
+        let logprobs = match logprobs {
             None => Value::Null,
-            Some(_) => {
+            Some(top) => {
                 let texts = token_texts(&base, &sequence.tokens)?;
+                // The legacy shape: per token, an object of alternative texts to logprobs.
+                let top_logprobs = match top {
+                    0 => Value::Null,
+                    _ => alternatives(&base, sequence)?
+                        .into_iter()
+                        .map(|row| {
+                            // Two tokens of one text: the more likely (first) one's logprob.
+                            let mut texts = serde_json::Map::new();
+                            for (text, logprob) in row {
+                                texts.entry(text).or_insert(json!(logprob));
+                            }
+                            Value::Object(texts)
+                        })
+                        .collect(),
+                };
                 let offsets: Vec<usize> = texts
                     .iter()
                     .scan(text.len(), |at, t| {
@@ -613,7 +711,7 @@ async fn completions(
                 json!({
                     "tokens": texts,
                     "token_logprobs": sequence.logprobs,
-                    "top_logprobs": Value::Null,
+                    "top_logprobs": top_logprobs,
                     "text_offset": offsets,
                 })
             }
@@ -641,7 +739,8 @@ async fn chat_completions(
     Caller(tenant): Caller,
     body: Bytes,
 ) -> Result<Response, HttpError> {
-    let request: ChatRequest = parse_strict(&body, &["messages", "logprobs"])?;
+    let request: ChatRequest = parse_strict(&body, &["messages", "logprobs", "top_logprobs"])?;
+    let logprobs = request.logprobs()?;
     let common = &request.common;
     let render = |base: &ServedBase| {
         let template = base
@@ -655,12 +754,16 @@ async fn chat_completions(
             .encode_without_special_tokens(&text)
             .map_err(|e| ApiError::invalid(format!("messages: {e}")))
     };
-    let n = common.n.unwrap_or(1);
-    let params = common.params(None)?;
+    let sampling = Sampling {
+        model: &common.model,
+        prompt: &render,
+        n: common.n.unwrap_or(1),
+        params: common.params(None)?,
+        top_logprobs: logprobs.unwrap_or(0),
+    };
     let (id, created) = id_and_time("chatcmpl")?;
     if common.stream {
-        let (base, _, sample_request) =
-            prepare(&state, &tenant, &common.model, &render, n, &params).await?;
+        let (base, _, sample_request) = prepare(&state, &tenant, &sampling).await?;
         let model = common.model.clone();
         // The first chunk of each choice carries the role, as OpenAI's do.
         let started = Mutex::new(std::collections::HashSet::new());
@@ -684,25 +787,23 @@ async fn chat_completions(
         });
         return Ok(stream(state, tenant, base, sample_request, chunk));
     }
-    let (base, prompt_tokens, response) =
-        sample(&state, &tenant, &common.model, &render, n, params).await?;
+    let (base, prompt_tokens, response) = sample(&state, &tenant, &sampling).await?;
     let mut choices = Vec::new();
     for (index, sequence) in response.sequences.iter().enumerate() {
         let content = decode(&base, &sequence.tokens)?;
-        let logprobs = match request.logprobs {
-            false => Value::Null,
-            true => {
+        let logprobs = match logprobs {
+            None => Value::Null,
+            Some(_) => {
                 let texts = token_texts(&base, &sequence.tokens)?;
+                let entry = |token: &str, logprob: f32| json!({ "token": token, "logprob": logprob, "bytes": token.as_bytes() });
                 let content: Vec<Value> = texts
                     .iter()
                     .zip(&sequence.logprobs)
-                    .map(|(token, logprob)| {
-                        json!({
-                            "token": token,
-                            "logprob": logprob,
-                            "bytes": token.as_bytes(),
-                            "top_logprobs": [],
-                        })
+                    .zip(alternatives(&base, sequence)?)
+                    .map(|((token, &logprob), top)| {
+                        let mut value = entry(token, logprob);
+                        value["top_logprobs"] = top.iter().map(|(t, l)| entry(t, *l)).collect();
+                        value
                     })
                     .collect();
                 json!({ "content": content })

@@ -393,7 +393,6 @@ pub fn accept(
         FutureRoute::Sample => {
             let request: wire::Sample = parse(body)?;
             let unsupported = [
-                ("topk_sample_logprobs", request.topk_sample_logprobs > 0),
                 ("prompt_alt_tokens_k", request.prompt_alt_tokens_k > 0),
                 (
                     "target_prompt_logprobs",
@@ -447,6 +446,7 @@ pub fn accept(
                     params: request.sampling_params,
                     prompt_logprobs: request.prompt_logprobs.unwrap_or(false),
                     topk_prompt_logprobs: request.topk_prompt_logprobs,
+                    topk_sample_logprobs: request.topk_sample_logprobs,
                     record_as,
                 }),
             }
@@ -592,7 +592,9 @@ async fn get_info(State(state): State<Shared>, Caller(tenant): Caller, body: Byt
             "model_data": {
                 "arch": info.arch,
                 "model_name": info.base_model,
-                "tokenizer_id": info.tokenizer_dir,
+                // The public name the model is served under (a client loads its tokenizer by
+                // it, as a Hugging Face id or a folder of its own), never a path of this server.
+                "tokenizer_id": info.base_model,
             },
             "is_lora": true,
             "lora_rank": info.lora_rank,

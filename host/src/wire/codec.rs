@@ -141,31 +141,62 @@ pub fn encode_forward_backward_output(output: &ForwardBackwardOutput) -> Vec<u8>
     .encode_to_vec()
 }
 
+/// Rows of top tokens as the wire's dense `length × k` matrices, a short or missing row padded
+/// with masked entries.
+fn encode_topk<'a>(
+    rows: impl ExactSizeIterator<Item = Option<&'a [(u32, f32)]>> + Clone,
+) -> proto::TopkLogprobs {
+    let length = rows.len();
+    let k = rows.clone().flatten().map(<[_]>::len).max().unwrap_or(0);
+    let (mut ids, mut logprobs) = (Vec::new(), Vec::new());
+    for row in rows {
+        let row = row.unwrap_or(&[]);
+        for i in 0..k {
+            let (id, logprob) = row.get(i).copied().unwrap_or((0, MASK_LOGPROB));
+            ids.push(id);
+            logprobs.push(logprob);
+        }
+    }
+    proto::TopkLogprobs {
+        token_ids: i32_bytes(ids),
+        logprobs: f32_bytes(&logprobs),
+        k: k as u32,
+        length: length as u32,
+    }
+}
+
+/// The rows of [`encode_topk`]'s matrices (`None` for a row with every entry masked).
+fn decode_topk(
+    topk: &proto::TopkLogprobs,
+    what: &str,
+) -> Result<Vec<Option<TopLogprobs>>, ApiError> {
+    let ids = decode_tokens(&topk.token_ids, what)?;
+    let logprobs = little_endian(&topk.logprobs, what, "float32", f32::from_le_bytes)?;
+    let (k, rows) = (topk.k as usize, topk.length as usize);
+    if ids.len() != k * rows || logprobs.len() != k * rows {
+        return Err(ApiError::invalid(format!(
+            "{what}: {} ids and {} logprobs are not {rows} rows of {k}",
+            ids.len(),
+            logprobs.len()
+        )));
+    }
+    Ok((0..rows)
+        .map(|r| {
+            let row: TopLogprobs = (r * k..(r + 1) * k)
+                .filter(|&i| logprobs[i] != MASK_LOGPROB)
+                .map(|i| (ids[i], logprobs[i]))
+                .collect();
+            (!row.is_empty()).then_some(row)
+        })
+        .collect())
+}
+
 /// Encode a sample result.
 pub fn encode_sample_response(response: &SampleResponse) -> Vec<u8> {
-    let topk = response.topk_prompt_logprobs.as_ref().map(|rows| {
-        let k = rows
-            .iter()
-            .flatten()
-            .map(|row| row.len())
-            .max()
-            .unwrap_or(0);
-        let (mut ids, mut logprobs) = (Vec::new(), Vec::new());
-        for row in rows {
-            let row = row.as_deref().unwrap_or(&[]);
-            for i in 0..k {
-                let (id, logprob) = row.get(i).copied().unwrap_or((0, MASK_LOGPROB));
-                ids.push(id);
-                logprobs.push(logprob);
-            }
-        }
-        proto::TopkLogprobs {
-            token_ids: i32_bytes(ids),
-            logprobs: f32_bytes(&logprobs),
-            k: k as u32,
-            length: rows.len() as u32,
-        }
-    });
+    let topk = response
+        .topk_prompt_logprobs
+        .as_ref()
+        .map(|rows| encode_topk(rows.iter().map(Option::as_deref)));
     proto::SampleResponse {
         sequences: response
             .sequences
@@ -177,6 +208,10 @@ pub fn encode_sample_response(response: &SampleResponse) -> Vec<u8> {
                 },
                 tokens: i32_bytes(s.tokens.iter().copied()),
                 logprobs: Some(f32_bytes(&s.logprobs)),
+                topk_sampled_logprobs: s
+                    .topk_logprobs
+                    .as_ref()
+                    .map(|rows| encode_topk(rows.iter().map(|row| Some(row.as_slice())))),
             })
             .collect(),
         prompt_logprobs: response.prompt_logprobs.as_ref().map(|l| {
@@ -394,6 +429,15 @@ pub fn decode_sample_response(bytes: &[u8]) -> Result<SampleResponse, ApiError> 
                 Some(bytes) => floats(bytes, &what)?,
                 None => Vec::new(),
             },
+            topk_logprobs: match &sequence.topk_sampled_logprobs {
+                Some(topk) => Some(
+                    decode_topk(topk, &format!("{what} topk_sampled_logprobs"))?
+                        .into_iter()
+                        .map(Option::unwrap_or_default)
+                        .collect(),
+                ),
+                None => None,
+            },
         });
     }
     let prompt_logprobs = match &response.prompt_logprobs {
@@ -406,28 +450,7 @@ pub fn decode_sample_response(bytes: &[u8]) -> Result<SampleResponse, ApiError> 
         None => None,
     };
     let topk_prompt_logprobs = match &response.topk_prompt_logprobs {
-        Some(topk) => {
-            let ids = decode_tokens(&topk.token_ids, "topk_prompt_logprobs")?;
-            let logprobs = floats(&topk.logprobs, "topk_prompt_logprobs")?;
-            let (k, rows) = (topk.k as usize, topk.length as usize);
-            if ids.len() != k * rows || logprobs.len() != k * rows {
-                return Err(ApiError::invalid(format!(
-                    "topk_prompt_logprobs: {} ids and {} logprobs are not {rows} rows of {k}",
-                    ids.len(),
-                    logprobs.len()
-                )));
-            }
-            let rows: Vec<Option<TopLogprobs>> = (0..rows)
-                .map(|r| {
-                    let row: TopLogprobs = (r * k..(r + 1) * k)
-                        .filter(|&i| logprobs[i] != MASK_LOGPROB)
-                        .map(|i| (ids[i], logprobs[i]))
-                        .collect();
-                    (!row.is_empty()).then_some(row)
-                })
-                .collect();
-            Some(rows)
-        }
+        Some(topk) => Some(decode_topk(topk, "topk_prompt_logprobs")?),
         None => None,
     };
     Ok(SampleResponse {
@@ -517,6 +540,7 @@ mod tests {
                 stop_reason: StopReason::Length,
                 tokens: vec![5, 6],
                 logprobs: vec![-0.5, -1.5],
+                topk_logprobs: Some(vec![vec![(5, -0.5), (9, -1.0)], vec![(2, -0.2)]]),
             }],
             prompt_logprobs: Some(vec![None, Some(-2.0), Some(-0.25)]),
             topk_prompt_logprobs: Some(vec![

@@ -212,6 +212,8 @@ pub struct SampledSequence {
     /// Little-endian float32.
     #[prost(bytes = "vec", optional, tag = "3")]
     pub logprobs: Option<Vec<u8>>,
+    #[prost(message, optional, tag = "4")]
+    pub topk_sampled_logprobs: Option<TopkLogprobs>,
 }
 
 /// `length` rows of `k` (token id, logprob) pairs, row-major.

@@ -74,6 +74,35 @@ assert chat.choices[0].message.content == expected_chat, (chat.choices[0], expec
 assert chat.choices[0].message.role == "assistant"
 print(f"chat: {expected_chat!r} (as `opentinker sample --chat`)")
 
+# Logprobs with their most likely alternatives: the greedy token is the first of them.
+with_top = client.chat.completions.create(
+    model=path, messages=messages, max_tokens=MAX_TOKENS, temperature=0, logprobs=True, top_logprobs=3
+)
+entries = with_top.choices[0].logprobs.content
+assert "".join(e.token for e in entries) == expected_chat, entries
+for e in entries:
+    assert len(e.top_logprobs) == 3, e
+    assert (e.top_logprobs[0].token, e.top_logprobs[0].logprob) == (e.token, e.logprob), e
+    assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob, e
+legacy = client.completions.create(
+    model=path, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, logprobs=2
+)
+rows = legacy.choices[0].logprobs.top_logprobs
+assert len(rows) == len(legacy.choices[0].logprobs.tokens) and all(len(r) <= 2 for r in rows), rows
+assert all(max(r.values()) == lp for r, lp in zip(rows, legacy.choices[0].logprobs.token_logprobs)), rows
+for extra, name in (
+    (dict(logprobs=True, top_logprobs=21), "top_logprobs"),
+    (dict(logprobs=True, stream=True), "logprobs"),
+    (dict(top_logprobs=2), "top_logprobs"),
+):
+    try:
+        client.chat.completions.create(model=path, messages=messages, max_tokens=2, **extra)
+    except openai.BadRequestError as error:
+        assert f"`{name}`" in str(error), error
+        continue
+    raise AssertionError(f"{extra} was served")
+print("logprobs: alternatives per token, and refusals beyond what is served")
+
 stream = client.chat.completions.create(
     model=path, messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True
 )

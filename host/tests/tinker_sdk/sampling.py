@@ -1,8 +1,12 @@
 """Sampling through the SDK: seeds reproduce, stop tokens and strings end a sample, prompt
-logprobs come back with `None` first, top-k prompt logprobs are ordered."""
+logprobs come back with `None` first, top-k prompt and sample logprobs are ordered, and
+`get_info` names the tokenizer by the model's public name, not a path of the server."""
+
+import os
 
 from common import BASE_MODEL, service
 from tinker import types
+from transformers import AutoTokenizer
 
 client = service()
 sampler = client.create_sampling_client(base_model=BASE_MODEL)
@@ -27,8 +31,14 @@ stopped = sample(1, stop=[stop_token]).sequences[0]
 end = tokens.index(stop_token) + 1
 assert stopped.tokens == tokens[:end] and stopped.stop_reason == "stop", (stopped, tokens)
 
-# Stop strings, with the tokenizer the SDK loads from the server's model folder.
-tokenizer = client.create_lora_training_client(base_model=BASE_MODEL, rank=2).result().get_tokenizer()
+# The tokenizer is named as the model is served (a client loads it by that name, as a Hugging
+# Face id or a folder of its own); this client has the model's folder.
+training = client.create_lora_training_client(base_model=BASE_MODEL, rank=2).result()
+tokenizer_id = training.get_info().model_data.tokenizer_id
+assert tokenizer_id == BASE_MODEL, tokenizer_id
+
+# Stop strings.
+tokenizer = AutoTokenizer.from_pretrained(os.environ["OPENTINKER_TINY_MODEL"])
 text = tokenizer.decode(tokens)
 stop_text = tokenizer.decode(tokens[3:5]).strip() or tokenizer.decode(tokens[3:5])
 stopped = sample(1, stop=[stop_text]).sequences[0]
@@ -50,4 +60,17 @@ assert all(lp < 0 for lp in with_prompt.prompt_logprobs[1:])
 top = with_prompt.topk_prompt_logprobs
 assert top[0] is None and all(len(row) == 3 for row in top[1:]), top
 assert all(row[0][1] >= row[1][1] >= row[2][1] for row in top[1:])
-print("sampling: seeds, stop tokens, stop strings, prompt logprobs ok")
+
+# Top-k logprobs of the sampled tokens: each token's own logprob is among its position's
+# alternatives when it is likely enough, and the alternatives are ordered.
+greedy = sampler.sample(
+    prompt,
+    num_samples=1,
+    sampling_params=types.SamplingParams(max_tokens=6, seed=0, temperature=0.0, stop=[]),
+    topk_sample_logprobs=4,
+).result().sequences[0]
+assert len(greedy.topk_logprobs) == len(greedy.tokens) == 6, greedy
+for token, logprob, row in zip(greedy.tokens, greedy.logprobs, greedy.topk_logprobs):
+    assert len(row) == 4 and all(row[i][1] >= row[i + 1][1] for i in range(3)), row
+    assert row[0] == (token, logprob), (row, token, logprob)
+print("sampling: seeds, stop tokens, stop strings, prompt and sample top-k logprobs ok")
