@@ -4,11 +4,13 @@ cross-entropy, AdamW) with the same shapes, batch and thread count as the Rust s
 
     python bench/python/lora_training.py --shape tiny      # 16 x 128 tokens
     python bench/python/lora_training.py --shape qwen2.5-0.5b   # 4 x 256 tokens
-Prints one JSON line: {"shape", "tokens_per_s", "seconds_per_step"}.
+Prints one JSON line: {"shape", "tokens_per_s", "seconds_per_step", "peak_rss_bytes"} (the
+process's peak resident set, model included).
 """
 
 import argparse
 import json
+import resource
 import time
 
 import torch
@@ -59,8 +61,9 @@ def main():
     for _ in range(args.steps):
         step()
     seconds = (time.perf_counter() - started) / args.steps
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     print(json.dumps({"shape": args.shape, "tokens_per_s": batch * length / seconds,
-                      "seconds_per_step": seconds}))
+                      "seconds_per_step": seconds, "peak_rss_bytes": peak}))
 
 
 if __name__ == "__main__":

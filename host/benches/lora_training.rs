@@ -1,6 +1,8 @@
-//! Tokens per second of a LoRA forward_backward + optim_step (rank 16, alpha 32, all seven
-//! attention and MLP projections, f32, cross-entropy), beside PyTorch + PEFT with the same shapes,
-//! batch and threads (`bench/python/lora_training.py`, run when `PYTHON` has torch and peft).
+//! Tokens per second and peak resident memory of a LoRA forward_backward + optim_step (rank 16,
+//! alpha 32, all seven attention and MLP projections, f32, cross-entropy), beside PyTorch + PEFT
+//! with the same shapes, batch and threads (`bench/python/lora_training.py`, run when `PYTHON`
+//! has torch and peft). Each side runs in a process of its own that loads the model and trains,
+//! so that the peaks compare like with like (the model is written beforehand).
 //!
 //!     RAYON_NUM_THREADS=2 PYTHON=~/.cache/opentinker/bench-venv/bin/python \
 //!         cargo bench -p opentinker --bench lora_training [-- qwen2.5-0.5b]
@@ -10,6 +12,7 @@
 
 mod support;
 
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,10 +28,9 @@ use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn ours(shape: TinyShape, batch: usize, length: usize, steps: usize) -> anyhow::Result<f64> {
-    let dir = tempfile::tempdir()?;
-    init_tiny(dir.path(), shape, Architecture::Qwen2, 0)?;
-    let model = Model::load(dir.path())?;
+/// Our side, in this (child) process: prints `tokens_per_s peak_bytes`.
+fn child(dir: &Path, batch: usize, length: usize, steps: usize) -> anyhow::Result<()> {
+    let model = Model::load(dir)?;
     let vocab = model.config.vocab_size as u32;
     let mut engine = TrainingEngine::new(Arc::new(model.transformer), DType::F32);
     engine.add_adapter(
@@ -68,10 +70,41 @@ fn ours(shape: TinyShape, batch: usize, length: usize, steps: usize) -> anyhow::
         step()?;
     }
     let seconds = started.elapsed().as_secs_f64() / steps as f64;
-    Ok((batch * length) as f64 / seconds)
+    println!(
+        "{} {}",
+        (batch * length) as f64 / seconds,
+        support::peak_rss()?
+    );
+    Ok(())
 }
 
-fn pytorch(shape: &str, steps: usize) -> Option<f64> {
+/// Our side of `shape` in a child process: tokens per second and peak bytes.
+fn ours(shape: TinyShape, batch: usize, length: usize, steps: usize) -> anyhow::Result<(f64, f64)> {
+    let dir = tempfile::tempdir()?;
+    init_tiny(dir.path(), shape, Architecture::Qwen2, 0)?;
+    let output = Command::new(std::env::current_exe()?)
+        .arg("--child")
+        .arg(dir.path())
+        .args([batch, length, steps].map(|n| n.to_string()))
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "our run failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout)?;
+    match text
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<Vec<f64>, _>>()?[..]
+    {
+        [tokens_per_s, peak] => Ok((tokens_per_s, peak)),
+        _ => anyhow::bail!("unexpected child output {text:?}"),
+    }
+}
+
+/// PyTorch + PEFT's side: tokens per second and peak bytes, when its venv is there.
+fn pytorch(shape: &str, steps: usize) -> Option<(f64, f64)> {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -100,14 +133,22 @@ fn pytorch(shape: &str, steps: usize) -> Option<f64> {
         return None;
     }
     let line: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
-    line["tokens_per_s"].as_f64()
+    Some((
+        line["tokens_per_s"].as_f64()?,
+        line["peak_rss_bytes"].as_f64()?,
+    ))
 }
 
 fn main() -> anyhow::Result<()> {
     // SAFETY: the first thing `main` does; no other thread exists yet.
     unsafe { opentinker::compute_threads::fix_compute_threads() };
     opentinker::allocator::keep_freed_memory();
-    let big = std::env::args().any(|a| a == "qwen2.5-0.5b");
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--child") {
+        let number = |i: usize| -> anyhow::Result<usize> { Ok(args[at + i].parse()?) };
+        return child(Path::new(&args[at + 1]), number(2)?, number(3)?, number(4)?);
+    }
+    let big = args.iter().any(|a| a == "qwen2.5-0.5b");
     let (shape, name, batch, length, steps) = if support::quick() {
         (TinyShape::Tiny, "tiny", 2, 16, 1)
     } else if big {
@@ -120,13 +161,21 @@ fn main() -> anyhow::Result<()> {
         true => None,
         false => pytorch(name, steps),
     };
-    let ours = ours(shape, batch, length, steps)?;
-    println!("{name:<14} {batch}x{length}  opentinker       {ours:>10.0} tokens/s");
-    if let Some(theirs) = theirs {
-        println!("{name:<14} {batch}x{length}  PyTorch + PEFT   {theirs:>10.0} tokens/s");
+    let (ours, our_peak) = ours(shape, batch, length, steps)?;
+    let gib = |bytes: f64| bytes / f64::from(1u32 << 30);
+    println!(
+        "{name:<14} {batch}x{length}  opentinker       {ours:>10.0} tokens/s  peak {:>6.2} GiB",
+        gib(our_peak)
+    );
+    if let Some((theirs, their_peak)) = theirs {
         println!(
-            "{name:<14} ours / PyTorch + PEFT: {}",
-            support::ratio(ours, theirs)
+            "{name:<14} {batch}x{length}  PyTorch + PEFT   {theirs:>10.0} tokens/s  peak {:>6.2} GiB",
+            gib(their_peak)
+        );
+        println!(
+            "{name:<14} ours / PyTorch + PEFT: {} tokens/s, {} peak memory",
+            support::ratio(ours, theirs),
+            support::ratio(our_peak, their_peak)
         );
     }
     Ok(())

@@ -15,7 +15,6 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Context;
 use candle_core::DType;
 use opentinker::lora::LoraConfig;
 use opentinker::model::tiny::{TinyShape, init_tiny};
@@ -24,17 +23,6 @@ use opentinker::train::{Datum, FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// The peak resident set of this process so far, in bytes (`VmHWM`).
-fn peak_rss() -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmHWM in /proc/self/status")?;
-    Ok(kib * 1024)
-}
 
 /// One mode, in this (child) process: prints `seconds peak_bytes weight_bytes`.
 fn child(mode: &str, dir: &Path, batch: usize, length: usize) -> anyhow::Result<()> {
@@ -82,7 +70,7 @@ fn child(mode: &str, dir: &Path, batch: usize, length: usize) -> anyhow::Result<
     let started = Instant::now();
     engine.forward_backward(std::slice::from_ref(&item))?;
     let seconds = started.elapsed().as_secs_f64();
-    println!("{seconds} {} {weight_bytes}", peak_rss()?);
+    println!("{seconds} {} {weight_bytes}", support::peak_rss()?);
     Ok(())
 }
 

@@ -177,6 +177,40 @@ fn keys_are_checked_before_anything_else() {
 }
 
 #[test]
+fn a_rotated_or_revoked_key_stops_working_on_the_running_server() {
+    let server = start_server();
+    let status = |key: &str| {
+        call(
+            &server,
+            "create_session",
+            Some(key),
+            "application/json",
+            b"{}",
+        )
+        .0
+    };
+    // The server's check of a key it has seen is at most `KEY_RECHECK` (1 s) old.
+    let refused_soon = |key: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while status(key) != 401 {
+            assert!(std::time::Instant::now() < deadline, "{key} still works");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    assert_eq!(status(&server.alice), 200);
+    let data = server.data.path();
+    let new = server::tenant_command(data, &["rotate-key", "alice"]);
+    assert!(new.starts_with("tml-") && new != server.alice, "{new}");
+    refused_soon(&server.alice);
+    assert_eq!(status(&new), 200);
+    assert_eq!(server::tenant_command(data, &["revoke", "alice"]), "");
+    refused_soon(&new);
+    assert_eq!(status(&server.bob), 200, "another tenant's key was touched");
+    let again = server::tenant_command(data, &["rotate-key", "alice"]);
+    assert_eq!(status(&again), 200);
+}
+
+#[test]
 fn malformed_and_wrong_requests_get_a_4xx_that_names_the_problem() {
     let server = start_server();
     let model = model(&server);

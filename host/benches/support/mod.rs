@@ -16,6 +16,17 @@ pub fn busy() -> Option<String> {
         .filter(|why| !why.is_empty())
 }
 
+/// The peak resident set of this process so far, in bytes (`VmHWM`).
+pub fn peak_rss() -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmHWM in /proc/self/status"))?;
+    Ok(kib * 1024)
+}
+
 /// `ours / theirs` to print (`2.31x`), or why it is withheld.
 pub fn ratio(ours: f64, theirs: f64) -> String {
     match busy() {

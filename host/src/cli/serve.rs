@@ -96,6 +96,22 @@ pub enum TenantCommand {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
         weight: u64,
     },
+    /// Give a tenant a new API key (printed this once); its old key stops working, on a running
+    /// server within a second.
+    RotateKey {
+        name: String,
+        /// The server's `--data` folder.
+        #[arg(long)]
+        data: PathBuf,
+    },
+    /// Take a tenant's API key away, on a running server within a second; its models,
+    /// checkpoints and jobs stay. `rotate-key` gives it a new one.
+    Revoke {
+        name: String,
+        /// The server's `--data` folder.
+        #[arg(long)]
+        data: PathBuf,
+    },
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -150,6 +166,17 @@ pub fn run_tenant(command: TenantCommand) -> anyhow::Result<()> {
             let (tenant, key) = tenants.create(&name, weight)?;
             eprintln!("tenant {tenant} created; its API key (shown only now):");
             println!("{key}");
+            Ok(())
+        }
+        TenantCommand::RotateKey { name, data } => {
+            let key = Tenants::open(&data)?.rotate_key(&name)?;
+            eprintln!("tenant {name}'s new API key (shown only now; the old one no longer works):");
+            println!("{key}");
+            Ok(())
+        }
+        TenantCommand::Revoke { name, data } => {
+            Tenants::open(&data)?.revoke(&name)?;
+            eprintln!("tenant {name}'s API key is revoked (`tenant rotate-key` makes a new one)");
             Ok(())
         }
     }

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use axum::http::StatusCode;
@@ -50,6 +50,11 @@ pub const MAX_BODY_BYTES: usize = 64 << 20;
 /// How long a `retrieve_future` poll waits for an unfinished op before answering `try_again`
 /// (the SDK's poll times out at 45 s).
 pub const DEFAULT_POLL_WAIT: Duration = Duration::from_secs(20);
+
+/// How long a key checked against the database is taken as valid before it is checked again:
+/// the most a rotated or revoked key (`opentinker tenant rotate-key`, `revoke`, which write
+/// the database from another process) keeps working on a running server.
+pub const KEY_RECHECK: Duration = Duration::from_secs(1);
 
 /// What `opentinker serve` is told.
 #[derive(Clone, Debug)]
@@ -111,8 +116,10 @@ pub struct AppState {
     pub journal: Arc<Journal>,
     pub futures: Futures,
     pub poll_wait: Duration,
-    /// Keys seen valid, by SHA-256, so that a request does not wait on the database.
-    known_keys: Mutex<HashMap<[u8; 32], TenantId>>,
+    /// Keys seen valid, by SHA-256, with when they were last checked, so that a request does
+    /// not wait on the database (but a rotated or revoked key stops working within
+    /// [`KEY_RECHECK`]).
+    known_keys: Mutex<HashMap<[u8; 32], (TenantId, Instant)>>,
     /// The samplers of the OpenAI-compatible routes.
     pub openai: openai::Samplers,
     /// The tenants' uploaded plugins.
@@ -230,27 +237,32 @@ impl AppState {
         ))
     }
 
-    /// The tenant of `key`; the database is read on a blocking thread, once per key.
+    /// The tenant of `key`; the database is read on a blocking thread, once per key and
+    /// [`KEY_RECHECK`] (which also brings a changed weight in).
     pub async fn authenticate(self: &Arc<Self>, key: &str) -> Result<TenantId, ApiError> {
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        if let Some(tenant) = self.keys().get(&digest) {
+        if let Some((tenant, checked)) = self.keys().get(&digest)
+            && checked.elapsed() < KEY_RECHECK
+        {
             access_log::record_tenant(tenant.as_str());
             return Ok(tenant.clone());
         }
         let (state, key) = (Arc::clone(self), key.to_string());
-        let (tenant, weight) =
-            tokio::task::spawn_blocking(move || state.tenants.authenticate(&key))
-                .await
-                .map_err(|e| ApiError::internal(format!("checking the key: {e}")))?
-                .map_err(|e| ApiError::internal(e.to_string()))?
-                .ok_or_else(|| ApiError::new(ApiErrorKind::Unauthorized, "invalid API key"))?;
+        let found = tokio::task::spawn_blocking(move || state.tenants.authenticate(&key))
+            .await
+            .map_err(|e| ApiError::internal(format!("checking the key: {e}")))?
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let Some((tenant, weight)) = found else {
+            self.keys().remove(&digest);
+            return Err(ApiError::new(ApiErrorKind::Unauthorized, "invalid API key"));
+        };
         self.service.set_weight(&tenant, weight);
-        self.keys().insert(digest, tenant.clone());
+        self.keys().insert(digest, (tenant.clone(), Instant::now()));
         access_log::record_tenant(tenant.as_str());
         Ok(tenant)
     }
 
-    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], TenantId>> {
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], (TenantId, Instant)>> {
         self.known_keys.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

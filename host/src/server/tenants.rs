@@ -1,6 +1,9 @@
 //! Tenants and their API keys, in the server's SQLite database (WAL mode). A key is shown once,
 //! when made; only a salted HMAC-SHA256 of it is stored. A key reads `tml-{id}_{secret}`: the
-//! id finds the row, the secret proves the holder.
+//! id finds the row, the secret proves the holder. A tenant has one key at a time: rotating it
+//! makes a new one and the old stops working; revoking leaves none (until the next rotation).
+//! The operator's command writes the database; a running server rechecks the keys it has seen
+//! every [`KEY_RECHECK`](super::KEY_RECHECK), so either takes effect there within that time.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -16,6 +19,8 @@ use crate::store::database::open_database;
 pub enum TenantError {
     #[error("a tenant named {0:?} exists already")]
     NameTaken(String),
+    #[error("no tenant is named {0:?}")]
+    Unknown(String),
     #[error(transparent)]
     InvalidName(#[from] ApiError),
     #[error("{path}: {source}")]
@@ -47,6 +52,30 @@ fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
     Ok(hex::encode(buffer))
 }
 
+/// A fresh key with what the table keeps of it.
+struct NewKey {
+    key: String,
+    key_id: String,
+    salt: Vec<u8>,
+    hash: Vec<u8>,
+}
+
+impl NewKey {
+    fn make() -> Result<Self, getrandom::Error> {
+        let key_id = random_hex(8)?;
+        let key = format!("tml-{key_id}_{}", random_hex(24)?);
+        let mut salt = vec![0u8; 16];
+        getrandom::fill(&mut salt)?;
+        let hash = key_hash(&salt, &key).finalize().into_bytes().to_vec();
+        Ok(NewKey {
+            key,
+            key_id,
+            salt,
+            hash,
+        })
+    }
+}
+
 impl Tenants {
     /// Open (or make) the database in `data`.
     pub fn open(data: &Path) -> Result<Self, TenantError> {
@@ -76,10 +105,12 @@ impl Tenants {
     /// the tenant's share of the loops relative to others (1: an equal share).
     pub fn create(&self, name: &str, weight: u64) -> Result<(TenantId, String), TenantError> {
         let tenant = TenantId::new(name)?;
-        let key_id = random_hex(8)?;
-        let key = format!("tml-{key_id}_{}", random_hex(24)?);
-        let salt = hex::decode(random_hex(16)?).unwrap_or_default();
-        let hash = key_hash(&salt, &key).finalize().into_bytes().to_vec();
+        let NewKey {
+            key,
+            key_id,
+            salt,
+            hash,
+        } = NewKey::make()?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
@@ -99,6 +130,40 @@ impl Tenants {
             return Err(TenantError::NameTaken(name.to_string()));
         }
         Ok((tenant, key))
+    }
+
+    /// Give tenant `name` a new key, returned once; its old key (or none, after a revocation)
+    /// stops working.
+    pub fn rotate_key(&self, name: &str) -> Result<String, TenantError> {
+        let NewKey {
+            key,
+            key_id,
+            salt,
+            hash,
+        } = NewKey::make()?;
+        let updated = self.lock().execute(
+            "UPDATE tenants SET key_id = ?2, salt = ?3, key_hash = ?4 WHERE name = ?1",
+            params![name, key_id, salt, hash],
+        )?;
+        match updated {
+            0 => Err(TenantError::Unknown(name.to_string())),
+            _ => Ok(key),
+        }
+    }
+
+    /// Take tenant `name`'s key away: no key authenticates it until [`Tenants::rotate_key`]
+    /// makes one. Its models, checkpoints and jobs stay.
+    pub fn revoke(&self, name: &str) -> Result<(), TenantError> {
+        // A key id no key can name (keys' ids are hex) and a hash no key can match (empty).
+        let revoked_id = format!("revoked-{}", random_hex(8)?);
+        let updated = self.lock().execute(
+            "UPDATE tenants SET key_id = ?2, key_hash = X'' WHERE name = ?1",
+            params![name, revoked_id],
+        )?;
+        match updated {
+            0 => Err(TenantError::Unknown(name.to_string())),
+            _ => Ok(()),
+        }
     }
 
     /// Whether a tenant is named `name`.
@@ -164,5 +229,35 @@ mod tests {
         let file = std::fs::read(data.path().join(DATABASE_FILE)).unwrap();
         let secret = key.split_once('_').unwrap().1.as_bytes();
         assert!(!file.windows(secret.len()).any(|w| w == secret));
+    }
+
+    #[test]
+    fn a_rotated_key_replaces_the_old_one_and_a_revoked_tenant_has_none() {
+        let data = tempfile::tempdir().unwrap();
+        let tenants = Tenants::open(data.path()).unwrap();
+        let (alice, old) = tenants.create("alice", 2).unwrap();
+        let (bob, bobs) = tenants.create("bob", 1).unwrap();
+        let new = tenants.rotate_key("alice").unwrap();
+        assert_ne!(new, old);
+        assert_eq!(tenants.authenticate(&old).unwrap(), None);
+        assert_eq!(
+            tenants.authenticate(&new).unwrap(),
+            Some((alice.clone(), 2))
+        );
+        tenants.revoke("alice").unwrap();
+        assert_eq!(tenants.authenticate(&new).unwrap(), None);
+        // A key of the revoked id's shape cannot match either.
+        assert_eq!(tenants.authenticate("tml-revoked_").unwrap(), None);
+        let again = tenants.rotate_key("alice").unwrap();
+        assert_eq!(tenants.authenticate(&again).unwrap(), Some((alice, 2)));
+        assert_eq!(tenants.authenticate(&bobs).unwrap(), Some((bob, 1)));
+        assert!(matches!(
+            tenants.rotate_key("carol"),
+            Err(TenantError::Unknown(_))
+        ));
+        assert!(matches!(
+            tenants.revoke("carol"),
+            Err(TenantError::Unknown(_))
+        ));
     }
 }

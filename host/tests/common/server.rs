@@ -29,19 +29,26 @@ impl Drop for Server {
 }
 
 pub fn create_tenant(data: &Path, name: &str) -> String {
-    let output = Command::new(BIN)
-        .args(["tenant", "create", name, "--data"])
-        .arg(data)
-        .output()
-        .expect("running opentinker tenant create");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let key = String::from_utf8(output.stdout).unwrap().trim().to_string();
+    let key = tenant_command(data, &["create", name]);
     assert!(key.starts_with("tml-"), "{key}");
     key
+}
+
+/// `opentinker tenant ARGS --data DATA`, which must succeed; what it printed on stdout.
+pub fn tenant_command(data: &Path, args: &[&str]) -> String {
+    let output = Command::new(BIN)
+        .arg("tenant")
+        .args(args)
+        .arg("--data")
+        .arg(data)
+        .output()
+        .expect("running opentinker tenant");
+    assert!(
+        output.status.success(),
+        "tenant {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap().trim().to_string()
 }
 
 /// Start `opentinker serve` on `data` at `addr`; returns the process, the URL it serves and the
