@@ -419,6 +419,93 @@ fn each_tenant_quota_is_refused_with_a_clear_error_until_something_ends() {
     assert_eq!(second["kind"], "quota_exceeded", "{second}");
 }
 
+/// One memory budget (issue 45): with room for one job whose warm-up trains every weight (a
+/// base of its own), a second such job waits in the queue, its place and reason in its status,
+/// while another tenant's job on the served base runs at once; both run in turn and succeed. A
+/// job that could never fit is refused at once, naming the budget.
+#[test]
+fn jobs_wait_for_memory_under_the_budget_and_one_that_never_fits_is_refused() {
+    use opentinker::jobs::admission::{footprint, served_base_bytes};
+    use opentinker::model::Architecture;
+    use opentinker::model::tiny::{TinyShape, tiny_config};
+
+    let dir = tempfile::tempdir().unwrap();
+    let first = job(dir.path(), "first", true, 6);
+    let second = job(dir.path(), "second", true, 1);
+    let light = job(dir.path(), "light", false, 1);
+    // The budget: the served tiny base (as the server counts it) and one and a half such jobs.
+    let text = std::fs::read_to_string(&first).unwrap();
+    let parsed = opentinker::rl::job::Job::parse(&text, &first).unwrap();
+    let config = tiny_config(TinyShape::Tiny, Architecture::Qwen2).unwrap();
+    let context = config.max_position_embeddings;
+    let needs = footprint(&parsed, &config, context, false);
+    let kv_positions = 4096;
+    let held = served_base_bytes(&config, kv_positions.max(context));
+    let budget = held + needs + needs / 2;
+    let server = start_server_with(&[
+        "--kv-positions",
+        &kv_positions.to_string(),
+        "--memory-budget",
+        &budget.to_string(),
+    ]);
+    let submit = |key: &str, file: &Path| {
+        let (ok, _, err) = opentinker(
+            &server.url,
+            key,
+            &[os("submit"), file.as_os_str(), os("--detach")],
+        );
+        assert!(ok, "{err}");
+        job_id(&err)
+    };
+    let first_id = submit(&server.alice, &first);
+    let second_id = submit(&server.alice, &second);
+    let light_id = submit(&server.bob, &light);
+    let queued = status(&server, &server.alice, &second_id);
+    assert_eq!(queued["state"], "queued", "{queued}");
+    assert_eq!(queued["queue"]["position"], 1, "{queued}");
+    let reason = queued["queue"]["reason"].as_str().unwrap();
+    assert!(reason.contains("waiting for memory"), "{reason}");
+    assert_eq!(
+        status(&server, &server.alice, &first_id)["state"],
+        "running"
+    );
+
+    let wait = |key: &str, id: &str| {
+        let started = Instant::now();
+        loop {
+            let record = status(&server, key, id);
+            match record["state"].as_str() {
+                Some("succeeded") => return,
+                Some("failed" | "cancelled") => panic!("{record}"),
+                _ => {}
+            }
+            assert!(started.elapsed() < Duration::from_secs(600), "{record}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    wait(&server.bob, &light_id);
+    wait(&server.alice, &first_id);
+    wait(&server.alice, &second_id);
+
+    // Its own 0.5B-shaped model would never fit.
+    let big = dir.path().join("big.toml");
+    std::fs::write(
+        &big,
+        text.replace(r#"shape = "tiny""#, r#"shape = "qwen2.5-0.5b""#),
+    )
+    .unwrap();
+    let (ok, _, err) = opentinker(
+        &server.url,
+        &server.alice,
+        &[os("submit"), big.as_os_str(), os("--detach")],
+    );
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("budget for jobs") && err.contains("--memory-budget"),
+        "{err}"
+    );
+}
+
 /// A job's final summary from its status.
 fn summary(server: &Server, key: &str, id: &str) -> serde_json::Value {
     let record = status(server, key, id);

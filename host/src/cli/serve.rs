@@ -67,6 +67,38 @@ pub struct ServeArgs {
     /// files; an expired checkpoint is gone for every request as it expires.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     checkpoint_sweep_secs: u64,
+    /// The memory the server may hold (`24GiB`, `512MiB`, or bytes): the served bases are
+    /// counted first, and each job is admitted under the rest before it makes anything, queued
+    /// while there is no room, refused if it could never fit. Default: the machine's memory
+    /// less a headroom of a tenth (at least 2 GiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory_budget: Option<u64>,
+}
+
+/// A `--memory-budget` that is not a size.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?}: expected a size such as 24GiB, 512MiB or a number of bytes")]
+struct NotASize(String);
+
+fn parse_size(text: &str) -> Result<u64, NotASize> {
+    let trimmed = text.trim();
+    let digits = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits);
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "TiB" | "T" => 1 << 40,
+        _ => return Err(NotASize(text.to_string())),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| NotASize(text.to_string()))
 }
 
 /// A `--model` value that is not `NAME=DIR`.
@@ -128,6 +160,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_plugin_bytes_per_tenant: args.max_plugin_mib_per_tenant << 20,
         max_models_per_tenant: args.max_models_per_tenant,
         checkpoint_sweep: Duration::from_secs(args.checkpoint_sweep_secs),
+        memory_budget: args.memory_budget,
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),
             quantum: 128,

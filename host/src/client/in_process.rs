@@ -75,6 +75,12 @@ impl TinyModelSpec {
         (shape, arch)
     }
 
+    /// The configuration of the model [`TinyModelSpec::generate`] makes.
+    pub fn config(&self) -> Result<ModelConfig, crate::model::ConfigError> {
+        let (shape, arch) = self.parsed();
+        crate::model::tiny::tiny_config(shape, arch)
+    }
+
     /// Generate the model into `dir` unless it is there: whole or absent, so a run killed
     /// while generating it generates it again.
     pub fn generate(&self, dir: &Path) -> anyhow::Result<()> {

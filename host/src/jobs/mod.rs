@@ -3,11 +3,13 @@
 //! ([`records`]) and runs ([`runner`]) with the RL driver on its served bases, as the tenant.
 //! The server's routes and the CLI are the clients of this module; it knows nothing of HTTP.
 
+pub mod admission;
 pub mod packages;
 pub mod plugin_store;
 pub mod records;
 pub mod runner;
 
+pub use admission::{MemoryBudget, QueuePlace, human_bytes, served_base_bytes};
 pub use packages::PackageSource;
 pub use plugin_store::{PluginStore, StoredPlugin};
 pub use records::{JobRecord, JobState};

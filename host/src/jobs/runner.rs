@@ -13,10 +13,12 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
 
+use super::admission::{MemoryBudget, QueuePlace, footprint};
 use super::packages::PackageSource;
 use super::plugin_store::PluginStore;
 use super::records::{JobRecord, JobRecords, JobState, RecordError};
 use crate::api::{ApiError, ApiErrorKind, JobId, TenantId};
+use crate::client::in_process::TinyModelSpec;
 use crate::client::served::TenantBases;
 use crate::market::PackageRef;
 use crate::market::lock::{LockFile, Locked};
@@ -93,6 +95,9 @@ pub struct JobStatus {
     /// Each evaluation: its phase, step, whether it ran before the step (the evaluation before
     /// RL), the headline figures (`eval`) and each policy's.
     pub evaluations: Vec<serde_json::Value>,
+    /// Where a queued job waits for memory, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueuePlace>,
 }
 
 /// A metrics line's evaluations: the one before RL (on the first RL line), then the step's.
@@ -134,11 +139,14 @@ pub struct JobService {
     records: Arc<JobRecords>,
     running: Mutex<HashMap<JobId, Running>>,
     quotas: JobQuotas,
+    budget: Arc<MemoryBudget>,
 }
 
 /// A submitted job as checked: what runs, and the text recorded for it.
 struct Checked {
     job: Job,
+    /// The memory it will hold ([`footprint`]).
+    needs: u64,
     /// The job file with every plugin named by digest (packages resolved), which a restart
     /// checks again and runs as it is.
     text: String,
@@ -177,6 +185,7 @@ impl JobService {
         plugins: Arc<PluginStore>,
         packages: Arc<dyn PackageSource>,
         quotas: JobQuotas,
+        budget: Arc<MemoryBudget>,
     ) -> Result<Self, RecordError> {
         Ok(JobService {
             root: data.join("jobs"),
@@ -186,7 +195,30 @@ impl JobService {
             records: Arc::new(JobRecords::open(data)?),
             running: Mutex::new(HashMap::new()),
             quotas,
+            budget,
         })
+    }
+
+    /// The memory `job` will hold: on the served base it names, or on the tiny model it
+    /// generates for itself.
+    fn needs(&self, job: &Job) -> Result<u64, ApiError> {
+        let built_in = TinyModelSpec::built_in();
+        let served = match (&job.model.base, &job.model.init_tiny) {
+            (Some(name), _) => Some(name.as_str()),
+            (None, Some(tiny)) if *tiny == built_in => Some(TenantBases::built_in_tiny()),
+            _ => None,
+        };
+        if let Some(base) = served.and_then(|name| self.bases.iter().find(|b| b.name == name)) {
+            return Ok(footprint(job, &base.config, base.context, false));
+        }
+        let Some(tiny) = &job.model.init_tiny else {
+            return Ok(0);
+        };
+        let config = tiny
+            .config()
+            .map_err(|e| ApiError::internal(format!("the job's tiny model: {e}")))?;
+        let context = config.max_position_embeddings;
+        Ok(footprint(job, &config, context, true))
     }
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, Running>> {
@@ -300,8 +332,11 @@ impl JobService {
                 .map_err(|e| ApiError::internal(format!("writing the job with digests: {e}")))?,
             None => text.to_string(),
         };
+        let needs = self.needs(&job)?;
+        self.budget.check(needs)?;
         Ok(Checked {
             job,
+            needs,
             text,
             resolved,
         })
@@ -321,6 +356,7 @@ impl JobService {
         }
         let Checked {
             job,
+            needs,
             text,
             resolved,
         } = self.check(tenant, name, text).await?;
@@ -362,7 +398,7 @@ impl JobService {
             })
             .await?
         };
-        self.start(record.clone(), Arc::new(job), false);
+        self.start(record.clone(), Arc::new(job), needs, false);
         Ok(Submitted { record, resolved })
     }
 
@@ -378,7 +414,7 @@ impl JobService {
             };
             let resume = record.state == JobState::Running;
             match self.check(&tenant, &record.name, &record.spec).await {
-                Ok(checked) => self.start(record, Arc::new(checked.job), resume),
+                Ok(checked) => self.start(record, Arc::new(checked.job), checked.needs, resume),
                 Err(error) => {
                     let message = format!("cannot be resumed: {error}");
                     self.finish(&record.id, JobState::Failed, Some(message), None)
@@ -389,8 +425,9 @@ impl JobService {
         Ok(count)
     }
 
-    /// Run `job` as a task of its own.
-    fn start(self: &Arc<Self>, record: JobRecord, job: Arc<Job>, resume: bool) {
+    /// Run `job` as a task of its own, once the memory budget has room for the `needs` bytes
+    /// it will hold (queued until then).
+    fn start(self: &Arc<Self>, record: JobRecord, job: Arc<Job>, needs: u64, resume: bool) {
         let Some(tenant) = record.tenant.clone() else {
             return;
         };
@@ -420,6 +457,8 @@ impl JobService {
         // The entry is in place before the task can end and remove it.
         let mut running = self.running();
         let task = tokio::spawn(async move {
+            // Held until the job ends, is cancelled (the task aborted) or fails.
+            let _reservation = service.budget.admit(&id, needs).await;
             service.set_state(&id, JobState::Running).await;
             let host = service.plugins.host();
             let outcome = driver::run_job(run, resume, &engine, host, progress).await;
@@ -507,10 +546,12 @@ impl JobService {
         let latest = lines
             .last()
             .and_then(|line| serde_json::from_str(&line.json).ok());
+        let queue = self.budget.place(id);
         Ok(JobStatus {
             record,
             latest,
             evaluations,
+            queue,
         })
     }
 

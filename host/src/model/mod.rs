@@ -12,7 +12,7 @@ pub mod transformer;
 
 use std::path::{Path, PathBuf};
 
-pub use config::{Architecture, ModelConfig, OutOfVocabulary};
+pub use config::{Architecture, ConfigError, ModelConfig, OutOfVocabulary};
 pub use cpu_view::{CpuWeights, TensorView, sequence_logits};
 pub use site::{Site, Target};
 pub use transformer::Transformer;

@@ -18,7 +18,7 @@ use tokenizers::{
     TokenizerImpl,
 };
 
-use super::config::Architecture;
+use super::config::{Architecture, ConfigError, ModelConfig};
 use crate::store::{write_atomic, write_atomic_via_path};
 
 /// The sizes of a generated model.
@@ -101,6 +101,35 @@ pub fn init_tiny(
     let (bos, eos) = (special["<|endoftext|>"], special["<|im_end|>"]);
     let dims = shape.dims();
     let head_dim = dims.hidden / dims.heads;
+    let config = config_json(shape, arch, bos, eos);
+    write_json(&dir.join("config.json"), &config)?;
+    write_json(
+        &dir.join("generation_config.json"),
+        &json!({"bos_token_id": bos, "eos_token_id": [eos, bos], "do_sample": true}),
+    )?;
+    write_json(
+        &dir.join("tokenizer_config.json"),
+        &json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": null,
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "model_max_length": 32768,
+            "chat_template": CHATML_TEMPLATE,
+        }),
+    )?;
+    let tensors = random_weights(&dims, head_dim, arch, seed)?;
+    write_atomic_via_path(&dir.join("model.safetensors"), |temp| {
+        candle_core::safetensors::save(&tensors, temp).map_err(std::io::Error::other)
+    })?;
+    Ok(())
+}
+
+/// The `config.json` of a tiny model of `shape` and `arch` whose special tokens are `bos` and
+/// `eos`.
+fn config_json(shape: TinyShape, arch: Architecture, bos: u32, eos: u32) -> serde_json::Value {
+    let dims = shape.dims();
+    let head_dim = dims.hidden / dims.heads;
     let mut config = json!({
         "architectures": [match arch {
             Architecture::Llama => "LlamaForCausalLM",
@@ -132,27 +161,13 @@ pub fn init_tiny(
         config["sliding_window"] = json!(null);
         config["max_window_layers"] = json!(dims.layers);
     }
-    write_json(&dir.join("config.json"), &config)?;
-    write_json(
-        &dir.join("generation_config.json"),
-        &json!({"bos_token_id": bos, "eos_token_id": [eos, bos], "do_sample": true}),
-    )?;
-    write_json(
-        &dir.join("tokenizer_config.json"),
-        &json!({
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": null,
-            "eos_token": "<|im_end|>",
-            "pad_token": "<|endoftext|>",
-            "model_max_length": 32768,
-            "chat_template": CHATML_TEMPLATE,
-        }),
-    )?;
-    let tensors = random_weights(&dims, head_dim, arch, seed)?;
-    write_atomic_via_path(&dir.join("model.safetensors"), |temp| {
-        candle_core::safetensors::save(&tensors, temp).map_err(std::io::Error::other)
-    })?;
-    Ok(())
+    config
+}
+
+/// The configuration of a tiny model of `shape` and `arch`, as [`init_tiny`] writes it (what a
+/// server needs to count its memory before it is made).
+pub fn tiny_config(shape: TinyShape, arch: Architecture) -> Result<ModelConfig, ConfigError> {
+    ModelConfig::from_json(&config_json(shape, arch, 0, 1))
 }
 
 fn write_json(path: &Path, value: &serde_json::Value) -> std::io::Result<()> {

@@ -33,7 +33,9 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::api::{ApiError, ApiErrorKind, TenantId};
-use crate::jobs::{JobQuotas, JobService, PluginStore};
+use crate::jobs::{
+    JobQuotas, JobService, MemoryBudget, PluginStore, human_bytes, served_base_bytes,
+};
 use crate::sched::service::Change;
 use crate::sched::{
     FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
@@ -82,6 +84,10 @@ pub struct ServerConfig {
     /// How often expired checkpoints (`ttl_seconds`) are deleted; they are gone for every
     /// reader as they expire, this frees their files.
     pub checkpoint_sweep: Duration,
+    /// The memory the server may hold, in bytes; `None`: the machine's less a headroom
+    /// (`jobs::admission::machine_budget`). The served bases take their share first; jobs are
+    /// admitted under the rest.
+    pub memory_budget: Option<u64>,
 }
 
 /// What a start found recorded from earlier runs.
@@ -179,8 +185,23 @@ impl AppState {
                 (config.data.clone(), service.bases(), Arc::clone(&plugins));
             let packages = Arc::new(registry::JobPackages(Arc::clone(&registry)));
             let quotas = config.job_quotas;
+            let total = config
+                .memory_budget
+                .or_else(crate::jobs::admission::machine_budget)
+                .unwrap_or(u64::MAX);
+            let held: u64 = bases
+                .iter()
+                .map(|b| served_base_bytes(&b.config, config.kv_positions.max(b.context)))
+                .sum();
+            let budget = MemoryBudget::new(total.saturating_sub(held));
+            tracing::info!(
+                "memory budget {}: {} for jobs, {} held by the served bases",
+                human_bytes(total),
+                human_bytes(budget.total()),
+                human_bytes(held)
+            );
             tokio::task::spawn_blocking(move || {
-                JobService::open(&data, bases, plugins, packages, quotas)
+                JobService::open(&data, bases, plugins, packages, quotas, budget)
             })
             .await?
             .context("opening the jobs table")?
