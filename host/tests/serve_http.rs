@@ -211,6 +211,50 @@ fn a_rotated_or_revoked_key_stops_working_on_the_running_server() {
 }
 
 #[test]
+fn answers_past_their_retention_are_pruned_from_the_database() {
+    let server = server::start_server_with(&[
+        "--answer-retention-secs",
+        "1",
+        "--checkpoint-sweep-secs",
+        "1",
+    ]);
+    let answered = || -> i64 {
+        let db = rusqlite::Connection::open(
+            server
+                .data
+                .path()
+                .join(opentinker::store::database::DATABASE_FILE),
+        )
+        .unwrap();
+        db.query_row(
+            "SELECT COUNT(*) FROM requests WHERE finished = 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    model(&server);
+    assert!(answered() >= 1, "create_model's answer is not recorded");
+    // Answered at a whole second, kept a second, pruned by the next sweep (every second).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while answered() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "old answers were kept"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // The model it made stays.
+    assert_eq!(get(&server, "training_runs", &server.alice).0, 200);
+    let (_, runs) = get(&server, "training_runs", &server.alice);
+    assert_eq!(
+        runs["training_runs"].as_array().map(Vec::len),
+        Some(1),
+        "{runs}"
+    );
+}
+
+#[test]
 fn malformed_and_wrong_requests_get_a_4xx_that_names_the_problem() {
     let server = start_server();
     let model = model(&server);

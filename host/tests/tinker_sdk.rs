@@ -18,12 +18,17 @@ use server::{BIN, Server, create_tenant, spawn_server, start_server};
 
 /// The command that runs `tests/tinker_sdk/{script}` with the SDK pointed at `server`.
 fn script_command(python: &Path, script: &str, server: &Server) -> Command {
+    script_command_at(python, script, server, &server.url)
+}
+
+/// [`script_command`] with the SDK pointed at `url` (a proxy in front of `server`).
+fn script_command_at(python: &Path, script: &str, server: &Server, url: &str) -> Command {
     let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tinker_sdk");
     let mut command = Command::new(python);
     command
         .arg(scripts.join(script))
         .current_dir(&scripts)
-        .env("TINKER_BASE_URL", &server.url)
+        .env("TINKER_BASE_URL", url)
         .env("TINKER_API_KEY", &server.alice)
         .env("OTHER_TINKER_API_KEY", &server.bob)
         .env("TENANT_NAME", "alice")
@@ -38,13 +43,28 @@ fn script_command(python: &Path, script: &str, server: &Server) -> Command {
 }
 
 /// Run `tests/tinker_sdk/{script}` against a fresh server; its output is printed, and a failure
-/// (an assertion in the script, an SDK error) fails the test.
+/// (an assertion in the script, an SDK error) fails the test, as does an answer of the server
+/// that names its data folder (no path of the server's disk reaches a client).
 fn run_script(script: &str) {
     let Some(python) = python() else { return };
     let server = start_server();
-    let output = script_command(&python, script, &server)
+    let proxy = server::RecordingProxy::start(&server.url);
+    let output = script_command_at(&python, script, &server, &proxy.url)
         .output()
         .expect("running the SDK script");
+    let answers = proxy.sent();
+    let data = server.data.path().display().to_string();
+    if let Some(at) = answers.find(&data) {
+        let from = answers[..at]
+            .char_indices()
+            .rev()
+            .nth(200)
+            .map_or(0, |(i, _)| i);
+        panic!(
+            "{script}: an answer names the server's data folder {data}: ...{}",
+            &answers[from..(at + data.len() + 100).min(answers.len())]
+        );
+    }
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),

@@ -67,6 +67,10 @@ pub struct ServeArgs {
     /// files; an expired checkpoint is gone for every request as it expires.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     checkpoint_sweep_secs: u64,
+    /// Seconds an answered request's answer is kept for `retrieve_future` (the SDK asks within
+    /// seconds); the sweep prunes older ones, so the database stays bounded.
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    answer_retention_secs: u64,
     /// The memory the server may hold (`24GiB`, `512MiB`, or bytes): the served bases are
     /// counted first, and each job is admitted under the rest before it makes anything, queued
     /// while there is no room, refused if it could never fit. Default: the machine's memory
@@ -161,6 +165,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_models_per_tenant: args.max_models_per_tenant,
         checkpoint_sweep: Duration::from_secs(args.checkpoint_sweep_secs),
         memory_budget: args.memory_budget,
+        answer_retention: Duration::from_secs(args.answer_retention_secs),
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),
             quantum: 128,

@@ -493,7 +493,9 @@ impl JobService {
         }
     }
 
-    /// Record how job `id` ended, and tell its followers.
+    /// Record how job `id` ended, and tell its followers. A path of the server in the error
+    /// is written from the jobs' folder on (`jobs/TENANT/ID/...`, as the job's files are
+    /// named to its tenant): no path of the server's disk reaches an answer.
     async fn finish(
         &self,
         id: &JobId,
@@ -501,6 +503,8 @@ impl JobService {
         error: Option<String>,
         summary: Option<serde_json::Value>,
     ) {
+        let root = self.root.display().to_string();
+        let error = error.map(|e| e.replace(&root, "jobs"));
         let (records, record_id, message) = (Arc::clone(&self.records), id.clone(), error.clone());
         let set = blocking(move || {
             records

@@ -247,6 +247,17 @@ impl Journal {
         Ok(())
     }
 
+    /// Forget the requests answered more than `retention` ago (their answers and payload
+    /// digests): the SDK has long stopped asking for them, and the database stays bounded.
+    /// Unfinished requests are kept. Returns how many went.
+    pub fn prune_answers(&self, retention: std::time::Duration) -> Result<usize, JournalError> {
+        let before = unix_now() - retention.as_secs() as i64;
+        Ok(self.lock().execute(
+            "DELETE FROM requests WHERE finished = 1 AND finished_at < ?1",
+            params![before],
+        )?)
+    }
+
     /// The answer of finished request `id`, with its tenant.
     pub fn answer(&self, id: &str) -> Result<Option<(TenantId, Outcome)>, JournalError> {
         let row: Option<(String, Option<String>, Option<Vec<u8>>)> = self

@@ -84,6 +84,9 @@ pub struct ServerConfig {
     /// How often expired checkpoints (`ttl_seconds`) are deleted; they are gone for every
     /// reader as they expire, this frees their files.
     pub checkpoint_sweep: Duration,
+    /// How long an answered request's answer is kept for `retrieve_future` (the SDK asks for
+    /// it within seconds); older ones are pruned from the journal by the sweep.
+    pub answer_retention: Duration,
     /// The memory the server may hold, in bytes; `None`: the machine's less a headroom
     /// (`jobs::admission::machine_budget`). The served bases take their share first; jobs are
     /// admitted under the rest.
@@ -221,7 +224,7 @@ impl AppState {
         });
         state.futures.restore(recorded.finished);
         routes::resume(&state, recorded.pending);
-        sweep_checkpoints(&state, config.checkpoint_sweep).await;
+        sweep_expired(&state, config.checkpoint_sweep, config.answer_retention).await;
         restored.jobs = jobs
             .resume_unfinished()
             .await
@@ -322,7 +325,7 @@ impl IntoResponse for HttpError {
             ApiErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let body = json!({
-            "error": self.0.message,
+            "error": public_message(&self.0),
             "category": category(self.0.kind),
             "kind": self.0.kind,
         });
@@ -331,11 +334,37 @@ impl IntoResponse for HttpError {
     }
 }
 
-/// Delete the expired checkpoints now, and every `interval` for as long as the server runs.
-async fn sweep_checkpoints(state: &Arc<AppState>, interval: Duration) {
-    let sweep = |state: Arc<AppState>| async move {
+/// What a client is told of `error`: its message, except for an internal failure's, which can
+/// name the server's files and workings: that one goes to the server's log under a reference,
+/// and the client is told the reference.
+pub(crate) fn public_message(error: &ApiError) -> String {
+    if error.kind != ApiErrorKind::Internal {
+        return error.message.clone();
+    }
+    let mut bytes = [0u8; 4];
+    let reference = match getrandom::fill(&mut bytes) {
+        Ok(()) => hex::encode(bytes),
+        Err(_) => "unnumbered".to_string(),
+    };
+    tracing::error!(reference, "internal error: {}", error.message);
+    format!("internal error {reference}: the server's log has its details")
+}
+
+/// Delete the expired checkpoints and prune the answers older than `answer_retention` now, and
+/// every `interval` for as long as the server runs.
+async fn sweep_expired(state: &Arc<AppState>, interval: Duration, answer_retention: Duration) {
+    let sweep = move |state: Arc<AppState>| async move {
         for (tenant, path) in state.service.sweep_checkpoints().await {
             tracing::info!(%tenant, %path, "expired checkpoint deleted");
+        }
+        let pruned = state
+            .journal
+            .off_thread(move |journal| journal.prune_answers(answer_retention))
+            .await;
+        match pruned {
+            Ok(0) => {}
+            Ok(count) => tracing::info!(count, "answers past their retention pruned"),
+            Err(error) => tracing::warn!("pruning old answers: {error}"),
         }
     };
     sweep(Arc::clone(state)).await;

@@ -671,7 +671,7 @@ async fn retrieve_future(
         )
             .into_response(),
         Err(error) => Json(json!({
-            "error": error.message,
+            "error": super::public_message(error),
             "category": category(error.kind),
             "kind": error.kind,
         }))

@@ -5,9 +5,10 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_opentinker");
@@ -157,4 +158,54 @@ pub fn request(
     let head = String::from_utf8_lossy(&answer[..split]).into_owned();
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     (status, head, answer[split + 4..].to_vec())
+}
+
+/// A TCP proxy on loopback in front of a server that keeps every byte the server sends, so a
+/// test can look at all of its answers whatever the client (the Python SDK's included).
+pub struct RecordingProxy {
+    /// What the client is given instead of the server's URL.
+    pub url: String,
+    sent: Arc<Mutex<Vec<u8>>>,
+}
+
+impl RecordingProxy {
+    /// Forward each connection to `upstream` (`http://HOST:PORT`), recording the answers.
+    pub fn start(upstream: &str) -> Self {
+        let upstream = upstream.trim_start_matches("http://").to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let recorded = Arc::clone(&sent);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let (Ok(client), Ok(server)) = (client, TcpStream::connect(&upstream)) else {
+                    continue;
+                };
+                let (mut from_client, mut to_server) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from_client, &mut to_server);
+                    let _ = to_server.shutdown(Shutdown::Write);
+                });
+                let recorded = Arc::clone(&recorded);
+                std::thread::spawn(move || {
+                    let (mut from_server, mut to_client) = (server, client);
+                    let mut buffer = [0u8; 1 << 14];
+                    while let Ok(n @ 1..) = from_server.read(&mut buffer) {
+                        recorded.lock().unwrap().extend_from_slice(&buffer[..n]);
+                        if to_client.write_all(&buffer[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_client.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        RecordingProxy { url, sent }
+    }
+
+    /// Everything the server has sent so far, as text (lossy).
+    pub fn sent(&self) -> String {
+        String::from_utf8_lossy(&self.sent.lock().unwrap()).into_owned()
+    }
 }
