@@ -421,8 +421,9 @@ fn each_tenant_quota_is_refused_with_a_clear_error_until_something_ends() {
 
 /// One memory budget (issue 45): with room for one job whose warm-up trains every weight (a
 /// base of its own), a second such job waits in the queue, its place and reason in its status,
-/// while another tenant's job on the served base runs at once; both run in turn and succeed. A
-/// job that could never fit is refused at once, naming the budget.
+/// while another tenant's job on the served base runs at once. Killed (`kill -9`) and started
+/// again, the server admits what it resumes under the same budget: still one at a time. All
+/// succeed. A job that could never fit is refused at once, naming the budget.
 #[test]
 fn jobs_wait_for_memory_under_the_budget_and_one_that_never_fits_is_refused() {
     use opentinker::jobs::admission::{footprint, served_base_bytes};
@@ -442,12 +443,9 @@ fn jobs_wait_for_memory_under_the_budget_and_one_that_never_fits_is_refused() {
     let kv_positions = 4096;
     let held = served_base_bytes(&config, kv_positions.max(context));
     let budget = held + needs + needs / 2;
-    let server = start_server_with(&[
-        "--kv-positions",
-        &kv_positions.to_string(),
-        "--memory-budget",
-        &budget.to_string(),
-    ]);
+    let (kv_positions, budget) = (kv_positions.to_string(), budget.to_string());
+    let options = ["--kv-positions", &kv_positions, "--memory-budget", &budget];
+    let mut server = start_server_with(&options);
     let submit = |key: &str, file: &Path| {
         let (ok, _, err) = opentinker(
             &server.url,
@@ -469,6 +467,20 @@ fn jobs_wait_for_memory_under_the_budget_and_one_that_never_fits_is_refused() {
         status(&server, &server.alice, &first_id)["state"],
         "running"
     );
+
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let (child, url, line) = server::spawn_server_with(server.data.path(), "127.0.0.1:0", &options);
+    (server.child, server.url) = (child, url);
+    let states: Vec<serde_json::Value> = [&first_id, &second_id]
+        .map(|id| status(&server, &server.alice, id))
+        .into();
+    let running = states.iter().filter(|s| s["state"] == "running").count();
+    let waiting = states
+        .iter()
+        .filter(|s| s["queue"]["position"] == 1)
+        .count();
+    assert!(running <= 1 && waiting == 1, "{line}: {states:?}");
 
     let wait = |key: &str, id: &str| {
         let started = Instant::now();

@@ -250,11 +250,13 @@ impl JobRecords {
         rows.map(|row| complete(row?)).collect()
     }
 
-    /// Every job that has not ended, oldest first: what a restarted server resumes.
+    /// Every job that has not ended, the running ones first (they held their memory), then in
+    /// the order they were submitted: what a restarted server resumes, and admits, in turn.
     pub fn unfinished(&self) -> Result<Vec<JobRecord>, RecordError> {
         let db = self.db();
         let mut statement = db.prepare(&format!(
-            "SELECT {COLUMNS} FROM jobs WHERE state IN ('queued', 'running') ORDER BY created_at, id"
+            "SELECT {COLUMNS} FROM jobs WHERE state IN ('queued', 'running')
+             ORDER BY state = 'queued', created_at, rowid"
         ))?;
         let rows = statement.query_map([], record_of)?;
         rows.map(|row| complete(row?)).collect()

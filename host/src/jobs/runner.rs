@@ -522,19 +522,34 @@ impl JobService {
     /// `tenant`'s job `id`; another tenant's is answered as an unknown one.
     pub async fn get(&self, tenant: &TenantId, id: &JobId) -> Result<JobRecord, ApiError> {
         let (records, tenant, id) = (Arc::clone(&self.records), tenant.clone(), id.clone());
-        blocking(move || {
+        let mut record = blocking(move || {
             records
                 .get(&tenant, &id)
                 .map_err(record_error)?
                 .ok_or_else(|| ApiError::not_found(format!("job {id}")))
         })
-        .await
+        .await?;
+        self.show_waiting(&mut record);
+        Ok(record)
     }
 
     /// `tenant`'s jobs, newest first.
     pub async fn list(&self, tenant: &TenantId) -> Result<Vec<JobRecord>, ApiError> {
         let (records, tenant) = (Arc::clone(&self.records), tenant.clone());
-        blocking(move || records.list(&tenant).map_err(record_error)).await
+        let mut listed = blocking(move || records.list(&tenant).map_err(record_error)).await?;
+        for record in &mut listed {
+            self.show_waiting(record);
+        }
+        Ok(listed)
+    }
+
+    /// A job waiting for memory is `queued`, whatever its record says: one that was running
+    /// when the server stopped keeps `running` recorded (so that a restart resumes it from its
+    /// checkpoint), and waits again until the budget has room.
+    fn show_waiting(&self, record: &mut JobRecord) {
+        if self.budget.place(&record.id).is_some() {
+            record.state = JobState::Queued;
+        }
     }
 
     /// The job's record, its latest metrics line and its evaluations.
