@@ -180,44 +180,7 @@ proptest! {
         kv_heads in 1usize..3, groups in 1usize..3, half in 1usize..3, seed in 0u64..1000,
     ) {
         let shape = Heads { heads: kv_heads * groups, kv_heads, head_dim: 2 * half };
-        let rows: usize = lengths.iter().sum();
-        let (q_len, kv_len) = (rows * shape.heads * shape.head_dim, rows * kv_heads * shape.head_dim);
-        let (q, k, v) = (values(q_len, seed), values(kv_len, seed + 1), values(kv_len, seed + 2));
-        let forward = |q: &[f64], k: &[f64], v: &[f64]| {
-            let mut out = vec![0.0; q.len()];
-            let mut lse = vec![0.0; rows * shape.heads];
-            attention_forward(q, k, v, shape, &lengths, &mut out, &mut lse);
-            (out, lse)
-        };
-        let (out, lse) = forward(&q, &k, &v);
-        // The f32 forward against the sampler's f64 reference, sequence by sequence.
-        let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
-        let (q32, k32, v32) = (f32s(&q), f32s(&k), f32s(&v));
-        let mut out32 = vec![0.0f32; q_len];
-        let mut lse32 = vec![0.0f32; rows * shape.heads];
-        attention_forward(&q32, &k32, &v32, shape, &lengths, &mut out32, &mut lse32);
-        let (mut start, hd) = (0, shape.head_dim);
-        let mut want = Vec::new();
-        for &n in &lengths {
-            let cache = |x: &[f32], h: usize| -> Vec<f32> {
-                (start..start + n)
-                    .flat_map(|r| x[(r * kv_heads + h) * hd..][..hd].to_vec())
-                    .collect()
-            };
-            let keys: Vec<Vec<f32>> = (0..kv_heads).map(|h| cache(&k32, h)).collect();
-            let values: Vec<Vec<f32>> = (0..kv_heads).map(|h| cache(&v32, h)).collect();
-            let q_seq = &q32[start * shape.heads * hd..(start + n) * shape.heads * hd];
-            want.extend(reference::causal_attention(q_seq, &slices(&keys), &slices(&values), shape, 0));
-            start += n;
-        }
-        assert_close("out", &out32, &want, 1e-5);
-
-        let d_out = values(q_len, seed + 3);
-        let (mut dq, mut dk, mut dv) = (vec![0.0; q_len], vec![0.0; kv_len], vec![0.0; kv_len]);
-        attention_backward(&q, &k, &v, &out, &lse, &d_out, shape, &lengths, &mut dq, &mut dk, &mut dv);
-        check_gradient("dq", &q, &dq, |q| dot(&d_out, &forward(q, &k, &v).0));
-        check_gradient("dk", &k, &dk, |k| dot(&d_out, &forward(&q, k, &v).0));
-        check_gradient("dv", &v, &dv, |v| dot(&d_out, &forward(&q, &k, v).0));
+        check_attention(&lengths, shape, seed, 1);
     }
 
     #[test]
@@ -304,45 +267,53 @@ proptest! {
 /// would take minutes).
 #[test]
 fn whole_sequence_attention_over_several_blocks() {
-    let lengths = [130, 70, 1];
     let shape = Heads {
         heads: 4,
         kv_heads: 2,
         head_dim: 4,
     };
+    check_attention(&[130, 70, 1], shape, 1, 17);
+}
+
+/// The whole-sequence attention of sequences of `lengths`: its f32 forward against the
+/// sampler's f64 reference, sequence by sequence, and its backward against central differences
+/// in f64 at every `every`-th entry of `dq`, `dk` and `dv`.
+fn check_attention(lengths: &[usize], shape: Heads, seed: u64, every: usize) {
     let rows: usize = lengths.iter().sum();
     let (q_len, kv_len) = (
         rows * shape.heads * shape.head_dim,
         rows * shape.kv_heads * shape.head_dim,
     );
-    let (q, k, v) = (values(q_len, 1), values(kv_len, 2), values(kv_len, 3));
+    let (q, k, v) = (
+        values(q_len, seed),
+        values(kv_len, seed + 1),
+        values(kv_len, seed + 2),
+    );
     let forward = |q: &[f64], k: &[f64], v: &[f64]| {
         let mut out = vec![0.0; q.len()];
         let mut lse = vec![0.0; rows * shape.heads];
-        attention_forward(q, k, v, shape, &lengths, &mut out, &mut lse);
+        attention_forward(q, k, v, shape, lengths, &mut out, &mut lse);
         (out, lse)
     };
     let (out, lse) = forward(&q, &k, &v);
+    let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+    let (q32, k32, v32) = (f32s(&q), f32s(&k), f32s(&v));
+    let mut out32 = vec![0.0f32; q_len];
+    let mut lse32 = vec![0.0f32; rows * shape.heads];
+    attention_forward(&q32, &k32, &v32, shape, lengths, &mut out32, &mut lse32);
     let (mut start, hd) = (0, shape.head_dim);
     let mut want = Vec::new();
-    for &n in &lengths {
-        let cache = |x: &[f64], h: usize| -> Vec<f32> {
+    for &n in lengths {
+        let cache = |x: &[f32], h: usize| -> Vec<f32> {
             (start..start + n)
-                .flat_map(|r| {
-                    x[(r * shape.kv_heads + h) * hd..][..hd]
-                        .iter()
-                        .map(|&v| v as f32)
-                })
+                .flat_map(|r| x[(r * shape.kv_heads + h) * hd..][..hd].to_vec())
                 .collect()
         };
-        let keys: Vec<Vec<f32>> = (0..shape.kv_heads).map(|h| cache(&k, h)).collect();
-        let values: Vec<Vec<f32>> = (0..shape.kv_heads).map(|h| cache(&v, h)).collect();
-        let q_seq: Vec<f32> = q[start * shape.heads * hd..(start + n) * shape.heads * hd]
-            .iter()
-            .map(|&v| v as f32)
-            .collect();
+        let keys: Vec<Vec<f32>> = (0..shape.kv_heads).map(|h| cache(&k32, h)).collect();
+        let values: Vec<Vec<f32>> = (0..shape.kv_heads).map(|h| cache(&v32, h)).collect();
+        let q_seq = &q32[start * shape.heads * hd..(start + n) * shape.heads * hd];
         want.extend(reference::causal_attention(
-            &q_seq,
+            q_seq,
             &slices(&keys),
             &slices(&values),
             shape,
@@ -350,22 +321,21 @@ fn whole_sequence_attention_over_several_blocks() {
         ));
         start += n;
     }
-    let got: Vec<f32> = out.iter().map(|&v| v as f32).collect();
-    assert_close("out", &got, &want, 1e-5);
+    assert_close("out", &out32, &want, 1e-5);
 
-    let d_out = values(q_len, 4);
+    let d_out = values(q_len, seed + 3);
     let (mut dq, mut dk, mut dv) = (vec![0.0; q_len], vec![0.0; kv_len], vec![0.0; kv_len]);
     attention_backward(
-        &q, &k, &v, &out, &lse, &d_out, shape, &lengths, &mut dq, &mut dk, &mut dv,
+        &q, &k, &v, &out, &lse, &d_out, shape, lengths, &mut dq, &mut dk, &mut dv,
     );
-    let every = |n: usize| (0..n).step_by(17);
-    check_gradient_at("dq", &q, &dq, every(q_len), |q| {
+    let at = |n: usize| (0..n).step_by(every);
+    check_gradient_at("dq", &q, &dq, at(q_len), |q| {
         dot(&d_out, &forward(q, &k, &v).0)
     });
-    check_gradient_at("dk", &k, &dk, every(kv_len), |k| {
+    check_gradient_at("dk", &k, &dk, at(kv_len), |k| {
         dot(&d_out, &forward(&q, k, &v).0)
     });
-    check_gradient_at("dv", &v, &dv, every(kv_len), |v| {
+    check_gradient_at("dv", &v, &dv, at(kv_len), |v| {
         dot(&d_out, &forward(&q, &k, v).0)
     });
 }

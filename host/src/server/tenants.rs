@@ -105,12 +105,7 @@ impl Tenants {
     /// the tenant's share of the loops relative to others (1: an equal share).
     pub fn create(&self, name: &str, weight: u64) -> Result<(TenantId, String), TenantError> {
         let tenant = TenantId::new(name)?;
-        let NewKey {
-            key,
-            key_id,
-            salt,
-            hash,
-        } = NewKey::make()?;
+        let new = NewKey::make()?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
@@ -119,9 +114,9 @@ impl Tenants {
              VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(name) DO NOTHING",
             params![
                 tenant.as_str(),
-                key_id,
-                salt,
-                hash,
+                new.key_id,
+                new.salt,
+                new.hash,
                 now,
                 weight.max(1) as i64
             ],
@@ -129,25 +124,20 @@ impl Tenants {
         if inserted == 0 {
             return Err(TenantError::NameTaken(name.to_string()));
         }
-        Ok((tenant, key))
+        Ok((tenant, new.key))
     }
 
     /// Give tenant `name` a new key, returned once; its old key (or none, after a revocation)
     /// stops working.
     pub fn rotate_key(&self, name: &str) -> Result<String, TenantError> {
-        let NewKey {
-            key,
-            key_id,
-            salt,
-            hash,
-        } = NewKey::make()?;
+        let new = NewKey::make()?;
         let updated = self.lock().execute(
             "UPDATE tenants SET key_id = ?2, salt = ?3, key_hash = ?4 WHERE name = ?1",
-            params![name, key_id, salt, hash],
+            params![name, new.key_id, new.salt, new.hash],
         )?;
         match updated {
             0 => Err(TenantError::Unknown(name.to_string())),
-            _ => Ok(key),
+            _ => Ok(new.key),
         }
     }
 
