@@ -208,9 +208,8 @@ macro_rules! train_backend {
                 dweight: Option<&mut Vec<$t>>,
             ) -> Result<(), Infallible> {
                 let (rows, eps) = (x.len() / weight.len(), <$t>::of(eps));
-                let mut normed = vec![<$t>::zero(); x.len()];
                 let mut inverse = vec![<$t>::zero(); rows];
-                ops::rms_norm_saving(x, weight, eps, &mut normed, &mut inverse);
+                ops::inverse_rms_rows(x, weight.len(), eps, &mut inverse);
                 ops::rms_norm_backward(
                     x,
                     weight,

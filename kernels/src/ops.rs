@@ -39,6 +39,16 @@ fn inverse_rms<T: Float>(row: &[T], eps: T) -> T {
     T::one() / (mean_square + eps).sqrt()
 }
 
+/// Each row's `1 / rms` of `x` (rows of `n`): what the backward of an RMSNorm needs of its
+/// forward, recomputed without the normalised rows.
+pub fn inverse_rms_rows<T: Float>(x: &[T], n: usize, eps: T, inverse: &mut [T]) {
+    assert_eq!(inverse.len(), x.len() / n, "one inverse rms per row");
+    x.par_chunks_exact(n)
+        .zip(inverse.par_iter_mut())
+        .with_min_len(min_rows(n))
+        .for_each(|(row, inv)| *inv = inverse_rms(row, eps));
+}
+
 /// `out = ` RMSNorm of each row of `x`, keeping each row's `1 / rms` in `inverse` for the
 /// backward.
 pub fn rms_norm_saving<T: Float>(x: &[T], weight: &[T], eps: T, out: &mut [T], inverse: &mut [T]) {

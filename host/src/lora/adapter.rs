@@ -181,23 +181,26 @@ impl Adapter {
     }
 
     /// Whether every site exists in `model` and has its shapes.
-    pub fn check_fits(&self, model: &ModelConfig) -> Result<(), String> {
+    pub fn check_fits(&self, model: &ModelConfig) -> Result<(), AdapterMismatch> {
         for (site, pair) in &self.sites {
-            if let Site::Layer(i, _) = site
-                && *i >= model.num_layers
+            if let Site::Layer(layer, _) = site
+                && *layer >= model.num_layers
             {
-                return Err(format!("layer {i} of a model of {}", model.num_layers));
+                return Err(AdapterMismatch::NoSuchLayer {
+                    layer: *layer,
+                    layers: model.num_layers,
+                });
             }
             let (out, inp) = site.shape(model);
             let rank = self.config.rank;
-            if pair.a.as_tensor().dims() != [rank, inp] || pair.b.as_tensor().dims() != [out, rank]
-            {
-                return Err(format!(
-                    "{} has A {:?} and B {:?}, the base model needs [{rank}, {inp}] and [{out}, {rank}]",
-                    site.peft_prefix(),
-                    pair.a.as_tensor().dims(),
-                    pair.b.as_tensor().dims()
-                ));
+            let (a, b) = (pair.a.as_tensor().dims(), pair.b.as_tensor().dims());
+            if a != [rank, inp] || b != [out, rank] {
+                return Err(AdapterMismatch::Shapes {
+                    site: site.peft_prefix(),
+                    a: a.to_vec(),
+                    b: b.to_vec(),
+                    needed: ([rank, inp], [out, rank]),
+                });
             }
         }
         Ok(())
@@ -216,6 +219,23 @@ impl Adapter {
             })
             .collect()
     }
+}
+
+/// Why an adapter cannot serve a base model.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum AdapterMismatch {
+    #[error("it has layer {layer}; the base model has {layers} layers")]
+    NoSuchLayer { layer: usize, layers: usize },
+    #[error("{site} has A {a:?} and B {b:?}, the base model needs {:?} and {:?}", needed.0, needed.1)]
+    Shapes {
+        site: String,
+        a: Vec<usize>,
+        b: Vec<usize>,
+        needed: ([usize; 2], [usize; 2]),
+    },
+    /// Its tensors could not be copied (candle's message).
+    #[error("copying it: {0}")]
+    Copy(String),
 }
 
 #[derive(Debug, thiserror::Error)]

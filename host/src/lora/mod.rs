@@ -8,7 +8,7 @@ mod apply;
 pub mod registry;
 mod score;
 
-pub use adapter::{Adapter, AdapterError, LoraConfig, LoraError, LowRank};
+pub use adapter::{Adapter, AdapterError, AdapterMismatch, LoraConfig, LoraError, LowRank};
 pub use apply::CpuAdapters;
 pub use registry::{AdapterRegistry, PolicyVersion, RegistryError};
 pub use score::{RowAdapters, token_logprobs};

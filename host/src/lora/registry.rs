@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
-use super::Adapter;
+use super::{Adapter, AdapterMismatch};
 use crate::model::Transformer;
 
 /// An immutable adapter version: what the sampler decodes with.
@@ -35,7 +35,10 @@ pub enum RegistryError {
         latest: u64,
     },
     #[error("adapter {name:?} does not fit this base model: {problem}")]
-    Mismatch { name: String, problem: String },
+    Mismatch {
+        name: String,
+        problem: Box<AdapterMismatch>,
+    },
 }
 
 #[derive(Default)]
@@ -72,12 +75,12 @@ impl AdapterRegistry {
     ) -> Result<Arc<PolicyVersion>, RegistryError> {
         let frozen = adapter.frozen_copy().map_err(|e| RegistryError::Mismatch {
             name: name.to_string(),
-            problem: e.to_string(),
+            problem: Box::new(AdapterMismatch::Copy(e.to_string())),
         })?;
         if let Err(problem) = frozen.check_fits(&self.base.config) {
             return Err(RegistryError::Mismatch {
                 name: name.to_string(),
-                problem,
+                problem: Box::new(problem),
             });
         }
         let mut versions = self.lock();
@@ -180,6 +183,10 @@ mod tests {
         bigger.num_layers += 1;
         let foreign = Adapter::new(&bigger, LoraConfig::default(), DType::F32).unwrap();
         let err = registry.publish("foreign", &foreign).unwrap_err();
-        assert!(err.to_string().contains("layer 4 of a model of 4"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("layer 4; the base model has 4 layers"),
+            "{err}"
+        );
     }
 }
