@@ -463,6 +463,10 @@ fn jobs_wait_for_memory_under_the_budget_and_one_that_never_fits_is_refused() {
     assert_eq!(queued["queue"]["position"], 1, "{queued}");
     let reason = queued["queue"]["reason"].as_str().unwrap();
     assert!(reason.contains("waiting for memory"), "{reason}");
+    // The list (which the dashboard shows) tells the same.
+    let (ok, listed, err) = opentinker(&server.url, &server.alice, &[os("jobs"), os("list")]);
+    assert!(ok, "{err}");
+    assert!(listed.contains("queued #1"), "{listed}");
     assert_eq!(
         status(&server, &server.alice, &first_id)["state"],
         "running"

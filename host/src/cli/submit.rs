@@ -311,10 +311,16 @@ pub fn run_jobs(command: JobsCommand) -> anyhow::Result<()> {
     match command {
         JobsCommand::List { server } => {
             let jobs = runtime.block_on(server.client()?.list())?;
-            let jobs: Vec<JobRecord> = serde_json::from_value(jobs["jobs"].clone())
-                .context("reading the server's answer")?;
-            for job in jobs {
-                println!("{}  {:<10} {}", job.id, job.state, job.name);
+            let listed = jobs["jobs"].as_array().cloned().unwrap_or_default();
+            for value in listed {
+                let job: JobRecord =
+                    serde_json::from_value(value.clone()).context("reading the server's answer")?;
+                // A job waiting for memory shows its place in the queue.
+                let state = match value["queue"]["position"].as_u64() {
+                    Some(position) => format!("{} #{position}", job.state),
+                    None => job.state.to_string(),
+                };
+                println!("{}  {state:<10} {}", job.id, job.name);
             }
             Ok(())
         }

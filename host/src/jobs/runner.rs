@@ -543,6 +543,11 @@ impl JobService {
         Ok(listed)
     }
 
+    /// Where job `id` waits for memory, if it does.
+    pub fn queue_place(&self, id: &JobId) -> Option<QueuePlace> {
+        self.budget.place(id)
+    }
+
     /// A job waiting for memory is `queued`, whatever its record says: one that was running
     /// when the server stopped keeps `running` recorded (so that a restart resumes it from its
     /// checkpoint), and waits again until the budget has room.

@@ -29,7 +29,7 @@ use tokio::sync::broadcast;
 
 use super::routes::Caller;
 use super::{AppState, HttpError};
-use crate::api::JobId;
+use crate::api::{ApiError, JobId};
 use crate::jobs::{JobEvent, JobRecord, JobState, JobStatus, StepLine, Submitted};
 
 type Shared = Arc<AppState>;
@@ -78,7 +78,16 @@ async fn list(
     State(state): State<Shared>,
     Caller(tenant): Caller,
 ) -> Result<Json<serde_json::Value>, HttpError> {
-    let jobs = state.jobs.list(&tenant).await?;
+    let mut jobs = Vec::new();
+    for record in state.jobs.list(&tenant).await? {
+        let queue = state.jobs.queue_place(&record.id);
+        let mut job = serde_json::to_value(record)
+            .map_err(|e| ApiError::internal(format!("a job record: {e}")))?;
+        if let (Some(queue), Some(fields)) = (queue, job.as_object_mut()) {
+            fields.insert("queue".into(), serde_json::json!(queue));
+        }
+        jobs.push(job);
+    }
     Ok(Json(serde_json::json!({ "jobs": jobs })))
 }
 
