@@ -207,13 +207,13 @@ pub fn run_tenant(command: TenantCommand) -> anyhow::Result<()> {
             Ok(())
         }
         TenantCommand::RotateKey { name, data } => {
-            let key = Tenants::open(&data)?.rotate_key(&name)?;
+            let key = Tenants::open_existing(&data)?.rotate_key(&name)?;
             eprintln!("tenant {name}'s new API key (shown only now; the old one no longer works):");
             println!("{key}");
             Ok(())
         }
         TenantCommand::Revoke { name, data } => {
-            Tenants::open(&data)?.revoke(&name)?;
+            Tenants::open_existing(&data)?.revoke(&name)?;
             eprintln!("tenant {name}'s API key is revoked (`tenant rotate-key` makes a new one)");
             Ok(())
         }

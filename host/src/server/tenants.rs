@@ -21,6 +21,8 @@ pub enum TenantError {
     NameTaken(String),
     #[error("no tenant is named {0:?}")]
     Unknown(String),
+    #[error("{0} holds no server database: is it the `--data` folder of `opentinker serve`?")]
+    NoDatabase(String),
     #[error(transparent)]
     InvalidName(#[from] ApiError),
     #[error("{path}: {source}")]
@@ -95,6 +97,15 @@ impl Tenants {
              );",
         )?;
         Ok(Tenants { db: Mutex::new(db) })
+    }
+
+    /// Open the tenants of a server that has run in `data`, refusing a folder without its
+    /// database (a mistyped `--data` would otherwise get an empty one).
+    pub fn open_existing(data: &Path) -> Result<Self, TenantError> {
+        if !data.join(crate::store::database::DATABASE_FILE).is_file() {
+            return Err(TenantError::NoDatabase(data.display().to_string()));
+        }
+        Self::open(data)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -249,5 +260,12 @@ mod tests {
             tenants.revoke("carol"),
             Err(TenantError::Unknown(_))
         ));
+        let elsewhere = tempfile::tempdir().unwrap();
+        let missing = elsewhere.path().join("not-a-server");
+        assert!(matches!(
+            Tenants::open_existing(&missing),
+            Err(TenantError::NoDatabase(_))
+        ));
+        assert!(!missing.exists(), "a folder was made for a mistyped --data");
     }
 }
