@@ -82,24 +82,11 @@ fn child(dir: &Path, batch: usize, length: usize, steps: usize) -> anyhow::Resul
 fn ours(shape: TinyShape, batch: usize, length: usize, steps: usize) -> anyhow::Result<(f64, f64)> {
     let dir = tempfile::tempdir()?;
     init_tiny(dir.path(), shape, Architecture::Qwen2, 0)?;
-    let output = Command::new(std::env::current_exe()?)
-        .arg("--child")
-        .arg(dir.path())
-        .args([batch, length, steps].map(|n| n.to_string()))
-        .output()?;
-    anyhow::ensure!(
-        output.status.success(),
-        "our run failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout)?;
-    match text
-        .split_whitespace()
-        .map(str::parse)
-        .collect::<Result<Vec<f64>, _>>()?[..]
-    {
+    let mut args = vec!["--child".into(), dir.path().as_os_str().to_owned()];
+    args.extend([batch, length, steps].map(|n| n.to_string().into()));
+    match support::child_numbers(&args)?[..] {
         [tokens_per_s, peak] => Ok((tokens_per_s, peak)),
-        _ => anyhow::bail!("unexpected child output {text:?}"),
+        ref other => anyhow::bail!("unexpected child output {other:?}"),
     }
 }
 

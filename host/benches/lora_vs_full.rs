@@ -11,7 +11,6 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -80,23 +79,12 @@ fn run_child(
     batch: usize,
     length: usize,
 ) -> anyhow::Result<(f64, f64, f64)> {
-    let output = Command::new(std::env::current_exe()?)
-        .args(["--child", mode])
-        .arg(dir)
-        .args([batch.to_string(), length.to_string()])
-        .output()?;
-    anyhow::ensure!(
-        output.status.success(),
-        "{mode} run failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout)?;
-    let numbers: Vec<f64> = text
-        .split_whitespace()
-        .map(str::parse)
-        .collect::<Result<_, _>>()?;
-    anyhow::ensure!(numbers.len() == 3, "unexpected child output {text:?}");
-    Ok((numbers[0], numbers[1], numbers[2]))
+    let mut args = vec!["--child".into(), mode.into(), dir.as_os_str().to_owned()];
+    args.extend([batch, length].map(|n| n.to_string().into()));
+    match support::child_numbers(&args)?[..] {
+        [seconds, peak, weights] => Ok((seconds, peak, weights)),
+        ref other => anyhow::bail!("unexpected {mode} child output {other:?}"),
+    }
 }
 
 fn main() -> anyhow::Result<()> {

@@ -27,6 +27,26 @@ pub fn peak_rss() -> anyhow::Result<u64> {
     Ok(kib * 1024)
 }
 
+/// Run this benchmark binary again as a child with `args` (its own process, so that one
+/// measurement's memory does not hide another's) and read the numbers it prints.
+pub fn child_numbers(args: &[std::ffi::OsString]) -> anyhow::Result<Vec<f64>> {
+    let output = std::process::Command::new(std::env::current_exe()?)
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "the child run {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout)?;
+    text.split_whitespace()
+        .map(|n| {
+            n.parse()
+                .map_err(|e| anyhow::anyhow!("child output {text:?}: {e}"))
+        })
+        .collect()
+}
+
 /// `ours / theirs` to print (`2.31x`), or why it is withheld.
 pub fn ratio(ours: f64, theirs: f64) -> String {
     match busy() {

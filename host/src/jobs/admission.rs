@@ -217,13 +217,18 @@ fn kv_bytes(config: &ModelConfig, positions: usize) -> u64 {
         * positions) as u64
 }
 
+/// The widths of a layer's queries and of its keys (and values).
+fn attention_widths(config: &ModelConfig) -> (usize, usize) {
+    (
+        config.num_heads * config.head_dim,
+        config.num_kv_heads * config.head_dim,
+    )
+}
+
 /// The weights of a model of `config`, counted from its shapes (norms and biases included).
 fn parameters(config: &ModelConfig) -> u64 {
     let (hidden, inter) = (config.hidden_size, config.intermediate_size);
-    let (q, kv) = (
-        config.num_heads * config.head_dim,
-        config.num_kv_heads * config.head_dim,
-    );
+    let (q, kv) = attention_widths(config);
     let attention = hidden * q * 2 + hidden * kv * 2 + q + 2 * kv;
     let mlp = 3 * hidden * inter;
     let layer = attention + mlp + 2 * hidden + 2 * config.head_dim;
@@ -240,10 +245,7 @@ fn parameters(config: &ModelConfig) -> u64 {
 fn lora_parameters(job: &Job, config: &ModelConfig) -> u64 {
     let rank = job.lora.rank;
     let (hidden, inter) = (config.hidden_size, config.intermediate_size);
-    let (q, kv) = (
-        config.num_heads * config.head_dim,
-        config.num_kv_heads * config.head_dim,
-    );
+    let (q, kv) = attention_widths(config);
     let mut per_layer = 0;
     if job.lora.train_attention {
         per_layer += rank * ((hidden + q) * 2 + (hidden + kv) * 2);

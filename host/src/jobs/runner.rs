@@ -18,7 +18,6 @@ use super::packages::PackageSource;
 use super::plugin_store::PluginStore;
 use super::records::{JobRecord, JobRecords, JobState, RecordError};
 use crate::api::{ApiError, ApiErrorKind, JobId, TenantId};
-use crate::client::in_process::TinyModelSpec;
 use crate::client::served::TenantBases;
 use crate::market::PackageRef;
 use crate::market::lock::{LockFile, Locked};
@@ -202,12 +201,7 @@ impl JobService {
     /// The memory `job` will hold: on the served base it names, or on the tiny model it
     /// generates for itself.
     fn needs(&self, job: &Job) -> Result<u64, ApiError> {
-        let built_in = TinyModelSpec::built_in();
-        let served = match (&job.model.base, &job.model.init_tiny) {
-            (Some(name), _) => Some(name.as_str()),
-            (None, Some(tiny)) if *tiny == built_in => Some(TenantBases::built_in_tiny()),
-            _ => None,
-        };
+        let served = driver::served_base_name(job);
         if let Some(base) = served.and_then(|name| self.bases.iter().find(|b| b.name == name)) {
             return Ok(footprint(job, &base.config, base.context, false));
         }

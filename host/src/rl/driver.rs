@@ -358,11 +358,8 @@ fn adapter_starts(
 /// tiny model for a job on that model's settings; `None` for a model of its own (generated
 /// from other tiny settings).
 fn served_base(bases: &TenantBases, job: &Job) -> anyhow::Result<Option<ServedModel>> {
-    let built_in = crate::client::in_process::TinyModelSpec::built_in();
-    let name = match (&job.model.base, &job.model.init_tiny) {
-        (Some(name), _) => name.as_str(),
-        (None, Some(tiny)) if *tiny == built_in => TenantBases::built_in_tiny(),
-        _ => return Ok(None),
+    let Some(name) = served_base_name(job) else {
+        return Ok(None);
     };
     match bases.base(name) {
         Some(served) => Ok(Some(served)),
@@ -370,6 +367,17 @@ fn served_base(bases: &TenantBases, job: &Job) -> anyhow::Result<Option<ServedMo
             "model.base: the server serves no model {name:?} (it serves: {})",
             bases.names().join(", ")
         ),
+    }
+}
+
+/// The name of the served base `job` trains on: its `model.base`, or the built-in tiny model's
+/// for a job on that model's settings; `None` for a model of its own.
+pub fn served_base_name(job: &Job) -> Option<&str> {
+    let built_in = crate::client::in_process::TinyModelSpec::built_in();
+    match (&job.model.base, &job.model.init_tiny) {
+        (Some(name), _) => Some(name.as_str()),
+        (None, Some(tiny)) if *tiny == built_in => Some(TenantBases::built_in_tiny()),
+        _ => None,
     }
 }
 

@@ -15,6 +15,16 @@ PROMPT = "the cat sat on the"
 MAX_TOKENS = 12
 
 
+def refused_by_name(says, **request):
+    """Assert that a chat completion of `request` is refused with a 400 whose message has `says`."""
+    try:
+        client.chat.completions.create(messages=messages, **request)
+    except openai.BadRequestError as error:
+        assert says in str(error), error
+        return
+    raise AssertionError(f"{request} was served (or silently ignored)")
+
+
 def cli_sample(adapter, chat):
     """The greedy completion of PROMPT as `opentinker sample` makes it."""
     command = [
@@ -90,17 +100,9 @@ legacy = client.completions.create(
 rows = legacy.choices[0].logprobs.top_logprobs
 assert len(rows) == len(legacy.choices[0].logprobs.tokens) and all(len(r) <= 2 for r in rows), rows
 assert all(max(r.values()) == lp for r, lp in zip(rows, legacy.choices[0].logprobs.token_logprobs)), rows
-for extra, name in (
-    (dict(logprobs=True, top_logprobs=21), "top_logprobs"),
-    (dict(logprobs=True, stream=True), "logprobs"),
-    (dict(top_logprobs=2), "top_logprobs"),
-):
-    try:
-        client.chat.completions.create(model=path, messages=messages, max_tokens=2, **extra)
-    except openai.BadRequestError as error:
-        assert f"`{name}`" in str(error), error
-        continue
-    raise AssertionError(f"{extra} was served")
+refused_by_name("`top_logprobs`", model=path, max_tokens=2, logprobs=True, top_logprobs=21)
+refused_by_name("`logprobs`", model=path, max_tokens=2, logprobs=True, stream=True)
+refused_by_name("`top_logprobs`", model=path, max_tokens=2, top_logprobs=2)
 print("logprobs: alternatives per token, and refusals beyond what is served")
 
 stream = client.chat.completions.create(
@@ -141,12 +143,7 @@ refusals = {
     "response_format": dict(response_format={"type": "json_object"}),
 }
 for name, extra in refusals.items():
-    try:
-        client.chat.completions.create(model=BASE_MODEL, messages=messages, max_tokens=4, **extra)
-    except openai.BadRequestError as error:
-        assert f"`{name}` is not served" in str(error), error
-        continue
-    raise AssertionError(f"{name} was silently ignored")
+    refused_by_name(f"`{name}` is not served", model=BASE_MODEL, max_tokens=4, **extra)
 client.chat.completions.create(model=BASE_MODEL, messages=messages, max_tokens=4, user="u-1")
 print("unserved fields: refused by name")
 
