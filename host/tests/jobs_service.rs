@@ -218,6 +218,7 @@ fn a_submitted_job_runs_on_the_server_as_in_process_and_is_its_tenants_alone() {
         &[os("submit"), lora.as_os_str(), os("--detach")],
     );
     assert!(ok && err.contains("(already stored)"), "{err}");
+    let detached = job_id(&err);
 
     // Another tenant: the job is unknown, and so is the plugin's digest in a job of its own.
     let (ok, _, err) = opentinker(
@@ -250,7 +251,34 @@ fn a_submitted_job_runs_on_the_server_as_in_process_and_is_its_tenants_alone() {
     let (ok, out, _) = opentinker(&server.url, &server.bob, &[os("jobs"), os("list")]);
     assert!(ok && out.trim().is_empty(), "{out}");
 
-    // A full-parameter warm-up makes a base of the job's own on the server.
+    // A full-parameter warm-up makes a base of the job's own on the server, trained (and its
+    // adapters after it) in the served base's training loop: every token of the job is counted
+    // in the tenant's share of that loop.
+    let trained = |server: &Server| {
+        let (code, _, body) = server::request(
+            &server.url,
+            "GET",
+            "/api/v1/dashboard/usage",
+            Some(&server.alice),
+            "application/json",
+            b"",
+        );
+        assert_eq!(code, 200);
+        let usage: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let bases = usage["bases"].as_array().unwrap();
+        let tiny = bases
+            .iter()
+            .find(|b| b["base"] == "opentinker/tiny")
+            .unwrap();
+        tiny["training"]["yours"].as_u64().unwrap()
+    };
+    // The detached job's tokens are not this one's.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while status(&server, &server.alice, &detached)["state"] != "succeeded" {
+        assert!(Instant::now() < deadline, "the detached job did not end");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let before = trained(&server);
     let full = job(dir.path(), "full", true, 2);
     let (ok, _, err) = opentinker(
         &server.url,
@@ -258,6 +286,23 @@ fn a_submitted_job_runs_on_the_server_as_in_process_and_is_its_tenants_alone() {
         &[os("submit"), full.as_os_str()],
     );
     assert!(ok, "submit of a full-parameter warm-up failed:\n{err}");
+    let id = job_id(&err);
+    let folder = dir.path().join("full-remote");
+    download(&server, &server.alice, &id, &folder);
+    let lines = metrics(&folder.join("metrics.jsonl"));
+    let sft_tokens: u64 = lines
+        .iter()
+        .filter(|l| l["phase"] == "sft")
+        .map(|l| l["tokens"].as_u64().unwrap())
+        .sum();
+    let all_tokens: u64 = lines.iter().map(|l| l["tokens"].as_u64().unwrap()).sum();
+    assert!(sft_tokens > 0, "{lines:?}");
+    let counted = trained(&server) - before;
+    assert!(
+        counted >= all_tokens,
+        "the job trained {all_tokens} tokens ({sft_tokens} in its warm-up), its tenant's share \
+         of the loop grew by {counted}"
+    );
 }
 
 #[test]

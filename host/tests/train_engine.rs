@@ -641,6 +641,76 @@ async fn a_tenant_of_weight_three_gets_more_of_the_passes_than_an_equal_share() 
     assert_eq!(first, "gold");
 }
 
+/// A model of a job's own (a full-parameter warm-up's copy of the base) trains as a guest of
+/// the base's loop: its work is sliced by the same fair queue (another tenant's small call goes
+/// through while it runs), counted in its tenant's usage, and sums to what it gives alone; the
+/// guest lives as long as a handle to it, and the loop's own engine serves on after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_engine_trains_in_the_loops_fair_queue_and_its_tenants_usage() {
+    let share = FairShare {
+        pass_tokens: 40,
+        quantum: 20,
+        cycle: None,
+        solo_pass_tokens: None,
+        anticipate: None,
+    };
+    let (service, open) = gated_service_sharing(share).await;
+    let full = opentinker::train::FULL_PARAMETERS;
+    let copy = tiny_transformer(Architecture::Qwen2);
+    let guest = service.attach(TrainingEngine::full_parameters(copy, DType::F32).unwrap());
+    let seeds: Vec<u32> = (1..=24).collect();
+    let big_item = item(full, Loss::CrossEntropy, &seeds, 14);
+    let sliced = {
+        let big = guest.forward_backward_for("heavy", vec![big_item.clone()]);
+        let small =
+            service.forward_backward_for("light", vec![item("b", Loss::CrossEntropy, &[9], 10)]);
+        tokio::pin!(big, small);
+        assert!(futures::poll!(&mut big).is_pending());
+        assert!(futures::poll!(&mut small).is_pending());
+        open.send(()).unwrap();
+        small.await.unwrap();
+        assert!(
+            futures::poll!(&mut big).is_pending(),
+            "the light tenant waited for all of the guest's call"
+        );
+        big.await.unwrap()
+    };
+    let usage = service.usage().snapshot();
+    assert_eq!(usage["heavy"].served, 24 * 14, "{usage:?}");
+    assert_eq!(usage["light"].served, 10, "{usage:?}");
+
+    // The guest's gradients, sliced over passes, are what its call gives alone.
+    let (alone, weight) = guest
+        .with(move |e| {
+            let sliced = e.gradients(full).unwrap();
+            e.discard_gradients(full).unwrap();
+            let alone = e.forward_backward(&[big_item]).unwrap();
+            let name = "model.layers.1.mlp.down_proj.weight";
+            let weight = (
+                sliced[name].clone(),
+                e.gradients(full).unwrap()[name].clone(),
+            );
+            (alone, weight)
+        })
+        .await
+        .unwrap();
+    assert!((sliced[0].loss - alone[0].loss).abs() <= 1e-4 * alone[0].loss.abs());
+    let difference = l2(&(&weight.0 - &weight.1).unwrap());
+    assert!(l2(&weight.1) > 0.0 && difference <= 1e-5 * l2(&weight.1));
+    // The adapters' engine never saw the guest's work.
+    assert!(service.with(|e| e.gradients(full)).await.unwrap().is_none());
+
+    let clone = guest.clone();
+    drop(guest);
+    assert!(clone.with(|e| e.model_snapshot().is_ok()).await.unwrap());
+    drop(clone);
+    let outputs = service
+        .forward_backward_for("light", vec![item("a", Loss::CrossEntropy, &[3], 10)])
+        .await
+        .unwrap();
+    assert_eq!(outputs[0].logprobs.len(), 1);
+}
+
 #[test]
 fn an_exported_state_continues_bit_for_bit_in_another_engine() {
     let model = Arc::new(tiny_transformer(Architecture::Qwen2));

@@ -150,9 +150,14 @@ impl LocalModel {
         Ok(())
     }
 
-    /// A training client of every weight of the model (a full-parameter warm-up), on a training
-    /// loop of its own; [`FullParameterTrainer::finish`] gives the model back, trained.
-    pub fn full_parameter_trainer(self) -> anyhow::Result<FullParameterTrainer> {
+    /// A training client of every weight of the model (a full-parameter warm-up);
+    /// [`FullParameterTrainer::finish`] gives the model back, trained. With `beside`, it trains
+    /// as a guest of that service's training loop, in its fair queue as its tenant (a job on a
+    /// server takes its tenant's share of a served base's passes); else on a loop of its own.
+    pub fn full_parameter_trainer(
+        self,
+        beside: Option<&LocalService>,
+    ) -> anyhow::Result<FullParameterTrainer> {
         let LocalModel {
             dir,
             config,
@@ -161,10 +166,14 @@ impl LocalModel {
             chat_template,
         } = self;
         let context = transformer.context_length();
-        let (trainer, _thread) =
-            TrainerService::start(TrainingEngine::full_parameters(transformer, DType::F32)?);
+        let engine = TrainingEngine::full_parameters(transformer, DType::F32)?;
+        let (trainer, tenant) = match beside {
+            Some(service) => (service.0.trainer.attach(engine), service.0.tenant.clone()),
+            None => (TrainerService::start(engine).0, String::new()),
+        };
         Ok(FullParameterTrainer {
             trainer,
+            tenant,
             dir,
             config,
             context,
@@ -174,8 +183,15 @@ impl LocalModel {
     }
 
     /// Serve the model as `name` (what adapters' checkpoints record as their base), its
-    /// sampler holding at most `kv_budget_positions` KV positions at once.
-    pub fn serve(self, name: String, kv_budget_positions: usize) -> LocalService {
+    /// sampler holding at most `kv_budget_positions` KV positions at once. With `beside`, its
+    /// adapters train as a guest of that service's training loop, as its tenant and with its
+    /// adapter names, and its sampler is a loop of its own; else both loops are its own.
+    pub fn serve(
+        self,
+        name: String,
+        kv_budget_positions: usize,
+        beside: Option<&LocalService>,
+    ) -> LocalService {
         let context = self.transformer.context_length();
         let registry = AdapterRegistry::new(Arc::new(self.transformer));
         let engine = SamplingEngine::new(
@@ -189,8 +205,19 @@ impl LocalModel {
         );
         // The loops' threads end when the last client drops its handles.
         let (sampler, _thread) = SamplerService::start(engine);
-        let (trainer, _thread) =
-            TrainerService::start(TrainingEngine::new(Arc::clone(registry.base()), DType::F32));
+        let engine = TrainingEngine::new(Arc::clone(registry.base()), DType::F32);
+        let (trainer, tenant, adapter_prefix) = match beside {
+            Some(service) => (
+                service.0.trainer.attach(engine),
+                service.0.tenant.clone(),
+                service.0.adapter_prefix.clone(),
+            ),
+            None => (
+                TrainerService::start(engine).0,
+                String::new(),
+                String::new(),
+            ),
+        };
         LocalService(Arc::new(Served {
             name,
             config: self.config,
@@ -198,8 +225,8 @@ impl LocalModel {
             registry,
             sampler,
             trainer,
-            tenant: String::new(),
-            adapter_prefix: String::new(),
+            tenant,
+            adapter_prefix,
             next_adapter: AtomicU64::new(0),
         }))
     }
@@ -227,6 +254,8 @@ impl LocalService {
 /// A whole model in training (see [`LocalModel::full_parameter_trainer`]).
 pub struct FullParameterTrainer {
     trainer: TrainerService,
+    /// Whose share of the loop its work takes.
+    tenant: String,
     /// The folder the model came from, whose other files a saved model copies.
     dir: PathBuf,
     config: ModelConfig,
@@ -266,7 +295,8 @@ impl TrainingClient for FullParameterTrainer {
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        forward_backward(&self.trainer, "", self.work_item(&input)?, input.loss_fn).await
+        let item = self.work_item(&input)?;
+        forward_backward(&self.trainer, &self.tenant, item, input.loss_fn).await
     }
 
     async fn optim_step(&self, params: AdamParams) -> Result<OptimStepOutput, ApiError> {

@@ -59,7 +59,8 @@ pub enum Engine {
     Remote(RemoteEngine),
     /// Inside a server, on the bases it serves, for one tenant: a job on a served base (`model.base`,
     /// or the built-in tiny model) shares the base's loops with every other client; a job
-    /// whose full-parameter warm-up makes a base of its own trains it in this process.
+    /// whose full-parameter warm-up makes a base of its own trains it (and then its adapters on
+    /// it) in the served base's training loop too, as a guest engine in the same fair queue.
     Served(TenantBases),
 }
 
@@ -208,6 +209,16 @@ async fn prepare_base(
         Engine::Served(bases) => served_base(bases, &first.job)?,
         _ => None,
     };
+    // On a server, a model of the job's own (a warm-up's copy of a served base, or a tiny model
+    // of its own settings) trains as a guest of a served base's training loop, in its fair
+    // queue as the job's tenant: the base it came from, or the built-in tiny model.
+    let beside = match (engine, &served) {
+        (_, Some(served)) => Some(served.service.clone()),
+        (Engine::Served(bases), None) => bases
+            .base(TenantBases::built_in_tiny())
+            .map(|tiny| tiny.service),
+        _ => None,
+    };
     let model_dir = match served {
         Some(served) if full_warmup.is_none() => {
             return prepare_served_base(group, resume, served);
@@ -251,7 +262,7 @@ async fn prepare_base(
                 progress: progress.clone(),
             };
             let cx = JobContext::new(first_plugins.clone(), &first.job, Arc::clone(&info));
-            let trainer = model.full_parameter_trainer()?;
+            let trainer = model.full_parameter_trainer(beside.as_ref())?;
             sft_evals = run_sft(&cx, &first.job, warmup, &trainer, &mut reporter).await?;
             for folder in &folders {
                 let staged = folder.stage_base()?;
@@ -280,7 +291,11 @@ async fn prepare_base(
             concurrency * per_episode.min(info.context)
         })
         .sum();
-    let service = model.serve(base_dir.display().to_string(), kv_budget_positions);
+    let service = model.serve(
+        base_dir.display().to_string(),
+        kv_budget_positions,
+        beside.as_ref(),
+    );
     let base = Arc::new(SharedBase {
         info,
         service: Arc::new(service),

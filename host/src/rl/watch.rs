@@ -112,7 +112,7 @@ impl Stage {
             .max(job.rl.group_size * job.rl.groups_per_batch);
         let kv_budget = episodes.max(1) * (256 + job.rl.max_tokens) * job.rl.max_turns.max(1);
         let service: Arc<dyn ServiceClient> =
-            Arc::new(model.serve(dir.display().to_string(), kv_budget));
+            Arc::new(model.serve(dir.display().to_string(), kv_budget, None));
         let cx = JobContext::new(plugins, job, info);
 
         let policies = job.policies();

@@ -15,10 +15,17 @@
 //! the fused calls touch different adapters: running them together, after the cycle's other
 //! calls, changes nothing a caller can see but the numbers' last bits (a fused pass pads rows to
 //! the longest of all its datums).
+//!
+//! A loop can also host *guest* engines ([`TrainerService::attach`]): a model of a job's own (a
+//! full-parameter warm-up's copy of the base, the base it made) trains on the loop's thread, its
+//! `forward_backward` work in the same fair queue as every tenant's adapters and counted in the
+//! same usage, so a job that makes a model of its own takes its tenant's share of the passes and
+//! no more. A pass runs each engine's slices as one fused batch of that engine.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
@@ -43,14 +50,28 @@ type Outputs = Result<Vec<ItemOutput>, TrainError>;
 /// A call run alone, in arrival order, with the engine to itself.
 type Exclusive = Box<dyn FnOnce(&mut TrainingEngine) + Send>;
 
+/// Which engine of a loop a call is for: the loop's own ([`OWN_ENGINE`]) or a guest.
+type EngineId = u64;
+
+/// The engine a loop was started with.
+const OWN_ENGINE: EngineId = 0;
+
+/// Numbers the guest engines of every loop (an id is never reused).
+static NEXT_GUEST: AtomicU64 = AtomicU64::new(OWN_ENGINE + 1);
+
 enum Command {
-    Exclusive(Exclusive),
+    Exclusive(EngineId, Exclusive),
+    /// Host `engine` on the loop as `EngineId`.
+    Attach(EngineId, Box<TrainingEngine>),
+    /// Drop a guest engine (its last handle is gone).
+    Detach(EngineId),
     /// A tenant's share relative to others'.
     Weight {
         tenant: TenantKey,
         weight: u64,
     },
     ForwardBackward {
+        engine: EngineId,
         tenant: TenantKey,
         items: Vec<WorkItem>,
         reply: oneshot::Sender<Outputs>,
@@ -138,6 +159,23 @@ impl Rate {
 pub struct TrainerService {
     commands: mpsc::Sender<Command>,
     usage: Usage,
+    /// The engine this handle's calls run on.
+    engine: EngineId,
+    /// For a guest engine: frees it when the last handle to it is dropped.
+    _guest: Option<Arc<GuestLease>>,
+}
+
+/// Frees a guest engine on its loop when dropped.
+struct GuestLease {
+    id: EngineId,
+    commands: mpsc::Sender<Command>,
+}
+
+impl Drop for GuestLease {
+    fn drop(&mut self) {
+        // A stopped loop has already dropped its engines.
+        let _ = self.commands.send(Command::Detach(self.id));
+    }
 }
 
 impl TrainerService {
@@ -155,7 +193,31 @@ impl TrainerService {
             .name("opentinker-trainer".into())
             .spawn(move || serve(engine, receiver, share, counted))
             .expect("spawning the trainer thread");
-        (TrainerService { commands, usage }, thread)
+        let service = TrainerService {
+            commands,
+            usage,
+            engine: OWN_ENGINE,
+            _guest: None,
+        };
+        (service, thread)
+    }
+
+    /// Host `engine` on this loop as a guest: the returned handle's calls run on it, on the
+    /// loop's thread, its `forward_backward` work taken by the same fair queue as the loop's own
+    /// (and counted in the same usage). The engine is dropped when the last handle to it is.
+    pub fn attach(&self, engine: TrainingEngine) -> TrainerService {
+        let id = NEXT_GUEST.fetch_add(1, Ordering::Relaxed);
+        // A stopped loop drops the engine; the handle's calls then answer `Stopped`.
+        let _ = self.commands.send(Command::Attach(id, Box::new(engine)));
+        TrainerService {
+            commands: self.commands.clone(),
+            usage: self.usage.clone(),
+            engine: id,
+            _guest: Some(Arc::new(GuestLease {
+                id,
+                commands: self.commands.clone(),
+            })),
+        }
     }
 
     /// The tokens trained for each tenant so far, and its calls waiting.
@@ -175,7 +237,7 @@ impl TrainerService {
             let _ = reply.send(work(engine));
         });
         self.commands
-            .send(Command::Exclusive(call))
+            .send(Command::Exclusive(self.engine, call))
             .map_err(|_| TrainerServiceError::Stopped)?;
         answer.await.map_err(|_| TrainerServiceError::Stopped)
     }
@@ -184,7 +246,9 @@ impl TrainerService {
     /// nothing can await it, such as freeing a job's adapters when the job is dropped).
     pub fn detach(&self, work: impl FnOnce(&mut TrainingEngine) + Send + 'static) {
         // A stopped loop has nothing left to free.
-        let _ = self.commands.send(Command::Exclusive(Box::new(work)));
+        let _ = self
+            .commands
+            .send(Command::Exclusive(self.engine, Box::new(work)));
     }
 
     /// Give `tenant` `weight` times an equal share of the passes.
@@ -241,6 +305,7 @@ impl TrainerService {
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(Command::ForwardBackward {
+                engine: self.engine,
                 tenant: tenant.to_string(),
                 items,
                 reply,
@@ -255,12 +320,14 @@ impl TrainerService {
 /// The datums of a `forward_backward` call not yet run, as (item index, item with those datums).
 struct Remaining {
     call: u64,
+    engine: EngineId,
     pieces: std::collections::VecDeque<(usize, WorkItem)>,
 }
 
 /// A slice of a call: some of its datums, by item.
 struct Slice {
     call: u64,
+    engine: EngineId,
     pieces: Vec<(usize, WorkItem)>,
 }
 
@@ -288,6 +355,7 @@ impl Divisible for Remaining {
     fn split(&mut self, budget: u64) -> Option<Slice> {
         let mut slice = Slice {
             call: self.call,
+            engine: self.engine,
             pieces: Vec::new(),
         };
         let mut spent = 0;
@@ -323,6 +391,8 @@ impl Divisible for Remaining {
 /// A call being served: its outputs so far, and where to answer.
 struct Call {
     tenant: TenantKey,
+    /// The engine it runs on (its `then` too).
+    engine: EngineId,
     /// It costs at most a quantum: its tenant may be waited for after it ([`Anticipation`]).
     small: bool,
     outputs: Vec<ItemOutput>,
@@ -355,6 +425,8 @@ fn merge(into: &mut ItemOutput, part: ItemOutput) {
 
 /// The loop's state between passes.
 struct Loop {
+    /// The loop's own engine ([`OWN_ENGINE`]) and its guests.
+    engines: HashMap<EngineId, TrainingEngine>,
     queue: FairQueue<Remaining>,
     calls: HashMap<u64, Call>,
     next_call: u64,
@@ -364,15 +436,26 @@ struct Loop {
 
 impl Loop {
     /// Run or queue one command.
-    fn accept(&mut self, engine: &mut TrainingEngine, command: Command) {
+    fn accept(&mut self, command: Command) {
         match command {
-            Command::Exclusive(call) => {
-                // A panicking call drops its answer (its caller hears the trainer stopped);
-                // the other callers' work goes on.
-                let _ = catch_unwind(AssertUnwindSafe(|| call(engine)));
+            Command::Exclusive(engine, call) => {
+                // A call for an engine that is gone is dropped: its caller hears the trainer
+                // stopped.
+                if let Some(engine) = self.engines.get_mut(&engine) {
+                    // A panicking call drops its answer (its caller hears the trainer stopped);
+                    // the other callers' work goes on.
+                    let _ = catch_unwind(AssertUnwindSafe(|| call(engine)));
+                }
+            }
+            Command::Attach(id, engine) => {
+                self.engines.insert(id, *engine);
+            }
+            Command::Detach(id) => {
+                self.engines.remove(&id);
             }
             Command::Weight { tenant, weight } => self.queue.set_weight(&tenant, weight),
             Command::ForwardBackward {
+                engine,
                 tenant,
                 items,
                 reply,
@@ -388,6 +471,7 @@ impl Loop {
                     self.next_call,
                     Call {
                         tenant: tenant.clone(),
+                        engine,
                         small,
                         outputs: vec![ItemOutput::default(); items.len()],
                         reply,
@@ -399,6 +483,7 @@ impl Loop {
                     &tenant,
                     Remaining {
                         call: self.next_call,
+                        engine,
                         pieces: items.into_iter().enumerate().collect(),
                     },
                 );
@@ -408,11 +493,7 @@ impl Loop {
 
     /// Before a pass: wait for the next call of a tenant just answered, as long as
     /// [`Anticipation`] says. `false`: every handle is gone.
-    fn anticipate(
-        &mut self,
-        engine: &mut TrainingEngine,
-        commands: &mpsc::Receiver<Command>,
-    ) -> bool {
+    fn anticipate(&mut self, commands: &mpsc::Receiver<Command>) -> bool {
         loop {
             let now = std::time::Instant::now();
             let Some((tenant, deadline)) = self.anticipation.as_ref().and_then(|a| a.wait_for(now))
@@ -423,7 +504,7 @@ impl Loop {
                 return true;
             }
             match commands.recv_timeout(deadline - now) {
-                Ok(command) => self.accept(engine, command),
+                Ok(command) => self.accept(command),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if let Some(anticipation) = &mut self.anticipation {
                         anticipation.gave_up(&tenant);
@@ -434,15 +515,41 @@ impl Loop {
         }
     }
 
+    /// One pass: each engine's slices as one fused `forward_backward`.
+    fn run(&mut self, slices: Vec<Slice>) {
+        let mut by_engine: BTreeMap<EngineId, Vec<Slice>> = BTreeMap::new();
+        for slice in slices {
+            by_engine.entry(slice.engine).or_default().push(slice);
+        }
+        for (id, slices) in by_engine {
+            match self.engines.get_mut(&id) {
+                Some(engine) => {
+                    let _ = catch_unwind(AssertUnwindSafe(|| {
+                        forward_backward_fused(engine, &mut self.calls, slices)
+                    }));
+                }
+                // Its caller holds a handle to it, so a guest cannot be gone; were it, the
+                // calls are dropped and their callers hear the trainer stopped.
+                None => {
+                    for slice in slices {
+                        self.calls.remove(&slice.call);
+                    }
+                }
+            }
+        }
+    }
+
     /// Answer call `id`, whose last slice has run.
-    fn finish(&mut self, engine: &mut TrainingEngine, id: u64) {
+    fn finish(&mut self, id: u64) {
         let Some(call) = self.calls.remove(&id) else {
             return;
         };
         if call.failed {
             return;
         }
-        if let Some(then) = call.then {
+        if let Some(then) = call.then
+            && let Some(engine) = self.engines.get_mut(&call.engine)
+        {
             let _ = catch_unwind(AssertUnwindSafe(|| then(engine)));
         }
         let _ = call.reply.send(Ok(call.outputs));
@@ -456,12 +563,13 @@ impl Loop {
 }
 
 fn serve(
-    mut engine: TrainingEngine,
+    engine: TrainingEngine,
     commands: mpsc::Receiver<Command>,
     share: FairShare,
     usage: Usage,
 ) {
     let mut state = Loop {
+        engines: HashMap::from([(OWN_ENGINE, engine)]),
         queue: FairQueue::new(share.quantum).counting(usage),
         calls: HashMap::new(),
         next_call: 0,
@@ -482,12 +590,12 @@ fn serve(
         };
         // The cycle: what has arrived by now; later calls wait for the next one.
         for command in first.into_iter().chain(commands.try_iter()) {
-            state.accept(&mut engine, command);
+            state.accept(command);
         }
         if state.queue.is_empty() {
             continue;
         }
-        if !state.anticipate(&mut engine, &commands) {
+        if !state.anticipate(&commands) {
             return;
         }
         let mut slices = Vec::new();
@@ -499,6 +607,7 @@ fn serve(
                     finishing.push(rest.call);
                     slices.push(Slice {
                         call: rest.call,
+                        engine: rest.engine,
                         pieces: rest.pieces.into_iter().collect(),
                     });
                 }
@@ -512,14 +621,12 @@ fn serve(
             .map(|(_, item)| tokens(item))
             .sum();
         let started = std::time::Instant::now();
-        let _ = catch_unwind(AssertUnwindSafe(|| {
-            forward_backward_fused(&mut engine, &mut state.calls, slices)
-        }));
+        state.run(slices);
         let elapsed = started.elapsed();
         tracing::debug!(tokens, ?elapsed, budget, "training pass");
         rate.observe(tokens, elapsed);
         for id in finishing {
-            state.finish(&mut engine, id);
+            state.finish(id);
         }
     }
 }
