@@ -681,6 +681,128 @@ fn an_expired_checkpoint_is_gone_at_once_and_its_files_swept_and_only_its_tenant
     assert_eq!(status, 404, "{error}");
 }
 
+/// A session finished by its client (the SDK's `ServiceClient.close`) frees its models and
+/// samplers at once and for good: their ops and the session's heartbeat answer 410 (what stops
+/// the SDK's heartbeat), a restart does not bring them back, the run stays listed and the
+/// journal keeps no state of it. A session that nothing names for `--session-idle-secs` is
+/// finished by the sweep; heartbeats keep it alive. Another tenant cannot finish a session.
+#[test]
+fn a_finished_or_idle_session_frees_its_models_and_samplers_for_good() {
+    let options = ["--session-idle-secs", "3", "--checkpoint-sweep-secs", "1"];
+    let mut server = server::start_server_with(&options);
+    let model = model(&server);
+    let session = model.split(":train:").next().unwrap().to_string();
+    let (status, body) = post(
+        &server,
+        "create_sampling_session",
+        json!({"session_id": session, "sampling_session_seq_id": 0, "base_model": "opentinker/tiny"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let sampler = body["sampling_session_id"].as_str().unwrap().to_string();
+    let heartbeat = |server: &Server, session: &str| {
+        post(
+            server,
+            "session_heartbeat",
+            json!({"session_id": session, "type": "session_heartbeat"}),
+        )
+    };
+    let finish = |server: &Server, key: &str, session: &str| {
+        let path = format!("sessions/{session}/finish");
+        let body = json!({"reason": {"type": "success"}, "detail": null}).to_string();
+        call(
+            server,
+            &path,
+            Some(key),
+            "application/json",
+            body.as_bytes(),
+        )
+    };
+    let step = |server: &Server| {
+        let targets = tensor_i64(&[3, 4, 5]);
+        forward_backward(
+            server,
+            request(&model, 1, vec![datum(&[2, 3, 4], targets)], "cross_entropy"),
+        )
+    };
+    let sample = |server: &Server| {
+        post(
+            server,
+            "asample",
+            json!({"sampling_session_id": sampler, "seq_id": 1, "num_samples": 1,
+                   "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+                   "sampling_params": {"max_tokens": 1}}),
+        )
+    };
+    assert_eq!(heartbeat(&server, &session).0, 200);
+    let (status, error) = refused(finish(&server, &server.bob, &session));
+    assert_eq!(status, 404, "{error}");
+    assert_eq!(heartbeat(&server, &session).0, 200, "bob finished it");
+
+    assert_eq!(finish(&server, &server.alice, &session).0, 200);
+    assert_eq!(finish(&server, &server.alice, &session).0, 200);
+    let database = server
+        .data
+        .path()
+        .join(opentinker::store::database::DATABASE_FILE);
+    let (states, samplers): (i64, i64) = {
+        let db = rusqlite::Connection::open(&database).unwrap();
+        let states = db
+            .query_row("SELECT sum(length(state)) FROM models", [], |r| r.get(0))
+            .unwrap();
+        let samplers = db
+            .query_row("SELECT count(*) FROM samplers", [], |r| r.get(0))
+            .unwrap();
+        (states, samplers)
+    };
+    assert_eq!(
+        (states, samplers),
+        (0, 0),
+        "the journal kept the session's objects"
+    );
+    for _ in 0..2 {
+        for (what, answer) in [
+            ("heartbeat", heartbeat(&server, &session)),
+            ("forward_backward", step(&server)),
+            ("sample", sample(&server)),
+        ] {
+            let (status, error) = refused(answer);
+            assert_eq!(status, 410, "{what}: {error}");
+            assert!(error.contains("session has finished"), "{what}: {error}");
+        }
+        let (_, runs) = get(&server, "training_runs", &server.alice);
+        assert_eq!(runs["training_runs"][0]["training_run_id"], model, "{runs}");
+        // Killed and started again on the same data: the session is still finished.
+        server.child.kill().unwrap();
+        server.child.wait().unwrap();
+        let (child, url, line) =
+            server::spawn_server_with(server.data.path(), "127.0.0.1:0", &options);
+        assert!(
+            line.contains("restored 0 sessions, 0 models, 0 samplers"),
+            "{line}"
+        );
+        (server.child, server.url) = (child, url);
+    }
+
+    let (_, idle) = post(
+        &server,
+        "create_session",
+        json!({"tags": [], "user_metadata": null, "sdk_version": "test"}),
+    );
+    let idle = idle["session_id"].as_str().unwrap().to_string();
+    for _ in 0..5 {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        assert_eq!(
+            heartbeat(&server, &idle).0,
+            200,
+            "a heartbeating session was finished"
+        );
+    }
+    // Any contact would keep it: left alone for its 3 s and two sweeps, it is finished.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let (status, error) = refused(heartbeat(&server, &idle));
+    assert_eq!(status, 410, "the idle session was kept: {error}");
+}
+
 #[test]
 fn a_session_keeps_its_latest_sampling_sessions_and_lets_the_oldest_go() {
     let server = start_server();

@@ -9,6 +9,9 @@ pub enum ApiErrorKind {
     InvalidRequest,
     /// No such id, or not the caller's (answered the same, so that ids do not leak).
     NotFound,
+    /// The caller's object has ended for good (a finished session, and its models and
+    /// samplers): retrying cannot help.
+    Gone,
     /// No key, or a key that is not valid.
     Unauthorized,
     /// The same idempotency key was used for a different request.
@@ -30,6 +33,7 @@ impl ApiErrorKind {
         match self {
             ApiErrorKind::InvalidRequest => "invalid_request",
             ApiErrorKind::NotFound => "not_found",
+            ApiErrorKind::Gone => "gone",
             ApiErrorKind::Unauthorized => "unauthorized",
             ApiErrorKind::Conflict => "conflict",
             ApiErrorKind::TooManyRequests => "too_many_requests",
@@ -53,6 +57,7 @@ impl ApiErrorKind {
             self,
             ApiErrorKind::InvalidRequest
                 | ApiErrorKind::NotFound
+                | ApiErrorKind::Gone
                 | ApiErrorKind::Unauthorized
                 | ApiErrorKind::Conflict
                 | ApiErrorKind::QuotaExceeded

@@ -71,6 +71,10 @@ pub struct ServeArgs {
     /// seconds); the sweep prunes older ones, so the database stays bounded.
     #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
     answer_retention_secs: u64,
+    /// Seconds a session may go without a heartbeat (the SDK sends one every 10 s) or an op
+    /// before the sweep finishes it, freeing its models and samplers as `close` would.
+    #[arg(long, default_value_t = 1800, value_parser = clap::value_parser!(u64).range(1..))]
+    session_idle_secs: u64,
     /// The memory the server may hold (`24GiB`, `512MiB`, or bytes): the served bases are
     /// counted first, and each job is admitted under the rest before it makes anything, queued
     /// while there is no room, refused if it could never fit. Default: the machine's memory
@@ -166,6 +170,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         checkpoint_sweep: Duration::from_secs(args.checkpoint_sweep_secs),
         memory_budget: args.memory_budget,
         answer_retention: Duration::from_secs(args.answer_retention_secs),
+        session_idle: Duration::from_secs(args.session_idle_secs),
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),
             quantum: 128,

@@ -8,7 +8,7 @@
 //! which fuses the `forward_backward` calls waiting in one cycle into one pass.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use candle_core::DType;
@@ -137,6 +137,10 @@ pub enum Change {
     SamplerDropped {
         id: SamplerId,
     },
+    /// A session finished (by its client, or idle too long): its models and samplers are gone.
+    SessionFinished {
+        id: SessionId,
+    },
 }
 
 /// What a sampling session samples from, as recorded.
@@ -226,9 +230,29 @@ struct Sampler {
     model_path: Option<String>,
 }
 
+/// A client's session: whose it is, and whether it still lives.
+struct Session {
+    tenant: TenantId,
+    /// Finished by its client or for idleness: its models and samplers are freed, and it takes
+    /// no more work.
+    finished: bool,
+    /// The last heartbeat or op that named it (or the server's start, for a restored one).
+    last_seen: std::time::Instant,
+}
+
+impl Session {
+    fn new(tenant: TenantId) -> Self {
+        Session {
+            tenant,
+            finished: false,
+            last_seen: std::time::Instant::now(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Objects {
-    sessions: HashMap<SessionId, TenantId>,
+    sessions: HashMap<SessionId, Session>,
     models: HashMap<ModelId, Arc<TrainedModel>>,
     samplers: HashMap<SamplerId, Arc<Sampler>>,
     /// Each model's snapshot samplers, oldest first.
@@ -237,6 +261,39 @@ struct Objects {
     session_samplers: HashMap<SessionId, VecDeque<SamplerId>>,
     /// Numbers the registry names of policies loaded from checkpoints.
     loaded_policies: u64,
+}
+
+impl Objects {
+    /// Check that `session` is `tenant`'s and live (another tenant's answers as an unknown
+    /// one), and count this as a sign of its life.
+    fn live_session(&mut self, tenant: &TenantId, session: &SessionId) -> Result<(), ApiError> {
+        match self.sessions.get_mut(session) {
+            Some(entry) if &entry.tenant == tenant => match entry.finished {
+                true => Err(gone(format!("session {session}"))),
+                false => {
+                    entry.last_seen = std::time::Instant::now();
+                    Ok(())
+                }
+            },
+            _ => Err(ApiError::not_found(format!("session {session}"))),
+        }
+    }
+
+    /// The error for `what` of a finished session: gone for good, though once the caller's.
+    fn finished(&self, tenant: &TenantId, session: &SessionId, what: String) -> ApiError {
+        match self.sessions.get(session) {
+            Some(entry) if &entry.tenant == tenant && entry.finished => gone(what),
+            _ => ApiError::not_found(what),
+        }
+    }
+}
+
+/// `what` belonged to a session that has finished.
+fn gone(what: String) -> ApiError {
+    ApiError::new(
+        ApiErrorKind::Gone,
+        format!("{what}: its session has finished (ServiceClient.close, or idle too long)"),
+    )
 }
 
 /// Every served base and every tenant's objects on them.
@@ -408,10 +465,8 @@ impl Service {
                 user_metadata,
             } => {
                 let dir = self.checkpoints.existing(tenant, &path)?;
-                let source = self.model(tenant, &path.model)?;
-                let base = Arc::clone(&source.base);
-                let (id, model) =
-                    self.new_model(tenant, &session, model_seq, base, source.lora_rank)?;
+                let (base, lora_rank) = self.checkpoint_origin(tenant, &path, &dir)?;
+                let (id, model) = self.new_model(tenant, &session, model_seq, base, lora_rank)?;
                 let adapter = model.adapter.clone();
                 let load =
                     move |e: &mut TrainingEngine| e.load_adapter(&adapter, &dir, with_optimizer);
@@ -638,8 +693,12 @@ impl Service {
         tenant: &TenantId,
         model: Option<&ModelId>,
     ) -> Result<Vec<CheckpointInfo>, ApiError> {
-        if let Some(model) = model {
-            self.model(tenant, model)?;
+        // A model of a finished session is gone, its checkpoints are not.
+        if let Some(model) = model
+            && let Err(error) = self.model(tenant, model)
+            && error.kind != ApiErrorKind::Gone
+        {
+            return Err(error);
         }
         let (store, tenant, model) = (self.checkpoints.clone(), tenant.clone(), model.cloned());
         tokio::task::spawn_blocking(move || match model {
@@ -690,7 +749,12 @@ impl Service {
         for change in changes {
             match change {
                 Change::Session { id, tenant } => {
-                    self.lock().sessions.insert(id, tenant);
+                    self.lock().sessions.insert(id, Session::new(tenant));
+                }
+                Change::SessionFinished { id } => {
+                    if let Some(session) = self.lock().sessions.get_mut(&id) {
+                        session.finished = true;
+                    }
                 }
                 Change::Model {
                     id,
@@ -701,6 +765,16 @@ impl Service {
                     state,
                     ..
                 } => {
+                    // A model of a finished session is freed, though its last op may have
+                    // recorded it after the session finished.
+                    if self
+                        .lock()
+                        .sessions
+                        .get(&id.session)
+                        .is_none_or(|s| s.finished)
+                    {
+                        continue;
+                    }
                     let base = self.base(&base)?;
                     let state = state.ok_or_else(|| {
                         ApiError::internal(format!("model {id} was recorded without its state"))
@@ -820,28 +894,136 @@ impl Service {
         getrandom::fill(&mut bytes).unwrap_or_default();
         let id = SessionId::new(&format!("s-{}", hex::encode(bytes)))
             .unwrap_or_else(|_| unreachable!("hex is a plain name"));
-        self.lock().sessions.insert(id.clone(), tenant.clone());
+        self.lock()
+            .sessions
+            .insert(id.clone(), Session::new(tenant.clone()));
         id
     }
 
+    /// Check that `session` is `tenant`'s and live, and count this as a sign of its life.
     fn session(&self, tenant: &TenantId, session: &SessionId) -> Result<(), ApiError> {
-        match self.lock().sessions.get(session) {
-            Some(owner) if owner == tenant => Ok(()),
-            _ => Err(ApiError::not_found(format!("session {session}"))),
+        self.lock().live_session(tenant, session)
+    }
+
+    /// A heartbeat of `tenant`'s `session`: it lives on (an idle session is finished by
+    /// [`Service::finish_idle_sessions`]). A finished one answers [`ApiErrorKind::Gone`], which
+    /// is how the SDK's heartbeat learns to stop.
+    pub fn heartbeat(&self, tenant: &TenantId, session: &SessionId) -> Result<(), ApiError> {
+        self.session(tenant, session)
+    }
+
+    /// Finish `tenant`'s `session` (the SDK's `ServiceClient.close`): its models' adapters and
+    /// optimizer states and its samplers are freed now, and later ops on them answer
+    /// [`ApiErrorKind::Gone`]; checkpoints stay until their owner or their TTL removes them.
+    /// Finishing a finished session changes nothing (the first finish wins).
+    pub fn finish_session(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+    ) -> Result<Vec<Change>, ApiError> {
+        let mut objects = self.lock();
+        match objects.sessions.get_mut(session) {
+            Some(entry) if &entry.tenant == tenant => {
+                if std::mem::replace(&mut entry.finished, true) {
+                    return Ok(Vec::new());
+                }
+            }
+            _ => return Err(ApiError::not_found(format!("session {session}"))),
+        }
+        let models: Vec<ModelId> = objects
+            .models
+            .keys()
+            .filter(|id| &id.session == session)
+            .cloned()
+            .collect();
+        for id in models {
+            objects.snapshots.remove(&id);
+            if let Some(model) = objects.models.remove(&id) {
+                let adapter = model.adapter.clone();
+                model.base.trainer.detach(move |e| {
+                    // An adapter never made (its model failed) has nothing to free.
+                    let _ = e.remove_adapter(&adapter);
+                });
+            }
+        }
+        objects
+            .samplers
+            .retain(|id, _| id.session() != session.as_str());
+        objects.session_samplers.remove(session);
+        Ok(vec![Change::SessionFinished {
+            id: session.clone(),
+        }])
+    }
+
+    /// Finish every session that no heartbeat or op has named for `idle` (a client that went
+    /// away without `close`); the changes to record.
+    pub fn finish_idle_sessions(&self, idle: std::time::Duration) -> Vec<Change> {
+        let idle: Vec<(SessionId, TenantId)> = self
+            .lock()
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.finished && s.last_seen.elapsed() >= idle)
+            .map(|(id, s)| (id.clone(), s.tenant.clone()))
+            .collect();
+        idle.into_iter()
+            .flat_map(|(id, tenant)| self.finish_session(&tenant, &id).unwrap_or_default())
+            .collect()
+    }
+
+    /// The base and LoRA rank of the model that saved `tenant`'s checkpoint `path` (in `dir`):
+    /// the model's own while it lives, else (its session finished) as the checkpoint's config
+    /// names them.
+    fn checkpoint_origin(
+        &self,
+        tenant: &TenantId,
+        path: &CheckpointPath,
+        dir: &Path,
+    ) -> Result<(Arc<ServedBase>, usize), ApiError> {
+        match self.model(tenant, &path.model) {
+            Ok(model) => Ok((Arc::clone(&model.base), model.lora_rank)),
+            Err(error) if error.kind == ApiErrorKind::Gone => {
+                let damaged = |e: train::checkpoint::CheckpointError| {
+                    ApiError::internal(format!("checkpoint {path}: {e}"))
+                };
+                let base = train::checkpoint::base_model_of(dir).map_err(damaged)?;
+                let rank = train::checkpoint::rank_of(dir).map_err(damaged)?;
+                Ok((self.base(&base)?, rank))
+            }
+            Err(error) => Err(error),
         }
     }
 
+    /// `tenant`'s model `id`; naming it is a sign of its session's life.
     fn model(&self, tenant: &TenantId, id: &ModelId) -> Result<Arc<TrainedModel>, ApiError> {
-        match self.lock().models.get(id) {
-            Some(model) if &model.tenant == tenant => Ok(Arc::clone(model)),
-            _ => Err(ApiError::not_found(format!("model {id}"))),
+        let mut objects = self.lock();
+        match objects.models.get(id) {
+            Some(model) if &model.tenant == tenant => {
+                let model = Arc::clone(model);
+                if let Some(session) = objects.sessions.get_mut(&id.session) {
+                    session.last_seen = std::time::Instant::now();
+                }
+                Ok(model)
+            }
+            _ => Err(objects.finished(tenant, &id.session, format!("model {id}"))),
         }
     }
 
+    /// `tenant`'s sampler `id`; naming it is a sign of its session's life.
     fn sampler(&self, tenant: &TenantId, id: &SamplerId) -> Result<Arc<Sampler>, ApiError> {
-        match self.lock().samplers.get(id) {
-            Some(sampler) if &sampler.tenant == tenant => Ok(Arc::clone(sampler)),
-            _ => Err(ApiError::not_found(format!("sampler {id}"))),
+        let mut objects = self.lock();
+        let session = SessionId::new(id.session()).ok();
+        match objects.samplers.get(id) {
+            Some(sampler) if &sampler.tenant == tenant => {
+                let sampler = Arc::clone(sampler);
+                if let Some(entry) = session.and_then(|s| objects.sessions.get_mut(&s)) {
+                    entry.last_seen = std::time::Instant::now();
+                }
+                Ok(sampler)
+            }
+            _ => Err(match session {
+                Some(session) => objects.finished(tenant, &session, format!("sampler {id}")),
+                None => ApiError::not_found(format!("sampler {id}")),
+            }),
         }
     }
 
@@ -975,7 +1157,7 @@ impl Service {
             }),
             SamplerSource::Checkpoint(path) => {
                 let dir = self.checkpoints.existing(tenant, &path)?;
-                let base = Arc::clone(&self.model(tenant, &path.model)?.base);
+                let (base, _) = self.checkpoint_origin(tenant, &path, &dir)?;
                 let policy = self.load_policy(tenant, &base, dir).await?;
                 Ok(Sampler {
                     tenant: tenant.clone(),

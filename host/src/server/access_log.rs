@@ -116,6 +116,7 @@ impl<B> OnResponse<B> for AnswerLine {
 fn kind_of_status(status: StatusCode) -> Option<ApiErrorKind> {
     let kind = match status {
         StatusCode::NOT_FOUND => ApiErrorKind::NotFound,
+        StatusCode::GONE => ApiErrorKind::Gone,
         StatusCode::UNAUTHORIZED => ApiErrorKind::Unauthorized,
         StatusCode::FORBIDDEN => ApiErrorKind::QuotaExceeded,
         StatusCode::CONFLICT => ApiErrorKind::Conflict,

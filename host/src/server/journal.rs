@@ -134,6 +134,13 @@ impl Journal {
                 db.execute_batch(&format!("ALTER TABLE models ADD COLUMN {column} {kind}"))?;
             }
         }
+        let columns: Vec<String> = db
+            .prepare("SELECT name FROM pragma_table_info('sessions')")?
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        if !columns.iter().any(|c| c == "finished_at") {
+            db.execute_batch("ALTER TABLE sessions ADD COLUMN finished_at INTEGER")?;
+        }
         Ok(Journal { db: Mutex::new(db) })
     }
 
@@ -286,16 +293,27 @@ impl Journal {
         let tenant =
             |name: String| TenantId::new(&name).map_err(|e| JournalError::Damaged(e.to_string()));
         let mut objects = Vec::new();
-        let mut query = db.prepare("SELECT id, tenant FROM sessions")?;
-        for row in query.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get(1)?)))? {
-            let (id, owner) = row?;
+        let mut query = db.prepare("SELECT id, tenant, finished_at IS NOT NULL FROM sessions")?;
+        let rows = query.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get(1)?, r.get::<_, bool>(2)?))
+        })?;
+        for row in rows {
+            let (id, owner, finished) = row?;
+            let id = SessionId::new(&id).map_err(|e| JournalError::Damaged(e.to_string()))?;
             objects.push(Change::Session {
-                id: SessionId::new(&id).map_err(|e| JournalError::Damaged(e.to_string()))?,
+                id: id.clone(),
                 tenant: tenant(owner)?,
             });
+            if finished {
+                objects.push(Change::SessionFinished { id });
+            }
         }
-        let mut query =
-            db.prepare("SELECT id, tenant, base, lora_rank, applied_seq, state FROM models")?;
+        // A finished session's models keep their rows (the training runs list them) without
+        // their state.
+        let mut query = db.prepare(
+            "SELECT id, tenant, base, lora_rank, applied_seq, state FROM models
+             WHERE length(state) > 0",
+        )?;
         let rows = query.query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?,
@@ -518,6 +536,23 @@ fn apply(tx: &rusqlite::Transaction<'_>, change: &Change) -> Result<(), JournalE
         }
         Change::SamplerDropped { id } => {
             tx.execute("DELETE FROM samplers WHERE id = ?1", params![id.as_str()])?;
+        }
+        // The session's objects are freed: its models' states (their rows stay, as training
+        // runs) and its samplers. Ids are `SESSION:train:N` and `SESSION:sample:N`.
+        Change::SessionFinished { id } => {
+            let session = id.as_str();
+            tx.execute(
+                "UPDATE sessions SET finished_at = coalesce(finished_at, ?2) WHERE id = ?1",
+                params![session, unix_now()],
+            )?;
+            tx.execute(
+                "UPDATE models SET state = x'' WHERE substr(id, 1, length(?1)) = ?1",
+                params![format!("{session}:train:")],
+            )?;
+            tx.execute(
+                "DELETE FROM samplers WHERE substr(id, 1, length(?1)) = ?1",
+                params![format!("{session}:sample:")],
+            )?;
         }
     }
     Ok(())

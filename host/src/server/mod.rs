@@ -87,6 +87,9 @@ pub struct ServerConfig {
     /// How long an answered request's answer is kept for `retrieve_future` (the SDK asks for
     /// it within seconds); older ones are pruned from the journal by the sweep.
     pub answer_retention: Duration,
+    /// How long a session may go without a heartbeat or an op before the sweep finishes it
+    /// (frees its models and samplers), as if its client had closed it.
+    pub session_idle: Duration,
     /// The memory the server may hold, in bytes; `None`: the machine's less a headroom
     /// (`jobs::admission::machine_budget`). The served bases take their share first; jobs are
     /// admitted under the rest.
@@ -174,6 +177,8 @@ impl AppState {
         for object in &recorded.objects {
             match object {
                 Change::Session { .. } => restored.sessions += 1,
+                // Follows its session's record: only live sessions are counted.
+                Change::SessionFinished { .. } => restored.sessions -= 1,
                 Change::Model { .. } => restored.models += 1,
                 Change::Sampler { .. } => restored.samplers += 1,
                 Change::SamplerDropped { .. } => {}
@@ -224,7 +229,7 @@ impl AppState {
         });
         state.futures.restore(recorded.finished);
         routes::resume(&state, recorded.pending);
-        sweep_expired(&state, config.checkpoint_sweep, config.answer_retention).await;
+        sweep_expired(&state, config).await;
         restored.jobs = jobs
             .resume_unfinished()
             .await
@@ -317,6 +322,8 @@ impl IntoResponse for HttpError {
             // succeed.
             ApiErrorKind::InvalidRequest | ApiErrorKind::Conflict => StatusCode::BAD_REQUEST,
             ApiErrorKind::NotFound => StatusCode::NOT_FOUND,
+            // What the SDK's heartbeat reads as "the session has finished".
+            ApiErrorKind::Gone => StatusCode::GONE,
             ApiErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             // Not 429: clients retry that, and a quota does not lift by waiting.
@@ -350,12 +357,27 @@ pub(crate) fn public_message(error: &ApiError) -> String {
     format!("internal error {reference}: the server's log has its details")
 }
 
-/// Delete the expired checkpoints and prune the answers older than `answer_retention` now, and
-/// every `interval` for as long as the server runs.
-async fn sweep_expired(state: &Arc<AppState>, interval: Duration, answer_retention: Duration) {
+/// Delete the expired checkpoints, finish the sessions idle for `session_idle` and prune the
+/// answers older than `answer_retention` now, and every `checkpoint_sweep` for as long as the
+/// server runs.
+async fn sweep_expired(state: &Arc<AppState>, config: &ServerConfig) {
+    let (interval, answer_retention) = (config.checkpoint_sweep, config.answer_retention);
+    let session_idle = config.session_idle;
     let sweep = move |state: Arc<AppState>| async move {
         for (tenant, path) in state.service.sweep_checkpoints().await {
             tracing::info!(%tenant, %path, "expired checkpoint deleted");
+        }
+        let finished = state.service.finish_idle_sessions(session_idle);
+        if !finished.is_empty() {
+            let count = finished.len();
+            let recorded = state
+                .journal
+                .off_thread(move |journal| journal.record(&finished))
+                .await;
+            match recorded {
+                Ok(()) => tracing::info!(count, "idle sessions finished"),
+                Err(error) => tracing::warn!("recording finished idle sessions: {error}"),
+            }
         }
         let pruned = state
             .journal

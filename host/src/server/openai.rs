@@ -80,7 +80,7 @@ async fn openai_errors(response: Response) -> Response {
     };
     let kind_name = match kind {
         Some(ApiErrorKind::Unauthorized) => "authentication_error",
-        Some(ApiErrorKind::NotFound) => "not_found_error",
+        Some(ApiErrorKind::NotFound | ApiErrorKind::Gone) => "not_found_error",
         Some(ApiErrorKind::TooManyRequests) => "rate_limit_error",
         Some(ApiErrorKind::QuotaExceeded) => "insufficient_quota",
         Some(ApiErrorKind::Unavailable | ApiErrorKind::Internal) => "server_error",

@@ -35,7 +35,7 @@ pub fn router(state: Shared) -> Router {
         .route("/create_session", post(create_session))
         .route("/session_heartbeat", post(heartbeat))
         .route("/telemetry", post(telemetry))
-        .route("/sessions/{id}/finish", post(empty_object))
+        .route("/sessions/{id}/finish", post(finish_session))
         .route("/get_server_capabilities", get(capabilities))
         .route("/get_info", post(get_info))
         .route("/create_sampling_session", post(create_sampling_session))
@@ -128,8 +128,26 @@ async fn empty_object(_: Caller) -> Json<Value> {
     Json(json!({}))
 }
 
-async fn heartbeat(_: Caller) -> Json<Value> {
-    Json(json!({"type": "session_heartbeat"}))
+/// A session's heartbeat keeps it from being finished for idleness; a finished session answers
+/// 410, which stops the SDK's heartbeat loop.
+async fn heartbeat(State(state): State<Shared>, Caller(tenant): Caller, body: Bytes) -> Answered {
+    let heartbeat: wire::SessionHeartbeat = parse(&body)?;
+    let session = SessionId::new(&heartbeat.session_id)?;
+    state.service.heartbeat(&tenant, &session)?;
+    Ok(Json(json!({"type": "session_heartbeat"})).into_response())
+}
+
+/// The SDK's `ServiceClient.close`: the session's models and samplers are freed (recorded, so
+/// a restart does not bring them back); its checkpoints stay.
+async fn finish_session(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+) -> Answered {
+    let session = SessionId::new(&id)?;
+    let changes = state.service.finish_session(&tenant, &session)?;
+    record(&state, changes).await?;
+    Ok(Json(json!({})).into_response())
 }
 
 async fn telemetry(_: Caller) -> Json<Value> {

@@ -19,6 +19,11 @@ use crate::wire::proto;
 pub struct CreateSession {}
 
 #[derive(Deserialize)]
+pub struct SessionHeartbeat {
+    pub session_id: String,
+}
+
+#[derive(Deserialize)]
 pub struct CreateModel {
     pub session_id: String,
     pub model_seq_id: u64,

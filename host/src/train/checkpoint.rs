@@ -127,6 +127,18 @@ pub fn base_model_of(dir: &Path) -> Result<String, CheckpointError> {
         .ok_or_else(|| invalid(format!("{CONFIG_FILE} names no base_model_name_or_path")))
 }
 
+/// The LoRA rank an adapter folder was saved with, as its config names it.
+pub fn rank_of(dir: &Path) -> Result<usize, CheckpointError> {
+    let config = read_config(dir)?;
+    config["r"]
+        .as_u64()
+        .map(|rank| rank as usize)
+        .ok_or_else(|| CheckpointError::Invalid {
+            path: dir.display().to_string(),
+            message: format!("{CONFIG_FILE} names no rank `r`"),
+        })
+}
+
 /// A loaded checkpoint: the adapter, and its optimizer state when the checkpoint has one.
 pub struct Loaded {
     pub adapter: Adapter,

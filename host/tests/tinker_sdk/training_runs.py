@@ -1,10 +1,14 @@
 """The RestClient's training-run and checkpoint calls, as the cookbook makes them: a run's
 user_metadata (where the cookbook keeps its renderer name) comes back from
 get_training_run_by_tinker_path, its checkpoints are listed with their expiry, one is deleted
-(its files gone, its path refused afterwards), another tenant's is refused as unknown."""
+(its files gone, its path refused afterwards), another tenant's is refused as unknown. After
+`ServiceClient.close` (which frees the session's models), the run and its checkpoints stay: a new
+session lists them, trains from one and samples another."""
 
 import os
 import pathlib
+
+import tinker
 
 from common import BASE_MODEL, refused, service, sft_datum
 
@@ -64,4 +68,19 @@ refused(lambda: rest.delete_checkpoint_from_tinker_path(rolling).result(), "dele
 remaining = {c.tinker_path for c in rest.list_checkpoints(training.model_id).result().checkpoints}
 assert remaining == {kept, sampler}, remaining
 alice.create_training_client_from_state(kept).result()
-print("training runs: listed, expiring and deleted as the SDK expects")
+
+# Closed, the session's models are freed; its run and checkpoints stay for a new session.
+alice.close("success").result()
+again = service()
+again_rest = again.create_rest_client()
+assert [r.training_run_id for r in again_rest.list_training_runs().result().training_runs][0] == \
+    training.model_id
+remaining = {c.tinker_path for c in again_rest.list_checkpoints(training.model_id).result().checkpoints}
+assert remaining == {kept, sampler}, remaining
+resumed = again.create_training_client_from_state(kept).result()
+resumed.forward_backward([sft_datum(list(range(10, 30)))], "cross_entropy").result()
+sampling = again.create_sampling_client(model_path=sampler)
+prompt = tinker.types.ModelInput.from_ints(list(range(10, 20)))
+params = tinker.types.SamplingParams(max_tokens=2)
+assert len(sampling.sample(prompt, 1, params).result().sequences) == 1
+print("training runs: listed, expiring and deleted as the SDK expects; kept past close")

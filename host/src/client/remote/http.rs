@@ -367,6 +367,7 @@ fn status_error(status: StatusCode, reply: &Reply, path: &str) -> ApiError {
     let kind = named.unwrap_or(match status {
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ApiErrorKind::Unauthorized,
         StatusCode::NOT_FOUND => ApiErrorKind::NotFound,
+        StatusCode::GONE => ApiErrorKind::Gone,
         StatusCode::CONFLICT => ApiErrorKind::Conflict,
         StatusCode::TOO_MANY_REQUESTS => ApiErrorKind::TooManyRequests,
         StatusCode::REQUEST_TIMEOUT | StatusCode::SERVICE_UNAVAILABLE => ApiErrorKind::Unavailable,

@@ -87,7 +87,7 @@ impl From<ApiError> for OciError {
         let code = match error.kind {
             ApiErrorKind::Unauthorized => OciCode::Unauthorized,
             ApiErrorKind::QuotaExceeded | ApiErrorKind::TooManyRequests => OciCode::Denied,
-            ApiErrorKind::NotFound => OciCode::NameUnknown,
+            ApiErrorKind::NotFound | ApiErrorKind::Gone => OciCode::NameUnknown,
             ApiErrorKind::InvalidRequest | ApiErrorKind::Conflict => OciCode::ManifestInvalid,
             ApiErrorKind::Unavailable | ApiErrorKind::Internal => OciCode::Unknown,
         };
