@@ -797,10 +797,30 @@ fn a_finished_or_idle_session_frees_its_models_and_samplers_for_good() {
             "a heartbeating session was finished"
         );
     }
+    // The OpenAI routes' own session goes idle too; they make a new one when it is gone.
+    let complete = |server: &Server| {
+        let body = json!({"model": "opentinker/tiny", "prompt": "1 + 1", "max_tokens": 2});
+        let (status, _, answer) = server::request(
+            &server.url,
+            "POST",
+            "/v1/completions",
+            Some(&server.alice),
+            "application/json",
+            body.to_string().as_bytes(),
+        );
+        (status, String::from_utf8_lossy(&answer).into_owned())
+    };
+    let (status, answer) = complete(&server);
+    assert_eq!(status, 200, "{answer}");
     // Any contact would keep it: left alone for its 3 s and two sweeps, it is finished.
     std::thread::sleep(std::time::Duration::from_secs(6));
     let (status, error) = refused(heartbeat(&server, &idle));
     assert_eq!(status, 410, "the idle session was kept: {error}");
+    let (status, answer) = complete(&server);
+    assert_eq!(
+        status, 200,
+        "after the OpenAI routes' session went idle: {answer}"
+    );
 }
 
 #[test]

@@ -134,6 +134,13 @@ impl Samplers {
         model: &str,
     ) -> Result<Resolved, ApiError> {
         let key = (tenant.clone(), model.to_string());
+        // The tenant's session finished (idle too long): its samplers went with it.
+        let session = self.known().sessions.get(tenant).cloned();
+        if let Some(session) = &session
+            && state.service.heartbeat(tenant, session).is_err()
+        {
+            self.forget_tenant(tenant);
+        }
         if let Some(known) = self.known().samplers.get(&key) {
             return Ok(known.clone());
         }
@@ -205,6 +212,13 @@ impl Samplers {
         self.known()
             .samplers
             .remove(&(tenant.clone(), model.to_string()));
+    }
+
+    /// Forget `tenant`'s session and every sampler made in it.
+    fn forget_tenant(&self, tenant: &TenantId) {
+        let mut known = self.known();
+        known.sessions.remove(tenant);
+        known.samplers.retain(|(owner, _), _| owner != tenant);
     }
 }
 
