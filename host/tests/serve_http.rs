@@ -823,6 +823,59 @@ fn a_finished_or_idle_session_frees_its_models_and_samplers_for_good() {
     );
 }
 
+/// A model keeps its 8 latest snapshot samplers across restarts too: after a restart the ones
+/// restored count towards the limit, so the journal does not gain 8 more rows per restart.
+#[test]
+fn a_models_latest_snapshot_samplers_are_kept_across_restarts_and_no_more() {
+    let mut server = start_server();
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let model = model(&server);
+    let mut seq = 0;
+    let mut snapshot = |server: &Server| {
+        seq += 1;
+        let (status, submitted) = post(
+            server,
+            "save_weights_for_sampler",
+            json!({"model_id": model, "sampling_session_seq_id": seq, "seq_id": seq}),
+        );
+        assert_eq!(status, 200, "{submitted}");
+        let answer = result(server, submitted["request_id"].as_str().unwrap());
+        answer["sampling_session_id"].as_str().unwrap().to_string()
+    };
+    let database = server
+        .data
+        .path()
+        .join(opentinker::store::database::DATABASE_FILE);
+    let rows = || -> i64 {
+        let db = rusqlite::Connection::open(&database).unwrap();
+        db.query_row("SELECT count(*) FROM samplers", [], |r| r.get(0))
+            .unwrap()
+    };
+    let mut made = Vec::new();
+    for round in 0..3 {
+        for _ in 0..6 {
+            made.push(snapshot(&server));
+        }
+        assert_eq!(rows(), made.len().min(8) as i64, "round {round}");
+        server.child.kill().unwrap();
+        server.child.wait().unwrap();
+        let (child, _, _) = server::spawn_server(server.data.path(), &addr);
+        server.child = child;
+    }
+    let sample = |id: &str| {
+        post(
+            &server,
+            "asample",
+            json!({"sampling_session_id": id, "seq_id": 1, "num_samples": 1,
+                   "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+                   "sampling_params": {"max_tokens": 1}}),
+        )
+        .0
+    };
+    assert_eq!(sample(&made[made.len() - 8]), 200);
+    assert_eq!(sample(&made[made.len() - 9]), 404);
+}
+
 #[test]
 fn a_session_keeps_its_latest_sampling_sessions_and_lets_the_oldest_go() {
     let server = start_server();

@@ -7,6 +7,8 @@
 //! the tests fail in a strict run (CI) and are skipped, and counted, elsewhere
 //! (`opentinker_test_tools`).
 
+#[path = "common/arithmetic_job.rs"]
+mod arithmetic_job;
 #[path = "common/server.rs"]
 mod server;
 
@@ -303,4 +305,115 @@ fn eight_tenants_share_the_server_fairly_under_load() {
     );
     assert!(low >= 0.8 && high <= 1.25, "unfair shares: {figures}");
     assert!(end <= warm * 1.1, "memory grew from {warm} kB to {end} kB");
+}
+
+/// The soak, short (`scripts/soak.sh` runs it for 30 minutes with more tenants and jobs): four
+/// tenants each run an SDK loop and an OpenAI streaming loop for `OPENTINKER_SOAK_SECONDS` (40)
+/// while one of them has a job with a full-parameter warm-up, and the server is killed
+/// (SIGKILL) and started again on the same port and data in the middle. No SDK call fails,
+/// every tenant's optimizer counted exactly the steps its loop was answered (no answer lost,
+/// none applied twice), and the job resumes and succeeds.
+#[test]
+fn a_short_soak_with_a_kill_in_the_middle_loses_and_doubles_no_answer() {
+    let Some(python) = python() else { return };
+    let mut server = start_server();
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let mut names = vec!["alice".to_string(), "bob".to_string()];
+    let mut keys = vec![server.alice.clone(), server.bob.clone()];
+    for name in ["carol", "dave"] {
+        keys.push(create_tenant(server.data.path(), name));
+        names.push(name.to_string());
+    }
+    let seconds: u64 = std::env::var("OPENTINKER_SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+
+    let dir = tempfile::tempdir().unwrap();
+    // Long enough to be in its warm-up or RL when the kill comes.
+    let job = arithmetic_job::ArithmeticJob {
+        sft_steps: 120,
+        full_parameters: true,
+        rl_steps: 6,
+        rl_extra: "",
+        sections: "[checkpoint]\nevery = 2",
+    }
+    .write(dir.path(), "soak");
+    let submitted = Command::new(BIN)
+        .args(["submit", "--detach"])
+        .arg(&job)
+        .env("TINKER_BASE_URL", &server.url)
+        .env("TINKER_API_KEY", &server.alice)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&submitted.stderr).into_owned();
+    assert!(submitted.status.success(), "{said}");
+    let job_id = said
+        .split_whitespace()
+        .find(|w| w.starts_with("job-"))
+        .unwrap_or_else(|| panic!("no job id in: {said}"))
+        .to_string();
+
+    let mut script = script_command(&python, "soak.py", &server)
+        .env("SOAK_TENANT_KEYS", keys.join(","))
+        .env("SOAK_TENANT_NAMES", names.join(","))
+        .env("SOAK_SECONDS", seconds.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(script.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert!(
+        line.contains("started"),
+        "the loops did not start: {line:?}"
+    );
+    std::thread::sleep(std::time::Duration::from_secs(seconds / 2));
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let (child, _, restarted) = spawn_server(server.data.path(), &addr);
+    server.child = child;
+    println!("{}", restarted.trim());
+    assert!(
+        restarted.contains(" and 1 jobs"),
+        "the job was not resumed: {restarted}"
+    );
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert!(script.wait().unwrap().success(), "{rest}");
+    let figures: serde_json::Value =
+        serde_json::from_str(rest.lines().last().unwrap_or_default()).unwrap();
+    println!("{figures}");
+    assert_eq!(figures["sdk_failures"], 0, "{figures}");
+    let (steps, counted) = (&figures["steps"], &figures["server_steps"]);
+    assert_eq!(steps, counted, "lost or doubled steps: {figures}");
+    assert!(
+        steps
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s.as_u64() > Some(0)),
+        "{figures}"
+    );
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    loop {
+        let (status, _, body) = server::request(
+            &server.url,
+            "GET",
+            &format!("/api/v1/jobs/{job_id}"),
+            Some(&server.alice),
+            "application/json",
+            b"",
+        );
+        let record: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status, 200, "{record}");
+        match record["state"].as_str() {
+            Some("succeeded") => break,
+            Some("queued" | "running") => {}
+            _ => panic!("the job did not survive the kill: {record}"),
+        }
+        assert!(std::time::Instant::now() < deadline, "{record}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
 }

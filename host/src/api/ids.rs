@@ -133,6 +133,15 @@ impl SamplerId {
         self.0.split(":sample:").next().unwrap_or_default()
     }
 
+    /// The sampler's number in its session (the order they were made in; 0 for an id of
+    /// another form).
+    pub fn seq(&self) -> u64 {
+        self.0
+            .rsplit_once(":sample:")
+            .and_then(|(_, seq)| seq.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Any id a client sends: unknown ones are answered "not found" later.
     pub fn parse(id: &str) -> Result<Self, ApiError> {
         let ok = !id.is_empty()

@@ -148,8 +148,13 @@ pub enum Change {
 pub enum SamplerRecord {
     Base,
     Checkpoint(CheckpointPath),
-    /// An adapter as it was when snapshotted ([`SlotState`] bytes without optimizer state).
-    Snapshot(Vec<u8>),
+    /// An adapter as it was when snapshotted ([`SlotState`] bytes without optimizer state), and
+    /// the model it was taken of, whose latest snapshots are kept (`None`: recorded before the
+    /// journal kept it; such a snapshot is kept until its session ends).
+    Snapshot {
+        model: Option<ModelId>,
+        state: Vec<u8>,
+    },
 }
 
 /// What an op made: its output, the changes besides the model's progress, and the model's
@@ -563,7 +568,10 @@ impl Service {
                     id: sampler.clone(),
                     tenant: tenant.clone(),
                     base: model.base.name.clone(),
-                    source: SamplerRecord::Snapshot(state),
+                    source: SamplerRecord::Snapshot {
+                        model: Some(id.clone()),
+                        state,
+                    },
                 }];
                 let mut objects = self.lock();
                 let Objects {
@@ -746,6 +754,10 @@ impl Service {
     /// Restore the objects that `changes` (the latest record of each) describe: what a
     /// restarted durable server calls before it serves.
     pub async fn restore(&self, changes: Vec<Change>) -> Result<(), ApiError> {
+        // The samplers kept per model and per session, rebuilt (oldest first) so that the
+        // limits hold across restarts.
+        let mut restored_snapshots = Vec::new();
+        let mut restored_session_samplers = Vec::new();
         for change in changes {
             match change {
                 Change::Session { id, tenant } => {
@@ -805,6 +817,11 @@ impl Service {
                     base,
                     source,
                 } => {
+                    if !matches!(source, SamplerRecord::Snapshot { .. })
+                        && let Ok(session) = SessionId::new(id.session())
+                    {
+                        restored_session_samplers.push((session, id.clone()));
+                    }
                     let sampler = match source {
                         SamplerRecord::Base => {
                             self.open_sampler(&tenant, SamplerSource::Base(base))
@@ -822,7 +839,10 @@ impl Service {
                                 Err(error) => return Err(error),
                             }
                         }
-                        SamplerRecord::Snapshot(state) => {
+                        SamplerRecord::Snapshot { model, state } => {
+                            if let Some(model) = model {
+                                restored_snapshots.push((model, id.clone()));
+                            }
                             let base = self.base(&base)?;
                             let policy = publish(&base, &format!("{tenant}/{id}"), &state).await?;
                             Sampler {
@@ -838,6 +858,25 @@ impl Service {
                 Change::SamplerDropped { id } => {
                     self.lock().samplers.remove(&id);
                 }
+            }
+        }
+        let mut objects = self.lock();
+        let Objects {
+            samplers,
+            snapshots,
+            session_samplers,
+            ..
+        } = &mut *objects;
+        restored_snapshots.sort_by_key(|(_, id)| id.seq());
+        for (model, id) in restored_snapshots {
+            if samplers.contains_key(&id) {
+                snapshots.entry(model).or_default().push_back(id);
+            }
+        }
+        restored_session_samplers.sort_by_key(|(_, id)| id.seq());
+        for (session, id) in restored_session_samplers {
+            if samplers.contains_key(&id) {
+                session_samplers.entry(session).or_default().push_back(id);
             }
         }
         Ok(())

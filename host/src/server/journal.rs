@@ -125,21 +125,19 @@ impl Journal {
              );",
         )?;
         // Columns added since the first release, to databases made before them.
-        let columns: Vec<String> = db
-            .prepare("SELECT name FROM pragma_table_info('models')")?
-            .query_map([], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        for (column, kind) in [("user_metadata", "TEXT"), ("last_request_at", "INTEGER")] {
+        for (table, column, kind) in [
+            ("models", "user_metadata", "TEXT"),
+            ("models", "last_request_at", "INTEGER"),
+            ("sessions", "finished_at", "INTEGER"),
+            ("samplers", "model", "TEXT"),
+        ] {
+            let columns: Vec<String> = db
+                .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
             if !columns.iter().any(|c| c == column) {
-                db.execute_batch(&format!("ALTER TABLE models ADD COLUMN {column} {kind}"))?;
+                db.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"))?;
             }
-        }
-        let columns: Vec<String> = db
-            .prepare("SELECT name FROM pragma_table_info('sessions')")?
-            .query_map([], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        if !columns.iter().any(|c| c == "finished_at") {
-            db.execute_batch("ALTER TABLE sessions ADD COLUMN finished_at INTEGER")?;
         }
         Ok(Journal { db: Mutex::new(db) })
     }
@@ -339,7 +337,7 @@ impl Journal {
             });
         }
         let mut query =
-            db.prepare("SELECT id, tenant, base, checkpoint, snapshot FROM samplers")?;
+            db.prepare("SELECT id, tenant, base, checkpoint, snapshot, model FROM samplers")?;
         let rows = query.query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?,
@@ -347,14 +345,21 @@ impl Journal {
                 r.get::<_, String>(2)?,
                 r.get::<_, Option<String>>(3)?,
                 r.get::<_, Option<Vec<u8>>>(4)?,
+                r.get::<_, Option<String>>(5)?,
             ))
         })?;
         for row in rows {
-            let (id, owner, base, checkpoint, snapshot) = row?;
+            let (id, owner, base, checkpoint, snapshot, model) = row?;
             let damaged = |e: ApiError| JournalError::Damaged(e.to_string());
             let source = match (checkpoint, snapshot) {
                 (Some(path), _) => SamplerRecord::Checkpoint(path.parse().map_err(damaged)?),
-                (None, Some(bytes)) => SamplerRecord::Snapshot(bytes),
+                (None, Some(state)) => SamplerRecord::Snapshot {
+                    model: model
+                        .map(|m| m.parse::<ModelId>())
+                        .transpose()
+                        .map_err(damaged)?,
+                    state,
+                },
                 (None, None) => SamplerRecord::Base,
             };
             objects.push(Change::Sampler {
@@ -523,15 +528,26 @@ fn apply(tx: &rusqlite::Transaction<'_>, change: &Change) -> Result<(), JournalE
             base,
             source,
         } => {
-            let (checkpoint, snapshot) = match source {
-                SamplerRecord::Base => (None, None),
-                SamplerRecord::Checkpoint(path) => (Some(path.to_string()), None),
-                SamplerRecord::Snapshot(bytes) => (None, Some(bytes.as_slice())),
+            let (checkpoint, snapshot, model) = match source {
+                SamplerRecord::Base => (None, None, None),
+                SamplerRecord::Checkpoint(path) => (Some(path.to_string()), None, None),
+                SamplerRecord::Snapshot { model, state } => (
+                    None,
+                    Some(state.as_slice()),
+                    model.as_ref().map(ToString::to_string),
+                ),
             };
             tx.execute(
-                "INSERT OR REPLACE INTO samplers (id, tenant, base, checkpoint, snapshot)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![id.as_str(), tenant.as_str(), base, checkpoint, snapshot],
+                "INSERT OR REPLACE INTO samplers (id, tenant, base, checkpoint, snapshot, model)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    id.as_str(),
+                    tenant.as_str(),
+                    base,
+                    checkpoint,
+                    snapshot,
+                    model
+                ],
             )?;
         }
         Change::SamplerDropped { id } => {
