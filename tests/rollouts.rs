@@ -31,7 +31,7 @@ async fn a_five_turn_episode_is_one_datum() {
     )
     .unwrap();
     let context = model.context_length();
-    let service = model.serve("tiny".into(), 8192);
+    let service = model.serve("tiny".into(), 8192, None);
     let host = opentinker_tests::test_host();
     let environment = opentinker_tests::load(&host, "guess-number").await;
     let limits = Limits::default();

@@ -1,7 +1,9 @@
-//! `opentinker model init-tiny | logprobs`.
+//! `opentinker model init-tiny | logprobs | merge`.
 
 use std::path::PathBuf;
 
+use anyhow::Context;
+use candle_core::DType;
 use clap::Subcommand;
 use serde::Serialize;
 
@@ -33,6 +35,19 @@ pub enum ModelCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Write a model directory with a LoRA adapter (PEFT format) merged into the base's weights:
+    /// it computes what the base computes with the adapter, and loads wherever a Hugging Face
+    /// model does (`transformers`, vLLM, `opentinker serve --model`).
+    Merge {
+        /// The base model directory.
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        adapter: PathBuf,
+        /// The new model directory (must not exist).
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
@@ -80,9 +95,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
         } => {
             let model = Model::load(&model)?;
             let adapter = adapter
-                .map(|dir| {
-                    crate::train::checkpoint::load(&dir, &model.config, candle_core::DType::F32)
-                })
+                .map(|dir| crate::train::checkpoint::load(&dir, &model.config, DType::F32))
                 .transpose()?
                 .map(|loaded| loaded.adapter);
             let tokens = model.tokenizer.encode(&text)?;
@@ -109,6 +122,26 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
                     println!("{:>8} {:>10} {:?}", row.token, logprob, row.text);
                 }
             }
+            Ok(())
+        }
+        ModelCommand::Merge {
+            model,
+            adapter,
+            out,
+        } => {
+            anyhow::ensure!(
+                !out.exists(),
+                "{} exists: give a new folder for the merged model",
+                out.display()
+            );
+            let base = Model::load(&model)?;
+            let loaded = crate::train::checkpoint::load(&adapter, &base.config, DType::F32)?;
+            let merged =
+                crate::lora::merge(&base.transformer, &loaded.adapter).with_context(|| {
+                    format!("merging {} into {}", adapter.display(), model.display())
+                })?;
+            crate::model::save_model_dir(&merged, &model, &out)?;
+            println!("{}", out.display());
             Ok(())
         }
     }

@@ -318,17 +318,7 @@ impl TrainingClient for FullParameterTrainer {
         self.trainer
             .with(move |e| -> anyhow::Result<()> {
                 let model = e.model_snapshot()?;
-                std::fs::create_dir_all(&dir)?;
-                for entry in std::fs::read_dir(&source)? {
-                    let path = entry?.path();
-                    let name = path.file_name().unwrap_or_default().to_string_lossy();
-                    if path.is_file() && !name.starts_with("model.safetensors") {
-                        std::fs::copy(&path, dir.join(&*name))?;
-                    }
-                }
-                let tensors: std::collections::HashMap<String, candle_core::Tensor> =
-                    model.named_weights().into_iter().collect();
-                candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
+                crate::model::write_model_files(&model, &source, &dir)?;
                 Ok(())
             })
             .await

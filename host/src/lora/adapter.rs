@@ -243,5 +243,7 @@ pub enum AdapterError {
     #[error(transparent)]
     Config(#[from] LoraError),
     #[error(transparent)]
+    Mismatch(#[from] AdapterMismatch),
+    #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

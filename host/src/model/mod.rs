@@ -6,6 +6,7 @@
 pub mod config;
 mod cpu_view;
 pub mod layers;
+mod save;
 mod site;
 pub mod tiny;
 pub mod transformer;
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 pub use config::{Architecture, ConfigError, ModelConfig, OutOfVocabulary};
 pub use cpu_view::{CpuWeights, TensorView, sequence_logits};
+pub use save::{save_model_dir, write_model_files};
 pub use site::{Site, Target};
 pub use transformer::Transformer;
 

@@ -14,6 +14,8 @@ use super::config::{ModelConfig, RopeScaling};
 pub enum WeightsError {
     #[error("reading weights {path}: {message}")]
     Read { path: String, message: String },
+    #[error("writing the model directory {path}: {message}")]
+    Write { path: String, message: String },
     #[error("the weights have no tensor `{0}`")]
     Missing(String),
     #[error("tensor `{name}` has shape {found:?}, the config says {expected:?}")]
@@ -47,6 +49,22 @@ pub struct Layer {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+}
+
+impl Layer {
+    /// The projection `target` names.
+    pub fn linear_mut(&mut self, target: super::site::Target) -> &mut Linear {
+        use super::site::Target;
+        match target {
+            Target::Q => &mut self.q_proj,
+            Target::K => &mut self.k_proj,
+            Target::V => &mut self.v_proj,
+            Target::O => &mut self.o_proj,
+            Target::Gate => &mut self.gate_proj,
+            Target::Up => &mut self.up_proj,
+            Target::Down => &mut self.down_proj,
+        }
+    }
 }
 
 /// The model's weights and the RoPE tables.

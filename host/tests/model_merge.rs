@@ -1,0 +1,159 @@
+//! `opentinker model merge`: an adapter trained on every projection and the unembedding, merged
+//! into its base, gives the logprobs of the base with the adapter (within 1e-5); the merged
+//! directory is a Hugging Face model that `transformers` (the cookbook's venv, which has PyTorch)
+//! loads and scores the same; an existing output folder is refused, and nothing is written.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use candle_core::DType;
+use opentinker::lora::{LoraConfig, token_logprobs};
+use opentinker::model::tiny::{TinyShape, init_tiny};
+use opentinker::model::{Architecture, Model};
+use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
+use opentinker_test_tools::cookbook_python;
+
+const BIN: &str = env!("CARGO_BIN_EXE_opentinker");
+
+/// Train adapter `a` of `base` (every projection and the unembedding) a few steps and save it.
+fn trained_adapter(base: &Model, dir: &Path) {
+    let mut engine = TrainingEngine::new(Arc::new(base.transformer.clone()), DType::F32);
+    let config = LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        train_unembed: true,
+        seed: 7,
+        ..LoraConfig::default()
+    };
+    engine.add_adapter("a", config).unwrap();
+    let tokens: Vec<u32> = (0..25).map(|i| (i * 37 + 11) % 500 + 3).collect();
+    let work = [WorkItem {
+        adapter: "a".into(),
+        datums: vec![Datum {
+            input_tokens: tokens[..24].to_vec(),
+            target_tokens: tokens[1..].to_vec(),
+            mask: vec![1.0; 24],
+            weights: None,
+            advantages: None,
+            sampler_logprobs: None,
+        }],
+        loss: Loss::CrossEntropy,
+    }];
+    let params = AdamParams {
+        learning_rate: 1e-2,
+        ..AdamParams::default()
+    };
+    for _ in 0..4 {
+        engine.forward_backward(&work).unwrap();
+        engine.optim_step("a", &params).unwrap();
+    }
+    engine.save_adapter("a", dir, "tiny", false).unwrap();
+}
+
+/// `transformers`' logprob of each token after the first, for the model in `dir`.
+fn transformers_logprobs(python: &Path, dir: &Path, tokens: &[u32]) -> Vec<f32> {
+    let script = r#"
+import json, sys, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+ids = json.loads(sys.argv[2])
+with torch.no_grad():
+    logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0], -1)
+print(json.dumps([logprobs[i, ids[i + 1]].item() for i in range(len(ids) - 1)]))
+"#;
+    let output = Command::new(python)
+        .args(["-c", script])
+        .arg(dir)
+        .arg(serde_json::to_string(tokens).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[test]
+fn a_merged_adapter_gives_the_adapters_logprobs_here_and_in_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base_dir, adapter_dir, out) = (
+        dir.path().join("base"),
+        dir.path().join("adapter"),
+        dir.path().join("merged"),
+    );
+    init_tiny(&base_dir, TinyShape::Tiny, Architecture::Qwen2, 3).unwrap();
+    let base = Model::load(&base_dir).unwrap();
+    assert!(
+        base.config.tie_word_embeddings,
+        "the case of an untying merge"
+    );
+    trained_adapter(&base, &adapter_dir);
+
+    let merge = || {
+        Command::new(BIN)
+            .args(["model", "merge", "--model"])
+            .arg(&base_dir)
+            .arg("--adapter")
+            .arg(&adapter_dir)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let merged = merge();
+    assert!(
+        merged.status.success(),
+        "{}",
+        String::from_utf8_lossy(&merged.stderr)
+    );
+    let loaded = opentinker::train::checkpoint::load(&adapter_dir, &base.config, DType::F32)
+        .unwrap()
+        .adapter;
+    let model = Model::load(&out).unwrap();
+    assert!(!model.config.tie_word_embeddings);
+    let tokens = model
+        .tokenizer
+        .encode("What is 12 + 30? The answer is 42.")
+        .unwrap();
+    let with_adapter = token_logprobs(&base, &tokens, Some(&loaded)).unwrap();
+    let without = token_logprobs(&base, &tokens, None).unwrap();
+    let merged_logprobs = token_logprobs(&model, &tokens, None).unwrap();
+    let mut moved = 0.0f32;
+    for ((a, m), b) in with_adapter
+        .iter()
+        .zip(&merged_logprobs)
+        .zip(&without)
+        .skip(1)
+    {
+        let (a, m, b) = (a.unwrap(), m.unwrap(), b.unwrap());
+        assert!((a - m).abs() <= 1e-5, "base + adapter {a}, merged {m}");
+        moved = moved.max((a - b).abs());
+    }
+    assert!(
+        moved > 1e-3,
+        "the adapter changes nothing ({moved}): the test proves nothing"
+    );
+
+    // Written again over itself: refused, and the merged model is untouched.
+    let before = std::fs::read(out.join("model.safetensors")).unwrap();
+    let again = merge();
+    assert!(!again.status.success());
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(said.contains("exists"), "{said}");
+    assert_eq!(
+        std::fs::read(out.join("model.safetensors")).unwrap(),
+        before
+    );
+
+    let Some(python) = cookbook_python() else {
+        return;
+    };
+    let theirs = transformers_logprobs(&python, &out, &tokens);
+    for (t, m) in theirs.iter().zip(merged_logprobs.iter().skip(1)) {
+        let m = m.unwrap();
+        assert!((t - m).abs() <= 1e-4, "transformers {t}, ours {m}");
+    }
+}
