@@ -5,7 +5,8 @@
 # the built-in tiny model and the same job on a Qwen2.5-0.5B-shaped base the server serves (both
 # with a full-parameter warm-up; the latter evaluates on 16 episodes so that its sampler's KV
 # cache stays small), all admitted under `--memory-budget` (BUDGET, default 16GiB), each base's
-# running samples held to 32,768 KV positions.
+# running samples held to 32,768 KV positions, answers kept RETENTION seconds (default 300, so
+# that the database reaches its plateau within the soak; a server's default is an hour).
 # Halfway through, the server is killed with SIGKILL and started again on the same port and
 # data. Prints the clients' figures (calls answered, p50 / p99 per route, failures, each
 # tenant's optimizer steps as answered and as the server counted them), the jobs' states, the
@@ -28,7 +29,8 @@ for i in 1 2 3 4 5 6 7 8; do
     names="$names,soak-$i"
 done
 keys="${keys#,}" names="${names#,}"
-export SERVE_FLAGS="--model qwen-half=$data/half --memory-budget $budget --kv-positions 32768"
+export SERVE_FLAGS="--model qwen-half=$data/half --memory-budget $budget --kv-positions 32768 \
+    --answer-retention-secs ${RETENTION:-300}"
 start_server "$data"
 url="http://127.0.0.1:$port"
 

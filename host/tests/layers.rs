@@ -1,7 +1,7 @@
 //! The host's layers only look down: each module names the modules it must not import, and
 //! every `crate::...` path in its files (code and tests alike) is checked against them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Per module of `host/src`, the modules it must never name.
@@ -181,4 +181,344 @@ fn the_rl_driver_never_builds_plugins() {
         .map(|file| file.display().to_string())
         .collect();
     assert!(offences.is_empty(), "{}", offences.join("\n"));
+}
+
+/// A module of `host/src` by its path (`["sched", "trainer"]`; the crate root is `[]`).
+type ModPath = Vec<String>;
+
+/// Every module file of `src` (the library's: `main.rs` is a crate of its own) by module path.
+fn module_files(src: &Path) -> BTreeMap<ModPath, PathBuf> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut modules = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(src).unwrap();
+        let mut path: ModPath = relative
+            .iter()
+            .map(|part| part.to_string_lossy().trim_end_matches(".rs").to_string())
+            .collect();
+        match path.last().map(String::as_str) {
+            Some("main") if path.len() == 1 => continue,
+            Some("lib") if path.len() == 1 => path.clear(),
+            Some("mod") => {
+                path.pop();
+            }
+            _ => {}
+        }
+        modules.insert(path, file);
+    }
+    modules
+}
+
+/// The code of a file as imports see it: comment lines dropped, and the unit tests (an inline
+/// `#[cfg(test)] mod` at its end, whose `super::` is the file itself) cut off.
+fn code_of(text: &str) -> String {
+    let code: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect();
+    let code = code.join("\n");
+    match code.find("#[cfg(test)]\nmod ") {
+        Some(at) => code[..at].to_string(),
+        None => code,
+    }
+}
+
+/// Expand a use tree (`a::{b::C, d as e, f::*}`) into its paths; an alias is kept as `d as e`.
+fn expand_tree(tree: &str) -> Vec<Vec<String>> {
+    fn split_top(group: &str) -> Vec<&str> {
+        let (mut depth, mut start, mut parts) = (0, 0, Vec::new());
+        for (i, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    parts.push(&group[start..i]);
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        parts.push(&group[start..]);
+        parts
+    }
+    let tree = tree.trim();
+    if tree.is_empty() {
+        return Vec::new();
+    }
+    if let Some(inner) = tree.strip_prefix('{').and_then(|t| t.strip_suffix('}')) {
+        return split_top(inner).into_iter().flat_map(expand_tree).collect();
+    }
+    match tree.split_once("::") {
+        Some((head, rest)) => expand_tree(rest)
+            .into_iter()
+            .map(|mut path| {
+                path.insert(0, head.trim().to_string());
+                path
+            })
+            .collect(),
+        None => vec![vec![tree.to_string()]],
+    }
+}
+
+/// The paths a file names from `crate::`, `super::` or `self::`, made absolute (the file is
+/// module `module`), with the text that followed each (a use tree or a path in code).
+fn absolute_paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
+    let mut paths = Vec::new();
+    for start in ["crate::", "super::", "self::"] {
+        for (at, _) in code.match_indices(start) {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let mut rest = &code[at..];
+            let mut base: Vec<String> = module.to_vec();
+            if let Some(r) = rest.strip_prefix("crate::") {
+                base.clear();
+                rest = r;
+            } else if let Some(r) = rest.strip_prefix("self::") {
+                rest = r;
+            } else {
+                while let Some(r) = rest.strip_prefix("super::") {
+                    base.pop();
+                    rest = r;
+                }
+            }
+            // The use tree or path: up to the first character that cannot be in one.
+            let mut depth = 0;
+            let end = rest
+                .char_indices()
+                .find(|&(_, c)| match c {
+                    '{' => {
+                        depth += 1;
+                        false
+                    }
+                    '}' if depth > 0 => {
+                        depth -= 1;
+                        false
+                    }
+                    ',' | ' ' | '\n' | '*' if depth > 0 => false,
+                    c => !(c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '*'),
+                })
+                .map_or(rest.len(), |(i, _)| i);
+            for path in expand_tree(&rest[..end]) {
+                let mut full = base.clone();
+                // `X as Y` names X.
+                full.extend(
+                    path.iter()
+                        .map(|s| {
+                            s.split(" as ")
+                                .next()
+                                .unwrap_or_default()
+                                .trim()
+                                .to_string()
+                        })
+                        .filter(|s| !s.is_empty()),
+                );
+                paths.push(full);
+            }
+        }
+    }
+    paths
+}
+
+/// What each module re-exports (`pub use x::Y;`): exported name -> the absolute path it names.
+fn re_exports(module: &[String], code: &str) -> BTreeMap<String, Vec<String>> {
+    let mut exported = BTreeMap::new();
+    for statement in code.split(';') {
+        // After any attributes (`#[cfg(...)]`) on the lines before it.
+        let Some(tree) = ["pub use ", "pub(crate) use ", "pub(super) use "]
+            .iter()
+            .find_map(|p| statement.find(p).map(|at| &statement[at + p.len()..]))
+        else {
+            continue;
+        };
+        for path in expand_tree(tree) {
+            let Some(last) = path.last() else { continue };
+            let (name, path) = match last.split_once(" as ") {
+                Some((original, alias)) => {
+                    let mut path = path.clone();
+                    *path.last_mut().unwrap() = original.trim().to_string();
+                    (alias.trim().to_string(), path)
+                }
+                None => (last.clone(), path.clone()),
+            };
+            let mut absolute: Vec<String> = match path.first().map(String::as_str) {
+                Some("crate") => Vec::new(),
+                Some("self") => module.to_vec(),
+                Some("super") => module[..module.len().saturating_sub(1)].to_vec(),
+                _ => module.to_vec(),
+            };
+            absolute.extend(
+                path.into_iter()
+                    .skip_while(|s| s == "crate" || s == "self" || s == "super"),
+            );
+            exported.insert(name, absolute);
+        }
+    }
+    exported
+}
+
+/// The module file a path lands in: its longest prefix that is a module, then, where that
+/// module only re-exports the next segment, the module that defines it.
+fn owner(
+    path: &[String],
+    files: &BTreeMap<ModPath, PathBuf>,
+    exports: &BTreeMap<ModPath, BTreeMap<String, Vec<String>>>,
+    hops: usize,
+) -> Option<ModPath> {
+    let length = (0..=path.len())
+        .rev()
+        .find(|&n| files.contains_key(&path[..n]))?;
+    let module = path[..length].to_vec();
+    if hops < 8
+        && let Some(item) = path.get(length)
+        && let Some(target) = exports.get(&module).and_then(|e| e.get(item))
+        && target.as_slice() != path
+    {
+        return owner(target, files, exports, hops + 1);
+    }
+    Some(module)
+}
+
+/// The import circles between the files of `src`: groups of files (relative paths) that reach
+/// each other through their imports. A module's own submodules are its to name (its face), so
+/// a file's imports of its descendants are not counted; an import of an ancestor's item is
+/// counted against the file that defines it.
+fn import_circles(src: &Path) -> Vec<Vec<String>> {
+    let files = module_files(src);
+    let codes: BTreeMap<ModPath, String> = files
+        .iter()
+        .map(|(m, f)| (m.clone(), code_of(&std::fs::read_to_string(f).unwrap())))
+        .collect();
+    let exports: BTreeMap<ModPath, BTreeMap<String, Vec<String>>> = codes
+        .iter()
+        .map(|(m, code)| (m.clone(), re_exports(m, code)))
+        .collect();
+    let mut edges: BTreeMap<ModPath, BTreeSet<ModPath>> = BTreeMap::new();
+    for (module, code) in &codes {
+        let targets = edges.entry(module.clone()).or_default();
+        for path in absolute_paths(code, module) {
+            if let Some(target) = owner(&path, &files, &exports, 0)
+                && !target.starts_with(module)
+            {
+                targets.insert(target);
+            }
+        }
+    }
+    let reach = |from: &ModPath| -> BTreeSet<ModPath> {
+        let (mut seen, mut stack) = (BTreeSet::new(), vec![from.clone()]);
+        while let Some(at) = stack.pop() {
+            for next in edges.get(&at).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<ModPath, BTreeSet<ModPath>> =
+        files.keys().map(|m| (m.clone(), reach(m))).collect();
+    let mut circles: BTreeSet<Vec<String>> = BTreeSet::new();
+    for (module, from) in &reached {
+        let circle: Vec<String> = from
+            .iter()
+            .filter(|other| reached[*other].contains(module))
+            .map(|m| {
+                let file = files[m].strip_prefix(src).unwrap();
+                file.display().to_string()
+            })
+            .collect();
+        if circle.len() > 1 {
+            circles.insert(circle);
+        }
+    }
+    circles.into_iter().collect()
+}
+
+/// No file of `host/src` reaches itself through its imports: move the definition that ties a
+/// circle to the file that owns it (`DESIGN.md`, "Layout", lists how the last ten went).
+#[test]
+fn no_files_import_each_other_in_a_circle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let circles = import_circles(&src);
+    assert!(circles.is_empty(), "import circles:\n{circles:#?}");
+}
+
+#[test]
+fn the_circle_finder_sees_a_circle_through_a_re_export_and_none_through_a_face() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |path: &str, text: &str| {
+        let file = dir.path().join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, text).unwrap();
+    };
+    write("lib.rs", "pub mod a;\npub mod b;\n");
+    // a's face re-exports its files; x uses y's item through the face, y uses x's directly.
+    write(
+        "a/mod.rs",
+        "mod x;\nmod y;\npub use x::X;\npub use y::{Y, Z as W};\n",
+    );
+    write("a/x.rs", "use super::W;\npub struct X;\n");
+    write("a/y.rs", "use super::x::X;\npub struct Y;\npub struct Z;\n");
+    // b uses a's face only, and a nothing of b: no circle.
+    write(
+        "b.rs",
+        "use crate::a::{X, Y};\n// crate::a::x is named in a comment only\n",
+    );
+    let found = import_circles(dir.path());
+    assert_eq!(found, [vec!["a/x.rs".to_string(), "a/y.rs".to_string()]]);
+}
+
+/// No error crosses a module boundary as a bare string: no public function (`pub`, `pub(crate)`,
+/// `pub(super)`) returns `Result<_, String>`; errors are enums with a kind, as the plugin host's
+/// `CallError` is.
+#[test]
+fn no_public_function_returns_a_string_error() {
+    let mut files = Vec::new();
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    let mut offences = Vec::new();
+    for file in files {
+        let code = code_of(&std::fs::read_to_string(&file).unwrap());
+        offences.extend(
+            string_errors(&code)
+                .into_iter()
+                .map(|signature| format!("{}: {signature}", file.display())),
+        );
+    }
+    assert!(offences.is_empty(), "{}", offences.join("\n"));
+}
+
+/// The public function signatures of `code` whose error type is `String`.
+fn string_errors(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for (at, _) in code.match_indices("fn ") {
+        let line_start = code[..at].rfind('\n').map_or(0, |i| i + 1);
+        let public = code[line_start..at].trim_start().starts_with("pub");
+        let end = code[at..].find(['{', ';']).map_or(code.len(), |i| at + i);
+        let signature = code[at..end]
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let returns = signature.split_once("->").map(|(_, r)| r.trim());
+        if public && returns.is_some_and(|r| r.starts_with("Result<") && r.ends_with(", String>")) {
+            found.push(signature);
+        }
+    }
+    found
+}
+
+#[test]
+fn the_string_error_scan_sees_a_public_one_and_not_a_private_one() {
+    let code = "pub fn a(x: u8) -> Result<u8, String> {}\nfn b() -> Result<(), String> {}\n\
+                pub(crate) fn c(\n    y: u8,\n) -> Result<(), String> {}\npub fn d() -> Result<(), E> {}";
+    let found = string_errors(code);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].starts_with("fn a") && found[1].starts_with("fn c"),
+        "{found:?}"
+    );
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use super::market::PackageArgs;
+use super::market::{PackageArgs, Unpinned};
 use crate::plugin::build::build_plugin;
 use crate::rl::job::Job;
 
@@ -16,16 +16,6 @@ pub fn load_and_build(path: &Path, packages: &PackageArgs) -> anyhow::Result<Job
     let mut job = Job::load(path)?;
     build_plugins(path, &mut job, packages, Unpinned::Install)?;
     Ok(job)
-}
-
-/// What becomes of a published plugin that the job's lock file does not pin.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unpinned {
-    /// Resolved on the registry of the command line and installed.
-    Install,
-    /// Left named by its range when the command line names no registry: the server the job
-    /// is submitted to resolves it on its own registry.
-    LeaveToServer,
 }
 
 /// Install the published plugins of `job` (read from `path`) and build those that are source

@@ -7,7 +7,6 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use super::HostArgs;
-use super::jobs::Unpinned;
 use crate::market::artifact::{Artifact, PublishedMetadata};
 use crate::market::cache::PackageCache;
 use crate::market::lock::{LockFile, Locked, lock_path};
@@ -16,8 +15,36 @@ use crate::market::signing::{KeyPair, PublisherKey, public_key_path};
 use crate::market::trust::TrustPolicy;
 use crate::market::{MarketError, PackageId, PackageRef, Registry, RegistryRef};
 use crate::plugin::build::build_plugin;
-use crate::plugin::{Limits, PluginHost};
+use crate::plugin::{Limits, PluginHost, PluginKind};
 use crate::rl::job::Job;
+
+/// What becomes of a published plugin that the job's lock file does not pin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unpinned {
+    /// Resolved on the registry of the command line and installed.
+    Install,
+    /// Left named by its range when the command line names no registry: the server the job
+    /// is submitted to resolves it on its own registry.
+    LeaveToServer,
+}
+
+/// The kinds of `plugin new` and `plugin search`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Kind {
+    Environment,
+    Agent,
+    Reward,
+}
+
+impl Kind {
+    pub fn plugin_kind(self) -> PluginKind {
+        match self {
+            Kind::Environment => PluginKind::Environment,
+            Kind::Agent => PluginKind::Agent,
+            Kind::Reward => PluginKind::Reward,
+        }
+    }
+}
 
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
@@ -138,7 +165,7 @@ pub struct SearchArgs {
     text: String,
     /// Only plugins of this kind.
     #[arg(long, value_enum)]
-    kind: Option<super::plugin::Kind>,
+    kind: Option<Kind>,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -388,7 +415,7 @@ pub fn run_info(args: InfoArgs) -> anyhow::Result<()> {
 
 pub fn run_search(args: SearchArgs) -> anyhow::Result<()> {
     let registry = args.registry.open()?;
-    let kind = args.kind.map(super::plugin::Kind::plugin_kind);
+    let kind = args.kind.map(Kind::plugin_kind);
     let found =
         super::runtime(2)?.block_on(packages::search(registry.as_ref(), &args.text, kind))?;
     for info in &found {

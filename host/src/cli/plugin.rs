@@ -7,10 +7,11 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use super::HostArgs;
+use super::market::Kind;
 use crate::plugin::build::{build_plugin, component_path};
 use crate::plugin::random_play::{PlayOptions, PlaySummary, play_random};
 use crate::plugin::template::{TemplateLanguage, write_plugin};
-use crate::plugin::{Limits, PluginHost, PluginKind};
+use crate::plugin::{Limits, PluginHost};
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
@@ -99,24 +100,6 @@ pub enum Lang {
     Rust,
     Python,
     Js,
-}
-
-/// The kinds of `plugin new` and `plugin search`.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum Kind {
-    Environment,
-    Agent,
-    Reward,
-}
-
-impl Kind {
-    pub fn plugin_kind(self) -> PluginKind {
-        match self {
-            Kind::Environment => PluginKind::Environment,
-            Kind::Agent => PluginKind::Agent,
-            Kind::Reward => PluginKind::Reward,
-        }
-    }
 }
 
 pub fn run(command: PluginCommand) -> anyhow::Result<()> {

@@ -112,7 +112,7 @@ pub fn run_submit(args: SubmitArgs) -> anyhow::Result<()> {
         &args.job,
         &mut job,
         &args.packages,
-        super::jobs::Unpinned::LeaveToServer,
+        super::market::Unpinned::LeaveToServer,
     )?;
     let client = args.server.client()?;
     super::runtime(2)?.block_on(async {

@@ -5,7 +5,21 @@ use std::str::FromStr;
 
 use sha2::{Digest as _, Sha256};
 
-use super::MarketError;
+/// Bytes that are not what their digest says, or text that is not a digest (told as a
+/// [`MarketError`](super::MarketError)'s `DigestMismatch` or `Invalid` once it leaves this file).
+#[derive(Debug, thiserror::Error)]
+pub enum DigestError {
+    #[error(
+        "{what} has digest {found}, not the {expected} it was published with: the registry's copy was changed or damaged"
+    )]
+    Mismatch {
+        what: String,
+        expected: Digest,
+        found: Digest,
+    },
+    #[error("a digest is not valid: `{text}` is not `sha256:` and 64 lowercase hex digits")]
+    Invalid { text: String },
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Digest(String);
@@ -26,12 +40,12 @@ impl Digest {
     }
 
     /// `Ok` when `bytes` have this digest; else a `DigestMismatch` naming `what` they are.
-    pub fn check(&self, what: &str, bytes: &[u8]) -> Result<(), MarketError> {
+    pub fn check(&self, what: &str, bytes: &[u8]) -> Result<(), DigestError> {
         let found = Digest::of(bytes);
         if &found == self {
             Ok(())
         } else {
-            Err(MarketError::DigestMismatch {
+            Err(DigestError::Mismatch {
                 what: what.to_string(),
                 expected: self.clone(),
                 found,
@@ -41,9 +55,9 @@ impl Digest {
 }
 
 impl FromStr for Digest {
-    type Err = MarketError;
+    type Err = DigestError;
 
-    fn from_str(text: &str) -> Result<Self, MarketError> {
+    fn from_str(text: &str) -> Result<Self, DigestError> {
         let hex = text.strip_prefix("sha256:").unwrap_or("");
         if hex.len() == 64
             && hex
@@ -52,9 +66,8 @@ impl FromStr for Digest {
         {
             Ok(Digest(text.to_string()))
         } else {
-            Err(MarketError::Invalid {
-                what: "a digest".into(),
-                message: format!("`{text}` is not `sha256:` and 64 lowercase hex digits"),
+            Err(DigestError::Invalid {
+                text: text.to_string(),
             })
         }
     }

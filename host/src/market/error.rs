@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use semver::Version;
 
+use super::digest::DigestError;
+use super::name::NameError;
 use super::{Digest, PackageId, PackageName};
 
 #[derive(Debug, thiserror::Error)]
@@ -137,4 +139,33 @@ fn list_versions(versions: &[Version]) -> String {
         .map(Version::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+impl From<NameError> for MarketError {
+    fn from(error: NameError) -> Self {
+        MarketError::BadName {
+            text: error.text,
+            reason: error.reason,
+        }
+    }
+}
+
+impl From<DigestError> for MarketError {
+    fn from(error: DigestError) -> Self {
+        match error {
+            DigestError::Mismatch {
+                what,
+                expected,
+                found,
+            } => MarketError::DigestMismatch {
+                what,
+                expected,
+                found,
+            },
+            DigestError::Invalid { text } => MarketError::Invalid {
+                what: "a digest".into(),
+                message: format!("`{text}` is not `sha256:` and 64 lowercase hex digits"),
+            },
+        }
+    }
 }

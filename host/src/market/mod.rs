@@ -5,6 +5,7 @@
 //!
 //! Beside the plugin host (`plugin`), which it uses to describe components; below the CLI.
 
+mod address;
 pub mod artifact;
 pub mod cache;
 mod digest;
@@ -18,7 +19,8 @@ pub mod registry;
 pub mod signing;
 pub mod trust;
 
+pub use address::RegistryRef;
 pub use digest::Digest;
 pub use error::{MarketError, MarketErrorKind};
 pub use name::{PackageId, PackageName, PackageRef};
-pub use registry::{Registry, RegistryRef};
+pub use registry::Registry;

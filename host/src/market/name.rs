@@ -6,7 +6,14 @@ use std::str::FromStr;
 
 use semver::{Version, VersionReq};
 
-use super::MarketError;
+/// A package name, version or range that does not parse: the text, and why (a
+/// [`MarketError::BadName`](super::MarketError::BadName) once it leaves this file).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not a package name: {reason}")]
+pub struct NameError {
+    pub text: String,
+    pub reason: String,
+}
 
 /// The longest namespace or name.
 const MAX_PART: usize = 64;
@@ -29,8 +36,8 @@ impl PackageName {
     }
 }
 
-fn check_part(text: &str, part: &str, what: &str) -> Result<(), MarketError> {
-    let bad = |reason: String| MarketError::BadName {
+fn check_part(text: &str, part: &str, what: &str) -> Result<(), NameError> {
+    let bad = |reason: String| NameError {
         text: text.to_string(),
         reason,
     };
@@ -56,11 +63,11 @@ fn check_part(text: &str, part: &str, what: &str) -> Result<(), MarketError> {
 }
 
 impl FromStr for PackageName {
-    type Err = MarketError;
+    type Err = NameError;
 
-    fn from_str(text: &str) -> Result<Self, MarketError> {
+    fn from_str(text: &str) -> Result<Self, NameError> {
         let Some((namespace, name)) = text.split_once('/') else {
-            return Err(MarketError::BadName {
+            return Err(NameError {
                 text: text.to_string(),
                 reason: "a package is named `namespace/name`".into(),
             });
@@ -88,23 +95,23 @@ pub struct PackageId {
 }
 
 impl FromStr for PackageId {
-    type Err = MarketError;
+    type Err = NameError;
 
-    fn from_str(text: &str) -> Result<Self, MarketError> {
+    fn from_str(text: &str) -> Result<Self, NameError> {
         let Some((name, version)) = text.split_once('@') else {
-            return Err(MarketError::BadName {
+            return Err(NameError {
                 text: text.to_string(),
                 reason:
                     "a published version is named `namespace/name@VERSION`, e.g. `me/maze@1.0.0`"
                         .into(),
             });
         };
-        let version = Version::parse(version).map_err(|e| MarketError::BadName {
+        let version = Version::parse(version).map_err(|e| NameError {
             text: text.to_string(),
             reason: format!("`{version}` is not a semantic version (MAJOR.MINOR.PATCH): {e}"),
         })?;
         if !version.build.is_empty() {
-            return Err(MarketError::BadName {
+            return Err(NameError {
                 text: text.to_string(),
                 reason: "build metadata (`+...`) is not part of a published version".into(),
             });
@@ -145,11 +152,11 @@ impl PackageRef {
 }
 
 impl FromStr for PackageRef {
-    type Err = MarketError;
+    type Err = NameError;
 
-    fn from_str(text: &str) -> Result<Self, MarketError> {
+    fn from_str(text: &str) -> Result<Self, NameError> {
         let (name, range) = text.split_once('@').unwrap_or((text, "*"));
-        let range = VersionReq::parse(range).map_err(|e| MarketError::BadName {
+        let range = VersionReq::parse(range).map_err(|e| NameError {
             text: text.to_string(),
             reason: format!(
                 "`{range}` is not a version range (e.g. `^1.2`, `~1.2.3`, `=1.2.0`): {e}"

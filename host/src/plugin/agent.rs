@@ -26,7 +26,7 @@ impl Plugin {
         let indices = self.0.agent.as_ref().ok_or_else(|| {
             CallError::new(ErrorKind::InvalidRequest, "the plugin is not an agent")
         })?;
-        let mut sandbox = Sandbox::new(&self.0, limits, seed).await?;
+        let mut sandbox = self.0.sandbox(limits, seed).await?;
         let mut guest = indices
             .load(&mut sandbox.store, &sandbox.instance)
             .map_err(|e| CallError::new(ErrorKind::InvalidRequest, format!("{e:#}")))?;

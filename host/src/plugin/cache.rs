@@ -8,10 +8,9 @@
 //! recompilation. Writes go to a temporary name, are fsynced and renamed; the oldest entries
 //! are evicted past a size bound.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -20,6 +19,7 @@ use sha2::Sha256;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use super::cache_file::{KEY_LEN, read_bounded};
 use super::function_cache::FunctionCache;
 
 type CacheMac = Hmac<Sha256>;
@@ -27,7 +27,6 @@ type CacheMac = Hmac<Sha256>;
 /// What an entry starts with, before its MAC.
 const MAGIC: &[u8; 8] = b"otcache1";
 const MAC_LEN: usize = 32;
-pub(crate) const KEY_LEN: usize = 32;
 const KEY_FILE: &str = "cache.key";
 /// The per-function cache's folder inside an engine's folder.
 const FUNCTIONS_FOLDER: &str = "functions";
@@ -215,31 +214,4 @@ pub(crate) fn evict_oldest(dir: &Path, max_total_bytes: u64) -> std::io::Result<
         removed += 1;
     }
     Ok(removed)
-}
-
-/// The bytes of `path` if it is a regular file (not followed through a link; a FIFO or device is
-/// opened without blocking and refused) of at most `max` bytes.
-pub(crate) fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
-    let mut file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
-    let metadata = file.metadata()?;
-    if !metadata.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    if metadata.len() > max {
-        return Err(std::io::Error::other(format!(
-            "{} bytes, above the cache's limit of {max}",
-            metadata.len()
-        )));
-    }
-    let mut bytes = Vec::with_capacity(metadata.len() as usize);
-    (&mut file).take(max + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Err(std::io::Error::other(
-            "the file grew past the cache's limit",
-        ));
-    }
-    Ok(bytes)
 }

@@ -22,83 +22,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::cache::KEY_LEN;
+use super::cache_file::KEY_LEN;
 use super::engine::{EngineSettings, wasm_config};
 use super::error::{CompileResource, LoadError};
 use super::function_cache::FunctionCache;
-use super::structure::{self, StructureError, StructureLimits};
+use super::limits::{CompileLimits, StructureLimits};
+use super::structure::{self, StructureError};
 
 /// The subcommand of `opentinker` that runs the worker.
 pub const WORKER_SUBCOMMAND: &str = "compile-worker";
 
 /// Names the worker program, overriding the search next to the running executable.
 pub const WORKER_ENV: &str = "OPENTINKER_COMPILE_WORKER";
-
-/// What compiling one component may cost: a base, plus a share per MiB of component, because a
-/// large component is costly to compile by right (an 18 MB componentize-py plugin takes 18 s of
-/// CPU and 640 MB here, a 12 MB componentize-js one, mostly SpiderMonkey, 26 s) while a small one
-/// that is costly is an attack.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CompileLimits {
-    /// The worker's whole address space (`RLIMIT_AS`, so its resident memory stays below it).
-    pub memory_bytes: u64,
-    /// More address space for each MiB of the component.
-    pub memory_bytes_per_mib: u64,
-    /// CPU time of the worker, all its threads together (`RLIMIT_CPU`, whole seconds, rounded up).
-    pub cpu_time_ms: u64,
-    /// More CPU time for each MiB of the component.
-    pub cpu_time_ms_per_mib: u64,
-    /// Wall time, after which the worker is killed (at least twice its CPU time): a backstop for
-    /// a host too loaded for the CPU limit to come first.
-    pub wall_time_ms: u64,
-    /// Bytes of compiled artifact accepted from the worker.
-    pub artifact_bytes: u64,
-    /// What the component may define, checked before compiling.
-    pub structure: StructureLimits,
-}
-
-impl Default for CompileLimits {
-    fn default() -> Self {
-        CompileLimits {
-            memory_bytes: 768 << 20,
-            memory_bytes_per_mib: 48 << 20,
-            cpu_time_ms: 8_000,
-            cpu_time_ms_per_mib: 4_000,
-            wall_time_ms: 30_000,
-            artifact_bytes: 256 << 20,
-            structure: StructureLimits::default(),
-        }
-    }
-}
-
-/// What compiling one component of a given size may cost.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CompileBudget {
-    pub memory_bytes: u64,
-    pub cpu_time_ms: u64,
-    pub wall_time_ms: u64,
-}
-
-impl CompileLimits {
-    /// The budget of a component of `bytes` bytes.
-    pub fn budget(&self, bytes: usize) -> CompileBudget {
-        let mib = |per_mib: u64| {
-            let scaled = u128::from(per_mib) * bytes as u128 / (1 << 20);
-            u64::try_from(scaled).unwrap_or(u64::MAX)
-        };
-        let cpu_time_ms = self
-            .cpu_time_ms
-            .saturating_add(mib(self.cpu_time_ms_per_mib));
-        CompileBudget {
-            memory_bytes: self
-                .memory_bytes
-                .saturating_add(mib(self.memory_bytes_per_mib)),
-            cpu_time_ms,
-            wall_time_ms: self.wall_time_ms.max(cpu_time_ms.saturating_mul(2)),
-        }
-    }
-}
 
 /// Where the worker program is: the running executable when it is `opentinker`, else an
 /// `opentinker` beside it or one folder up (a test or benchmark binary in cargo's `deps/`), unless

@@ -9,33 +9,12 @@ use wasmtime::component::{Instance, InstancePre, ResourceAny};
 
 use super::bindings::{v0_1, v0_2};
 use super::error::{CallError, ErrorKind};
-use super::inspect::{PluginKind, PluginMetadata};
+use super::inspect::{ContractVersion, PluginKind, PluginMetadata};
 use super::sandbox::StoreState;
 use super::types::{EnvInfo, GuestError, Message, PlayerMessages, StepResult, Transcript};
 
 /// The metadata record as a 0.2 component returns it.
 pub(crate) type MetadataExport = v0_2::opentinker::plugin::types::PluginMetadata;
-
-/// The minor versions of `opentinker:plugin` this host runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ContractVersion {
-    V0_1,
-    V0_2,
-}
-
-impl ContractVersion {
-    /// The version of an export named `...@VERSION`: releases of 0.1 and 0.2, which the bindings'
-    /// semver lookup finds. A pre-release (`0.2.0-rc1`) is refused, as the lookup would refuse it
-    /// at the first call.
-    pub fn of(version: &str) -> Option<Self> {
-        let version = semver::Version::parse(version).ok()?;
-        match (version.major, version.minor, version.pre.is_empty()) {
-            (0, 1, true) => Some(ContractVersion::V0_1),
-            (0, 2, true) => Some(ContractVersion::V0_2),
-            _ => None,
-        }
-    }
-}
 
 type Outcome<T> = wasmtime::Result<Result<T, GuestError>>;
 

@@ -10,8 +10,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::compiler::CompileLimits;
-use super::limits::Limits;
+use super::limits::{
+    CompileLimits, Limits, MAX_CORE_INSTANCES_PER_COMPONENT, MAX_MEMORIES_PER_COMPONENT,
+    MAX_TABLES_PER_COMPONENT,
+};
 
 /// How a plugin host is set up. The defaults suit a shared multi-tenant server.
 #[derive(Clone, Debug)]
@@ -96,16 +98,9 @@ pub(crate) fn wasm_config(settings: &EngineSettings) -> Config {
     wasm
 }
 
-/// Core instances one component may create: its modules' instances, and the shims of its
-/// adapters (a Rust plugin has 18, a componentize-py one 66); the pool counts this many per
-/// instance slot (a count, nothing is reserved), so no component can take the core instances of
-/// others.
-pub(crate) const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 256;
-/// Linear memories one component may define; the pool holds two per slot, and a component of
-/// more takes more slots (see `Plugin::slot_weight`).
-pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
+/// Linear memories the pool holds per instance slot: a component of more (up to
+/// [`MAX_MEMORIES_PER_COMPONENT`]) takes more slots (see `Plugin::slot_weight`).
 const MEMORIES_PER_SLOT: u32 = 2;
-pub(crate) const MAX_TABLES_PER_COMPONENT: u32 = 8;
 
 pub(crate) fn build_engine(config: &HostConfig) -> wasmtime::Result<Engine> {
     let settings = EngineSettings::of(config);

@@ -137,7 +137,7 @@ impl Plugin {
             .environment
             .as_ref()
             .ok_or_else(|| invalid_request("the plugin is not an environment"))?;
-        let mut sandbox = Sandbox::new(&self.0, limits, seed).await?;
+        let mut sandbox = self.0.sandbox(limits, seed).await?;
         let guest = indices
             .load(&mut sandbox.store, &sandbox.instance)
             .map_err(|e| invalid_request(format!("loading the environment exports: {e:#}")))?;

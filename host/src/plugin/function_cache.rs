@@ -22,7 +22,7 @@ use std::time::SystemTime;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use super::cache::{KEY_LEN, read_bounded};
+use super::cache_file::{KEY_LEN, read_bounded};
 
 type EntryMac = Hmac<Sha256>;
 

@@ -7,8 +7,28 @@ use serde::{Deserialize, Serialize};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::contract::ContractVersion;
 use super::error::LoadError;
+
+/// The minor versions of `opentinker:plugin` this host runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ContractVersion {
+    V0_1,
+    V0_2,
+}
+
+impl ContractVersion {
+    /// The version of an export named `...@VERSION`: releases of 0.1 and 0.2, which the bindings'
+    /// semver lookup finds. A pre-release (`0.2.0-rc1`) is refused, as the lookup would refuse it
+    /// at the first call.
+    pub fn of(version: &str) -> Option<Self> {
+        let version = semver::Version::parse(version).ok()?;
+        match (version.major, version.minor, version.pre.is_empty()) {
+            (0, 1, true) => Some(ContractVersion::V0_1),
+            (0, 2, true) => Some(ContractVersion::V0_2),
+            _ => None,
+        }
+    }
+}
 
 /// The newest contract version, as its folder declares it (`package opentinker:plugin@X;` in
 /// `wit/v0.2/plugin.wit`): what new plugins are built against. Components of every `0.1.x` and

@@ -1,4 +1,6 @@
-//! Per-plugin resource limits: safe defaults, overridable by a job up to the host's maxima.
+//! The bounds on plugin code: per-plugin resource limits (safe defaults, overridable by a job up
+//! to the host's maxima), what one component may define (checked before compiling) and what
+//! compiling it may cost, and the engine's per-component maxima behind both.
 
 use std::time::Duration;
 
@@ -198,5 +200,119 @@ mod tests {
     fn unknown_keys_are_refused_by_name() {
         let err = serde_json::from_str::<Limits>(r#"{"memroy_bytes": 5}"#).unwrap_err();
         assert!(err.to_string().contains("memroy_bytes"), "{err}");
+    }
+}
+
+/// Core instances one component may create: its modules' instances, and the shims of its
+/// adapters (a Rust plugin has 18, a componentize-py one 66); the pool counts this many per
+/// instance slot (a count, nothing is reserved), so no component can take the core instances of
+/// others.
+pub(crate) const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 256;
+/// Linear memories one component may define; the pool holds two per slot, and a component of
+/// more takes more slots (see `Plugin::slot_weight`).
+pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
+pub(crate) const MAX_TABLES_PER_COMPONENT: u32 = 8;
+
+/// The most of each thing one component may define. The defaults are far above what the
+/// project's plugins define (see the README's sandbox section for both).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StructureLimits {
+    /// Core modules, nested ones included.
+    pub modules: u32,
+    /// Core instances the component's instance sections create.
+    pub core_instances: u32,
+    /// Component instances (of nested components) its sections create.
+    pub component_instances: u32,
+    /// Linear memories its modules define.
+    pub memories: u32,
+    /// Tables its modules define.
+    pub tables: u32,
+    /// Functions its modules define (with a body), all modules together.
+    pub functions: u32,
+    /// Bytes of one function body.
+    pub function_bytes: u32,
+    /// Locals of one function.
+    pub locals: u32,
+}
+
+impl Default for StructureLimits {
+    fn default() -> Self {
+        StructureLimits {
+            modules: 32,
+            core_instances: MAX_CORE_INSTANCES_PER_COMPONENT,
+            component_instances: 32,
+            memories: MAX_MEMORIES_PER_COMPONENT,
+            tables: MAX_TABLES_PER_COMPONENT,
+            functions: 100_000,
+            function_bytes: 1 << 20,
+            locals: 10_000,
+        }
+    }
+}
+
+/// What compiling one component may cost: a base, plus a share per MiB of component, because a
+/// large component is costly to compile by right (an 18 MB componentize-py plugin takes 18 s of
+/// CPU and 640 MB here, a 12 MB componentize-js one, mostly SpiderMonkey, 26 s) while a small one
+/// that is costly is an attack.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompileLimits {
+    /// The worker's whole address space (`RLIMIT_AS`, so its resident memory stays below it).
+    pub memory_bytes: u64,
+    /// More address space for each MiB of the component.
+    pub memory_bytes_per_mib: u64,
+    /// CPU time of the worker, all its threads together (`RLIMIT_CPU`, whole seconds, rounded up).
+    pub cpu_time_ms: u64,
+    /// More CPU time for each MiB of the component.
+    pub cpu_time_ms_per_mib: u64,
+    /// Wall time, after which the worker is killed (at least twice its CPU time): a backstop for
+    /// a host too loaded for the CPU limit to come first.
+    pub wall_time_ms: u64,
+    /// Bytes of compiled artifact accepted from the worker.
+    pub artifact_bytes: u64,
+    /// What the component may define, checked before compiling.
+    pub structure: StructureLimits,
+}
+
+impl Default for CompileLimits {
+    fn default() -> Self {
+        CompileLimits {
+            memory_bytes: 768 << 20,
+            memory_bytes_per_mib: 48 << 20,
+            cpu_time_ms: 8_000,
+            cpu_time_ms_per_mib: 4_000,
+            wall_time_ms: 30_000,
+            artifact_bytes: 256 << 20,
+            structure: StructureLimits::default(),
+        }
+    }
+}
+
+/// What compiling one component of a given size may cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompileBudget {
+    pub memory_bytes: u64,
+    pub cpu_time_ms: u64,
+    pub wall_time_ms: u64,
+}
+
+impl CompileLimits {
+    /// The budget of a component of `bytes` bytes.
+    pub fn budget(&self, bytes: usize) -> CompileBudget {
+        let mib = |per_mib: u64| {
+            let scaled = u128::from(per_mib) * bytes as u128 / (1 << 20);
+            u64::try_from(scaled).unwrap_or(u64::MAX)
+        };
+        let cpu_time_ms = self
+            .cpu_time_ms
+            .saturating_add(mib(self.cpu_time_ms_per_mib));
+        CompileBudget {
+            memory_bytes: self
+                .memory_bytes
+                .saturating_add(mib(self.memory_bytes_per_mib)),
+            cpu_time_ms,
+            wall_time_ms: self.wall_time_ms.max(cpu_time_ms.saturating_mul(2)),
+        }
     }
 }

@@ -14,14 +14,11 @@ use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use super::bindings::{v0_1, v0_2};
 use super::cache::CompileCache;
 use super::compiler::{compile_in_worker, find_worker};
-use super::contract::{self, AgentIndices, ContractVersion, EnvironmentIndices, RewardIndices};
-use super::engine::{
-    EngineSettings, EpochTicker, HostConfig, MAX_MEMORIES_PER_COMPONENT, build_engine, slot_weight,
-};
-use super::error::CallError;
-use super::error::LoadError;
-use super::inspect::{self, PluginDescription, PluginMetadata};
-use super::limits::{LimitError, Limits};
+use super::contract::{self, AgentIndices, EnvironmentIndices, RewardIndices};
+use super::engine::{EngineSettings, EpochTicker, HostConfig, build_engine, slot_weight};
+use super::error::{CallError, ErrorKind, LoadError};
+use super::inspect::{self, ContractVersion, PluginDescription, PluginMetadata};
+use super::limits::{LimitError, Limits, MAX_MEMORIES_PER_COMPONENT};
 use super::sandbox::{Sandbox, StoreState, guarded_call};
 use super::types::{EnvInfo, OutputSize};
 use super::wasi;
@@ -246,6 +243,35 @@ impl PluginInner {
     pub(crate) fn check_limits(&self, limits: &Limits) -> Result<(), LimitError> {
         limits.check_within(&self.maxima)
     }
+
+    /// A fresh instance for one episode (or one stateless call), once `limits` are checked
+    /// against the plugin's maxima and the instance has its slots: the plugin's own share
+    /// first, so that a plugin at its cap waits without holding any of the host's slots (both
+    /// semaphores are FIFO, so waiters are served in turn).
+    pub(crate) async fn sandbox(&self, limits: &Limits, seed: u64) -> Result<Sandbox, CallError> {
+        self.check_limits(limits)
+            .map_err(|e| CallError::new(ErrorKind::InvalidRequest, e.to_string()))?;
+        let closed = |_| {
+            CallError::new(
+                ErrorKind::InvalidRequest,
+                "the plugin host is shutting down",
+            )
+        };
+        let plugin_slot = self
+            .plugin_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(closed)?;
+        let host_slots = self
+            .instance_slots
+            .clone()
+            .acquire_many_owned(self.slot_weight)
+            .await
+            .map_err(closed)?;
+        let slots = (plugin_slot, host_slots);
+        Sandbox::new(&self.engine, &self.pre, limits, seed, slots).await
+    }
 }
 
 impl Plugin {
@@ -283,7 +309,7 @@ impl Plugin {
         if let Some(known) = self.0.metadata_answer.get() {
             return Ok(Some(known.clone()));
         }
-        let mut sandbox = Sandbox::new(&self.0, limits, 0).await?;
+        let mut sandbox = self.0.sandbox(limits, 0).await?;
         let instance = sandbox.instance;
         let answer = guarded_call!(&mut sandbox, 0, |store| contract::metadata(
             indices, store, &instance

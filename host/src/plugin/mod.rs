@@ -9,6 +9,7 @@ mod agent;
 mod bindings;
 pub mod build;
 mod cache;
+mod cache_file;
 pub mod compiler;
 mod config_check;
 mod contract;
@@ -28,19 +29,18 @@ mod types;
 mod wasi;
 
 pub use agent::AgentSession;
-pub use compiler::{CompileBudget, CompileLimits};
 pub use config_check::ConfigError;
-pub use contract::ContractVersion;
 pub use engine::HostConfig;
 pub use environment::{EnvironmentEpisode, EpisodeRecord, RecordedError};
 pub use error::{CallError, CompileResource, ErrorKind, LoadError};
 pub use inspect::{
-    PluginDescription, PluginKind, PluginMetadata, supported_wit_range, supports_wit_version,
-    wit_version,
+    ContractVersion, PluginDescription, PluginKind, PluginMetadata, supported_wit_range,
+    supports_wit_version, wit_version,
 };
-pub use limits::{LimitError, Limits};
+pub use limits::StructureLimits;
+pub use limits::{CompileBudget, CompileLimits, LimitError, Limits};
 pub use loader::{LoadReport, Plugin, PluginHost};
 pub use sandbox::FuelUse;
-pub use structure::{Structure, StructureError, StructureLimits};
+pub use structure::{Structure, StructureError};
 pub use types::{EnvInfo, GuestError, Message, Metric, PlayerMessages, StepResult, Transcript};
 pub use wasi::LogSink;

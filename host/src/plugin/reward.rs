@@ -3,7 +3,7 @@
 use super::error::{CallError, ErrorKind};
 use super::limits::Limits;
 use super::loader::Plugin;
-use super::sandbox::{Sandbox, guarded_call};
+use super::sandbox::guarded_call;
 use super::types::{Transcript, transcript_bytes};
 
 impl Plugin {
@@ -16,7 +16,7 @@ impl Plugin {
         limits: &Limits,
     ) -> Result<Vec<f64>, CallError> {
         let indices = self.0.reward.as_ref().ok_or_else(not_a_reward)?;
-        let mut sandbox = Sandbox::new(&self.0, limits, 0).await?;
+        let mut sandbox = self.0.sandbox(limits, 0).await?;
         let guest = indices
             .load(&mut sandbox.store, &sandbox.instance)
             .map_err(|e| CallError::new(ErrorKind::InvalidRequest, format!("{e:#}")))?;
@@ -42,7 +42,7 @@ impl Plugin {
         limits: &Limits,
     ) -> Result<Option<Vec<Vec<f64>>>, CallError> {
         let indices = self.0.reward.as_ref().ok_or_else(not_a_reward)?;
-        let mut sandbox = Sandbox::new(&self.0, limits, 0).await?;
+        let mut sandbox = self.0.sandbox(limits, 0).await?;
         let guest = indices
             .load(&mut sandbox.store, &sandbox.instance)
             .map_err(|e| CallError::new(ErrorKind::InvalidRequest, format!("{e:#}")))?;

@@ -7,14 +7,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::OwnedSemaphorePermit;
 
-use wasmtime::component::{Instance, ResourceTable};
-use wasmtime::{CallHook, ResourceLimiter, Store, Trap, UpdateDeadline};
+use wasmtime::component::{Instance, InstancePre, ResourceTable};
+use wasmtime::{CallHook, Engine, ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{v0_1, v0_2};
 use super::error::{CallError, ErrorKind};
 use super::limits::{ITEM_OVERHEAD_BYTES, Limits};
-use super::loader::PluginInner;
 use super::types::OutputSize;
 use super::wasi::{self, LogSink, VirtualClock, VirtualClockView};
 
@@ -197,43 +196,27 @@ pub(crate) struct Sandbox {
     pub(crate) store: Store<StoreState>,
     pub(crate) instance: Instance,
     /// The plugin's and the pooling allocator's slots this instance holds until it is dropped.
-    _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    _slots: Slots,
     limits: Limits,
     failure: Option<CallError>,
     /// Bytes (items counted) all calls of this instance have returned.
     returned_bytes: u64,
 }
 
+/// The plugin's and the pooling allocator's slots an instance holds until it is dropped.
+pub(crate) type Slots = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+
 impl Sandbox {
-    /// A fresh instance of `plugin` for one episode (or one stateless call).
+    /// A fresh instance of the pre-instantiated component `pre` on `engine`, for one episode (or
+    /// one stateless call), bounded by `limits` (already checked against the plugin's maxima),
+    /// holding `slots` (see `PluginInner::sandbox`).
     pub(crate) async fn new(
-        plugin: &PluginInner,
+        engine: &Engine,
+        pre: &InstancePre<StoreState>,
         limits: &Limits,
         seed: u64,
+        slots: Slots,
     ) -> Result<Self, CallError> {
-        plugin
-            .check_limits(limits)
-            .map_err(|e| CallError::new(ErrorKind::InvalidRequest, e.to_string()))?;
-        let closed = |_| {
-            CallError::new(
-                ErrorKind::InvalidRequest,
-                "the plugin host is shutting down",
-            )
-        };
-        // The plugin's own share first, so that a plugin at its cap waits without holding any of
-        // the host's slots; both semaphores are FIFO, so waiters are served in turn.
-        let plugin_slot = plugin
-            .plugin_slots
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(closed)?;
-        let host_slots = plugin
-            .instance_slots
-            .clone()
-            .acquire_many_owned(plugin.slot_weight)
-            .await
-            .map_err(closed)?;
         let log = LogSink::new(usize::try_from(limits.log_bytes).unwrap_or(usize::MAX));
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
@@ -245,7 +228,7 @@ impl Sandbox {
             log,
             budget: Budget::new(limits),
         };
-        let mut store = Store::new(&plugin.engine, state);
+        let mut store = Store::new(engine, state);
         store.limiter(|state| &mut state.limiter);
         store.call_hook(|mut store, hook| {
             if matches!(hook, CallHook::CallingHost) {
@@ -265,7 +248,7 @@ impl Sandbox {
             })
         });
         let timeout = arm(&mut store, limits);
-        let outcome = tokio::time::timeout(timeout, plugin.pre.instantiate_async(&mut store)).await;
+        let outcome = tokio::time::timeout(timeout, pre.instantiate_async(&mut store)).await;
         settle(&mut store);
         let instance = match outcome {
             Ok(Ok(instance)) => instance,
@@ -275,7 +258,7 @@ impl Sandbox {
         Ok(Sandbox {
             store,
             instance,
-            _slots: (plugin_slot, host_slots),
+            _slots: slots,
             limits: limits.clone(),
             failure: None,
             returned_bytes: 0,

@@ -7,47 +7,7 @@
 use serde::{Deserialize, Serialize};
 use wasmparser::{Parser, Payload};
 
-use super::engine::{
-    MAX_CORE_INSTANCES_PER_COMPONENT, MAX_MEMORIES_PER_COMPONENT, MAX_TABLES_PER_COMPONENT,
-};
-
-/// The most of each thing one component may define. The defaults are far above what the
-/// project's plugins define (see the README's sandbox section for both).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StructureLimits {
-    /// Core modules, nested ones included.
-    pub modules: u32,
-    /// Core instances the component's instance sections create.
-    pub core_instances: u32,
-    /// Component instances (of nested components) its sections create.
-    pub component_instances: u32,
-    /// Linear memories its modules define.
-    pub memories: u32,
-    /// Tables its modules define.
-    pub tables: u32,
-    /// Functions its modules define (with a body), all modules together.
-    pub functions: u32,
-    /// Bytes of one function body.
-    pub function_bytes: u32,
-    /// Locals of one function.
-    pub locals: u32,
-}
-
-impl Default for StructureLimits {
-    fn default() -> Self {
-        StructureLimits {
-            modules: 32,
-            core_instances: MAX_CORE_INSTANCES_PER_COMPONENT,
-            component_instances: 32,
-            memories: MAX_MEMORIES_PER_COMPONENT,
-            tables: MAX_TABLES_PER_COMPONENT,
-            functions: 100_000,
-            function_bytes: 1 << 20,
-            locals: 10_000,
-        }
-    }
-}
+pub use super::limits::StructureLimits;
 
 /// What a component defines, counted over all its (nested) modules and components.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

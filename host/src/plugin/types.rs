@@ -48,7 +48,9 @@ impl OutputSize {
     }
 
     /// Every string of a metadata record, and its kinds as items.
-    pub(crate) fn metadata(metadata: &super::contract::MetadataExport) -> Self {
+    pub(crate) fn metadata(
+        metadata: &super::bindings::v0_2::opentinker::plugin::types::PluginMetadata,
+    ) -> Self {
         let texts = [
             &metadata.name,
             &metadata.version,

@@ -1,7 +1,7 @@
 //! What every episode of a job shares (its plugins, the model's renderer), and the steps built on
 //! it: playing batches of episodes and greedy evaluation.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -11,10 +11,38 @@ use super::job::Job;
 use super::metrics::{Evaluation, StepMetrics, errors, mean, metrics_of};
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
-use super::run_folder::MetricsLog;
+use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use crate::api::SamplingParams;
-use crate::client::ModelText;
+use crate::client::{ModelText, ServiceClient};
 use crate::plugin::{Limits, Plugin, PluginHost, PluginKind};
+
+/// A base model served once for every job that trains on it (after the warm-up): one
+/// service whose sampler batches all their adapters and whose training loop fuses their steps.
+pub(super) struct SharedBase {
+    pub(super) info: Arc<ModelInfo>,
+    pub(super) service: Arc<dyn ServiceClient>,
+}
+
+/// One job of a `train` command: its name (the job file's stem), the file, and output folder.
+pub struct JobRun {
+    pub name: String,
+    pub file: PathBuf,
+    pub job: Arc<Job>,
+    pub out: PathBuf,
+}
+
+/// Where a job starts training: its run folder, its metrics log (holding the lines kept so
+/// far) and the checkpoint it continues from.
+pub(super) struct JobStart {
+    pub(super) index: usize,
+    pub(super) run: JobRun,
+    pub(super) folder: RunFolder,
+    pub(super) log: MetricsLog,
+    pub(super) checkpoint: Option<(PathBuf, Cursor)>,
+    /// The held-out loss before and after a full-parameter SFT that made the base.
+    pub(super) sft_evals: Option<(Evaluation, Evaluation)>,
+    pub(super) plugins: JobPlugins,
+}
 
 /// Evaluation seeds start here; training seeds stay below.
 const EVAL_SEEDS: u64 = 1 << 40;

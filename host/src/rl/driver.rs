@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use std::sync::Arc;
 
-use super::context::{JobContext, JobPlugins, ModelInfo, Reporter};
+use super::context::{JobContext, JobPlugins, JobStart, ModelInfo, Reporter, SharedBase};
 use super::job::Job;
 use super::metrics::Summary;
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
@@ -20,36 +20,8 @@ use crate::client::served::{ServedModel, TenantBases};
 use crate::client::{ModelText, ServiceClient, TrainingClient};
 use crate::plugin::{HostConfig, PluginHost};
 
-pub use super::context::Progress;
+pub use super::context::{JobRun, Progress};
 pub use super::metrics::{Evaluation, Phase, StepMetrics};
-
-/// A base model served once for every job that trains on it (after the warm-up): one
-/// service whose sampler batches all their adapters and whose training loop fuses their steps.
-pub(super) struct SharedBase {
-    pub(super) info: Arc<ModelInfo>,
-    pub(super) service: Arc<dyn ServiceClient>,
-}
-
-/// One job of a `train` command: its name (the job file's stem), the file, and output folder.
-pub struct JobRun {
-    pub name: String,
-    pub file: PathBuf,
-    pub job: Arc<Job>,
-    pub out: PathBuf,
-}
-
-/// Where a job starts training: its run folder, its metrics log (holding the lines kept so
-/// far) and the checkpoint it continues from.
-pub(super) struct JobStart {
-    pub(super) index: usize,
-    pub(super) run: JobRun,
-    pub(super) folder: RunFolder,
-    pub(super) log: MetricsLog,
-    pub(super) checkpoint: Option<(PathBuf, Cursor)>,
-    /// The held-out loss before and after a full-parameter SFT that made the base.
-    pub(super) sft_evals: Option<(Evaluation, Evaluation)>,
-    pub(super) plugins: JobPlugins,
-}
 
 /// Where the jobs' adapters are trained and sampled.
 pub enum Engine {

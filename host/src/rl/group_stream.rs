@@ -19,10 +19,10 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::task::JoinHandle;
 
-use super::context::JobContext;
-use super::job::{Job, StaleGroups};
+use super::context::{JobContext, rollout, sampling_params};
+use super::job::{Job, RewardSection, StaleGroups};
 use super::rollout::{Actor, EpisodeOutcome};
-use super::training_loop::play_group;
+use crate::plugin::Plugin;
 
 /// The policies a group is launched with: the actor of each player (each holding the version
 /// it samples from while the group plays).
@@ -183,6 +183,94 @@ impl Drop for GroupStream {
     fn drop(&mut self) {
         for group in self.playing.iter() {
             group.abort();
+        }
+    }
+}
+
+/// Play group `id` of the job: one task (seeded by the job's seed and `id`) `group_size` times,
+/// player p acting as `actors[p]`, then the reward plugin's group scorer when it has one.
+/// Returns (index in group, outcome) in index order.
+pub(super) async fn play_group(
+    cx: &JobContext,
+    job: &Job,
+    id: u64,
+    actors: &[Actor],
+) -> anyhow::Result<Vec<(usize, EpisodeOutcome)>> {
+    let seed = job.rl.seed.wrapping_mul(1_000_003) + id;
+    // A plugin that cannot make the task fails this group's episodes, not the job (nor the
+    // other jobs of the process).
+    let task = match cx
+        .environment()?
+        .generate_task(&cx.config, seed, &cx.limits)
+        .await
+    {
+        Ok(task) => task,
+        Err(error) => {
+            return Ok((0..job.rl.group_size)
+                .map(|i| {
+                    let seed = seed * 1000 + i as u64;
+                    (i, EpisodeOutcome::failed_to_start(seed, &error))
+                })
+                .collect());
+        }
+    };
+    let rollout = rollout(cx, job, &cx.config, sampling_params(job))?;
+    let episodes = (0..job.rl.group_size).map(|i| {
+        let (rollout, task) = (&rollout, &task);
+        async move { (i, rollout.play(task, seed * 1000 + i as u64, actors).await) }
+    });
+    let mut played = futures::future::join_all(episodes).await;
+    if let (Some(reward), Some(section)) = (&cx.reward, &job.reward)
+        && section.group
+    {
+        score_group(
+            cx,
+            reward,
+            section,
+            job.rl.failure_reward,
+            &task,
+            &mut played,
+        )
+        .await;
+    }
+    Ok(played)
+}
+
+/// Let the reward plugin's group scorer replace the scores of a group's whole episodes; when
+/// it fails, those episodes fail with its error kind.
+async fn score_group(
+    cx: &JobContext,
+    reward: &Plugin,
+    section: &RewardSection,
+    failure_reward: f64,
+    task: &str,
+    played: &mut [(usize, EpisodeOutcome)],
+) {
+    let weight = section.weight;
+    let mut members: Vec<&mut EpisodeOutcome> = played
+        .iter_mut()
+        .filter(|(_, o)| o.error.is_none())
+        .map(|(_, o)| o)
+        .collect();
+    let transcripts: Vec<_> = members.iter().map(|o| o.plugin_transcripts()).collect();
+    match reward
+        .score_group(&cx.reward_config, task, &transcripts, &cx.limits)
+        .await
+    {
+        Ok(Some(scores)) => {
+            for (outcome, scores) in members.iter_mut().zip(scores) {
+                outcome.replace_scores(scores.iter().map(|s| s * weight).collect());
+            }
+        }
+        Ok(None) => {}
+        Err(error) => {
+            for outcome in members {
+                outcome.fail(
+                    error.kind.as_str().to_string(),
+                    Some(error.message.clone()),
+                    failure_reward,
+                );
+            }
         }
     }
 }

@@ -12,13 +12,12 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::advantage::{Estimator, GroupReturns, advantages, fold_kl};
-use super::context::{JobContext, Progress, Reporter, evaluate, rollout, sampling_params};
+use super::context::{JobContext, JobStart, Progress, Reporter, SharedBase, evaluate};
 use super::datum::Datum;
 use super::datum::rl_datum;
 use super::diagnosis::{RunSignals, greedy_agreement, signal_of};
-use super::driver::{JobStart, SharedBase};
-use super::group_stream::{GroupStream, Launch, PlayedGroup};
-use super::job::{Job, PolicySection, RewardSection};
+use super::group_stream::{GroupStream, Launch, PlayedGroup, play_group};
+use super::job::{Job, PolicySection};
 use super::metrics::{
     Evaluation, Phase, PolicyEvaluations, StepMetrics, Summary, error_messages_of, errors_of, mean,
     metrics_of, std,
@@ -28,7 +27,6 @@ use super::run_folder::{Cursor, RunFolder};
 use super::sft::run_sft;
 use super::train_step::{LossFn, PolicyBatch, forward_cross_entropy, train_step};
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
-use crate::plugin::Plugin;
 
 /// The training client of each trainable policy of a job, by policy name.
 type Trainers = BTreeMap<String, Arc<dyn TrainingClient>>;
@@ -654,94 +652,6 @@ fn in_batch_order(groups: Vec<PlayedGroup>) -> Vec<(usize, usize, EpisodeOutcome
         .enumerate()
         .flat_map(|(g, group)| group.episodes.into_iter().map(move |(i, o)| (g, i, o)))
         .collect()
-}
-
-/// Play group `id` of the job: one task (seeded by the job's seed and `id`) `group_size` times,
-/// player p acting as `actors[p]`, then the reward plugin's group scorer when it has one.
-/// Returns (index in group, outcome) in index order.
-pub(super) async fn play_group(
-    cx: &JobContext,
-    job: &Job,
-    id: u64,
-    actors: &[Actor],
-) -> anyhow::Result<Vec<(usize, EpisodeOutcome)>> {
-    let seed = job.rl.seed.wrapping_mul(1_000_003) + id;
-    // A plugin that cannot make the task fails this group's episodes, not the job (nor the
-    // other jobs of the process).
-    let task = match cx
-        .environment()?
-        .generate_task(&cx.config, seed, &cx.limits)
-        .await
-    {
-        Ok(task) => task,
-        Err(error) => {
-            return Ok((0..job.rl.group_size)
-                .map(|i| {
-                    let seed = seed * 1000 + i as u64;
-                    (i, EpisodeOutcome::failed_to_start(seed, &error))
-                })
-                .collect());
-        }
-    };
-    let rollout = rollout(cx, job, &cx.config, sampling_params(job))?;
-    let episodes = (0..job.rl.group_size).map(|i| {
-        let (rollout, task) = (&rollout, &task);
-        async move { (i, rollout.play(task, seed * 1000 + i as u64, actors).await) }
-    });
-    let mut played = futures::future::join_all(episodes).await;
-    if let (Some(reward), Some(section)) = (&cx.reward, &job.reward)
-        && section.group
-    {
-        score_group(
-            cx,
-            reward,
-            section,
-            job.rl.failure_reward,
-            &task,
-            &mut played,
-        )
-        .await;
-    }
-    Ok(played)
-}
-
-/// Let the reward plugin's group scorer replace the scores of a group's whole episodes; when
-/// it fails, those episodes fail with its error kind.
-async fn score_group(
-    cx: &JobContext,
-    reward: &Plugin,
-    section: &RewardSection,
-    failure_reward: f64,
-    task: &str,
-    played: &mut [(usize, EpisodeOutcome)],
-) {
-    let weight = section.weight;
-    let mut members: Vec<&mut EpisodeOutcome> = played
-        .iter_mut()
-        .filter(|(_, o)| o.error.is_none())
-        .map(|(_, o)| o)
-        .collect();
-    let transcripts: Vec<_> = members.iter().map(|o| o.plugin_transcripts()).collect();
-    match reward
-        .score_group(&cx.reward_config, task, &transcripts, &cx.limits)
-        .await
-    {
-        Ok(Some(scores)) => {
-            for (outcome, scores) in members.iter_mut().zip(scores) {
-                outcome.replace_scores(scores.iter().map(|s| s * weight).collect());
-            }
-        }
-        Ok(None) => {}
-        Err(error) => {
-            for outcome in members {
-                outcome.fail(
-                    error.kind.as_str().to_string(),
-                    Some(error.message.clone()),
-                    failure_reward,
-                );
-            }
-        }
-    }
 }
 
 /// Group advantages and the datums of the played episodes (in group and index order) for each

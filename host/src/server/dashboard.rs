@@ -15,7 +15,7 @@ use axum::routing::get;
 use serde::Serialize;
 
 use super::AppState;
-use super::routes::Caller;
+use super::handling::Caller;
 use crate::sched::usage::TenantUsage;
 
 type Shared = Arc<AppState>;

@@ -11,19 +11,9 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
-use super::journal::{AcceptedRequest, FinishedRequest, Journal};
+use super::journal::{AcceptedRequest, FinishedRequest, Journal, Outcome};
 use crate::api::{ApiError, ApiErrorKind, TenantId};
 use crate::sched::service::{Change, Hold};
-
-/// A finished op's answer body.
-#[derive(Clone, Debug)]
-pub enum Answer {
-    Json(serde_json::Value),
-    /// Protobuf bytes (`forward_backward` and sample results).
-    Proto(Vec<u8>),
-}
-
-pub type Outcome = Result<Answer, ApiError>;
 
 type Slot = watch::Receiver<Option<Arc<Outcome>>>;
 
@@ -378,6 +368,7 @@ fn sweep(table: &mut Table) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::journal::Answer;
 
     fn submission(tenant: &TenantId, key: Option<(&str, &[u8])>) -> Submission {
         Submission {

@@ -27,7 +27,7 @@ use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use tokio::sync::broadcast;
 
-use super::routes::Caller;
+use super::handling::Caller;
 use super::{AppState, HttpError};
 use crate::api::{ApiError, JobId};
 use crate::jobs::{JobEvent, JobRecord, JobState, JobStatus, StepLine, Submitted};

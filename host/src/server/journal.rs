@@ -10,11 +10,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::futures::{Answer, Outcome};
 use crate::api::{ApiError, ApiErrorKind, ModelId, SamplerId, SessionId, TenantId, UserMetadata};
 use crate::sched::service::{Change, SamplerRecord};
 use crate::store::database::open_database;
 use crate::store::unix_now;
+
+/// A finished op's answer body, as recorded and as answered.
+#[derive(Clone, Debug)]
+pub enum Answer {
+    Json(serde_json::Value),
+    /// Protobuf bytes (`forward_backward` and sample results).
+    Proto(Vec<u8>),
+}
+
+/// What a finished op answered.
+pub type Outcome = Result<Answer, ApiError>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {

@@ -10,6 +10,7 @@
 mod access_log;
 pub mod dashboard;
 pub mod futures;
+mod handling;
 pub mod jobs;
 pub mod journal;
 pub mod openai;

@@ -27,7 +27,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::routes::{Caller, direct};
+use super::handling::{Caller, direct};
 use super::{AppState, HttpError};
 use crate::api::{
     ApiError, ApiErrorKind, JobId, ModelInput, Op, OpOutput, SampleRequest, SampleResponse,

@@ -16,7 +16,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::routing::get;
 
-use super::routes::Caller;
+use super::handling::Caller;
 use super::{AppState, HttpError};
 use crate::jobs::StoredPlugin;
 

@@ -4,23 +4,22 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
-use axum::http::request::Parts;
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::futures::{Answer, Finished, Idempotency, Outcome, Submission};
-use super::journal::AcceptedRequest;
+use super::futures::{Finished, Idempotency, Submission};
+use super::handling::{Caller, direct, parse, record};
+use super::journal::{AcceptedRequest, Answer, Outcome};
 use super::{AppState, HttpError, MAX_BODY_BYTES, category, wire};
 use crate::api::{
     ApiError, ApiErrorKind, CheckpointPath, ModelId, ModelInput, Op, OpOutput, SampleRequest,
     SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId, TenantId,
 };
-use crate::sched::service::{Change, Hold};
+use crate::sched::service::Hold;
 use crate::wire::codec;
 
 type Shared = Arc<AppState>;
@@ -97,33 +96,6 @@ async fn json_errors(response: Response) -> Response {
         .into_response()
 }
 
-/// The tenant making a request, from its `X-API-Key` (or `Authorization: Bearer`) header.
-pub struct Caller(pub TenantId);
-
-impl FromRequestParts<Shared> for Caller {
-    type Rejection = HttpError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &Shared) -> Result<Self, HttpError> {
-        let headers = &parts.headers;
-        let key = headers
-            .get("x-api-key")
-            .and_then(|v| v.to_str().ok())
-            .or_else(|| {
-                headers
-                    .get(header::AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-            })
-            .ok_or_else(|| ApiError::new(ApiErrorKind::Unauthorized, "no API key (X-API-Key)"))?;
-        Ok(Caller(state.authenticate(key).await?))
-    }
-}
-
-/// A JSON body, or a 400 naming what is wrong with it.
-pub(super) fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
-}
-
 async fn empty_object(_: Caller) -> Json<Value> {
     Json(json!({}))
 }
@@ -176,29 +148,6 @@ fn unexpected(output: &OpOutput) -> HttpError {
     HttpError(ApiError::internal(format!(
         "unexpected op output {output:?}"
     )))
-}
-
-/// Run an op that answers directly, recording its changes before the answer.
-pub(super) async fn direct(
-    state: &Shared,
-    tenant: &TenantId,
-    op: Op,
-) -> Result<OpOutput, ApiError> {
-    let executed = state.service.execute(tenant, op, None).await;
-    let output = executed.outcome?;
-    record(state, executed.changes).await?;
-    Ok(output)
-}
-
-async fn record(state: &Shared, changes: Vec<Change>) -> Result<(), ApiError> {
-    if changes.is_empty() {
-        return Ok(());
-    }
-    state
-        .journal
-        .off_thread(move |j| j.record(&changes))
-        .await
-        .map_err(ApiError::from)
 }
 
 /// The routes whose requests run as futures: recorded when accepted, answered with a request

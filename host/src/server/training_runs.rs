@@ -12,8 +12,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::HttpError;
+use super::handling::{Caller, parse};
 use super::journal::RunRecord;
-use super::routes::{Caller, parse};
 use crate::api::{ApiError, CheckpointInfo, CheckpointKind, CheckpointPath, ModelId, TenantId};
 
 type Shared = std::sync::Arc<super::AppState>;

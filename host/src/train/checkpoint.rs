@@ -9,10 +9,13 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor, Var};
 use serde_json::{Value, json};
 
-use super::engine::Moments;
 use crate::lora::{Adapter, LoraConfig, LowRank};
 use crate::model::ModelConfig;
 use crate::model::{Site, Target};
+
+/// AdamW's first and second moments of each trainable tensor, by PEFT tensor name (what a
+/// checkpoint's `optimizer.safetensors` holds, and the engine's optimizer keeps).
+pub type Moments = BTreeMap<String, (Tensor, Tensor)>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {

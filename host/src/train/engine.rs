@@ -20,6 +20,7 @@ use std::convert::Infallible;
 use candle_core::{DType, Device, Tensor, Var, WithDType};
 use opentinker_kernels::{Backward, CpuTrain, Float, LoraGrads, Segment, TrainBatch};
 
+use super::checkpoint::Moments;
 use super::loss::{Loss, LossInputs, loss};
 use super::slot_state::{NamedState, SlotState};
 use crate::lora::{Adapter, AdapterError, CpuAdapters, LoraConfig};
@@ -33,9 +34,6 @@ pub type AdapterId = String;
 /// The one trainable of a full-parameter engine: the model itself. Work items name it as their
 /// adapter.
 pub const FULL_PARAMETERS: &str = "full-parameters";
-
-/// AdamW's first and second moments of each trainable tensor, by PEFT tensor name.
-pub type Moments = BTreeMap<String, (Tensor, Tensor)>;
 
 /// One training example, already shifted: `target_tokens[i]` follows `input_tokens[..=i]`.
 #[derive(Clone, Debug, Default, PartialEq)]

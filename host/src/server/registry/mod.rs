@@ -147,7 +147,7 @@ enum Target {
 }
 
 fn package(text: &str) -> Result<PackageName, OciError> {
-    text.parse().map_err(|e: crate::market::MarketError| {
+    text.parse::<PackageName>().map_err(|e| {
         OciError::new(
             OciCode::NameInvalid,
             format!("{e} (the packages of this registry are NAMESPACE/NAME)"),
@@ -156,9 +156,8 @@ fn package(text: &str) -> Result<PackageName, OciError> {
 }
 
 fn digest(text: &str) -> Result<Digest, OciError> {
-    text.parse().map_err(|e: crate::market::MarketError| {
-        OciError::new(OciCode::DigestInvalid, e.to_string())
-    })
+    text.parse::<Digest>()
+        .map_err(|e| OciError::new(OciCode::DigestInvalid, e.to_string()))
 }
 
 impl Target {

@@ -21,7 +21,7 @@ use crate::jobs::PackageSource;
 use crate::market::packages::{self, Fetched};
 use crate::market::trust::TrustPolicy;
 use crate::market::{MarketError, PackageRef};
-use crate::server::routes::Caller;
+use crate::server::handling::Caller;
 use crate::server::{AppState, HttpError};
 
 type Shared = Arc<AppState>;

@@ -1,0 +1,68 @@
+//! What the route handlers share: the calling tenant ([`Caller`], from its key), a JSON body
+//! parsed or refused by name ([`parse`]), and an op run directly with its changes recorded
+//! before the answer ([`direct`]).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use super::{AppState, HttpError};
+use crate::api::{ApiError, ApiErrorKind, Op, OpOutput, TenantId};
+use crate::sched::service::Change;
+
+type Shared = Arc<AppState>;
+
+/// The tenant making a request, from its `X-API-Key` (or `Authorization: Bearer`) header.
+pub struct Caller(pub TenantId);
+
+impl FromRequestParts<Shared> for Caller {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Shared) -> Result<Self, HttpError> {
+        let headers = &parts.headers;
+        let key = headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| {
+                headers
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+            })
+            .ok_or_else(|| ApiError::new(ApiErrorKind::Unauthorized, "no API key (X-API-Key)"))?;
+        Ok(Caller(state.authenticate(key).await?))
+    }
+}
+
+/// A JSON body, or a 400 naming what is wrong with it.
+pub(super) fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
+}
+
+/// Run an op that answers directly, recording its changes before the answer.
+pub(super) async fn direct(
+    state: &Shared,
+    tenant: &TenantId,
+    op: Op,
+) -> Result<OpOutput, ApiError> {
+    let executed = state.service.execute(tenant, op, None).await;
+    let output = executed.outcome?;
+    record(state, executed.changes).await?;
+    Ok(output)
+}
+
+/// Record `changes` in the journal, off the async workers.
+pub(super) async fn record(state: &Shared, changes: Vec<Change>) -> Result<(), ApiError> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    state
+        .journal
+        .off_thread(move |j| j.record(&changes))
+        .await
+        .map_err(ApiError::from)
+}
