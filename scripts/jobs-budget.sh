@@ -2,8 +2,10 @@
 # One tenant's four heavy jobs under the memory budget, on a Qwen2.5-0.5B-shaped base: a release
 # `opentinker serve` serves the base (random weights, generated here) under `--memory-budget`
 # (BUDGET, default 16GiB: room for one job's copy of the base at a time); a heavy tenant submits
-# 4 jobs of examples/tictactoe.toml on it, shortened (a full-parameter warm-up of 3 steps, 2 RL
-# steps, 8 evaluation episodes); a light tenant's SDK loop runs on the tiny model throughout.
+# 4 jobs of examples/tictactoe.toml on it, shortened to its full-parameter warm-up of 3 steps and
+# 8 evaluation episodes (no RL steps: the random base samples token ids past its 512-token
+# tokenizer, which every episode's render refuses); a light tenant's SDK loop runs on the tiny
+# model throughout.
 # Once the first job has finished, the server is killed with SIGKILL and started again on the
 # same port and data. Prints how the jobs ran (each one's state over time), the light tenant's
 # figures, and the server's peak resident memory against the budget.
@@ -30,7 +32,7 @@ echo "$server" > "$data/server.pid"
 sampler=$!
 
 sed -e 's/^init_tiny = .*/base = "qwen-half"/' -e 's|"\.\./plugins/|"'"$PWD"'/plugins/|' \
-    -e '/^\[sft\]/,/^\[/ s/^steps = .*/steps = 3/' -e '/^\[rl\]/,/^\[/ s/^steps = .*/steps = 2/' \
+    -e '/^\[sft\]/,/^\[/ s/^steps = .*/steps = 3/' -e '/^\[rl\]/,/^\[/ s/^steps = .*/steps = 0/' \
     -e 's/^episodes = .*/episodes = 8/' -e 's/^groups_per_batch = .*/groups_per_batch = 4/' \
     -e 's/^group_size = .*/group_size = 4/' -e 's/^every = .*/every = 2/' \
     examples/tictactoe.toml > "$data/heavy.toml"
@@ -43,12 +45,13 @@ for i in 1 2 3 4; do
     said=$(TINKER_BASE_URL="$url" TINKER_API_KEY="$heavy" "$bin" submit "$data/heavy.toml" --detach 2>&1)
     jobs+=("$(grep -o 'job-[a-z0-9-]*' <<< "$said" | head -1)")
 done
-list() { TINKER_BASE_URL="$url" TINKER_API_KEY="$heavy" "$bin" jobs list 2>/dev/null; }
+list() { TINKER_BASE_URL="$url" TINKER_API_KEY="$heavy" "$bin" jobs list 2>>"$data/list.err"; }
 start=$SECONDS killed=""
 while true; do
-    states=$(list | awk '{print $2}' | sort | uniq -c | xargs)
+    listed=$(list || true)
+    states=$(awk '{print $2}' <<< "$listed" | sort | uniq -c | xargs)
     echo "$((SECONDS - start)) s: $states"
-    if [ -z "$killed" ] && list | grep -q succeeded; then
+    if [ -z "$killed" ] && grep -q succeeded <<< "$listed"; then
         kill -9 "$server"; wait "$server" 2>/dev/null || true
         "$bin" serve --data "$data" --addr "127.0.0.1:$port" $SERVE_FLAGS > "$data/serve.log" 2>&1 &
         server=$!
@@ -57,8 +60,12 @@ while true; do
         killed=yes
         echo "killed after the first job and restarted: $(head -1 "$data/serve.log")"
     fi
-    if ! list | grep -qE "queued|running"; then break; fi
+    if [ -n "$listed" ] && ! grep -qE "queued|running" <<< "$listed"; then break; fi
     sleep 20
+done
+for id in "${jobs[@]}"; do
+    TINKER_BASE_URL="$url" TINKER_API_KEY="$heavy" "$bin" jobs status "$id" 2>&1 |
+        grep -E '"(state|error)"' | xargs echo "$id:"
 done
 touch "$data/stop"
 wait "$light_loop"
