@@ -107,6 +107,17 @@ fn model(server: &Server) -> String {
         .to_string()
 }
 
+/// One token sampled from the sampling session `id` of `alice`: the answer to `asample`.
+fn sample_one(server: &Server, id: &str) -> (u16, Value) {
+    post(
+        server,
+        "asample",
+        json!({"sampling_session_id": id, "seq_id": 1, "num_samples": 1,
+               "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+               "sampling_params": {"max_tokens": 1}}),
+    )
+}
+
 fn tensor_i64(values: &[i64]) -> proto::Tensor {
     proto::Tensor {
         encoding: Some(proto::tensor::Encoding::Dense(
@@ -724,15 +735,7 @@ fn a_finished_or_idle_session_frees_its_models_and_samplers_for_good() {
             request(&model, 1, vec![datum(&[2, 3, 4], targets)], "cross_entropy"),
         )
     };
-    let sample = |server: &Server| {
-        post(
-            server,
-            "asample",
-            json!({"sampling_session_id": sampler, "seq_id": 1, "num_samples": 1,
-                   "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
-                   "sampling_params": {"max_tokens": 1}}),
-        )
-    };
+    let sample = |server: &Server| sample_one(server, &sampler);
     assert_eq!(heartbeat(&server, &session).0, 200);
     let (status, error) = refused(finish(&server, &server.bob, &session));
     assert_eq!(status, 404, "{error}");
@@ -862,16 +865,7 @@ fn a_models_latest_snapshot_samplers_are_kept_across_restarts_and_no_more() {
         let (child, _, _) = server::spawn_server(server.data.path(), &addr);
         server.child = child;
     }
-    let sample = |id: &str| {
-        post(
-            &server,
-            "asample",
-            json!({"sampling_session_id": id, "seq_id": 1, "num_samples": 1,
-                   "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
-                   "sampling_params": {"max_tokens": 1}}),
-        )
-        .0
-    };
+    let sample = |id: &str| sample_one(&server, id).0;
     assert_eq!(sample(&made[made.len() - 8]), 200);
     assert_eq!(sample(&made[made.len() - 9]), 404);
 }
@@ -895,15 +889,7 @@ fn a_session_keeps_its_latest_sampling_sessions_and_lets_the_oldest_go() {
         assert_eq!(status, 200, "{body}");
         ids.push(body["sampling_session_id"].as_str().unwrap().to_string());
     }
-    let sample = |id: &str| {
-        post(
-            &server,
-            "asample",
-            json!({"sampling_session_id": id, "seq_id": 1, "num_samples": 1,
-                   "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
-                   "sampling_params": {"max_tokens": 1}}),
-        )
-    };
+    let sample = |id: &str| sample_one(&server, id);
     let (status, error) = refused(sample(&ids[0]));
     assert_eq!(status, 404, "{error}");
     let (status, body) = sample(&ids[64]);

@@ -18,9 +18,9 @@ pub fn save_model_dir(
     out: &Path,
 ) -> Result<(), WeightsError> {
     crate::store::write_atomic_dir(out, |temp| write_model_files(transformer, source, temp))
-        .map_err(|e| WeightsError::Write {
+        .map_err(|source| WeightsError::Write {
             path: out.display().to_string(),
-            message: e.to_string(),
+            source,
         })
 }
 

@@ -14,8 +14,11 @@ use super::config::{ModelConfig, RopeScaling};
 pub enum WeightsError {
     #[error("reading weights {path}: {message}")]
     Read { path: String, message: String },
-    #[error("writing the model directory {path}: {message}")]
-    Write { path: String, message: String },
+    #[error("writing the model directory {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("the weights have no tensor `{0}`")]
     Missing(String),
     #[error("tensor `{name}` has shape {found:?}, the config says {expected:?}")]
