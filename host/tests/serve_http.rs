@@ -461,12 +461,14 @@ fn malformed_and_wrong_requests_get_a_4xx_that_names_the_problem() {
         );
     }
 
-    // A seq_id sent again with another payload is refused; the same payload is the same request.
-    let (status, first) = forward_backward(&server, good(1));
+    // A refused request takes its turn all the same (the SDK numbers its next call after it), so
+    // the model's next request is seq_id 2, and it runs. A seq_id sent again with another
+    // payload is refused; the same payload is the same request.
+    let (status, first) = forward_backward(&server, good(2));
     assert_eq!(status, 200, "{first}");
-    let (_, again) = forward_backward(&server, good(1));
+    let (_, again) = forward_backward(&server, good(2));
     assert_eq!(first["request_id"], again["request_id"]);
-    let mut other = good(1);
+    let mut other = good(2);
     other.loss_fn_config.insert("beta".into(), 1.0);
     other.loss_fn = "dro".into();
     let (status, error) = refused(forward_backward(&server, other));

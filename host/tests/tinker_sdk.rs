@@ -15,7 +15,7 @@ mod server;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use opentinker_test_tools::test_python as python;
+use opentinker_test_tools::{cookbook_python, test_python as python};
 use server::{BIN, Server, create_tenant, spawn_server, start_server};
 
 /// The command that runs `tests/tinker_sdk/{script}` with the SDK pointed at `server`.
@@ -49,11 +49,16 @@ fn script_command_at(python: &Path, script: &str, server: &Server, url: &str) ->
 /// that names its data folder (no path of the server's disk reaches a client).
 fn run_script(script: &str) {
     let Some(python) = python() else { return };
+    run_script_with(&python, script, |_, _| {});
+}
+
+/// [`run_script`] with `python`, and `configure` given the command to change before it runs.
+fn run_script_with(python: &Path, script: &str, configure: impl FnOnce(&mut Command, &Server)) {
     let server = start_server();
     let proxy = server::RecordingProxy::start(&server.url);
-    let output = script_command_at(&python, script, &server, &proxy.url)
-        .output()
-        .expect("running the SDK script");
+    let mut command = script_command_at(python, script, &server, &proxy.url);
+    configure(&mut command, &server);
+    let output = command.output().expect("running the SDK script");
     let answers = proxy.sent();
     let data = server.data.path().display().to_string();
     if let Some(at) = answers.find(&data) {
@@ -123,6 +128,30 @@ fn training_runs_and_checkpoints_are_listed_expired_and_deleted_through_the_rest
 #[test]
 fn tenants_cannot_see_each_others_objects() {
     run_script("tenants.py");
+}
+
+/// Every public method of the SDK's four clients is served, done by the SDK alone, or refused
+/// by name, as the README's coverage table says. The cookbook's venv has torch, which the SDK's
+/// custom losses need; the script runs where `opentinker/tiny` is a folder holding the tiny
+/// model, so that `get_tokenizer()` finds it by its public name, as a client finds a Hugging
+/// Face id in the hub's cache.
+#[test]
+fn every_method_of_the_sdks_clients_is_served_or_refused_by_name() {
+    let Some(python) = cookbook_python() else {
+        return;
+    };
+    let place = tempfile::tempdir().expect("a folder to run in");
+    run_script_with(&python, "coverage.py", |command, server| {
+        let tiny = place.path().join("opentinker/tiny");
+        std::fs::create_dir_all(place.path().join("opentinker")).expect("opentinker/");
+        std::os::unix::fs::symlink(server.data.path().join("models/opentinker-tiny"), &tiny)
+            .expect("opentinker/tiny");
+        let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tinker_sdk");
+        command
+            .current_dir(place.path())
+            .env("PYTHONPATH", scripts)
+            .env("HF_HUB_OFFLINE", "1");
+    });
 }
 
 /// The final adapter of `durable_loop.py` (its safetensors bytes) and its losses.

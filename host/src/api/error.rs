@@ -21,6 +21,9 @@ pub enum ApiErrorKind {
     /// The request would pass one of the tenant's quotas (jobs, adapters, stored plugin
     /// bytes): retrying does not help until something of the tenant's ends or is removed.
     QuotaExceeded,
+    /// The server does not offer this route or option at all (billing, JWT credentials, a
+    /// route of the Tinker API not served yet); the message names it: retrying cannot help.
+    NotOffered,
     /// The server could not do it now (stopping, restarting): retry.
     Unavailable,
     /// The server failed: not the caller's fault.
@@ -38,6 +41,7 @@ impl ApiErrorKind {
             ApiErrorKind::Conflict => "conflict",
             ApiErrorKind::TooManyRequests => "too_many_requests",
             ApiErrorKind::QuotaExceeded => "quota_exceeded",
+            ApiErrorKind::NotOffered => "not_offered",
             ApiErrorKind::Unavailable => "unavailable",
             ApiErrorKind::Internal => "internal",
         }
@@ -61,6 +65,7 @@ impl ApiErrorKind {
                 | ApiErrorKind::Unauthorized
                 | ApiErrorKind::Conflict
                 | ApiErrorKind::QuotaExceeded
+                | ApiErrorKind::NotOffered
         )
     }
 }

@@ -194,6 +194,26 @@ pub struct Executed {
     pub hold: Hold,
 }
 
+/// The change that records `model`'s turn `seq` as taken (with its new training state, if the
+/// op changed it).
+fn turn_taken(
+    tenant: &TenantId,
+    id: ModelId,
+    model: &TrainedModel,
+    seq: u64,
+    state: Option<Vec<u8>>,
+) -> Change {
+    Change::Model {
+        id,
+        tenant: tenant.clone(),
+        base: model.base.name.clone(),
+        lora_rank: model.lora_rank,
+        applied_seq: seq,
+        state,
+        user_metadata: None,
+    }
+}
+
 /// A model's turn, passed on when this is dropped.
 pub struct Hold {
     _turn: Option<Turn>,
@@ -409,21 +429,29 @@ impl Service {
                 },
                 (false, _) => None,
             };
-            changes.push(Change::Model {
-                id,
-                tenant: tenant.clone(),
-                base: model.base.name.clone(),
-                lora_rank: model.lora_rank,
-                applied_seq: turn.seq,
-                state,
-                user_metadata: None,
-            });
+            changes.push(turn_taken(tenant, id, &model, turn.seq, state));
         }
         Executed {
             outcome,
             changes,
             hold: Hold { _turn: turn },
         }
+    }
+
+    /// Pass `tenant`'s model `id`'s turn `seq` without running anything: the turn of a request
+    /// that the SDK numbered in the model's order but that was refused before it was accepted
+    /// (a bad datum, a route not offered). Waits for the ops before it; the change records the
+    /// turn as taken, so that the model's next op, also after a restart, does not wait for it.
+    pub async fn pass_turn(
+        &self,
+        tenant: &TenantId,
+        id: &ModelId,
+        seq: u64,
+    ) -> Result<(Vec<Change>, Hold), ApiError> {
+        let model = self.model(tenant, id)?;
+        let turn = Turn::wait(Arc::clone(&model), id, seq).await?;
+        let change = turn_taken(tenant, id.clone(), &model, seq, None);
+        Ok((vec![change], Hold { _turn: Some(turn) }))
     }
 
     /// The op itself, with the changes it makes besides a model's progress.

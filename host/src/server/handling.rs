@@ -1,6 +1,6 @@
 //! What the route handlers share: the calling tenant ([`Caller`], from its key), a JSON body
-//! parsed or refused by name ([`parse`]), and an op run directly with its changes recorded
-//! before the answer ([`direct`]).
+//! parsed or refused by name ([`parse`]), an op run directly with its changes recorded before
+//! the answer ([`direct`]), and the turn of a refused request passed ([`pass_refused_turn`]).
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::{AppState, HttpError};
-use crate::api::{ApiError, ApiErrorKind, Op, OpOutput, TenantId};
+use crate::api::{ApiError, ApiErrorKind, ModelId, Op, OpOutput, TenantId};
 use crate::sched::service::Change;
 
 type Shared = Arc<AppState>;
@@ -53,6 +53,25 @@ pub(super) async fn direct(
     let output = executed.outcome?;
     record(state, executed.changes).await?;
     Ok(output)
+}
+
+/// Pass `model`'s turn `seq` in the background: the turn of a request that the SDK numbered in
+/// the model's order but that is refused before it is accepted, for which the model's next
+/// request would otherwise wait forever. The turn is taken after the ops before it and recorded.
+pub(super) fn pass_refused_turn(state: &Shared, tenant: &TenantId, model: ModelId, seq: u64) {
+    let (state, tenant) = (Arc::clone(state), tenant.clone());
+    tokio::spawn(async move {
+        match state.service.pass_turn(&tenant, &model, seq).await {
+            Ok((changes, hold)) => {
+                if let Err(error) = record(&state, changes).await {
+                    tracing::warn!(%model, seq, "a refused request's turn was not recorded: {error}");
+                }
+                drop(hold);
+            }
+            // Not the tenant's model, or a turn already taken: nothing waits for it.
+            Err(error) => tracing::debug!(%model, seq, "no turn to pass: {error}"),
+        }
+    });
 }
 
 /// Record `changes` in the journal, off the async workers.

@@ -199,6 +199,73 @@ impl Journal {
         Ok(record)
     }
 
+    /// `tenant`'s sessions, oldest first: `limit` of them from `offset`.
+    pub fn sessions(
+        &self,
+        tenant: &TenantId,
+        limit: u64,
+        offset: u64,
+    ) -> Result<Vec<String>, JournalError> {
+        let db = self.lock();
+        let mut query = db.prepare(
+            "SELECT id FROM sessions WHERE tenant = ?1 ORDER BY rowid LIMIT ?2 OFFSET ?3",
+        )?;
+        let ids = query
+            .query_map(
+                params![
+                    tenant.as_str(),
+                    limit.min(i64::MAX as u64) as i64,
+                    offset.min(i64::MAX as u64) as i64
+                ],
+                |r| r.get(0),
+            )?
+            .collect::<Result<Vec<String>, _>>()?;
+        Ok(ids)
+    }
+
+    /// `tenant`'s session `id`: its training runs and its samplers that are not freed, each
+    /// oldest first; `None` if the tenant has no session by that id.
+    pub fn session(
+        &self,
+        tenant: &TenantId,
+        id: &SessionId,
+    ) -> Result<Option<SessionRecord>, JournalError> {
+        let db = self.lock();
+        let known = db
+            .query_row(
+                "SELECT 1 FROM sessions WHERE tenant = ?1 AND id = ?2",
+                params![tenant.as_str(), id.as_str()],
+                |_| Ok(()),
+            )
+            .optional()?;
+        if known.is_none() {
+            return Ok(None);
+        }
+        let ids_of = |table: &str| -> Result<Vec<String>, JournalError> {
+            let mut query = db.prepare(&format!(
+                "SELECT id FROM {table} WHERE tenant = ?1 ORDER BY rowid"
+            ))?;
+            let ids = query
+                .query_map(params![tenant.as_str()], |r| r.get(0))?
+                .collect::<Result<Vec<String>, _>>()?;
+            Ok(ids)
+        };
+        let training_runs = ids_of("models")?
+            .into_iter()
+            .filter_map(|run| run.parse::<ModelId>().ok())
+            .filter(|run| &run.session == id)
+            .collect();
+        let samplers = ids_of("samplers")?
+            .into_iter()
+            .filter_map(|sampler| SamplerId::parse(&sampler).ok())
+            .filter(|sampler| sampler.session() == id.as_str())
+            .collect();
+        Ok(Some(SessionRecord {
+            training_runs,
+            samplers,
+        }))
+    }
+
     fn lock(&self) -> MutexGuard<'_, Connection> {
         self.db.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -427,6 +494,13 @@ impl Journal {
             pending,
         })
     }
+}
+
+/// A session as recorded: what it made that is still there.
+#[derive(Clone, Debug)]
+pub struct SessionRecord {
+    pub training_runs: Vec<ModelId>,
+    pub samplers: Vec<SamplerId>,
 }
 
 /// A training run (one model) as recorded.

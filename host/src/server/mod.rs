@@ -13,10 +13,12 @@ pub mod futures;
 mod handling;
 pub mod jobs;
 pub mod journal;
+mod not_offered;
 pub mod openai;
 pub mod plugins;
 pub mod registry;
 pub mod routes;
+mod sessions;
 pub mod tenants;
 mod training_runs;
 pub mod wire;
@@ -321,7 +323,10 @@ impl IntoResponse for HttpError {
         let status = match self.0.kind {
             // 409 would be retried by the SDK; a replayed seq_id with another payload cannot
             // succeed.
-            ApiErrorKind::InvalidRequest | ApiErrorKind::Conflict => StatusCode::BAD_REQUEST,
+            // Not 501 for what is not offered: the SDK retries every 5xx for minutes.
+            ApiErrorKind::InvalidRequest | ApiErrorKind::Conflict | ApiErrorKind::NotOffered => {
+                StatusCode::BAD_REQUEST
+            }
             ApiErrorKind::NotFound => StatusCode::NOT_FOUND,
             // What the SDK's heartbeat reads as "the session has finished".
             ApiErrorKind::Gone => StatusCode::GONE,

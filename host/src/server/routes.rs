@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, Method, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use super::futures::{Finished, Idempotency, Submission};
-use super::handling::{Caller, direct, parse, record};
+use super::handling::{Caller, direct, parse, pass_refused_turn, record};
 use super::journal::{AcceptedRequest, Answer, Outcome};
 use super::{AppState, HttpError, MAX_BODY_BYTES, category, wire};
 use crate::api::{
@@ -50,15 +50,23 @@ pub fn router(state: Shared) -> Router {
     let api = api
         .merge(super::plugins::router())
         .merge(super::training_runs::router())
+        .merge(super::sessions::router())
         .merge(super::jobs::router())
         .merge(super::registry::api_router())
-        .merge(super::dashboard::router());
+        .merge(super::dashboard::router())
+        .merge(super::not_offered::router());
     Router::new()
         .nest("/api/v1", api)
         .merge(super::dashboard::page_router())
         .merge(super::registry::router())
         .nest("/v1", super::openai::router())
-        .fallback(|| async { HttpError(ApiError::new(ApiErrorKind::NotFound, "no such endpoint")) })
+        .fallback(|method: Method, uri: Uri| async move {
+            let path = uri.path();
+            HttpError(ApiError::new(
+                ApiErrorKind::NotFound,
+                format!("no such endpoint: {method} {path}"),
+            ))
+        })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::map_response(json_errors))
         .layer(super::access_log::layer())
@@ -522,7 +530,12 @@ async fn submit(
         .get("x-idempotency-key")
         .and_then(|v| v.to_str().ok());
     let accepted = accept(route, &body, header_key)?;
-    state.service.validate(&tenant, &accepted.op)?;
+    if let Err(error) = state.service.validate(&tenant, &accepted.op) {
+        if let (Some(model), Some(seq)) = (accepted.op.model(), accepted.seq) {
+            pass_refused_turn(&state, &tenant, model.clone(), seq);
+        }
+        return Err(error.into());
+    }
     let submission = Submission {
         tenant: tenant.clone(),
         idempotency: accepted.key.map(|key| Idempotency::new(key, &body)),

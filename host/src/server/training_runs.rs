@@ -6,7 +6,7 @@
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -38,6 +38,7 @@ pub fn router() -> Router<Shared> {
             put(set_ttl),
         )
         .route("/checkpoints", get(tenant_checkpoints))
+        .route("/weights_info", post(weights_info))
 }
 
 /// Whose runs to list: `accessible` adds others' public ones, and nothing is public here.
@@ -49,13 +50,14 @@ enum AccessScope {
     Accessible,
 }
 
+/// A page of a listing, as the RestClient asks for one (runs, checkpoints, sessions).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Page {
+pub(super) struct Page {
     limit: Option<u64>,
     #[serde(default)]
-    offset: u64,
-    /// Accepted, and the same as `owned`: no checkpoint is published on this server.
+    pub(super) offset: u64,
+    /// Accepted, and the same as `owned`: nothing is published on this server.
     #[serde(default)]
     #[allow(dead_code)]
     access_scope: AccessScope,
@@ -65,7 +67,7 @@ struct Page {
 impl Page {
     /// The page's size (`default` when the client names none), or a refusal of what is not
     /// offered.
-    fn limit(&self, default: u64) -> Result<u64, ApiError> {
+    pub(super) fn limit(&self, default: u64) -> Result<u64, ApiError> {
         match &self.project_id {
             Some(_) => Err(ApiError::invalid(
                 "project_id: projects are not offered by this server (list without it)",
@@ -80,13 +82,20 @@ impl Page {
     }
 }
 
+/// The query of a read of one object (a run, a session).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RunQuery {
+pub(super) struct ScopeQuery {
     /// As [`Page::access_scope`].
     #[serde(default)]
     #[allow(dead_code)]
     access_scope: AccessScope,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WeightsInfoRequest {
+    tinker_path: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -188,7 +197,7 @@ async fn get_run(
     State(state): State<Shared>,
     Caller(tenant): Caller,
     Path(id): Path<String>,
-    Query(_): Query<RunQuery>,
+    Query(_): Query<ScopeQuery>,
 ) -> Answered {
     let id = run_id(&id)?;
     let run = {
@@ -202,6 +211,40 @@ async fn get_run(
     };
     let checkpoints = state.service.checkpoints(&tenant, Some(&id)).await?;
     Ok(Json(run_json(&tenant, &run, &checkpoints)).into_response())
+}
+
+/// What a client needs to load a checkpoint (the SDK's `WeightsInfoResponse`): its run's base
+/// model and LoRA rank.
+async fn weights_info(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    body: axum::body::Bytes,
+) -> Answered {
+    let request: WeightsInfoRequest = parse(&body)?;
+    let path: CheckpointPath = request.tinker_path.parse()?;
+    let unknown = || ApiError::not_found(format!("checkpoint {}", request.tinker_path));
+    let checkpoints = state
+        .service
+        .checkpoints(&tenant, Some(&path.model))
+        .await?;
+    if !checkpoints.iter().any(|c| c.path == path) {
+        return Err(unknown().into());
+    }
+    let run = {
+        let (owner, run) = (tenant.clone(), path.model.clone());
+        state
+            .journal
+            .off_thread(move |j| j.training_run(&owner, &run))
+            .await
+            .map_err(ApiError::from)?
+            .ok_or_else(unknown)?
+    };
+    Ok(Json(json!({
+        "base_model": run.base,
+        "is_lora": true,
+        "lora_rank": run.lora_rank,
+    }))
+    .into_response())
 }
 
 async fn run_checkpoints(

@@ -89,6 +89,7 @@ impl From<ApiError> for OciError {
             ApiErrorKind::QuotaExceeded | ApiErrorKind::TooManyRequests => OciCode::Denied,
             ApiErrorKind::NotFound | ApiErrorKind::Gone => OciCode::NameUnknown,
             ApiErrorKind::InvalidRequest | ApiErrorKind::Conflict => OciCode::ManifestInvalid,
+            ApiErrorKind::NotOffered => OciCode::Unsupported,
             ApiErrorKind::Unavailable | ApiErrorKind::Internal => OciCode::Unknown,
         };
         OciError::new(code, error.message)
