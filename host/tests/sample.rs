@@ -9,8 +9,8 @@ use opentinker::lora::{AdapterRegistry, LoraConfig, PolicyVersion};
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, ModelConfig};
 use opentinker::sample::{
-    EngineConfig, PolicyRef, Sample, SampleOutput, SampleRequest, SamplingEngine, SamplingParams,
-    Stop, StopReason,
+    EngineConfig, PolicyRef, PromptAsks, PromptTargets, Sample, SampleOutput, SampleRequest,
+    SamplingEngine, SamplingParams, Stop, StopReason,
 };
 use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
 
@@ -176,6 +176,77 @@ fn a_request_samples_the_same_bits_whatever_else_is_batched() {
     }
 }
 
+/// What a request asks of its prompt (the last n logprobs, named tokens' logprobs, alternative
+/// draws) comes from the rows of its own prefill: the same bits alone, in a batch, and with
+/// the prefix cache serving the rows no answer needs; and asking leaves the sample as it was.
+#[test]
+fn prompt_answers_are_the_same_whatever_else_is_batched_or_cached() {
+    let setup = setup();
+    let a = publish(&setup, "a");
+    let text = prompt(1, 9);
+    let mut scored = request(text.clone(), Some(&a), 42);
+    scored.prompt_asks = PromptAsks {
+        logprobs: true,
+        top_k: 2,
+        last_n: Some(3),
+        ..PromptAsks::default()
+    };
+    let mut named = request(text.clone(), Some(&a), 42);
+    named.prompt_asks = PromptAsks {
+        targets: Some(PromptTargets {
+            k: 2,
+            cells: text[1..].iter().flat_map(|&t| [Some(t), None]).collect(),
+        }),
+        alt_k: 2,
+        ..PromptAsks::default()
+    };
+    let mut everything = request(text.clone(), Some(&a), 42);
+    everything.prompt_asks.logprobs = true;
+    let alone: Vec<SampleOutput> = [everything, scored.clone(), named.clone()]
+        .into_iter()
+        .map(|r| run(&mut engine(&setup, false), vec![r]).remove(0))
+        .collect();
+    let full = alone[0].prompt.logprobs.as_ref().unwrap();
+    let last = alone[1].prompt.logprobs.as_ref().unwrap();
+    assert_eq!(&last[..6], &[None; 6]);
+    assert_eq!(&last[6..], &full[6..]);
+    let targets = &alone[2].prompt.targets.as_ref().unwrap().logprobs;
+    for i in 0..8 {
+        assert_eq!(targets[2 * i], full[i + 1].unwrap(), "position {}", i + 1);
+        assert_eq!(targets[2 * i + 1], 0.0);
+    }
+    let alt = alone[2].prompt.alt.as_ref().unwrap();
+    assert_eq!((alt.tokens.len(), alt.logprobs.len()), (16, 16));
+    assert_eq!(bits(&alone[2].samples), bits(&alone[0].samples));
+    for prefix_cache in [false, true] {
+        let mut engine = engine(&setup, prefix_cache);
+        // The same text run first fills the prefix cache.
+        run(&mut engine, vec![request(text.clone(), Some(&a), 1)]);
+        let mut requests: Vec<SampleRequest> = (1..9u32)
+            .map(|i| request(prompt(i + 10, 3 + i as usize), None, u64::from(i)))
+            .collect();
+        requests.insert(3, scored.clone());
+        requests.insert(6, named.clone());
+        let outputs = run(&mut engine, requests);
+        assert_eq!(
+            outputs[3].prompt, alone[1].prompt,
+            "prefix cache {prefix_cache}"
+        );
+        assert_eq!(
+            outputs[6].prompt, alone[2].prompt,
+            "prefix cache {prefix_cache}"
+        );
+        assert_eq!(bits(&outputs[6].samples), bits(&alone[2].samples));
+        // Only the positions before the last n may come from the cache; named tokens need
+        // every row.
+        let cached = (
+            outputs[3].cached_prompt_tokens,
+            outputs[6].cached_prompt_tokens,
+        );
+        assert_eq!(cached, if prefix_cache { (5, 0) } else { (0, 0) });
+    }
+}
+
 #[test]
 fn a_version_samples_the_same_after_its_adapter_trains_on() {
     let mut setup = setup();
@@ -206,7 +277,7 @@ fn sampler_logprobs_agree_with_the_trainer_forward() {
     for policy in [None, Some(&b)] {
         let mut ask = request(prompt(4, 11), policy, 3);
         ask.params.max_tokens = 20;
-        ask.prompt_logprobs = true;
+        ask.prompt_asks.logprobs = true;
         let output = run(&mut engine(&setup, false), vec![ask.clone()]).remove(0);
         let sample = &output.samples[0];
         let mut tokens = ask.prompt.clone();
@@ -260,7 +331,7 @@ fn sampler_logprobs_agree_with_the_trainer_forward() {
                 "token {i}: sampler {sampled} vs trainer {trained}"
             );
         }
-        let prompt_logprobs = output.prompt_logprobs.unwrap();
+        let prompt_logprobs = output.prompt.logprobs.unwrap();
         assert_eq!(prompt_logprobs[0], None);
         for (i, lp) in prompt_logprobs.iter().enumerate().skip(1) {
             assert!((lp.unwrap() - trainer_logprobs[i - 1]).abs() < 1e-4);
@@ -350,6 +421,28 @@ fn bad_requests_are_refused_by_name_and_change_nothing() {
     let mut version = request(prompt(1, 4), Some(&a), 0);
     version.policy.as_mut().unwrap().version = Some(9);
     refuse(&mut engine, version, "no version 9");
+    let asking = |asks: PromptAsks| {
+        let mut r = request(prompt(1, 4), None, 0);
+        r.prompt_asks = asks;
+        r
+    };
+    let last_n = |n| PromptAsks {
+        logprobs: true,
+        last_n: Some(n),
+        ..PromptAsks::default()
+    };
+    refuse(&mut engine, asking(last_n(0)), "between 1 and 3");
+    refuse(&mut engine, asking(last_n(4)), "between 1 and 3");
+    let targets = |k, cells: Vec<Option<u32>>| PromptAsks {
+        targets: Some(PromptTargets { k, cells }),
+        ..PromptAsks::default()
+    };
+    refuse(&mut engine, asking(targets(2, vec![Some(3); 4])), "[3, K]");
+    refuse(
+        &mut engine,
+        asking(targets(1, vec![Some(3), None, Some(99_999)])),
+        "99999",
+    );
     for (temperature, top_p) in [(f64::NAN, 1.0), (-0.5, 1.0), (1.0, 0.0), (1.0, 1.5)] {
         let mut r = request(prompt(1, 4), None, 0);
         r.params.temperature = temperature;
@@ -428,8 +521,8 @@ fn stop_strings_end_a_sample_and_top_prompt_logprobs_are_ranked() {
             ..SamplingParams::default()
         },
     );
-    free.topk_prompt_logprobs = 3;
-    free.prompt_logprobs = true;
+    free.prompt_asks.top_k = 3;
+    free.prompt_asks.logprobs = true;
     let output = run(&mut engine, vec![free.clone()]).remove(0);
     // Stop at the text of the greedy sample's third token.
     let tokens = &output.samples[0].tokens;
@@ -443,8 +536,8 @@ fn stop_strings_end_a_sample_and_top_prompt_logprobs_are_ranked() {
     assert!(tokenizer.decode(&sample.tokens).unwrap().contains(&third));
     assert!(sample.tokens.len() <= 3 && tokens.starts_with(&sample.tokens));
 
-    let top = output.topk_prompt_logprobs.unwrap();
-    let prompt_logprobs = output.prompt_logprobs.unwrap();
+    let top = output.prompt.top.unwrap();
+    let prompt_logprobs = output.prompt.logprobs.unwrap();
     assert_eq!(top.len(), prompt_tokens.len());
     assert!(top[0].is_none());
     for (i, position) in top.iter().enumerate().skip(1) {

@@ -209,6 +209,14 @@ pub struct SampleRequest {
     pub topk_prompt_logprobs: usize,
     /// The `k` most likely tokens at every sampled position; 0: none.
     pub topk_sample_logprobs: usize,
+    /// Score only the last `n` prompt tokens (prompt logprobs and their top-k); `None`: all.
+    pub prompt_logprobs_last_n: Option<usize>,
+    /// Token ids whose logprobs to answer at each prompt position after the first: an int64
+    /// tensor `[len(prompt) - 1, K]`, `-1` where a cell asks nothing.
+    pub target_prompt_logprobs: Option<TensorData>,
+    /// Draws from the model's next-token distribution at each prompt position after the
+    /// first, at the request's temperature; 0: none.
+    pub prompt_alt_tokens_k: usize,
     /// One id per sample: each sequence's tokens and logprobs are kept under it for
     /// `stable_reinforce` (`record_stability_info`). None: nothing is kept.
     pub record_as: Option<Vec<SequenceId>>,
@@ -243,7 +251,22 @@ pub struct SampleResponse {
     pub prompt_logprobs: Option<Vec<Option<f32>>>,
     /// Per prompt token, the top `(token, logprob)` pairs; `None` for the first.
     pub topk_prompt_logprobs: Option<Vec<Option<TopLogprobs>>>,
+    /// The logprobs of the request's `target_prompt_logprobs`: a float32 tensor of its shape,
+    /// 0 where a cell asked nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_prompt_logprobs: Option<TensorData>,
+    /// The draws the request's `prompt_alt_tokens_k` asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_alt_tokens: Option<PromptAltTokens>,
     pub prompt_cache_hit_tokens: usize,
+}
+
+/// `k` draws at each prompt position after the first, each with the model's logprob of it:
+/// two tensors `[len(prompt) - 1, k]` (int64 ids, float32 logprobs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PromptAltTokens {
+    pub tokens: TensorData,
+    pub logprobs: TensorData,
 }
 
 /// The datums of one `forward` / `forward_backward` call and the loss to take over them.

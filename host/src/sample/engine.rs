@@ -16,10 +16,9 @@ use rayon::prelude::*;
 use opentinker_kernels::KvCache;
 
 use super::forward::{SequenceInput, forward};
-use super::params::{
-    ParamsError, SamplingParams, Stop, TopLogprobs, choose, most_likely, sample_rng,
-};
+use super::params::{ParamsError, SamplingParams, Stop, TopLogprobs, choose, sample_rng};
 use super::prefix::{PolicyKey, PrefixCache};
+use super::prompt::{self, PromptAnswers, PromptAsks};
 use crate::lora::{AdapterRegistry, PolicyVersion, RegistryError};
 use crate::model::ModelConfig;
 use crate::text::Tokenizer;
@@ -65,10 +64,9 @@ pub struct SampleRequest {
     pub params: SamplingParams,
     /// `None`: the base model.
     pub policy: Option<PolicyRef>,
-    /// The logprob of every prompt token given the ones before it.
-    pub prompt_logprobs: bool,
-    /// The `k` most likely tokens (with logprobs) at every prompt position; 0: none.
-    pub topk_prompt_logprobs: usize,
+    /// What to tell of the prompt: its tokens' logprobs, the most likely tokens, named
+    /// tokens' logprobs, alternative draws.
+    pub prompt_asks: PromptAsks,
     /// The `k` most likely tokens at every sampled position, from the distribution each token
     /// was drawn from; 0: none.
     pub topk_sample_logprobs: usize,
@@ -82,8 +80,9 @@ impl SampleRequest {
     pub fn check(&self, config: &ModelConfig, context: usize) -> Result<(), SampleError> {
         self.params.validate(config.vocab_size)?;
         for (what, asked) in [
-            ("topk_prompt_logprobs", self.topk_prompt_logprobs),
+            ("topk_prompt_logprobs", self.prompt_asks.top_k),
             ("topk_sample_logprobs", self.topk_sample_logprobs),
+            ("prompt_alt_tokens_k", self.prompt_asks.alt_k),
         ] {
             if asked > MAX_TOP_LOGPROBS {
                 return Err(SampleError::TooManyTopLogprobs {
@@ -102,6 +101,7 @@ impl SampleRequest {
                 token: e.token,
                 vocab: e.vocab,
             })?;
+        self.check_prompt_asks(config.vocab_size)?;
         if self.prompt.len() > context {
             return Err(SampleError::PromptTooLong {
                 len: self.prompt.len(),
@@ -111,13 +111,55 @@ impl SampleRequest {
         Ok(())
     }
 
+    /// Refuse prompt asks that do not fit the prompt: a `last_n` outside `1..len`, a targets
+    /// tensor of another shape, a target id outside the vocabulary.
+    fn check_prompt_asks(&self, vocab: usize) -> Result<(), SampleError> {
+        let asks = &self.prompt_asks;
+        let positions = self.prompt.len() - 1;
+        if let Some(n) = asks.last_n {
+            if !(asks.logprobs || asks.top_k > 0) {
+                return Err(SampleError::LastNWithoutLogprobs);
+            }
+            if n == 0 || n > positions {
+                return Err(SampleError::BadLastN { n, positions });
+            }
+        }
+        if let Some(targets) = &asks.targets {
+            if targets.k == 0 || targets.cells.len() != positions * targets.k {
+                return Err(SampleError::BadTargetsShape {
+                    cells: targets.cells.len(),
+                    positions,
+                    k: targets.k,
+                });
+            }
+            if targets.k > MAX_TOP_LOGPROBS {
+                return Err(SampleError::TooManyTopLogprobs {
+                    what: "target_prompt_logprobs",
+                    asked: targets.k,
+                    max: MAX_TOP_LOGPROBS,
+                });
+            }
+            if let Some(token) = targets
+                .cells
+                .iter()
+                .flatten()
+                .find(|&&t| t as usize >= vocab)
+            {
+                return Err(SampleError::TargetOutOfVocabulary {
+                    token: *token,
+                    vocab,
+                });
+            }
+        }
+        Ok(())
+    }
+
     pub fn new(prompt: Vec<u32>, params: SamplingParams) -> Self {
         SampleRequest {
             prompt,
             params,
             policy: None,
-            prompt_logprobs: false,
-            topk_prompt_logprobs: 0,
+            prompt_asks: PromptAsks::default(),
             topk_sample_logprobs: 0,
             tokens: None,
         }
@@ -147,9 +189,8 @@ pub struct Sample {
 pub struct SampleOutput {
     pub id: RequestId,
     pub samples: Vec<Sample>,
-    /// Per prompt token (`None` for the first), when asked for.
-    pub prompt_logprobs: Option<Vec<Option<f32>>>,
-    pub topk_prompt_logprobs: Option<Vec<Option<TopLogprobs>>>,
+    /// What the request asked of its prompt ([`SampleRequest::prompt_asks`]).
+    pub prompt: PromptAnswers,
     /// Prompt positions whose KV came from the prefix cache.
     pub cached_prompt_tokens: usize,
     /// The adapter version that sampled (`None`: the base model).
@@ -174,6 +215,24 @@ pub enum SampleError {
         asked: usize,
         max: usize,
     },
+    #[error(
+        "`prompt_logprobs_last_n` applies to prompt logprobs, which the request does not ask for"
+    )]
+    LastNWithoutLogprobs,
+    #[error(
+        "`prompt_logprobs_last_n` is {n}; it must be between 1 and {positions} (the prompt's length less one)"
+    )]
+    BadLastN { n: usize, positions: usize },
+    #[error(
+        "`target_prompt_logprobs` has {cells} cells; it must have the shape [{positions}, K] (the prompt's length less one, and K of at least 1), K = {k}"
+    )]
+    BadTargetsShape {
+        cells: usize,
+        positions: usize,
+        k: usize,
+    },
+    #[error("`target_prompt_logprobs` names token id {token}, outside the vocabulary of {vocab}")]
+    TargetOutOfVocabulary { token: u32, vocab: usize },
     #[error("stop strings need the model's tokenizer, which this sampler was not given")]
     NoTokenizer,
     #[error(transparent)]
@@ -233,8 +292,7 @@ struct Running {
     id: RequestId,
     admitted: Admitted,
     samples: Vec<SampleState>,
-    prompt_logprobs: Option<Vec<Option<f32>>>,
-    topk_prompt_logprobs: Option<Vec<Option<TopLogprobs>>>,
+    prompt: PromptAnswers,
     cached_prompt_tokens: usize,
 }
 
@@ -355,13 +413,17 @@ impl SamplingEngine {
         // New prompts: their caches start from the longest cached prefix.
         let mut prefills: Vec<(RequestId, Admitted, KvCache)> = Vec::new();
         for (id, a) in admitted {
-            let wants_prompt_rows = a.request.prompt_logprobs || a.request.topk_prompt_logprobs > 0;
-            let cache = if wants_prompt_rows {
-                None
-            } else {
-                let limit = a.request.prompt.len() - 1;
-                self.prefix
-                    .lookup(&a.key(), &a.request.prompt, limit, config)
+            // The positions whose rows no answer needs may come from the prefix cache.
+            let asks = &a.request.prompt_asks;
+            let limit = match asks.any() {
+                true => asks.first_row(a.request.prompt.len()),
+                false => a.request.prompt.len() - 1,
+            };
+            let cache = match limit {
+                0 => None,
+                limit => self
+                    .prefix
+                    .lookup(&a.key(), &a.request.prompt, limit, config),
             };
             prefills.push((
                 id,
@@ -393,7 +455,7 @@ impl SamplingEngine {
                 tokens: &a.request.prompt[start..],
                 adapter: a.policy.as_ref().map(|p| &p.adapter),
                 cache,
-                all_logits: a.request.prompt_logprobs || a.request.topk_prompt_logprobs > 0,
+                all_logits: a.request.prompt_asks.any(),
             });
         }
         if inputs.is_empty() {
@@ -437,13 +499,18 @@ impl SamplingEngine {
         for ((id, a, cache), cached) in prefills.into_iter().zip(cached) {
             let rows = logits.next().expect("logits for every prefilled prompt");
             let prompt = &a.request.prompt;
-            let (mut prompt_logprobs, mut topk) = (None, None);
-            if a.request.prompt_logprobs || a.request.topk_prompt_logprobs > 0 {
-                let (lp, top) =
-                    prompt_statistics(&rows, prompt, vocab, a.request.topk_prompt_logprobs);
-                prompt_logprobs = a.request.prompt_logprobs.then_some(lp);
-                topk = (a.request.topk_prompt_logprobs > 0).then_some(top);
-            }
+            let answers = match a.request.prompt_asks.any() {
+                true => prompt::answer(
+                    &a.request.prompt_asks,
+                    prompt,
+                    &rows,
+                    cached,
+                    vocab,
+                    &a.request.params,
+                    a.seed,
+                ),
+                false => PromptAnswers::default(),
+            };
             let last = &rows[rows.len() - vocab..];
             if self.config.prefix_cache_positions > 0 {
                 self.prefix.insert(a.key(), prompt, cache.clone());
@@ -486,8 +553,7 @@ impl SamplingEngine {
                 id,
                 admitted: a,
                 samples,
-                prompt_logprobs,
-                topk_prompt_logprobs: topk,
+                prompt: answers,
                 cached_prompt_tokens: cached,
             });
         }
@@ -527,8 +593,7 @@ impl SamplingEngine {
         SampleOutput {
             id: running.id,
             samples,
-            prompt_logprobs: running.prompt_logprobs,
-            topk_prompt_logprobs: running.topk_prompt_logprobs,
+            prompt: running.prompt,
             cached_prompt_tokens: running.cached_prompt_tokens,
             policy_version: running.admitted.policy.as_ref().map(|p| p.version),
         }
@@ -559,24 +624,4 @@ fn stop_reason(
     } else {
         None
     }
-}
-
-/// Per prompt token its logprob given the tokens before it, and the `k` most likely tokens at
-/// each position (`None` for the first token), from the logits of every prompt row.
-fn prompt_statistics(
-    rows: &[f32],
-    prompt: &[u32],
-    vocab: usize,
-    k: usize,
-) -> (Vec<Option<f32>>, Vec<Option<TopLogprobs>>) {
-    let mut logprobs = vec![None];
-    let mut top = vec![None];
-    for (row, &next) in rows.chunks_exact(vocab).zip(&prompt[1..]) {
-        let lp = opentinker_kernels::ops::log_softmax(row);
-        logprobs.push(Some(lp[next as usize]));
-        if k > 0 {
-            top.push(Some(most_likely(&lp, k)));
-        }
-    }
-    (logprobs, top)
 }

@@ -7,9 +7,11 @@ pub mod engine;
 pub mod forward;
 pub mod params;
 pub mod prefix;
+mod prompt;
 
 pub use engine::{
     EngineConfig, PolicyRef, RequestId, Sample, SampleError, SampleOutput, SampleRequest,
     SamplingEngine, StopReason, TokenSink,
 };
 pub use params::{SamplingParams, Stop, TopLogprobs};
+pub use prompt::{AltTokens, PromptAnswers, PromptAsks, PromptTargets, TargetLogprobs};

@@ -158,7 +158,7 @@ fn most_likely_order(logprobs: &[f32], k: usize) -> Vec<usize> {
 }
 
 /// A token drawn from `logprobs` (at a temperature above 0) under `params`' top-k and top-p.
-fn draw_from(logprobs: &[f32], params: &SamplingParams, uniform: f64) -> usize {
+pub(super) fn draw_from(logprobs: &[f32], params: &SamplingParams, uniform: f64) -> usize {
     let truncated = params.top_k.is_some_and(|k| k < logprobs.len()) || params.top_p < 1.0;
     if truncated {
         let order = most_likely_order(logprobs, params.top_k.unwrap_or(logprobs.len()));
@@ -201,7 +201,7 @@ fn draw(candidates: impl Iterator<Item = (usize, f64)>, mass: f64, uniform: f64)
     last
 }
 
-fn argmax(values: &[f32]) -> usize {
+pub(super) fn argmax(values: &[f32]) -> usize {
     let mut best = 0;
     for (i, v) in values.iter().enumerate() {
         if *v > values[best] {

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use crate::api::{
     AdamParams, ApiError, ApiErrorKind, Datum, ForwardBackwardInput, ForwardBackwardOutput,
-    LoraConfig, ModelInput, OptimStepOutput, SampleResponse, SampledSequence, SamplingParams,
-    StopReason, TensorData, TensorValues,
+    LoraConfig, ModelInput, OptimStepOutput, PromptAltTokens, SampleResponse, SampledSequence,
+    SamplingParams, StopReason, TensorData, TensorValues,
 };
 use crate::model::ModelConfig;
 use crate::sample;
@@ -280,10 +280,55 @@ pub fn sample_response(output: sample::SampleOutput) -> SampleResponse {
                 topk_logprobs: s.top_logprobs,
             })
             .collect(),
-        prompt_logprobs: output.prompt_logprobs,
-        topk_prompt_logprobs: output.topk_prompt_logprobs,
+        prompt_logprobs: output.prompt.logprobs,
+        topk_prompt_logprobs: output.prompt.top,
+        target_prompt_logprobs: output.prompt.targets.map(|targets| TensorData {
+            shape: vec![targets.logprobs.len() / targets.k.max(1), targets.k],
+            values: TensorValues::Float32(targets.logprobs),
+        }),
+        prompt_alt_tokens: output.prompt.alt.map(|alt| {
+            let shape = vec![alt.tokens.len() / alt.k.max(1), alt.k];
+            PromptAltTokens {
+                tokens: TensorData {
+                    shape: shape.clone(),
+                    values: TensorValues::Int64(alt.tokens.iter().map(|&t| i64::from(t)).collect()),
+                },
+                logprobs: TensorData {
+                    shape,
+                    values: TensorValues::Float32(alt.logprobs),
+                },
+            }
+        }),
         prompt_cache_hit_tokens: output.cached_prompt_tokens,
     }
+}
+
+/// The engine's targets of a request's `target_prompt_logprobs`: a 2-D int64 tensor of token
+/// ids, `-1` where a cell asks nothing (its shape against the prompt is the engine's to check).
+pub fn prompt_targets(tensor: &TensorData) -> Result<sample::PromptTargets, ApiError> {
+    let bad = |why: &str| ApiError::invalid(format!("target_prompt_logprobs: {why}"));
+    let TensorValues::Int64(ids) = &tensor.values else {
+        return Err(bad("must be an int64 tensor of token ids"));
+    };
+    let &[rows, k] = tensor.shape.as_slice() else {
+        return Err(bad("must be 2-D, [len(prompt) - 1, K]"));
+    };
+    if rows * k != ids.len() {
+        return Err(bad(&format!(
+            "its shape [{rows}, {k}] does not hold its {} values",
+            ids.len()
+        )));
+    }
+    let cells = ids
+        .iter()
+        .map(|&id| match id {
+            -1 => Ok(None),
+            id => u32::try_from(id)
+                .map(Some)
+                .map_err(|_| bad(&format!("{id} is no token id (-1 asks nothing)"))),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(sample::PromptTargets { k, cells })
 }
 
 pub fn train_error(error: TrainError) -> ApiError {

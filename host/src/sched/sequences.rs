@@ -238,6 +238,8 @@ mod tests {
             }],
             prompt_logprobs: None,
             topk_prompt_logprobs: None,
+            target_prompt_logprobs: None,
+            prompt_alt_tokens: None,
             prompt_cache_hit_tokens: 0,
         }
     }

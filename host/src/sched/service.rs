@@ -1416,9 +1416,21 @@ fn engine_request(
         name: v.name.clone(),
         version: Some(v.version),
     });
-    engine_request.prompt_logprobs = request.prompt_logprobs;
-    engine_request.topk_prompt_logprobs = request.topk_prompt_logprobs;
+    engine_request.prompt_asks = sample::PromptAsks {
+        logprobs: request.prompt_logprobs,
+        top_k: request.topk_prompt_logprobs,
+        last_n: request.prompt_logprobs_last_n,
+        targets: request
+            .target_prompt_logprobs
+            .as_ref()
+            .map(convert::prompt_targets)
+            .transpose()?,
+        alt_k: request.prompt_alt_tokens_k,
+    };
     engine_request.topk_sample_logprobs = request.topk_sample_logprobs;
+    engine_request
+        .check(&base.config, base.context)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     Ok(engine_request)
 }
 

@@ -455,6 +455,9 @@ async fn prepare(
         prompt_logprobs: false,
         topk_prompt_logprobs: 0,
         topk_sample_logprobs: top_logprobs,
+        prompt_logprobs_last_n: None,
+        target_prompt_logprobs: None,
+        prompt_alt_tokens_k: 0,
         record_as: None,
     };
     Ok((resolved.base, prompt_tokens, request))
@@ -546,7 +549,7 @@ fn alternatives(
 /// What the streaming task hands the event stream.
 enum Streamed {
     Token { sample: usize, token: u32 },
-    Done(Result<SampleResponse, ApiError>),
+    Done(Box<Result<SampleResponse, ApiError>>),
 }
 
 /// How one endpoint words a chunk: the choice, the new text, and the finish reason once known.
@@ -574,7 +577,7 @@ fn stream(
             .service
             .sample_streaming(&tenant, request, tokens)
             .await;
-        let _ = sender.send(Streamed::Done(result));
+        let _ = sender.send(Streamed::Done(Box::new(result)));
     });
     struct Reading {
         receiver: tokio::sync::mpsc::UnboundedReceiver<Streamed>,
@@ -612,27 +615,31 @@ fn stream(
                     *sent = text.len();
                 }
             }
-            Some(Streamed::Done(Ok(response))) => {
-                for (index, sequence) in response.sequences.iter().enumerate() {
-                    let rest = match (decode(&r.base, &sequence.tokens), r.choices.get(index)) {
-                        (Ok(text), Some((_, sent))) if text.is_char_boundary(*sent) => {
-                            text[*sent..].to_string()
-                        }
-                        (Ok(text), None) => text,
-                        _ => String::new(),
-                    };
-                    out.push((r.chunk)(
-                        index,
-                        &rest,
-                        Some(finish_reason(sequence.stop_reason)),
-                    ));
+            Some(Streamed::Done(done)) => match *done {
+                Ok(response) => {
+                    for (index, sequence) in response.sequences.iter().enumerate() {
+                        let rest = match (decode(&r.base, &sequence.tokens), r.choices.get(index)) {
+                            (Ok(text), Some((_, sent))) if text.is_char_boundary(*sent) => {
+                                text[*sent..].to_string()
+                            }
+                            (Ok(text), None) => text,
+                            _ => String::new(),
+                        };
+                        out.push((r.chunk)(
+                            index,
+                            &rest,
+                            Some(finish_reason(sequence.stop_reason)),
+                        ));
+                    }
+                    r.ended = true;
                 }
-                r.ended = true;
-            }
-            Some(Streamed::Done(Err(error))) => {
-                out.push(json!({ "error": { "message": error.message, "type": "server_error" } }));
-                r.ended = true;
-            }
+                Err(error) => {
+                    out.push(
+                        json!({ "error": { "message": error.message, "type": "server_error" } }),
+                    );
+                    r.ended = true;
+                }
+            },
             None => r.ended = true,
         }
         let mut events: Vec<Event> = out

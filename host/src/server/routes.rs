@@ -367,22 +367,6 @@ pub fn accept(
         }
         FutureRoute::Sample => {
             let request: wire::Sample = parse(body)?;
-            let unsupported = [
-                ("prompt_alt_tokens_k", request.prompt_alt_tokens_k > 0),
-                (
-                    "target_prompt_logprobs",
-                    request.target_prompt_logprobs.is_some(),
-                ),
-                (
-                    "prompt_logprobs_last_n",
-                    request.prompt_logprobs_last_n.is_some(),
-                ),
-            ];
-            if let Some((name, _)) = unsupported.iter().find(|(_, asked)| *asked) {
-                return Err(ApiError::invalid(format!(
-                    "asample: `{name}` is not served"
-                )));
-            }
             let Some(id) = &request.sampling_session_id else {
                 return Err(ApiError::invalid(
                     "asample needs a `sampling_session_id` (create one with create_sampling_session)",
@@ -396,6 +380,11 @@ pub fn accept(
                     .map(|i| SequenceId::of_sample(&sampler, seq, i))
                     .collect::<Vec<_>>()
             });
+            // A sparse tensor's unlisted cells ask nothing, as a dense one's `-1` cells.
+            let target_prompt_logprobs = request
+                .target_prompt_logprobs
+                .map(|t| t.dense_i64("target_prompt_logprobs", -1))
+                .transpose()?;
             let record_as = match (request.record_stability_info, &sequence_ids) {
                 (Some(true), None) => {
                     return Err(ApiError::invalid(
@@ -422,6 +411,9 @@ pub fn accept(
                     prompt_logprobs: request.prompt_logprobs.unwrap_or(false),
                     topk_prompt_logprobs: request.topk_prompt_logprobs,
                     topk_sample_logprobs: request.topk_sample_logprobs,
+                    prompt_logprobs_last_n: request.prompt_logprobs_last_n,
+                    target_prompt_logprobs,
+                    prompt_alt_tokens_k: request.prompt_alt_tokens_k,
                     record_as,
                 }),
             }

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::api::{
     AdamParams, ApiError, Chunk, Datum, ForwardBackwardInput, LoraConfig, ModelId, ModelInput,
-    SamplingParams, UserMetadata,
+    SamplingParams, TensorData, TensorValues, UserMetadata,
 };
 use crate::wire::codec::{decode_spans, decode_tensor, decode_tokens};
 use crate::wire::proto;
@@ -116,7 +116,7 @@ pub struct Sample {
     pub topk_sample_logprobs: usize,
     #[serde(default)]
     pub prompt_alt_tokens_k: usize,
-    pub target_prompt_logprobs: Option<Value>,
+    pub target_prompt_logprobs: Option<JsonTensor>,
     pub prompt_logprobs_last_n: Option<usize>,
     /// Keep each sequence's tokens and logprobs for `stable_reinforce`.
     #[serde(default)]
@@ -126,6 +126,83 @@ pub struct Sample {
 fn one() -> usize {
     1
 }
+
+/// A tensor as the SDK's JSON carries it (its `TensorData`): `data` dense in row-major order, or
+/// sparse CSR (`data` the listed cells' values, row pointers and column indices beside it).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonTensor {
+    data: Vec<i64>,
+    dtype: String,
+    shape: Option<Vec<usize>>,
+    sparse_crow_indices: Option<Vec<usize>>,
+    sparse_col_indices: Option<Vec<usize>>,
+}
+
+impl JsonTensor {
+    /// The dense int64 tensor (`what` names it in errors), `pad` in the cells a sparse one
+    /// does not list.
+    pub fn dense_i64(self, what: &str, pad: i64) -> Result<TensorData, ApiError> {
+        let bad = |why: String| ApiError::invalid(format!("{what}: {why}"));
+        if self.dtype != "int64" {
+            return Err(bad(format!("must be int64, not {}", self.dtype)));
+        }
+        let shape = self.shape.unwrap_or_else(|| vec![self.data.len()]);
+        let size = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .filter(|&n| n <= MAX_JSON_TENSOR_CELLS)
+            .ok_or_else(|| bad(format!("shape {shape:?} is too large")))?;
+        let values = match (self.sparse_crow_indices, self.sparse_col_indices) {
+            (None, None) if self.data.len() == size => self.data,
+            (None, None) => {
+                return Err(bad(format!(
+                    "shape {shape:?} does not hold its {} values",
+                    self.data.len()
+                )));
+            }
+            (Some(rows), Some(columns)) => {
+                let &[height, width] = shape.as_slice() else {
+                    return Err(bad("a sparse tensor must be 2-D".into()));
+                };
+                let ordered = rows.windows(2).all(|w| w[0] <= w[1]);
+                if rows.len() != height + 1
+                    || !ordered
+                    || rows.last() != Some(&self.data.len())
+                    || columns.len() != self.data.len()
+                {
+                    return Err(bad("its sparse_crow_indices and sparse_col_indices do not match its data and shape".into()));
+                }
+                let mut dense = vec![pad; size];
+                for (row, span) in rows.windows(2).enumerate() {
+                    let listed = span[0]..span[1];
+                    for (&column, &value) in columns[listed.clone()].iter().zip(&self.data[listed])
+                    {
+                        if column >= width {
+                            return Err(bad(format!(
+                                "column {column} is outside its width {width}"
+                            )));
+                        }
+                        dense[row * width + column] = value;
+                    }
+                }
+                dense
+            }
+            _ => {
+                return Err(bad(
+                    "sparse_crow_indices and sparse_col_indices come together".into(),
+                ));
+            }
+        };
+        Ok(TensorData {
+            values: TensorValues::Int64(values),
+            shape,
+        })
+    }
+}
+
+/// The most cells a JSON tensor may have (a `[len(prompt) - 1, K]` tensor of a long prompt).
+const MAX_JSON_TENSOR_CELLS: usize = 1 << 24;
 
 #[derive(Deserialize)]
 pub struct RetrieveFuture {

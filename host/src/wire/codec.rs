@@ -10,8 +10,9 @@ use prost::Message;
 
 use super::proto;
 use crate::api::{
-    ApiError, Chunk, ForwardBackwardInput, ForwardBackwardOutput, ProvenanceSpan, SampleResponse,
-    SampledSequence, SequenceId, SpanSource, StopReason, TensorData, TensorValues, TopLogprobs,
+    ApiError, Chunk, ForwardBackwardInput, ForwardBackwardOutput, PromptAltTokens, ProvenanceSpan,
+    SampleResponse, SampledSequence, SequenceId, SpanSource, StopReason, TensorData, TensorValues,
+    TopLogprobs,
 };
 
 /// The logprob the SDK reads as "no entry" in a top-k row.
@@ -221,6 +222,14 @@ pub fn encode_sample_response(response: &SampleResponse) -> Vec<u8> {
         topk_prompt_logprobs: topk,
         prompt_cache_hit_tokens: i32::try_from(response.prompt_cache_hit_tokens)
             .unwrap_or(i32::MAX),
+        target_prompt_logprobs: response.target_prompt_logprobs.as_ref().map(encode_tensor),
+        prompt_alt_tokens: response
+            .prompt_alt_tokens
+            .as_ref()
+            .map(|alt| proto::PromptAltTokens {
+                tokens: Some(encode_tensor(&alt.tokens)),
+                logprobs: Some(encode_tensor(&alt.logprobs)),
+            }),
     }
     .encode_to_vec()
 }
@@ -453,10 +462,29 @@ pub fn decode_sample_response(bytes: &[u8]) -> Result<SampleResponse, ApiError> 
         Some(topk) => Some(decode_topk(topk, "topk_prompt_logprobs")?),
         None => None,
     };
+    let target_prompt_logprobs = response
+        .target_prompt_logprobs
+        .map(|t| decode_tensor(t, "target_prompt_logprobs"))
+        .transpose()?;
+    let prompt_alt_tokens = match response.prompt_alt_tokens {
+        Some(alt) => {
+            let tensor = |t: Option<proto::Tensor>, what: &str| {
+                t.ok_or_else(|| ApiError::invalid(format!("prompt_alt_tokens: no {what}")))
+                    .and_then(|t| decode_tensor(t, &format!("prompt_alt_tokens.{what}")))
+            };
+            Some(PromptAltTokens {
+                tokens: tensor(alt.tokens, "tokens")?,
+                logprobs: tensor(alt.logprobs, "logprobs")?,
+            })
+        }
+        None => None,
+    };
     Ok(SampleResponse {
         sequences,
         prompt_logprobs,
         topk_prompt_logprobs,
+        target_prompt_logprobs,
+        prompt_alt_tokens,
         prompt_cache_hit_tokens: usize::try_from(response.prompt_cache_hit_tokens).unwrap_or(0),
     })
 }
@@ -534,7 +562,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sample_result_round_trips_with_prompt_and_top_k_logprobs() {
+    fn a_sample_result_round_trips_with_every_prompt_answer() {
         let response = SampleResponse {
             sequences: vec![SampledSequence {
                 stop_reason: StopReason::Length,
@@ -548,6 +576,20 @@ mod tests {
                 Some(vec![(3, -0.1), (4, -2.0)]),
                 Some(vec![(7, -0.3)]),
             ]),
+            target_prompt_logprobs: Some(TensorData {
+                values: TensorValues::Float32(vec![-2.0, 0.0, -0.25, -4.0]),
+                shape: vec![2, 2],
+            }),
+            prompt_alt_tokens: Some(PromptAltTokens {
+                tokens: TensorData {
+                    values: TensorValues::Int64(vec![3, 8]),
+                    shape: vec![2, 1],
+                },
+                logprobs: TensorData {
+                    values: TensorValues::Float32(vec![-0.1, -3.0]),
+                    shape: vec![2, 1],
+                },
+            }),
             prompt_cache_hit_tokens: 2,
         };
         let decoded = decode_sample_response(&encode_sample_response(&response)).unwrap();

@@ -200,6 +200,18 @@ pub struct SampleResponse {
     pub topk_prompt_logprobs: Option<TopkLogprobs>,
     #[prost(int32, tag = "4")]
     pub prompt_cache_hit_tokens: i32,
+    #[prost(message, optional, tag = "5")]
+    pub target_prompt_logprobs: Option<Tensor>,
+    #[prost(message, optional, tag = "6")]
+    pub prompt_alt_tokens: Option<PromptAltTokens>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PromptAltTokens {
+    #[prost(message, optional, tag = "1")]
+    pub tokens: Option<Tensor>,
+    #[prost(message, optional, tag = "2")]
+    pub logprobs: Option<Tensor>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -1,9 +1,12 @@
 """Sampling through the SDK: seeds reproduce, stop tokens and strings end a sample, prompt
-logprobs come back with `None` first, top-k prompt and sample logprobs are ordered, and
-`get_info` names the tokenizer by the model's public name, not a path of the server."""
+logprobs come back with `None` first, top-k prompt and sample logprobs are ordered, the prompt
+options (`prompt_logprobs_last_n`, `target_prompt_logprobs`, `prompt_alt_tokens_k`) agree with
+the prompt logprobs, and `get_info` names the tokenizer by the model's public name, not a path
+of the server."""
 
 import os
 
+import numpy as np
 from common import BASE_MODEL, service
 from tinker import types
 from transformers import AutoTokenizer
@@ -73,4 +76,45 @@ assert len(greedy.topk_logprobs) == len(greedy.tokens) == 6, greedy
 for token, logprob, row in zip(greedy.tokens, greedy.logprobs, greedy.topk_logprobs):
     assert len(row) == 4 and all(row[i][1] >= row[i + 1][1] for i in range(3)), row
     assert row[0] == (token, logprob), (row, token, logprob)
-print("sampling: seeds, stop tokens, stop strings, prompt and sample top-k logprobs ok")
+
+# The prompt options of the cookbook's scoring and distillation, answered from the same prefill:
+# the last n prompt logprobs, named tokens' logprobs (dense with -1 cells asking nothing, or
+# sparse CSR), and alternative draws at each prompt position.
+def prompt_sample(**options):
+    params = types.SamplingParams(max_tokens=1, seed=5, temperature=options.pop("temperature", 1.0))
+    return sampler.sample(prompt, num_samples=1, sampling_params=params, **options).result()
+
+
+full = with_prompt.prompt_logprobs
+last = prompt_sample(include_prompt_logprobs=True, prompt_logprobs_last_n=2).prompt_logprobs
+assert last[:3] == [None, None, None] and last[3:] == full[3:], (last, full)
+
+ids = prompt.to_ints()
+dense = np.array([[ids[i + 1], -1] for i in range(len(ids) - 1)], dtype=np.int64)
+targets = prompt_sample(target_prompt_logprobs=types.TensorData.from_numpy(dense))
+scored = targets.target_prompt_logprobs.to_numpy()
+assert scored.shape == (4, 2), scored
+assert np.allclose(scored[:, 0], full[1:], atol=1e-6) and (scored[:, 1] == 0).all(), scored
+sparse = types.TensorData(
+    data=[ids[i + 1] for i in range(4)],
+    dtype="int64",
+    shape=[4, 2],
+    sparse_crow_indices=[0, 1, 2, 3, 4],
+    sparse_col_indices=[0, 0, 0, 0],
+)
+from_sparse = prompt_sample(target_prompt_logprobs=sparse).target_prompt_logprobs
+assert np.array_equal(from_sparse.to_numpy(), scored), from_sparse
+
+alt = prompt_sample(prompt_alt_tokens_k=3).prompt_alt_tokens
+drawn, drawn_logprobs = alt.tokens.to_numpy(), alt.logprobs.to_numpy()
+assert drawn.shape == drawn_logprobs.shape == (4, 3), drawn
+again = prompt_sample(prompt_alt_tokens_k=3).prompt_alt_tokens
+assert np.array_equal(again.tokens.to_numpy(), drawn), "the same seed drew differently"
+# Each draw's logprob is the model's: scored again as a target, it is the same.
+rescored = prompt_sample(target_prompt_logprobs=types.TensorData.from_numpy(drawn.astype(np.int64)))
+assert np.allclose(rescored.target_prompt_logprobs.to_numpy(), drawn_logprobs, atol=1e-6)
+greedy_alt = prompt_sample(prompt_alt_tokens_k=2, temperature=0.0).prompt_alt_tokens
+greedy_alt = greedy_alt.tokens.to_numpy()
+assert [row[0] for row in greedy_alt] == [row[0][0] for row in top[1:]], (greedy_alt, top)
+print("sampling: seeds, stop tokens, stop strings, prompt and sample top-k logprobs,")
+print("  last-n prompt logprobs, target prompt logprobs and alternative prompt tokens ok")
