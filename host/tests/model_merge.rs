@@ -37,6 +37,7 @@ fn trained_adapter(base: &Model, dir: &Path) {
             weights: None,
             advantages: None,
             sampler_logprobs: None,
+            ratio_mask: None,
         }],
         loss: Loss::CrossEntropy,
     }];

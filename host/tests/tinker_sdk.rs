@@ -101,6 +101,14 @@ fn an_rl_loop_through_the_sdk_raises_the_reward() {
 }
 
 #[test]
+fn an_rl_loop_with_gspo_raises_the_reward() {
+    let Some(python) = python() else { return };
+    run_script_with(&python, "rl_reward_rises.py", |command, _| {
+        command.env("RL_LOSS", "gspo");
+    });
+}
+
+#[test]
 fn forward_and_compute_logprobs_agree_with_the_cli() {
     run_script("logprobs_agree.py");
 }

@@ -47,6 +47,7 @@ fn datum(seed: u32, n: usize, rl: bool) -> Datum {
                 .map(|i| -6.3 + 0.05 * ((i + seed as usize) % 5) as f32)
                 .collect()
         }),
+        ratio_mask: None,
     }
 }
 

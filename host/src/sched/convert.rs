@@ -23,9 +23,17 @@ const MAX_LORA_RANK: usize = 256;
 const DEFAULT_MAX_TOKENS: usize = 64;
 /// The most samples one request may ask for.
 const MAX_SAMPLES_PER_REQUEST: usize = 128;
-/// The loss inputs a datum may carry: Tinker's, and `mask` (an opentinker extension: 1 where a
-/// target counts in the loss and in `tokens:sum`, 0 for context; absent, every target counts).
-const LOSS_INPUTS: [&str; 5] = ["target_tokens", "weights", "advantages", "logprobs", "mask"];
+/// The loss inputs a datum may carry: Tinker's (`sequence_ratio_mask` for `gspo`), and `mask`
+/// (an opentinker extension: 1 where a target counts in the loss and in `tokens:sum`, 0 for
+/// context; absent, every target counts).
+const LOSS_INPUTS: [&str; 6] = [
+    "target_tokens",
+    "weights",
+    "advantages",
+    "logprobs",
+    "sequence_ratio_mask",
+    "mask",
+];
 
 /// The engine's adapter config of an API LoRA config, checked.
 pub fn lora_config(lora: &LoraConfig) -> Result<crate::lora::LoraConfig, ApiError> {
@@ -128,6 +136,7 @@ pub fn engine_datum(
         weights: floats("weights")?,
         advantages: floats("advantages")?,
         sampler_logprobs: floats("logprobs")?,
+        ratio_mask: floats("sequence_ratio_mask")?,
     })
 }
 

@@ -21,7 +21,7 @@ use candle_core::{DType, Device, Tensor, Var, WithDType};
 use opentinker_kernels::{Backward, CpuTrain, Float, LoraGrads, Segment, TrainBatch};
 
 use super::checkpoint::Moments;
-use super::loss::{Loss, LossInputs, loss};
+use super::loss::{Loss, LossInputs, loss, ratio_tokens};
 use super::slot_state::{NamedState, SlotState};
 use crate::lora::{Adapter, AdapterError, CpuAdapters, LoraConfig};
 use crate::model::layers::{TrainSequence, WeightGrads, train_backward, train_forward};
@@ -45,6 +45,9 @@ pub struct Datum {
     pub weights: Option<Vec<f32>>,
     pub advantages: Option<Vec<f32>>,
     pub sampler_logprobs: Option<Vec<f32>>,
+    /// The tokens whose ratios make the sequence's ratio (`gspo`); `None`: its counted tokens
+    /// with an advantage.
+    pub ratio_mask: Option<Vec<f32>>,
 }
 
 /// The datums of one adapter under one loss.
@@ -774,6 +777,10 @@ impl TrainingEngine {
             padded(&|d| as_f64(&d.advantages).unwrap_or_else(|| vec![0.0; d.mask.len()]))?;
         let sampler =
             padded(&|d| as_f64(&d.sampler_logprobs).unwrap_or_else(|| vec![0.0; d.mask.len()]))?;
+        let ratio = padded(&|d| {
+            let tokens = ratio_tokens(d.ratio_mask.as_deref(), &d.mask, d.advantages.as_deref());
+            tokens.into_iter().map(f64::from).collect()
+        })?;
 
         let mut outputs: Vec<Option<ItemOutput>> = vec![None; items.len()];
         let mut total: Option<Tensor> = None;
@@ -782,11 +789,12 @@ impl TrainingEngine {
             let count = items[i].datums.len();
             let rows_of = |t: &Tensor| t.narrow(0, start, count);
             let item_logprobs = rows_of(logprobs)?;
-            let (item_mask, item_weights, item_advantages, item_sampler) = (
+            let (item_mask, item_weights, item_advantages, item_sampler, item_ratio) = (
                 rows_of(&mask)?,
                 rows_of(&weights)?,
                 rows_of(&advantages)?,
                 rows_of(&sampler)?,
+                rows_of(&ratio)?,
             );
             let value = loss(
                 &items[i].loss,
@@ -796,6 +804,7 @@ impl TrainingEngine {
                     weights: Some(&item_weights),
                     sampler_logprobs: Some(&item_sampler),
                     advantages: Some(&item_advantages),
+                    ratio_mask: Some(&item_ratio),
                 },
             )?;
             let per_row = item_logprobs.to_dtype(DType::F32)?.to_vec2::<f32>()?;
@@ -856,6 +865,7 @@ fn check_datum(datum: &Datum, vocab: usize) -> Result<(), String> {
             "sampler_logprobs",
             datum.sampler_logprobs.as_ref().map(Vec::len),
         ),
+        ("ratio_mask", datum.ratio_mask.as_ref().map(Vec::len)),
     ];
     for (name, len) in lengths {
         if let Some(len) = len

@@ -10,6 +10,14 @@
 //! | `cispo` | `-stopgrad(clip(r, lo, hi))·l·A` (lo, hi = 0.0, 4.0) |
 //! | `dro` | `-(l·A - β/2·(l - q)²)` (β required) |
 //! | `stable_reinforce` | `-(stopgrad(min(r, c))·l·A - κ·(r - 1 - log r))` (c = 2.0, κ = 0.0) |
+//! | `gspo` | `-min(s·A, clip(s, lo, hi)·A) / n` (lo, hi = 1 - 3e-4, 1 + 4e-4) |
+//!
+//! `gspo` (Group Sequence Policy Optimization, Zheng et al. 2025) clips one ratio per sequence,
+//! `s = exp(mean(l - q))` over the sequence's `n` ratio tokens (its `sequence_ratio_mask`, or
+//! else its counted tokens with an advantage), rather than each token's. In its token form the
+//! gradient of a token is `s·A/n·∇l` (the sequence ratio is a constant), so a sequence whose
+//! tokens share one advantage gets exactly the paper's sequence gradient; the defaults are the
+//! paper's clip ranges.
 //!
 //! `stable_reinforce` is REINFORCE with a truncated importance weight (the weight never passes
 //! `clip_high_threshold`, so a stale or numerically drifted sample cannot dominate a step) and
@@ -19,7 +27,7 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::Tensor;
+use candle_core::{D, Tensor};
 
 /// A loss function and its settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,12 +38,13 @@ pub enum Loss {
     Cispo { clip_low: f64, clip_high: f64 },
     Dro { beta: f64 },
     StableReinforce { clip_high: f64, kl_coeff: f64 },
+    Gspo { clip_low: f64, clip_high: f64 },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum LossError {
     #[error(
-        "unknown loss function {0:?} (known: cross_entropy, importance_sampling, ppo, cispo, dro, stable_reinforce)"
+        "unknown loss function {0:?} (known: cross_entropy, importance_sampling, ppo, cispo, dro, stable_reinforce, gspo)"
     )]
     Unknown(String),
     #[error("loss {loss}: unknown config key {key:?} (known: {known})")]
@@ -67,7 +76,7 @@ impl Loss {
     pub fn from_config(name: &str, config: &BTreeMap<String, f64>) -> Result<Self, LossError> {
         let known: &[&str] = match name {
             "cross_entropy" | "importance_sampling" => &[],
-            "ppo" | "cispo" => &["clip_low_threshold", "clip_high_threshold"],
+            "ppo" | "cispo" | "gspo" => &["clip_low_threshold", "clip_high_threshold"],
             "dro" => &["beta"],
             "stable_reinforce" => &["clip_high_threshold", "kl_coeff"],
             other => return Err(LossError::Unknown(other.to_string())),
@@ -103,6 +112,10 @@ impl Loss {
             "cispo" => Loss::Cispo {
                 clip_low: get("clip_low_threshold", 0.0),
                 clip_high: get("clip_high_threshold", 4.0),
+            },
+            "gspo" => Loss::Gspo {
+                clip_low: get("clip_low_threshold", 1.0 - 3e-4),
+                clip_high: get("clip_high_threshold", 1.0 + 4e-4),
             },
             "stable_reinforce" => {
                 let (clip_high, kl_coeff) = (get("clip_high_threshold", 2.0), get("kl_coeff", 0.0));
@@ -145,6 +158,23 @@ pub struct LossInputs<'a> {
     pub sampler_logprobs: Option<&'a Tensor>,
     /// Advantages (RL losses).
     pub advantages: Option<&'a Tensor>,
+    /// The tokens of each sequence whose ratios make its sequence ratio (`gspo`; see
+    /// [`ratio_tokens`]).
+    pub ratio_mask: Option<&'a Tensor>,
+}
+
+/// A sequence's ratio tokens for `gspo`: the ones its datum names (`sequence_ratio_mask`), or
+/// else its counted tokens with an advantage (the sampled ones, in an RL datum).
+pub fn ratio_tokens(named: Option<&[f32]>, mask: &[f32], advantages: Option<&[f32]>) -> Vec<f32> {
+    match (named, advantages) {
+        (Some(named), _) => named.to_vec(),
+        (None, Some(advantages)) => mask
+            .iter()
+            .zip(advantages)
+            .map(|(&m, &a)| if a != 0.0 { m } else { 0.0 })
+            .collect(),
+        (None, None) => mask.to_vec(),
+    }
 }
 
 /// The summed, masked loss: a scalar tensor.
@@ -204,6 +234,26 @@ pub fn loss(kind: &Loss, inputs: &LossInputs<'_>) -> candle_core::Result<Tensor>
             let k3 = ((&ratio - 1.0)? - &log_ratio)?;
             (reinforce - (k3 * *kl_coeff)?)?
         }
+        Loss::Gspo {
+            clip_low,
+            clip_high,
+        } => {
+            let (q, a) = rl()?;
+            let ratio_mask = inputs.ratio_mask.ok_or_else(|| {
+                candle_core::Error::Msg("this loss needs each sequence's ratio tokens".into())
+            })?;
+            // Per sequence (the last dimension): its ratio tokens' count and mean log ratio.
+            let count = ratio_mask.sum_keepdim(D::Minus1)?.maximum(1.0)?;
+            let mean_log_ratio = ((l - q)? * ratio_mask)?
+                .sum_keepdim(D::Minus1)?
+                .broadcast_div(&count)?;
+            let sequence_ratio = mean_log_ratio.exp()?.detach();
+            // Worth `s` at every token, with the gradient `s·∇l` (GSPO's token form).
+            let ratio = sequence_ratio.broadcast_mul(&(l - l.detach())?.exp()?)?;
+            let unclipped = (&ratio * a)?;
+            let clipped = (ratio.clamp(*clip_low, *clip_high)? * a)?;
+            unclipped.minimum(&clipped)?.broadcast_div(&count)?
+        }
     };
     (per_token * inputs.mask)?.sum_all()?.neg()
 }
@@ -227,6 +277,12 @@ mod tests {
             Loss::from_config(
                 "stable_reinforce",
                 &config(&[("clip_high_threshold", 1.5), ("kl_coeff", 0.2)]),
+            )
+            .unwrap(),
+            // Wide enough that the fixture's sequence ratio is not clipped.
+            Loss::from_config(
+                "gspo",
+                &config(&[("clip_low_threshold", 0.5), ("clip_high_threshold", 2.0)]),
             )
             .unwrap(),
         ]
@@ -263,9 +319,20 @@ mod tests {
                 weights: Some(w),
                 sampler_logprobs: Some(q),
                 advantages: Some(a),
+                ratio_mask: Some(&ratio_mask(mask, a)),
             },
         )
         .unwrap()
+    }
+
+    fn ratio_mask(mask: &Tensor, a: &Tensor) -> Tensor {
+        let (mask, a) = (mask.to_vec1::<f64>().unwrap(), a.to_vec1::<f64>().unwrap());
+        let (mask, a): (Vec<f32>, Vec<f32>) = (
+            mask.iter().map(|&x| x as f32).collect(),
+            a.iter().map(|&x| x as f32).collect(),
+        );
+        let tokens = ratio_tokens(None, &mask, Some(&a));
+        tensor(&tokens.iter().map(|&x| f64::from(x)).collect::<Vec<_>>())
     }
 
     /// The gradient of every loss against central finite differences, in f64.
@@ -297,6 +364,7 @@ mod tests {
                         clip_high,
                         kl_coeff,
                     } => stable_reinforce_gradient(&l0, &q, &a, &mask, i, clip_high, kl_coeff),
+                    Loss::Gspo { .. } => gspo_token_gradient(&l0, &q, &a, &mask, i),
                     _ => numeric,
                 };
                 assert!(
@@ -330,6 +398,78 @@ mod tests {
         );
         let ratio = (l[i] - q[i]).exp();
         (-ratio.min(clip_high) * a[i] + kl_coeff * (ratio - 1.0)) * m[i]
+    }
+
+    /// GSPO's sequence ratio is a constant in its token form: a token's gradient is
+    /// `-s·A/n` (unclipped), `s` the exponential of the mean log ratio over the `n` counted
+    /// tokens with an advantage.
+    fn gspo_token_gradient(l: &[f64], q: &Tensor, a: &Tensor, mask: &Tensor, i: usize) -> f64 {
+        let (q, a, m) = (
+            q.to_vec1::<f64>().unwrap(),
+            a.to_vec1::<f64>().unwrap(),
+            mask.to_vec1::<f64>().unwrap(),
+        );
+        let counted: Vec<usize> = (0..l.len())
+            .filter(|&t| m[t] > 0.0 && a[t] != 0.0)
+            .collect();
+        let n = counted.len() as f64;
+        let s = (counted.iter().map(|&t| l[t] - q[t]).sum::<f64>() / n).exp();
+        -s * a[i] / n * m[i]
+    }
+
+    /// GSPO clips the sequence, not the token: with a ratio outside the range every token of
+    /// an advantage of the clipping sign has no gradient, whatever its own ratio.
+    #[test]
+    fn gspo_clips_the_sequence_ratio_as_one() {
+        let gspo = Loss::from_config("gspo", &config(&[])).unwrap();
+        // Token ratios e^0.5 and e^-0.5: the sequence ratio is 1, inside the range.
+        let (q, a, m) = (
+            tensor(&[-1.5, -0.5]),
+            tensor(&[1.0, 1.0]),
+            tensor(&[1.0, 1.0]),
+        );
+        let gradient = |l: &[f64]| {
+            let var = Var::new(l, &Device::Cpu).unwrap();
+            let inputs = LossInputs {
+                logprobs: var.as_tensor(),
+                mask: &m,
+                weights: None,
+                sampler_logprobs: Some(&q),
+                advantages: Some(&a),
+                ratio_mask: Some(&m),
+            };
+            let grads = loss(&gspo, &inputs).unwrap().backward().unwrap();
+            grads
+                .get(var.as_tensor())
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+        };
+        assert_eq!(
+            gradient(&[-1.0, -1.0]),
+            vec![-0.5, -0.5],
+            "s = 1: -A/n each"
+        );
+        // Both tokens up by 0.01: s = e^0.01 > 1 + 4e-4, clipped for a positive advantage.
+        assert_eq!(gradient(&[-0.99, -0.99]), vec![0.0, 0.0]);
+        // A ratio mask that names the first token only: s = e^0.5, clipped.
+        let only_first = tensor(&[1.0, 0.0]);
+        let var = Var::new(&[-1.0, -1.0], &Device::Cpu).unwrap();
+        let value = loss(
+            &gspo,
+            &LossInputs {
+                logprobs: var.as_tensor(),
+                mask: &m,
+                weights: None,
+                sampler_logprobs: Some(&q),
+                advantages: Some(&a),
+                ratio_mask: Some(&only_first),
+            },
+        )
+        .unwrap();
+        // Clipped to 1 + 4e-4 at both tokens, over n = 1.
+        let expected = -2.0 * (1.0 + 4e-4);
+        assert!((value.to_scalar::<f64>().unwrap() - expected).abs() < 1e-9);
     }
 
     /// CISPO's ratio is a constant (stop-gradient), so its gradient is -clip(r)·A, not the

@@ -1,5 +1,9 @@
-"""An RL loop through the SDK (importance_sampling): the reward of sampled completions rises.
-The task: write tokens from a target set; the reward is the fraction of sampled tokens in it."""
+"""An RL loop through the SDK: the reward of sampled completions rises. The loss is
+`importance_sampling`, or `RL_LOSS` (`gspo`: its datums name their sampled tokens in
+`sequence_ratio_mask`, as the cookbook's rl_loop recipe does). The task: write tokens from a
+target set; the reward is the fraction of sampled tokens in it."""
+
+import os
 
 import numpy as np
 from common import BASE_MODEL, service
@@ -8,6 +12,7 @@ from tinker import types
 TARGET = set(range(100, 164))
 PROMPT = [5, 6, 7, 8, 9, 10]
 GROUP, STEPS, LENGTH = 16, 14, 6
+LOSS = os.environ.get("RL_LOSS", "importance_sampling")
 
 training = service().create_lora_training_client(base_model=BASE_MODEL, rank=8).result()
 rewards = []
@@ -26,20 +31,20 @@ for step in range(STEPS):
         tokens = PROMPT + sequence.tokens
         n = len(tokens) - 1
         context = len(PROMPT) - 1
-        data.append(
-            types.Datum(
-                model_input=types.ModelInput.from_ints(tokens[:-1]),
-                loss_fn_inputs={
-                    "target_tokens": np.array(tokens[1:], dtype=np.int64),
-                    "logprobs": np.array([0.0] * context + sequence.logprobs, dtype=np.float32),
-                    "advantages": np.array(
-                        [0.0] * context + [advantage] * (n - context), dtype=np.float32
-                    ),
-                },
+        inputs = {
+            "target_tokens": np.array(tokens[1:], dtype=np.int64),
+            "logprobs": np.array([0.0] * context + sequence.logprobs, dtype=np.float32),
+            "advantages": np.array([0.0] * context + [advantage] * (n - context), dtype=np.float32),
+        }
+        if LOSS == "gspo":
+            inputs["sequence_ratio_mask"] = np.array(
+                [0.0] * context + [1.0] * (n - context), dtype=np.float32
             )
+        data.append(
+            types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
         )
-    training.forward_backward(data, "importance_sampling").result()
+    training.forward_backward(data, LOSS).result()
     training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
-print("rewards", [round(r, 3) for r in rewards])
+print(LOSS, "rewards", [round(r, 3) for r in rewards])
 start, end = np.mean(rewards[:3]), np.mean(rewards[-3:])
 assert end > start + 0.2, f"the reward did not rise: {start:.3f} -> {end:.3f}"
