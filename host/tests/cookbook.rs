@@ -1,9 +1,10 @@
 //! The tinker-cookbook 0.6.1's own loops, unmodified, against `opentinker serve` on loopback: its
 //! RL loop in sync mode (and resumed from its checkpoints), in async mode with its default loss
-//! (`stable_reinforce`) and with PPO and a KL penalty, with streaming minibatches, and its
-//! supervised loop, each on an environment or data set written with
-//! the cookbook's own classes (`tests/cookbook/`), on the tiny model served under its directory's
-//! path (where the cookbook's `get_tokenizer` reads the tokenizer: nothing comes from the hub).
+//! (`stable_reinforce`) and with PPO and a KL penalty, with streaming minibatches, its
+//! supervised loop, its on-policy distillation (a student sampling, a teacher of other weights
+//! served beside it scoring) and its DPO, each on an environment or data set written with the
+//! cookbook's own classes (`tests/cookbook/`), on tiny models served under their directories'
+//! paths (where the cookbook's `get_tokenizer` reads the tokenizer: nothing comes from the hub).
 //! The server's access log must show no refused or failed request.
 //!
 //! The Python interpreter is `OPENTINKER_COOKBOOK_PYTHON`, a virtual environment that
@@ -22,6 +23,8 @@ use server::{BIN, Server, create_tenant, spawn_server_logging};
 struct Cookbook {
     server: Server,
     model: PathBuf,
+    /// A tiny model of other weights (another seed), the distillation's teacher.
+    teacher: PathBuf,
     log: PathBuf,
     python: PathBuf,
 }
@@ -29,27 +32,30 @@ struct Cookbook {
 fn start() -> Option<Cookbook> {
     let python = cookbook_python()?;
     let data = tempfile::tempdir().unwrap();
-    let model = data.path().join("tiny");
-    let made = Command::new(BIN)
-        .args(["model", "init-tiny"])
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    let (model, teacher) = (data.path().join("tiny"), data.path().join("teacher"));
+    for (dir, seed) in [(&model, "0"), (&teacher, "7")] {
+        let made = Command::new(BIN)
+            .args(["model", "init-tiny", "--seed", seed])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
     let alice = create_tenant(data.path(), "alice");
     let bob = create_tenant(data.path(), "bob");
     let log = data.path().join("serve.log");
     let served = format!("{0}={0}", model.display());
+    let served_teacher = format!("{0}={0}", teacher.display());
     let (child, url, _) = spawn_server_logging(
         data.path(),
         "127.0.0.1:0",
         "opentinker::access=info",
         std::fs::File::create(&log).unwrap(),
-        &["--model", &served],
+        &["--model", &served, "--model", &served_teacher],
     );
     Some(Cookbook {
         server: Server {
@@ -60,6 +66,7 @@ fn start() -> Option<Cookbook> {
             bob,
         },
         model,
+        teacher,
         log,
         python,
     })
@@ -76,6 +83,7 @@ impl Cookbook {
             .env("TINKER_BASE_URL", &self.server.url)
             .env("TINKER_API_KEY", &self.server.alice)
             .env("OPENTINKER_MODEL_DIR", &self.model)
+            .env("OPENTINKER_TEACHER_DIR", &self.teacher)
             .env("PYTHONDONTWRITEBYTECODE", "1")
             // Nothing from the model hub: the tokenizer is read from the served directory.
             .env("HF_HUB_OFFLINE", "1")
@@ -170,5 +178,49 @@ fn the_cookbooks_supervised_loop_lowers_the_loss() {
     let log_dir = cookbook.server.data.path().join("sl");
     let output = cookbook.run("sl_letters.py", &[&log_dir]);
     assert!(output.contains("cookbook sl: losses"), "{output}");
+    cookbook.every_request_served();
+}
+
+/// The values of `key` in a cookbook log's `metrics.jsonl`, step by step.
+fn metric(log_dir: &Path, key: &str) -> Vec<f64> {
+    let metrics = std::fs::read_to_string(log_dir.join("metrics.jsonl")).unwrap();
+    metrics
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|step| step[key].as_f64())
+        .collect()
+}
+
+#[test]
+fn the_cookbooks_on_policy_distillation_trains_a_student_on_a_teacher_served_beside_it() {
+    let Some(cookbook) = start() else { return };
+    let log_dir = cookbook.server.data.path().join("distill");
+    let output = cookbook.run("distill_letters.py", &[&log_dir]);
+    assert!(
+        output.contains("Training completed successfully"),
+        "{output}"
+    );
+    let kl = metric(&log_dir, "teacher_kl");
+    assert!(
+        kl.len() == 2 && kl.iter().all(|kl| kl.is_finite() && *kl > 0.0),
+        "the teacher's KL to the student: {kl:?}"
+    );
+    cookbook.every_request_served();
+}
+
+#[test]
+fn the_cookbooks_dpo_prefers_the_chosen_replies_of_comparisons_of_our_own() {
+    let Some(cookbook) = start() else { return };
+    let log_dir = cookbook.server.data.path().join("dpo");
+    let output = cookbook.run("dpo_letters.py", &[&log_dir]);
+    assert!(
+        output.contains("DPO training completed successfully"),
+        "{output}"
+    );
+    let losses = metric(&log_dir, "dpo_loss");
+    assert!(
+        losses.len() == 2 && losses[1] < losses[0],
+        "the DPO loss did not fall: {losses:?}"
+    );
     cookbook.every_request_served();
 }
