@@ -2,7 +2,8 @@
 //! RL loop in sync mode (and resumed from its checkpoints), in async mode with its default loss
 //! (`stable_reinforce`) and with PPO and a KL penalty, with streaming minibatches, its
 //! supervised loop, its on-policy distillation (a student sampling, a teacher of other weights
-//! served beside it scoring) and its DPO, each on an environment or data set written with the
+//! served beside it scoring), its DPO, and its `weights.download` and `build_hf_model` (an adapter
+//! taken home through signed URLs, decrypted, merged), each on an environment or data set written with the
 //! cookbook's own classes (`tests/cookbook/`), on tiny models served under their directories'
 //! paths (where the cookbook's `get_tokenizer` reads the tokenizer: nothing comes from the hub).
 //! The server's access log must show no refused or failed request.
@@ -222,5 +223,14 @@ fn the_cookbooks_dpo_prefers_the_chosen_replies_of_comparisons_of_our_own() {
         losses.len() == 2 && losses[1] < losses[0],
         "the DPO loss did not fall: {losses:?}"
     );
+    cookbook.every_request_served();
+}
+
+#[test]
+fn the_cookbooks_weights_download_and_build_hf_model_take_a_trained_adapter_home() {
+    let Some(cookbook) = start() else { return };
+    let work = cookbook.server.data.path().join("weights-out");
+    let output = cookbook.run("weights_out.py", &[&work]);
+    assert!(output.contains("weights out: downloaded"), "{output}");
     cookbook.every_request_served();
 }

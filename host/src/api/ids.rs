@@ -211,14 +211,25 @@ pub enum CheckpointKind {
     Weights,
     /// The adapter alone, for sampling.
     SamplerWeights,
+    /// The adapter in the format the Tinker cookbook's weights tools read, each file
+    /// age-encrypted if the client asked (`save_weights_external`): downloaded through signed
+    /// URLs.
+    External,
 }
 
 impl CheckpointKind {
+    pub const ALL: [CheckpointKind; 3] = [
+        CheckpointKind::Weights,
+        CheckpointKind::SamplerWeights,
+        CheckpointKind::External,
+    ];
+
     /// The kind a path's segment names (`weights`, `sampler_weights`).
     pub fn from_segment(segment: &str) -> Option<Self> {
         match segment {
             "weights" => Some(CheckpointKind::Weights),
             "sampler_weights" => Some(CheckpointKind::SamplerWeights),
+            "external_weights" => Some(CheckpointKind::External),
             _ => None,
         }
     }
@@ -227,6 +238,7 @@ impl CheckpointKind {
         match self {
             CheckpointKind::Weights => "weights",
             CheckpointKind::SamplerWeights => "sampler_weights",
+            CheckpointKind::External => "external_weights",
         }
     }
 }

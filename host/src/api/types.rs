@@ -403,6 +403,14 @@ pub enum Op {
         name: String,
         options: SaveOptions,
     },
+    /// Export the adapter for download (`save_weights_external`), each file encrypted to the
+    /// age `recipients` if any are given.
+    SaveWeightsExternal {
+        model: ModelId,
+        name: String,
+        options: SaveOptions,
+        recipients: Vec<String>,
+    },
     /// A sampling session on the adapter as it is now (no file written).
     SnapshotForSampler {
         model: ModelId,
@@ -429,6 +437,7 @@ impl Op {
             | Op::SaveState { model, .. }
             | Op::LoadState { model, .. }
             | Op::SaveWeightsForSampler { model, .. }
+            | Op::SaveWeightsExternal { model, .. }
             | Op::SnapshotForSampler { model, .. } => Some(model),
             _ => None,
         }

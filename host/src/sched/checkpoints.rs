@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::export::ENCRYPTED_SUFFIX;
 use crate::api::{
     ApiError, CheckpointInfo, CheckpointKind, CheckpointPath, ModelId, SaveOptions, TenantId,
     UserMetadata,
@@ -69,6 +70,38 @@ impl CheckpointStore {
         }
     }
 
+    /// The files of `tenant`'s live checkpoint `path`, by name (its record left out), each with
+    /// where it lies.
+    pub fn files(
+        &self,
+        tenant: &TenantId,
+        path: &CheckpointPath,
+    ) -> Result<Vec<(String, PathBuf)>, ApiError> {
+        let dir = self.existing(tenant, path)?;
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| ApiError::internal(format!("listing checkpoint {path}: {e}")))?;
+        let mut files: Vec<(String, PathBuf)> = entries
+            .filter_map(Result::ok)
+            .filter(|entry| entry.path().is_file())
+            .filter_map(|entry| Some((entry.file_name().into_string().ok()?, entry.path())))
+            .filter(|(name, _)| name != RECORD_FILE)
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
+    /// The folder of `path`, as [`Self::existing`], for a load into a model or a sampler: an
+    /// export (`external_weights`) is refused, its files being for download (and perhaps
+    /// encrypted to the client's keys).
+    pub fn loadable(&self, tenant: &TenantId, path: &CheckpointPath) -> Result<PathBuf, ApiError> {
+        if path.kind == CheckpointKind::External {
+            return Err(ApiError::invalid(format!(
+                "{path} is an export for download; load a training or sampler checkpoint"
+            )));
+        }
+        self.existing(tenant, path)
+    }
+
     /// Record when the checkpoint just saved in `dir` was saved, when it expires and what the
     /// client attached to it.
     pub fn set_retention(&self, dir: &Path, options: &SaveOptions) -> std::io::Result<()> {
@@ -105,7 +138,7 @@ impl CheckpointStore {
     /// `tenant`'s live checkpoints of `model`, oldest first (by name for the same second).
     pub fn list(&self, tenant: &TenantId, model: &ModelId) -> Vec<CheckpointInfo> {
         let mut found = Vec::new();
-        for kind in [CheckpointKind::Weights, CheckpointKind::SamplerWeights] {
+        for kind in CheckpointKind::ALL {
             let folder = self.model_dir(tenant, model).join(kind.as_str());
             for name in folder_names(&folder) {
                 let Ok(path) = CheckpointPath::new(model.clone(), kind, &name) else {
@@ -131,7 +164,8 @@ impl CheckpointStore {
 
     /// What a checkpoint folder holds, if it is a live checkpoint.
     fn info(&self, dir: &Path, path: CheckpointPath) -> Option<CheckpointInfo> {
-        if !dir.join(ADAPTER_CONFIG).is_file() {
+        let sealed_config = format!("{ADAPTER_CONFIG}{ENCRYPTED_SUFFIX}");
+        if !(dir.join(ADAPTER_CONFIG).is_file() || dir.join(sealed_config).is_file()) {
             // A folder being written (`store::StagedDir`'s `.writing-*`) or set aside.
             return None;
         }
@@ -196,7 +230,7 @@ impl CheckpointStore {
                 let Ok(model) = model.parse::<ModelId>() else {
                     continue;
                 };
-                for kind in [CheckpointKind::Weights, CheckpointKind::SamplerWeights] {
+                for kind in CheckpointKind::ALL {
                     let folder = self.model_dir(&tenant, &model).join(kind.as_str());
                     for name in folder_names(&folder) {
                         let dir = folder.join(&name);

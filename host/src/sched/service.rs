@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use super::base::ServedBase;
 use super::checkpoints::CheckpointStore;
 use super::convert::{self, sampler_error, train_error, trainer_error};
+use super::export;
 use super::sequences::SequenceRecords;
 use super::usage::Usage;
 use crate::api::{
@@ -212,6 +213,14 @@ fn turn_taken(
         state,
         user_metadata: None,
     }
+}
+
+/// What a save writes: the adapter with its optimizer state (`save_state`), the adapter alone
+/// (`save_weights_for_sampler`), or an export for download, sealed to its recipients.
+enum SaveAs {
+    State,
+    Sampler,
+    External(Vec<age::x25519::Recipient>),
 }
 
 /// A model's turn, passed on when this is dropped.
@@ -497,7 +506,7 @@ impl Service {
                 with_optimizer,
                 user_metadata,
             } => {
-                let dir = self.checkpoints.existing(tenant, &path)?;
+                let dir = self.checkpoints.loadable(tenant, &path)?;
                 let (base, lora_rank) = self.checkpoint_origin(tenant, &path, &dir)?;
                 let (id, model) = self.new_model(tenant, &session, model_seq, base, lora_rank)?;
                 let adapter = model.adapter.clone();
@@ -540,7 +549,7 @@ impl Service {
                 options,
             } => {
                 let path = CheckpointPath::new(id, CheckpointKind::Weights, &name)?;
-                self.save(tenant, &*model_of(model)?, &path, true, options)
+                self.save(tenant, &*model_of(model)?, &path, SaveAs::State, options)
                     .await?;
                 OpOutput::Checkpoint(path)
             }
@@ -550,7 +559,19 @@ impl Service {
                 options,
             } => {
                 let path = CheckpointPath::new(id, CheckpointKind::SamplerWeights, &name)?;
-                self.save(tenant, &*model_of(model)?, &path, false, options)
+                self.save(tenant, &*model_of(model)?, &path, SaveAs::Sampler, options)
+                    .await?;
+                OpOutput::Checkpoint(path)
+            }
+            Op::SaveWeightsExternal {
+                model: id,
+                name,
+                options,
+                recipients,
+            } => {
+                let path = CheckpointPath::new(id, CheckpointKind::External, &name)?;
+                let how = SaveAs::External(export::recipients(&recipients)?);
+                self.save(tenant, &*model_of(model)?, &path, how, options)
                     .await?;
                 OpOutput::Checkpoint(path)
             }
@@ -560,7 +581,7 @@ impl Service {
                 ..
             } => {
                 let model = model_of(model)?;
-                let dir = self.checkpoints.existing(tenant, &path)?;
+                let dir = self.checkpoints.loadable(tenant, &path)?;
                 let adapter = model.adapter.clone();
                 let state = model
                     .base
@@ -692,7 +713,7 @@ impl Service {
             }
             Op::CreateModelFromState { session, path, .. } => {
                 self.session(tenant, session)?;
-                self.checkpoints.existing(tenant, path).map(|_| ())
+                self.checkpoints.loadable(tenant, path).map(|_| ())
             }
             Op::ForwardBackward { model, input, .. } => {
                 let trained = self.model(tenant, model)?;
@@ -711,9 +732,19 @@ impl Service {
                 self.model(tenant, model)?;
                 CheckpointPath::new(model.clone(), CheckpointKind::SamplerWeights, name).map(|_| ())
             }
+            Op::SaveWeightsExternal {
+                model,
+                name,
+                recipients,
+                ..
+            } => {
+                self.model(tenant, model)?;
+                export::recipients(recipients)?;
+                CheckpointPath::new(model.clone(), CheckpointKind::External, name).map(|_| ())
+            }
             Op::LoadState { model, path, .. } => {
                 self.model(tenant, model)?;
-                self.checkpoints.existing(tenant, path).map(|_| ())
+                self.checkpoints.loadable(tenant, path).map(|_| ())
             }
             Op::SnapshotForSampler { model, .. } => self.model(tenant, model).map(|_| ()),
             Op::CreateSamplingSession { session, .. } => self.session(tenant, session),
@@ -747,6 +778,19 @@ impl Service {
 
     /// Delete `tenant`'s checkpoint `path`, files and all; another tenant's is not found.
     /// Samplers opened on it keep the adapter they loaded.
+    /// The files of `tenant`'s live checkpoint `path`, by name, each with where it lies: what
+    /// an export's download serves.
+    pub async fn checkpoint_files(
+        &self,
+        tenant: &TenantId,
+        path: &CheckpointPath,
+    ) -> Result<Vec<(String, PathBuf)>, ApiError> {
+        let (store, tenant, path) = (self.checkpoints.clone(), tenant.clone(), path.clone());
+        tokio::task::spawn_blocking(move || store.files(&tenant, &path))
+            .await
+            .map_err(|e| ApiError::internal(format!("listing a checkpoint: {e}")))?
+    }
+
     pub async fn delete_checkpoint(
         &self,
         tenant: &TenantId,
@@ -1172,10 +1216,11 @@ impl Service {
         tenant: &TenantId,
         model: &TrainedModel,
         path: &CheckpointPath,
-        with_optimizer: bool,
+        how: SaveAs,
         options: SaveOptions,
     ) -> Result<(), ApiError> {
         let adapter = model.adapter.clone();
+        let with_optimizer = matches!(how, SaveAs::State);
         let (copy, optimizer) = model
             .base
             .trainer
@@ -1197,8 +1242,16 @@ impl Service {
         let store = self.checkpoints.clone();
         tokio::task::spawn_blocking(move || {
             let optimizer = optimizer.as_ref().map(|(step, moments)| (*step, moments));
-            train::checkpoint::save(&dir, &copy, &base_name, optimizer)
-                .map_err(|e| ApiError::internal(format!("saving the checkpoint: {e}")))?;
+            match how {
+                SaveAs::External(recipients) => {
+                    let seal = |dir: &Path| export::seal(dir, &recipients);
+                    train::checkpoint::save_external(&dir, &copy, &base_name, seal)
+                }
+                SaveAs::State | SaveAs::Sampler => {
+                    train::checkpoint::save(&dir, &copy, &base_name, optimizer)
+                }
+            }
+            .map_err(|e| ApiError::internal(format!("saving the checkpoint: {e}")))?;
             store.set_retention(&dir, &options).map_err(|e| {
                 ApiError::internal(format!(
                     "recording the checkpoint's expiry and metadata: {e}"
@@ -1223,7 +1276,7 @@ impl Service {
                 model_path: None,
             }),
             SamplerSource::Checkpoint(path) => {
-                let dir = self.checkpoints.existing(tenant, &path)?;
+                let dir = self.checkpoints.loadable(tenant, &path)?;
                 let (base, _) = self.checkpoint_origin(tenant, &path, &dir)?;
                 let policy = self.load_policy(tenant, &base, dir).await?;
                 Ok(Sampler {

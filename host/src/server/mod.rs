@@ -9,6 +9,7 @@
 
 mod access_log;
 pub mod dashboard;
+mod downloads;
 pub mod futures;
 mod handling;
 pub mod jobs;
@@ -141,6 +142,8 @@ pub struct AppState {
     pub plugins: Arc<PluginStore>,
     /// The tenants' published plugins (the OCI distribution API under `/v2/`).
     pub registry: Arc<HostedRegistry>,
+    /// The key that signs download URLs of exports.
+    pub downloads: downloads::UrlSigner,
     /// The tenants' jobs.
     pub jobs: Arc<JobService>,
 }
@@ -229,6 +232,8 @@ impl AppState {
             plugins,
             registry,
             jobs: Arc::clone(&jobs),
+            downloads: downloads::UrlSigner::open(&config.data)
+                .context("opening the download URLs' signing key")?,
         });
         state.futures.restore(recorded.finished);
         routes::resume(&state, recorded.pending);

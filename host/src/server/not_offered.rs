@@ -9,14 +9,11 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::routing::{MethodFilter, on, post};
-use serde::Deserialize;
+use axum::routing::{MethodFilter, on};
 
-use super::handling::{Caller, pass_refused_turn};
+use super::handling::Caller;
 use super::{AppState, HttpError};
-use crate::api::{ApiError, ApiErrorKind, ModelId};
+use crate::api::{ApiError, ApiErrorKind};
 
 type Shared = Arc<AppState>;
 
@@ -55,12 +52,6 @@ const REFUSALS: &[Refusal] = &[
         methods: "ServiceClient.copy_weights and RestClient.copy_weights",
         why: "copying a checkpoint is not offered yet; save_state from a client loaded \
               with load_state makes a copy",
-    },
-    Refusal {
-        path: "/training_runs/{id}/checkpoints/{kind}/{name}/external_weights_urls",
-        verbs: MethodFilter::GET,
-        methods: "RestClient.get_external_weights_urls",
-        why: "signed weight URLs are not offered yet",
     },
     Refusal {
         path: "/training_runs/{id}/checkpoints/{kind}/{name}/publish",
@@ -132,47 +123,13 @@ impl Refusal {
     }
 }
 
-/// A refused request of a training client, which the SDK numbers in the model's order.
-const SAVE_WEIGHTS_EXTERNAL: Refusal = Refusal {
-    path: "/save_weights_external",
-    verbs: MethodFilter::POST,
-    methods: "TrainingClient.save_weights_external",
-    why: "signed weight URLs are not offered yet",
-};
-
-/// The fields of a training client's request that place it in its model's order.
-#[derive(Deserialize)]
-struct Numbered {
-    model_id: String,
-    seq_id: Option<u64>,
-}
-
 /// The routes of [`REFUSALS`], each answering its refusal to any caller with a valid key (an
 /// unknown key is refused as everywhere else).
 pub fn router() -> Router<Shared> {
-    let router = REFUSALS.iter().fold(Router::new(), |router, refusal| {
+    REFUSALS.iter().fold(Router::new(), |router, refusal| {
         let handler = move |_: Caller| async move { refusal.error() };
         router.route(refusal.path, on(refusal.verbs, handler))
-    });
-    router.route(SAVE_WEIGHTS_EXTERNAL.path, post(refuse_in_turn))
-}
-
-/// [`SAVE_WEIGHTS_EXTERNAL`]'s refusal, which passes the request's turn in its model's order:
-/// the training client's next request waits for it otherwise.
-async fn refuse_in_turn(
-    State(state): State<Shared>,
-    Caller(tenant): Caller,
-    body: Bytes,
-) -> HttpError {
-    if let Ok(Numbered {
-        model_id,
-        seq_id: Some(seq),
-    }) = serde_json::from_slice(&body)
-        && let Ok(model) = model_id.parse::<ModelId>()
-    {
-        pass_refused_turn(&state, &tenant, model, seq);
-    }
-    SAVE_WEIGHTS_EXTERNAL.error()
+    })
 }
 
 #[cfg(test)]
@@ -181,8 +138,7 @@ mod tests {
 
     #[test]
     fn no_path_is_refused_twice() {
-        let mut paths: Vec<_> = REFUSALS.iter().map(|r| r.path).collect();
-        paths.push(SAVE_WEIGHTS_EXTERNAL.path);
+        let paths: Vec<_> = REFUSALS.iter().map(|r| r.path).collect();
         let distinct: std::collections::HashSet<_> = paths.iter().collect();
         assert_eq!(distinct.len(), paths.len(), "a path is listed twice");
     }

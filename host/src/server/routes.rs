@@ -54,6 +54,7 @@ pub fn router(state: Shared) -> Router {
         .merge(super::jobs::router())
         .merge(super::registry::api_router())
         .merge(super::dashboard::router())
+        .merge(super::downloads::router())
         .merge(super::not_offered::router());
     Router::new()
         .nest("/api/v1", api)
@@ -167,17 +168,19 @@ pub enum FutureRoute {
     OptimStep,
     SaveWeights,
     SaveWeightsForSampler,
+    SaveWeightsExternal,
     LoadWeights,
     Sample,
 }
 
 impl FutureRoute {
-    pub const ALL: [FutureRoute; 7] = [
+    pub const ALL: [FutureRoute; 8] = [
         FutureRoute::CreateModel,
         FutureRoute::ForwardBackward,
         FutureRoute::OptimStep,
         FutureRoute::SaveWeights,
         FutureRoute::SaveWeightsForSampler,
+        FutureRoute::SaveWeightsExternal,
         FutureRoute::LoadWeights,
         FutureRoute::Sample,
     ];
@@ -190,6 +193,7 @@ impl FutureRoute {
             FutureRoute::OptimStep => "optim_step",
             FutureRoute::SaveWeights => "save_weights",
             FutureRoute::SaveWeightsForSampler => "save_weights_for_sampler",
+            FutureRoute::SaveWeightsExternal => "save_weights_external",
             FutureRoute::LoadWeights => "load_weights",
             FutureRoute::Sample => "asample",
         }
@@ -296,6 +300,23 @@ pub fn accept(
                         ttl_seconds: request.ttl_seconds,
                         user_metadata: request.user_metadata.unwrap_or_default(),
                     },
+                },
+            }
+        }
+        FutureRoute::SaveWeightsExternal => {
+            let request: wire::SaveWeightsExternal = parse(body)?;
+            Accepted {
+                key: seq_key(&request.model_id, request.seq_id, header_key),
+                extra: json!({ "model_id": request.model_id }),
+                seq: request.seq_id,
+                op: Op::SaveWeightsExternal {
+                    name: request.path,
+                    model: request.model_id,
+                    options: SaveOptions {
+                        ttl_seconds: request.ttl_seconds,
+                        user_metadata: Default::default(),
+                    },
+                    recipients: request.age_encryption_recipients.unwrap_or_default(),
                 },
             }
         }
@@ -436,6 +457,9 @@ fn answer(route: FutureRoute, output: OpOutput) -> Outcome {
         }
         (FutureRoute::SaveWeights, OpOutput::Checkpoint(path)) => {
             json(json!({"type": "save_weights", "path": path}))
+        }
+        (FutureRoute::SaveWeightsExternal, OpOutput::Checkpoint(path)) => {
+            json(json!({"type": "save_weights_external", "path": path}))
         }
         (FutureRoute::SaveWeightsForSampler, OpOutput::Checkpoint(path)) => {
             json(json!({"type": "save_weights_for_sampler", "path": path}))

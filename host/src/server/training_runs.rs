@@ -133,6 +133,7 @@ fn checkpoint_json(checkpoint: &CheckpointInfo) -> Value {
         "checkpoint_type": match path.kind {
             CheckpointKind::Weights => "training",
             CheckpointKind::SamplerWeights => "sampler",
+            CheckpointKind::External => "external",
         },
         "time": time(checkpoint.saved_at),
         "tinker_path": path.to_string(),

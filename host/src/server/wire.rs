@@ -78,6 +78,19 @@ pub struct SaveWeightsForSampler {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SaveWeightsExternal {
+    pub model_id: ModelId,
+    pub path: String,
+    pub seq_id: Option<u64>,
+    pub ttl_seconds: Option<u64>,
+    pub age_encryption_recipients: Option<Vec<String>>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    r#type: Option<String>,
+}
+
+#[derive(Deserialize)]
 pub struct LoadWeights {
     pub model_id: Option<ModelId>,
     pub seq_id: Option<u64>,

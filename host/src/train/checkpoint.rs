@@ -50,6 +50,34 @@ pub fn save(
     base_model: &str,
     optimizer: Option<(u64, &Moments)>,
 ) -> Result<(), CheckpointError> {
+    let unembed = Site::Unembed.peft_prefix();
+    write(dir, adapter, base_model, optimizer, &unembed, |_| Ok(()))
+}
+/// The unembedding's name in Tinker's external format, which the cookbook's weights tools map to
+/// `lm_head` or, where the model ties it, to the embedding.
+const EXTERNAL_UNEMBED: &str = "base_model.model.model.unembed_tokens";
+
+/// Save `adapter` in the external format that the Tinker cookbook's weights tools read
+/// (`weights.build_hf_model`, `build_lora_adapter`): our checkpoint's files with the
+/// unembedding under Tinker's name. `seal` runs over the written folder before it replaces
+/// `dir` (an export's encryption), so no file is ever in place unsealed.
+pub fn save_external(
+    dir: &Path,
+    adapter: &Adapter,
+    base_model: &str,
+    seal: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<(), CheckpointError> {
+    write(dir, adapter, base_model, None, EXTERNAL_UNEMBED, seal)
+}
+
+fn write(
+    dir: &Path,
+    adapter: &Adapter,
+    base_model: &str,
+    optimizer: Option<(u64, &Moments)>,
+    unembed: &str,
+    seal: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<(), CheckpointError> {
     let io = |source| CheckpointError::Io {
         path: dir.display().to_string(),
         source,
@@ -78,10 +106,17 @@ pub fn save(
         "modules_to_save": null,
         "init_lora_weights": true,
     });
+    let peft_unembed = Site::Unembed.peft_prefix();
     let tensors: HashMap<String, Tensor> = adapter
         .named_tensors()
         .into_iter()
-        .map(|(name, var)| Ok((name, var.as_tensor().to_dtype(DType::F32)?)))
+        .map(|(name, var)| {
+            let name = match name.strip_prefix(peft_unembed.as_str()) {
+                Some(rest) => format!("{unembed}{rest}"),
+                None => name,
+            };
+            Ok((name, var.as_tensor().to_dtype(DType::F32)?))
+        })
         .collect::<candle_core::Result<_>>()?;
     crate::store::write_atomic_dir(dir, |temp| {
         candle_core::safetensors::save(&tensors, temp.join(ADAPTER_FILE))
@@ -101,7 +136,7 @@ pub fn save(
                 serde_json::to_vec_pretty(&json!({ "step": step }))?,
             )?;
         }
-        Ok(())
+        seal(temp)
     })
     .map_err(io)
 }

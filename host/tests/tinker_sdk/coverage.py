@@ -15,10 +15,13 @@ folder where the tiny model's public name `opentinker/tiny` is a local directory
 import asyncio
 import datetime
 import inspect
+import json
 import os
 import pathlib
 import re
 import sys
+import urllib.error
+import urllib.request
 
 import numpy as np
 import tinker
@@ -86,6 +89,7 @@ class World:
         self.state = self.training.save_state("coverage-state").result().path
         self.weights = self.training.save_weights_for_sampler("coverage-weights").result().path
         self.sampler = self.training.create_sampling_client(self.weights)
+        self.export = self.training.save_weights_external("coverage-export").result().path
         self.rest = self.service.create_rest_client()
         self.session_id = self.service.holder.get_session_id()
         self.prompt = types.ModelInput.from_ints([5, 6, 7, 8])
@@ -184,7 +188,7 @@ def calls(w):
         "RestClient.get_current_checkpoint_storage_usage": (w.rest, lambda m: m()),
         "RestClient.get_external_weights_urls": (
             w.rest,
-            lambda m: m(f"tinker://{w.training.model_id}/external_weights/x"),
+            lambda m: m(w.export),
         ),
         "RestClient.get_sampler": (
             w.rest,
@@ -237,6 +241,22 @@ def outcome(owner, name, call):
 def check_answers(w):
     """What the session and weights routes answer, and that a refused call of a training client
     (numbered in its model's order like any other) does not hold up the calls after it."""
+    # An export's signed URLs open its files to anyone holding them, and nothing else does.
+    urls = w.rest.get_external_weights_urls(w.export).result().urls
+    assert set(urls) == {"adapter_config.json", "adapter_model.safetensors"}, urls
+    config = urllib.request.urlopen(urls["adapter_config.json"]).read()
+    assert json.loads(config)["r"] == 4, config
+    forged = urls["adapter_config.json"].replace("adapter_config.json", "adapter_model.safetensors")
+    try:
+        urllib.request.urlopen(forged)
+        raise AssertionError("a URL signed for another file was honoured")
+    except urllib.error.HTTPError as error:
+        assert error.code == 404, error
+    try:
+        w.service.create_training_client_from_state(w.export).result()
+        raise AssertionError("an export was loaded into a model")
+    except tinker.BadRequestError as error:
+        assert "export for download" in str(error), error
     info = w.rest.get_weights_info_by_tinker_path(w.state).result()
     assert info.base_model == BASE_MODEL and info.is_lora and info.lora_rank == 4, info
     session = w.rest.get_session(w.session_id).result()
@@ -247,6 +267,7 @@ def check_answers(w):
     for call in (
         lambda: other.get_session(w.session_id).result(),
         lambda: other.get_weights_info_by_tinker_path(w.state).result(),
+        lambda: other.get_external_weights_urls(w.export).result(),
     ):
         try:
             call()
@@ -254,15 +275,11 @@ def check_answers(w):
         except tinker.NotFoundError:
             pass
     assert w.session_id not in other.list_sessions().result().sessions
-    for refused in (
-        lambda: w.training.forward_backward([sft_datum([1, 2, 10**6])], "cross_entropy"),
-        lambda: w.training.save_weights_external(w.name("external")),
-    ):
-        try:
-            refused().result()
-            raise AssertionError("answered")
-        except tinker.BadRequestError as error:
-            print(f"refused as it should be: {error}")
+    try:
+        w.training.forward_backward([sft_datum([1, 2, 10**6])], "cross_entropy").result()
+        raise AssertionError("a datum outside the vocabulary was answered")
+    except tinker.BadRequestError as error:
+        print(f"refused as it should be: {error}")
     # Without the refused calls' turns passed, this would wait for them forever.
     assert w.training.forward_backward(w.data, "cross_entropy").result(timeout=60).metrics
 

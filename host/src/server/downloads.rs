@@ -1,0 +1,219 @@
+//! Weights out: an export's files (`save_weights_external`) behind signed, time-limited URLs,
+//! which is how the Tinker cookbook's `weights.download` fetches them (`urllib`, with no API
+//! key). The owner asks for the URLs (`external_weights_urls`, with its key, as for any of its
+//! objects); each URL names one file and its expiry, signed with a key of the server's own
+//! (HMAC-SHA256, in the data folder), so it opens that file alone, until then. The files are
+//! encrypted to the client's age keys when it asked for that, so a leaked URL leaks nothing
+//! readable either.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use hmac::{Hmac, Mac};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::Sha256;
+
+use super::HttpError;
+use super::handling::Caller;
+use crate::api::{ApiError, CheckpointKind, CheckpointPath, ModelId, TenantId};
+use crate::store::{unix_now, write_atomic};
+
+type Shared = Arc<super::AppState>;
+type Answered = Result<Response, HttpError>;
+
+/// How long a signed URL opens its file.
+const URL_LIFETIME_SECS: i64 = 3600;
+/// The signing key's file in the data folder.
+const KEY_FILE: &str = "url-signing.key";
+
+pub fn router() -> Router<Shared> {
+    Router::new()
+        .route(
+            "/training_runs/{id}/checkpoints/{kind}/{name}/external_weights_urls",
+            get(external_weights_urls),
+        )
+        .route("/downloads/{tenant}/{run}/{name}/{file}", get(download))
+}
+
+/// The server's key for signing download URLs, made at its first start.
+pub struct UrlSigner {
+    key: [u8; 32],
+}
+
+impl UrlSigner {
+    /// The key kept in `data`, made (random, owner-readable only) if there is none.
+    pub fn open(data: &Path) -> std::io::Result<Self> {
+        let path = data.join(KEY_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let key = bytes.try_into().map_err(|_| {
+                    std::io::Error::other(format!("{} is not a 32-byte key", path.display()))
+                })?;
+                Ok(UrlSigner { key })
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let mut key = [0u8; 32];
+                getrandom::fill(&mut key).map_err(std::io::Error::other)?;
+                write_atomic(&path, &key)?;
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+                Ok(UrlSigner { key })
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    fn mac(
+        &self,
+        tenant: &TenantId,
+        path: &CheckpointPath,
+        file: &str,
+        expires: i64,
+    ) -> Hmac<Sha256> {
+        let mut mac =
+            <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("HMAC takes a key of any size");
+        for part in [
+            tenant.as_str(),
+            &path.to_string(),
+            file,
+            &expires.to_string(),
+        ] {
+            mac.update(part.as_bytes());
+            mac.update(b"\n");
+        }
+        mac
+    }
+
+    fn sign(&self, tenant: &TenantId, path: &CheckpointPath, file: &str, expires: i64) -> String {
+        hex::encode(
+            self.mac(tenant, path, file, expires)
+                .finalize()
+                .into_bytes(),
+        )
+    }
+
+    fn verify(
+        &self,
+        tenant: &TenantId,
+        path: &CheckpointPath,
+        file: &str,
+        expires: i64,
+        signature: &str,
+    ) -> bool {
+        hex::decode(signature).is_ok_and(|bytes| {
+            self.mac(tenant, path, file, expires)
+                .verify_slice(&bytes)
+                .is_ok()
+        })
+    }
+}
+
+/// The export `tinker://{id}/external_weights/{name}`: another kind is not downloaded.
+fn export_path(id: &str, kind: &str, name: &str) -> Result<CheckpointPath, ApiError> {
+    if kind != CheckpointKind::External.as_str() {
+        return Err(ApiError::invalid(format!(
+            "tinker://{id}/{kind}/{name}: only external weights are downloaded \
+             (tinker://RUN/external_weights/NAME, saved with save_weights_external)"
+        )));
+    }
+    let model: ModelId = id
+        .parse()
+        .map_err(|_| ApiError::not_found(format!("training run {id}")))?;
+    CheckpointPath::new(model, CheckpointKind::External, name)
+}
+
+/// Signed URLs of every file of one of the caller's exports (the SDK's
+/// `ExternalWeightsUrlsResponse`), addressed by the host the caller reached.
+async fn external_weights_urls(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    UrlPath((id, kind, name)): UrlPath<(String, String, String)>,
+    headers: HeaderMap,
+) -> Answered {
+    let path = export_path(&id, &kind, &name)?;
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .ok_or_else(|| ApiError::invalid("the request names no Host to address the URLs to"))?;
+    let expires = unix_now() + URL_LIFETIME_SECS;
+    let files = state.service.checkpoint_files(&tenant, &path).await?;
+    let urls: serde_json::Map<String, serde_json::Value> = files
+        .into_iter()
+        .map(|(file, _)| {
+            let signature = state.downloads.sign(&tenant, &path, &file, expires);
+            let url = format!(
+                "http://{host}/api/v1/downloads/{tenant}/{}/{}/{file}?expires={expires}&signature={signature}",
+                path.model, path.name
+            );
+            (file, json!(url))
+        })
+        .collect();
+    let expires = chrono::DateTime::from_timestamp(expires, 0)
+        .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    Ok(Json(json!({ "urls": urls, "expires": expires })).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Signed {
+    expires: i64,
+    signature: String,
+}
+
+/// One file of an export, to whoever holds its signed URL while it has not expired.
+async fn download(
+    State(state): State<Shared>,
+    UrlPath((tenant, run, name, file)): UrlPath<(String, String, String, String)>,
+    Query(signed): Query<Signed>,
+) -> Answered {
+    let refused = || ApiError::not_found("no such download (its URL may have expired)");
+    let tenant = TenantId::new(&tenant).map_err(|_| refused())?;
+    let path =
+        export_path(&run, CheckpointKind::External.as_str(), &name).map_err(|_| refused())?;
+    let valid = signed.expires >= unix_now()
+        && state
+            .downloads
+            .verify(&tenant, &path, &file, signed.expires, &signed.signature);
+    if !valid {
+        return Err(refused().into());
+    }
+    let files = state.service.checkpoint_files(&tenant, &path).await?;
+    let (_, location) = files
+        .into_iter()
+        .find(|(name, _)| *name == file)
+        .ok_or_else(refused)?;
+    let bytes = tokio::fs::read(&location)
+        .await
+        .map_err(|e| ApiError::internal(format!("reading {}: {e}", location.display())))?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signature_opens_its_own_file_until_its_expiry_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let signer = UrlSigner::open(dir.path()).unwrap();
+        let again = UrlSigner::open(dir.path()).unwrap();
+        assert_eq!(signer.key, again.key, "the key is kept");
+        let tenant = TenantId::new("alice").unwrap();
+        let path: CheckpointPath = "tinker://s1:train:0/external_weights/final"
+            .parse()
+            .unwrap();
+        let signature = signer.sign(&tenant, &path, "adapter_model.safetensors", 100);
+        assert!(signer.verify(&tenant, &path, "adapter_model.safetensors", 100, &signature));
+        assert!(!signer.verify(&tenant, &path, "adapter_config.json", 100, &signature));
+        assert!(!signer.verify(&tenant, &path, "adapter_model.safetensors", 101, &signature));
+        let bob = TenantId::new("bob").unwrap();
+        assert!(!signer.verify(&bob, &path, "adapter_model.safetensors", 100, &signature));
+        assert!(!signer.verify(&tenant, &path, "adapter_model.safetensors", 100, "zz"));
+    }
+}
