@@ -91,13 +91,6 @@ const REFUSALS: &[Refusal] = &[
         why: "this server does not bill; the dashboard shows each tenant's usage",
     },
     Refusal {
-        path: "/billing/usage/checkpoints/current",
-        verbs: MethodFilter::GET,
-        methods: "RestClient.get_current_checkpoint_storage_usage",
-        why: "this server does not bill for storage; list_user_checkpoints gives each \
-              checkpoint's size",
-    },
-    Refusal {
         path: "/retrieve_futures",
         verbs: MethodFilter::POST,
         methods: "the futures' batch retrieve (retrieve_futures)",

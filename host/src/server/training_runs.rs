@@ -39,6 +39,7 @@ pub fn router() -> Router<Shared> {
         )
         .route("/checkpoints", get(tenant_checkpoints))
         .route("/weights_info", post(weights_info))
+        .route("/billing/usage/checkpoints/current", get(storage_usage))
 }
 
 /// Whose runs to list: `accessible` adds others' public ones, and nothing is public here.
@@ -96,6 +97,12 @@ pub(super) struct ScopeQuery {
 #[serde(deny_unknown_fields)]
 struct WeightsInfoRequest {
     tinker_path: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageQuery {
+    project_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -244,6 +251,36 @@ async fn weights_info(
         "base_model": run.base,
         "is_lora": true,
         "lora_rank": run.lora_rank,
+    }))
+    .into_response())
+}
+
+/// The storage the caller's live checkpoints take (the SDK's
+/// `CurrentCheckpointStorageUsageResponse`): one row, the caller's, with no price (this server
+/// does not bill).
+async fn storage_usage(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Query(query): Query<UsageQuery>,
+) -> Answered {
+    if query.project_id.is_some() {
+        return Err(ApiError::invalid(
+            "project_id: projects are not offered by this server (ask without it)",
+        )
+        .into());
+    }
+    let checkpoints = state.service.checkpoints(&tenant, None).await?;
+    let size_bytes: u64 = checkpoints.iter().map(|c| c.size_bytes).sum();
+    Ok(Json(json!({
+        "effective_rate_usd_per_gigabyte_month": null,
+        "data": [{
+            "project_id": null,
+            "user_name": tenant,
+            "checkpoint_count": checkpoints.len(),
+            "size_bytes": size_bytes,
+            "size_gigabytes": size_bytes as f64 / 1e9,
+            "estimated_monthly_cost_usd": null,
+        }],
     }))
     .into_response())
 }

@@ -263,6 +263,10 @@ def check_answers(w):
     assert w.training.model_id in session.training_run_ids, session
     assert session.sampler_ids, session
     assert w.session_id in w.rest.list_sessions().result().sessions
+    usage = w.rest.get_current_checkpoint_storage_usage().result().data
+    listed = w.rest.list_user_checkpoints().result().checkpoints
+    assert usage[0].checkpoint_count == len(listed), (usage, listed)
+    assert usage[0].size_bytes == sum(c.size_bytes for c in listed), usage
     other = service("OTHER_TINKER_API_KEY").create_rest_client()
     for call in (
         lambda: other.get_session(w.session_id).result(),
