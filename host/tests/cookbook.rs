@@ -201,9 +201,11 @@ fn the_cookbooks_on_policy_distillation_trains_a_student_on_a_teacher_served_bes
         output.contains("Training completed successfully"),
         "{output}"
     );
+    // A sample estimate of the reverse KL (it may come out below zero); a teacher of other
+    // weights than the student's makes it differ from zero.
     let kl = metric(&log_dir, "teacher_kl");
     assert!(
-        kl.len() == 2 && kl.iter().all(|kl| kl.is_finite() && *kl > 0.0),
+        kl.len() == 2 && kl.iter().all(|kl| kl.is_finite()) && kl.iter().any(|kl| kl.abs() > 1e-4),
         "the teacher's KL to the student: {kl:?}"
     );
     cookbook.every_request_served();
