@@ -520,6 +520,8 @@ impl SamplingClient for LocalSampling {
             &prompt,
             num_samples,
             &params,
+            Default::default(),
+            0,
             &served.config,
             served.context,
         )?;

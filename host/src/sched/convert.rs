@@ -228,11 +228,14 @@ pub fn optim_output(report: StepReport) -> OptimStepOutput {
 }
 
 /// The engine's request (on the base model; the caller names the adapter) of `num_samples`
-/// samples of `prompt`, checked against a model of `config` with `context` positions.
+/// samples of `prompt`, with what it asks of the prompt and the top-k of each sampled token,
+/// checked once against a model of `config` with `context` positions.
 pub fn engine_request(
     prompt: &ModelInput,
     num_samples: usize,
     params: &SamplingParams,
+    prompt_asks: sample::PromptAsks,
+    topk_sample_logprobs: usize,
     config: &ModelConfig,
     context: usize,
 ) -> Result<sample::SampleRequest, ApiError> {
@@ -266,7 +269,9 @@ pub fn engine_request(
         stop,
         num_samples,
     };
-    let request = sample::SampleRequest::new(prompt, engine_params);
+    let mut request = sample::SampleRequest::new(prompt, engine_params);
+    request.prompt_asks = prompt_asks;
+    request.topk_sample_logprobs = topk_sample_logprobs;
     request
         .check(config, context)
         .map_err(|e| ApiError::invalid(e.to_string()))?;

@@ -1458,18 +1458,7 @@ fn engine_request(
     request: &SampleRequest,
 ) -> Result<sample::SampleRequest, ApiError> {
     let base = &sampler.base;
-    let mut engine_request = convert::engine_request(
-        &request.prompt,
-        request.num_samples,
-        &request.params,
-        &base.config,
-        base.context,
-    )?;
-    engine_request.policy = sampler.policy.as_ref().map(|v| PolicyRef {
-        name: v.name.clone(),
-        version: Some(v.version),
-    });
-    engine_request.prompt_asks = sample::PromptAsks {
+    let prompt_asks = sample::PromptAsks {
         logprobs: request.prompt_logprobs,
         top_k: request.topk_prompt_logprobs,
         last_n: request.prompt_logprobs_last_n,
@@ -1480,10 +1469,19 @@ fn engine_request(
             .transpose()?,
         alt_k: request.prompt_alt_tokens_k,
     };
-    engine_request.topk_sample_logprobs = request.topk_sample_logprobs;
-    engine_request
-        .check(&base.config, base.context)
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let mut engine_request = convert::engine_request(
+        &request.prompt,
+        request.num_samples,
+        &request.params,
+        prompt_asks,
+        request.topk_sample_logprobs,
+        &base.config,
+        base.context,
+    )?;
+    engine_request.policy = sampler.policy.as_ref().map(|v| PolicyRef {
+        name: v.name.clone(),
+        version: Some(v.version),
+    });
     Ok(engine_request)
 }
 

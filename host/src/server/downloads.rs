@@ -21,6 +21,7 @@ use sha2::Sha256;
 
 use super::HttpError;
 use super::handling::Caller;
+use super::training_runs::time;
 use crate::api::{ApiError, CheckpointKind, CheckpointPath, ModelId, TenantId};
 use crate::store::{unix_now, write_atomic};
 
@@ -154,9 +155,7 @@ async fn external_weights_urls(
             (file, json!(url))
         })
         .collect();
-    let expires = chrono::DateTime::from_timestamp(expires, 0)
-        .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-    Ok(Json(json!({ "urls": urls, "expires": expires })).into_response())
+    Ok(Json(json!({ "urls": urls, "expires": time(expires) })).into_response())
 }
 
 #[derive(Deserialize)]

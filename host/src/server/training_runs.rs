@@ -125,7 +125,8 @@ fn checkpoint_path(id: &str, kind: &str, name: &str) -> Result<CheckpointPath, A
     CheckpointPath::new(run_id(id)?, kind, name)
 }
 
-fn time(unix_seconds: i64) -> Value {
+/// A Unix time as the SDK's JSON reads one (RFC 3339, UTC); null where it is out of range.
+pub(super) fn time(unix_seconds: i64) -> Value {
     match chrono::DateTime::from_timestamp(unix_seconds, 0) {
         Some(at) => json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
         None => Value::Null,

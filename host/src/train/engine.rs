@@ -777,10 +777,18 @@ impl TrainingEngine {
             padded(&|d| as_f64(&d.advantages).unwrap_or_else(|| vec![0.0; d.mask.len()]))?;
         let sampler =
             padded(&|d| as_f64(&d.sampler_logprobs).unwrap_or_else(|| vec![0.0; d.mask.len()]))?;
-        let ratio = padded(&|d| {
-            let tokens = ratio_tokens(d.ratio_mask.as_deref(), &d.mask, d.advantages.as_deref());
-            tokens.into_iter().map(f64::from).collect()
-        })?;
+        // Only `gspo` reads each sequence's ratio tokens.
+        let ratio = match items
+            .iter()
+            .any(|item| matches!(item.loss, Loss::Gspo { .. }))
+        {
+            true => Some(padded(&|d| {
+                let tokens =
+                    ratio_tokens(d.ratio_mask.as_deref(), &d.mask, d.advantages.as_deref());
+                tokens.into_iter().map(f64::from).collect()
+            })?),
+            false => None,
+        };
 
         let mut outputs: Vec<Option<ItemOutput>> = vec![None; items.len()];
         let mut total: Option<Tensor> = None;
@@ -794,7 +802,7 @@ impl TrainingEngine {
                 rows_of(&weights)?,
                 rows_of(&advantages)?,
                 rows_of(&sampler)?,
-                rows_of(&ratio)?,
+                ratio.as_ref().map(rows_of).transpose()?,
             );
             let value = loss(
                 &items[i].loss,
@@ -804,7 +812,7 @@ impl TrainingEngine {
                     weights: Some(&item_weights),
                     sampler_logprobs: Some(&item_sampler),
                     advantages: Some(&item_advantages),
-                    ratio_mask: Some(&item_ratio),
+                    ratio_mask: item_ratio.as_ref(),
                 },
             )?;
             let per_row = item_logprobs.to_dtype(DType::F32)?.to_vec2::<f32>()?;
