@@ -339,6 +339,135 @@ fn bad_datums_and_unknown_adapters_are_named() {
     );
 }
 
+/// A call over more tokens than one pass of the engine holds (here about two datums: the
+/// bound is set low) runs in passes of whole datums: each item's logprobs, loss and metrics
+/// and each adapter's gradients are those of one pass, for LoRA adapters of two losses in one
+/// call and for full-parameter training. A bad datum in a later pass refuses the call before
+/// any pass has added gradients.
+#[test]
+fn a_call_larger_than_a_pass_runs_in_passes_with_the_outputs_and_gradients_of_one() {
+    use opentinker::model::layers::train_values_per_token;
+    let model = Arc::new(tiny_transformer(Architecture::Qwen2));
+    let per_token = train_values_per_token(&model.config, true) * 4;
+    let engines = || {
+        let mut whole = TrainingEngine::new(Arc::clone(&model), DType::F32);
+        let mut split =
+            TrainingEngine::new(Arc::clone(&model), DType::F32).with_pass_bytes(per_token * 30);
+        for engine in [&mut whole, &mut split] {
+            engine.add_adapter("a", lora(4, 1)).unwrap();
+            engine.add_adapter("b", lora(8, 2)).unwrap();
+            warm_up(engine, &["a", "b"]);
+        }
+        (whole, split)
+    };
+    let ppo = Loss::from_config("ppo", &config(&[])).unwrap();
+    let work = [
+        item("a", Loss::CrossEntropy, &[1, 2, 3], 14),
+        item("b", ppo, &[4, 5, 6, 7], 9),
+        item("a", Loss::ImportanceSampling, &[8], 12),
+    ];
+    let close = |x: f64, y: f64| (x - y).abs() <= 1e-5 * (1.0 + x.abs());
+    let (mut whole, mut split) = engines();
+    let tokens: usize = work
+        .iter()
+        .flat_map(|i| &i.datums)
+        .map(|d| d.input_tokens.len())
+        .sum();
+    assert!(
+        whole.pass_tokens(&work) >= tokens,
+        "the default pass holds the call"
+    );
+    assert!(
+        (14..tokens / 2).contains(&split.pass_tokens(&work)),
+        "{}",
+        split.pass_tokens(&work)
+    );
+    let one = whole.forward_backward(&work).unwrap();
+    let passes = split.forward_backward(&work).unwrap();
+    assert_eq!(split.forward(&work).unwrap().len(), work.len());
+    for (one, passes) in one.iter().zip(&passes) {
+        assert!(
+            close(one.loss, passes.loss),
+            "{} vs {}",
+            one.loss,
+            passes.loss
+        );
+        assert_eq!(one.logprobs.len(), passes.logprobs.len());
+        for (x, y) in one
+            .logprobs
+            .iter()
+            .flatten()
+            .zip(passes.logprobs.iter().flatten())
+        {
+            assert!(close(f64::from(*x), f64::from(*y)), "{x} vs {y}");
+        }
+        assert_eq!(
+            one.metrics.keys().collect::<Vec<_>>(),
+            passes.metrics.keys().collect::<Vec<_>>()
+        );
+        for (name, value) in &one.metrics {
+            assert!(
+                close(*value, passes.metrics[name]),
+                "{name}: {value} vs {}",
+                passes.metrics[name]
+            );
+        }
+    }
+    for id in ["a", "b"] {
+        let (one, passes) = (whole.gradients(id).unwrap(), split.gradients(id).unwrap());
+        for (name, g) in &one {
+            let (difference, norm) = (l2(&(g - &passes[name]).unwrap()), l2(g));
+            assert!(norm > 0.0, "{id} {name} has a zero gradient");
+            assert!(
+                difference <= 1e-5 * norm,
+                "{id} {name}: {difference} of {norm}"
+            );
+        }
+    }
+
+    let mut bad = work.clone();
+    bad[2].datums[0].target_tokens[1] = 10_000;
+    let before = split.gradients("a").unwrap();
+    let err = split.forward_backward(&bad).unwrap_err().to_string();
+    assert!(
+        err.contains("work item 2") && err.contains("10000"),
+        "{err}"
+    );
+    for (name, g) in split.gradients("a").unwrap() {
+        assert_eq!(l2(&(&g - &before[&name]).unwrap()), 0.0, "{name} moved");
+    }
+
+    let full = opentinker::train::FULL_PARAMETERS;
+    let work = [item(full, Loss::CrossEntropy, &[1, 2, 3, 4, 5], 12)];
+    let mut whole =
+        TrainingEngine::full_parameters(tiny_transformer(Architecture::Qwen2), DType::F32).unwrap();
+    let mut split =
+        TrainingEngine::full_parameters(tiny_transformer(Architecture::Qwen2), DType::F32)
+            .unwrap()
+            .with_pass_bytes(per_token * 30);
+    let (one, passes) = (
+        whole.forward_backward(&work).unwrap(),
+        split.forward_backward(&work).unwrap(),
+    );
+    assert!(
+        close(one[0].loss, passes[0].loss),
+        "{} vs {}",
+        one[0].loss,
+        passes[0].loss
+    );
+    let (one, passes) = (
+        whole.gradients(full).unwrap(),
+        split.gradients(full).unwrap(),
+    );
+    for (name, g) in &one {
+        let (difference, norm) = (l2(&(g - &passes[name]).unwrap()), l2(g));
+        assert!(
+            difference <= 1e-5 * norm.max(1e-12),
+            "{name}: {difference} of {norm}"
+        );
+    }
+}
+
 /// Full-parameter training: every weight (embeddings, norms, projections) gets a gradient that
 /// matches central differences in f64, the loss falls over a few steps, a snapshot of the model
 /// does not move when training goes on, and the engine holds no adapters.

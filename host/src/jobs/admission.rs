@@ -6,11 +6,12 @@
 //!
 //! What a job holds is estimated from its file and its base ([`footprint`]): its adapters with
 //! their gradients and AdamW's moments; and, for a job whose warm-up trains every weight, a base
-//! of its own (weights, their gradients and AdamW's two moments, 16 bytes a parameter, and as
-//! much again as the weights for the activations) with a sampler and its KV cache over it; a
-//! job on a tiny model it generates holds that model and its sampler too. Any other job trains
-//! adapters on a served base, whose weights and KV cache the server holds from its start
-//! ([`served_base_bytes`], outside the jobs' budget).
+//! of its own (weights, AdamW's two moments, the accumulated gradients and a pass's own, 20
+//! bytes a parameter, with the activations of a training pass, which the engine bounds by
+//! `train::PASS_BYTES`) with a sampler and its KV cache over it; a job on a tiny model it
+//! generates holds that model, its sampler and its training passes too. Any other job trains
+//! adapters on a served base, whose weights, KV cache and one pass of the shared training loop
+//! the server holds from its start ([`served_base_bytes`], outside the jobs' budget).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -19,7 +20,9 @@ use tokio::sync::Notify;
 
 use crate::api::{ApiError, ApiErrorKind, JobId};
 use crate::model::ModelConfig;
+use crate::model::layers::train_values_per_token;
 use crate::rl::job::Job;
+use crate::train::PASS_BYTES;
 use opentinker_kernels::KvCache;
 
 /// `bytes` as people read them (`1.50 GiB`, `12.0 MiB`).
@@ -189,10 +192,10 @@ impl MemoryBudget {
     }
 }
 
-/// What a served base holds for as long as the server runs: its weights (f32) and the KV cache
-/// of `kv_positions` positions.
+/// What a served base holds for as long as the server runs: its weights (f32), the KV cache
+/// of `kv_positions` positions, and the activations of one pass of its shared training loop.
 pub fn served_base_bytes(config: &ModelConfig, kv_positions: usize) -> u64 {
-    parameters(config) * 4 + kv_bytes(config, kv_positions)
+    parameters(config) * 4 + kv_bytes(config, kv_positions) + PASS_BYTES as u64
 }
 
 /// The memory `job` holds on a server, its model being of `config` with `context` positions:
@@ -200,16 +203,35 @@ pub fn served_base_bytes(config: &ModelConfig, kv_positions: usize) -> u64 {
 pub fn footprint(job: &Job, config: &ModelConfig, context: usize, own_model: bool) -> u64 {
     let full_warmup = job.sft.as_ref().is_some_and(|w| w.full_parameters);
     let adapters = lora_parameters(job, config) * 16 * job.policies.len().max(1) as u64;
+    // On a served base, the shared training loop's passes are the server's (`served_base_bytes`).
     if !full_warmup && !own_model {
         return adapters;
     }
     let weights = parameters(config) * 4;
-    // Gradients and AdamW's two moments, and as much as the weights for activations.
-    let training = if full_warmup { weights * 4 } else { 0 };
     let rl = &job.rl;
     let concurrency = (rl.group_size * rl.groups_per_batch).max(job.eval.episodes);
     let per_episode = ((256 + rl.max_tokens) * rl.max_turns.max(1)).min(context);
-    weights + training + adapters + kv_bytes(config, concurrency * per_episode)
+    // A training pass holds the activations of as many episodes as a batch has, up to
+    // `PASS_BYTES` (the engine's bound), and at least one whole episode.
+    let per_token = (train_values_per_token(config, true) * 4) as u64;
+    let activations = |episodes: usize| {
+        let batch = per_token * (episodes * per_episode) as u64;
+        batch
+            .min(PASS_BYTES as u64)
+            .max(per_token * per_episode as u64)
+    };
+    let sampling = weights + adapters + kv_bytes(config, concurrency * per_episode);
+    let Some(warmup) = job.sft.as_ref().filter(|w| w.full_parameters) else {
+        return sampling + activations(rl.group_size * rl.groups_per_batch);
+    };
+    // A full-parameter warm-up holds the weights, AdamW's two moments and the accumulated
+    // gradients throughout; in a pass, the pass's own gradients and activations and, adding
+    // them up, a third copy of the largest weight; in a step, the step's temporaries of one
+    // weight at a time.
+    let largest = (config.vocab_size.max(config.intermediate_size) * config.hidden_size * 4) as u64;
+    let pass = weights + activations(warmup.batch) + largest;
+    let step = 6 * largest;
+    sampling + 3 * weights + pass.max(step)
 }
 
 fn kv_bytes(config: &ModelConfig, positions: usize) -> u64 {

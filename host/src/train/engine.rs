@@ -24,9 +24,11 @@ use super::checkpoint::Moments;
 use super::loss::{Loss, LossInputs, loss, ratio_tokens};
 use super::slot_state::{NamedState, SlotState};
 use crate::lora::{Adapter, AdapterError, CpuAdapters, LoraConfig};
-use crate::model::layers::{TrainSequence, WeightGrads, train_backward, train_forward};
+use crate::model::layers::{
+    TrainSequence, WeightGrads, train_backward, train_forward, train_values_per_token,
+};
 use crate::model::transformer::WeightsError;
-use crate::model::{CpuWeights, Transformer};
+use crate::model::{CpuWeights, Site, Transformer};
 
 /// The name of an adapter in the engine.
 pub type AdapterId = String;
@@ -203,6 +205,13 @@ impl Slot {
     }
 }
 
+/// The most memory one pass of the engine holds for its activations by default (what the
+/// layers keep for the backward, [`train_values_per_token`]): a call over more tokens runs in
+/// passes of whole datums, each pass's gradients adding to the slot's as another call's would
+/// (every loss is a sum over datums), so that a large batch costs time, not memory. A datum
+/// longer than a pass runs alone.
+pub const PASS_BYTES: usize = 1 << 30;
+
 /// Many adapters over one frozen base model, or (for a model that is not shared) every weight
 /// of the model itself.
 pub struct TrainingEngine {
@@ -210,6 +219,7 @@ pub struct TrainingEngine {
     slots: HashMap<AdapterId, Slot>,
     dtype: DType,
     full_parameters: bool,
+    pass_bytes: usize,
 }
 
 impl TrainingEngine {
@@ -220,6 +230,7 @@ impl TrainingEngine {
             slots: HashMap::new(),
             dtype,
             full_parameters: false,
+            pass_bytes: PASS_BYTES,
         }
     }
 
@@ -233,6 +244,7 @@ impl TrainingEngine {
             slots: HashMap::from([(FULL_PARAMETERS.to_string(), slot)]),
             dtype,
             full_parameters: true,
+            pass_bytes: PASS_BYTES,
         })
     }
 
@@ -450,11 +462,119 @@ impl TrainingEngine {
 
     /// Logprobs and losses of the items, without gradients.
     pub fn forward(&self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
-        Ok(self.run(items, false)?.outputs)
+        let Some(passes) = self.passes(items)? else {
+            return Ok(self.run(items, false)?.outputs);
+        };
+        let mut outputs = vec![ItemOutput::default(); items.len()];
+        for pass in passes {
+            let parts: Vec<WorkItem> = pass.iter().map(|(_, part)| part.clone()).collect();
+            let done = self.run(&parts, false)?.outputs;
+            merge_outputs(&mut outputs, &pass, done);
+        }
+        Ok(outputs)
     }
 
     /// Logprobs and losses of the items; their gradients accumulate in each adapter's slot.
+    /// A call over more tokens than one pass holds runs in passes (see [`PASS_BYTES`]).
     pub fn forward_backward(&mut self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
+        let Some(passes) = self.passes(items)? else {
+            return self.forward_backward_pass(items);
+        };
+        let mut outputs = vec![ItemOutput::default(); items.len()];
+        for pass in passes {
+            let parts: Vec<WorkItem> = pass.iter().map(|(_, part)| part.clone()).collect();
+            let done = self.forward_backward_pass(&parts)?;
+            merge_outputs(&mut outputs, &pass, done);
+        }
+        Ok(outputs)
+    }
+
+    /// The most memory one pass's activations may hold; [`PASS_BYTES`] unless set.
+    pub fn with_pass_bytes(mut self, bytes: usize) -> Self {
+        self.pass_bytes = bytes;
+        self
+    }
+
+    /// The tokens one pass over `items` may hold: as many as [`PASS_BYTES`] (or the engine's
+    /// own bound) has room for; a datum longer than that runs alone.
+    pub fn pass_tokens(&self, items: &[WorkItem]) -> usize {
+        let trains_unembed = |item: &WorkItem| match self.slots.get(&item.adapter) {
+            Some(slot) => match slot.trainable.adapter() {
+                Some(adapter) => adapter.sites.contains_key(&Site::Unembed),
+                None => true,
+            },
+            None => false,
+        };
+        let logits = self.full_parameters || items.iter().any(trains_unembed);
+        let per_token =
+            train_values_per_token(&self.model.config, logits) * self.dtype.size_in_bytes();
+        (self.pass_bytes / per_token.max(1)).max(1)
+    }
+
+    /// `items` in passes of whole datums that each fit [`Self::pass_tokens`] (a datum longer
+    /// than that alone), each part with the index of the item it comes from; `None` when one
+    /// pass holds them all. Every datum is checked first, so that a bad one refuses the call
+    /// before any pass has added gradients.
+    #[allow(clippy::type_complexity)]
+    fn passes(
+        &self,
+        items: &[WorkItem],
+    ) -> Result<Option<Vec<Vec<(usize, WorkItem)>>>, TrainError> {
+        let limit = self.pass_tokens(items);
+        let total: usize = items
+            .iter()
+            .flat_map(|item| &item.datums)
+            .map(|d| d.input_tokens.len())
+            .sum();
+        if total <= limit {
+            return Ok(None);
+        }
+        let vocab = self.model.config.vocab_size;
+        for (i, item) in items.iter().enumerate() {
+            if !self.slots.contains_key(&item.adapter) {
+                return Err(TrainError::UnknownAdapter(item.adapter.clone()));
+            }
+            for (d, datum) in item.datums.iter().enumerate() {
+                check_datum(datum, vocab).map_err(|problem| TrainError::BadDatum {
+                    item: i,
+                    datum: d,
+                    problem,
+                })?;
+            }
+        }
+        let (mut passes, mut pass, mut tokens) = (Vec::new(), Vec::new(), 0);
+        for (i, item) in items.iter().enumerate() {
+            for datum in &item.datums {
+                let length = datum.input_tokens.len();
+                if tokens > 0 && tokens + length > limit {
+                    passes.push(std::mem::take(&mut pass));
+                    tokens = 0;
+                }
+                match pass.last_mut() {
+                    Some((from, part)) if *from == i => {
+                        let part: &mut WorkItem = part;
+                        part.datums.push(datum.clone());
+                    }
+                    _ => pass.push((
+                        i,
+                        WorkItem {
+                            adapter: item.adapter.clone(),
+                            datums: vec![datum.clone()],
+                            loss: item.loss.clone(),
+                        },
+                    )),
+                }
+                tokens += length;
+            }
+        }
+        if !pass.is_empty() {
+            passes.push(pass);
+        }
+        Ok(Some(passes))
+    }
+
+    /// [`Self::forward_backward`] in one pass.
+    fn forward_backward_pass(&mut self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
         let Pass {
             outputs,
             mut gradients,
@@ -855,6 +975,19 @@ impl TrainingEngine {
             None => Tensor::zeros((), self.dtype, &Device::Cpu)?,
         };
         Ok((outputs, total))
+    }
+}
+
+/// Adds the outputs of one pass's parts (`done`, in the order of `pass`) to the outputs of
+/// the items they come from: logprobs in datum order, sums added.
+fn merge_outputs(outputs: &mut [ItemOutput], pass: &[(usize, WorkItem)], done: Vec<ItemOutput>) {
+    for ((from, _), part) in pass.iter().zip(done) {
+        let output = &mut outputs[*from];
+        output.logprobs.extend(part.logprobs);
+        output.loss += part.loss;
+        for (name, value) in part.metrics {
+            *output.metrics.entry(name).or_default() += value;
+        }
     }
 }
 

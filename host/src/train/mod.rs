@@ -7,7 +7,7 @@ pub mod loss;
 pub mod slot_state;
 
 pub use engine::{
-    AdamParams, AdapterId, Datum, FULL_PARAMETERS, ItemOutput, StepReport, TrainError,
+    AdamParams, AdapterId, Datum, FULL_PARAMETERS, ItemOutput, PASS_BYTES, StepReport, TrainError,
     TrainingEngine, WorkItem,
 };
 pub use loss::{Loss, LossError, LossInputs};

@@ -231,6 +231,33 @@ pub struct Tape<B: Backend> {
     head: HeadTape<B>,
 }
 
+/// The values a training pass holds per token, at most: what its [`Tape`] keeps of every
+/// layer (the input and middle residual streams, the attended queries, keys and values and
+/// the attention's output, the gate and up projections, and the raw queries and keys where
+/// the model norms them) and of the head, with the backward's largest buffers of one layer at
+/// a time. `logits` says whether the head keeps its logits (the unembedding is trained, by
+/// full-parameter training or an adapter) or only the fused logprob's Jacobian; then the
+/// backward's logit gradient is as large again. Multiply by the element's size for bytes: the
+/// training engine bounds its passes by it, and the jobs' memory budget counts it.
+pub fn train_values_per_token(config: &ModelConfig, logits: bool) -> usize {
+    let (hidden, inter) = (config.hidden_size, config.intermediate_size);
+    let q = config.num_heads * config.head_dim;
+    let kv = config.num_kv_heads * config.head_dim;
+    let qk_norms = match config.architecture {
+        crate::model::Architecture::Qwen3 => q + kv,
+        _ => 0,
+    };
+    let layer = 2 * hidden + 2 * q + 2 * kv + 2 * inter + qk_norms;
+    let head = match logits {
+        true => hidden + 2 * config.vocab_size,
+        false => hidden,
+    };
+    // The residual stream, its norm and their gradients, and a layer's backward: the
+    // gradients of its projections' outputs and the recomputed gated product.
+    let working = 4 * hidden + 2 * q + 2 * kv + 4 * inter;
+    config.num_layers * layer + hidden + head + working
+}
+
 /// What [`train_forward`] gives.
 pub struct TrainOutput<B: Backend> {
     /// The logprob of each target, sequence after sequence.

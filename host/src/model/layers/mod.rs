@@ -27,7 +27,7 @@ mod projection;
 pub use attention::{AttentionGrads, AttentionWeights};
 pub use decoder::{
     DecoderWeights, ForwardError, LayerGrads, LayerWeights, Sequence, Tape, TrainOutput,
-    TrainSequence, WeightGrads, forward, train_backward, train_forward,
+    TrainSequence, WeightGrads, forward, train_backward, train_forward, train_values_per_token,
 };
 pub use mlp::{MlpGrads, MlpWeights};
 pub use projection::{AdapterGrads, Adapters, Linear, LinearGrads, NoAdapters, Run};
