@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One tenant's four heavy jobs under the memory budget, on a Qwen2.5-0.5B-shaped base: a release
 # `opentinker serve` serves the base (random weights, generated here) under `--memory-budget`
-# (BUDGET, default 16GiB: room for one job's copy of the base at a time); a heavy tenant submits
+# (BUDGET, default 20GiB: room for one job's copy of the base at a time, about 13.5 GiB by the
+# jobs' estimate beside the 3.6 GiB the served bases are counted at); a heavy tenant submits
 # 4 jobs of examples/tictactoe.toml on it, shortened to its full-parameter warm-up of 3 steps and
 # 8 evaluation episodes (no RL steps: the random base samples token ids past its 512-token
 # tokenizer, which every episode's render refuses); a light tenant's SDK loop runs on the tiny
@@ -13,7 +14,7 @@
 #   scripts/jobs-budget.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-budget="${BUDGET:-16GiB}"
+budget="${BUDGET:-20GiB}"
 
 cargo build --release --locked --quiet --bin opentinker
 source scripts/service-common.sh
