@@ -1,5 +1,7 @@
-//! `report.png`: a run's curves from its `metrics.jsonl`: the training reward (or the SFT loss)
-//! per step, and each evaluation (success rate, or held-out loss) over the steps.
+//! `report.png`: a run's curves from its `metrics.jsonl`, each phase on axes of its own: the
+//! warm-up's loss per token and its evaluations (held-out loss, success rates) over the warm-up's
+//! steps, and RL's mean reward and greedy evaluations over RL's steps (step 0: before RL). A
+//! run of one phase draws one row.
 
 use std::path::Path;
 
@@ -21,97 +23,114 @@ struct Panel {
     rates: bool,
 }
 
-/// Read `metrics.jsonl` into the training panel and the evaluation panel. RL steps are counted
-/// after the SFT steps, so both phases share one axis.
-fn panels(metrics: &Path) -> anyhow::Result<[Panel; 2]> {
+impl Panel {
+    fn new(title: &'static str, curves: Vec<Curve>) -> Self {
+        Panel {
+            title,
+            rates: !curves.is_empty() && curves.iter().all(|c| c.0.ends_with("success rate")),
+            curves,
+        }
+    }
+}
+
+/// A phase's curves: its training curve and its evaluations, by name in order of appearance.
+#[derive(Default)]
+struct Phase {
+    training: Vec<(f64, f64)>,
+    evaluations: Vec<Curve>,
+}
+
+impl Phase {
+    fn add(&mut self, name: String, x: f64, y: f64) {
+        match self.evaluations.iter_mut().find(|c| c.0 == name) {
+            Some(curve) => curve.1.push((x, y)),
+            None => self.evaluations.push((name, vec![(x, y)])),
+        }
+    }
+
+    /// The success rates of `evals` (a policy name to its evaluation), each at `x`.
+    fn add_rates(&mut self, evals: &serde_json::Map<String, serde_json::Value>, x: f64) {
+        let several = evals.len() > 1;
+        for (name, eval) in evals {
+            if let Some(rate) = eval["success_rate"].as_f64() {
+                let curve = match several {
+                    true => format!("{name}: success rate"),
+                    false => "success rate".into(),
+                };
+                self.add(curve, x, rate);
+            }
+        }
+    }
+}
+
+/// Read `metrics.jsonl` into the panels to draw, a row per phase that ran: [training,
+/// evaluation].
+fn panels(metrics: &Path) -> anyhow::Result<Vec<[Panel; 2]>> {
     let text = std::fs::read_to_string(metrics)
         .with_context(|| format!("reading {}", metrics.display()))?;
-    let (mut sft_loss, mut reward) = (Vec::new(), Vec::new());
-    let mut evaluations: Vec<Curve> = Vec::new();
-    let mut add = |name: String, x: f64, y: f64| match evaluations.iter_mut().find(|c| c.0 == name)
-    {
-        Some(curve) => curve.1.push((x, y)),
-        None => evaluations.push((name, vec![(x, y)])),
-    };
-    let mut sft_steps = 0.0;
+    let (mut sft, mut rl) = (Phase::default(), Phase::default());
     for line in text.lines() {
         let line: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("{}: a line is not JSON", metrics.display()))?;
         let step = line["step"].as_f64().unwrap_or(0.0) + 1.0;
-        let rl = line["phase"] == "rl";
-        let x = if rl { sft_steps + step } else { step };
-        if rl {
-            reward.push((x, line["reward_mean"].as_f64().unwrap_or(0.0)));
-        } else {
-            sft_steps = step;
-            sft_loss.push((x, line["loss"].as_f64().unwrap_or(0.0)));
+        let is_rl = line["phase"] == "rl";
+        let phase = if is_rl { &mut rl } else { &mut sft };
+        let value = if is_rl { "reward_mean" } else { "loss" };
+        phase
+            .training
+            .push((step, line[value].as_f64().unwrap_or(0.0)));
+        // The evaluations before the phase's first step, on its first line.
+        if let Some(initial) = line["initial_evals"].as_object() {
+            for eval in initial.values() {
+                if let Some(loss) = eval["loss"].as_f64() {
+                    phase.add("held-out loss".into(), 0.0, loss);
+                }
+            }
+            phase.add_rates(initial, 0.0);
         }
         if let Some(loss) = line["eval"]["loss"].as_f64() {
-            add("held-out loss".into(), x, loss);
-        }
-        // The evaluation before RL (or SFT), on the first step's line.
-        if let Some(initial) = line["initial_evals"].as_object() {
-            let several = initial.len() > 1;
-            for (name, eval) in initial {
-                // SFT's first line: the held-out loss before any step.
-                if let Some(loss) = eval["loss"].as_f64() {
-                    add("held-out loss".into(), 0.0, loss);
-                } else if let Some(rate) = eval["success_rate"].as_f64() {
-                    let curve = match several {
-                        true => format!("{name}: success rate"),
-                        false => "success rate".into(),
-                    };
-                    add(curve, sft_steps, rate);
-                }
-            }
+            phase.add("held-out loss".into(), step, loss);
         }
         match line["policy_evals"].as_object() {
-            Some(policies) => {
-                for (name, eval) in policies {
-                    if let Some(rate) = eval["success_rate"].as_f64() {
-                        add(format!("{name}: success rate"), x, rate);
-                    }
-                }
-            }
+            Some(policies) => phase.add_rates(policies, step),
             None => {
-                if let Some(rate) = line["eval"]["success_rate"].as_f64().filter(|_| rl) {
-                    add("success rate".into(), x, rate);
+                if let Some(rate) = line["eval"]["success_rate"].as_f64() {
+                    phase.add("success rate".into(), step, rate);
                 }
             }
         }
     }
-    let mut training = Vec::new();
-    if !sft_loss.is_empty() {
-        training.push(("SFT loss per token".to_string(), sft_loss));
+    let mut rows = Vec::new();
+    if !sft.training.is_empty() {
+        let training = vec![("loss per token".to_string(), sft.training)];
+        rows.push([
+            Panel::new("warm-up: training loss", training),
+            Panel::new("warm-up: evaluation", sft.evaluations),
+        ]);
     }
-    if !reward.is_empty() {
-        training.push(("RL mean reward".to_string(), reward));
+    if !rl.training.is_empty() {
+        let training = vec![("mean reward".to_string(), rl.training)];
+        rows.push([
+            Panel::new("RL: mean reward", training),
+            Panel::new("RL: greedy evaluation", rl.evaluations),
+        ]);
     }
-    Ok([
-        Panel {
-            title: "training",
-            curves: training,
-            rates: false,
-        },
-        Panel {
-            title: "greedy evaluation",
-            rates: evaluations.iter().all(|c| c.0.ends_with("success rate")),
-            curves: evaluations,
-        },
-    ])
+    Ok(rows)
 }
 
 /// Draw `metrics` (a `metrics.jsonl`) into the PNG `out`.
 pub fn write_report(metrics: &Path, out: &Path) -> anyhow::Result<()> {
-    let panels = panels(metrics)?;
+    let rows = panels(metrics)?;
     // Registering twice is harmless; a bad font would be our bug, not the user's.
     register_font("sans-serif", FontStyle::Normal, FONT)
         .map_err(|_| anyhow::anyhow!("the built-in font does not load"))?;
+    let height = 440 * rows.len().max(1) as u32;
     crate::store::write_atomic_via_path(out, |temp| {
         let draw = || -> anyhow::Result<()> {
-            let root = BitMapBackend::new(temp, (1200, 480)).into_drawing_area();
+            let root = BitMapBackend::new(temp, (1200, height)).into_drawing_area();
             root.fill(&WHITE)?;
-            for (area, panel) in root.split_evenly((1, 2)).iter().zip(&panels) {
+            let areas = root.split_evenly((rows.len().max(1), 2));
+            for (area, panel) in areas.iter().zip(rows.iter().flatten()) {
                 draw_panel(area, panel)?;
             }
             root.present()?;
@@ -146,9 +165,20 @@ where
         .x_label_area_size(36)
         .y_label_area_size(56)
         .build_cartesian_2d(0.0..x_max, (y_min - pad)..(y_max + pad))?;
+    // Whole steps on x; on y, as many decimals as the range needs.
+    let decimals = match y_max - y_min {
+        span if span >= 10.0 => 0,
+        span if span >= 1.0 => 1,
+        span if span >= 0.1 => 2,
+        _ => 3,
+    };
     chart
         .configure_mesh()
         .x_desc("step")
+        .x_labels(x_max.min(10.0) as usize + 1)
+        .y_labels(6)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.decimals$}"))
         .label_style(("sans-serif", 14))
         .draw()?;
     let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
@@ -185,7 +215,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_report_has_both_phases_and_every_policy() {
+    fn a_report_draws_each_phase_on_its_own_axes_with_every_policy() {
         let dir = tempfile::tempdir().unwrap();
         let metrics = dir.path().join("metrics.jsonl");
         let lines = [
@@ -195,14 +225,17 @@ mod tests {
             r#"{"step":1,"phase":"rl","loss":0.1,"reward_mean":0.5,"eval":{"success_rate":0.7},"policy_evals":{"x":{"success_rate":0.7},"o":{"success_rate":0.4}}}"#,
         ];
         std::fs::write(&metrics, lines.join("\n")).unwrap();
-        let [training, evaluation] = panels(&metrics).unwrap();
-        assert_eq!(training.curves[0].1, vec![(1.0, 2.0), (2.0, 1.0)]);
-        // RL steps continue after the two SFT steps.
-        assert_eq!(training.curves[1].1, vec![(3.0, 0.2), (4.0, 0.5)]);
+        let rows = panels(&metrics).unwrap();
+        assert_eq!(rows.len(), 2, "a row per phase");
+        let [warmup, _] = &rows[0];
+        assert_eq!(warmup.title, "warm-up: training loss");
+        assert_eq!(warmup.curves[0].1, vec![(1.0, 2.0), (2.0, 1.0)]);
+        // RL's steps on an axis of their own, from 1; its evaluations from 0 (before RL).
+        let [reward, evaluation] = &rows[1];
+        assert_eq!(reward.curves[0].1, vec![(1.0, 0.2), (2.0, 0.5)]);
         let names: Vec<&str> = evaluation.curves.iter().map(|c| c.0.as_str()).collect();
         assert_eq!(names, ["o: success rate", "x: success rate"]);
-        // Each starts with its evaluation before RL, after the SFT steps.
-        assert_eq!(evaluation.curves[1].1, vec![(2.0, 0.3), (4.0, 0.7)]);
+        assert_eq!(evaluation.curves[1].1, vec![(0.0, 0.3), (2.0, 0.7)]);
         assert!(evaluation.rates);
 
         let png = dir.path().join("report.png");
@@ -214,5 +247,9 @@ mod tests {
             2,
             "no temporary left"
         );
+        // A run of RL only draws one row.
+        std::fs::write(&metrics, lines[2..].join("\n")).unwrap();
+        assert_eq!(panels(&metrics).unwrap().len(), 1);
+        write_report(&metrics, &png).unwrap();
     }
 }
