@@ -10,21 +10,26 @@ use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
 /// The font the labels are drawn with, built into the binary (no system fonts are read).
-const FONT: &[u8] = include_bytes!("../../assets/DejaVuSansMono.ttf");
+const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 
 /// One curve: a name and its (step, value) points.
 type Curve = (String, Vec<(f64, f64)>);
 
 /// The curves of one panel.
 struct Panel {
-    title: &'static str,
+    title: String,
     curves: Vec<Curve>,
     /// Rates are drawn on 0..1 whatever their values.
     rates: bool,
 }
 
 impl Panel {
-    fn new(title: &'static str, curves: Vec<Curve>) -> Self {
+    /// A panel of `phase`'s `what`; a panel of one curve is titled by it, having no legend.
+    fn new(phase: &str, what: &str, curves: Vec<Curve>) -> Self {
+        let title = match &curves[..] {
+            [(name, _)] => format!("{phase}: {name}"),
+            _ => format!("{phase}: {what}"),
+        };
         Panel {
             title,
             rates: !curves.is_empty() && curves.iter().all(|c| c.0.ends_with("success rate")),
@@ -51,11 +56,12 @@ impl Phase {
     /// The success rates of `evals` (a policy name to its evaluation), each at `x`.
     fn add_rates(&mut self, evals: &serde_json::Map<String, serde_json::Value>, x: f64) {
         let several = evals.len() > 1;
-        for (name, eval) in evals {
+        // A held-out evaluation is a loss; its success rate means nothing.
+        for (name, eval) in evals.iter().filter(|(_, e)| !e["loss"].is_f64()) {
             if let Some(rate) = eval["success_rate"].as_f64() {
                 let curve = match several {
-                    true => format!("{name}: success rate"),
-                    false => "success rate".into(),
+                    true => format!("{name}: greedy success rate"),
+                    false => "greedy success rate".into(),
                 };
                 self.add(curve, x, rate);
             }
@@ -88,31 +94,28 @@ fn panels(metrics: &Path) -> anyhow::Result<Vec<[Panel; 2]>> {
             }
             phase.add_rates(initial, 0.0);
         }
+        // A held-out evaluation is a loss; its success rate means nothing.
         if let Some(loss) = line["eval"]["loss"].as_f64() {
             phase.add("held-out loss".into(), step, loss);
-        }
-        match line["policy_evals"].as_object() {
-            Some(policies) => phase.add_rates(policies, step),
-            None => {
-                if let Some(rate) = line["eval"]["success_rate"].as_f64() {
-                    phase.add("success rate".into(), step, rate);
-                }
-            }
+        } else if let Some(policies) = line["policy_evals"].as_object() {
+            phase.add_rates(policies, step);
+        } else if let Some(rate) = line["eval"]["success_rate"].as_f64() {
+            phase.add("greedy success rate".into(), step, rate);
         }
     }
     let mut rows = Vec::new();
     if !sft.training.is_empty() {
-        let training = vec![("loss per token".to_string(), sft.training)];
+        let training = vec![("training loss per token".to_string(), sft.training)];
         rows.push([
-            Panel::new("warm-up: training loss", training),
-            Panel::new("warm-up: evaluation", sft.evaluations),
+            Panel::new("warm-up", "training", training),
+            Panel::new("warm-up", "evaluation", sft.evaluations),
         ]);
     }
     if !rl.training.is_empty() {
         let training = vec![("mean reward".to_string(), rl.training)];
         rows.push([
-            Panel::new("RL: mean reward", training),
-            Panel::new("RL: greedy evaluation", rl.evaluations),
+            Panel::new("RL", "training", training),
+            Panel::new("RL", "greedy evaluation", rl.evaluations),
         ]);
     }
     Ok(rows)
@@ -160,7 +163,7 @@ where
     }
     let pad = ((y_max - y_min) * 0.05).max(1e-3);
     let mut chart = ChartBuilder::on(area)
-        .caption(panel.title, ("sans-serif", 22))
+        .caption(&panel.title, ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(56)
@@ -178,7 +181,18 @@ where
         .x_labels(x_max.min(10.0) as usize + 1)
         .y_labels(6)
         .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.decimals$}"))
+        .y_label_formatter(&|y| {
+            // No "-0.00": a value that rounds to zero is zero.
+            let shown = format!("{y:.decimals$}");
+            match shown
+                .trim_start_matches('-')
+                .bytes()
+                .all(|b| b == b'0' || b == b'.')
+            {
+                true => shown.trim_start_matches('-').to_string(),
+                false => shown,
+            }
+        })
         .label_style(("sans-serif", 14))
         .draw()?;
     let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
@@ -199,7 +213,8 @@ where
             )?;
         }
     }
-    if !panel.curves.is_empty() {
+    // One curve is named by the panel's title.
+    if panel.curves.len() > 1 {
         chart
             .configure_series_labels()
             .background_style(WHITE.mix(0.8))
@@ -220,7 +235,7 @@ mod tests {
         let metrics = dir.path().join("metrics.jsonl");
         let lines = [
             r#"{"step":0,"phase":"sft","loss":2.0,"reward_mean":0.0}"#,
-            r#"{"step":1,"phase":"sft","loss":1.0,"reward_mean":0.0}"#,
+            r#"{"step":1,"phase":"sft","loss":1.0,"reward_mean":0.0,"eval":{"loss":1.5,"success_rate":0.0}}"#,
             r#"{"step":0,"phase":"rl","loss":0.1,"reward_mean":0.2,"initial_evals":{"x":{"success_rate":0.3},"o":{"success_rate":0.1}}}"#,
             r#"{"step":1,"phase":"rl","loss":0.1,"reward_mean":0.5,"eval":{"success_rate":0.7},"policy_evals":{"x":{"success_rate":0.7},"o":{"success_rate":0.4}}}"#,
         ];
@@ -228,13 +243,16 @@ mod tests {
         let rows = panels(&metrics).unwrap();
         assert_eq!(rows.len(), 2, "a row per phase");
         let [warmup, _] = &rows[0];
-        assert_eq!(warmup.title, "warm-up: training loss");
+        assert_eq!(warmup.title, "warm-up: training loss per token");
         assert_eq!(warmup.curves[0].1, vec![(1.0, 2.0), (2.0, 1.0)]);
+        // Its held-out evaluation is a loss alone.
+        let names: Vec<&str> = rows[0][1].curves.iter().map(|c| c.0.as_str()).collect();
+        assert_eq!(names, ["held-out loss"]);
         // RL's steps on an axis of their own, from 1; its evaluations from 0 (before RL).
         let [reward, evaluation] = &rows[1];
         assert_eq!(reward.curves[0].1, vec![(1.0, 0.2), (2.0, 0.5)]);
         let names: Vec<&str> = evaluation.curves.iter().map(|c| c.0.as_str()).collect();
-        assert_eq!(names, ["o: success rate", "x: success rate"]);
+        assert_eq!(names, ["o: greedy success rate", "x: greedy success rate"]);
         assert_eq!(evaluation.curves[1].1, vec![(0.0, 0.3), (2.0, 0.7)]);
         assert!(evaluation.rates);
 
