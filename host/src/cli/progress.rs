@@ -14,7 +14,7 @@ use crate::rl::job::Job;
 /// A job's bar and what a step of each phase plays.
 struct JobBar {
     bar: ProgressBar,
-    sft_steps: usize,
+    rl_steps: usize,
     sft_batch: usize,
     rl_episodes: usize,
 }
@@ -48,7 +48,7 @@ impl TrainProgress {
                 bar.set_prefix(name.clone());
                 let state = JobBar {
                     bar,
-                    sft_steps,
+                    rl_steps: job.rl.steps,
                     sft_batch: job.sft.as_ref().map_or(0, |s| s.batch),
                     rl_episodes: job.rl.groups_per_batch * job.rl.group_size,
                 };
@@ -105,16 +105,24 @@ impl TrainProgress {
             ),
             Phase::Sft => String::new(),
         };
+        let stop = line.warmup_stop.as_ref().map_or(String::new(), |why| {
+            format!("\n{name} warm-up stopped after step {}: {why}", line.step)
+        });
         let text = format!(
-            "{name} {:>6} {:>4}{reward}  loss {:.4}  tokens {:>6}  {:.1}s{before}{eval}{errors}",
+            "{name} {:>6} {:>4}{reward}  loss {:.4}  tokens {:>6}  {:.1}s{before}{eval}{errors}{stop}",
             line.phase, line.step, line.loss, line.tokens, line.seconds
         );
         let Some(job) = self.bars.get(name) else {
             eprintln!("{text}");
             return;
         };
+        if line.warmup_stop.is_some() {
+            job.bar.set_length((line.step + 1 + job.rl_steps) as u64);
+        }
+        // The warm-up's steps are the bar's first (as many as it ran), RL's the rest.
+        let warmup_steps = (job.bar.length().unwrap_or(0) as usize).saturating_sub(job.rl_steps);
         let (done, episodes) = match line.phase {
-            Phase::Rl => (job.sft_steps + line.step + 1, job.rl_episodes),
+            Phase::Rl => (warmup_steps + line.step + 1, job.rl_episodes),
             Phase::Sft => (line.step + 1, job.sft_batch),
         };
         let seconds = line.seconds.max(1e-9);

@@ -12,6 +12,7 @@ use super::metrics::{Evaluation, StepMetrics, errors, mean, metrics_of};
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
+use super::sft::Warmup;
 use crate::api::SamplingParams;
 use crate::client::{ModelText, ServiceClient};
 use crate::plugin::{Limits, Plugin, PluginHost, PluginKind};
@@ -39,8 +40,8 @@ pub(super) struct JobStart {
     pub(super) folder: RunFolder,
     pub(super) log: MetricsLog,
     pub(super) checkpoint: Option<(PathBuf, Cursor)>,
-    /// The held-out loss before and after a full-parameter SFT that made the base.
-    pub(super) sft_evals: Option<(Evaluation, Evaluation)>,
+    /// What the full-parameter warm-up that made the base did, when one did in this run.
+    pub(super) warmup: Option<Warmup>,
     pub(super) plugins: JobPlugins,
 }
 

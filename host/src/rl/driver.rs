@@ -12,7 +12,7 @@ use super::context::{JobContext, JobPlugins, JobStart, ModelInfo, Reporter, Shar
 use super::job::Job;
 use super::metrics::Summary;
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
-use super::sft::run_sft;
+use super::sft::{Warmup, run_sft};
 use super::training_loop::train_job;
 use crate::client::in_process::LocalModel;
 use crate::client::remote::RemoteService;
@@ -215,7 +215,7 @@ async fn prepare_base(
         });
     }
     let covered = |i: usize| checkpoints[i].as_ref().map(|(_, c)| c.metric_lines);
-    let mut sft_evals = None;
+    let mut warmup_done = None;
     let (model, base_dir, logs) = match (full_warmup, saved_base) {
         (Some(_), Some(base_lines)) => {
             model.load_weights(&folders[0].base_dir())?;
@@ -235,7 +235,7 @@ async fn prepare_base(
             };
             let cx = JobContext::new(first_plugins.clone(), &first.job, Arc::clone(&info));
             let trainer = model.full_parameter_trainer(beside.as_ref())?;
-            sft_evals = run_sft(&cx, &first.job, warmup, &trainer, &mut reporter).await?;
+            warmup_done = Some(run_sft(&cx, &first.job, warmup, &trainer, &mut reporter).await?);
             for folder in &folders {
                 let staged = folder.stage_base()?;
                 trainer.save_state(staged.path(), false).await?;
@@ -274,7 +274,7 @@ async fn prepare_base(
     });
     Ok((
         base,
-        job_starts(group, folders, logs, checkpoints, sft_evals),
+        job_starts(group, folders, logs, checkpoints, warmup_done),
     ))
 }
 
@@ -395,7 +395,7 @@ fn job_starts(
     folders: Vec<RunFolder>,
     logs: Vec<MetricsLog>,
     checkpoints: Vec<Option<(PathBuf, Cursor)>>,
-    sft_evals: Option<(Evaluation, Evaluation)>,
+    warmup: Option<Warmup>,
 ) -> Vec<JobStart> {
     group
         .into_iter()
@@ -409,7 +409,7 @@ fn job_starts(
                 folder,
                 log,
                 checkpoint,
-                sft_evals: sft_evals.clone(),
+                warmup: warmup.clone(),
                 plugins,
             },
         )

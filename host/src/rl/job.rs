@@ -220,17 +220,77 @@ pub struct SftSection {
     /// Train every weight of the model (true), or the LoRA adapter that RL trains next (false).
     #[serde(default = "default_true")]
     pub full_parameters: bool,
-    /// With a JSONL source: the last this many conversations are held out of training; their
-    /// loss per token is the evaluation.
+    /// The held-out set, whose loss per token is the evaluation: with a JSONL source, the last
+    /// this many conversations; with demonstrations, this many episodes of seeds of their own
+    /// (default under a plateau stop: [`PLATEAU_HELD_OUT`]).
     #[serde(default)]
     pub held_out: usize,
     /// Evaluate the held-out loss every this many steps (and before and after); 0: before and
-    /// after only.
+    /// after only (under a plateau stop: every [`PLATEAU_EVAL_EVERY`]).
     #[serde(default)]
     pub eval_every: usize,
+    /// When the warm-up ends; absent: `plateau` for demonstrations, `steps` for a file.
+    #[serde(default)]
+    pub stop: Option<StopRule>,
+    /// Under a plateau stop: evaluations in a row without a lower held-out loss (by
+    /// [`PLATEAU_MIN_GAIN`]) before the warm-up ends.
+    #[serde(default = "default_patience")]
+    pub patience: usize,
+}
+
+/// When a warm-up ends (`sft.stop`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopRule {
+    /// After all of its `steps`.
+    Steps,
+    /// Once the held-out loss per token has stopped falling (`patience` evaluations in a row
+    /// without a gain of [`PLATEAU_MIN_GAIN`]), or after `steps`. A warm-up on demonstrations
+    /// teaches the form of an action and the rules; once their loss is flat it only copies the
+    /// demonstrations' choices harder, which is RL's part to improve on.
+    Plateau,
+}
+
+/// Under a plateau stop, the held-out loss per token has fallen when it is lower than the best
+/// before by this fraction of it, or by [`PLATEAU_MIN_GAIN_NATS`] where that is more.
+pub const PLATEAU_MIN_GAIN: f64 = 0.01;
+/// See [`PLATEAU_MIN_GAIN`]: near zero, a fraction of the loss is noise.
+pub const PLATEAU_MIN_GAIN_NATS: f64 = 1e-3;
+/// The held-out demonstration episodes of a plateau stop when `sft.held_out` is not given.
+pub const PLATEAU_HELD_OUT: usize = 16;
+/// The steps between a plateau stop's evaluations when `sft.eval_every` is not given.
+pub const PLATEAU_EVAL_EVERY: usize = 10;
+
+fn default_patience() -> usize {
+    3
 }
 
 impl SftSection {
+    /// The rule that ends this warm-up (`stop`, or the source's default).
+    pub fn stop_rule(&self) -> StopRule {
+        self.stop.unwrap_or(match self.source {
+            SftSource::Demonstrations => StopRule::Plateau,
+            SftSource::File(_) => StopRule::Steps,
+        })
+    }
+
+    /// The size of the held-out set: `held_out`, or a plateau stop's default on
+    /// demonstrations.
+    pub fn held_out_size(&self) -> usize {
+        match (self.held_out, self.stop_rule(), &self.source) {
+            (0, StopRule::Plateau, SftSource::Demonstrations) => PLATEAU_HELD_OUT,
+            (given, _, _) => given,
+        }
+    }
+
+    /// The steps between evaluations of the held-out loss (0: before and after only).
+    pub fn eval_interval(&self) -> usize {
+        match (self.eval_every, self.stop_rule()) {
+            (0, StopRule::Plateau) => PLATEAU_EVAL_EVERY,
+            (given, _) => given,
+        }
+    }
+
     /// The chat JSONL file, when the source is one.
     pub fn jsonl(&self) -> Option<&Path> {
         match &self.source {
@@ -723,10 +783,18 @@ impl Job {
         }
         self.check_policies()?;
         if let Some(sft) = &self.sft
-            && sft.held_out > 0
-            && sft.jsonl().is_none()
+            && sft.stop_rule() == StopRule::Plateau
         {
-            return Err("sft.held_out: only a JSONL source has conversations to hold out".into());
+            if sft.held_out_size() == 0 {
+                return Err(
+                    "sft.stop = \"plateau\" watches the held-out loss: give `sft.held_out` \
+                     conversations to hold out"
+                        .into(),
+                );
+            }
+            if sft.patience == 0 {
+                return Err("sft.patience: a plateau stop waits at least 1 evaluation".into());
+            }
         }
         Ok(())
     }
@@ -924,6 +992,39 @@ mod tests {
         assert!(err.contains("[environment]"), "{err}");
         let nothing = "[model]\ninit_tiny = { seed = 1 }\n";
         assert!(parse(nothing).unwrap_err().contains("trains nothing"));
+    }
+
+    #[test]
+    fn a_warm_up_on_demonstrations_stops_at_a_plateau_unless_told_to_run_its_steps() {
+        let job = |sft: &str| format!("{MINIMAL}\n[sft]\n{sft}\n");
+        let read = |sft: &str| parse(&job(sft)).map(|j| j.sft.unwrap());
+        let demos = read("source = \"demonstrations\"\nsteps = 50").unwrap();
+        assert_eq!(demos.stop_rule(), StopRule::Plateau);
+        assert_eq!(
+            (demos.held_out_size(), demos.eval_interval(), demos.patience),
+            (PLATEAU_HELD_OUT, PLATEAU_EVAL_EVERY, 3)
+        );
+        let given = "source = \"demonstrations\"\nsteps = 50\nheld_out = 4\neval_every = 2";
+        let given = read(given).unwrap();
+        assert_eq!((given.held_out_size(), given.eval_interval()), (4, 2));
+        let steps = read("source = \"demonstrations\"\nsteps = 50\nstop = \"steps\"").unwrap();
+        assert_eq!(
+            (
+                steps.stop_rule(),
+                steps.held_out_size(),
+                steps.eval_interval()
+            ),
+            (StopRule::Steps, 0, 0)
+        );
+        // A file runs its steps unless told; a plateau there needs conversations held out.
+        let file = read("source = \"chat.jsonl\"\nsteps = 5").unwrap();
+        assert_eq!(file.stop_rule(), StopRule::Steps);
+        let err = read("source = \"chat.jsonl\"\nsteps = 5\nstop = \"plateau\"").unwrap_err();
+        assert!(err.contains("sft.held_out"), "{err}");
+        let err = read("source = \"demonstrations\"\nsteps = 5\npatience = 0").unwrap_err();
+        assert!(err.contains("sft.patience"), "{err}");
+        let err = read("source = \"demonstrations\"\nsteps = 5\nstop = \"early\"").unwrap_err();
+        assert!(err.contains("plateau") && err.contains("steps"), "{err}");
     }
 
     #[test]

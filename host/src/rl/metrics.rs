@@ -87,6 +87,9 @@ pub struct StepMetrics {
     /// On the first RL step's line: each trainable policy's evaluation before any RL update.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub initial_evals: BTreeMap<String, Evaluation>,
+    /// On a warm-up's last line, when a plateau stop ended it before its steps: why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warmup_stop: Option<String>,
     pub seconds: f64,
 }
 

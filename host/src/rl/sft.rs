@@ -14,10 +14,10 @@ use serde::Deserialize;
 
 use super::context::{JobContext, Reporter, play_batch};
 use super::datum::{Datum, sft_datum};
-use super::job::{Job, SftSection};
+use super::job::{Job, PLATEAU_MIN_GAIN, PLATEAU_MIN_GAIN_NATS, SftSection, StopRule};
 use super::metrics::{Evaluation, Phase, StepMetrics, errors, mean};
 use super::render::Renderer;
-use super::rollout::Actor;
+use super::rollout::{Actor, EpisodeOutcome};
 use super::train_step::{LossFn, forward_cross_entropy, loss_per_token, train_step};
 use super::transcript::{TokenSequence, Transcript};
 use crate::client::TrainingClient;
@@ -91,22 +91,37 @@ pub fn conversation_sequence(
         .ok_or_else(|| anyhow::anyhow!("the conversation has no assistant message"))
 }
 
-/// Where SFT batches come from.
+/// Where SFT batches come from, and the held-out datums whose loss evaluates the warm-up.
 enum SftData {
     /// Episodes played with the environment's demonstration actions.
-    Demonstrations,
-    /// Chat conversations from a file, and the datums of the held-out ones.
+    Demonstrations { held_out: Vec<Datum> },
+    /// Chat conversations from a file.
     Conversations {
         train: Vec<TokenSequence>,
         held_out: Vec<Datum>,
     },
 }
 
+/// The seeds of a warm-up's demonstration episodes: training batches count up from the
+/// first, the held-out episodes from the second, so that the two never meet.
+const TRAINING_SEEDS: u64 = 1 << 32;
+const HELD_OUT_SEEDS: u64 = 2 << 32;
+
 impl SftData {
-    fn load(sft: &SftSection, renderer: &Renderer) -> anyhow::Result<Self> {
+    async fn load(cx: &JobContext, job: &Job, sft: &SftSection) -> anyhow::Result<Self> {
         let Some(file) = sft.jsonl() else {
-            return Ok(SftData::Demonstrations);
+            let seeds: Vec<u64> = (0..sft.held_out_size() as u64)
+                .map(|i| HELD_OUT_SEEDS + i)
+                .collect();
+            let (held_out, _) = demonstrations(cx, job, &seeds).await?;
+            anyhow::ensure!(
+                held_out.len() >= seeds.len().min(1),
+                "none of the {} held-out demonstration episodes gave a datum",
+                seeds.len()
+            );
+            return Ok(SftData::Demonstrations { held_out });
         };
+        let renderer = &cx.model.renderer;
         let conversations = read_conversations(file)?;
         anyhow::ensure!(
             sft.held_out < conversations.len(),
@@ -133,22 +148,86 @@ impl SftData {
             held_out,
         })
     }
+
+    fn held_out(&self) -> &[Datum] {
+        match self {
+            SftData::Demonstrations { held_out } | SftData::Conversations { held_out, .. } => {
+                held_out
+            }
+        }
+    }
 }
 
-/// Supervised steps (the `[sft]` section: demonstrations or a chat file), training `trainer`.
-/// Returns the held-out loss before and after, when there is a held-out set.
+/// The datums of demonstration episodes of `seeds`, and the episodes' outcomes.
+async fn demonstrations(
+    cx: &JobContext,
+    job: &Job,
+    seeds: &[u64],
+) -> anyhow::Result<(Vec<Datum>, Vec<EpisodeOutcome>)> {
+    let outcomes = play_batch(cx, job, &cx.config, seeds, &[Actor::Demonstration], None).await?;
+    let datums = outcomes
+        .iter()
+        .filter(|o| o.error.is_none())
+        .flat_map(|o| {
+            o.transcripts
+                .iter()
+                .flatten()
+                .flat_map(|t| t.clone().into_sequences())
+        })
+        .filter_map(|s| sft_datum(&s))
+        .collect();
+    Ok((datums, outcomes))
+}
+
+/// A plateau stop's watch over the held-out loss: the best loss so far, and the evaluations
+/// since it last fell (see `job::StopRule::Plateau`).
+struct Plateau {
+    best: f64,
+    flat: usize,
+    patience: usize,
+}
+
+impl Plateau {
+    /// Record an evaluation's loss; the reason to stop when the loss has been flat for
+    /// `patience` evaluations.
+    fn watch(&mut self, loss: f64) -> Option<String> {
+        let gain = (self.best * PLATEAU_MIN_GAIN).max(PLATEAU_MIN_GAIN_NATS);
+        if loss < self.best - gain {
+            (self.best, self.flat) = (loss, 0);
+            return None;
+        }
+        self.flat += 1;
+        (self.flat >= self.patience).then(|| {
+            format!(
+                "the held-out loss per token has not fallen below {:.4} by {}% in {} evaluations",
+                self.best,
+                PLATEAU_MIN_GAIN * 100.0,
+                self.flat
+            )
+        })
+    }
+}
+
+/// What a warm-up did: the held-out evaluations before and after (when it has a held-out set),
+/// and the steps it ran.
+#[derive(Clone)]
+pub(super) struct Warmup {
+    pub(super) evals: Option<(Evaluation, Evaluation)>,
+    pub(super) steps: usize,
+}
+
+/// Supervised steps (the `[sft]` section: demonstrations or a chat file), training `trainer`,
+/// until `sft.steps` or, under a plateau stop, until the held-out loss stops falling.
 pub(super) async fn run_sft(
     cx: &JobContext,
     job: &Job,
     sft: &SftSection,
     trainer: &dyn TrainingClient,
     reporter: &mut Reporter,
-) -> anyhow::Result<Option<(Evaluation, Evaluation)>> {
-    let data = SftData::load(sft, &cx.model.renderer)?;
+) -> anyhow::Result<Warmup> {
+    let data = SftData::load(cx, job, sft).await?;
     let held_out_loss = async || -> anyhow::Result<Option<Evaluation>> {
-        let SftData::Conversations { held_out, .. } = &data else {
-            return Ok(None);
-        };
+        let held_out = data.held_out();
         if held_out.is_empty() {
             return Ok(None);
         }
@@ -161,28 +240,30 @@ pub(super) async fn run_sft(
         }))
     };
     let initial = held_out_loss().await?;
+    let mut plateau = match (sft.stop_rule(), &initial) {
+        (
+            StopRule::Plateau,
+            Some(Evaluation {
+                loss: Some(loss), ..
+            }),
+        ) => Some(Plateau {
+            best: *loss,
+            flat: 0,
+            patience: sft.patience,
+        }),
+        _ => None,
+    };
+    let every = sft.eval_interval();
     let mut last = initial.clone();
+    let mut steps = 0;
     for step in 0..sft.steps {
         let started = Instant::now();
         let (datums, outcomes) = match &data {
-            SftData::Demonstrations => {
+            SftData::Demonstrations { .. } => {
                 let seeds: Vec<u64> = (0..sft.batch as u64)
-                    .map(|i| (1 << 32) + (step * sft.batch) as u64 + i)
+                    .map(|i| TRAINING_SEEDS + (step * sft.batch) as u64 + i)
                     .collect();
-                let outcomes =
-                    play_batch(cx, job, &cx.config, &seeds, &[Actor::Demonstration], None).await?;
-                let datums: Vec<Datum> = outcomes
-                    .iter()
-                    .filter(|o| o.error.is_none())
-                    .flat_map(|o| {
-                        o.transcripts
-                            .iter()
-                            .flatten()
-                            .flat_map(|t| t.clone().into_sequences())
-                    })
-                    .filter_map(|s| sft_datum(&s))
-                    .collect();
-                (datums, outcomes)
+                demonstrations(cx, job, &seeds).await?
             }
             // Batches walk through the file in order, wrapping around.
             SftData::Conversations { train, .. } => {
@@ -198,11 +279,21 @@ pub(super) async fn run_sft(
             sft.schedule.rate(sft.learning_rate, step, sft.steps),
         )
         .await?;
+        steps = step + 1;
         let (loss_value, tokens) = (trained.loss, trained.tokens);
-        let due = step + 1 == sft.steps || (sft.eval_every > 0 && (step + 1) % sft.eval_every == 0);
+        let due = step + 1 == sft.steps || (every > 0 && (step + 1) % every == 0);
         let eval = match due {
             true => held_out_loss().await?,
             false => None,
+        };
+        let stopped = match (&mut plateau, &eval) {
+            (
+                Some(plateau),
+                Some(Evaluation {
+                    loss: Some(loss), ..
+                }),
+            ) => plateau.watch(*loss),
+            _ => None,
         };
         if eval.is_some() {
             last = eval.clone();
@@ -220,11 +311,18 @@ pub(super) async fn run_sft(
                 (0, Some(initial)) => BTreeMap::from([("held-out".to_string(), initial.clone())]),
                 _ => BTreeMap::new(),
             },
+            warmup_stop: stopped.clone(),
             seconds: started.elapsed().as_secs_f64(),
             ..StepMetrics::default()
         })?;
+        if stopped.is_some() {
+            break;
+        }
     }
-    Ok(initial.zip(last))
+    Ok(Warmup {
+        evals: initial.zip(last),
+        steps,
+    })
 }
 
 #[cfg(test)]
@@ -266,6 +364,35 @@ mod tests {
             .map(|s| renderer.action_text(&s.tokens).unwrap())
             .collect();
         assert_eq!(actions, ["4", "6"]);
+    }
+
+    #[test]
+    fn a_plateau_stop_waits_for_patience_evaluations_without_a_gain() {
+        let mut plateau = Plateau {
+            best: 2.0,
+            flat: 0,
+            patience: 2,
+        };
+        // Falling by more than 1%: never stops, and a flat evaluation between two falls
+        // starts the count again.
+        assert_eq!(plateau.watch(1.5), None);
+        assert_eq!(plateau.watch(1.495), None);
+        assert_eq!(plateau.watch(1.2), None);
+        assert_eq!(plateau.flat, 0);
+        // Less than 1% lower, then higher: two flat evaluations.
+        assert_eq!(plateau.watch(1.19), None);
+        let why = plateau.watch(1.3).unwrap();
+        assert!(
+            why.contains("1.2000") && why.contains("2 evaluations"),
+            "{why}"
+        );
+        // Near zero, a gain must be at least the absolute floor.
+        let mut plateau = Plateau {
+            best: 0.01,
+            flat: 0,
+            patience: 1,
+        };
+        assert!(plateau.watch(0.0095).is_some());
     }
 
     #[test]

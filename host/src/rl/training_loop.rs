@@ -24,7 +24,7 @@ use super::metrics::{
 };
 use super::rollout::{Actor, EpisodeOutcome, RolloutRecord};
 use super::run_folder::{Cursor, RunFolder};
-use super::sft::run_sft;
+use super::sft::{Warmup, run_sft};
 use super::train_step::{LossFn, PolicyBatch, forward_cross_entropy, train_step};
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
 
@@ -181,7 +181,7 @@ pub(super) async fn train_job(
         folder,
         log,
         checkpoint,
-        mut sft_evals,
+        mut warmup,
         plugins,
         ..
     } = start;
@@ -225,10 +225,10 @@ pub(super) async fn train_job(
         trainable.as_slice(),
     ) {
         let trainer = trainer_of(&trainers, &policy.name)?;
-        sft_evals = run_sft(&cx, job, sft, trainer.as_ref(), &mut reporter).await?;
+        warmup = Some(run_sft(&cx, job, sft, trainer.as_ref(), &mut reporter).await?);
     }
     if job.rl.steps == 0 {
-        return sft_summary(job, service, &folder, &trainers, &trainable, sft_evals).await;
+        return sft_summary(job, service, &folder, &trainers, &trainable, warmup).await;
     }
     let loss = LossFn {
         name: job.rl.loss.name().to_string(),
@@ -403,6 +403,7 @@ pub(super) async fn train_job(
                 0 => initial_evals.clone(),
                 _ => BTreeMap::new(),
             },
+            warmup_stop: None,
             seconds: started.elapsed().as_secs_f64(),
         })?;
         let every = job.checkpoint.every;
@@ -596,7 +597,7 @@ async fn sft_summary(
     folder: &RunFolder,
     trainers: &Trainers,
     trainable: &[&PolicySection],
-    sft_evals: Option<(Evaluation, Evaluation)>,
+    warmup: Option<Warmup>,
 ) -> anyhow::Result<Summary> {
     let checkpoint = match job.sft.as_ref().is_some_and(|s| s.full_parameters) {
         true => PathBuf::from(service.base_model()),
@@ -611,9 +612,13 @@ async fn sft_summary(
         }
     };
     folder.write_report()?;
-    let (initial_eval, final_eval) = sft_evals.unwrap_or_default();
+    // A resumed job whose warm-up ended before this run reports its steps as planned.
+    let steps = warmup
+        .as_ref()
+        .map_or(job.sft.as_ref().map_or(0, |s| s.steps), |w| w.steps);
+    let (initial_eval, final_eval) = warmup.and_then(|w| w.evals).unwrap_or_default();
     Ok(Summary {
-        steps: job.sft.as_ref().map_or(0, |s| s.steps),
+        steps,
         initial_eval,
         final_eval,
         checkpoint,
