@@ -323,6 +323,15 @@ episodes = 4
     let out = dir.path().join("run");
     let summary = train_json(&job, &out);
     assert_eq!(summary["steps"], 2);
+    // The settings it ran with, the defaults the file left out filled in.
+    let settings: toml::Table = std::fs::read_to_string(out.join("settings.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(settings["rl"]["group_size"].as_integer(), Some(3));
+    assert_eq!(settings["rl"]["temperature"].as_float(), Some(1.0));
+    assert_eq!(settings["lora"]["rank"].as_integer(), Some(4));
+    assert_eq!(settings["lora"]["alpha"].as_float(), Some(32.0));
     assert_eq!(summary["initial_eval"]["episodes"], 4);
     assert!(summary["final_eval"]["reward_mean"].is_number());
     let checkpoint = PathBuf::from(summary["checkpoint"].as_str().unwrap());

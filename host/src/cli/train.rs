@@ -10,6 +10,7 @@ use super::progress::TrainProgress;
 use crate::client::in_process::TinyModelSpec;
 use crate::rl::driver::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
 use crate::rl::job::Job;
+use crate::rl::run_folder::SETTINGS;
 use crate::sched::TINY_MODEL_NAME;
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +129,16 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             !names[..i].contains(name),
             "two job files are named {name:?}: each job of one `train` needs a file name of its own"
         );
+    }
+    for run in &runs {
+        if !run.job.defaults.is_empty() {
+            eprintln!(
+                "{}: defaults (the file leaves them out; all settings in {}): {}",
+                run.name,
+                run.out.join(SETTINGS).display(),
+                run.job.defaults.join(", ")
+            );
+        }
     }
     let shown: Vec<(String, &Job)> = runs.iter().map(|r| (r.name.clone(), &*r.job)).collect();
     let display = Arc::new(TrainProgress::new(&shown));

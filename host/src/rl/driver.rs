@@ -384,6 +384,7 @@ fn run_folders(
             );
             let folder = RunFolder::create(&run.out)?;
             folder.record_job_file(&run.file)?;
+            folder.record_settings(&run.job.settings())?;
             Ok(folder)
         })
         .collect()

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::advantage::Estimator;
 use crate::api::LoraConfig;
@@ -47,6 +47,10 @@ pub struct Job {
     /// others keep their defaults), at most the host's maxima.
     #[serde(default)]
     pub limits: Limits,
+    /// The training settings the file left out, as `section.key = value` with the values they
+    /// take (see [`Job::settings`]).
+    #[serde(skip)]
+    pub defaults: Vec<String>,
 }
 
 /// A policy of a multi-agent job: a LoRA adapter (or, frozen, the base model as it was when RL
@@ -93,7 +97,7 @@ pub struct ModelSection {
 }
 
 /// The shape of every trainable policy's adapter (`[lora]`).
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoraSection {
     pub rank: usize,
@@ -203,10 +207,13 @@ fn default_weight() -> f64 {
     1.0
 }
 
-/// Supervised fine-tuning: the warm-up of an RL job, or a job of its own (a job without `[rl]`).
-#[derive(Debug, PartialEq, Deserialize)]
+/// Supervised fine-tuning: the warm-up of an RL job, or a job of its own (a job without an
+/// environment, or with `rl.steps = 0`).
+#[derive(Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SftSection {
+    /// Not among the settings a run writes: a path of the machine that runs it.
+    #[serde(skip_serializing)]
     pub source: SftSource,
     pub steps: usize,
     /// Episodes or conversations per step.
@@ -239,7 +246,7 @@ pub struct SftSection {
 }
 
 /// When a warm-up ends (`sft.stop`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopRule {
     /// After all of its `steps`.
@@ -332,7 +339,7 @@ fn default_sft_schedule() -> LrSchedule {
 }
 
 /// How a phase's learning rate changes over its steps (`sft.schedule`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LrSchedule {
     /// The same rate at every step.
@@ -352,10 +359,11 @@ impl LrSchedule {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RlSection {
-    /// RL steps; 0 (the default without `[rl]`): none.
+    /// RL steps; not given: [`DEFAULT_RL_STEPS`] for a job with an environment, none (an SFT
+    /// job) without one.
     #[serde(default)]
     pub steps: usize,
     #[serde(default = "default_groups")]
@@ -407,17 +415,22 @@ pub struct RlSection {
     #[serde(default)]
     pub kl_coef: f64,
     /// The KL reference: a PEFT adapter folder (one subfolder per policy in a multi-agent job);
-    /// absent: each policy as it was when RL started.
-    #[serde(default)]
+    /// absent: each policy as it was when RL started. Not among the settings a run writes: a
+    /// path of the machine that runs it.
+    #[serde(default, skip_serializing)]
     pub kl_reference: Option<PathBuf>,
 }
+
+/// The RL steps of a job with an environment whose file does not give `rl.steps`: long enough
+/// for RL, not the warm-up, to carry the gain on `examples/tictactoe.toml` (examples/LEARNING.md).
+pub const DEFAULT_RL_STEPS: usize = 60;
 
 fn default_max_failure_rate() -> f64 {
     0.5
 }
 
 /// How sampling and training interleave (`rl.mode`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Sample a batch, train on it, publish the new policy, repeat.
@@ -429,7 +442,7 @@ pub enum Mode {
 }
 
 /// How returns become advantages (`rl.estimator`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EstimatorName {
     /// The return minus its group's mean.
@@ -442,7 +455,7 @@ pub enum EstimatorName {
 }
 
 /// The RL loss (`rl.loss`); its settings are `rl.loss_config`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LossName {
     CrossEntropy,
@@ -471,7 +484,7 @@ fn default_max_policy_lag() -> usize {
 }
 
 /// What becomes of a group sampled more than `max_policy_lag` versions behind (async mode).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StaleGroups {
     /// Its task is played again with the current policy.
@@ -598,7 +611,7 @@ pub enum JobProblem {
 }
 
 /// Greedy evaluation on seeds disjoint from training's.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EvalSection {
     /// Evaluate every this many RL steps (and before and after training); 0: only before and
@@ -617,7 +630,7 @@ impl Default for EvalSection {
 }
 
 /// How often the run saves what `--resume` continues from.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointSection {
     /// Save `checkpoints/step-N/` every this many RL steps; 0: only the final adapter.
@@ -645,15 +658,75 @@ impl Job {
     /// Parse and check the text of a job file; `origin` names it in errors. Paths in it are
     /// kept as written.
     pub fn parse(text: &str, origin: &Path) -> Result<Self, JobError> {
-        let job: Job = toml::from_str(text).map_err(|e| JobError::Parse {
+        let parse_error = |e: toml::de::Error| JobError::Parse {
             path: origin.to_path_buf(),
             message: e.to_string(),
-        })?;
+        };
+        let mut job: Job = toml::from_str(text).map_err(parse_error)?;
+        let given: toml::Table = toml::from_str(text).map_err(parse_error)?;
+        let rl_steps_given = given
+            .get("rl")
+            .and_then(toml::Value::as_table)
+            .is_some_and(|rl| rl.contains_key("steps"));
+        if !rl_steps_given && job.environment.is_some() {
+            job.rl.steps = DEFAULT_RL_STEPS;
+        }
         job.check().map_err(|problem| JobError::Invalid {
             path: origin.to_path_buf(),
             problem,
         })?;
+        job.defaults = job.settings_not_in(&given);
         Ok(job)
+    }
+
+    /// The training settings the job runs with, every default filled in: `[lora]`, `[sft]`
+    /// (without its source), `[rl]` (without its KL reference), `[eval]` and `[checkpoint]`.
+    /// A run writes them to its folder (`settings.toml`).
+    pub fn settings(&self) -> toml::Table {
+        let mut settings = toml::Table::new();
+        let mut add = |name: &str, section: Result<toml::Value, toml::ser::Error>| {
+            // Every section is plain data that TOML holds; a failure would be our bug.
+            if let Ok(value) = section {
+                settings.insert(name.to_string(), value);
+            }
+        };
+        add("lora", toml::Value::try_from(&self.lora));
+        if let Some(sft) = &self.sft {
+            // With the values the warm-up's rule resolves its unset keys to.
+            let mut section = toml::Value::try_from(sft);
+            if let Ok(toml::Value::Table(table)) = &mut section {
+                let rule = toml::Value::try_from(sft.stop_rule());
+                if let Ok(rule) = rule {
+                    table.insert("stop".into(), rule);
+                }
+                let held_out = i64::try_from(sft.held_out_size()).unwrap_or(i64::MAX);
+                table.insert("held_out".into(), held_out.into());
+                let every = i64::try_from(sft.eval_interval()).unwrap_or(i64::MAX);
+                table.insert("eval_every".into(), every.into());
+            }
+            add("sft", section);
+        }
+        add("rl", toml::Value::try_from(&self.rl));
+        add("eval", toml::Value::try_from(&self.eval));
+        add("checkpoint", toml::Value::try_from(&self.checkpoint));
+        settings
+    }
+
+    /// The settings (`section.key = value`) that the file `given` leaves out.
+    fn settings_not_in(&self, given: &toml::Table) -> Vec<String> {
+        let mut defaults = Vec::new();
+        for (section, values) in self.settings() {
+            let Some(values) = values.as_table() else {
+                continue;
+            };
+            let written = given.get(&section).and_then(toml::Value::as_table);
+            for (key, value) in values {
+                if written.is_none_or(|w| !w.contains_key(key)) {
+                    defaults.push(format!("{section}.{key} = {value}"));
+                }
+            }
+        }
+        defaults
     }
 
     /// Make the job's relative paths relative to `base` (its file's folder).
@@ -1025,6 +1098,56 @@ mod tests {
         assert!(err.contains("sft.patience"), "{err}");
         let err = read("source = \"demonstrations\"\nsteps = 5\nstop = \"early\"").unwrap_err();
         assert!(err.contains("plateau") && err.contains("steps"), "{err}");
+    }
+
+    #[test]
+    fn a_job_of_a_model_and_an_environment_trains_rl_with_defaults_it_names() {
+        let bare = "[model]\ninit_tiny = { seed = 1 }\n[environment]\nplugin = \"p\"\n";
+        let job = parse(bare).unwrap();
+        assert_eq!(job.rl.steps, DEFAULT_RL_STEPS);
+        assert!(
+            job.defaults
+                .contains(&format!("rl.steps = {DEFAULT_RL_STEPS}")),
+            "{:?}",
+            job.defaults
+        );
+        assert!(
+            job.defaults.contains(&"lora.rank = 16".to_string()),
+            "{:?}",
+            job.defaults
+        );
+        assert!(
+            job.defaults
+                .contains(&"rl.loss = \"importance_sampling\"".to_string())
+        );
+        // What the file gives is not a default; `rl.steps = 0` is an SFT job.
+        let given = parse(&format!("{bare}[rl]\nsteps = 5\ngroup_size = 4\n")).unwrap();
+        assert_eq!(given.rl.steps, 5);
+        assert!(
+            given
+                .defaults
+                .iter()
+                .all(|d| !d.starts_with("rl.steps") && !d.starts_with("rl.group_size"))
+        );
+        assert!(
+            given
+                .defaults
+                .contains(&"rl.groups_per_batch = 8".to_string())
+        );
+        let sft = "[sft]\nsource = \"demonstrations\"\nsteps = 5\n[rl]\nsteps = 0\n";
+        assert_eq!(parse(&format!("{bare}{sft}")).unwrap().rl.steps, 0);
+        // The settings a run writes: every section, no path of the machine.
+        let settings = parse(&format!("{bare}{sft}")).unwrap().settings();
+        let sections: Vec<&str> = settings.keys().map(String::as_str).collect();
+        assert_eq!(sections, ["checkpoint", "eval", "lora", "rl", "sft"]);
+        assert!(!settings["sft"].as_table().unwrap().contains_key("source"));
+        assert_eq!(settings["sft"]["stop"].as_str(), Some("plateau"));
+        assert!(
+            !settings["rl"]
+                .as_table()
+                .unwrap()
+                .contains_key("kl_reference")
+        );
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub const METRICS: &str = "metrics.jsonl";
 const CURSOR: &str = "cursor.json";
 const WARMUP: &str = "warmup.json";
 const JOB: &str = "job.json";
+/// The training settings the run uses, every default filled in (`Job::settings`).
+pub const SETTINGS: &str = "settings.toml";
 
 /// Where training stands after a checkpoint.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -95,6 +97,17 @@ impl RunFolder {
         let path = self.root.join(JOB);
         let text = serde_json::to_vec_pretty(&serde_json::json!({ "file": absolute }))?;
         write_atomic(&path, &text).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Write the training settings the run uses (`Job::settings`), so that a run of a file that
+    /// leaves them to the defaults still says what it ran with.
+    pub fn record_settings(&self, settings: &toml::Table) -> anyhow::Result<()> {
+        let path = self.root.join(SETTINGS);
+        let text = format!(
+            "# The training settings of this run, the job file's and the defaults it left out.\n{}",
+            toml::to_string(settings)?
+        );
+        write_atomic(&path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))
     }
 
     /// The job file [`RunFolder::record_job_file`] recorded, if any.
