@@ -236,7 +236,7 @@ pub struct SftSection {
     /// after only (under a plateau stop: every [`PLATEAU_EVAL_EVERY`]).
     #[serde(default)]
     pub eval_every: usize,
-    /// When the warm-up ends; absent: `plateau` for demonstrations, `steps` for a file.
+    /// When the warm-up ends; absent: after its steps.
     #[serde(default)]
     pub stop: Option<StopRule>,
     /// Under a plateau stop: evaluations in a row without a lower held-out loss (by
@@ -273,12 +273,13 @@ fn default_patience() -> usize {
 }
 
 impl SftSection {
-    /// The rule that ends this warm-up (`stop`, or the source's default).
+    /// The rule that ends this warm-up (`stop`; absent, its steps). A plateau stop is not the
+    /// default: on `arithmetic.toml` the loss of 16 held-out episodes is noisy enough that it
+    /// stopped the warm-up at step 110 of 300 with the greedy accuracy at 0.23 where 300 steps
+    /// reach 0.97, and with 64 episodes and a patience of 5 it never stops tic-tac-toe's
+    /// (examples/LEARNING.md).
     pub fn stop_rule(&self) -> StopRule {
-        self.stop.unwrap_or(match self.source {
-            SftSource::Demonstrations => StopRule::Plateau,
-            SftSource::File(_) => StopRule::Steps,
-        })
+        self.stop.unwrap_or(StopRule::Steps)
     }
 
     /// The size of the held-out set: `held_out`, or a plateau stop's default on
@@ -1068,19 +1069,10 @@ mod tests {
     }
 
     #[test]
-    fn a_warm_up_on_demonstrations_stops_at_a_plateau_unless_told_to_run_its_steps() {
+    fn a_warm_up_runs_its_steps_unless_told_to_stop_at_a_plateau() {
         let job = |sft: &str| format!("{MINIMAL}\n[sft]\n{sft}\n");
         let read = |sft: &str| parse(&job(sft)).map(|j| j.sft.unwrap());
-        let demos = read("source = \"demonstrations\"\nsteps = 50").unwrap();
-        assert_eq!(demos.stop_rule(), StopRule::Plateau);
-        assert_eq!(
-            (demos.held_out_size(), demos.eval_interval(), demos.patience),
-            (PLATEAU_HELD_OUT, PLATEAU_EVAL_EVERY, 3)
-        );
-        let given = "source = \"demonstrations\"\nsteps = 50\nheld_out = 4\neval_every = 2";
-        let given = read(given).unwrap();
-        assert_eq!((given.held_out_size(), given.eval_interval()), (4, 2));
-        let steps = read("source = \"demonstrations\"\nsteps = 50\nstop = \"steps\"").unwrap();
+        let steps = read("source = \"demonstrations\"\nsteps = 50").unwrap();
         assert_eq!(
             (
                 steps.stop_rule(),
@@ -1089,12 +1081,21 @@ mod tests {
             ),
             (StopRule::Steps, 0, 0)
         );
-        // A file runs its steps unless told; a plateau there needs conversations held out.
+        let plateau = "source = \"demonstrations\"\nsteps = 50\nstop = \"plateau\"";
+        let demos = read(plateau).unwrap();
+        assert_eq!(demos.stop_rule(), StopRule::Plateau);
+        assert_eq!(
+            (demos.held_out_size(), demos.eval_interval(), demos.patience),
+            (PLATEAU_HELD_OUT, PLATEAU_EVAL_EVERY, 3)
+        );
+        let given = read(&format!("{plateau}\nheld_out = 4\neval_every = 2")).unwrap();
+        assert_eq!((given.held_out_size(), given.eval_interval()), (4, 2));
+        // A plateau on a file needs conversations held out.
         let file = read("source = \"chat.jsonl\"\nsteps = 5").unwrap();
         assert_eq!(file.stop_rule(), StopRule::Steps);
         let err = read("source = \"chat.jsonl\"\nsteps = 5\nstop = \"plateau\"").unwrap_err();
         assert!(err.contains("sft.held_out"), "{err}");
-        let err = read("source = \"demonstrations\"\nsteps = 5\npatience = 0").unwrap_err();
+        let err = read(&format!("{plateau}\npatience = 0")).unwrap_err();
         assert!(err.contains("sft.patience"), "{err}");
         let err = read("source = \"demonstrations\"\nsteps = 5\nstop = \"early\"").unwrap_err();
         assert!(err.contains("plateau") && err.contains("steps"), "{err}");
@@ -1141,7 +1142,7 @@ mod tests {
         let sections: Vec<&str> = settings.keys().map(String::as_str).collect();
         assert_eq!(sections, ["checkpoint", "eval", "lora", "rl", "sft"]);
         assert!(!settings["sft"].as_table().unwrap().contains_key("source"));
-        assert_eq!(settings["sft"]["stop"].as_str(), Some("plateau"));
+        assert_eq!(settings["sft"]["stop"].as_str(), Some("steps"));
         assert!(
             !settings["rl"]
                 .as_table()
