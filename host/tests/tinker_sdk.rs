@@ -162,6 +162,21 @@ fn every_method_of_the_sdks_clients_is_served_or_refused_by_name() {
     });
 }
 
+/// `forward_backward_custom` with a Python callable (the SDK computes the loss and its gradient
+/// from `forward`'s logprobs and sends the gradient): the negative log-likelihood steps as the
+/// built-in cross-entropy does, and a loss the engine does not have steps as its gradient sent as
+/// weights does. The cookbook's venv has the torch the SDK needs for it.
+#[test]
+fn forward_backward_custom_with_a_callable_steps_as_its_gradient_says() {
+    let Some(python) = cookbook_python() else {
+        return;
+    };
+    run_script_with(&python, "custom_loss.py", |command, _| {
+        let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tinker_sdk");
+        command.env("PYTHONPATH", scripts);
+    });
+}
+
 /// The final adapter of `durable_loop.py` (its safetensors bytes) and its losses.
 fn final_adapter(server: &Server, output: &std::process::Output) -> (Vec<u8>, String) {
     let stdout = String::from_utf8_lossy(&output.stdout);

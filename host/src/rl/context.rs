@@ -8,11 +8,10 @@ use anyhow::Context;
 
 use super::diagnosis::action_digests;
 use super::job::Job;
-use super::metrics::{Evaluation, StepMetrics, errors, mean, metrics_of};
+use super::metrics::{Evaluation, StepMetrics, Warmup, errors, mean, metrics_of};
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
-use super::sft::Warmup;
 use crate::api::SamplingParams;
 use crate::client::{ModelText, ServiceClient};
 use crate::plugin::{Limits, Plugin, PluginHost, PluginKind};

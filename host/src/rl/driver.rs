@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use super::context::{JobContext, JobPlugins, JobStart, ModelInfo, Reporter, SharedBase};
 use super::job::Job;
-use super::metrics::Summary;
+use super::metrics::{Summary, Warmup};
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
-use super::sft::{Warmup, run_sft};
+use super::sft::run_sft;
 use super::training_loop::train_job;
 use crate::client::in_process::LocalModel;
 use crate::client::remote::RemoteService;

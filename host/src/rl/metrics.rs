@@ -93,6 +93,14 @@ pub struct StepMetrics {
     pub seconds: f64,
 }
 
+/// What a warm-up did: the held-out evaluations before and after (when it has a held-out set),
+/// and the steps it ran.
+#[derive(Clone)]
+pub(super) struct Warmup {
+    pub(super) evals: Option<(Evaluation, Evaluation)>,
+    pub(super) steps: usize,
+}
+
 /// Greedy evaluation on fixed seeds.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Evaluation {

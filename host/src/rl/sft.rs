@@ -15,7 +15,7 @@ use serde::Deserialize;
 use super::context::{JobContext, Reporter, play_batch};
 use super::datum::{Datum, sft_datum};
 use super::job::{Job, PLATEAU_MIN_GAIN, PLATEAU_MIN_GAIN_NATS, SftSection, StopRule};
-use super::metrics::{Evaluation, Phase, StepMetrics, errors, mean};
+use super::metrics::{Evaluation, Phase, StepMetrics, Warmup, errors, mean};
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome};
 use super::train_step::{LossFn, forward_cross_entropy, loss_per_token, train_step};
@@ -206,14 +206,6 @@ impl Plateau {
             )
         })
     }
-}
-
-/// What a warm-up did: the held-out evaluations before and after (when it has a held-out set),
-/// and the steps it ran.
-#[derive(Clone)]
-pub(super) struct Warmup {
-    pub(super) evals: Option<(Evaluation, Evaluation)>,
-    pub(super) steps: usize,
 }
 
 /// Supervised steps (the `[sft]` section: demonstrations or a chat file), training `trainer`,

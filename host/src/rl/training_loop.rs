@@ -19,12 +19,12 @@ use super::diagnosis::{RunSignals, greedy_agreement, signal_of};
 use super::group_stream::{GroupStream, Launch, PlayedGroup, play_group};
 use super::job::{Job, PolicySection};
 use super::metrics::{
-    Evaluation, Phase, PolicyEvaluations, StepMetrics, Summary, error_messages_of, errors_of, mean,
-    metrics_of, std,
+    Evaluation, Phase, PolicyEvaluations, StepMetrics, Summary, Warmup, error_messages_of,
+    errors_of, mean, metrics_of, std,
 };
 use super::rollout::{Actor, EpisodeOutcome, RolloutRecord};
 use super::run_folder::{Cursor, RunFolder};
-use super::sft::{Warmup, run_sft};
+use super::sft::run_sft;
 use super::train_step::{LossFn, PolicyBatch, forward_cross_entropy, train_step};
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
 
