@@ -1,9 +1,10 @@
-//! Training: the Tinker losses, and the engine that runs forward / forward_backward over
+//! Training: the Tinker losses, custom losses sent as graphs (`loss_graph`), and the engine that runs forward / forward_backward over
 //! mixed-adapter work items on the model's layers with a per-adapter AdamW, and PEFT checkpoints.
 
 pub mod checkpoint;
 pub mod engine;
 pub mod loss;
+mod loss_graph;
 pub mod slot_state;
 
 pub use engine::{
@@ -11,4 +12,5 @@ pub use engine::{
     TrainingEngine, WorkItem,
 };
 pub use loss::{Loss, LossError, LossInputs};
+pub use loss_graph::{Arg, CompiledLoss, GraphError, LossGraph, Node, NodeOp};
 pub use slot_state::{NamedState, SlotState, SlotStateError};
