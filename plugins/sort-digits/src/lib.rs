@@ -205,7 +205,10 @@ mod tests {
     fn tasks_are_reproducible_and_bad_input_is_named() {
         for seed in 0..50 {
             let text = SortDigits::generate_task(r#"{"digits": 5}"#, seed).unwrap();
-            assert_eq!(text, SortDigits::generate_task(r#"{"digits": 5}"#, seed).unwrap());
+            assert_eq!(
+                text,
+                SortDigits::generate_task(r#"{"digits": 5}"#, seed).unwrap()
+            );
             let task: Task = serde_json::from_str(&text).unwrap();
             assert_eq!(task.digits.len(), 5);
         }
@@ -213,7 +216,9 @@ mod tests {
         assert!(err.message.contains("digits"), "{err}");
         let err = SortDigits::generate_task(r#"{"digitz": 3}"#, 0).unwrap_err();
         assert!(err.message.contains("digitz"), "{err}");
-        let err = SortDigits::new("{}", r#"{"digits": [1, 12]}"#, 0).err().unwrap();
+        let err = SortDigits::new("{}", r#"{"digits": [1, 12]}"#, 0)
+            .err()
+            .unwrap();
         assert!(err.message.contains("0..=9"), "{err}");
     }
 }
