@@ -669,51 +669,67 @@ every = 1
     }
 }
 
-/// `examples/*.toml` cut down to a few steps, with their plugin paths made absolute.
+/// `examples/*.toml` and the defaults-only jobs of `examples/defaults/` cut down to a few steps,
+/// with their plugin paths made absolute.
 fn short_examples(into: &Path) -> Vec<PathBuf> {
     let examples = repo_root().join("examples");
     let mut files = Vec::new();
-    for entry in std::fs::read_dir(&examples).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_none_or(|e| e != "toml") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).unwrap();
-        let mut job: toml::Table = text.parse().unwrap();
-        let mut set = |section: &str, key: &str, value: toml::Value| {
-            if let Some(table) = job.get_mut(section).and_then(|s| s.as_table_mut()) {
-                table.insert(key.into(), value);
+    for folder in [examples.clone(), examples.join("defaults")] {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "toml") {
+                continue;
             }
-        };
-        set("sft", "steps", 2.into());
-        set("sft", "batch", 4.into());
-        set("sft", "eval_every", 1.into());
-        set("rl", "steps", 2.into());
-        set("rl", "groups_per_batch", 2.into());
-        set("rl", "group_size", 2.into());
-        set("eval", "episodes", 4.into());
-        set("eval", "every", 1.into());
-        job.insert("checkpoint".into(), toml::toml! { every = 1 }.into());
-        for section in ["environment", "agent", "reward"] {
-            if let Some(table) = job.get_mut(section).and_then(|s| s.as_table_mut()) {
-                let plugin = table["plugin"].as_str().unwrap();
-                let absolute = examples.join(plugin).canonicalize().unwrap();
-                table.insert("plugin".into(), absolute.to_str().unwrap().into());
-            }
+            let short = into.join(path.file_name().unwrap());
+            std::fs::write(&short, short_job(&path)).unwrap();
+            files.push(short);
         }
-        if let Some(sft) = job.get_mut("sft").and_then(|s| s.as_table_mut()) {
-            let source = sft["source"].as_str().unwrap();
-            if source != "demonstrations" {
-                let absolute = examples.join(source).canonicalize().unwrap();
-                sft.insert("source".into(), absolute.to_str().unwrap().into());
-            }
-        }
-        let short = into.join(path.file_name().unwrap());
-        std::fs::write(&short, toml::to_string(&job).unwrap()).unwrap();
-        files.push(short);
     }
     files.sort();
     files
+}
+
+/// The job file `path` cut down to a few steps: a defaults-only job gets the `[rl]` and
+/// `[eval]` sections it leaves out, at the same sizes.
+fn short_job(path: &Path) -> String {
+    let folder = path.parent().unwrap();
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut job: toml::Table = text.parse().unwrap();
+    if job.contains_key("environment") {
+        for section in ["rl", "eval"] {
+            job.entry(section)
+                .or_insert_with(|| toml::Table::new().into());
+        }
+    }
+    let mut set = |section: &str, key: &str, value: toml::Value| {
+        if let Some(table) = job.get_mut(section).and_then(|s| s.as_table_mut()) {
+            table.insert(key.into(), value);
+        }
+    };
+    set("sft", "steps", 2.into());
+    set("sft", "batch", 4.into());
+    set("sft", "eval_every", 1.into());
+    set("rl", "steps", 2.into());
+    set("rl", "groups_per_batch", 2.into());
+    set("rl", "group_size", 2.into());
+    set("eval", "episodes", 4.into());
+    set("eval", "every", 1.into());
+    job.insert("checkpoint".into(), toml::toml! { every = 1 }.into());
+    for section in ["environment", "agent", "reward"] {
+        if let Some(table) = job.get_mut(section).and_then(|s| s.as_table_mut()) {
+            let plugin = table["plugin"].as_str().unwrap();
+            let absolute = folder.join(plugin).canonicalize().unwrap();
+            table.insert("plugin".into(), absolute.to_str().unwrap().into());
+        }
+    }
+    if let Some(sft) = job.get_mut("sft").and_then(|s| s.as_table_mut()) {
+        let source = sft["source"].as_str().unwrap();
+        if source != "demonstrations" {
+            let absolute = folder.join(source).canonicalize().unwrap();
+            sft.insert("source".into(), absolute.to_str().unwrap().into());
+        }
+    }
+    toml::to_string(&job).unwrap()
 }
 
 #[test]
