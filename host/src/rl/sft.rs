@@ -115,7 +115,7 @@ impl SftData {
                 .collect();
             let (held_out, _) = demonstrations(cx, job, &seeds).await?;
             anyhow::ensure!(
-                held_out.len() >= seeds.len().min(1),
+                seeds.is_empty() || !held_out.is_empty(),
                 "none of the {} held-out demonstration episodes gave a datum",
                 seeds.len()
             );

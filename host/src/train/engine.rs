@@ -460,33 +460,28 @@ impl TrainingEngine {
         Ok(())
     }
 
-    /// Logprobs and losses of the items, without gradients.
+    /// Logprobs and losses of the items, without gradients. A call over more tokens than one
+    /// pass holds runs in passes (see [`PASS_BYTES`]).
     pub fn forward(&self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
-        let Some(passes) = self.passes(items)? else {
-            return Ok(self.run(items, false)?.outputs);
-        };
-        let mut outputs = vec![ItemOutput::default(); items.len()];
-        for pass in passes {
-            let parts: Vec<WorkItem> = pass.iter().map(|(_, part)| part.clone()).collect();
-            let done = self.run(&parts, false)?.outputs;
-            merge_outputs(&mut outputs, &pass, done);
+        self.check(items)?;
+        match self.passes(items) {
+            None => Ok(self.run(items, false)?.outputs),
+            Some(passes) => in_passes(items.len(), passes, |part| {
+                Ok(self.run(part, false)?.outputs)
+            }),
         }
-        Ok(outputs)
     }
 
     /// Logprobs and losses of the items; their gradients accumulate in each adapter's slot.
-    /// A call over more tokens than one pass holds runs in passes (see [`PASS_BYTES`]).
+    /// A call over more tokens than one pass holds runs in passes (see [`PASS_BYTES`]), each
+    /// adding its gradients as another call would. Every datum is checked first, so a bad one
+    /// refuses the call before any pass has added gradients.
     pub fn forward_backward(&mut self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
-        let Some(passes) = self.passes(items)? else {
-            return self.forward_backward_pass(items);
-        };
-        let mut outputs = vec![ItemOutput::default(); items.len()];
-        for pass in passes {
-            let parts: Vec<WorkItem> = pass.iter().map(|(_, part)| part.clone()).collect();
-            let done = self.forward_backward_pass(&parts)?;
-            merge_outputs(&mut outputs, &pass, done);
+        self.check(items)?;
+        match self.passes(items) {
+            None => self.forward_backward_pass(items),
+            Some(passes) => in_passes(items.len(), passes, |part| self.forward_backward_pass(part)),
         }
-        Ok(outputs)
     }
 
     /// The most memory one pass's activations may hold; [`PASS_BYTES`] unless set.
@@ -512,14 +507,8 @@ impl TrainingEngine {
     }
 
     /// `items` in passes of whole datums that each fit [`Self::pass_tokens`] (a datum longer
-    /// than that alone), each part with the index of the item it comes from; `None` when one
-    /// pass holds them all. Every datum is checked first, so that a bad one refuses the call
-    /// before any pass has added gradients.
-    #[allow(clippy::type_complexity)]
-    fn passes(
-        &self,
-        items: &[WorkItem],
-    ) -> Result<Option<Vec<Vec<(usize, WorkItem)>>>, TrainError> {
+    /// than that alone); `None` when one pass holds them all.
+    fn passes(&self, items: &[WorkItem]) -> Option<Vec<PassItems>> {
         let limit = self.pass_tokens(items);
         let total: usize = items
             .iter()
@@ -527,8 +516,39 @@ impl TrainingEngine {
             .map(|d| d.input_tokens.len())
             .sum();
         if total <= limit {
-            return Ok(None);
+            return None;
         }
+        let (mut passes, mut pass, mut tokens) = (Vec::new(), PassItems::default(), 0);
+        for (i, item) in items.iter().enumerate() {
+            for datum in &item.datums {
+                let length = datum.input_tokens.len();
+                if tokens > 0 && tokens + length > limit {
+                    passes.push(std::mem::take(&mut pass));
+                    tokens = 0;
+                }
+                match (pass.from.last(), pass.items.last_mut()) {
+                    (Some(&from), Some(part)) if from == i => part.datums.push(datum.clone()),
+                    _ => {
+                        pass.from.push(i);
+                        pass.items.push(WorkItem {
+                            adapter: item.adapter.clone(),
+                            datums: vec![datum.clone()],
+                            loss: item.loss.clone(),
+                        });
+                    }
+                }
+                tokens += length;
+            }
+        }
+        if !pass.items.is_empty() {
+            passes.push(pass);
+        }
+        Some(passes)
+    }
+
+    /// Every item's adapter known and every datum well formed; errors name the item and datum
+    /// as the caller numbered them.
+    fn check(&self, items: &[WorkItem]) -> Result<(), TrainError> {
         let vocab = self.model.config.vocab_size;
         for (i, item) in items.iter().enumerate() {
             if !self.slots.contains_key(&item.adapter) {
@@ -542,35 +562,7 @@ impl TrainingEngine {
                 })?;
             }
         }
-        let (mut passes, mut pass, mut tokens) = (Vec::new(), Vec::new(), 0);
-        for (i, item) in items.iter().enumerate() {
-            for datum in &item.datums {
-                let length = datum.input_tokens.len();
-                if tokens > 0 && tokens + length > limit {
-                    passes.push(std::mem::take(&mut pass));
-                    tokens = 0;
-                }
-                match pass.last_mut() {
-                    Some((from, part)) if *from == i => {
-                        let part: &mut WorkItem = part;
-                        part.datums.push(datum.clone());
-                    }
-                    _ => pass.push((
-                        i,
-                        WorkItem {
-                            adapter: item.adapter.clone(),
-                            datums: vec![datum.clone()],
-                            loss: item.loss.clone(),
-                        },
-                    )),
-                }
-                tokens += length;
-            }
-        }
-        if !pass.is_empty() {
-            passes.push(pass);
-        }
-        Ok(Some(passes))
+        Ok(())
     }
 
     /// [`Self::forward_backward`] in one pass.
@@ -693,8 +685,9 @@ impl TrainingEngine {
         })
     }
 
-    /// One fused pass over every item: rows grouped by adapter, each datum a whole sequence
-    /// through the model's layers; with `backward`, each trainable's fresh gradients.
+    /// One fused pass over every item (checked by the caller): rows grouped by adapter, each
+    /// datum a whole sequence through the model's layers; with `backward`, each trainable's
+    /// fresh gradients.
     fn run(&self, items: &[WorkItem], backward: bool) -> Result<Pass, TrainError> {
         match self.dtype {
             DType::F32 => self.run_in::<f32>(items, backward),
@@ -722,20 +715,11 @@ impl TrainingEngine {
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by(|&a, &b| items[a].adapter.cmp(&items[b].adapter));
         let config = &self.model.config;
-        let mut width = 1;
-        for (i, item) in items.iter().enumerate() {
-            if !self.slots.contains_key(&item.adapter) {
-                return Err(TrainError::UnknownAdapter(item.adapter.clone()));
-            }
-            for (d, datum) in item.datums.iter().enumerate() {
-                check_datum(datum, config.vocab_size).map_err(|problem| TrainError::BadDatum {
-                    item: i,
-                    datum: d,
-                    problem,
-                })?;
-                width = width.max(datum.input_tokens.len());
-            }
-        }
+        let width = items
+            .iter()
+            .flat_map(|item| &item.datums)
+            .map(|d| d.input_tokens.len())
+            .fold(1, usize::max);
         let rows: Vec<(usize, &Datum)> = order
             .iter()
             .flat_map(|&i| items[i].datums.iter().map(move |d| (i, d)))
@@ -978,17 +962,33 @@ impl TrainingEngine {
     }
 }
 
-/// Adds the outputs of one pass's parts (`done`, in the order of `pass`) to the outputs of
-/// the items they come from: logprobs in datum order, sums added.
-fn merge_outputs(outputs: &mut [ItemOutput], pass: &[(usize, WorkItem)], done: Vec<ItemOutput>) {
-    for ((from, _), part) in pass.iter().zip(done) {
-        let output = &mut outputs[*from];
-        output.logprobs.extend(part.logprobs);
-        output.loss += part.loss;
-        for (name, value) in part.metrics {
-            *output.metrics.entry(name).or_default() += value;
+/// One pass of a call split in passes: parts of the call's items (each of whole datums, in
+/// order), and the index of the item each part comes from.
+#[derive(Default)]
+struct PassItems {
+    from: Vec<usize>,
+    items: Vec<WorkItem>,
+}
+
+/// The outputs of a call of `count` items run as `passes`, each by `run`: each item's logprobs
+/// in datum order, its sums added.
+fn in_passes(
+    count: usize,
+    passes: Vec<PassItems>,
+    mut run: impl FnMut(&[WorkItem]) -> Result<Vec<ItemOutput>, TrainError>,
+) -> Result<Vec<ItemOutput>, TrainError> {
+    let mut outputs = vec![ItemOutput::default(); count];
+    for pass in passes {
+        for (&from, part) in pass.from.iter().zip(run(&pass.items)?) {
+            let output = &mut outputs[from];
+            output.logprobs.extend(part.logprobs);
+            output.loss += part.loss;
+            for (name, value) in part.metrics {
+                *output.metrics.entry(name).or_default() += value;
+            }
         }
     }
+    Ok(outputs)
 }
 
 /// Whether a datum is well formed: equal lengths, tokens in the vocabulary.

@@ -214,8 +214,8 @@ impl Environment for GridWalk {
     fn demonstration(&mut self) -> Option<String> {
         let good = self.towards();
         let rng = &mut self.demonstration_rng;
-        let draw = rng.next_u64() as f64 / u64::MAX as f64;
-        let step = match good.is_empty() || draw >= self.demonstration_accuracy {
+        let right = rng.chance(self.demonstration_accuracy);
+        let step = match good.is_empty() || !right {
             true => DIRECTIONS[rng.index(DIRECTIONS.len())],
             false => good[rng.index(good.len())],
         };

@@ -150,8 +150,7 @@ impl Environment for SortDigits {
 
     fn demonstration(&mut self) -> Option<String> {
         let mut answer = self.sorted();
-        let draw = self.rng.next_u64() as f64 / u64::MAX as f64;
-        if draw >= self.demonstration_accuracy {
+        if !self.rng.chance(self.demonstration_accuracy) {
             let at = self.rng.index(answer.len() - 1);
             answer.swap(at, at + 1);
         }

@@ -183,9 +183,9 @@ impl Environment for TakeAway {
     }
 
     fn demonstration(&mut self) -> Option<String> {
-        let draw = self.demonstration_rng.next_u64() as f64 / u64::MAX as f64;
+        let right = self.demonstration_rng.chance(self.demonstration_accuracy);
         let take = match self.winning_move() {
-            Some(take) if draw < self.demonstration_accuracy => take,
+            Some(take) if right => take,
             _ => Self::random_move(&mut self.demonstration_rng, self.stones, self.max_take),
         };
         Some(take.to_string())

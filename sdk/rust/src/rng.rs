@@ -30,6 +30,12 @@ impl SeededRng {
         low + (self.next_u64() % span) as i64
     }
 
+    /// True with probability `p` (never for 0): for choices such as how often a demonstration
+    /// is right.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() as f64 / u64::MAX as f64) < p
+    }
+
     /// An index into a slice of `len` items; `len` must be positive.
     pub fn index(&mut self, len: usize) -> usize {
         (self.next_u64() % len.max(1) as u64) as usize
@@ -48,5 +54,13 @@ mod tests {
         assert_eq!(xs, ys);
         assert!(xs.iter().all(|x| (1..=6).contains(x)));
         assert!(xs.contains(&1) && xs.contains(&6));
+    }
+
+    #[test]
+    fn a_chance_comes_true_about_as_often_as_asked() {
+        let mut rng = SeededRng::new(3);
+        let hits = (0..10_000).filter(|_| rng.chance(0.3)).count();
+        assert!((2_800..3_200).contains(&hits), "{hits}");
+        assert!(!(0..1000).any(|_| rng.chance(0.0)));
     }
 }
