@@ -476,6 +476,33 @@ fn malformed_and_wrong_requests_get_a_4xx_that_names_the_problem() {
     assert!(error.contains("different payload"), "{error}");
     let output = result(&server, first["request_id"].as_str().unwrap());
     assert!(output["protobuf_bytes"].as_u64() > Some(0), "{output}");
+
+    // The SDK numbers a new sampler afresh on every try of one `save_weights_for_sampler`, so
+    // its retry (after a restart cut the first answer) is the same request all the same; only
+    // that field may differ.
+    let save = |sampler: u64, ttl: Option<u64>| {
+        post(
+            &server,
+            "save_weights_for_sampler",
+            json!({"model_id": model, "seq_id": 3, "sampling_session_seq_id": sampler,
+                   "ttl_seconds": ttl}),
+        )
+    };
+    let (status, first) = save(0, None);
+    assert_eq!(status, 200, "{first}");
+    let (status, retry) = save(1, None);
+    assert_eq!(status, 200, "{retry}");
+    assert_eq!(first["request_id"], retry["request_id"]);
+    let (status, error) = refused(save(2, Some(7200)));
+    assert_eq!(status, 400);
+    assert!(error.contains("different payload"), "{error}");
+    let saved = result(&server, first["request_id"].as_str().unwrap());
+    assert!(
+        saved["sampling_session_id"]
+            .as_str()
+            .is_some_and(|id| id.ends_with(":sample:0")),
+        "{saved}"
+    );
 }
 
 #[test]

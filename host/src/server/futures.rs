@@ -43,6 +43,21 @@ impl Idempotency {
             payload: accepted_payload(body),
         }
     }
+
+    /// A repeat that may differ from the first request in the top-level JSON fields `varying`:
+    /// the `tinker` SDK draws a fresh `sampling_session_seq_id` on every try of a
+    /// `save_weights_for_sampler`, so the retry of one whose answer a restart cut differs there
+    /// and nowhere else. A body that is no JSON object is compared whole.
+    pub fn ignoring(key: String, body: &[u8], varying: &[&str]) -> Self {
+        let canonical = match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(serde_json::Value::Object(mut fields)) if !varying.is_empty() => {
+                fields.retain(|name, _| !varying.contains(&name.as_str()));
+                serde_json::to_vec(&fields).ok()
+            }
+            _ => None,
+        };
+        Idempotency::new(key, canonical.as_deref().unwrap_or(body))
+    }
 }
 
 fn lock(table: &Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
@@ -180,11 +195,15 @@ impl Futures {
             (id, sender)
         };
         let tenant_of_failed = tenant.clone();
+        let (idempotency_key, payload) = match idempotency {
+            Some(key) => (Some(key.key), key.payload),
+            None => (None, accepted_payload(&body)),
+        };
         let accepted = AcceptedRequest {
             id: id.clone(),
             tenant: tenant.clone(),
-            idempotency_key: idempotency.map(|k| k.key),
-            payload: accepted_payload(&body),
+            idempotency_key,
+            payload,
             route,
             body,
         };

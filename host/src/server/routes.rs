@@ -211,6 +211,9 @@ pub struct Accepted {
     /// What makes a repeat of it: a training client's `(model_id, seq_id)`, a sampler's
     /// `(sampler, seq_id)`, a new model's id, or else the client's `X-Idempotency-Key`.
     pub key: Option<String>,
+    /// Top-level body fields in which a client's retry may differ from its first try (see
+    /// [`Idempotency::ignoring`]).
+    pub varying: &'static [&'static str],
     /// Fields of the submit answer besides the request id.
     pub extra: Value,
 }
@@ -250,6 +253,7 @@ pub fn accept(
                 seq: request.model_seq_id,
             };
             Accepted {
+                varying: &[],
                 key: Some(format!("create {model}")),
                 extra: json!({ "model_id": model }),
                 op: Op::CreateModel {
@@ -265,6 +269,7 @@ pub fn accept(
         FutureRoute::ForwardBackward => {
             let request = wire::forward_backward(body)?;
             Accepted {
+                varying: &[],
                 key: seq_key(&request.model_id, request.seq_id, header_key),
                 extra: json!({ "model_id": request.model_id }),
                 seq: request.seq_id,
@@ -278,6 +283,7 @@ pub fn accept(
         FutureRoute::OptimStep => {
             let request: wire::OptimStep = parse(body)?;
             Accepted {
+                varying: &[],
                 key: seq_key(&request.model_id, request.seq_id, header_key),
                 extra: json!({ "model_id": request.model_id }),
                 seq: request.seq_id,
@@ -290,6 +296,7 @@ pub fn accept(
         FutureRoute::SaveWeights => {
             let request: wire::SaveWeights = parse(body)?;
             Accepted {
+                varying: &[],
                 key: seq_key(&request.model_id, request.seq_id, header_key),
                 extra: json!({ "model_id": request.model_id }),
                 seq: request.seq_id,
@@ -306,6 +313,7 @@ pub fn accept(
         FutureRoute::SaveWeightsExternal => {
             let request: wire::SaveWeightsExternal = parse(body)?;
             Accepted {
+                varying: &[],
                 key: seq_key(&request.model_id, request.seq_id, header_key),
                 extra: json!({ "model_id": request.model_id }),
                 seq: request.seq_id,
@@ -340,6 +348,8 @@ pub fn accept(
                 }
             };
             Accepted {
+                // The SDK draws a new sampler number on each try of the same seq_id.
+                varying: &["sampling_session_seq_id"],
                 key: seq_key(&request.model_id, request.seq_id, header_key),
                 extra: json!({ "model_id": request.model_id }),
                 seq: request.seq_id,
@@ -351,6 +361,7 @@ pub fn accept(
             let path: CheckpointPath = request.path.parse()?;
             match (request.model_id, request.session_id, request.model_seq_id) {
                 (Some(model), None, _) => Accepted {
+                    varying: &[],
                     key: seq_key(&model, request.seq_id, header_key),
                     extra: json!({ "model_id": model }),
                     seq: request.seq_id,
@@ -367,6 +378,7 @@ pub fn accept(
                         seq: model_seq,
                     };
                     Accepted {
+                        varying: &[],
                         key: Some(format!("create {model}")),
                         extra: json!({ "model_id": model }),
                         seq: None,
@@ -416,6 +428,7 @@ pub fn accept(
                 _ => None,
             };
             Accepted {
+                varying: &[],
                 key: seq_key(&sampler, request.seq_id, header_key),
                 extra: json!({
                     "num_samples": request.num_samples,
@@ -554,7 +567,9 @@ async fn submit(
     }
     let submission = Submission {
         tenant: tenant.clone(),
-        idempotency: accepted.key.map(|key| Idempotency::new(key, &body)),
+        idempotency: accepted
+            .key
+            .map(|key| Idempotency::ignoring(key, &body, accepted.varying)),
         route: route.name().to_string(),
         body: body.to_vec(),
     };
