@@ -92,6 +92,7 @@ async fn run() -> anyhow::Result<()> {
                 data: batch(),
                 loss_fn: "cross_entropy".into(),
                 loss_fn_config: BTreeMap::new(),
+                custom_loss: None,
             },
             forward_only: false,
         };

@@ -38,6 +38,7 @@ fn trained_adapter(base: &Model, dir: &Path) {
             advantages: None,
             sampler_logprobs: None,
             ratio_mask: None,
+            inputs: Default::default(),
         }],
         loss: Loss::CrossEntropy,
     }];

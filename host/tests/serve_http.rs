@@ -1073,3 +1073,102 @@ fn replace_all(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// `-(logprobs * weights).sum()`, as the `tinker` SDK uploads it from `create_custom_loss`.
+const NEG_LL_GRAPH: &str = r#"{"format": 1, "nodes": [
+    {"op": "placeholder", "name": "logprobs", "target": "logprobs", "args": [], "kwargs": {}},
+    {"op": "placeholder", "name": "weights", "target": "weights", "args": [], "kwargs": {}},
+    {"op": "call_function", "name": "mul", "target": "operator.mul", "args": [{"ref": "logprobs"}, {"ref": "weights"}], "kwargs": {}},
+    {"op": "call_method", "name": "sum_1", "target": "sum", "args": [{"ref": "mul"}], "kwargs": {}},
+    {"op": "call_function", "name": "neg", "target": "operator.neg", "args": [{"ref": "sum_1"}], "kwargs": {}},
+    {"op": "output", "name": "output", "target": "output", "args": [{"tuple": [{"ref": "neg"}, {"dict": {"custom/neg_ll:sum": {"ref": "neg"}}}]}], "kwargs": {}}]}"#;
+
+#[test]
+fn a_custom_loss_is_checked_before_any_work_kept_across_a_restart_and_its_tenants_alone() {
+    let mut server = start_server();
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let model = model(&server);
+    let session = model.split(":train:").next().unwrap().to_string();
+    let create = |server: &Server, seq: u64, graph: &str| {
+        let graph: Value = serde_json::from_str(graph).unwrap();
+        post(
+            server,
+            "create_custom_loss",
+            json!({"session_id": session, "custom_loss_seq_id": seq, "name": "neg_ll",
+                   "inputs": [{"name": "logprobs", "rank": 1}, {"name": "weights", "rank": 1}],
+                   "graph": graph, "type": "create_custom_loss"}),
+        )
+    };
+    let (status, config) = post(&server, "client/config", json!({}));
+    assert_eq!(
+        (status, &config["custom_loss_server_side"]),
+        (200, &json!(true))
+    );
+
+    // Refused before it is accepted, naming what is wrong.
+    let forbidden = NEG_LL_GRAPH.replace("operator.neg", "builtins.exec");
+    let (status, error) = refused(create(&server, 0, &forbidden));
+    assert_eq!(status, 400);
+    assert!(error.contains("builtins.exec"), "{error}");
+    let (status, submitted) = create(&server, 1, NEG_LL_GRAPH);
+    assert_eq!(status, 200, "{submitted}");
+    let made = result(&server, submitted["request_id"].as_str().unwrap());
+    let loss_id = made["loss_id"].as_str().unwrap().to_string();
+    assert_eq!(loss_id, format!("{session}:loss:1"));
+
+    let weighted = |tokens: &[i32], weights: proto::Tensor| {
+        let targets: Vec<i64> = tokens.iter().map(|&t| i64::from(t) + 1).collect();
+        let mut d = datum(tokens, tensor_i64(&targets));
+        d.loss_fn_inputs.insert("weights".into(), weights);
+        d
+    };
+    let floats = |values: &[f32]| proto::Tensor {
+        encoding: Some(proto::tensor::Encoding::Dense(
+            values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        )),
+        dtype: proto::DType::Float32 as i32,
+        shape: vec![values.len() as i64],
+    };
+    let custom = |seq: i32, data: Vec<proto::Datum>, id: &str| {
+        let mut r = request(&model, seq, data, "custom");
+        let text = proto::loss_config_value::Value::Text(id.to_string());
+        r.loss_fn_config_v2.insert(
+            "loss_id".into(),
+            proto::LossConfigValue { value: Some(text) },
+        );
+        r
+    };
+    let good = || vec![weighted(&[1, 2, 3], floats(&[1.0, 0.5, 0.0]))];
+
+    // A datum the loss does not fit, another tenant's id, an unknown one: refused at once.
+    let short = vec![weighted(&[1, 2, 3], floats(&[1.0, 0.5]))];
+    let (status, error) = refused(forward_backward(&server, custom(1, short, &loss_id)));
+    assert_eq!(status, 400);
+    assert!(
+        error.contains("datum 0") && error.contains("shape mismatch"),
+        "{error}"
+    );
+    let unknown = format!("{session}:loss:7");
+    let (status, error) = refused(forward_backward(&server, custom(2, good(), &unknown)));
+    assert_eq!(status, 404, "{error}");
+    let (status, error) = refused(call(
+        &server,
+        "forward_backward",
+        Some(&server.bob),
+        "application/x-protobuf",
+        &custom(3, good(), &loss_id).encode_to_vec(),
+    ));
+    assert_eq!(status, 404, "bob reached alice's model or loss: {error}");
+
+    // Runs, and runs again after a restart (the model's turns 1 to 3 recorded by then).
+    for seq in [3, 4] {
+        let (status, submitted) = forward_backward(&server, custom(seq, good(), &loss_id));
+        assert_eq!(status, 200, "{submitted}");
+        let output = result(&server, submitted["request_id"].as_str().unwrap());
+        assert!(output["protobuf_bytes"].as_u64() > Some(0), "{output}");
+        server.child.kill().unwrap();
+        server.child.wait().unwrap();
+        let (child, _, _) = server::spawn_server(server.data.path(), &addr);
+        server.child = child;
+    }
+}

@@ -162,12 +162,15 @@ fn every_method_of_the_sdks_clients_is_served_or_refused_by_name() {
     });
 }
 
-/// `forward_backward_custom` with a Python callable (the SDK computes the loss and its gradient
-/// from `forward`'s logprobs and sends the gradient): the negative log-likelihood steps as the
-/// built-in cross-entropy does, and a loss the engine does not have steps as its gradient sent as
-/// weights does. The cookbook's venv has the torch the SDK needs for it.
+/// `forward_backward_custom` both ways: with a Python callable (the SDK computes the loss and its
+/// gradient from `forward`'s logprobs and sends the gradient), and with a `create_custom_loss`
+/// handle (the graph uploaded, checked against the server's operations and run here): the
+/// negative log-likelihood steps as the built-in cross-entropy does, a loss the engine does not
+/// have steps as its gradient says and the same client-side and server-side, and a graph with
+/// an operation off the list is refused naming it. The cookbook's venv has the torch the SDK
+/// needs for it.
 #[test]
-fn forward_backward_custom_with_a_callable_steps_as_its_gradient_says() {
+fn forward_backward_custom_with_a_callable_or_a_server_side_graph_steps_as_its_gradient_says() {
     let Some(python) = cookbook_python() else {
         return;
     };

@@ -48,6 +48,7 @@ fn datum(seed: u32, n: usize, rl: bool) -> Datum {
                 .collect()
         }),
         ratio_mask: None,
+        inputs: Default::default(),
     }
 }
 

@@ -1,5 +1,5 @@
 //! Typed ids. Their text forms are the Tinker SDK's: a model is `{session}:train:{seq}` (the SDK
-//! derives it on its own when it resumes), a sampler `{session}:sample:{seq}`, a checkpoint
+//! derives it on its own when it resumes), a sampler `{session}:sample:{seq}`, a custom loss `{session}:loss:{seq}`, a checkpoint
 //! `tinker://{model}/weights/{name}` or `tinker://{model}/sampler_weights/{name}`.
 
 use std::fmt;
@@ -183,6 +183,36 @@ impl FromStr for ModelId {
     }
 }
 
+/// A custom loss: the `seq`-th loss its session created (`create_custom_loss`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LossId {
+    pub session: SessionId,
+    pub seq: u64,
+}
+
+impl fmt::Display for LossId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:loss:{}", self.session, self.seq)
+    }
+}
+
+impl FromStr for LossId {
+    type Err = ApiError;
+
+    fn from_str(text: &str) -> Result<Self, ApiError> {
+        let bad = || {
+            ApiError::invalid(format!(
+                "{text:?} is not a custom loss id (`SESSION:loss:N`)"
+            ))
+        };
+        let (session, seq) = text.rsplit_once(":loss:").ok_or_else(bad)?;
+        Ok(LossId {
+            session: SessionId::new(session).map_err(|_| bad())?,
+            seq: seq.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
 /// Serde through the text form.
 macro_rules! serde_as_text {
     ($name:ident) => {
@@ -202,6 +232,7 @@ macro_rules! serde_as_text {
 }
 
 serde_as_text!(ModelId);
+serde_as_text!(LossId);
 serde_as_text!(CheckpointPath);
 
 /// What a checkpoint holds.

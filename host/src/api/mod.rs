@@ -6,12 +6,15 @@
 //! and every failure is an [`ApiError`] whose [`ApiErrorKind`] says whose fault it was and
 //! whether a retry can help.
 
+pub mod custom_loss;
 pub mod error;
 pub mod ids;
 pub mod types;
 
+pub use custom_loss::{Arg, CustomLossInput, LossGraph, Node, NodeOp};
 pub use error::{ApiError, ApiErrorKind};
 pub use ids::{
-    CheckpointKind, CheckpointPath, JobId, ModelId, SamplerId, SequenceId, SessionId, TenantId,
+    CheckpointKind, CheckpointPath, JobId, LossId, ModelId, SamplerId, SequenceId, SessionId,
+    TenantId,
 };
 pub use types::*;

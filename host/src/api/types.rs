@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::ids::{CheckpointPath, ModelId, SamplerId, SequenceId, SessionId};
+use super::custom_loss::{CustomLossInput, LossGraph};
+use super::ids::{CheckpointPath, LossId, ModelId, SamplerId, SequenceId, SessionId};
 
 /// A model's input: chunks of tokens (Tinker's other chunk kinds, images, are not served).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -277,6 +278,10 @@ pub struct ForwardBackwardInput {
     pub loss_fn: String,
     #[serde(default)]
     pub loss_fn_config: BTreeMap<String, f64>,
+    /// The loss a `custom` call runs (`create_custom_loss`'s id; Tinker's
+    /// `loss_fn_config["loss_id"]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_loss: Option<LossId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -425,6 +430,15 @@ pub enum Op {
         sampler: SamplerId,
     },
     Sample(SampleRequest),
+    /// Keep a custom loss of the session, checked against the operations the engine allows,
+    /// for `forward_backward` calls of `loss_fn = "custom"` to name.
+    CreateCustomLoss {
+        session: SessionId,
+        loss_seq: u64,
+        name: String,
+        inputs: Vec<CustomLossInput>,
+        graph: LossGraph,
+    },
 }
 
 impl Op {
@@ -456,4 +470,5 @@ pub enum OpOutput {
     Sampler(SamplerId),
     SamplerInfo(SamplerInfo),
     Sample(SampleResponse),
+    CustomLoss(LossId),
 }

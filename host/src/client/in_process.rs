@@ -278,7 +278,8 @@ impl FullParameterTrainer {
     }
 
     fn work_item(&self, input: &ForwardBackwardInput) -> Result<WorkItem, ApiError> {
-        convert::work_item(FULL_PARAMETERS, input, &self.config, self.context)
+        let loss = convert::builtin_loss(input)?;
+        convert::work_item(FULL_PARAMETERS, input, loss, &self.config, self.context)
     }
 }
 
@@ -424,6 +425,7 @@ impl LocalTraining {
         convert::work_item(
             &self.adapter,
             input,
+            convert::builtin_loss(input)?,
             &self.served.config,
             self.served.context,
         )

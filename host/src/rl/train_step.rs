@@ -31,6 +31,7 @@ impl LossFn {
             data: datums.iter().map(Datum::to_api).collect(),
             loss_fn: self.name.clone(),
             loss_fn_config: self.config.clone(),
+            custom_loss: None,
         }
     }
 }

@@ -11,7 +11,9 @@ use crate::api::{
 };
 use crate::model::ModelConfig;
 use crate::sample;
-use crate::train::{self, ItemOutput, Loss, StepReport, TrainError, WorkItem};
+use crate::train::{
+    self, CompiledLoss, InputTensor, ItemOutput, Loss, StepReport, TrainError, WorkItem,
+};
 
 use super::{SamplerServiceError, TrainerServiceError};
 
@@ -23,6 +25,9 @@ const MAX_LORA_RANK: usize = 256;
 const DEFAULT_MAX_TOKENS: usize = 64;
 /// The most samples one request may ask for.
 const MAX_SAMPLES_PER_REQUEST: usize = 128;
+/// The `loss_fn` of a call that runs a custom loss (its id in `loss_fn_config["loss_id"]`).
+pub const CUSTOM_LOSS: &str = "custom";
+
 /// The loss inputs a datum may carry: Tinker's (`sequence_ratio_mask` for `gspo`), and `mask`
 /// (an opentinker extension: 1 where a target counts in the loss and in `tokens:sum`, 0 for
 /// context; absent, every target counts).
@@ -66,22 +71,49 @@ pub fn lora_config(lora: &LoraConfig) -> Result<crate::lora::LoraConfig, ApiErro
 }
 
 /// The engine's datum of an API datum, checked against the model's vocabulary and context.
+/// Under a custom loss, the `loss_fn_inputs` it declares are its (whatever their names), and
+/// it may read others of any shape.
 pub fn engine_datum(
     index: usize,
     datum: &Datum,
     config: &ModelConfig,
     context: usize,
+    custom: Option<&CompiledLoss>,
 ) -> Result<train::Datum, ApiError> {
     let bad = |problem: String| ApiError::invalid(format!("datum {index}: {problem}"));
+    let declared: Vec<&str> = custom
+        .map(|c| c.inputs().iter().skip(1).map(|i| i.name.as_str()).collect())
+        .unwrap_or_default();
     if let Some(key) = datum
         .loss_fn_inputs
         .keys()
-        .find(|k| !LOSS_INPUTS.contains(&k.as_str()))
+        .find(|k| !LOSS_INPUTS.contains(&k.as_str()) && !declared.contains(&k.as_str()))
     {
         return Err(bad(format!(
-            "unknown loss_fn_inputs key {key:?} (known: {})",
-            LOSS_INPUTS.join(", ")
+            "unknown loss_fn_inputs key {key:?} (known: {}{})",
+            LOSS_INPUTS.join(", "),
+            declared
+                .iter()
+                .map(|d| format!(", {d}"))
+                .collect::<String>()
         )));
+    }
+    let mut inputs = BTreeMap::new();
+    for name in &declared {
+        let tensor = datum.loss_fn_inputs.get(*name).ok_or_else(|| {
+            bad(format!(
+                "loss_fn_inputs has no {name:?}, which the custom loss takes"
+            ))
+        })?;
+        let values = match &tensor.values {
+            TensorValues::Float32(values) => values.clone(),
+            TensorValues::Int64(values) => values.iter().map(|&v| v as f32).collect(),
+        };
+        let input = InputTensor {
+            shape: tensor.shape.clone(),
+            values,
+        };
+        inputs.insert(name.to_string(), input);
     }
     let input_tokens = datum.model_input.tokens();
     let n = input_tokens.len();
@@ -122,6 +154,8 @@ pub fn engine_datum(
         .check_tokens(&input_tokens)
         .map_err(|e| bad(format!("model_input {e}")))?;
     let floats = |key: &str| match shaped(key) {
+        // A custom loss's own input, whatever its shape.
+        _ if declared.contains(&key) => Ok(None),
         None => Ok(None),
         Some(Err(error)) => Err(error),
         Some(Ok(TensorValues::Float32(values))) => Ok(Some(values.clone())),
@@ -137,30 +171,54 @@ pub fn engine_datum(
         advantages: floats("advantages")?,
         sampler_logprobs: floats("logprobs")?,
         ratio_mask: floats("sequence_ratio_mask")?,
+        inputs,
     })
 }
 
-/// The engine's work item for `adapter` of a `forward` / `forward_backward` call, every datum
-/// checked.
+/// The built-in loss a `forward` / `forward_backward` call names. `custom` is the caller's to
+/// resolve (the service keeps the losses of `create_custom_loss`).
+pub fn builtin_loss(input: &ForwardBackwardInput) -> Result<Loss, ApiError> {
+    if input.loss_fn == CUSTOM_LOSS {
+        return Err(ApiError::invalid(
+            "loss \"custom\" runs a loss made by create_custom_loss, which only `opentinker serve` keeps",
+        ));
+    }
+    Loss::from_config(&input.loss_fn, &input.loss_fn_config)
+        .map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+/// The engine's work item for `adapter` of a `forward` / `forward_backward` call under `loss`,
+/// every datum checked.
 pub fn work_item(
     adapter: &str,
     input: &ForwardBackwardInput,
+    loss: Loss,
     config: &ModelConfig,
     context: usize,
 ) -> Result<WorkItem, ApiError> {
-    let loss = Loss::from_config(&input.loss_fn, &input.loss_fn_config)
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
     if input.data.is_empty() {
         return Err(ApiError::invalid(
             "forward_backward needs at least one datum",
         ));
     }
+    let custom = match &loss {
+        Loss::Custom(custom) => Some(&**custom),
+        _ => None,
+    };
     let datums = input
         .data
         .iter()
         .enumerate()
-        .map(|(i, d)| engine_datum(i, d, config, context))
+        .map(|(i, d)| engine_datum(i, d, config, context, custom))
         .collect::<Result<Vec<_>, _>>()?;
+    // Refused before the call is accepted: a datum the custom loss does not fit.
+    if let Some(custom) = custom {
+        for (i, datum) in datums.iter().enumerate() {
+            custom
+                .check_datum(datum.target_tokens.len(), &datum.inputs)
+                .map_err(|e| ApiError::invalid(format!("datum {i}: the custom loss: {e}")))?;
+        }
+    }
     Ok(WorkItem {
         adapter: adapter.to_string(),
         datums,
@@ -169,7 +227,15 @@ pub fn work_item(
 }
 
 /// The answer to a `forward` / `forward_backward` of loss `loss_fn` from the engine's output.
-pub fn forward_output(loss_fn: String, output: ItemOutput) -> ForwardBackwardOutput {
+/// The engine adds every metric over the datums; a `:mean` one (a custom loss's) is divided
+/// here by their count.
+pub fn forward_output(loss_fn: String, mut output: ItemOutput) -> ForwardBackwardOutput {
+    let datums = output.logprobs.len().max(1) as f64;
+    for (name, value) in output.metrics.iter_mut() {
+        if name.ends_with(":mean") {
+            *value /= datums;
+        }
+    }
     ForwardBackwardOutput {
         loss_fn_output_type: loss_fn,
         loss_fn_outputs: output
@@ -347,7 +413,9 @@ pub fn prompt_targets(tensor: &TensorData) -> Result<sample::PromptTargets, ApiE
 
 pub fn train_error(error: TrainError) -> ApiError {
     match error {
-        TrainError::BadDatum { .. } => ApiError::invalid(error.to_string()),
+        TrainError::BadDatum { .. } | TrainError::CustomLoss { .. } => {
+            ApiError::invalid(error.to_string())
+        }
         TrainError::Checkpoint(train::checkpoint::CheckpointError::Invalid { .. }) => {
             ApiError::invalid(error.to_string())
         }

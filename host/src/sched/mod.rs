@@ -6,6 +6,7 @@ pub mod anticipate;
 pub mod base;
 mod checkpoints;
 pub mod convert;
+mod custom_losses;
 mod export;
 pub mod fair;
 pub mod sampler;

@@ -272,6 +272,7 @@ mod tests {
             data,
             loss_fn: STABLE_REINFORCE.into(),
             loss_fn_config: BTreeMap::new(),
+            custom_loss: None,
         }
     }
 

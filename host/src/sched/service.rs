@@ -17,18 +17,20 @@ use tokio::sync::watch;
 use super::base::ServedBase;
 use super::checkpoints::CheckpointStore;
 use super::convert::{self, sampler_error, train_error, trainer_error};
+pub use super::custom_losses::LossRecord;
+use super::custom_losses::{self, CustomLosses};
 use super::export;
 use super::sequences::SequenceRecords;
 use super::usage::Usage;
 use crate::api::{
     AdamParams, ApiError, ApiErrorKind, BaseModelInfo, CheckpointInfo, CheckpointKind,
-    CheckpointPath, ForwardBackwardInput, ForwardBackwardOutput, ModelId, ModelInfo, Op, OpOutput,
-    OptimStepOutput, SampleRequest, SampleResponse, SamplerId, SamplerInfo, SamplerSource,
-    SaveOptions, SessionId, TenantId, UserMetadata,
+    CheckpointPath, ForwardBackwardInput, ForwardBackwardOutput, LossId, ModelId, ModelInfo, Op,
+    OpOutput, OptimStepOutput, SampleRequest, SampleResponse, SamplerId, SamplerInfo,
+    SamplerSource, SaveOptions, SessionId, TenantId, UserMetadata,
 };
 use crate::lora::PolicyVersion;
 use crate::sample::{self, PolicyRef, TokenSink};
-use crate::train::{self, SlotState, SlotStateError, TrainError, TrainingEngine, WorkItem};
+use crate::train::{self, Loss, SlotState, SlotStateError, TrainError, TrainingEngine, WorkItem};
 
 /// Snapshot samplers a model keeps (`save_weights_and_get_sampling_client` each RL step); the
 /// oldest is let go past it, so a long loop does not hold every adapter it ever sampled with.
@@ -138,7 +140,14 @@ pub enum Change {
     SamplerDropped {
         id: SamplerId,
     },
-    /// A session finished (by its client, or idle too long): its models and samplers are gone.
+    /// A custom loss kept (`create_custom_loss`).
+    CustomLoss {
+        id: LossId,
+        tenant: TenantId,
+        loss: LossRecord,
+    },
+    /// A session finished (by its client, or idle too long): its models, samplers and custom
+    /// losses are gone.
     SessionFinished {
         id: SessionId,
     },
@@ -336,6 +345,7 @@ pub struct Service {
     config: ServiceConfig,
     checkpoints: CheckpointStore,
     sequences: SequenceRecords,
+    custom_losses: CustomLosses,
     objects: Mutex<Objects>,
 }
 
@@ -348,6 +358,7 @@ impl Service {
                 .collect(),
             checkpoints: CheckpointStore::new(&config.data),
             sequences: SequenceRecords::default(),
+            custom_losses: CustomLosses::default(),
             config,
             objects: Mutex::new(Objects::default()),
         }
@@ -535,8 +546,9 @@ impl Service {
                     .sequences
                     .resolve(tenant, &id.session, &input)?
                     .unwrap_or(input);
+                let loss = self.loss(tenant, &input)?;
                 let (output, state) =
-                    forward_backward(&*model_of(model)?, input, forward_only).await?;
+                    forward_backward(&*model_of(model)?, input, loss, forward_only).await?;
                 return Ok(Ran::with_state(OpOutput::ForwardBackward(output), state));
             }
             Op::OptimStep { params, .. } => {
@@ -680,6 +692,32 @@ impl Service {
                 }
                 OpOutput::Sample(response)
             }
+            Op::CreateCustomLoss {
+                session,
+                loss_seq,
+                name,
+                inputs,
+                graph,
+            } => {
+                self.session(tenant, &session)?;
+                let record = LossRecord {
+                    name,
+                    inputs,
+                    graph,
+                };
+                let compiled = custom_losses::compile(&record)?;
+                let id = LossId {
+                    session,
+                    seq: loss_seq,
+                };
+                self.custom_losses.keep(tenant, id.clone(), compiled);
+                let change = Change::CustomLoss {
+                    id: id.clone(),
+                    tenant: tenant.clone(),
+                    loss: record,
+                };
+                return Ok((OpOutput::CustomLoss(id), vec![change]).into());
+            }
         };
         Ok((output, Vec::new()).into())
     }
@@ -718,7 +756,8 @@ impl Service {
             Op::ForwardBackward { model, input, .. } => {
                 let trained = self.model(tenant, model)?;
                 let resolved = self.sequences.resolve(tenant, &model.session, input)?;
-                work_item(&trained, resolved.as_ref().unwrap_or(input)).map(|_| ())
+                let input = resolved.as_ref().unwrap_or(input);
+                work_item(&trained, input, self.loss(tenant, input)?).map(|_| ())
             }
             Op::OptimStep { model, params } => {
                 self.model(tenant, model)?;
@@ -751,7 +790,42 @@ impl Service {
             Op::Sample(request) => {
                 engine_request(&*self.sampler(tenant, &request.sampler)?, request).map(|_| ())
             }
+            Op::CreateCustomLoss {
+                session,
+                name,
+                inputs,
+                graph,
+                ..
+            } => {
+                self.session(tenant, session)?;
+                let record = LossRecord {
+                    name: name.clone(),
+                    inputs: inputs.clone(),
+                    graph: graph.clone(),
+                };
+                custom_losses::compile(&record).map(|_| ())
+            }
         }
+    }
+
+    /// The loss a `forward` / `forward_backward` call of `tenant` takes: a built-in one, or
+    /// the custom loss its `loss_id` names (another tenant's answers as unknown).
+    fn loss(&self, tenant: &TenantId, input: &ForwardBackwardInput) -> Result<Loss, ApiError> {
+        if input.loss_fn != convert::CUSTOM_LOSS {
+            return convert::builtin_loss(input);
+        }
+        let Some(id) = &input.custom_loss else {
+            return Err(ApiError::invalid(
+                "loss \"custom\" needs loss_fn_config[\"loss_id\"], a loss made by create_custom_loss",
+            ));
+        };
+        if let Some(key) = input.loss_fn_config.keys().next() {
+            return Err(ApiError::invalid(format!(
+                "loss custom: unknown config key {key:?} (known: loss_id)"
+            )));
+        }
+        self.session(tenant, &id.session)?;
+        Ok(Loss::Custom(self.custom_losses.get(tenant, id)?))
     }
 
     /// `tenant`'s live checkpoints of its model `model` (every model's when `None`), oldest first.
@@ -930,6 +1004,17 @@ impl Service {
                 Change::SamplerDropped { id } => {
                     self.lock().samplers.remove(&id);
                 }
+                Change::CustomLoss { id, tenant, loss } => {
+                    let live = self
+                        .lock()
+                        .sessions
+                        .get(&id.session)
+                        .is_some_and(|s| !s.finished);
+                    if live {
+                        self.custom_losses
+                            .keep(&tenant, id, custom_losses::compile(&loss)?);
+                    }
+                }
             }
         }
         let mut objects = self.lock();
@@ -1061,6 +1146,7 @@ impl Service {
             .samplers
             .retain(|id, _| id.session() != session.as_str());
         objects.session_samplers.remove(session);
+        self.custom_losses.forget_session(session);
         Ok(vec![Change::SessionFinished {
             id: session.clone(),
         }])
@@ -1443,10 +1529,15 @@ async fn publish(
 
 /// The engine's work item of a `forward` / `forward_backward` call on `model`, every datum
 /// checked.
-fn work_item(model: &TrainedModel, input: &ForwardBackwardInput) -> Result<WorkItem, ApiError> {
+fn work_item(
+    model: &TrainedModel,
+    input: &ForwardBackwardInput,
+    loss: Loss,
+) -> Result<WorkItem, ApiError> {
     convert::work_item(
         &model.adapter,
         input,
+        loss,
         &model.base.config,
         model.base.context,
     )
@@ -1490,9 +1581,10 @@ fn engine_request(
 async fn forward_backward(
     model: &TrainedModel,
     input: ForwardBackwardInput,
+    loss: Loss,
     forward_only: bool,
 ) -> Result<(ForwardBackwardOutput, Option<Vec<u8>>), ApiError> {
-    let item = work_item(model, &input)?;
+    let item = work_item(model, &input, loss)?;
     let trainer = &model.base.trainer;
     let (mut outputs, state) = if forward_only {
         let outputs = trainer

@@ -644,8 +644,8 @@ fn fail(calls: &mut HashMap<u64, Call>, id: u64, error: TrainError) {
 }
 
 /// One `forward_backward` over every slice, each slice's outputs added to its call's. If the
-/// engine refuses the fused pass (a bad datum, an unknown adapter: found before it computes
-/// anything), each call's slice runs alone, so one caller's bad input fails only that caller.
+/// engine refuses the fused pass (a bad datum, a custom loss that does not fit its datums, an
+/// unknown adapter: found before it computes anything), each call's slice runs alone, so one caller's bad input fails only that caller.
 fn forward_backward_fused(
     engine: &mut TrainingEngine,
     calls: &mut HashMap<u64, Call>,
@@ -677,7 +677,11 @@ fn forward_backward_fused(
         };
     match engine.forward_backward(&all) {
         Ok(outputs) => record(calls, &owners, outputs),
-        Err(TrainError::BadDatum { .. } | TrainError::UnknownAdapter(_)) if slices.len() > 1 => {
+        Err(
+            TrainError::BadDatum { .. }
+            | TrainError::CustomLoss { .. }
+            | TrainError::UnknownAdapter(_),
+        ) if slices.len() > 1 => {
             for slice in slices {
                 let items: Vec<WorkItem> = slice.pieces.iter().map(|(_, i)| i.clone()).collect();
                 let owners: Vec<(u64, usize)> = slice
@@ -691,7 +695,11 @@ fn forward_backward_fused(
                 }
             }
         }
-        Err(error @ (TrainError::BadDatum { .. } | TrainError::UnknownAdapter(_))) => {
+        Err(
+            error @ (TrainError::BadDatum { .. }
+            | TrainError::CustomLoss { .. }
+            | TrainError::UnknownAdapter(_)),
+        ) => {
             if let Some(slice) = slices.first() {
                 fail(calls, slice.call, error);
             }

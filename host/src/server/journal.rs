@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::api::{ApiError, ApiErrorKind, ModelId, SamplerId, SessionId, TenantId, UserMetadata};
+use crate::api::{
+    ApiError, ApiErrorKind, LossId, ModelId, SamplerId, SessionId, TenantId, UserMetadata,
+};
 use crate::sched::service::{Change, SamplerRecord};
 use crate::store::database::open_database;
 use crate::store::unix_now;
@@ -119,6 +121,11 @@ impl Journal {
                  base TEXT NOT NULL,
                  checkpoint TEXT,
                  snapshot BLOB
+             );
+             CREATE TABLE IF NOT EXISTS custom_losses (
+                 id TEXT PRIMARY KEY,
+                 tenant TEXT NOT NULL,
+                 loss BLOB NOT NULL
              );
              CREATE TABLE IF NOT EXISTS requests (
                  seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -446,6 +453,25 @@ impl Journal {
                 source,
             });
         }
+        let mut query = db.prepare("SELECT id, tenant, loss FROM custom_losses")?;
+        let rows = query.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Vec<u8>>(2)?,
+            ))
+        })?;
+        for row in rows {
+            let (id, owner, loss) = row?;
+            objects.push(Change::CustomLoss {
+                id: id
+                    .parse::<LossId>()
+                    .map_err(|e| JournalError::Damaged(e.to_string()))?,
+                tenant: tenant(owner)?,
+                loss: serde_json::from_slice(&loss)
+                    .map_err(|e| JournalError::Damaged(format!("custom loss {id}: {e}")))?,
+            });
+        }
         let mut finished = Vec::new();
         let mut pending = Vec::new();
         let mut query = db.prepare(
@@ -637,8 +663,17 @@ fn apply(tx: &rusqlite::Transaction<'_>, change: &Change) -> Result<(), JournalE
         Change::SamplerDropped { id } => {
             tx.execute("DELETE FROM samplers WHERE id = ?1", params![id.as_str()])?;
         }
+        Change::CustomLoss { id, tenant, loss } => {
+            let loss = serde_json::to_vec(loss)
+                .map_err(|e| JournalError::Damaged(format!("a custom loss: {e}")))?;
+            tx.execute(
+                "INSERT OR IGNORE INTO custom_losses (id, tenant, loss) VALUES (?1, ?2, ?3)",
+                params![id.to_string(), tenant.as_str(), loss],
+            )?;
+        }
         // The session's objects are freed: its models' states (their rows stay, as training
-        // runs) and its samplers. Ids are `SESSION:train:N` and `SESSION:sample:N`.
+        // runs), its samplers and custom losses. Ids are `SESSION:train:N`, `SESSION:sample:N`
+        // and `SESSION:loss:N`.
         Change::SessionFinished { id } => {
             let session = id.as_str();
             tx.execute(
@@ -652,6 +687,10 @@ fn apply(tx: &rusqlite::Transaction<'_>, change: &Change) -> Result<(), JournalE
             tx.execute(
                 "DELETE FROM samplers WHERE substr(id, 1, length(?1)) = ?1",
                 params![format!("{session}:sample:")],
+            )?;
+            tx.execute(
+                "DELETE FROM custom_losses WHERE substr(id, 1, length(?1)) = ?1",
+                params![format!("{session}:loss:")],
             )?;
         }
     }

@@ -187,7 +187,7 @@ impl AppState {
                 Change::SessionFinished { .. } => restored.sessions -= 1,
                 Change::Model { .. } => restored.models += 1,
                 Change::Sampler { .. } => restored.samplers += 1,
-                Change::SamplerDropped { .. } => {}
+                Change::SamplerDropped { .. } | Change::CustomLoss { .. } => {}
             }
         }
         service

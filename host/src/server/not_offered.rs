@@ -28,13 +28,6 @@ struct Refusal {
 /// The refused routes (paths under `/api/v1`).
 const REFUSALS: &[Refusal] = &[
     Refusal {
-        path: "/create_custom_loss",
-        verbs: MethodFilter::POST,
-        methods: "ServiceClient.create_custom_loss",
-        why: "server-side custom losses are not offered; \
-              TrainingClient.forward_backward_custom computes a custom loss on the client",
-    },
-    Refusal {
         path: "/auth/token",
         verbs: MethodFilter::POST,
         methods: "JWT credentials (/auth/token)",

@@ -16,8 +16,8 @@ use super::handling::{Caller, direct, parse, pass_refused_turn, record};
 use super::journal::{AcceptedRequest, Answer, Outcome};
 use super::{AppState, HttpError, MAX_BODY_BYTES, category, wire};
 use crate::api::{
-    ApiError, ApiErrorKind, CheckpointPath, ModelId, ModelInput, Op, OpOutput, SampleRequest,
-    SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId, TenantId,
+    ApiError, ApiErrorKind, CheckpointPath, LossId, ModelId, ModelInput, Op, OpOutput,
+    SampleRequest, SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId, TenantId,
 };
 use crate::sched::service::Hold;
 use crate::wire::codec;
@@ -29,7 +29,7 @@ type Answered = Result<Response, HttpError>;
 pub fn router(state: Shared) -> Router {
     let api = Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/client/config", post(empty_object))
+        .route("/client/config", post(client_config))
         .route("/client/dynamic_config", post(empty_object))
         .route("/create_session", post(create_session))
         .route("/session_heartbeat", post(heartbeat))
@@ -109,6 +109,13 @@ async fn empty_object(_: Caller) -> Json<Value> {
     Json(json!({}))
 }
 
+/// The SDK's feature flags: server-side custom losses (`create_custom_loss` uploads the traced
+/// graph, and `forward_backward_custom` runs it here in one call); the rest as the SDK's
+/// defaults.
+async fn client_config(_: Caller) -> Json<Value> {
+    Json(json!({ "custom_loss_server_side": true }))
+}
+
 /// A session's heartbeat keeps it from being finished for idleness; a finished session answers
 /// 410, which stops the SDK's heartbeat loop.
 async fn heartbeat(State(state): State<Shared>, Caller(tenant): Caller, body: Bytes) -> Answered {
@@ -171,10 +178,11 @@ pub enum FutureRoute {
     SaveWeightsExternal,
     LoadWeights,
     Sample,
+    CreateCustomLoss,
 }
 
 impl FutureRoute {
-    pub const ALL: [FutureRoute; 8] = [
+    pub const ALL: [FutureRoute; 9] = [
         FutureRoute::CreateModel,
         FutureRoute::ForwardBackward,
         FutureRoute::OptimStep,
@@ -183,6 +191,7 @@ impl FutureRoute {
         FutureRoute::SaveWeightsExternal,
         FutureRoute::LoadWeights,
         FutureRoute::Sample,
+        FutureRoute::CreateCustomLoss,
     ];
 
     /// The path under `/api/v1/`, and the route's name in the journal.
@@ -196,6 +205,7 @@ impl FutureRoute {
             FutureRoute::SaveWeightsExternal => "save_weights_external",
             FutureRoute::LoadWeights => "load_weights",
             FutureRoute::Sample => "asample",
+            FutureRoute::CreateCustomLoss => "create_custom_loss",
         }
     }
 
@@ -398,6 +408,28 @@ pub fn accept(
                 }
             }
         }
+        FutureRoute::CreateCustomLoss => {
+            let request: wire::CreateCustomLoss = parse(body)?;
+            let session = SessionId::new(&request.session_id)?;
+            let id = LossId {
+                session: session.clone(),
+                seq: request.custom_loss_seq_id,
+            };
+            Accepted {
+                varying: &[],
+                // The loss's id is its session's numbering: a repeat is the same loss.
+                key: Some(format!("create {id}")),
+                extra: json!({}),
+                seq: None,
+                op: Op::CreateCustomLoss {
+                    session,
+                    loss_seq: request.custom_loss_seq_id,
+                    name: request.name,
+                    inputs: request.inputs,
+                    graph: request.graph,
+                },
+            }
+        }
         FutureRoute::Sample => {
             let request: wire::Sample = parse(body)?;
             let Some(id) = &request.sampling_session_id else {
@@ -488,6 +520,9 @@ fn answer(route: FutureRoute, output: OpOutput) -> Outcome {
         }
         (FutureRoute::Sample, OpOutput::Sample(response)) => {
             Ok(Answer::Proto(codec::encode_sample_response(&response)))
+        }
+        (FutureRoute::CreateCustomLoss, OpOutput::CustomLoss(id)) => {
+            json(json!({"type": "create_custom_loss", "loss_id": id}))
         }
         (route, other) => Err(ApiError::internal(format!(
             "{} answered {other:?}",

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::{
-    AdamParams, ApiError, Chunk, Datum, ForwardBackwardInput, LoraConfig, ModelId, ModelInput,
-    SamplingParams, TensorData, TensorValues, UserMetadata,
+    AdamParams, ApiError, Chunk, CustomLossInput, Datum, ForwardBackwardInput, LoraConfig,
+    LossGraph, LossId, ModelId, ModelInput, SamplingParams, TensorData, TensorValues, UserMetadata,
 };
 use crate::wire::codec::{decode_spans, decode_tensor, decode_tokens};
 use crate::wire::proto;
@@ -101,6 +101,19 @@ pub struct LoadWeights {
     pub optimizer: bool,
     #[serde(default)]
     pub user_metadata: Option<UserMetadata>,
+}
+
+/// `create_custom_loss`: a traced per-datum loss of the session, its inputs in order.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCustomLoss {
+    pub session_id: String,
+    pub custom_loss_seq_id: u64,
+    pub name: String,
+    pub inputs: Vec<CustomLossInput>,
+    pub graph: LossGraph,
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -242,14 +255,19 @@ pub fn forward_backward(body: &[u8]) -> Result<ForwardBackward, ApiError> {
         ),
     };
     let mut config = request.loss_fn_config;
+    let mut custom_loss = None;
     for (key, value) in request.loss_fn_config_v2 {
         match value.value {
             Some(proto::loss_config_value::Value::Number(n)) => {
                 config.insert(key, n);
             }
+            // The one text a loss takes: the id of a custom loss (`create_custom_loss`).
+            Some(proto::loss_config_value::Value::Text(text)) if key == "loss_id" => {
+                custom_loss = Some(text.parse::<LossId>()?);
+            }
             Some(proto::loss_config_value::Value::Text(text)) => {
                 return Err(ApiError::invalid(format!(
-                    "loss_fn_config[{key:?}] = {text:?}: only numbers are accepted"
+                    "loss_fn_config[{key:?}] = {text:?}: only numbers are accepted (and a custom loss's `loss_id`)"
                 )));
             }
             None => {}
@@ -290,6 +308,7 @@ pub fn forward_backward(body: &[u8]) -> Result<ForwardBackward, ApiError> {
             data,
             loss_fn: request.loss_fn,
             loss_fn_config: config,
+            custom_loss,
         },
         forward_only: request.forward_only,
     })

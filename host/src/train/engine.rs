@@ -22,6 +22,7 @@ use opentinker_kernels::{Backward, CpuTrain, Float, LoraGrads, Segment, TrainBat
 
 use super::checkpoint::Moments;
 use super::loss::{Loss, LossInputs, loss, ratio_tokens};
+use super::loss_graph::{CompiledLoss, GraphError, InputTensor};
 use super::slot_state::{NamedState, SlotState};
 use crate::lora::{Adapter, AdapterError, CpuAdapters, LoraConfig};
 use crate::model::layers::{
@@ -50,6 +51,8 @@ pub struct Datum {
     /// The tokens whose ratios make the sequence's ratio (`gspo`); `None`: its counted tokens
     /// with an advantage.
     pub ratio_mask: Option<Vec<f32>>,
+    /// The `loss_fn_inputs` a custom loss reads, by name; empty for the built-in losses.
+    pub inputs: BTreeMap<String, InputTensor>,
 }
 
 /// The datums of one adapter under one loss.
@@ -113,6 +116,12 @@ pub enum TrainError {
     Adapter(#[from] AdapterError),
     #[error(transparent)]
     Checkpoint(#[from] super::checkpoint::CheckpointError),
+    #[error("work item {item}, datum {datum}: the custom loss: {source}")]
+    CustomLoss {
+        item: usize,
+        datum: usize,
+        source: Box<GraphError>,
+    },
     #[error("the model refused the batch: {0}")]
     Model(String),
     #[error(transparent)]
@@ -560,6 +569,17 @@ impl TrainingEngine {
                     datum: d,
                     problem,
                 })?;
+                // Before any pass computes (in a fused pass, before another caller's work is
+                // touched).
+                if let Loss::Custom(custom) = &item.loss {
+                    custom
+                        .check_datum(datum.target_tokens.len(), &datum.inputs)
+                        .map_err(|source| TrainError::CustomLoss {
+                            item: i,
+                            datum: d,
+                            source: Box::new(source),
+                        })?;
+                }
             }
         }
         Ok(())
@@ -908,17 +928,27 @@ impl TrainingEngine {
                 rows_of(&sampler)?,
                 ratio.as_ref().map(rows_of).transpose()?,
             );
-            let value = loss(
-                &items[i].loss,
-                &LossInputs {
-                    logprobs: &item_logprobs,
-                    mask: &item_mask,
-                    weights: Some(&item_weights),
-                    sampler_logprobs: Some(&item_sampler),
-                    advantages: Some(&item_advantages),
-                    ratio_mask: item_ratio.as_ref(),
-                },
-            )?;
+            let mut custom_metrics = BTreeMap::new();
+            let value = match &items[i].loss {
+                Loss::Custom(custom) => custom_loss(
+                    custom,
+                    &item_logprobs,
+                    &items[i].datums,
+                    i,
+                    &mut custom_metrics,
+                )?,
+                builtin => loss(
+                    builtin,
+                    &LossInputs {
+                        logprobs: &item_logprobs,
+                        mask: &item_mask,
+                        weights: Some(&item_weights),
+                        sampler_logprobs: Some(&item_sampler),
+                        advantages: Some(&item_advantages),
+                        ratio_mask: item_ratio.as_ref(),
+                    },
+                )?,
+            };
             let per_row = item_logprobs.to_dtype(DType::F32)?.to_vec2::<f32>()?;
             let logprobs = per_row
                 .into_iter()
@@ -937,11 +967,12 @@ impl TrainingEngine {
                 .to_dtype(DType::F64)?
                 .sum_all()?
                 .to_scalar::<f64>()?;
-            let metrics = BTreeMap::from([
+            let mut metrics = BTreeMap::from([
                 ("loss:sum".to_string(), loss_value),
                 ("tokens:sum".to_string(), counted),
                 ("logprob:sum".to_string(), counted_logprob),
             ]);
+            metrics.extend(custom_metrics);
             outputs[i] = Some(ItemOutput {
                 logprobs,
                 loss: loss_value,
@@ -959,6 +990,41 @@ impl TrainingEngine {
             None => Tensor::zeros((), self.dtype, &Device::Cpu)?,
         };
         Ok((outputs, total))
+    }
+}
+
+/// A custom loss over an item's datums: the sum of its value on each datum's row of `logprobs`
+/// (`datums × width`, cut to the datum's length). Its metrics are added to `metrics` as sums
+/// over the datums, `:mean` ones too (the answer divides those by the call's datum count).
+fn custom_loss(
+    custom: &CompiledLoss,
+    logprobs: &Tensor,
+    datums: &[Datum],
+    item: usize,
+    metrics: &mut BTreeMap<String, f64>,
+) -> Result<Tensor, TrainError> {
+    let mut total: Option<Tensor> = None;
+    for (d, datum) in datums.iter().enumerate() {
+        let row = logprobs.get(d)?.narrow(0, 0, datum.target_tokens.len())?;
+        let (value, named) = custom
+            .evaluate_datum(&row, &datum.inputs)
+            .map_err(|source| TrainError::CustomLoss {
+                item,
+                datum: d,
+                source: Box::new(source),
+            })?;
+        for (name, metric) in named {
+            let metric = metric.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            *metrics.entry(name).or_default() += metric;
+        }
+        total = Some(match total {
+            Some(sum) => (sum + value)?,
+            None => value,
+        });
+    }
+    match total {
+        Some(total) => Ok(total),
+        None => Ok(Tensor::zeros((), logprobs.dtype(), logprobs.device())?),
     }
 }
 
@@ -1013,6 +1079,16 @@ fn check_datum(datum: &Datum, vocab: usize) -> Result<(), String> {
             && len != n
         {
             return Err(format!("{name} has {len} entries for {n} input tokens"));
+        }
+    }
+    for (name, input) in &datum.inputs {
+        let cells: usize = input.shape.iter().product();
+        if cells != input.values.len() {
+            return Err(format!(
+                "loss input {name:?} has {} values for its shape {:?}",
+                input.values.len(),
+                input.shape
+            ));
         }
     }
     if let Some(bad) = datum

@@ -26,19 +26,39 @@
 //! (`record_stability_info`, resolved in `sched`), which is what keeps it stable off-policy.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use candle_core::{D, Tensor};
+
+use super::loss_graph::CompiledLoss;
 
 /// A loss function and its settings.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Loss {
     CrossEntropy,
     ImportanceSampling,
-    Ppo { clip_low: f64, clip_high: f64 },
-    Cispo { clip_low: f64, clip_high: f64 },
-    Dro { beta: f64 },
-    StableReinforce { clip_high: f64, kl_coeff: f64 },
-    Gspo { clip_low: f64, clip_high: f64 },
+    Ppo {
+        clip_low: f64,
+        clip_high: f64,
+    },
+    Cispo {
+        clip_low: f64,
+        clip_high: f64,
+    },
+    Dro {
+        beta: f64,
+    },
+    StableReinforce {
+        clip_high: f64,
+        kl_coeff: f64,
+    },
+    Gspo {
+        clip_low: f64,
+        clip_high: f64,
+    },
+    /// A loss the client sent as a graph (`create_custom_loss`), run on each datum's whole
+    /// logprobs and summed over datums.
+    Custom(Arc<CompiledLoss>),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -253,6 +273,11 @@ pub fn loss(kind: &Loss, inputs: &LossInputs<'_>) -> candle_core::Result<Tensor>
             let unclipped = (&ratio * a)?;
             let clipped = (ratio.clamp(*clip_low, *clip_high)? * a)?;
             unclipped.minimum(&clipped)?.broadcast_div(&count)?
+        }
+        Loss::Custom(_) => {
+            return Err(candle_core::Error::Msg(
+                "a custom loss runs per datum (CompiledLoss::evaluate_datum)".into(),
+            ));
         }
     };
     (per_token * inputs.mask)?.sum_all()?.neg()

@@ -13,71 +13,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use candle_core::Tensor;
-use serde::Deserialize;
+use candle_core::{DType, Device, Tensor};
 
-/// A traced loss as the SDK sends it: its nodes in execution order.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LossGraph {
-    pub format: u32,
-    pub nodes: Vec<Node>,
-}
-
-/// One node, as torch.fx records it.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Node {
-    pub op: NodeOp,
-    pub name: String,
-    pub target: String,
-    #[serde(default)]
-    pub args: Vec<Arg>,
-    #[serde(default)]
-    pub kwargs: BTreeMap<String, Arg>,
-}
-
-/// What a node does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NodeOp {
-    Placeholder,
-    GetAttr,
-    CallFunction,
-    CallMethod,
-    CallModule,
-    Output,
-}
-
-/// An encoded argument: JSON scalars stand for themselves, lists for lists, anything else is a
-/// one-key object.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Arg {
-    Null,
-    Bool(bool),
-    Int(i64),
-    Float(f64),
-    Text(String),
-    List(Vec<Arg>),
-    Ref {
-        #[serde(rename = "ref")]
-        name: String,
-    },
-    Tuple {
-        tuple: Vec<Arg>,
-    },
-    Dict {
-        dict: BTreeMap<String, Arg>,
-    },
-    /// `inf`, `-inf` or `nan`.
-    SpecialFloat {
-        float: String,
-    },
-    /// Slices, ellipses, dtypes, devices, layouts and memory formats: none is an operation of
-    /// this module's, so each is refused where it appears.
-    Other(serde_json::Map<String, serde_json::Value>),
-}
+use crate::api::{Arg, CustomLossInput, LossGraph, Node, NodeOp};
 
 /// Why a graph is refused or its evaluation failed.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +30,18 @@ pub enum GraphError {
     Inputs { given: usize, declared: usize },
     #[error("the loss must be a scalar; node {node:?} gives shape {shape:?}")]
     NotScalar { node: String, shape: Vec<usize> },
+    #[error("the loss's inputs: {0}")]
+    BadInputs(String),
+    #[error("the graph has {nodes} nodes (at most {MAX_NODES})")]
+    TooLarge { nodes: usize },
+    #[error("the datum has no loss_fn_inputs[{0:?}], which the loss takes")]
+    MissingInput(String),
+    #[error("loss_fn_inputs[{name:?}] has shape {shape:?}; the loss declares rank {rank}")]
+    InputRank {
+        name: String,
+        shape: Vec<usize>,
+        rank: u8,
+    },
     #[error("node {node:?}: {source}")]
     Tensor {
         node: String,
@@ -134,11 +84,58 @@ const METHODS: &[&str] = &[
     "sigmoid", "clamp", "sum", "mean", "detach",
 ];
 
+/// The most nodes a graph may have (a loss of a few dozen operations is large).
+pub const MAX_NODES: usize = 512;
+/// The most inputs a loss may take (the SDK's limit).
+pub const MAX_INPUTS: usize = 16;
+
+/// Refuse inputs the engine cannot give: `logprobs` first, of rank 1 (top-k logprobs, rank 2,
+/// are not served), then distinct names of rank 0 to 2.
+fn check_inputs(inputs: &[CustomLossInput]) -> Result<(), GraphError> {
+    let bad = |problem: String| GraphError::BadInputs(problem);
+    match inputs.first() {
+        Some(first) if first.name == "logprobs" && first.rank == 1 => {}
+        Some(first) if first.name == "logprobs" => {
+            return Err(bad(format!(
+                "logprobs has rank {}; this server gives each datum's target logprobs as [T] (rank 1)",
+                first.rank
+            )));
+        }
+        _ => return Err(bad("the first input must be `logprobs`".into())),
+    }
+    if inputs.len() > MAX_INPUTS {
+        return Err(bad(format!(
+            "{} inputs (at most {MAX_INPUTS})",
+            inputs.len()
+        )));
+    }
+    for (at, input) in inputs.iter().enumerate().skip(1) {
+        if input.rank > 2 {
+            return Err(bad(format!(
+                "{:?} has rank {} (0 to 2)",
+                input.name, input.rank
+            )));
+        }
+        if inputs[..at].iter().any(|i| i.name == input.name) {
+            return Err(bad(format!("{:?} is declared twice", input.name)));
+        }
+    }
+    Ok(())
+}
+
 /// A checked graph, ready to run on one datum's tensors.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub struct CompiledLoss {
-    inputs: Vec<String>,
+    inputs: Vec<CustomLossInput>,
     nodes: Vec<Node>,
+}
+
+/// A tensor a custom loss reads from a datum's `loss_fn_inputs`, as floats (int64 values
+/// converted).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InputTensor {
+    pub shape: Vec<usize>,
+    pub values: Vec<f32>,
 }
 
 /// A value while a graph runs.
@@ -152,9 +149,15 @@ impl CompiledLoss {
     /// Check `graph` against the operations of this module and the loss's declared inputs
     /// (`logprobs` first, then the `loss_fn_inputs` it reads, in order): every node's operation
     /// allowed, every reference to an earlier node, one output last.
-    pub fn compile(graph: LossGraph, inputs: &[String]) -> Result<Self, GraphError> {
+    pub fn compile(graph: LossGraph, inputs: &[CustomLossInput]) -> Result<Self, GraphError> {
         if graph.format != 1 {
             return Err(GraphError::Format(graph.format));
+        }
+        check_inputs(inputs)?;
+        if graph.nodes.len() > MAX_NODES {
+            return Err(GraphError::TooLarge {
+                nodes: graph.nodes.len(),
+            });
         }
         let mut seen: Vec<&str> = Vec::new();
         let mut placeholders = 0;
@@ -203,8 +206,57 @@ impl CompiledLoss {
     }
 
     /// The inputs it takes, in order (`logprobs` first).
-    pub fn inputs(&self) -> &[String] {
+    pub fn inputs(&self) -> &[CustomLossInput] {
         &self.inputs
+    }
+
+    /// Whether the loss runs on a datum of `targets` target tokens with these `inputs`. Its
+    /// shapes do not depend on the logprobs' values, so one run on zeros finds a mis-shaped or
+    /// missing input before a pass computes anything.
+    pub fn check_datum(
+        &self,
+        targets: usize,
+        inputs: &BTreeMap<String, InputTensor>,
+    ) -> Result<(), GraphError> {
+        let zeros = Tensor::zeros(targets, DType::F32, &Device::Cpu).map_err(|source| {
+            GraphError::Tensor {
+                node: "logprobs".into(),
+                source,
+            }
+        })?;
+        self.evaluate_datum(&zeros, inputs).map(|_| ())
+    }
+
+    /// Run the loss on one datum: `logprobs` (its learner logprobs, `[T]`) and the
+    /// `loss_fn_inputs` it reads from `inputs`, made tensors of `logprobs`' dtype and checked
+    /// against the declared ranks.
+    pub fn evaluate_datum(
+        &self,
+        logprobs: &Tensor,
+        inputs: &BTreeMap<String, InputTensor>,
+    ) -> Result<(Tensor, BTreeMap<String, Tensor>), GraphError> {
+        let mut tensors = vec![logprobs.clone()];
+        for declared in self.inputs.iter().skip(1) {
+            let input = inputs
+                .get(&declared.name)
+                .ok_or_else(|| GraphError::MissingInput(declared.name.clone()))?;
+            if input.shape.len() != usize::from(declared.rank) {
+                return Err(GraphError::InputRank {
+                    name: declared.name.clone(),
+                    shape: input.shape.clone(),
+                    rank: declared.rank,
+                });
+            }
+            let tensor =
+                Tensor::from_slice(&input.values, input.shape.as_slice(), logprobs.device())
+                    .and_then(|t| t.to_dtype(logprobs.dtype()))
+                    .map_err(|source| GraphError::Tensor {
+                        node: declared.name.clone(),
+                        source,
+                    })?;
+            tensors.push(tensor);
+        }
+        self.evaluate(&tensors)
     }
 
     /// Run the loss on one datum's `inputs` (in [`Self::inputs`]'s order): its scalar loss and
@@ -505,7 +557,13 @@ mod tests {
 
     fn compile(json: &str, inputs: &[&str]) -> Result<CompiledLoss, GraphError> {
         let graph: LossGraph = serde_json::from_str(json).unwrap();
-        let inputs: Vec<String> = inputs.iter().map(|s| s.to_string()).collect();
+        let inputs: Vec<CustomLossInput> = inputs
+            .iter()
+            .map(|name| CustomLossInput {
+                name: name.to_string(),
+                rank: 1,
+            })
+            .collect();
         CompiledLoss::compile(graph, &inputs)
     }
 
@@ -600,6 +658,46 @@ mod tests {
             &["logprobs", "weights"],
         );
         assert!(matches!(err, Err(GraphError::Format(2))));
+    }
+
+    #[test]
+    fn inputs_the_engine_cannot_give_are_refused_and_a_datum_is_checked_against_them() {
+        let graph = || serde_json::from_str::<LossGraph>(NEG_LL).unwrap();
+        let input = |name: &str, rank| CustomLossInput {
+            name: name.into(),
+            rank,
+        };
+        let refused = |inputs: &[CustomLossInput]| {
+            CompiledLoss::compile(graph(), inputs)
+                .unwrap_err()
+                .to_string()
+        };
+        let top_k = refused(&[input("logprobs", 2), input("weights", 1)]);
+        assert!(top_k.contains("logprobs has rank 2"), "{top_k}");
+        let first = refused(&[input("weights", 1), input("logprobs", 1)]);
+        assert!(first.contains("first input must be `logprobs`"), "{first}");
+        let twice = refused(&[input("logprobs", 1), input("logprobs", 1)]);
+        assert!(twice.contains("declared twice"), "{twice}");
+
+        let loss =
+            CompiledLoss::compile(graph(), &[input("logprobs", 1), input("weights", 1)]).unwrap();
+        let weights = |shape: Vec<usize>, values: Vec<f32>| {
+            BTreeMap::from([("weights".to_string(), InputTensor { shape, values })])
+        };
+        assert!(loss.check_datum(3, &weights(vec![3], vec![1.0; 3])).is_ok());
+        let missing = loss.check_datum(3, &BTreeMap::new()).unwrap_err();
+        assert!(matches!(missing, GraphError::MissingInput(ref n) if n == "weights"));
+        let scalar = loss
+            .check_datum(3, &weights(vec![], vec![1.0]))
+            .unwrap_err();
+        assert!(
+            matches!(scalar, GraphError::InputRank { rank: 1, .. }),
+            "{scalar}"
+        );
+        let short = loss
+            .check_datum(3, &weights(vec![2], vec![1.0; 2]))
+            .unwrap_err();
+        assert!(short.to_string().contains("shape mismatch"), "{short}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Training: the Tinker losses, custom losses sent as graphs (`loss_graph`), and the engine that runs forward / forward_backward over
-//! mixed-adapter work items on the model's layers with a per-adapter AdamW, and PEFT checkpoints.
+//! Training: the Tinker losses, custom losses sent as graphs (`loss_graph`), and the engine
+//! that runs forward / forward_backward over mixed-adapter work items on the model's layers with
+//! a per-adapter AdamW, and PEFT checkpoints.
 
 pub mod checkpoint;
 pub mod engine;
@@ -12,5 +13,5 @@ pub use engine::{
     TrainingEngine, WorkItem,
 };
 pub use loss::{Loss, LossError, LossInputs};
-pub use loss_graph::{Arg, CompiledLoss, GraphError, LossGraph, Node, NodeOp};
+pub use loss_graph::{CompiledLoss, GraphError, InputTensor, MAX_INPUTS, MAX_NODES};
 pub use slot_state::{NamedState, SlotState, SlotStateError};

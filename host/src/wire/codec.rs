@@ -342,7 +342,17 @@ pub fn encode_forward_backward_request(
         loss_fn: input.loss_fn.clone(),
         loss_fn_config: input.loss_fn_config.clone(),
         forward_only,
-        loss_fn_config_v2: BTreeMap::new(),
+        loss_fn_config_v2: input
+            .custom_loss
+            .iter()
+            .map(|id| {
+                let text = proto::loss_config_value::Value::Text(id.to_string());
+                (
+                    "loss_id".to_string(),
+                    proto::LossConfigValue { value: Some(text) },
+                )
+            })
+            .collect(),
     }
     .encode_to_vec()
 }
@@ -520,6 +530,7 @@ mod tests {
             }],
             loss_fn: "ppo".into(),
             loss_fn_config: BTreeMap::from([("clip_low_threshold".into(), 0.7)]),
+            custom_loss: Some("s-1:loss:2".parse().unwrap()),
         };
         let bytes = encode_forward_backward_request("s-1:train:0", 4, &input, true);
         let request = proto::ForwardBackwardRequest::decode(&*bytes).unwrap();
@@ -536,6 +547,9 @@ mod tests {
         let spans = decode_spans(datum.loss_fn_input_spans.clone(), "spans").unwrap();
         assert_eq!(spans, input.data[0].loss_fn_input_spans);
         assert_eq!(request.loss_fn_config, input.loss_fn_config);
+        let loss_id = request.loss_fn_config_v2["loss_id"].value.clone();
+        let text = proto::loss_config_value::Value::Text("s-1:loss:2".into());
+        assert_eq!(loss_id, Some(text));
     }
 
     #[test]
