@@ -308,6 +308,7 @@ fn train_runs_a_short_job_and_writes_its_files() {
 source = "demonstrations"
 steps = 2
 batch = 4
+learning_rate = 3e-3
 [rl]
 steps = 2
 groups_per_batch = 2
@@ -674,13 +675,17 @@ every = 1
 fn short_examples(into: &Path) -> Vec<PathBuf> {
     let examples = repo_root().join("examples");
     let mut files = Vec::new();
-    for folder in [examples.clone(), examples.join("defaults")] {
+    for (folder, prefix) in [
+        (examples.clone(), ""),
+        (examples.join("defaults"), "defaults-"),
+    ] {
         for entry in std::fs::read_dir(&folder).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_none_or(|e| e != "toml") {
                 continue;
             }
-            let short = into.join(path.file_name().unwrap());
+            let name = path.file_name().unwrap().to_str().unwrap();
+            let short = into.join(format!("{prefix}{name}"));
             std::fs::write(&short, short_job(&path)).unwrap();
             files.push(short);
         }
@@ -689,13 +694,20 @@ fn short_examples(into: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// The job file `path` cut down to a few steps: a defaults-only job gets the `[rl]` and
-/// `[eval]` sections it leaves out, at the same sizes.
+/// The job file `path` cut down to a few steps: a defaults-only job gets the `[sft]` (its
+/// implied warm-up on demonstrations), `[rl]` and `[eval]` sections it leaves out, at the same
+/// sizes.
 fn short_job(path: &Path) -> String {
     let folder = path.parent().unwrap();
     let text = std::fs::read_to_string(path).unwrap();
     let mut job: toml::Table = text.parse().unwrap();
     if job.contains_key("environment") {
+        if !job.contains_key("sft") && !job.contains_key("rl") {
+            job.insert(
+                "sft".into(),
+                toml::toml! { source = "demonstrations" }.into(),
+            );
+        }
         for section in ["rl", "eval"] {
             job.entry(section)
                 .or_insert_with(|| toml::Table::new().into());

@@ -95,7 +95,7 @@ pub struct StepMetrics {
 
 /// What a warm-up did: the held-out evaluations before and after (when it has a held-out set),
 /// and the steps it ran.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(super) struct Warmup {
     pub(super) evals: Option<(Evaluation, Evaluation)>,
     pub(super) steps: usize,

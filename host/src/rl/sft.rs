@@ -217,6 +217,18 @@ pub(super) async fn run_sft(
     trainer: &dyn TrainingClient,
     reporter: &mut Reporter,
 ) -> anyhow::Result<Warmup> {
+    if sft.implied
+        && demonstrations(cx, job, &[TRAINING_SEEDS])
+            .await?
+            .0
+            .is_empty()
+    {
+        tracing::warn!(
+            "the environment gives no demonstrations, so the default warm-up is skipped and RL \
+             starts from the base model (an [sft] section with a chat file warms it up instead)"
+        );
+        return Ok(Warmup::default());
+    }
     let data = SftData::load(cx, job, sft).await?;
     let held_out_loss = async || -> anyhow::Result<Option<Evaluation>> {
         let held_out = data.held_out();
