@@ -157,61 +157,51 @@ impl SamplerId {
     }
 }
 
-/// A trained model: the `seq`-th model its session created.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ModelId {
-    pub session: SessionId,
-    pub seq: u64,
+/// An object a session numbers: the `seq`-th of its kind that the session created, written
+/// `{session}:{kind}:{seq}`.
+macro_rules! session_numbered {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name {
+            pub session: SessionId,
+            pub seq: u64,
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!("{}:", $kind, ":{}"), self.session, self.seq)
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = ApiError;
+
+            fn from_str(text: &str) -> Result<Self, ApiError> {
+                let bad = || {
+                    ApiError::invalid(format!(
+                        concat!("{:?} is not ", $what, " (`SESSION:", $kind, ":N`)"),
+                        text
+                    ))
+                };
+                let (session, seq) = text.rsplit_once(concat!(":", $kind, ":")).ok_or_else(bad)?;
+                Ok($name {
+                    session: SessionId::new(session).map_err(|_| bad())?,
+                    seq: seq.parse().map_err(|_| bad())?,
+                })
+            }
+        }
+    };
 }
 
-impl fmt::Display for ModelId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:train:{}", self.session, self.seq)
-    }
-}
-
-impl FromStr for ModelId {
-    type Err = ApiError;
-
-    fn from_str(text: &str) -> Result<Self, ApiError> {
-        let bad = || ApiError::invalid(format!("{text:?} is not a model id (`SESSION:train:N`)"));
-        let (session, seq) = text.rsplit_once(":train:").ok_or_else(bad)?;
-        Ok(ModelId {
-            session: SessionId::new(session).map_err(|_| bad())?,
-            seq: seq.parse().map_err(|_| bad())?,
-        })
-    }
-}
-
-/// A custom loss: the `seq`-th loss its session created (`create_custom_loss`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LossId {
-    pub session: SessionId,
-    pub seq: u64,
-}
-
-impl fmt::Display for LossId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:loss:{}", self.session, self.seq)
-    }
-}
-
-impl FromStr for LossId {
-    type Err = ApiError;
-
-    fn from_str(text: &str) -> Result<Self, ApiError> {
-        let bad = || {
-            ApiError::invalid(format!(
-                "{text:?} is not a custom loss id (`SESSION:loss:N`)"
-            ))
-        };
-        let (session, seq) = text.rsplit_once(":loss:").ok_or_else(bad)?;
-        Ok(LossId {
-            session: SessionId::new(session).map_err(|_| bad())?,
-            seq: seq.parse().map_err(|_| bad())?,
-        })
-    }
-}
+session_numbered!(
+    /// A trained model: the `seq`-th model its session created.
+    ModelId, "train", "a model id"
+);
+session_numbered!(
+    /// A custom loss: the `seq`-th loss its session created (`create_custom_loss`).
+    LossId, "loss", "a custom loss id"
+);
 
 /// Serde through the text form.
 macro_rules! serde_as_text {
