@@ -1,6 +1,7 @@
-//! Both contract versions at once: components built against `wit/v0.1` before 0.2 existed
-//! (`fixtures/wit-0.1`) still load and play, and each behaves exactly as its 0.2 build from the
-//! same source does; 0.2's own behaviour (metadata, a fallible start, agent and reward configs).
+//! Every contract version at once: components built against `wit/v0.1` and `wit/v0.2` by the
+//! SDKs of their day (`fixtures/wit-0.1`, `fixtures/wit-0.2`) still load and play, and each
+//! behaves exactly as its build of today (0.3) from the same source does; what 0.2 brought
+//! (metadata, a fallible start, agent and reward configs) holds in 0.3.
 
 use std::path::PathBuf;
 
@@ -11,18 +12,34 @@ use opentinker::plugin::{
 };
 use opentinker_tests::{load, repo_root, test_host};
 
-/// A component of the 0.1 fixtures (`tests/fixtures/wit-0.1/FILE.wasm`).
-async fn load_0_1(host: &PluginHost, file: &str) -> Plugin {
+/// A component of the fixtures of `version` (`tests/fixtures/wit-0.1/FILE.wasm`).
+async fn load_fixture(host: &PluginHost, version: ContractVersion, file: &str) -> Plugin {
+    let (folder, named) = match version {
+        ContractVersion::V0_1 => ("wit-0.1", "0.1.0"),
+        ContractVersion::V0_2 => ("wit-0.2", "0.2.0"),
+        ContractVersion::V0_3 => panic!("0.3 components are built by the tests"),
+    };
     let path: PathBuf = repo_root()
-        .join("tests/fixtures/wit-0.1")
+        .join("tests/fixtures")
+        .join(folder)
         .join(format!("{file}.wasm"));
     let plugin = host
         .load_file(&path)
         .await
         .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
-    assert_eq!(plugin.contract(), ContractVersion::V0_1);
-    assert_eq!(plugin.description().wit_version.as_deref(), Some("0.1.0"));
+    assert_eq!(plugin.contract(), version);
+    assert_eq!(plugin.description().wit_version.as_deref(), Some(named));
     plugin
+}
+
+/// The 0.1 fixture `file`.
+async fn load_0_1(host: &PluginHost, file: &str) -> Plugin {
+    load_fixture(host, ContractVersion::V0_1, file).await
+}
+
+/// The 0.2 fixture `file`.
+async fn load_0_2(host: &PluginHost, file: &str) -> Plugin {
+    load_fixture(host, ContractVersion::V0_2, file).await
 }
 
 /// What an episode did, without what differs between two builds of one source (the fuel).
@@ -46,11 +63,12 @@ fn played(records: &[EpisodeRecord]) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_0_1_and_a_0_2_build_of_tictactoe_give_the_same_transcripts() {
+async fn builds_of_tictactoe_against_0_1_0_2_and_0_3_give_the_same_transcripts() {
     let host = test_host();
-    let old = load_0_1(&host, "tictactoe").await;
+    let oldest = load_0_1(&host, "tictactoe").await;
+    let old = load_0_2(&host, "tictactoe").await;
     let new = load(&host, "tictactoe").await;
-    assert_eq!(new.contract(), ContractVersion::V0_2);
+    assert_eq!(new.contract(), ContractVersion::V0_3);
     for config in [r#"{"opponent": "random"}"#, r#"{"opponent": "none"}"#] {
         let options = PlayOptions {
             episodes: 60,
@@ -59,26 +77,32 @@ async fn a_0_1_and_a_0_2_build_of_tictactoe_give_the_same_transcripts() {
             keep_transcripts: true,
             ..PlayOptions::default()
         };
-        let (old_summary, old_records) = play_random(&old, &options).await.unwrap();
         let (new_summary, new_records) = play_random(&new, &options).await.unwrap();
-        assert_eq!(old_summary.completed, 60, "{config}");
         assert_eq!(new_summary.completed, 60, "{config}");
-        assert_eq!(played(&old_records), played(&new_records), "{config}");
+        for before in [&oldest, &old] {
+            let (summary, records) = play_random(before, &options).await.unwrap();
+            assert_eq!(summary.completed, 60, "{config}");
+            assert_eq!(played(&records), played(&new_records), "{config}");
+        }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bad_config_fails_at_the_start_in_0_2_and_at_the_first_call_in_0_1() {
+async fn a_bad_config_fails_at_the_start_since_0_2_and_at_the_first_call_in_0_1() {
     let host = test_host();
     let limits = Limits::default();
     let bad = r#"{"opponent": "grandmaster"}"#;
-    let new = load(&host, "tictactoe").await;
-    let error = match new.start_episode(bad, "{}", 3, &limits).await {
-        Ok(_) => panic!("a 0.2 episode with a bad config started"),
-        Err(error) => error,
-    };
-    assert_eq!(error.kind, ErrorKind::PluginError);
-    assert!(error.message.contains("grandmaster"), "{error}");
+    for plugin in [
+        load_0_2(&host, "tictactoe").await,
+        load(&host, "tictactoe").await,
+    ] {
+        let error = match plugin.start_episode(bad, "{}", 3, &limits).await {
+            Ok(_) => panic!("an episode with a bad config started"),
+            Err(error) => error,
+        };
+        assert_eq!(error.kind, ErrorKind::PluginError);
+        assert!(error.message.contains("grandmaster"), "{error}");
+    }
     let old = load_0_1(&host, "tictactoe").await;
     let mut episode = old.start_episode(bad, "{}", 3, &limits).await.unwrap();
     let error = episode.observe(0).await.unwrap_err();
@@ -87,7 +111,7 @@ async fn a_bad_config_fails_at_the_start_in_0_2_and_at_the_first_call_in_0_1() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_and_rewards_of_both_versions_answer_alike() {
+async fn agents_and_rewards_of_every_version_answer_alike() {
     let host = test_host();
     let limits = Limits::default();
     let history = vec![
@@ -99,6 +123,7 @@ async fn agents_and_rewards_of_both_versions_answer_alike() {
     let mut answers = Vec::new();
     for agent in [
         load_0_1(&host, "latest_observation").await,
+        load_0_2(&host, "latest_observation").await,
         load(&host, "latest-observation").await,
     ] {
         let mut session = agent.start_agent("{}", 0, 5, &limits).await.unwrap();
@@ -107,6 +132,7 @@ async fn agents_and_rewards_of_both_versions_answer_alike() {
         answers.push((prompt, action));
     }
     assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[0], answers[2]);
 
     let transcript = |reply: &str| Transcript {
         player: 0,
@@ -120,6 +146,7 @@ async fn agents_and_rewards_of_both_versions_answer_alike() {
     let mut scores = Vec::new();
     for reward in [
         load_0_1(&host, "math_answer").await,
+        load_0_2(&host, "math_answer").await,
         load(&host, "math-answer").await,
     ] {
         scores.push(
@@ -131,14 +158,18 @@ async fn agents_and_rewards_of_both_versions_answer_alike() {
     }
     assert_eq!(scores[0], vec![1.0, 0.0]);
     assert_eq!(scores[0], scores[1]);
+    assert_eq!(scores[0], scores[2]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_0_2_plugin_says_what_it_is_and_a_0_1_plugin_has_nothing_to_say() {
+async fn plugins_since_0_2_say_what_they_are_and_a_0_1_plugin_has_nothing_to_say() {
     let host = test_host();
     let limits = Limits::default();
+    let old = load_0_2(&host, "tictactoe").await;
     let new = load(&host, "tictactoe").await;
-    let metadata = new.metadata(&limits).await.unwrap().expect("0.2 metadata");
+    let old_metadata = old.metadata(&limits).await.unwrap().expect("0.2 metadata");
+    let metadata = new.metadata(&limits).await.unwrap().expect("0.3 metadata");
+    assert_eq!(old_metadata, metadata);
     assert_eq!(metadata.name, "tictactoe");
     assert_eq!(metadata.kinds, vec![PluginKind::Environment]);
     assert_eq!(metadata.language, "rust");

@@ -89,7 +89,7 @@ async fn a_plugin_describes_itself() {
     assert_eq!(description.wit_version.as_deref(), Some(wit_version()));
     assert_eq!(description.digest.len(), 64);
     for export in ["environment", "metadata"] {
-        let name = format!("opentinker:plugin/{export}@0.2.0");
+        let name = format!("opentinker:plugin/{export}@0.3.0");
         assert!(
             description.exports.contains(&name),
             "{:?}",
@@ -145,7 +145,7 @@ async fn a_component_without_a_supported_version_is_refused_naming_its_exports()
         error
             .to_string()
             .contains("opentinker:plugin/environment@0.9.0")
-            && error.to_string().contains("0.1.x or @0.2.x"),
+            && error.to_string().contains("0.1.x, @0.2.x or @0.3.x"),
         "{error}"
     );
 }

@@ -90,7 +90,7 @@ fn inspect_prints_what_a_component_is() {
     let wasm = built_plugin("tictactoe");
     let description = json(&opentinker(&["plugin", "inspect", wasm.to_str().unwrap()]));
     assert_eq!(description["kinds"], serde_json::json!(["environment"]));
-    assert_eq!(description["wit_version"], "0.2.0");
+    assert_eq!(description["wit_version"], "0.3.0");
     assert_eq!(description["digest"].as_str().map(str::len), Some(64));
     assert!(description["size"].as_u64().unwrap() > 1000);
     assert!(description["imports"].as_array().unwrap().len() > 1);

@@ -941,7 +941,7 @@ fn plugins_are_uploaded_by_digest_checked_as_the_loader_checks_them_and_jobs_che
         "{digest}"
     );
     assert_eq!(stored["kinds"], json!(["environment"]));
-    assert_eq!(stored["wit_version"], "0.2.0");
+    assert_eq!(stored["wit_version"], "0.3.0");
     assert_eq!(stored["bytes"], bytes.len());
     // The same bytes again: the same digest.
     assert_eq!(upload(&server.alice, &bytes).1["digest"], digest.as_str());
@@ -969,7 +969,7 @@ fn plugins_are_uploaded_by_digest_checked_as_the_loader_checks_them_and_jobs_che
     // The real component, claiming a contract version the host does not speak.
     let other_version = replace_all(
         &bytes,
-        b"opentinker:plugin/environment@0.2.0",
+        b"opentinker:plugin/environment@0.3.0",
         b"opentinker:plugin/environment@0.9.0",
     );
     assert_ne!(other_version, bytes);

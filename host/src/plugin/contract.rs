@@ -1,20 +1,21 @@
 //! The versions of the contract this host runs, behind one set of calls: each kind's exports,
-//! found in a component of either version, called with the host's types (those of 0.2). A 0.1
-//! component is adapted here, keeping its old behaviour: its episode constructor cannot fail (a
-//! bad config shows at the first call, as it always did), its agent is two functions with no state
-//! and no config, its reward takes no config, and it has no metadata.
+//! found in a component of any version, called with the host's types (those of 0.2, which 0.3
+//! shares). A 0.1 component is adapted here, keeping its old behaviour: its episode constructor
+//! cannot fail (a bad config shows at the first call, as it always did), its agent is two
+//! functions with no state and no config, its reward takes no config, and it has no metadata.
+//! Objectives and advantage estimators exist since 0.3 only.
 
 use wasmtime::Store;
 use wasmtime::component::{Instance, InstancePre, ResourceAny};
 
-use super::bindings::{v0_1, v0_2};
+use super::bindings::{v0_1, v0_2, v0_3};
 use super::error::{CallError, ErrorKind};
 use super::inspect::{ContractVersion, PluginKind, PluginMetadata};
 use super::sandbox::StoreState;
-use super::types::{EnvInfo, GuestError, Message, PlayerMessages, StepResult, Transcript};
-
-/// The metadata record as a 0.2 component returns it.
-pub(crate) type MetadataExport = v0_2::opentinker::plugin::types::PluginMetadata;
+use super::types::{
+    DatumLoss, EnvInfo, GuestError, Message, MetadataExport, ObjectiveDatum, PlayerMessages,
+    StepResult, Transcript,
+};
 
 type Outcome<T> = wasmtime::Result<Result<T, GuestError>>;
 
@@ -26,6 +27,7 @@ macro_rules! versioned_indices {
         pub(crate) enum $name {
             V0_1(v0_1::$name),
             V0_2(v0_2::$name),
+            V0_3(v0_3::$name),
         }
 
         impl $name {
@@ -36,6 +38,7 @@ macro_rules! versioned_indices {
                 match version {
                     ContractVersion::V0_1 => v0_1::$name::new(pre).ok().map(Self::V0_1),
                     ContractVersion::V0_2 => v0_2::$name::new(pre).ok().map(Self::V0_2),
+                    ContractVersion::V0_3 => v0_3::$name::new(pre).ok().map(Self::V0_3),
                 }
             }
         }
@@ -59,6 +62,7 @@ versioned_indices!(
 pub(crate) enum EnvironmentGuest {
     V0_1(v0_1::exports::opentinker::plugin::environment::Guest),
     V0_2(v0_2::exports::opentinker::plugin::environment::Guest),
+    V0_3(v0_3::exports::opentinker::plugin::environment::Guest),
 }
 
 impl EnvironmentIndices {
@@ -70,6 +74,7 @@ impl EnvironmentIndices {
         Ok(match self {
             Self::V0_1(indices) => EnvironmentGuest::V0_1(indices.load(store, instance)?),
             Self::V0_2(indices) => EnvironmentGuest::V0_2(indices.load(store, instance)?),
+            Self::V0_3(indices) => EnvironmentGuest::V0_3(indices.load(store, instance)?),
         })
     }
 }
@@ -79,6 +84,7 @@ impl EnvironmentGuest {
         match self {
             Self::V0_1(guest) => guest.call_info(store).await,
             Self::V0_2(guest) => guest.call_info(store).await,
+            Self::V0_3(guest) => guest.call_info(store).await,
         }
     }
 
@@ -91,6 +97,7 @@ impl EnvironmentGuest {
         match self {
             Self::V0_1(guest) => guest.call_generate_task(store, config, seed).await,
             Self::V0_2(guest) => guest.call_generate_task(store, config, seed).await,
+            Self::V0_3(guest) => guest.call_generate_task(store, config, seed).await,
         }
     }
 
@@ -108,6 +115,7 @@ impl EnvironmentGuest {
                 .call_constructor(store, config, task, seed)
                 .await?)),
             Self::V0_2(guest) => guest.episode().call_start(store, config, task, seed).await,
+            Self::V0_3(guest) => guest.episode().call_start(store, config, task, seed).await,
         }
     }
 
@@ -120,6 +128,7 @@ impl EnvironmentGuest {
         match self {
             Self::V0_1(guest) => guest.episode().call_observe(store, episode, player).await,
             Self::V0_2(guest) => guest.episode().call_observe(store, episode, player).await,
+            Self::V0_3(guest) => guest.episode().call_observe(store, episode, player).await,
         }
     }
 
@@ -136,6 +145,11 @@ impl EnvironmentGuest {
                 .await?
                 .map(step_result_of_0_1)),
             Self::V0_2(guest) => guest.episode().call_step(store, episode, action).await,
+            Self::V0_3(guest) => Ok(guest
+                .episode()
+                .call_step(store, episode, action)
+                .await?
+                .map(step_result_of_0_3)),
         }
     }
 
@@ -147,6 +161,7 @@ impl EnvironmentGuest {
         match self {
             Self::V0_1(guest) => guest.episode().call_legal_actions(store, episode).await,
             Self::V0_2(guest) => guest.episode().call_legal_actions(store, episode).await,
+            Self::V0_3(guest) => guest.episode().call_legal_actions(store, episode).await,
         }
     }
 
@@ -158,6 +173,7 @@ impl EnvironmentGuest {
         match self {
             Self::V0_1(guest) => guest.episode().call_demonstration(store, episode).await,
             Self::V0_2(guest) => guest.episode().call_demonstration(store, episode).await,
+            Self::V0_3(guest) => guest.episode().call_demonstration(store, episode).await,
         }
     }
 }
@@ -178,11 +194,27 @@ fn step_result_of_0_1(
     }
 }
 
-/// A component's agent exports in one instance, and (0.2) the agent resource once started.
+/// 0.3's step result, the same record as 0.2's in the environment interface of its own version.
+fn step_result_of_0_3(
+    result: v0_3::exports::opentinker::plugin::environment::StepResult,
+) -> StepResult {
+    StepResult {
+        messages: result.messages,
+        rewards: result.rewards,
+        next_player: result.next_player,
+        metrics: result.metrics,
+    }
+}
+
+/// A component's agent exports in one instance, and (0.2, 0.3) the agent resource once started.
 pub(crate) enum AgentGuest {
     V0_1(v0_1::exports::opentinker::plugin::agent::Guest),
     V0_2 {
         guest: v0_2::exports::opentinker::plugin::agent::Guest,
+        agent: Option<ResourceAny>,
+    },
+    V0_3 {
+        guest: v0_3::exports::opentinker::plugin::agent::Guest,
         agent: Option<ResourceAny>,
     },
 }
@@ -196,6 +228,10 @@ impl AgentIndices {
         Ok(match self {
             Self::V0_1(indices) => AgentGuest::V0_1(indices.load(store, instance)?),
             Self::V0_2(indices) => AgentGuest::V0_2 {
+                guest: indices.load(store, instance)?,
+                agent: None,
+            },
+            Self::V0_3(indices) => AgentGuest::V0_3 {
                 guest: indices.load(store, instance)?,
                 agent: None,
             },
@@ -221,6 +257,13 @@ impl AgentGuest {
                     .await?;
                 Ok(started.map(|resource| *agent = Some(resource)))
             }
+            Self::V0_3 { guest, agent } => {
+                let started = guest
+                    .player_agent()
+                    .call_start(store, config, player, seed)
+                    .await?;
+                Ok(started.map(|resource| *agent = Some(resource)))
+            }
         }
     }
 
@@ -232,6 +275,13 @@ impl AgentGuest {
         match self {
             Self::V0_1(guest) => guest.call_prompt(store, history).await,
             Self::V0_2 { guest, agent } => {
+                let agent = started(*agent)?;
+                guest
+                    .player_agent()
+                    .call_prompt(store, agent, history)
+                    .await
+            }
+            Self::V0_3 { guest, agent } => {
                 let agent = started(*agent)?;
                 guest
                     .player_agent()
@@ -255,6 +305,13 @@ impl AgentGuest {
                     .call_act(store, agent, completion)
                     .await
             }
+            Self::V0_3 { guest, agent } => {
+                let agent = started(*agent)?;
+                guest
+                    .player_agent()
+                    .call_act(store, agent, completion)
+                    .await
+            }
         }
     }
 }
@@ -267,6 +324,7 @@ fn started(agent: Option<ResourceAny>) -> wasmtime::Result<ResourceAny> {
 pub(crate) enum RewardGuest {
     V0_1(v0_1::exports::opentinker::plugin::reward::Guest),
     V0_2(v0_2::exports::opentinker::plugin::reward::Guest),
+    V0_3(v0_3::exports::opentinker::plugin::reward::Guest),
 }
 
 impl RewardIndices {
@@ -278,6 +336,7 @@ impl RewardIndices {
         Ok(match self {
             Self::V0_1(indices) => RewardGuest::V0_1(indices.load(store, instance)?),
             Self::V0_2(indices) => RewardGuest::V0_2(indices.load(store, instance)?),
+            Self::V0_3(indices) => RewardGuest::V0_3(indices.load(store, instance)?),
         })
     }
 }
@@ -294,6 +353,7 @@ impl RewardGuest {
         match self {
             Self::V0_1(guest) => guest.call_score(store, task, transcripts).await,
             Self::V0_2(guest) => guest.call_score(store, config, task, transcripts).await,
+            Self::V0_3(guest) => guest.call_score(store, config, task, transcripts).await,
         }
     }
 
@@ -307,18 +367,120 @@ impl RewardGuest {
         match self {
             Self::V0_1(guest) => guest.call_score_group(store, task, episodes).await,
             Self::V0_2(guest) => guest.call_score_group(store, config, task, episodes).await,
+            Self::V0_3(guest) => guest.call_score_group(store, config, task, episodes).await,
         }
     }
 }
 
-/// Call a 0.2 component's metadata export.
-pub(crate) async fn metadata(
-    indices: &v0_2::MetadataIndices,
-    store: &mut Store<StoreState>,
-    instance: &Instance,
-) -> wasmtime::Result<MetadataExport> {
-    let guest = indices.load(&mut *store, instance)?;
-    guest.call_metadata(store).await
+/// Where a component's objective exports are (since 0.3).
+pub(crate) struct ObjectiveIndices(v0_3::ObjectiveIndices);
+
+impl ObjectiveIndices {
+    pub(crate) fn new(pre: &InstancePre<StoreState>, version: ContractVersion) -> Option<Self> {
+        match version {
+            ContractVersion::V0_1 | ContractVersion::V0_2 => None,
+            ContractVersion::V0_3 => v0_3::ObjectiveIndices::new(pre).ok().map(Self),
+        }
+    }
+
+    /// Call `loss` in `instance`.
+    pub(crate) async fn loss(
+        &self,
+        store: &mut Store<StoreState>,
+        instance: &Instance,
+        config: &str,
+        datums: &[ObjectiveDatum],
+    ) -> Outcome<Vec<DatumLoss>> {
+        let guest = self.0.load(&mut *store, instance)?;
+        guest.call_loss(store, config, datums).await
+    }
+}
+
+/// Where a component's advantage estimator is (since 0.3).
+pub(crate) struct AdvantageIndices(v0_3::AdvantageIndices);
+
+impl AdvantageIndices {
+    pub(crate) fn new(pre: &InstancePre<StoreState>, version: ContractVersion) -> Option<Self> {
+        match version {
+            ContractVersion::V0_1 | ContractVersion::V0_2 => None,
+            ContractVersion::V0_3 => v0_3::AdvantageIndices::new(pre).ok().map(Self),
+        }
+    }
+
+    /// Call `advantages` in `instance` on a group given as each episode's turn rewards.
+    pub(crate) async fn advantages(
+        &self,
+        store: &mut Store<StoreState>,
+        instance: &Instance,
+        config: &str,
+        group: &[Vec<f64>],
+    ) -> Outcome<Vec<Vec<f64>>> {
+        use v0_3::exports::opentinker::plugin::advantage::Episode;
+        let guest = self.0.load(&mut *store, instance)?;
+        let group: Vec<Episode> = group
+            .iter()
+            .map(|turn_rewards| Episode {
+                turn_rewards: turn_rewards.clone(),
+            })
+            .collect();
+        guest.call_advantages(store, config, &group).await
+    }
+}
+
+/// Where a component's metadata export is (0.2 and later; a 0.1 component has none).
+pub(crate) enum MetadataIndices {
+    V0_2(v0_2::MetadataIndices),
+    V0_3(v0_3::MetadataIndices),
+}
+
+impl MetadataIndices {
+    /// The metadata export of a pre-instantiated component of `version`; `None` for 0.1.
+    pub(crate) fn new(
+        pre: &InstancePre<StoreState>,
+        version: ContractVersion,
+    ) -> wasmtime::Result<Option<Self>> {
+        Ok(match version {
+            ContractVersion::V0_1 => None,
+            ContractVersion::V0_2 => Some(Self::V0_2(v0_2::MetadataIndices::new(pre)?)),
+            ContractVersion::V0_3 => Some(Self::V0_3(v0_3::MetadataIndices::new(pre)?)),
+        })
+    }
+
+    /// Call the metadata export.
+    pub(crate) async fn metadata(
+        &self,
+        store: &mut Store<StoreState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<MetadataExport> {
+        Ok(match self {
+            Self::V0_2(indices) => {
+                let guest = indices.load(&mut *store, instance)?;
+                let m = guest.call_metadata(store).await?;
+                MetadataExport {
+                    name: m.name,
+                    version: m.version,
+                    description: m.description,
+                    license: m.license,
+                    kinds: m.kinds.into_iter().map(PluginKind::from).collect(),
+                    config_schema: m.config_schema,
+                    language: m.language,
+                }
+            }
+            Self::V0_3(indices) => {
+                let guest = indices.load(&mut *store, instance)?;
+                let m = guest.call_metadata(store).await?;
+                MetadataExport {
+                    name: m.name,
+                    version: m.version,
+                    description: m.description,
+                    license: m.license,
+                    kinds: m.kinds.into_iter().map(PluginKind::from).collect(),
+                    config_schema: m.config_schema,
+                    language: m.language,
+                }
+            }
+        })
+    }
 }
 
 impl PluginMetadata {
@@ -339,7 +501,7 @@ impl PluginMetadata {
             version: export.version,
             description: export.description,
             license: export.license,
-            kinds: export.kinds.into_iter().map(PluginKind::from).collect(),
+            kinds: export.kinds,
             config_schema,
             language: export.language,
         })
@@ -357,17 +519,31 @@ impl From<v0_2::opentinker::plugin::types::PluginKind> for PluginKind {
     }
 }
 
+impl From<v0_3::exports::opentinker::plugin::metadata::PluginKind> for PluginKind {
+    fn from(kind: v0_3::exports::opentinker::plugin::metadata::PluginKind) -> Self {
+        use v0_3::exports::opentinker::plugin::metadata::PluginKind as Wit;
+        match kind {
+            Wit::Environment => PluginKind::Environment,
+            Wit::Agent => PluginKind::Agent,
+            Wit::Reward => PluginKind::Reward,
+            Wit::Objective => PluginKind::Objective,
+            Wit::Advantage => PluginKind::Advantage,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::ContractVersion;
 
     #[test]
-    fn releases_of_0_1_and_0_2_are_run_and_pre_releases_are_not() {
+    fn releases_of_0_1_to_0_3_are_run_and_pre_releases_are_not() {
         assert_eq!(ContractVersion::of("0.1.0"), Some(ContractVersion::V0_1));
         assert_eq!(ContractVersion::of("0.1.7"), Some(ContractVersion::V0_1));
         assert_eq!(ContractVersion::of("0.2.3"), Some(ContractVersion::V0_2));
         assert_eq!(ContractVersion::of("0.2.0-rc1"), None);
-        assert_eq!(ContractVersion::of("0.3.0"), None);
+        assert_eq!(ContractVersion::of("0.3.0"), Some(ContractVersion::V0_3));
+        assert_eq!(ContractVersion::of("0.4.0"), None);
         assert_eq!(ContractVersion::of("1.0.0"), None);
         assert_eq!(ContractVersion::of("0.1"), None);
     }

@@ -14,28 +14,29 @@ use super::error::LoadError;
 pub enum ContractVersion {
     V0_1,
     V0_2,
+    V0_3,
 }
 
 impl ContractVersion {
-    /// The version of an export named `...@VERSION`: releases of 0.1 and 0.2, which the bindings'
-    /// semver lookup finds. A pre-release (`0.2.0-rc1`) is refused, as the lookup would refuse it
-    /// at the first call.
+    /// The version of an export named `...@VERSION`: releases of 0.1, 0.2 and 0.3, which the
+    /// bindings' semver lookup finds. A pre-release (`0.2.0-rc1`) is refused, as the lookup would
+    /// refuse it at the first call.
     pub fn of(version: &str) -> Option<Self> {
         let version = semver::Version::parse(version).ok()?;
         match (version.major, version.minor, version.pre.is_empty()) {
             (0, 1, true) => Some(ContractVersion::V0_1),
             (0, 2, true) => Some(ContractVersion::V0_2),
+            (0, 3, true) => Some(ContractVersion::V0_3),
             _ => None,
         }
     }
 }
 
 /// The newest contract version, as its folder declares it (`package opentinker:plugin@X;` in
-/// `wit/v0.2/plugin.wit`): what new plugins are built against. Components of every `0.1.x` and
-/// `0.2.x` run.
+/// `wit/v0.3/plugin.wit`). Components of every `0.1.x`, `0.2.x` and `0.3.x` run.
 pub fn wit_version() -> &'static str {
     static VERSION: LazyLock<String> =
-        LazyLock::new(|| package_version(include_str!("../../../wit/v0.2/plugin.wit")).to_string());
+        LazyLock::new(|| package_version(include_str!("../../../wit/v0.3/plugin.wit")).to_string());
     &VERSION
 }
 
@@ -55,6 +56,10 @@ pub enum PluginKind {
     Environment,
     Agent,
     Reward,
+    /// A training objective (since 0.3).
+    Objective,
+    /// An advantage estimator (since 0.3).
+    Advantage,
 }
 
 impl PluginKind {
@@ -64,6 +69,29 @@ impl PluginKind {
             PluginKind::Environment => "environment",
             PluginKind::Agent => "agent",
             PluginKind::Reward => "reward",
+            PluginKind::Objective => "objective",
+            PluginKind::Advantage => "advantage",
+        }
+    }
+
+    /// The kind with its article, as a sentence names it: "an environment".
+    pub fn with_article(self) -> &'static str {
+        match self {
+            PluginKind::Environment => "an environment",
+            PluginKind::Agent => "an agent",
+            PluginKind::Reward => "a reward",
+            PluginKind::Objective => "an objective",
+            PluginKind::Advantage => "an advantage estimator",
+        }
+    }
+
+    /// The first contract version that has the kind.
+    pub fn since(self) -> ContractVersion {
+        match self {
+            PluginKind::Environment | PluginKind::Agent | PluginKind::Reward => {
+                ContractVersion::V0_1
+            }
+            PluginKind::Objective | PluginKind::Advantage => ContractVersion::V0_3,
         }
     }
 }
@@ -88,7 +116,7 @@ impl PluginDescription {
     }
 }
 
-/// What a plugin says about itself (the `metadata` export of a 0.2 component).
+/// What a plugin says about itself (the `metadata` export of a 0.2 or 0.3 component).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PluginMetadata {
     pub name: String,
@@ -117,10 +145,12 @@ const PROVIDED_IMPORT_PREFIXES: &[&str] = &[
 ];
 
 /// The contract's interfaces that are plugin kinds; `metadata` is not one.
-const KIND_INTERFACES: [PluginKind; 3] = [
+const KIND_INTERFACES: [PluginKind; 5] = [
     PluginKind::Environment,
     PluginKind::Agent,
     PluginKind::Reward,
+    PluginKind::Objective,
+    PluginKind::Advantage,
 ];
 
 pub(crate) fn describe(
@@ -143,7 +173,7 @@ pub(crate) fn describe(
     for kind in KIND_INTERFACES {
         let prefix = format!("opentinker:plugin/{}@", kind.interface());
         if let Some(version) = exports.iter().find_map(|e| e.strip_prefix(&prefix)) {
-            if supports_wit_version(version) {
+            if ContractVersion::of(version).is_some_and(|v| v >= kind.since()) {
                 kinds.push(kind);
             }
             wit_version.get_or_insert_with(|| version.to_string());
@@ -166,7 +196,7 @@ pub fn supports_wit_version(version: &str) -> bool {
 
 /// The versions of `opentinker:plugin` this host runs, as messages name them.
 pub fn supported_wit_range() -> String {
-    "opentinker:plugin@0.1.x or @0.2.x".to_string()
+    "opentinker:plugin@0.1.x, @0.2.x or @0.3.x".to_string()
 }
 
 /// Refuse a component this host cannot run, naming what it found; the contract version it runs
@@ -199,11 +229,13 @@ pub(crate) fn check_supported(
             forbidden: forbidden.join(", "),
         });
     }
-    if version == ContractVersion::V0_2
-        && !description
-            .exports
-            .iter()
-            .any(|e| e.starts_with("opentinker:plugin/metadata@0.2."))
+    let metadata = match version {
+        ContractVersion::V0_1 => None,
+        ContractVersion::V0_2 => Some("opentinker:plugin/metadata@0.2."),
+        ContractVersion::V0_3 => Some("opentinker:plugin/metadata@0.3."),
+    };
+    if let Some(metadata) = metadata
+        && !description.exports.iter().any(|e| e.starts_with(metadata))
     {
         return Err(LoadError::MissingMetadata {
             found: description.exports.join(", "),
@@ -217,18 +249,19 @@ mod tests {
     use super::{package_version, supports_wit_version, wit_version};
 
     #[test]
-    fn releases_of_0_1_and_0_2_are_supported_and_pre_releases_are_not() {
+    fn releases_of_0_1_to_0_3_are_supported_and_pre_releases_are_not() {
         assert!(supports_wit_version("0.1.0"));
         assert!(supports_wit_version("0.1.7"));
         assert!(supports_wit_version("0.2.0"));
+        assert!(supports_wit_version("0.3.1"));
         assert!(!supports_wit_version("0.1.0-rc1"));
-        assert!(!supports_wit_version("0.3.0"));
+        assert!(!supports_wit_version("0.4.0"));
         assert!(!supports_wit_version("0.1"));
     }
 
     #[test]
     fn the_newest_version_is_read_from_its_folder() {
-        assert_eq!(wit_version(), "0.2.0");
+        assert_eq!(wit_version(), "0.3.0");
         assert_eq!(
             package_version("/// x\npackage opentinker:plugin@0.1.0;\n"),
             "0.1.0"

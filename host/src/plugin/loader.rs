@@ -11,10 +11,13 @@ use tokio::sync::Semaphore;
 use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 
-use super::bindings::{v0_1, v0_2};
+use super::bindings::{v0_1, v0_2, v0_3};
 use super::cache::CompileCache;
 use super::compiler::{compile_in_worker, find_worker};
-use super::contract::{self, AgentIndices, EnvironmentIndices, RewardIndices};
+use super::contract::{
+    AdvantageIndices, AgentIndices, EnvironmentIndices, MetadataIndices, ObjectiveIndices,
+    RewardIndices,
+};
 use super::engine::{EngineSettings, EpochTicker, HostConfig, build_engine, slot_weight};
 use super::error::{CallError, ErrorKind, LoadError};
 use super::inspect::{self, ContractVersion, PluginDescription, PluginMetadata};
@@ -53,6 +56,10 @@ impl PluginHost {
             |state| state,
         )?;
         v0_1::opentinker::plugin::host::add_to_linker::<StoreState, HasSelf<StoreState>>(
+            &mut linker,
+            |state| state,
+        )?;
+        v0_3::opentinker::plugin::host::add_to_linker::<StoreState, HasSelf<StoreState>>(
             &mut linker,
             |state| state,
         )?;
@@ -107,12 +114,10 @@ impl PluginHost {
         let environment = EnvironmentIndices::new(&pre, version);
         let agent = AgentIndices::new(&pre, version);
         let reward = RewardIndices::new(&pre, version);
-        let metadata = match version {
-            ContractVersion::V0_1 => None,
-            ContractVersion::V0_2 => Some(
-                v0_2::MetadataIndices::new(&pre).map_err(|e| LoadError::Link(format!("{e:#}")))?,
-            ),
-        };
+        let objective = ObjectiveIndices::new(&pre, version);
+        let advantage = AdvantageIndices::new(&pre, version);
+        let metadata =
+            MetadataIndices::new(&pre, version).map_err(|e| LoadError::Link(format!("{e:#}")))?;
         Ok(Plugin(Arc::new(PluginInner {
             engine: self.engine.clone(),
             instance_slots: self.instance_slots.clone(),
@@ -128,6 +133,8 @@ impl PluginHost {
             environment,
             agent,
             reward,
+            objective,
+            advantage,
             metadata,
             version,
             env_info: tokio::sync::OnceCell::new(),
@@ -230,8 +237,10 @@ pub(crate) struct PluginInner {
     pub(crate) environment: Option<EnvironmentIndices>,
     pub(crate) agent: Option<AgentIndices>,
     pub(crate) reward: Option<RewardIndices>,
-    /// The metadata export (every 0.2 component has one; 0.1 had none).
-    pub(crate) metadata: Option<v0_2::MetadataIndices>,
+    pub(crate) objective: Option<ObjectiveIndices>,
+    pub(crate) advantage: Option<AdvantageIndices>,
+    /// The metadata export (every component since 0.2 has one; 0.1 had none).
+    pub(crate) metadata: Option<MetadataIndices>,
     /// The contract version the component implements.
     pub(crate) version: ContractVersion,
     pub(crate) env_info: tokio::sync::OnceCell<EnvInfo>,
@@ -311,9 +320,7 @@ impl Plugin {
         }
         let mut sandbox = self.0.sandbox(limits, 0).await?;
         let instance = sandbox.instance;
-        let answer = guarded_call!(&mut sandbox, 0, |store| contract::metadata(
-            indices, store, &instance
-        ))?;
+        let answer = guarded_call!(&mut sandbox, 0, |store| indices.metadata(store, &instance))?;
         sandbox.check_output(OutputSize::metadata(&answer))?;
         let metadata = PluginMetadata::from_export(answer).map_err(|e| sandbox.fail(e))?;
         Ok(Some(

@@ -1,4 +1,5 @@
-//! The plugin host: runs environment, agent and reward components sandboxed.
+//! The plugin host: runs environment, agent, reward, objective and advantage components
+//! sandboxed.
 //!
 //! Load a component once with [`PluginHost::load`] (compiled once, cached on disk, checked,
 //! pre-instantiated); then every episode gets a fresh instance from the pooling allocator, and
@@ -20,6 +21,7 @@ mod function_cache;
 mod inspect;
 mod limits;
 mod loader;
+mod objective;
 pub mod random_play;
 mod reward;
 mod sandbox;
@@ -42,5 +44,8 @@ pub use limits::{CompileBudget, CompileLimits, LimitError, Limits};
 pub use loader::{LoadReport, Plugin, PluginHost};
 pub use sandbox::FuelUse;
 pub use structure::{Structure, StructureError};
-pub use types::{EnvInfo, GuestError, Message, Metric, PlayerMessages, StepResult, Transcript};
+pub use types::{
+    DatumLoss, EnvInfo, GuestError, Message, Metric, ObjectiveDatum, ObjectiveTensor,
+    PlayerMessages, StepResult, Transcript,
+};
 pub use wasi::LogSink;

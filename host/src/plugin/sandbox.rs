@@ -11,7 +11,7 @@ use wasmtime::component::{Instance, InstancePre, ResourceTable};
 use wasmtime::{CallHook, Engine, ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::{v0_1, v0_2};
+use super::bindings::{v0_1, v0_2, v0_3};
 use super::error::{CallError, ErrorKind};
 use super::limits::{ITEM_OVERHEAD_BYTES, Limits};
 use super::types::OutputSize;
@@ -129,6 +129,22 @@ impl v0_1::opentinker::plugin::host::Host for StoreState {
             Old::Info => LogLevel::Info,
             Old::Warn => LogLevel::Warn,
             Old::Error => LogLevel::Error,
+        };
+        Host::log(self, level, message);
+    }
+}
+
+/// A 0.3 component's log lines, as 0.2's.
+impl v0_3::opentinker::plugin::host::Host for StoreState {
+    fn log(&mut self, level: v0_3::opentinker::plugin::host::LogLevel, message: String) {
+        use v0_2::opentinker::plugin::host::{Host, LogLevel};
+        use v0_3::opentinker::plugin::host::LogLevel as New;
+        let level = match level {
+            New::Trace => LogLevel::Trace,
+            New::Debug => LogLevel::Debug,
+            New::Info => LogLevel::Info,
+            New::Warn => LogLevel::Warn,
+            New::Error => LogLevel::Error,
         };
         Host::log(self, level, message);
     }

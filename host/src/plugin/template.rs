@@ -42,9 +42,9 @@ pub fn write_plugin(
         bail!("{} exists and is not empty: nothing written", dir.display());
     }
     let files: Vec<(&str, String)> = match language {
-        TemplateLanguage::Python => python_files(name, kind),
-        TemplateLanguage::Rust => rust_files(name, kind, sdk),
-        TemplateLanguage::JavaScript => js_files(name, kind, sdk),
+        TemplateLanguage::Python => python_files(name, kind)?,
+        TemplateLanguage::Rust => rust_files(name, kind, sdk)?,
+        TemplateLanguage::JavaScript => js_files(name, kind, sdk)?,
     };
     let mut written = Vec::new();
     for (relative, contents) in files {
@@ -59,7 +59,16 @@ pub fn write_plugin(
     Ok(written)
 }
 
-fn python_files(name: &str, kind: PluginKind) -> Vec<(&'static str, String)> {
+/// Templates exist for environments, agents and rewards; an objective or an advantage
+/// estimator starts from the SDK's examples.
+fn no_template(kind: PluginKind) -> anyhow::Error {
+    anyhow::anyhow!(
+        "there is no template for {} plugin yet: start from the SDK's documentation",
+        kind.with_article()
+    )
+}
+
+fn python_files(name: &str, kind: PluginKind) -> anyhow::Result<Vec<(&'static str, String)>> {
     let pyproject = format!(
         "[project]\nname = \"{name}\"\nversion = \"0.1.0\"\nrequires-python = \">=3.10\"\n\n\
          # What `opentinker plugin build` reads: the plugin's kind and the module that marks its class.\n\
@@ -70,16 +79,21 @@ fn python_files(name: &str, kind: PluginKind) -> Vec<(&'static str, String)> {
         PluginKind::Environment => (PYTHON_ENVIRONMENT, PYTHON_ENVIRONMENT_TEST),
         PluginKind::Agent => (PYTHON_AGENT, PYTHON_AGENT_TEST),
         PluginKind::Reward => (PYTHON_REWARD, PYTHON_REWARD_TEST),
+        other => return Err(no_template(other)),
     };
-    vec![
+    Ok(vec![
         ("pyproject.toml", pyproject),
         ("app.py", app.replace("{name}", name)),
         ("tests/test_app.py", test.to_string()),
         (".gitignore", "target/\n__pycache__/\n".to_string()),
-    ]
+    ])
 }
 
-fn js_files(name: &str, kind: PluginKind, sdk: &Path) -> Vec<(&'static str, String)> {
+fn js_files(
+    name: &str,
+    kind: PluginKind,
+    sdk: &Path,
+) -> anyhow::Result<Vec<(&'static str, String)>> {
     let package = serde_json::json!({
         "name": name,
         "version": "0.1.0",
@@ -111,16 +125,21 @@ fn js_files(name: &str, kind: PluginKind, sdk: &Path) -> Vec<(&'static str, Stri
         PluginKind::Environment => (JS_ENVIRONMENT, JS_ENVIRONMENT_TEST),
         PluginKind::Agent => (JS_AGENT, JS_AGENT_TEST),
         PluginKind::Reward => (JS_REWARD, JS_REWARD_TEST),
+        other => return Err(no_template(other)),
     };
-    vec![
+    Ok(vec![
         ("package.json", package),
         ("app.js", app.replace("{name}", name)),
         ("test/app.test.js", test.to_string()),
         (".gitignore", "target/\nnode_modules/\n".to_string()),
-    ]
+    ])
 }
 
-fn rust_files(name: &str, kind: PluginKind, sdk: &Path) -> Vec<(&'static str, String)> {
+fn rust_files(
+    name: &str,
+    kind: PluginKind,
+    sdk: &Path,
+) -> anyhow::Result<Vec<(&'static str, String)>> {
     let manifest = format!(
         "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2024\"\npublish = false\n\n\
          [lib]\n# cdylib: the component; rlib: so `cargo test` runs the unit tests natively.\n\
@@ -134,12 +153,13 @@ fn rust_files(name: &str, kind: PluginKind, sdk: &Path) -> Vec<(&'static str, St
         PluginKind::Environment => RUST_ENVIRONMENT,
         PluginKind::Agent => RUST_AGENT,
         PluginKind::Reward => RUST_REWARD,
+        other => return Err(no_template(other)),
     };
-    vec![
+    Ok(vec![
         ("Cargo.toml", manifest),
         ("src/lib.rs", lib.replace("{name}", name)),
         (".gitignore", "target/\n".to_string()),
-    ]
+    ])
 }
 
 const PYTHON_ENVIRONMENT: &str = r#""""{name}: an opentinker environment. The policy is shown a word and must say it back.

@@ -1,11 +1,28 @@
-//! The data that crosses the plugin boundary, as the host sees it: generated from the newest
-//! contract's WIT records (with serde; `contract` adapts older versions to them), plus the size
+//! The data that crosses the plugin boundary, as the host sees it: generated from 0.2's WIT
+//! records, which 0.3 shares (with serde; `contract` adapts the others to them), plus the size
 //! accounting that the output limit uses.
+
+use super::inspect::PluginKind;
 
 pub use super::bindings::v0_2::exports::opentinker::plugin::environment::StepResult;
 pub use super::bindings::v0_2::opentinker::plugin::types::{
     EnvInfo, Message, Metric, PlayerMessages, PluginError as GuestError, Transcript,
 };
+pub use super::bindings::v0_3::exports::opentinker::plugin::objective::{
+    Datum as ObjectiveDatum, DatumLoss, Tensor as ObjectiveTensor,
+};
+
+/// A metadata export as a component returns it, in the host's types: its config schema still
+/// text (checked when it becomes a `PluginMetadata`).
+pub(crate) struct MetadataExport {
+    pub(crate) name: String,
+    pub(crate) version: String,
+    pub(crate) description: String,
+    pub(crate) license: Option<String>,
+    pub(crate) kinds: Vec<PluginKind>,
+    pub(crate) config_schema: Option<String>,
+    pub(crate) language: String,
+}
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
@@ -48,9 +65,7 @@ impl OutputSize {
     }
 
     /// Every string of a metadata record, and its kinds as items.
-    pub(crate) fn metadata(
-        metadata: &super::bindings::v0_2::opentinker::plugin::types::PluginMetadata,
-    ) -> Self {
+    pub(crate) fn metadata(metadata: &MetadataExport) -> Self {
         let texts = [
             &metadata.name,
             &metadata.version,

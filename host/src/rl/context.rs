@@ -114,11 +114,7 @@ impl JobPlugins {
                 kinds.contains(&kind),
                 "job `{name}`: [{section}] plugin {} is not {} plugin (it implements: {})",
                 wasm.display(),
-                match kind {
-                    PluginKind::Environment => "an environment",
-                    PluginKind::Agent => "an agent",
-                    PluginKind::Reward => "a reward",
-                },
+                kind.with_article(),
                 kinds
                     .iter()
                     .map(|k| format!("{k:?}").to_lowercase())

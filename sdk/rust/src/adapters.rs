@@ -4,8 +4,14 @@
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
-use crate::bindings::{agent_plugin, environment_plugin, metadata_plugin, reward_plugin};
-use crate::{Agent, Environment, Message, Package, PluginError, Reward, StepResult, Transcript};
+use crate::bindings::{
+    advantage_plugin, agent_plugin, environment_plugin, metadata_plugin, objective_plugin,
+    reward_plugin,
+};
+use crate::{
+    Advantage, Agent, DatumLoss, Environment, Message, Objective, ObjectiveDatum, Package,
+    PluginError, Reward, StepResult, Tensor, Transcript,
+};
 
 /// Conversions between this crate's types and the shared types of one world's bindings.
 macro_rules! shared_glue {
@@ -39,8 +45,8 @@ macro_rules! shared_glue {
 }
 
 /// Implements the generated metadata bindings for the plugin `T` of package `P`, whose kind
-/// `K` ([`EnvironmentKind`], [`AgentKind`] or [`RewardKind`]) says which trait gives its config
-/// schema.
+/// `K` ([`EnvironmentKind`], [`AgentKind`], [`RewardKind`], [`ObjectiveKind`] or
+/// [`AdvantageKind`]) says which trait gives its config schema.
 pub struct MetadataAdapter<T, P, K>(PhantomData<(T, P, K)>);
 
 /// The kind marker of an environment's [`MetadataAdapter`].
@@ -49,11 +55,15 @@ pub struct EnvironmentKind;
 pub struct AgentKind;
 /// The kind marker of a reward's [`MetadataAdapter`].
 pub struct RewardKind;
+/// The kind marker of an objective's [`MetadataAdapter`].
+pub struct ObjectiveKind;
+/// The kind marker of an advantage estimator's [`MetadataAdapter`].
+pub struct AdvantageKind;
 
 mod metadata_glue {
     use super::*;
-    use metadata_plugin::exports::opentinker::plugin::metadata as wit_metadata;
-    use metadata_plugin::opentinker::plugin::types as wit;
+    use metadata_plugin::exports::opentinker::plugin::metadata as wit;
+    use wit as wit_metadata;
 
     fn metadata_of<P: Package>(
         kind: wit::PluginKind,
@@ -85,6 +95,18 @@ mod metadata_glue {
     impl<R: Reward, P: Package> wit_metadata::Guest for MetadataAdapter<R, P, RewardKind> {
         fn metadata() -> wit::PluginMetadata {
             metadata_of::<P>(wit::PluginKind::Reward, R::config_schema())
+        }
+    }
+
+    impl<O: Objective, P: Package> wit_metadata::Guest for MetadataAdapter<O, P, ObjectiveKind> {
+        fn metadata() -> wit::PluginMetadata {
+            metadata_of::<P>(wit::PluginKind::Objective, O::config_schema())
+        }
+    }
+
+    impl<A: Advantage, P: Package> wit_metadata::Guest for MetadataAdapter<A, P, AdvantageKind> {
+        fn metadata() -> wit::PluginMetadata {
+            metadata_of::<P>(wit::PluginKind::Advantage, A::config_schema())
         }
     }
 }
@@ -252,6 +274,76 @@ mod reward_glue {
         ) -> Result<Option<Vec<Vec<f64>>>, wit::PluginError> {
             let episodes: Vec<Vec<Transcript>> = episodes.into_iter().map(transcripts).collect();
             R::score_group(&config, &task, &episodes).map_err(Into::into)
+        }
+    }
+}
+
+/// Implements the generated objective bindings for any [`Objective`].
+pub struct ObjectiveAdapter<O>(PhantomData<O>);
+
+mod objective_glue {
+    use super::*;
+    use objective_plugin::exports::opentinker::plugin::objective as wit_objective;
+    use objective_plugin::opentinker::plugin::types as wit;
+
+    impl<O: Objective> wit_objective::Guest for ObjectiveAdapter<O> {
+        fn loss(
+            config: String,
+            datums: Vec<wit_objective::Datum>,
+        ) -> Result<Vec<wit_objective::DatumLoss>, wit::PluginError> {
+            datums
+                .into_iter()
+                .map(|datum| {
+                    let datum = ObjectiveDatum {
+                        logprobs: datum.logprobs,
+                        inputs: datum
+                            .inputs
+                            .into_iter()
+                            .map(|t| Tensor {
+                                name: t.name,
+                                shape: t.shape,
+                                values: t.values,
+                            })
+                            .collect(),
+                    };
+                    let DatumLoss {
+                        value,
+                        gradient,
+                        metrics,
+                    } = O::loss(&config, &datum)
+                        .map_err(|e| wit::PluginError { message: e.message })?;
+                    Ok(wit_objective::DatumLoss {
+                        value,
+                        gradient,
+                        metrics: metrics
+                            .into_iter()
+                            .map(|m| wit::Metric {
+                                name: m.name,
+                                value: m.value,
+                            })
+                            .collect(),
+                    })
+                })
+                .collect()
+        }
+    }
+}
+
+/// Implements the generated advantage bindings for any [`Advantage`].
+pub struct AdvantageAdapter<A>(PhantomData<A>);
+
+mod advantage_glue {
+    use super::*;
+    use advantage_plugin::exports::opentinker::plugin::advantage as wit_advantage;
+    use advantage_plugin::opentinker::plugin::types as wit;
+
+    impl<A: Advantage> wit_advantage::Guest for AdvantageAdapter<A> {
+        fn advantages(
+            config: String,
+            group: Vec<wit_advantage::Episode>,
+        ) -> Result<Vec<Vec<f64>>, wit::PluginError> {
+            let group: Vec<Vec<f64>> = group.into_iter().map(|e| e.turn_rewards).collect();
+            A::advantages(&config, &group).map_err(|e| wit::PluginError { message: e.message })
         }
     }
 }

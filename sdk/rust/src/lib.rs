@@ -2,7 +2,8 @@
 //!
 //! An opentinker plugin is a WebAssembly component that the host runs sandboxed: an
 //! [`Environment`] (a game, a tool task, a math problem), an [`Agent`] (how a policy's text becomes
-//! an action) or a [`Reward`] function. Implement the trait on your own type and call the matching
+//! an action), a [`Reward`] function, a training [`Objective`] (a loss with its gradient) or an
+//! [`Advantage`] estimator. Implement the trait on your own type and call the matching
 //! export macro once; the WIT bindings stay behind this crate.
 //!
 //! A complete environment, a coin the policy must call:
@@ -59,15 +60,19 @@ pub mod text;
 mod types;
 
 pub use rng::SeededRng;
-pub use types::{EnvInfo, Message, Metric, PluginError, StepResult, Transcript};
+pub use types::{
+    DatumLoss, EnvInfo, Message, Metric, ObjectiveDatum, PluginError, StepResult, Tensor,
+    Transcript,
+};
 
 #[doc(hidden)]
 pub use wit_bindgen::rt as __wit_bindgen_rt;
 
 #[doc(hidden)]
 pub use adapters::{
-    AgentAdapter, AgentKind, EnvironmentAdapter, EnvironmentKind, EpisodeAdapter, MetadataAdapter,
-    PlayerAgentAdapter, RewardAdapter, RewardKind,
+    AdvantageAdapter, AdvantageKind, AgentAdapter, AgentKind, EnvironmentAdapter, EnvironmentKind,
+    EpisodeAdapter, MetadataAdapter, ObjectiveAdapter, ObjectiveKind, PlayerAgentAdapter,
+    RewardAdapter, RewardKind,
 };
 
 /// The plugin crate's package fields, which the export macros read from Cargo (`name`,
@@ -161,6 +166,54 @@ pub trait Reward: 'static {
     }
 
     /// A JSON Schema (as JSON text) of the config the scorers take; `None` declares none.
+    fn config_schema() -> Option<String> {
+        None
+    }
+}
+
+/// A training objective: the loss of one datum as a function of the policy's logprobs, with its
+/// gradient, which the host back-propagates through the model (contract 0.3). The loss of a
+/// step is the sum over its datums, so a datum's loss must depend on that datum alone.
+///
+/// REINFORCE with the datum's advantages, `-Σ_t A_t · logp_t`:
+///
+/// ```
+/// use opentinker_sdk::{DatumLoss, Objective, ObjectiveDatum, PluginError};
+///
+/// struct Reinforce;
+///
+/// impl Objective for Reinforce {
+///     fn loss(_config: &str, datum: &ObjectiveDatum) -> Result<DatumLoss, PluginError> {
+///         let advantages = datum.require("advantages")?;
+///         let value = -datum.logprobs.iter().zip(advantages).map(|(l, a)| f64::from(l * a)).sum::<f64>();
+///         let gradient = advantages.iter().map(|a| -a).collect();
+///         Ok(DatumLoss { value, gradient, metrics: Vec::new() })
+///     }
+/// }
+///
+/// opentinker_sdk::export_objective!(Reinforce);
+/// # fn main() {}
+/// ```
+pub trait Objective: 'static {
+    /// The loss of `datum` under `config` (JSON; `{}` when absent) and its derivative with
+    /// respect to each of `datum.logprobs`.
+    fn loss(config: &str, datum: &ObjectiveDatum) -> Result<DatumLoss, PluginError>;
+
+    /// A JSON Schema (as JSON text) of the config [`Objective::loss`] takes; `None` declares none.
+    fn config_schema() -> Option<String> {
+        None
+    }
+}
+
+/// An advantage estimator: how a group of episodes of one task turns the rewards of their turns
+/// into each turn's advantage (contract 0.3).
+pub trait Advantage: 'static {
+    /// Per episode of `group` (each given as its turns' rewards), the advantage of each turn, as
+    /// many as it has rewards, under `config` (JSON; `{}` when absent).
+    fn advantages(config: &str, group: &[Vec<f64>]) -> Result<Vec<Vec<f64>>, PluginError>;
+
+    /// A JSON Schema (as JSON text) of the config [`Advantage::advantages`] takes; `None`
+    /// declares none.
     fn config_schema() -> Option<String> {
         None
     }
@@ -293,6 +346,64 @@ macro_rules! export_reward {
         const _: () = {
             const fn implements_reward<T: $crate::Reward>() {}
             implements_reward::<$reward>();
+        };
+    };
+}
+
+/// Export a type implementing [`Objective`] as this component's training objective. The
+/// exports exist only in a `wasm32` build; a native build (unit tests) compiles the type alone.
+#[macro_export]
+macro_rules! export_objective {
+    ($objective:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        #[doc(hidden)]
+        mod __opentinker_objective_export {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__package!();
+            type Exported = $crate::ObjectiveAdapter<$objective>;
+            $crate::bindings::objective_plugin::__export_objective_plugin!(
+                Exported with_types_in $crate::bindings::objective_plugin
+            );
+            type Described = $crate::MetadataAdapter<$objective, Package, $crate::ObjectiveKind>;
+            $crate::bindings::metadata_plugin::__export_metadata_plugin!(
+                Described with_types_in $crate::bindings::metadata_plugin
+            );
+        }
+        // Natively, check the type at least: a non-objective fails to compile everywhere.
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: () = {
+            const fn implements_objective<T: $crate::Objective>() {}
+            implements_objective::<$objective>();
+        };
+    };
+}
+
+/// Export a type implementing [`Advantage`] as this component's advantage estimator. The
+/// exports exist only in a `wasm32` build; a native build (unit tests) compiles the type alone.
+#[macro_export]
+macro_rules! export_advantage {
+    ($advantage:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        #[doc(hidden)]
+        mod __opentinker_advantage_export {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__package!();
+            type Exported = $crate::AdvantageAdapter<$advantage>;
+            $crate::bindings::advantage_plugin::__export_advantage_plugin!(
+                Exported with_types_in $crate::bindings::advantage_plugin
+            );
+            type Described = $crate::MetadataAdapter<$advantage, Package, $crate::AdvantageKind>;
+            $crate::bindings::metadata_plugin::__export_metadata_plugin!(
+                Described with_types_in $crate::bindings::metadata_plugin
+            );
+        }
+        // Natively, check the type at least: a non-estimator fails to compile everywhere.
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: () = {
+            const fn implements_advantage<T: $crate::Advantage>() {}
+            implements_advantage::<$advantage>();
         };
     };
 }

@@ -137,3 +137,48 @@ impl StepResult {
         self
     }
 }
+
+/// A named tensor of one datum, flattened row-major.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Tensor {
+    /// `mask`, `weights`, `advantages`, `logprobs` (the sampler's), or a name the datum's
+    /// `loss_fn_inputs` gave it.
+    pub name: String,
+    pub shape: Vec<u32>,
+    pub values: Vec<f32>,
+}
+
+/// What an [`Objective`](crate::Objective) sees of one datum.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ObjectiveDatum {
+    /// The policy's logprob of each target token: what the loss is differentiated by.
+    pub logprobs: Vec<f32>,
+    /// The datum's other inputs, each named once.
+    pub inputs: Vec<Tensor>,
+}
+
+impl ObjectiveDatum {
+    /// The values of the input `name`, if the datum has it.
+    pub fn input(&self, name: &str) -> Option<&[f32]> {
+        self.inputs
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.values.as_slice())
+    }
+
+    /// The values of the input `name`, or an error that names it.
+    pub fn require(&self, name: &str) -> Result<&[f32], PluginError> {
+        self.input(name)
+            .ok_or_else(|| PluginError::new(format!("the datum has no input {name:?}")))
+    }
+}
+
+/// The loss on one datum.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct DatumLoss {
+    pub value: f64,
+    /// The loss's derivative with respect to each of the datum's logprobs.
+    pub gradient: Vec<f32>,
+    /// Added over the call's datums; a name ending in `:mean` is averaged instead.
+    pub metrics: Vec<Metric>,
+}
