@@ -1,5 +1,9 @@
 //! The training engine on the tiny shape: gradients against finite differences in f64 through
-//! the production path, adapter isolation in mixed batches, per-adapter steps and NaN handling.
+//! the production path, adapter isolation in mixed batches, per-adapter steps and NaN handling,
+//! and objectives computed outside the engine (plugins) in the same fused pass.
+
+#[path = "common/plugin_build.rs"]
+mod plugin_build;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,8 +12,12 @@ use candle_core::{DType, Tensor};
 use opentinker::lora::LoraConfig;
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, Transformer};
-use opentinker::sched::{FairShare, TrainerService};
-use opentinker::train::{AdamParams, Datum, Loss, StepReport, TrainingEngine, WorkItem};
+use opentinker::plugin::{CallError, ErrorKind, HostConfig, Limits, Plugin, PluginHost};
+use opentinker::sched::{FairShare, PluginObjective, TrainerService};
+use opentinker::train::{
+    AdamParams, Datum, ExternalObjective, Loss, Objective, ObjectiveError, ObjectiveInput,
+    ObjectiveLoss, StepReport, TrainError, TrainingEngine, WorkItem,
+};
 
 fn tiny_transformer(arch: Architecture) -> Transformer {
     let dir = tempfile::tempdir().unwrap();
@@ -868,4 +876,186 @@ fn an_exported_state_continues_bit_for_bit_in_another_engine() {
     assert_eq!(snapshot(&engine, "a"), snapshot(&restored, "a"));
     let damaged = opentinker::train::SlotState::decode(&bytes[..bytes.len() / 2], DType::F32);
     assert!(damaged.is_err());
+}
+
+/// The plugin `plugins/NAME`, built and loaded into a fresh host (kept beside it: its clock
+/// is what ends a call that runs past its time).
+async fn objective_plugin(name: &str) -> (PluginHost, Plugin) {
+    let host = PluginHost::new(HostConfig::default()).unwrap();
+    let plugin = host
+        .load_file(&plugin_build::built_plugin(name))
+        .await
+        .unwrap();
+    (host, plugin)
+}
+
+/// `plugin` under `config` as a loss.
+fn plugin_loss(plugin: &Plugin, config: &str, limits: Limits) -> Loss {
+    Loss::Objective(Objective::new(PluginObjective::new(
+        plugin.clone(),
+        "test objective",
+        config,
+        limits,
+        tokio::runtime::Handle::current(),
+    )))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ppo_objective_plugin_gives_the_built_in_ppos_gradients_in_one_fused_pass() {
+    let (_host, ppo_plugin) = objective_plugin("ppo-loss").await;
+    let model = Arc::new(tiny_transformer(Architecture::Qwen2));
+    let mut engine = TrainingEngine::new(model, DType::F32);
+    // Two adapters of one seed: the same weights, so the same loss must give the same gradient.
+    engine.add_adapter("built-in", lora(4, 7)).unwrap();
+    engine.add_adapter("plugin", lora(4, 7)).unwrap();
+    warm_up(&mut engine, &["built-in", "plugin"]);
+    let builtin = Loss::from_config("ppo", &config(&[("clip_high_threshold", 1.05)])).unwrap();
+    let plugin = plugin_loss(
+        &ppo_plugin,
+        r#"{"clip_high_threshold": 1.05}"#,
+        Limits::default(),
+    );
+    let seeds = [1, 2, 3, 4];
+    let outputs = engine
+        .forward_backward(&[
+            item("built-in", builtin, &seeds, 16),
+            item("plugin", plugin, &seeds, 16),
+        ])
+        .unwrap();
+    let (ours, theirs) = (&outputs[0], &outputs[1]);
+    assert!(
+        (ours.loss - theirs.loss).abs() <= 1e-5 * ours.loss.abs().max(1.0),
+        "{} vs {}",
+        ours.loss,
+        theirs.loss
+    );
+    assert_eq!(ours.logprobs, theirs.logprobs);
+    // The plugin's metric came through, summed over the datums: some tokens were clipped.
+    assert!(
+        theirs.metrics["clipped_tokens:sum"] > 0.0,
+        "{:?}",
+        theirs.metrics
+    );
+    let (a, b) = (
+        engine.gradients("built-in").unwrap(),
+        engine.gradients("plugin").unwrap(),
+    );
+    for (name, g) in &a {
+        let difference = max_abs_diff(g, &b[name]);
+        assert!(l2(g) > 0.0, "{name} has a zero gradient");
+        assert!(
+            difference <= 1e-6,
+            "{name}: max |built-in - plugin| = {difference}"
+        );
+    }
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b)
+        .and_then(|d| d.abs()?.max_all()?.to_dtype(DType::F64)?.to_scalar::<f64>())
+        .expect("tensors of the same shape")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_objective_plugin_fails_its_call_alone_and_leaves_its_adapter_unchanged() {
+    let (_host, plugin) = objective_plugin("adversarial/objective").await;
+    // Small bounds, so that each attack ends within a second.
+    let limits = Limits {
+        fuel: 50_000_000,
+        memory_bytes: 16 << 20,
+        call_timeout_ms: 5_000,
+        ..Limits::default()
+    };
+    let (service, open) = gated_service().await;
+    let mut before = None;
+    for (config, kind) in [
+        ("nan", ErrorKind::InvalidOutput),
+        ("short", ErrorKind::InvalidOutput),
+        ("loop", ErrorKind::OutOfFuel),
+        ("memory", ErrorKind::MemoryLimit),
+    ] {
+        let good = service.forward_backward(vec![item("a", Loss::CrossEntropy, &[1, 2], 10)]);
+        let bad = service.forward_backward(vec![item(
+            "b",
+            plugin_loss(&plugin, config, limits.clone()),
+            &[3, 4],
+            10,
+        )]);
+        tokio::pin!(good, bad);
+        assert!(futures::poll!(&mut good).is_pending());
+        assert!(futures::poll!(&mut bad).is_pending());
+        if config == "nan" {
+            open.send(()).unwrap();
+        }
+        assert_eq!(good.await.unwrap()[0].logprobs.len(), 2, "{config}");
+        let error = match bad.await {
+            Err(opentinker::sched::TrainerServiceError::Train(error)) => error,
+            other => panic!("{config}: {other:?}"),
+        };
+        let TrainError::Objective { source, .. } = &error else {
+            panic!("{config}: {error}");
+        };
+        let call = source.source.downcast_ref::<CallError>().unwrap();
+        assert_eq!(call.kind, kind, "{config}: {error}");
+        assert!(error.is_refusal());
+        let untouched = service.with(|e| e.gradients("b")).await.unwrap();
+        assert!(untouched.is_none(), "{config} left gradients behind");
+        let weights = service.with(|e| snapshot(e, "b")).await.unwrap();
+        assert_eq!(before.get_or_insert_with(|| weights.clone()), &weights);
+    }
+}
+
+/// An objective that answers `-Σ logp` unless a datum has `refuse` logprobs.
+struct RefusesLength {
+    refuse: usize,
+}
+
+impl ExternalObjective for RefusesLength {
+    fn name(&self) -> &str {
+        "refuses-length"
+    }
+
+    fn losses(&self, datums: &[ObjectiveInput<'_>]) -> Result<Vec<ObjectiveLoss>, ObjectiveError> {
+        datums
+            .iter()
+            .map(|d| {
+                if d.logprobs.len() == self.refuse {
+                    return Err(ObjectiveError {
+                        objective: "refuses-length".into(),
+                        source: "a datum of the refused length".into(),
+                    });
+                }
+                Ok(ObjectiveLoss {
+                    value: -d.logprobs.iter().map(|&l| f64::from(l)).sum::<f64>(),
+                    gradient: vec![-1.0; d.logprobs.len()],
+                    metrics: BTreeMap::new(),
+                })
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn an_objective_failing_in_a_later_pass_takes_back_the_earlier_passes_gradients() {
+    let model = Arc::new(tiny_transformer(Architecture::Qwen2));
+    let mut engine = TrainingEngine::new(model, DType::F32).with_pass_bytes(1);
+    engine.add_adapter("a", lora(4, 1)).unwrap();
+    warm_up(&mut engine, &["a"]);
+    let objective = Loss::Objective(Objective::new(RefusesLength { refuse: 7 }));
+    // One datum a pass (the pass holds one token): the first two passes add gradients, the
+    // third is refused.
+    let mut call = item("a", objective.clone(), &[1, 2], 12);
+    call.datums.push(datum(3, 7, false));
+    assert_eq!(engine.pass_tokens(std::slice::from_ref(&call)), 1);
+    let error = engine.forward_backward(&[call]).unwrap_err();
+    assert!(matches!(error, TrainError::Objective { .. }), "{error}");
+    assert!(
+        engine.gradients("a").is_none(),
+        "the call left gradients behind"
+    );
+    // The same objective on datums it takes adds its gradients.
+    engine
+        .forward_backward(&[item("a", objective, &[1, 2], 12)])
+        .unwrap();
+    assert!(engine.gradients("a").is_some());
 }

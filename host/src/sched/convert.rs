@@ -413,9 +413,9 @@ pub fn prompt_targets(tensor: &TensorData) -> Result<sample::PromptTargets, ApiE
 
 pub fn train_error(error: TrainError) -> ApiError {
     match error {
-        TrainError::BadDatum { .. } | TrainError::CustomLoss { .. } => {
-            ApiError::invalid(error.to_string())
-        }
+        TrainError::BadDatum { .. }
+        | TrainError::CustomLoss { .. }
+        | TrainError::Objective { .. } => ApiError::invalid(error.to_string()),
         TrainError::Checkpoint(train::checkpoint::CheckpointError::Invalid { .. }) => {
             ApiError::invalid(error.to_string())
         }

@@ -9,6 +9,7 @@ pub mod convert;
 mod custom_losses;
 mod export;
 pub mod fair;
+mod objectives;
 pub mod sampler;
 mod sequences;
 pub mod service;
@@ -16,6 +17,7 @@ pub mod trainer;
 pub mod usage;
 
 pub use base::{ServedBase, TINY_MODEL_NAME, tiny_model_dir};
+pub use objectives::PluginObjective;
 pub use sampler::{SamplerService, SamplerServiceError};
 pub use service::{Service, ServiceConfig};
 pub use trainer::{FairShare, TrainerService, TrainerServiceError};

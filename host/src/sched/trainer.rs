@@ -645,7 +645,8 @@ fn fail(calls: &mut HashMap<u64, Call>, id: u64, error: TrainError) {
 
 /// One `forward_backward` over every slice, each slice's outputs added to its call's. If the
 /// engine refuses the fused pass (a bad datum, a custom loss that does not fit its datums, an
-/// unknown adapter: found before it computes anything), each call's slice runs alone, so one caller's bad input fails only that caller.
+/// objective that gives no answer, an unknown adapter: found before any gradient is
+/// accumulated), each call's slice runs alone, so one caller's bad input fails only that caller.
 fn forward_backward_fused(
     engine: &mut TrainingEngine,
     calls: &mut HashMap<u64, Call>,
@@ -677,11 +678,7 @@ fn forward_backward_fused(
         };
     match engine.forward_backward(&all) {
         Ok(outputs) => record(calls, &owners, outputs),
-        Err(
-            TrainError::BadDatum { .. }
-            | TrainError::CustomLoss { .. }
-            | TrainError::UnknownAdapter(_),
-        ) if slices.len() > 1 => {
+        Err(error) if error.is_refusal() && slices.len() > 1 => {
             for slice in slices {
                 let items: Vec<WorkItem> = slice.pieces.iter().map(|(_, i)| i.clone()).collect();
                 let owners: Vec<(u64, usize)> = slice
@@ -695,11 +692,7 @@ fn forward_backward_fused(
                 }
             }
         }
-        Err(
-            error @ (TrainError::BadDatum { .. }
-            | TrainError::CustomLoss { .. }
-            | TrainError::UnknownAdapter(_)),
-        ) => {
+        Err(error) if error.is_refusal() => {
             if let Some(slice) = slices.first() {
                 fail(calls, slice.call, error);
             }

@@ -23,6 +23,7 @@ use opentinker_kernels::{Backward, CpuTrain, Float, LoraGrads, Segment, TrainBat
 use super::checkpoint::Moments;
 use super::loss::{Loss, LossInputs, loss, ratio_tokens};
 use super::loss_graph::{CompiledLoss, GraphError, InputTensor};
+use super::objective::{Objective, ObjectiveError, ObjectiveInput};
 use super::slot_state::{NamedState, SlotState};
 use crate::lora::{Adapter, AdapterError, CpuAdapters, LoraConfig};
 use crate::model::layers::{
@@ -122,10 +123,33 @@ pub enum TrainError {
         datum: usize,
         source: Box<GraphError>,
     },
+    /// An objective (a plugin) gave no usable answer; found before the pass's backward, so
+    /// nothing was accumulated.
+    #[error("work item {item}: {source}")]
+    Objective {
+        item: usize,
+        #[source]
+        source: ObjectiveError,
+    },
     #[error("the model refused the batch: {0}")]
     Model(String),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+}
+
+impl TrainError {
+    /// Whether the engine refused the pass before accumulating any gradient (a bad datum, a
+    /// custom loss that does not fit, an objective with no answer, an unknown adapter): the
+    /// caller's fault, and safe to run the pass's other work again without it.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            TrainError::BadDatum { .. }
+                | TrainError::CustomLoss { .. }
+                | TrainError::Objective { .. }
+                | TrainError::UnknownAdapter(_)
+        )
+    }
 }
 
 /// The float types the engine computes in: f32, and f64 for gradient checks.
@@ -484,13 +508,30 @@ impl TrainingEngine {
     /// Logprobs and losses of the items; their gradients accumulate in each adapter's slot.
     /// A call over more tokens than one pass holds runs in passes (see [`PASS_BYTES`]), each
     /// adding its gradients as another call would. Every datum is checked first, so a bad one
-    /// refuses the call before any pass has added gradients.
+    /// refuses the call before any pass has added gradients; a pass that fails later (an
+    /// objective with no answer) takes back what the call's earlier passes added, so a call
+    /// adds all its gradients or none.
     pub fn forward_backward(&mut self, items: &[WorkItem]) -> Result<Vec<ItemOutput>, TrainError> {
         self.check(items)?;
-        match self.passes(items) {
-            None => self.forward_backward_pass(items),
-            Some(passes) => in_passes(items.len(), passes, |part| self.forward_backward_pass(part)),
+        let Some(passes) = self.passes(items) else {
+            return self.forward_backward_pass(items);
+        };
+        let before: Vec<(AdapterId, Option<Vec<Tensor>>, bool)> = self
+            .slots
+            .iter()
+            .filter(|(id, _)| items.iter().any(|item| &item.adapter == *id))
+            .map(|(id, slot)| (id.clone(), slot.gradients.clone(), slot.saw_non_finite))
+            .collect();
+        let outputs = in_passes(items.len(), passes, |part| self.forward_backward_pass(part));
+        if outputs.is_err() {
+            for (id, gradients, saw_non_finite) in before {
+                if let Some(slot) = self.slots.get_mut(&id) {
+                    slot.gradients = gradients;
+                    slot.saw_non_finite = saw_non_finite;
+                }
+            }
         }
+        outputs
     }
 
     /// The most memory one pass's activations may hold; [`PASS_BYTES`] unless set.
@@ -937,6 +978,13 @@ impl TrainingEngine {
                     i,
                     &mut custom_metrics,
                 )?,
+                Loss::Objective(objective) => objective_loss(
+                    objective,
+                    &item_logprobs,
+                    &items[i].datums,
+                    i,
+                    &mut custom_metrics,
+                )?,
                 builtin => loss(
                     builtin,
                     &LossInputs {
@@ -1026,6 +1074,49 @@ fn custom_loss(
         Some(total) => Ok(total),
         None => Ok(Tensor::zeros((), logprobs.dtype(), logprobs.device())?),
     }
+}
+
+/// An objective's loss over an item's datums (`logprobs`: `datums × width`): it answers each
+/// datum's value and gradient from the logprobs' numbers; the tensor returned is
+/// `Σ g·logprobs` with `g` held fixed, shifted to the objective's summed value, so that its
+/// backward is the objective's gradient. Its metrics are added to `metrics` as sums.
+fn objective_loss(
+    objective: &Objective,
+    logprobs: &Tensor,
+    datums: &[Datum],
+    item: usize,
+    metrics: &mut BTreeMap<String, f64>,
+) -> Result<Tensor, TrainError> {
+    let rows = logprobs.detach().to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    let inputs: Vec<ObjectiveInput<'_>> = rows
+        .iter()
+        .zip(datums)
+        .map(|(row, datum)| ObjectiveInput {
+            logprobs: &row[..datum.target_tokens.len().min(row.len())],
+            mask: &datum.mask,
+            weights: datum.weights.as_deref(),
+            advantages: datum.advantages.as_deref(),
+            sampler_logprobs: datum.sampler_logprobs.as_deref(),
+            inputs: &datum.inputs,
+        })
+        .collect();
+    let losses = objective
+        .losses(&inputs)
+        .map_err(|source| TrainError::Objective { item, source })?;
+    let width = rows.first().map_or(0, Vec::len);
+    let mut gradient = vec![0.0f32; rows.len() * width];
+    let mut value = 0.0;
+    for (d, loss) in losses.iter().enumerate() {
+        gradient[d * width..d * width + loss.gradient.len()].copy_from_slice(&loss.gradient);
+        value += loss.value;
+        for (name, metric) in &loss.metrics {
+            *metrics.entry(name.clone()).or_default() += metric;
+        }
+    }
+    let gradient = Tensor::from_vec(gradient, (rows.len(), width), logprobs.device())?
+        .to_dtype(logprobs.dtype())?;
+    let surrogate = (logprobs * gradient)?.sum_all()?;
+    Ok(((&surrogate - surrogate.detach())? + value)?)
 }
 
 /// One pass of a call split in passes: parts of the call's items (each of whole datums, in

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use candle_core::{D, Tensor};
 
 use super::loss_graph::CompiledLoss;
+use super::objective::Objective;
 
 /// A loss function and its settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -59,6 +60,8 @@ pub enum Loss {
     /// A loss the client sent as a graph (`create_custom_loss`), run on each datum's whole
     /// logprobs and summed over datums.
     Custom(Arc<CompiledLoss>),
+    /// A loss computed outside the engine (a plugin), which answers each datum's gradient.
+    Objective(Objective),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -274,9 +277,9 @@ pub fn loss(kind: &Loss, inputs: &LossInputs<'_>) -> candle_core::Result<Tensor>
             let clipped = (ratio.clamp(*clip_low, *clip_high)? * a)?;
             unclipped.minimum(&clipped)?.broadcast_div(&count)?
         }
-        Loss::Custom(_) => {
+        Loss::Custom(_) | Loss::Objective(_) => {
             return Err(candle_core::Error::Msg(
-                "a custom loss runs per datum (CompiledLoss::evaluate_datum)".into(),
+                "a custom loss or an objective runs per datum, not here".into(),
             ));
         }
     };

@@ -1,4 +1,5 @@
-//! Training: the Tinker losses, custom losses sent as graphs (`loss_graph`), and the engine
+//! Training: the Tinker losses, custom losses sent as graphs (`loss_graph`) or computed outside
+//! the engine (`objective`: plugins), and the engine
 //! that runs forward / forward_backward over mixed-adapter work items on the model's layers with
 //! a per-adapter AdamW, and PEFT checkpoints.
 
@@ -6,6 +7,7 @@ pub mod checkpoint;
 pub mod engine;
 pub mod loss;
 mod loss_graph;
+mod objective;
 pub mod slot_state;
 
 pub use engine::{
@@ -14,4 +16,5 @@ pub use engine::{
 };
 pub use loss::{Loss, LossError, LossInputs};
 pub use loss_graph::{CompiledLoss, GraphError, InputTensor, MAX_INPUTS, MAX_NODES};
+pub use objective::{ExternalObjective, Objective, ObjectiveError, ObjectiveInput, ObjectiveLoss};
 pub use slot_state::{NamedState, SlotState, SlotStateError};
