@@ -1520,3 +1520,88 @@ fn plugin_new_writes_plugins_that_test_build_and_play_as_written() {
     }
     templates_play_and_say_what_they_are(dir.path(), "py", "python");
 }
+
+/// The centred rank in [-1, 1] of each of `returns` (ties share their mean rank): what the
+/// `rank-advantage` plugin answers.
+fn centred_ranks(returns: &[f64]) -> Vec<f64> {
+    let n = returns.len();
+    returns
+        .iter()
+        .map(|r| {
+            let below = returns.iter().filter(|o| *o < r).count() as f64;
+            let equal = returns.iter().filter(|o| *o == r).count() as f64;
+            match n {
+                0 | 1 => 0.0,
+                _ => 2.0 * (below + (equal - 1.0) / 2.0) / (n - 1) as f64 - 1.0,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_job_with_an_advantage_plugin_trains_on_the_plugins_advantages() {
+    let dir = tempfile::tempdir().unwrap();
+    // sort-digits gives partial credit, so a barely warmed-up policy's groups differ.
+    let environment = built_plugin("sort-digits");
+    let rank = built_plugin("rank-advantage");
+    let job_with = |estimator: &Path| {
+        format!(
+            "[model]\ninit_tiny = {{ seed = 3 }}\n[lora]\nrank = 4\n\
+             [environment]\nplugin = {environment:?}\n\
+             [sft]\nsource = \"demonstrations\"\nsteps = 2\n\
+             [rl]\nsteps = 2\ngroups_per_batch = 8\ngroup_size = 4\n\
+             advantage = {{ plugin = {estimator:?} }}\n[eval]\nepisodes = 4\n"
+        )
+    };
+    let job = dir.path().join("ranked.toml");
+    std::fs::write(&job, job_with(&rank)).unwrap();
+    let out = dir.path().join("run");
+    train_json(&job, &out);
+    // Every trained group's sampled tokens carry the centred rank of their episode's return.
+    let mut checked = 0;
+    for step in 0..2 {
+        let text =
+            std::fs::read_to_string(out.join(format!("rollouts/step-{step}.jsonl"))).unwrap();
+        let records: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        for group in 0..8 {
+            let members: Vec<&serde_json::Value> =
+                records.iter().filter(|r| r["group"] == group).collect();
+            let returns: Vec<f64> = members
+                .iter()
+                .map(|r| r["returns"][0].as_f64().unwrap())
+                .collect();
+            if returns.windows(2).all(|w| w[0] == w[1]) {
+                continue;
+            }
+            for (record, expected) in members.iter().zip(centred_ranks(&returns)) {
+                let sequence = &record["sequences"][0];
+                let masked = sequence["mask"].as_array().unwrap().iter();
+                for (mask, advantage) in masked.zip(sequence["advantages"].as_array().unwrap()) {
+                    if mask == 1 {
+                        let advantage = advantage.as_f64().unwrap();
+                        assert!(
+                            (advantage - expected).abs() < 1e-6,
+                            "{advantage} vs {expected}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 0,
+        "no group's returns differed: nothing was checked"
+    );
+
+    // A plugin of another kind is refused by name before any work.
+    std::fs::write(&job, job_with(&environment)).unwrap();
+    let refused = train_refused(&job, &dir.path().join("wrong"));
+    assert!(
+        refused.contains("[rl.advantage]") && refused.contains("not an advantage estimator"),
+        "{refused}"
+    );
+}

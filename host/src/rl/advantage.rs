@@ -24,7 +24,18 @@ impl GroupReturns {
     pub fn returns(&self) -> Vec<f64> {
         self.turn_rewards.iter().map(|r| r.iter().sum()).collect()
     }
+
+    /// Whether every episode's return is the same: the group has nothing to teach.
+    pub fn ties(&self) -> bool {
+        self.returns()
+            .windows(2)
+            .all(|w| (w[0] - w[1]).abs() < 1e-12)
+    }
 }
+
+/// A step's advantages, as the estimator answered them (a group whose returns tie included):
+/// per group, per seat, per episode of the group, per turn.
+pub type StepAdvantages = Vec<Vec<Vec<Vec<f64>>>>;
 
 const STD_EPS: f64 = 1e-6;
 
@@ -42,10 +53,10 @@ pub fn advantages(
     estimator: Estimator,
     skip_equal: bool,
 ) -> Option<Vec<Vec<f64>>> {
-    let returns = group.returns();
-    if skip_equal && returns.windows(2).all(|w| (w[0] - w[1]).abs() < 1e-12) {
+    if skip_equal && group.ties() {
         return None;
     }
+    let returns = group.returns();
     let (mean, std) = mean_std(&returns);
     let per_episode = |scale: f64| -> Vec<Vec<f64>> {
         group

@@ -76,6 +76,8 @@ pub(super) struct JobContext {
     /// The agent's and the reward's configs (JSON; `{}` when the job gives none).
     pub(super) agent_config: String,
     pub(super) reward_config: String,
+    /// The advantage estimator plugin and its config, in place of `rl.estimator`.
+    pub(super) advantage: Option<(Plugin, String)>,
     pub(super) limits: Limits,
     pub(super) model: Arc<ModelInfo>,
 }
@@ -86,6 +88,7 @@ pub(super) struct JobPlugins {
     environment: Option<Plugin>,
     agent: Option<Plugin>,
     reward: Option<Plugin>,
+    advantage: Option<Plugin>,
 }
 
 impl JobPlugins {
@@ -171,10 +174,26 @@ impl JobPlugins {
             }
             None => None,
         };
+        let advantage = match &job.rl.advantage {
+            Some(section) => {
+                let config = section.config_json();
+                Some(
+                    load(
+                        "rl.advantage",
+                        &section.plugin,
+                        PluginKind::Advantage,
+                        config,
+                    )
+                    .await?,
+                )
+            }
+            None => None,
+        };
         Ok(JobPlugins {
             environment,
             agent,
             reward,
+            advantage,
         })
     }
 }
@@ -205,6 +224,9 @@ impl JobContext {
                 .reward
                 .as_ref()
                 .map_or_else(|| "{}".into(), |r| r.config_json()),
+            advantage: plugins
+                .advantage
+                .zip(job.rl.advantage.as_ref().map(|a| a.config_json())),
             limits: job.limits.clone(),
             model,
         }

@@ -3,7 +3,7 @@
 //! between evaluations, and, at the end of a run whose evaluation did not improve, a short report
 //! naming the likely cause from those figures and the setting to change.
 
-use super::advantage::{Estimator, GroupReturns, advantages};
+use super::advantage::{GroupReturns, StepAdvantages};
 use super::job::{Job, PolicySection};
 use super::metrics::Evaluation;
 use super::rollout::EpisodeOutcome;
@@ -17,12 +17,13 @@ pub(super) struct Signal {
     pub(super) advantage_abs_mean: f64,
 }
 
-/// The signal of a step's episodes, `played` as (group, index in group, outcome).
+/// The signal of a step's episodes, `played` as (group, index in group, outcome), with the
+/// step's `advantages`.
 pub(super) fn signal_of(
     played: &[(usize, usize, EpisodeOutcome)],
     job: &Job,
     policies: &[PolicySection],
-    estimator: Estimator,
+    advantages: &StepAdvantages,
 ) -> Signal {
     let seats = played
         .iter()
@@ -48,9 +49,9 @@ pub(super) fn signal_of(
                 continue;
             }
             pairs += 1;
-            let all = returns.returns();
-            tied += usize::from(all.windows(2).all(|w| (w[0] - w[1]).abs() < 1e-12));
-            for episode in advantages(&returns, estimator, false).unwrap_or_default() {
+            tied += usize::from(returns.ties());
+            let answered = advantages.get(g).and_then(|group| group.get(seat));
+            for episode in answered.into_iter().flatten() {
                 abs_sum += episode.iter().map(|a| a.abs()).sum::<f64>();
                 turns += episode.len();
             }

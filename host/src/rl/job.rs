@@ -207,6 +207,22 @@ fn default_weight() -> f64 {
     1.0
 }
 
+/// An advantage estimator plugin (`rl.advantage`) and its config: it replaces `rl.estimator`.
+#[derive(Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdvantageSection {
+    pub plugin: PathBuf,
+    #[serde(default)]
+    pub config: Option<toml::Value>,
+}
+
+impl AdvantageSection {
+    /// The config as the JSON text the estimator receives (`{}` when absent).
+    pub fn config_json(&self) -> String {
+        config_json(&self.config)
+    }
+}
+
 /// Supervised fine-tuning: the warm-up of an RL job, or a job of its own (a job without an
 /// environment, or with `rl.steps = 0`).
 #[derive(Debug, PartialEq, Deserialize, Serialize)]
@@ -424,6 +440,10 @@ pub struct RlSection {
     pub max_tokens: usize,
     #[serde(default)]
     pub estimator: EstimatorName,
+    /// An advantage estimator plugin, in place of `estimator`. Not among the settings a run
+    /// writes: a path of the machine that runs it.
+    #[serde(default, skip_serializing)]
+    pub advantage: Option<AdvantageSection>,
     #[serde(default = "default_gamma")]
     pub gamma: f64,
     #[serde(default = "default_true")]
@@ -577,6 +597,7 @@ impl Default for RlSection {
             max_turns: default_max_turns(),
             max_tokens: default_max_tokens(),
             estimator: EstimatorName::default(),
+            advantage: None,
             gamma: default_gamma(),
             skip_equal_groups: true,
             failure_reward: 0.0,
@@ -798,6 +819,9 @@ impl Job {
         if let Some(reward) = &mut job.reward {
             reward.plugin = resolve(&reward.plugin);
         }
+        if let Some(advantage) = &mut job.rl.advantage {
+            advantage.plugin = resolve(&advantage.plugin);
+        }
         if let Some(reference) = &job.rl.kl_reference {
             job.rl.kl_reference = Some(resolve(reference));
         }
@@ -806,8 +830,9 @@ impl Job {
         }
     }
 
-    /// The plugin paths the job names, by section (`environment`, `agent`, `reward`), for the
-    /// CLI to build source folders into components before the driver sees the job.
+    /// The plugin paths the job names, by section (`environment`, `agent`, `reward`,
+    /// `rl.advantage`), for the CLI to build source folders into components before the driver
+    /// sees the job.
     pub fn plugin_paths_mut(&mut self) -> Vec<(&'static str, &mut PathBuf)> {
         let mut paths = Vec::new();
         if let Some(section) = &mut self.environment {
@@ -818,6 +843,9 @@ impl Job {
         }
         if let Some(section) = &mut self.reward {
             paths.push(("reward", &mut section.plugin));
+        }
+        if let Some(section) = &mut self.rl.advantage {
+            paths.push(("rl.advantage", &mut section.plugin));
         }
         paths
     }

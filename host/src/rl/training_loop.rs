@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use super::advantage::{Estimator, GroupReturns, advantages, fold_kl};
+use super::advantage::{Estimator, GroupReturns, StepAdvantages, advantages, fold_kl};
 use super::context::{JobContext, JobStart, Progress, Reporter, SharedBase, evaluate};
 use super::datum::Datum;
 use super::datum::rl_datum;
@@ -277,7 +277,9 @@ pub(super) async fn train_job(
         };
         let all: Vec<&EpisodeOutcome> = played.iter().map(|(_, _, o)| o).collect();
         let stop = failures.record(&all);
-        let (mut batches, records, groups_trained) = datums_of(&played, job, &policies, estimator);
+        let advantages = step_advantages(&cx, &played, job, estimator).await?;
+        let (mut batches, records, groups_trained) =
+            datums_of(&played, job, &policies, &advantages);
         if let Some(why) = stop {
             // The step's rollouts and metrics line carry the failures' own words; nothing trains.
             folder.write_rollouts(step, &records)?;
@@ -319,7 +321,7 @@ pub(super) async fn train_job(
             );
         }
         let entropy = sampled_entropy(&batches);
-        let signal = signal_of(&played, job, &policies, estimator);
+        let signal = signal_of(&played, job, &policies, &advantages);
         let failed = all.iter().filter(|o| o.error.is_some()).count();
         signals.step(signal, entropy, failed as f64 / all.len().max(1) as f64);
         // The KL to the reference: every step with a penalty, which folds it into the
@@ -659,15 +661,95 @@ fn in_batch_order(groups: Vec<PlayedGroup>) -> Vec<(usize, usize, EpisodeOutcome
         .collect()
 }
 
-/// Group advantages and the datums of the played episodes (in group and index order) for each
-/// trainable policy: each of its players' sequences, with that player's advantages within the
-/// group. Also the records of the rollout file and the number of groups that were not skipped
-/// (for any player).
+/// The returns of seat `seat` in each episode of `group`.
+fn seat_returns(group: &[&(usize, usize, EpisodeOutcome)], seat: usize) -> GroupReturns {
+    GroupReturns {
+        turn_rewards: group
+            .iter()
+            .map(|(_, _, o)| o.turn_rewards.get(seat).cloned().unwrap_or_default())
+            .collect(),
+    }
+}
+
+/// The episodes of group `g` of a step's `played` ones.
+fn group_of(
+    played: &[(usize, usize, EpisodeOutcome)],
+    g: usize,
+) -> Vec<&(usize, usize, EpisodeOutcome)> {
+    played.iter().filter(|(i, _, _)| *i == g).collect()
+}
+
+/// The number of seats (players) of a step's episodes.
+fn seats_of(played: &[(usize, usize, EpisodeOutcome)]) -> usize {
+    played
+        .iter()
+        .map(|(_, _, o)| o.transcripts.len().max(o.turn_rewards.len()))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Each group's advantages per seat: the job's estimator plugin's answers (a failure stops the
+/// step, naming the plugin), or `estimator`'s.
+async fn step_advantages(
+    cx: &JobContext,
+    played: &[(usize, usize, EpisodeOutcome)],
+    job: &Job,
+    estimator: Estimator,
+) -> anyhow::Result<StepAdvantages> {
+    let Some((plugin, config)) = &cx.advantage else {
+        return Ok(estimated(played, job, estimator));
+    };
+    let seats = seats_of(played);
+    let mut step = Vec::with_capacity(job.rl.groups_per_batch);
+    for g in 0..job.rl.groups_per_batch {
+        let group = group_of(played, g);
+        let mut per_seat = Vec::with_capacity(seats);
+        for seat in 0..seats {
+            let returns = seat_returns(&group, seat);
+            let answer = match returns.turn_rewards.iter().all(Vec::is_empty) {
+                true => vec![Vec::new(); returns.turn_rewards.len()],
+                false => plugin
+                    .advantages(config, &returns.turn_rewards, &cx.limits)
+                    .await
+                    .with_context(|| {
+                        format!("the advantage estimator [rl.advantage] {}", plugin.digest())
+                    })?,
+            };
+            per_seat.push(answer);
+        }
+        step.push(per_seat);
+    }
+    Ok(step)
+}
+
+/// Each group's advantages per seat by the built-in `estimator`.
+fn estimated(
+    played: &[(usize, usize, EpisodeOutcome)],
+    job: &Job,
+    estimator: Estimator,
+) -> StepAdvantages {
+    let seats = seats_of(played);
+    (0..job.rl.groups_per_batch)
+        .map(|g| {
+            let group = group_of(played, g);
+            (0..seats)
+                .map(|seat| {
+                    advantages(&seat_returns(&group, seat), estimator, false).unwrap_or_default()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The datums of the played episodes (in group and index order) for each trainable policy: each
+/// of its players' sequences, with that player's `advantages` within the group (a group whose
+/// returns tie is skipped under `rl.skip_equal_groups`). Also the records of the rollout file
+/// and the number of groups that were not skipped (for any player).
 fn datums_of(
     played: &[(usize, usize, EpisodeOutcome)],
     job: &Job,
     policies: &[PolicySection],
-    estimator: Estimator,
+    advantages: &StepAdvantages,
 ) -> (Vec<PolicyBatch>, Vec<RolloutRecord>, usize) {
     let mut batches: Vec<PolicyBatch> = policies
         .iter()
@@ -676,24 +758,17 @@ fn datums_of(
         .collect();
     let mut records = Vec::new();
     let mut groups_trained = 0;
-    let seats = played
-        .iter()
-        .map(|(_, _, o)| o.transcripts.len())
-        .max()
-        .unwrap_or(0);
+    let seats = seats_of(played);
     for g in 0..job.rl.groups_per_batch {
-        let group: Vec<&(usize, usize, EpisodeOutcome)> =
-            played.iter().filter(|(i, _, _)| *i == g).collect();
+        let group = group_of(played, g);
         // Per seat, the advantages of each episode of the group (None: skipped).
-        let per_seat: Vec<Option<Vec<Vec<f64>>>> = (0..seats)
+        let per_seat: Vec<Option<&Vec<Vec<f64>>>> = (0..seats)
             .map(|seat| {
-                let returns = GroupReturns {
-                    turn_rewards: group
-                        .iter()
-                        .map(|(_, _, o)| o.turn_rewards.get(seat).cloned().unwrap_or_default())
-                        .collect(),
-                };
-                advantages(&returns, estimator, job.rl.skip_equal_groups)
+                let skipped = job.rl.skip_equal_groups && seat_returns(&group, seat).ties();
+                advantages
+                    .get(g)
+                    .and_then(|group| group.get(seat))
+                    .filter(|_| !skipped)
             })
             .collect();
         groups_trained += usize::from(per_seat.iter().any(Option::is_some));
@@ -704,8 +779,8 @@ fn datums_of(
                     continue;
                 };
                 let mut advantage: Vec<f64> = per_seat[seat]
-                    .as_ref()
-                    .map(|a| a[n].clone())
+                    .and_then(|a| a.get(n))
+                    .cloned()
                     .unwrap_or_default();
                 // A failed episode is never reinforced: where its failure reward would sit above
                 // the group's baseline (a crash beating the average loss), its advantage is 0.
@@ -813,6 +888,10 @@ mod tests {
         assert_eq!(record(&mut watch, 8, 8), None);
     }
 
+    fn group_mean(played: &[(usize, usize, EpisodeOutcome)], job: &Job) -> StepAdvantages {
+        estimated(played, job, Estimator::GroupMean)
+    }
+
     #[test]
     fn each_seat_trains_only_its_own_policy_with_its_own_return() {
         let job: Job = toml::from_str(
@@ -821,7 +900,8 @@ mod tests {
         .unwrap();
         let played = vec![(0, 0, episode(0, 1.0)), (0, 1, episode(1, -1.0))];
         let policies = [policy("x", vec![0], true), policy("o", vec![1], true)];
-        let (batches, records, groups) = datums_of(&played, &job, &policies, Estimator::GroupMean);
+        let (batches, records, groups) =
+            datums_of(&played, &job, &policies, &group_mean(&played, &job));
         assert_eq!(groups, 1);
         assert_eq!(records.len(), 2);
         let batch = |name: &str| &batches.iter().find(|(n, _)| n == name).unwrap().1;
@@ -851,7 +931,7 @@ mod tests {
             "[model]\ninit_tiny = {}\n[rl]\nsteps = 1\ngroups_per_batch = 1\ngroup_size = 3\n",
         )
         .unwrap();
-        let (batches, _, _) = datums_of(&losing, &job3, &policies, Estimator::GroupMean);
+        let (batches, _, _) = datums_of(&losing, &job3, &policies, &group_mean(&losing, &job3));
         let x = &batches.iter().find(|(n, _)| n == "x").unwrap().1;
         assert!(x[0].advantages.as_ref().unwrap()[1] < 0.0);
         assert_eq!(x[2].advantages, Some(vec![0.0, 0.0, 0.0]));
@@ -862,7 +942,7 @@ mod tests {
 
         // A frozen policy's seat trains nothing.
         let frozen = [policy("x", vec![0], true), policy("o", vec![1], false)];
-        let (batches, _, _) = datums_of(&played, &job, &frozen, Estimator::GroupMean);
+        let (batches, _, _) = datums_of(&played, &job, &frozen, &group_mean(&played, &job));
         assert_eq!(batches.len(), 1);
         assert_eq!(batches[0].0, "x");
     }
