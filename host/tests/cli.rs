@@ -1605,3 +1605,57 @@ fn a_job_with_an_advantage_plugin_trains_on_the_plugins_advantages() {
         "{refused}"
     );
 }
+
+#[test]
+fn a_job_whose_loss_is_the_ppo_plugin_trains_as_the_built_in_ppo_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let environment = built_plugin("sort-digits");
+    let ppo = built_plugin("ppo-loss");
+    let job_with = |loss: &str| {
+        format!(
+            "[model]\ninit_tiny = {{ seed = 3 }}\n[lora]\nrank = 4\n\
+             [environment]\nplugin = {environment:?}\n\
+             [sft]\nsource = \"demonstrations\"\nsteps = 2\n\
+             [rl]\nsteps = 2\ngroups_per_batch = 8\ngroup_size = 4\nloss = {loss}\n\
+             loss_config = {{ clip_high_threshold = 1.1 }}\n[eval]\nepisodes = 4\n"
+        )
+    };
+    let mut losses = Vec::new();
+    for (name, loss) in [
+        ("built-in", "\"ppo\"".to_string()),
+        ("plugin", format!("{{ plugin = {ppo:?} }}")),
+    ] {
+        let job = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&job, job_with(&loss)).unwrap();
+        let out = dir.path().join(name);
+        train_json(&job, &out);
+        let rl: Vec<f64> = metric_lines(&out)
+            .iter()
+            .filter(|l| l["phase"] == "rl")
+            .map(|l| l["loss"].as_f64().unwrap())
+            .collect();
+        assert_eq!(rl.len(), 2, "{name}");
+        losses.push(rl);
+    }
+    // The first step samples the same episodes with the same adapter: the same loss.
+    let (ours, theirs) = (losses[0][0], losses[1][0]);
+    assert!(ours != 0.0, "the first step trained nothing");
+    assert!(
+        (ours - theirs).abs() <= 1e-5 * ours.abs(),
+        "built-in {ours} vs plugin {theirs}"
+    );
+
+    // A plugin of another kind is refused by name; so is a config its schema refuses.
+    let job = dir.path().join("wrong.toml");
+    std::fs::write(&job, job_with(&format!("{{ plugin = {environment:?} }}"))).unwrap();
+    let refused = train_refused(&job, &dir.path().join("wrong"));
+    assert!(
+        refused.contains("[rl.loss]") && refused.contains("not an objective"),
+        "{refused}"
+    );
+    let bad_key =
+        job_with(&format!("{{ plugin = {ppo:?} }}")).replace("clip_high_threshold", "clip");
+    std::fs::write(&job, bad_key).unwrap();
+    let refused = train_refused(&job, &dir.path().join("bad-key"));
+    assert!(refused.contains("clip"), "{refused}");
+}

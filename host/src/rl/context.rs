@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::diagnosis::action_digests;
-use super::job::Job;
+use super::job::{Job, RlLoss};
 use super::metrics::{Evaluation, StepMetrics, Warmup, errors, mean, metrics_of};
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
@@ -78,6 +78,8 @@ pub(super) struct JobContext {
     pub(super) reward_config: String,
     /// The advantage estimator plugin and its config, in place of `rl.estimator`.
     pub(super) advantage: Option<(Plugin, String)>,
+    /// The objective plugin that is the RL loss, in place of a built-in one.
+    pub(super) loss: Option<Plugin>,
     pub(super) limits: Limits,
     pub(super) model: Arc<ModelInfo>,
 }
@@ -89,6 +91,7 @@ pub(super) struct JobPlugins {
     agent: Option<Plugin>,
     reward: Option<Plugin>,
     advantage: Option<Plugin>,
+    loss: Option<Plugin>,
 }
 
 impl JobPlugins {
@@ -189,11 +192,19 @@ impl JobPlugins {
             }
             None => None,
         };
+        let loss = match &job.rl.loss {
+            RlLoss::Plugin(section) => {
+                let config = serde_json::to_string(&job.rl.loss_config)?;
+                Some(load("rl.loss", &section.plugin, PluginKind::Objective, config).await?)
+            }
+            RlLoss::Builtin(_) => None,
+        };
         Ok(JobPlugins {
             environment,
             agent,
             reward,
             advantage,
+            loss,
         })
     }
 }
@@ -227,6 +238,7 @@ impl JobContext {
             advantage: plugins
                 .advantage
                 .zip(job.rl.advantage.as_ref().map(|a| a.config_json())),
+            loss: plugins.loss,
             limits: job.limits.clone(),
             model,
         }

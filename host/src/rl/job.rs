@@ -424,7 +424,7 @@ pub struct RlSection {
     #[serde(default = "default_rl_lr")]
     pub learning_rate: f64,
     #[serde(default)]
-    pub loss: LossName,
+    pub loss: RlLoss,
     #[serde(default)]
     pub loss_config: std::collections::BTreeMap<String, f64>,
     #[serde(default = "default_temperature")]
@@ -512,7 +512,56 @@ pub enum EstimatorName {
     PerTurn,
 }
 
-/// The RL loss (`rl.loss`); its settings are `rl.loss_config`.
+/// The RL loss (`rl.loss`): a built-in one by name, or an objective plugin
+/// (`{ plugin = "..." }`); its settings are `rl.loss_config` either way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RlLoss {
+    Builtin(LossName),
+    Plugin(LossPlugin),
+}
+
+impl Default for RlLoss {
+    fn default() -> Self {
+        RlLoss::Builtin(LossName::default())
+    }
+}
+
+/// An objective plugin as the RL loss.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LossPlugin {
+    pub plugin: PathBuf,
+}
+
+impl<'de> Deserialize<'de> for RlLoss {
+    /// A name (refused with the names accepted) or a table naming a plugin.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let value = toml::Value::deserialize(deserializer)?;
+        match value {
+            toml::Value::Table(_) => LossPlugin::deserialize(value)
+                .map(RlLoss::Plugin)
+                .map_err(D::Error::custom),
+            other => LossName::deserialize(other)
+                .map(RlLoss::Builtin)
+                .map_err(D::Error::custom),
+        }
+    }
+}
+
+impl Serialize for RlLoss {
+    /// A built-in loss by its name; a plugin as `{ plugin = "objective plugin" }` (not its path:
+    /// a path of the machine that ran it).
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RlLoss::Builtin(name) => name.serialize(serializer),
+            RlLoss::Plugin(_) => std::collections::BTreeMap::from([("plugin", "objective plugin")])
+                .serialize(serializer),
+        }
+    }
+}
+
+/// A built-in RL loss.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LossName {
@@ -590,7 +639,7 @@ impl Default for RlSection {
             groups_per_batch: default_groups(),
             group_size: default_group_size(),
             learning_rate: default_rl_lr(),
-            loss: LossName::default(),
+            loss: RlLoss::default(),
             loss_config: Default::default(),
             temperature: default_temperature(),
             top_p: default_top_p(),
@@ -822,6 +871,9 @@ impl Job {
         if let Some(advantage) = &mut job.rl.advantage {
             advantage.plugin = resolve(&advantage.plugin);
         }
+        if let RlLoss::Plugin(loss) = &mut job.rl.loss {
+            loss.plugin = resolve(&loss.plugin);
+        }
         if let Some(reference) = &job.rl.kl_reference {
             job.rl.kl_reference = Some(resolve(reference));
         }
@@ -831,7 +883,7 @@ impl Job {
     }
 
     /// The plugin paths the job names, by section (`environment`, `agent`, `reward`,
-    /// `rl.advantage`), for the CLI to build source folders into components before the driver
+    /// `rl.advantage`, `rl.loss`), for the CLI to build source folders into components before the driver
     /// sees the job.
     pub fn plugin_paths_mut(&mut self) -> Vec<(&'static str, &mut PathBuf)> {
         let mut paths = Vec::new();
@@ -846,6 +898,9 @@ impl Job {
         }
         if let Some(section) = &mut self.rl.advantage {
             paths.push(("rl.advantage", &mut section.plugin));
+        }
+        if let RlLoss::Plugin(loss) = &mut self.rl.loss {
+            paths.push(("rl.loss", &mut loss.plugin));
         }
         paths
     }
@@ -877,8 +932,10 @@ impl Job {
 
     fn check(&self) -> Result<(), JobProblem> {
         self.limits.check_within(&Limits::default_maxima())?;
-        if self.rl.steps > 0 {
-            check_loss(self.rl.loss.name(), &self.rl.loss_config)?;
+        if self.rl.steps > 0
+            && let RlLoss::Builtin(loss) = &self.rl.loss
+        {
+            check_loss(loss.name(), &self.rl.loss_config)?;
         }
         self.check_settings().map_err(JobProblem::Settings)
     }
@@ -1060,6 +1117,28 @@ mod tests {
     }
 
     #[test]
+    fn a_loss_is_a_built_in_name_or_an_objective_plugin_and_a_wrong_one_is_named() {
+        let job =
+            |loss: &str| parse(&MINIMAL.replace("steps = 3", &format!("steps = 3\nloss = {loss}")));
+        // Read as the other plugins are: relative to the job file.
+        let read = job(r#"{ plugin = "ppo.wasm" }"#).unwrap();
+        let RlLoss::Plugin(LossPlugin { plugin }) = &read.rl.loss else {
+            panic!("{:?}", read.rl.loss);
+        };
+        assert!(
+            plugin.is_absolute() && plugin.ends_with("ppo.wasm"),
+            "{plugin:?}"
+        );
+        let err = job(r#""ppoo""#).unwrap_err();
+        assert!(
+            err.contains("ppoo") && err.contains("importance_sampling"),
+            "{err}"
+        );
+        let err = job(r#"{ plugn = "ppo.wasm" }"#).unwrap_err();
+        assert!(err.contains("plugn"), "{err}");
+    }
+
+    #[test]
     fn a_loss_config_is_checked_when_the_job_is_read() {
         let job = |config: &str| {
             parse(&MINIMAL.replace(
@@ -1068,7 +1147,7 @@ mod tests {
             ))
         };
         let read = job("clip_low_threshold = 0.7").unwrap();
-        assert_eq!(read.rl.loss, LossName::Ppo);
+        assert_eq!(read.rl.loss, RlLoss::Builtin(LossName::Ppo));
         let err = job("clip_low_threshold = 0.7, clip_hihg_threshold = 1.3").unwrap_err();
         assert!(
             err.contains("rl.loss_config") && err.contains("clip_hihg_threshold"),

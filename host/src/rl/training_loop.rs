@@ -17,7 +17,7 @@ use super::datum::Datum;
 use super::datum::rl_datum;
 use super::diagnosis::{RunSignals, greedy_agreement, signal_of};
 use super::group_stream::{GroupStream, Launch, PlayedGroup, play_group};
-use super::job::{Job, PolicySection};
+use super::job::{Job, PolicySection, RlLoss};
 use super::metrics::{
     Evaluation, Phase, PolicyEvaluations, StepMetrics, Summary, Warmup, error_messages_of,
     errors_of, mean, metrics_of, std,
@@ -231,7 +231,11 @@ pub(super) async fn train_job(
         return sft_summary(job, service, &folder, &trainers, &trainable, warmup).await;
     }
     let loss = LossFn {
-        name: job.rl.loss.name().to_string(),
+        name: match (&job.rl.loss, &cx.loss) {
+            (_, Some(plugin)) => service.objective_loss(plugin, &job.limits).await?,
+            (RlLoss::Builtin(loss), None) => loss.name().to_string(),
+            (RlLoss::Plugin(_), None) => anyhow::bail!("the job's loss plugin was not loaded"),
+        },
         config: job.rl.loss_config.clone(),
     };
     let estimator = job.rl.estimator();
