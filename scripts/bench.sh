@@ -130,9 +130,11 @@ fi
 # 2 GB model to a temporary folder first); the quick run takes the tiny one only.
 if [[ "$which" == training || "$which" == all ]]; then
     run lora_training "${cargo_bench[@]}" -p opentinker --bench lora_training
+    run objective_cost "${cargo_bench[@]}" -p opentinker --bench objective_cost
     if ! $quick; then
         run lora_training_0.5b "${cargo_bench[@]}" -p opentinker --bench lora_training -- qwen2.5-0.5b
         run lora_vs_full "${cargo_bench[@]}" -p opentinker --bench lora_vs_full -- qwen2.5-0.5b
+        run objective_cost_0.5b "${cargo_bench[@]}" -p opentinker --bench objective_cost -- qwen2.5-0.5b
     else
         run lora_vs_full "${cargo_bench[@]}" -p opentinker --bench lora_vs_full -- tiny
     fi
