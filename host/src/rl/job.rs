@@ -821,7 +821,17 @@ impl Job {
             }
             add("sft", section);
         }
-        add("rl", toml::Value::try_from(&self.rl));
+        let mut rl = toml::Value::try_from(&self.rl);
+        // An estimator plugin replaces `estimator` (and its `gamma`): the run used neither.
+        if let (Ok(toml::Value::Table(table)), Some(_)) = (&mut rl, &self.rl.advantage) {
+            table.remove("estimator");
+            table.remove("gamma");
+            table.insert(
+                "advantage".into(),
+                toml::toml! { plugin = "advantage estimator plugin" }.into(),
+            );
+        }
+        add("rl", rl);
         add("eval", toml::Value::try_from(&self.eval));
         add("checkpoint", toml::Value::try_from(&self.checkpoint));
         settings
@@ -1114,6 +1124,27 @@ mod tests {
         assert!(err.contains("limits") && err.contains("fuel"), "{err}");
         let err = job("feul = 1").unwrap_err();
         assert!(err.contains("feul"), "{err}");
+    }
+
+    #[test]
+    fn an_estimator_plugin_replaces_the_estimator_in_the_settings_a_run_writes() {
+        let job = parse(&MINIMAL.replace(
+            "steps = 3",
+            "steps = 3\nadvantage = { plugin = \"rank.wasm\" }",
+        ))
+        .unwrap();
+        let settings = job.settings();
+        let rl = settings["rl"].as_table().unwrap();
+        assert!(
+            !rl.contains_key("estimator") && !rl.contains_key("gamma"),
+            "{rl:?}"
+        );
+        assert!(rl.contains_key("advantage"), "{rl:?}");
+        assert!(
+            !job.defaults.iter().any(|d| d.starts_with("rl.estimator")),
+            "{:?}",
+            job.defaults
+        );
     }
 
     #[test]
