@@ -320,12 +320,7 @@ impl PluginManifest {
         let kinds = get(KINDS)
             .unwrap_or_default()
             .split(',')
-            .filter_map(|k| match k {
-                "environment" => Some(PluginKind::Environment),
-                "agent" => Some(PluginKind::Agent),
-                "reward" => Some(PluginKind::Reward),
-                _ => None,
-            })
+            .filter_map(PluginKind::of_interface)
             .collect();
         PackageInfo {
             package: id.to_string(),
@@ -378,6 +373,16 @@ mod tests {
         assert_eq!(info.wit_version.as_deref(), Some("0.1.0"));
         assert_eq!(info.metadata.description.as_deref(), Some("A maze"));
         assert_eq!(read.statement(&id), artifact.statement(&id));
+
+        // Every kind reads back, the 0.3 ones too.
+        let objective = PluginDescription {
+            wit_version: Some("0.3.0".into()),
+            kinds: vec![PluginKind::Objective, PluginKind::Advantage],
+            ..description()
+        };
+        let artifact = Artifact::build(&id, b"\0asm".to_vec(), &objective, &metadata);
+        let read = PluginManifest::parse(&id, &artifact.manifest).unwrap();
+        assert_eq!(read.info(&id).kinds, objective.kinds);
 
         let other: PackageId = "games/maze@1.3.0".parse().unwrap();
         let error = PluginManifest::parse(&other, &artifact.manifest)

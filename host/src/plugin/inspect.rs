@@ -74,6 +74,13 @@ impl PluginKind {
         }
     }
 
+    /// The kind whose interface is `name` (see [`PluginKind::interface`]).
+    pub fn of_interface(name: &str) -> Option<Self> {
+        KIND_INTERFACES
+            .into_iter()
+            .find(|kind| kind.interface() == name)
+    }
+
     /// The kind with its article, as a sentence names it: "an environment".
     pub fn with_article(self) -> &'static str {
         match self {
