@@ -21,7 +21,7 @@ use candle_core::DType;
 use opentinker::lora::LoraConfig;
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model};
-use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
+use opentinker::train::{AdamParams, Loss, TrainingEngine, WorkItem};
 
 /// Training allocates and frees large tensors at a high rate; glibc's malloc maps and unmaps
 /// each one (page faults, zeroing), mimalloc reuses them.
@@ -41,19 +41,7 @@ fn child(dir: &Path, batch: usize, length: usize, steps: usize) -> anyhow::Resul
             ..LoraConfig::default()
         },
     )?;
-    let datums = (0..batch)
-        .map(|row| {
-            let tokens: Vec<u32> = (0..=length as u32)
-                .map(|i| (i * 7919 + row as u32 * 104_729) % vocab)
-                .collect();
-            Datum {
-                input_tokens: tokens[..length].to_vec(),
-                target_tokens: tokens[1..].to_vec(),
-                mask: vec![1.0; length],
-                ..Datum::default()
-            }
-        })
-        .collect();
+    let datums = support::datums(batch, length, vocab);
     let item = WorkItem {
         adapter: "bench".into(),
         datums,

@@ -18,7 +18,7 @@ use candle_core::DType;
 use opentinker::lora::LoraConfig;
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model};
-use opentinker::train::{Datum, FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
+use opentinker::train::{FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -46,19 +46,7 @@ fn child(mode: &str, dir: &Path, batch: usize, length: usize) -> anyhow::Result<
         engine.add_adapter("bench", config)?;
         (engine, "bench".to_string())
     };
-    let datums = (0..batch)
-        .map(|row| {
-            let tokens: Vec<u32> = (0..=length as u32)
-                .map(|i| (i * 7919 + row as u32 * 104_729) % vocab)
-                .collect();
-            Datum {
-                input_tokens: tokens[..length].to_vec(),
-                target_tokens: tokens[1..].to_vec(),
-                mask: vec![1.0; length],
-                ..Datum::default()
-            }
-        })
-        .collect();
+    let datums = support::datums(batch, length, vocab);
     let item = WorkItem {
         adapter: id.clone(),
         datums,

@@ -59,23 +59,18 @@ fn main() -> anyhow::Result<()> {
         ..LoraConfig::default()
     };
     engine.add_adapter("bench", lora)?;
-    let datums: Vec<Datum> = (0..batch)
-        .map(|row| {
-            let tokens: Vec<u32> = (0..=length as u32)
-                .map(|i| (i * 7919 + row as u32 * 104_729) % vocab)
-                .collect();
-            Datum {
-                input_tokens: tokens[..length].to_vec(),
-                target_tokens: tokens[1..].to_vec(),
-                mask: vec![1.0; length],
-                advantages: Some(
-                    (0..length)
-                        .map(|i| ((i + row) as f32 * 0.3).sin())
-                        .collect(),
-                ),
-                sampler_logprobs: Some(vec![-(vocab as f32).ln(); length]),
-                ..Datum::default()
-            }
+    // RL datums: each token with an advantage and the sampler's logprob.
+    let datums: Vec<Datum> = support::datums(batch, length, vocab)
+        .into_iter()
+        .enumerate()
+        .map(|(row, datum)| Datum {
+            advantages: Some(
+                (0..length)
+                    .map(|i| ((i + row) as f32 * 0.3).sin())
+                    .collect(),
+            ),
+            sampler_logprobs: Some(vec![-(vocab as f32).ln(); length]),
+            ..datum
         })
         .collect();
     let builtin = Loss::Ppo {

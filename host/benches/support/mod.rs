@@ -54,3 +54,21 @@ pub fn ratio(ours: f64, theirs: f64) -> String {
         None => format!("{:.2}x", ours / theirs),
     }
 }
+
+/// `batch` training sequences of `length` tokens of a model of `vocab` tokens, every target
+/// counted: the same tokens in every benchmark, so that their figures compare.
+pub fn datums(batch: usize, length: usize, vocab: u32) -> Vec<opentinker::train::Datum> {
+    (0..batch)
+        .map(|row| {
+            let tokens: Vec<u32> = (0..=length as u32)
+                .map(|i| (i * 7919 + row as u32 * 104_729) % vocab)
+                .collect();
+            opentinker::train::Datum {
+                input_tokens: tokens[..length].to_vec(),
+                target_tokens: tokens[1..].to_vec(),
+                mask: vec![1.0; length],
+                ..Default::default()
+            }
+        })
+        .collect()
+}

@@ -452,32 +452,37 @@ impl MetadataIndices {
         store: &mut Store<StoreState>,
         instance: &Instance,
     ) -> wasmtime::Result<MetadataExport> {
+        // The two versions' records have the same fields, each in types of its own.
+        macro_rules! export {
+            ($m:expr) => {{
+                let m = $m;
+                MetadataExport {
+                    name: m.name,
+                    version: m.version,
+                    description: m.description,
+                    license: m.license,
+                    kinds: m.kinds.into_iter().map(PluginKind::from).collect(),
+                    config_schema: m.config_schema,
+                    language: m.language,
+                }
+            }};
+        }
         Ok(match self {
             Self::V0_2(indices) => {
-                let guest = indices.load(&mut *store, instance)?;
-                let m = guest.call_metadata(store).await?;
-                MetadataExport {
-                    name: m.name,
-                    version: m.version,
-                    description: m.description,
-                    license: m.license,
-                    kinds: m.kinds.into_iter().map(PluginKind::from).collect(),
-                    config_schema: m.config_schema,
-                    language: m.language,
-                }
+                export!(
+                    indices
+                        .load(&mut *store, instance)?
+                        .call_metadata(store)
+                        .await?
+                )
             }
             Self::V0_3(indices) => {
-                let guest = indices.load(&mut *store, instance)?;
-                let m = guest.call_metadata(store).await?;
-                MetadataExport {
-                    name: m.name,
-                    version: m.version,
-                    description: m.description,
-                    license: m.license,
-                    kinds: m.kinds.into_iter().map(PluginKind::from).collect(),
-                    config_schema: m.config_schema,
-                    language: m.language,
-                }
+                export!(
+                    indices
+                        .load(&mut *store, instance)?
+                        .call_metadata(store)
+                        .await?
+                )
             }
         })
     }

@@ -30,8 +30,12 @@ impl Plugin {
             .loss(store, &instance, config, datums))?
         .map_err(|e| sandbox.fail(CallError::new(ErrorKind::PluginError, e.message)))?;
         sandbox.check_output(losses_size(&losses))?;
-        check_losses(&losses, datums)
-            .map_err(|problem| sandbox.fail(CallError::new(ErrorKind::InvalidOutput, problem)))?;
+        check_losses(&losses, datums).map_err(|problem| {
+            sandbox.fail(CallError::new(
+                ErrorKind::InvalidOutput,
+                problem.to_string(),
+            ))
+        })?;
         Ok(losses)
     }
 
@@ -58,8 +62,12 @@ impl Plugin {
             bytes: advantages.iter().map(|a| 8 * a.len()).sum(),
             items: advantages.len(),
         })?;
-        check_advantages(&advantages, group)
-            .map_err(|problem| sandbox.fail(CallError::new(ErrorKind::InvalidOutput, problem)))?;
+        check_advantages(&advantages, group).map_err(|problem| {
+            sandbox.fail(CallError::new(
+                ErrorKind::InvalidOutput,
+                problem.to_string(),
+            ))
+        })?;
         Ok(advantages)
     }
 }
@@ -94,59 +102,145 @@ fn losses_size(losses: &[DatumLoss]) -> OutputSize {
     }
 }
 
-fn check_losses(losses: &[DatumLoss], datums: &[ObjectiveDatum]) -> Result<(), String> {
+/// What is wrong with an objective's or an estimator's answer: that call's `invalid_output`.
+#[derive(Debug, PartialEq, thiserror::Error)]
+enum BadAnswer {
+    #[error("{call} returned {answered} {items} for {asked} {of}")]
+    Count {
+        call: &'static str,
+        items: &'static str,
+        of: &'static str,
+        answered: usize,
+        asked: usize,
+    },
+    #[error("datum {datum}: a loss of {value}")]
+    Loss { datum: usize, value: f64 },
+    #[error("datum {datum}: a gradient of {answered} values for {logprobs} logprobs")]
+    GradientLength {
+        datum: usize,
+        answered: usize,
+        logprobs: usize,
+    },
+    #[error("datum {datum}: a gradient of {value} at token {token}")]
+    Gradient {
+        datum: usize,
+        token: usize,
+        value: f32,
+    },
+    #[error("datum {datum}: metric {name:?} is {value}")]
+    Metric {
+        datum: usize,
+        name: String,
+        value: f64,
+    },
+    #[error("episode {episode}: {answered} advantages for {turns} turns")]
+    Turns {
+        episode: usize,
+        answered: usize,
+        turns: usize,
+    },
+    #[error("episode {episode}: an advantage of {value}")]
+    Advantage { episode: usize, value: f64 },
+}
+
+fn check_losses(losses: &[DatumLoss], datums: &[ObjectiveDatum]) -> Result<(), BadAnswer> {
     if losses.len() != datums.len() {
-        return Err(format!(
-            "loss returned {} losses for {} datums",
-            losses.len(),
-            datums.len()
-        ));
+        return Err(BadAnswer::Count {
+            call: "loss",
+            items: "losses",
+            of: "datums",
+            answered: losses.len(),
+            asked: datums.len(),
+        });
     }
-    for (i, (loss, datum)) in losses.iter().zip(datums).enumerate() {
+    for (datum, (loss, input)) in losses.iter().zip(datums).enumerate() {
         if !loss.value.is_finite() {
-            return Err(format!("datum {i}: a loss of {}", loss.value));
+            return Err(BadAnswer::Loss {
+                datum,
+                value: loss.value,
+            });
         }
-        if loss.gradient.len() != datum.logprobs.len() {
-            return Err(format!(
-                "datum {i}: a gradient of {} values for {} logprobs",
-                loss.gradient.len(),
-                datum.logprobs.len()
-            ));
+        if loss.gradient.len() != input.logprobs.len() {
+            return Err(BadAnswer::GradientLength {
+                datum,
+                answered: loss.gradient.len(),
+                logprobs: input.logprobs.len(),
+            });
         }
-        if let Some((t, bad)) = loss
+        if let Some((token, &value)) = loss
             .gradient
             .iter()
             .enumerate()
             .find(|(_, g)| !g.is_finite())
         {
-            return Err(format!("datum {i}: a gradient of {bad} at token {t}"));
+            return Err(BadAnswer::Gradient {
+                datum,
+                token,
+                value,
+            });
         }
         if let Some(bad) = loss.metrics.iter().find(|m| !m.value.is_finite()) {
-            return Err(format!("datum {i}: metric {:?} is {}", bad.name, bad.value));
+            return Err(BadAnswer::Metric {
+                datum,
+                name: bad.name.clone(),
+                value: bad.value,
+            });
         }
     }
     Ok(())
 }
 
-fn check_advantages(advantages: &[Vec<f64>], group: &[Vec<f64>]) -> Result<(), String> {
+fn check_advantages(advantages: &[Vec<f64>], group: &[Vec<f64>]) -> Result<(), BadAnswer> {
     if advantages.len() != group.len() {
-        return Err(format!(
-            "advantages returned {} lists for {} episodes",
-            advantages.len(),
-            group.len()
-        ));
+        return Err(BadAnswer::Count {
+            call: "advantages",
+            items: "lists",
+            of: "episodes",
+            answered: advantages.len(),
+            asked: group.len(),
+        });
     }
-    for (i, (episode, turns)) in advantages.iter().zip(group).enumerate() {
-        if episode.len() != turns.len() {
-            return Err(format!(
-                "episode {i}: {} advantages for {} turns",
-                episode.len(),
-                turns.len()
-            ));
+    for (episode, (answer, turns)) in advantages.iter().zip(group).enumerate() {
+        if answer.len() != turns.len() {
+            return Err(BadAnswer::Turns {
+                episode,
+                answered: answer.len(),
+                turns: turns.len(),
+            });
         }
-        if let Some(bad) = episode.iter().find(|a| !a.is_finite()) {
-            return Err(format!("episode {i}: an advantage of {bad}"));
+        if let Some(&value) = answer.iter().find(|a| !a.is_finite()) {
+            return Err(BadAnswer::Advantage { episode, value });
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BadAnswer, check_advantages};
+
+    #[test]
+    fn an_estimators_answer_of_the_wrong_shape_or_not_finite_is_named() {
+        let group = [vec![1.0, 0.0], vec![2.0]];
+        assert_eq!(
+            check_advantages(&[vec![0.5, 0.5], vec![-1.0]], &group),
+            Ok(())
+        );
+        let short = check_advantages(&[vec![0.5]], &group).unwrap_err();
+        assert_eq!(
+            short.to_string(),
+            "advantages returned 1 lists for 2 episodes"
+        );
+        let turns = check_advantages(&[vec![0.5], vec![-1.0]], &group).unwrap_err();
+        assert!(matches!(
+            turns,
+            BadAnswer::Turns {
+                episode: 0,
+                answered: 1,
+                turns: 2
+            }
+        ));
+        let nan = check_advantages(&[vec![0.5, f64::NAN], vec![-1.0]], &group).unwrap_err();
+        assert!(matches!(nan, BadAnswer::Advantage { episode: 0, .. }));
+    }
 }

@@ -16,5 +16,7 @@ pub use engine::{
 };
 pub use loss::{Loss, LossError, LossInputs};
 pub use loss_graph::{CompiledLoss, GraphError, InputTensor, MAX_INPUTS, MAX_NODES};
-pub use objective::{ExternalObjective, Objective, ObjectiveError, ObjectiveInput, ObjectiveLoss};
+pub use objective::{
+    AnswerError, ExternalObjective, Objective, ObjectiveError, ObjectiveInput, ObjectiveLoss,
+};
 pub use slot_state::{NamedState, SlotState, SlotStateError};

@@ -79,7 +79,7 @@ impl Objective {
         let losses = self.0.losses(datums)?;
         check(&losses, datums).map_err(|problem| ObjectiveError {
             objective: self.name().to_string(),
-            source: problem.into(),
+            source: Box::new(problem),
         })?;
         Ok(losses)
     }
@@ -97,27 +97,41 @@ impl PartialEq for Objective {
     }
 }
 
-fn check(losses: &[ObjectiveLoss], datums: &[ObjectiveInput<'_>]) -> Result<(), String> {
+/// An answer the engine will not use: the objective's error, as its source.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum AnswerError {
+    #[error("{answered} losses for {datums} datums")]
+    Count { answered: usize, datums: usize },
+    #[error("datum {datum}: a gradient of {answered} values for {logprobs} logprobs")]
+    GradientLength {
+        datum: usize,
+        answered: usize,
+        logprobs: usize,
+    },
+    #[error("datum {datum}: a number that is not finite")]
+    NotFinite { datum: usize },
+}
+
+fn check(losses: &[ObjectiveLoss], datums: &[ObjectiveInput<'_>]) -> Result<(), AnswerError> {
     if losses.len() != datums.len() {
-        return Err(format!(
-            "{} losses for {} datums",
-            losses.len(),
-            datums.len()
-        ));
+        return Err(AnswerError::Count {
+            answered: losses.len(),
+            datums: datums.len(),
+        });
     }
-    for (d, (loss, datum)) in losses.iter().zip(datums).enumerate() {
-        if loss.gradient.len() != datum.logprobs.len() {
-            return Err(format!(
-                "datum {d}: a gradient of {} values for {} logprobs",
-                loss.gradient.len(),
-                datum.logprobs.len()
-            ));
+    for (datum, (loss, input)) in losses.iter().zip(datums).enumerate() {
+        if loss.gradient.len() != input.logprobs.len() {
+            return Err(AnswerError::GradientLength {
+                datum,
+                answered: loss.gradient.len(),
+                logprobs: input.logprobs.len(),
+            });
         }
         let finite = loss.value.is_finite()
             && loss.gradient.iter().all(|g| g.is_finite())
             && loss.metrics.values().all(|m| m.is_finite());
         if !finite {
-            return Err(format!("datum {d}: a number that is not finite"));
+            return Err(AnswerError::NotFinite { datum });
         }
     }
     Ok(())
