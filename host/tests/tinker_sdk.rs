@@ -9,6 +9,8 @@
 
 #[path = "common/arithmetic_job.rs"]
 mod arithmetic_job;
+#[path = "common/plugin_build.rs"]
+mod plugin_build;
 #[path = "common/server.rs"]
 mod server;
 
@@ -177,6 +179,22 @@ fn forward_backward_custom_with_a_callable_or_a_server_side_graph_steps_as_its_g
     run_script_with(&python, "custom_loss.py", |command, _| {
         let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tinker_sdk");
         command.env("PYTHONPATH", scripts);
+    });
+}
+
+/// An uploaded objective plugin as a `forward_backward` loss named by its digest: the PPO plugin
+/// steps as the built-in `ppo` does (1e-6), a config its schema refuses is refused naming the
+/// key, another tenant's digest is unknown, and an objective answering NaN or a short gradient
+/// fails the call naming it with the adapter unchanged.
+#[test]
+fn an_uploaded_objective_plugin_is_a_loss_of_the_wire() {
+    let Some(python) = python() else { return };
+    let ppo = plugin_build::built_plugin("ppo-loss");
+    let adversarial = plugin_build::built_plugin("adversarial/objective");
+    run_script_with(&python, "objective_plugin.py", |command, _| {
+        command
+            .env("PPO_LOSS_PLUGIN", ppo)
+            .env("ADVERSARIAL_OBJECTIVE_PLUGIN", adversarial);
     });
 }
 

@@ -3,7 +3,6 @@
 //! [`LocalService`], whose training clients share one training loop (fusing their
 //! `forward_backward` calls) and whose sampling clients share one continuously batched sampler.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,12 +19,12 @@ use crate::api::{
 use crate::lora::{AdapterRegistry, PolicyVersion};
 use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Model, ModelConfig, Transformer};
-use crate::plugin::{Limits, Plugin, PluginKind};
+use crate::plugin::{Limits, Plugin};
 use crate::sample::{EngineConfig, PolicyRef, SamplingEngine};
 use crate::sched::convert::{self, sampler_error, train_error, trainer_error};
-use crate::sched::{PluginObjective, SamplerService, ServedBase, TrainerService};
+use crate::sched::{ObjectivePlugins, SamplerService, ServedBase, TrainerService};
 use crate::text::{ChatTemplate, Tokenizer};
-use crate::train::{FULL_PARAMETERS, Loss, Objective, TrainingEngine, WorkItem};
+use crate::train::{FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
 
 /// The size of a generated tiny model, by the name a job file uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
@@ -350,7 +349,7 @@ struct Served {
     /// Numbers the adapters, so that two clients of one label never share a slot.
     next_adapter: AtomicU64,
     /// The objective plugins taken as losses, by the name `forward_backward` calls them.
-    objectives: Mutex<HashMap<String, (Plugin, Limits)>>,
+    objectives: Mutex<ObjectivePlugins>,
 }
 
 impl LocalService {
@@ -417,19 +416,11 @@ impl ServiceClient for LocalService {
     }
 
     async fn objective_loss(&self, plugin: &Plugin, limits: &Limits) -> Result<String, ApiError> {
-        if !plugin.description().kinds.contains(&PluginKind::Objective) {
-            return Err(ApiError::invalid(format!(
-                "plugin sha256:{} is not an objective",
-                plugin.digest()
-            )));
-        }
-        let name = format!("sha256:{}", plugin.digest());
         self.0
             .objectives
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(name.clone(), (plugin.clone(), limits.clone()));
-        Ok(name)
+            .keep(plugin, limits)
     }
 }
 
@@ -460,20 +451,9 @@ impl LocalTraining {
             .objectives
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let Some((plugin, limits)) = objectives.get(&input.loss_fn) else {
-            return convert::builtin_loss(input);
-        };
-        let config = serde_json::to_string(&input.loss_fn_config)
-            .map_err(|e| ApiError::invalid(format!("loss_fn_config: {e}")))?;
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|e| ApiError::internal(format!("no runtime to run the objective on: {e}")))?;
-        Ok(Loss::Objective(Objective::new(PluginObjective::new(
-            plugin.clone(),
-            input.loss_fn.clone(),
-            config,
-            limits.clone(),
-            runtime,
-        ))))
+        objectives
+            .loss(input)
+            .unwrap_or_else(|| convert::builtin_loss(input))
     }
 }
 

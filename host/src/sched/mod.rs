@@ -17,7 +17,7 @@ pub mod trainer;
 pub mod usage;
 
 pub use base::{ServedBase, TINY_MODEL_NAME, tiny_model_dir};
-pub use objectives::PluginObjective;
+pub use objectives::{ObjectivePlugins, PluginObjective, names_a_plugin, objective_config};
 pub use sampler::{SamplerService, SamplerServiceError};
 pub use service::{Service, ServiceConfig};
 pub use trainer::{FairShare, TrainerService, TrainerServiceError};

@@ -3,11 +3,85 @@
 //! thread, which is not an async worker, so the plugin's call is driven to its end there on the
 //! service's runtime; the call is bounded by the plugin's limits like any other, and its answer
 //! checked before the engine uses it.
+//!
+//! [`ObjectivePlugins`] keeps one owner's objective plugins under the names its
+//! `forward` / `forward_backward` calls give as `loss_fn`: `sha256:HEX`, the plugin's digest.
+
+use std::collections::HashMap;
 
 use tokio::runtime::Handle;
 
-use crate::plugin::{Limits, ObjectiveDatum, ObjectiveTensor, Plugin};
-use crate::train::{ExternalObjective, ObjectiveError, ObjectiveInput, ObjectiveLoss};
+use crate::api::{ApiError, ForwardBackwardInput};
+use crate::plugin::{Limits, ObjectiveDatum, ObjectiveTensor, Plugin, PluginKind};
+use crate::train::{
+    ExternalObjective, Loss, Objective, ObjectiveError, ObjectiveInput, ObjectiveLoss,
+};
+
+/// Whether a call's `loss_fn` names an objective plugin (by digest) rather than a built-in loss.
+pub fn names_a_plugin(loss_fn: &str) -> bool {
+    loss_fn.starts_with("sha256:")
+}
+
+/// The objective plugins one owner (a tenant, a client) has taken as losses, by the name its
+/// calls give them.
+#[derive(Default)]
+pub struct ObjectivePlugins {
+    by_name: HashMap<String, (Plugin, Limits)>,
+}
+
+impl ObjectivePlugins {
+    /// Keep `plugin`, run under `limits`, and answer the name calls give it (`sha256:HEX`).
+    /// A plugin that does not export the objective interface is refused.
+    pub fn keep(&mut self, plugin: &Plugin, limits: &Limits) -> Result<String, ApiError> {
+        let name = format!("sha256:{}", plugin.digest());
+        if !plugin.description().kinds.contains(&PluginKind::Objective) {
+            return Err(ApiError::invalid(format!(
+                "plugin {name} is not an objective (it exports no objective interface)"
+            )));
+        }
+        self.by_name
+            .insert(name.clone(), (plugin.clone(), limits.clone()));
+        Ok(name)
+    }
+
+    /// The plugin kept under `name`.
+    pub fn get(&self, name: &str) -> Option<&Plugin> {
+        self.by_name.get(name).map(|(plugin, _)| plugin)
+    }
+
+    /// The loss of a call whose `loss_fn` names a kept plugin: the plugin under the call's
+    /// `loss_fn_config` (as a JSON object), driven on the calling runtime; `None` for any other
+    /// name.
+    pub fn loss(&self, input: &ForwardBackwardInput) -> Option<Result<Loss, ApiError>> {
+        let (plugin, limits) = self.by_name.get(&input.loss_fn)?;
+        let runtime = match Handle::try_current() {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                let message = format!("no runtime to run objective {} on: {e}", input.loss_fn);
+                return Some(Err(ApiError::internal(message)));
+            }
+        };
+        Some(Ok(Loss::Objective(Objective::new(PluginObjective::new(
+            plugin.clone(),
+            input.loss_fn.clone(),
+            objective_config(input),
+            limits.clone(),
+            runtime,
+        )))))
+    }
+}
+
+/// A call's `loss_fn_config` as the JSON object an objective plugin's config is.
+pub fn objective_config(input: &ForwardBackwardInput) -> String {
+    serde_json::Value::from(
+        input
+            .loss_fn_config
+            .iter()
+            .map(|(key, value)| (key.clone(), serde_json::Value::from(*value)))
+            .collect::<serde_json::Map<_, _>>(),
+    )
+    .to_string()
+}
 
 /// A loaded objective plugin under one config and its limits.
 pub struct PluginObjective {

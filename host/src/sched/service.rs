@@ -20,6 +20,7 @@ use super::convert::{self, sampler_error, train_error, trainer_error};
 pub use super::custom_losses::LossRecord;
 use super::custom_losses::{self, CustomLosses};
 use super::export;
+use super::objectives::{ObjectivePlugins, names_a_plugin};
 use super::sequences::SequenceRecords;
 use super::usage::Usage;
 use crate::api::{
@@ -29,6 +30,7 @@ use crate::api::{
     SamplerSource, SaveOptions, SessionId, TenantId, UserMetadata,
 };
 use crate::lora::PolicyVersion;
+use crate::plugin::{Limits, Plugin};
 use crate::sample::{self, PolicyRef, TokenSink};
 use crate::train::{self, Loss, SlotState, SlotStateError, TrainError, TrainingEngine, WorkItem};
 
@@ -346,6 +348,8 @@ pub struct Service {
     checkpoints: CheckpointStore,
     sequences: SequenceRecords,
     custom_losses: CustomLosses,
+    /// Each tenant's objective plugins, loaded by the server from its uploads.
+    objectives: Mutex<HashMap<TenantId, ObjectivePlugins>>,
     objects: Mutex<Objects>,
 }
 
@@ -359,6 +363,7 @@ impl Service {
             checkpoints: CheckpointStore::new(&config.data),
             sequences: SequenceRecords::default(),
             custom_losses: CustomLosses::default(),
+            objectives: Mutex::default(),
             config,
             objects: Mutex::new(Objects::default()),
         }
@@ -808,9 +813,48 @@ impl Service {
         }
     }
 
-    /// The loss a `forward` / `forward_backward` call of `tenant` takes: a built-in one, or
-    /// the custom loss its `loss_id` names (another tenant's answers as unknown).
+    /// Take `plugin` (an objective), run under `limits`, as a loss of `tenant`'s calls; answer
+    /// the name they give it as `loss_fn` (`sha256:HEX`).
+    pub fn keep_objective(
+        &self,
+        tenant: &TenantId,
+        plugin: &Plugin,
+        limits: &Limits,
+    ) -> Result<String, ApiError> {
+        self.lock_objectives()
+            .entry(tenant.clone())
+            .or_default()
+            .keep(plugin, limits)
+    }
+
+    /// `tenant`'s objective plugin kept under `name`.
+    pub fn objective(&self, tenant: &TenantId, name: &str) -> Option<Plugin> {
+        self.lock_objectives()
+            .get(tenant)
+            .and_then(|kept| kept.get(name).cloned())
+    }
+
+    fn lock_objectives(&self) -> MutexGuard<'_, HashMap<TenantId, ObjectivePlugins>> {
+        // One insert per change: consistent across a panic.
+        self.objectives.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The loss a `forward` / `forward_backward` call of `tenant` takes: a built-in one, one of
+    /// its objective plugins, or the custom loss its `loss_id` names (another tenant's
+    /// plugin or loss answers as unknown).
     fn loss(&self, tenant: &TenantId, input: &ForwardBackwardInput) -> Result<Loss, ApiError> {
+        if names_a_plugin(&input.loss_fn) {
+            let objectives = self.lock_objectives();
+            return objectives
+                .get(tenant)
+                .and_then(|kept| kept.loss(input))
+                .unwrap_or_else(|| {
+                    Err(ApiError::not_found(format!(
+                        "objective plugin {}: upload it first (POST /api/v1/plugins)",
+                        input.loss_fn
+                    )))
+                });
+        }
         if input.loss_fn != convert::CUSTOM_LOSS {
             return convert::builtin_loss(input);
         }

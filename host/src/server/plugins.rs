@@ -7,6 +7,11 @@
 //! - `POST /api/v1/plugins` (the bytes; at most the body limit, 64 MiB) answers the digest,
 //!   kinds and WIT version; uploading the same bytes again answers the same.
 //! - `GET /api/v1/plugins` lists the tenant's plugins; `GET /api/v1/plugins/sha256:HEX` one.
+//!
+//! An uploaded objective plugin is a loss of the Tinker wire: a `forward` / `forward_backward`
+//! whose `loss_fn` is `sha256:HEX` runs it under its `loss_fn_config` (checked against the
+//! plugin's schema before any work). [`prepare_objective`] loads it into the service the first
+//! time a call names it, and again after a restart, before a journalled call runs again.
 
 use std::sync::Arc;
 
@@ -18,7 +23,10 @@ use axum::routing::get;
 
 use super::handling::Caller;
 use super::{AppState, HttpError};
+use crate::api::{ApiError, Op, TenantId};
 use crate::jobs::StoredPlugin;
+use crate::plugin::Limits;
+use crate::sched::{names_a_plugin, objective_config};
 
 type Shared = Arc<AppState>;
 
@@ -51,4 +59,45 @@ async fn list(
 ) -> Result<Json<serde_json::Value>, HttpError> {
     let plugins = state.plugins.list(&tenant).await?;
     Ok(Json(serde_json::json!({ "plugins": plugins })))
+}
+
+/// Make ready the objective plugin that `op` names as its loss, if it names one: load `tenant`'s
+/// upload of that digest into the service (once), and check the call's `loss_fn_config`
+/// against the plugin's schema. Another tenant's digest answers as an unknown one.
+pub async fn prepare_objective(
+    state: &AppState,
+    tenant: &TenantId,
+    op: &Op,
+) -> Result<(), ApiError> {
+    let Op::ForwardBackward { input, .. } = op else {
+        return Ok(());
+    };
+    let name = &input.loss_fn;
+    if !names_a_plugin(name) {
+        return Ok(());
+    }
+    let limits = Limits::default();
+    let plugin = match state.service.objective(tenant, name) {
+        Some(plugin) => plugin,
+        None => {
+            let path = state.plugins.component(tenant, name).await?;
+            let plugin = state
+                .plugins
+                .host()
+                .load_file(&path)
+                .await
+                .map_err(|e| ApiError::invalid(format!("objective plugin {name}: {e}")))?;
+            let kept = state.service.keep_objective(tenant, &plugin, &limits)?;
+            if &kept != name {
+                return Err(ApiError::invalid(format!(
+                    "loss_fn {name:?}: name the plugin as {kept} (lowercase hex)"
+                )));
+            }
+            plugin
+        }
+    };
+    plugin
+        .check_config(&objective_config(input), &limits)
+        .await
+        .map_err(|e| ApiError::invalid(format!("loss_fn_config of objective {name}: {e}")))
 }

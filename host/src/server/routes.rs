@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::futures::{Finished, Idempotency, Submission};
 use super::handling::{Caller, direct, parse, pass_refused_turn, record};
 use super::journal::{AcceptedRequest, Answer, Outcome};
-use super::{AppState, HttpError, MAX_BODY_BYTES, category, wire};
+use super::{AppState, HttpError, MAX_BODY_BYTES, category, plugins, wire};
 use crate::api::{
     ApiError, ApiErrorKind, CheckpointPath, LossId, ModelId, ModelInput, Op, OpOutput,
     SampleRequest, SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId, TenantId,
@@ -542,6 +542,20 @@ pub fn work(
 ) -> impl std::future::Future<Output = Finished> + Send + 'static {
     let (state, tenant) = (Arc::clone(state), tenant.clone());
     async move {
+        // A journalled call runs again after a restart, before any call has loaded its plugin.
+        if let Err(error) = plugins::prepare_objective(&state, &tenant, &op).await {
+            // The refused call's turn of its model passes, so that the calls after it run.
+            let passed = match (op.model(), seq) {
+                (Some(model), Some(seq)) => state.service.pass_turn(&tenant, model, seq).await.ok(),
+                _ => None,
+            };
+            let (changes, hold) = passed.unwrap_or_else(|| (Vec::new(), Hold::none()));
+            return Finished {
+                outcome: Err(error),
+                changes,
+                hold,
+            };
+        }
         let executed = state.service.execute(&tenant, op, seq).await;
         Finished {
             outcome: executed.outcome.and_then(|output| answer(route, output)),
@@ -594,7 +608,8 @@ async fn submit(
         .get("x-idempotency-key")
         .and_then(|v| v.to_str().ok());
     let accepted = accept(route, &body, header_key)?;
-    if let Err(error) = state.service.validate(&tenant, &accepted.op) {
+    let prepared = plugins::prepare_objective(&state, &tenant, &accepted.op).await;
+    if let Err(error) = prepared.and_then(|()| state.service.validate(&tenant, &accepted.op)) {
         if let (Some(model), Some(seq)) = (accepted.op.model(), accepted.seq) {
             pass_refused_turn(&state, &tenant, model.clone(), seq);
         }
