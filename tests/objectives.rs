@@ -141,3 +141,99 @@ async fn a_misbehaving_objective_ends_as_a_typed_error_and_answers_the_next_call
         assert!((losses[0].value - 3.0).abs() < 1e-9);
     }
 }
+
+/// An objective written on the Python SDK (`plugins/python/kl-penalty`, a loss the engine does
+/// not have): its value and gradient are the formula's, computed here again; its metric is
+/// averaged; a datum without the reference it needs is the plugin's error, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_objective_answers_its_loss_and_gradient() {
+    if opentinker_test_tools::componentize_py().is_none() {
+        return;
+    }
+    let host = test_host();
+    let limits = Limits::default();
+    let kl = load(&host, "python/kl-penalty").await;
+    assert_eq!(kl.contract(), ContractVersion::V0_3);
+    assert_eq!(kl.description().kinds, vec![PluginKind::Objective]);
+    let metadata = kl.metadata(&limits).await.unwrap().unwrap();
+    assert_eq!(metadata.language, "python");
+
+    let (logprobs, sampler, advantages) = (
+        [-1.0f32, -0.3, -2.0],
+        [-1.2f32, -0.4, -2.5],
+        [0.5f32, -1.0, 2.0],
+    );
+    let reference = [-1.5f32, -0.2, -3.0];
+    let mut with_reference = datum(&logprobs, &sampler, &advantages);
+    with_reference.inputs.push(ObjectiveTensor {
+        name: "ref_logprobs".into(),
+        shape: vec![3],
+        values: reference.to_vec(),
+    });
+    let beta = 0.3f64;
+    let losses = kl
+        .objective_loss(r#"{"beta": 0.3}"#, &[with_reference.clone()], &limits)
+        .await
+        .unwrap();
+    let (mut value, mut kl_sum) = (0.0f64, 0.0f64);
+    for t in 0..3 {
+        let (lp, q, r, a) = (
+            f64::from(logprobs[t]),
+            f64::from(sampler[t]),
+            f64::from(reference[t]),
+            f64::from(advantages[t]),
+        );
+        let k3 = (r - lp).exp() - (r - lp) - 1.0;
+        value += -a * (lp - q).exp() + beta * k3;
+        kl_sum += k3;
+        let gradient = -a * (lp - q).exp() + beta * (1.0 - (r - lp).exp());
+        assert!(
+            (f64::from(losses[0].gradient[t]) - gradient).abs() < 1e-5,
+            "token {t}: {} against {gradient}",
+            losses[0].gradient[t]
+        );
+    }
+    assert!(
+        (losses[0].value - value).abs() < 1e-5,
+        "{} against {value}",
+        losses[0].value
+    );
+    let metric = &losses[0].metrics[0];
+    assert_eq!(metric.name, "kl_to_reference:mean");
+    assert!((metric.value - kl_sum / 3.0).abs() < 1e-5);
+
+    let error = kl
+        .objective_loss("{}", &[datum(&logprobs, &sampler, &advantages)], &limits)
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::PluginError, "{error}");
+    assert!(error.message.contains("ref_logprobs"), "{error}");
+}
+
+/// An advantage estimator written on the JavaScript SDK (`plugins/js/loo-advantage`, leave-one-out
+/// baselines, which the host does not have): its advantages are each return minus the mean of
+/// the others', per turn, and its config is checked against the schema it declares.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_javascript_estimator_answers_leave_one_out_advantages() {
+    if opentinker_test_tools::js_toolchain().is_none() {
+        return;
+    }
+    let host = test_host();
+    let limits = Limits::default();
+    let loo = load(&host, "js/loo-advantage").await;
+    assert_eq!(loo.contract(), ContractVersion::V0_3);
+    assert_eq!(loo.description().kinds, vec![PluginKind::Advantage]);
+    let group = [vec![0.0, 1.0], vec![5.0], vec![0.0]];
+    let advantages = loo.advantages("{}", &group, &limits).await.unwrap();
+    assert_eq!(advantages, vec![vec![-1.5, -1.5], vec![4.5], vec![-3.0]]);
+    let normalised = loo
+        .advantages(r#"{"normalise": true}"#, &[vec![1.0], vec![3.0]], &limits)
+        .await
+        .unwrap();
+    assert_eq!(normalised, vec![vec![-2.0], vec![2.0]]);
+    let error = loo
+        .check_config(r#"{"normalize": true}"#, &limits)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("normalize"), "{error}");
+}

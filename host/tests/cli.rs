@@ -1327,7 +1327,7 @@ fn a_javascript_plugin_builds_plays_and_reports_its_own_errors() {
     }
     let wasm = a_port_builds_plays_and_reports_its_own_errors("js/guess-number", "guess-number-js");
     let described = json(&opentinker(&["plugin", "inspect", wasm.to_str().unwrap()]));
-    assert_eq!(described["wit_version"], "0.2.0", "{described}");
+    assert_eq!(described["wit_version"], "0.3.0", "{described}");
     assert_eq!(described["metadata"]["language"], "javascript");
     assert_eq!(described["metadata"]["license"], "Apache-2.0");
     assert_eq!(

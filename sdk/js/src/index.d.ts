@@ -78,10 +78,47 @@ export class Reward {
   static scoreGroup(config: string, task: string, episodes: Transcript[][]): number[][] | null;
 }
 
-export type PluginKind = "environment" | "agent" | "reward";
+export interface Tensor {
+  name: string;
+  shape: number[];
+  values: number[];
+}
 
-export function plugin<T extends typeof Environment | typeof Agent | typeof Reward>(cls: T): T;
-export function registered(kind: PluginKind): typeof Environment | typeof Agent | typeof Reward;
+export class ObjectiveDatum {
+  logprobs: number[];
+  inputs: Tensor[];
+  constructor(logprobs: number[], inputs: Tensor[]);
+  input(name: string): number[] | null;
+  require(name: string): number[];
+}
+
+export interface DatumLoss {
+  value: number;
+  gradient: number[];
+  metrics?: Metric[];
+}
+
+export class Objective {
+  static configSchema: JsonSchema | null;
+  static loss(config: string, datum: ObjectiveDatum): DatumLoss;
+}
+
+export class Advantage {
+  static configSchema: JsonSchema | null;
+  static advantages(config: string, group: number[][]): number[][];
+}
+
+export type PluginKind = "environment" | "agent" | "reward" | "objective" | "advantage";
+
+type PluginClass =
+  | typeof Environment
+  | typeof Agent
+  | typeof Reward
+  | typeof Objective
+  | typeof Advantage;
+
+export function plugin<T extends PluginClass>(cls: T): T;
+export function registered(kind: PluginKind): PluginClass;
 
 export const LogLevel: Readonly<{
   TRACE: "trace";

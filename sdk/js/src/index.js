@@ -2,8 +2,9 @@
  * Write opentinker plugins in JavaScript.
  *
  * An opentinker plugin is a WebAssembly component that the host runs sandboxed: an `Environment`
- * (a game, a tool task, a math problem), an `Agent` (how a policy's text becomes an action) or a
- * `Reward` function. Subclass the matching base class and mark it with `plugin(...)`; the WIT
+ * (a game, a tool task, a math problem), an `Agent` (how a policy's text becomes an action), a
+ * `Reward` function, a training `Objective` (a loss and its gradient by each logprob) or an
+ * `Advantage` estimator. Subclass the matching base class and mark it with `plugin(...)`; the WIT
  * bindings stay behind this package. `opentinker plugin build DIR` builds the component with
  * componentize-js (a pinned version it installs with npm outside the project).
  *
@@ -208,12 +209,84 @@ export class Reward {
   }
 }
 
-const KINDS = { environment: Environment, agent: Agent, reward: Reward };
+/**
+ * What an objective sees of one datum: `logprobs`, the policy's logprob of each target token (what
+ * the loss is differentiated by), and `inputs`, the datum's other tensors as
+ * `{ name, shape, values }`: `mask` (1 where a target token counts), `weights`, `advantages`,
+ * `logprobs` (the sampler's), or a name the datum's `loss_fn_inputs` gave it.
+ */
+export class ObjectiveDatum {
+  constructor(logprobs, inputs) {
+    this.logprobs = logprobs;
+    this.inputs = inputs;
+  }
+
+  /** The values of the input `name`, or `null` if the datum has none. */
+  input(name) {
+    const tensor = this.inputs.find((t) => t.name === name);
+    return tensor === undefined ? null : tensor.values;
+  }
+
+  /** The values of the input `name`, or a `PluginError` that names it. */
+  require(name) {
+    const values = this.input(name);
+    if (values === null) {
+      throw new PluginError(`the datum has no input ${JSON.stringify(name)}`);
+    }
+    return values;
+  }
+}
+
+/**
+ * A training objective: the loss of a `forward_backward` call or of an RL job's steps. The engine
+ * computes the policy's logprobs, calls `loss` for each datum, and back-propagates the returned
+ * gradient through the model in the same pass as its built-in losses. A datum's loss must depend
+ * on that datum alone (a call's datums may come in several batches).
+ */
+export class Objective {
+  /** The JSON Schema of the config `loss` takes; `null`: none declared. */
+  static configSchema = null;
+
+  /**
+   * The loss of `datum` (an `ObjectiveDatum`) under `config` (JSON; `{}` when absent), as
+   * `{ value, gradient, metrics }`: its value, its derivative with respect to each of the datum's
+   * logprobs, and `{ name, value }` metrics (added over the call's datums; a name ending in
+   * `:mean` is averaged instead).
+   */
+  static loss(config, datum) {
+    throw new PluginError("the objective does not define static loss(config, datum)");
+  }
+}
+
+/**
+ * An advantage estimator: how a group of episodes of one task turns the rewards of their turns
+ * into each turn's advantage (the host's default is GRPO's `R - mean(R)`).
+ */
+export class Advantage {
+  /** The JSON Schema of the config `advantages` takes; `null`: none declared. */
+  static configSchema = null;
+
+  /**
+   * Per episode of `group` (each given as an array of its turns' rewards), the advantage of each
+   * turn, as many as it has rewards, under `config` (JSON; `{}` when absent).
+   */
+  static advantages(config, group) {
+    throw new PluginError("the estimator does not define static advantages(config, group)");
+  }
+}
+
+const KINDS = {
+  environment: Environment,
+  agent: Agent,
+  reward: Reward,
+  objective: Objective,
+  advantage: Advantage,
+};
 const registeredClasses = new Map();
 
 /**
- * Mark `cls` (a subclass of `Environment`, `Agent` or `Reward`) as this component's plugin of its
- * kind; returns `cls`.
+ * Mark `cls` (a subclass of `Environment`, `Agent`, `Reward`, `Objective` or `Advantage`) as this
+ * component's plugin of its kind; returns `cls`.
  */
 export function plugin(cls) {
   for (const [kind, base] of Object.entries(KINDS)) {
@@ -226,7 +299,9 @@ export function plugin(cls) {
       return cls;
     }
   }
-  throw new TypeError(`${cls?.name ?? String(cls)} is not a subclass of Environment, Agent or Reward`);
+  throw new TypeError(
+    `${cls?.name ?? String(cls)} is not a subclass of Environment, Agent, Reward, Objective or Advantage`,
+  );
 }
 
 /** The class marked with `plugin` for `kind` (used by the component's glue). */

@@ -3,9 +3,12 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import {
+  Advantage,
   Agent,
   Environment,
   Message,
+  Objective,
+  ObjectiveDatum,
   PluginError,
   Reward,
   StepResult,
@@ -107,4 +110,23 @@ test("the base agent passes history and completion through", () => {
   assert.deepEqual(agent.prompt(history), history);
   assert.notEqual(agent.prompt(history), history);
   assert.equal(agent.act("go"), "go");
+});
+
+test("objectives and estimators are kinds of their own, and a datum names a missing input", () => {
+  class Loss extends Objective {
+    static loss(config, datum) {
+      const mask = datum.require("mask");
+      return { value: -datum.logprobs.reduce((a, b) => a + b, 0), gradient: mask.map((m) => -m) };
+    }
+  }
+  class Centred extends Advantage {}
+  plugin(Loss);
+  plugin(Centred);
+  assert.equal(registered("objective"), Loss);
+  assert.equal(registered("advantage"), Centred);
+  const datum = new ObjectiveDatum([-1, -2], [{ name: "mask", shape: [2], values: [1, 0] }]);
+  assert.deepEqual(Loss.loss("{}", datum), { value: 3, gradient: [-1, -0] });
+  assert.equal(datum.input("weights"), null);
+  assert.throws(() => datum.require("advantages"), (e) => e instanceof PluginError && /"advantages"/.test(e.message));
+  assert.throws(() => Centred.advantages("{}", [[1]]), PluginError);
 });

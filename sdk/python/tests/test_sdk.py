@@ -124,3 +124,33 @@ def test_a_reward_is_given_its_config():
 @dataclass
 class WeightConfig:
     weight: float = 1.0
+
+
+def test_objectives_and_estimators_are_kinds_of_their_own(monkeypatch):
+    monkeypatch.setattr(opentinker, "_registered", {})
+
+    @opentinker.plugin
+    class Loss(opentinker.Objective):
+        @classmethod
+        def loss(cls, config, datum):
+            mask = datum.require("mask")
+            return opentinker.DatumLoss(-sum(datum.logprobs), [-m for m in mask])
+
+    @opentinker.plugin
+    class Centred(opentinker.Advantage):
+        @classmethod
+        def advantages(cls, config, group):
+            mean = sum(sum(e) for e in group) / len(group)
+            return [[r - mean / len(e) for r in e] for e in group]
+
+    assert opentinker.registered("objective") is Loss
+    assert opentinker.registered("advantage") is Centred
+    datum = opentinker.ObjectiveDatum(
+        [-1.0, -2.0], [opentinker.Tensor("mask", [2], [1.0, 0.0])]
+    )
+    loss = Loss.loss("{}", datum)
+    assert loss.value == 3.0 and loss.gradient == [-1.0, -0.0] and loss.metrics == []
+    assert datum.input("weights") is None
+    with pytest.raises(PluginError, match="'advantages'"):
+        datum.require("advantages")
+    assert Centred.advantages("{}", [[1.0], [3.0]]) == [[-1.0], [1.0]]

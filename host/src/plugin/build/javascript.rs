@@ -48,10 +48,10 @@ const TOOLCHAIN_FILES: [(&str, &str); 3] = [
 ];
 
 /// The WIT the component is built against.
-const WIT: &str = include_str!("../../../../wit/v0.2/plugin.wit");
+const WIT: &str = include_str!("../../../../wit/v0.3/plugin.wit");
 
 /// The SDK and its glue, written into the build folder: (path under it, contents).
-const SDK_FILES: [(&str, &str); 5] = [
+const SDK_FILES: [(&str, &str); 7] = [
     (
         "sdk/index.js",
         include_str!("../../../../sdk/js/src/index.js"),
@@ -71,6 +71,14 @@ const SDK_FILES: [(&str, &str); 5] = [
     (
         "glue/reward.js",
         include_str!("../../../../sdk/js/src/glue/reward.js"),
+    ),
+    (
+        "glue/objective.js",
+        include_str!("../../../../sdk/js/src/glue/objective.js"),
+    ),
+    (
+        "glue/advantage.js",
+        include_str!("../../../../sdk/js/src/glue/advantage.js"),
     ),
 ];
 

@@ -23,10 +23,10 @@ pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 pub const COMPONENTIZE_PY_ENV: &str = "OPENTINKER_COMPONENTIZE_PY";
 
 /// The WIT the component is built against.
-const WIT: &str = include_str!("../../../../wit/v0.2/plugin.wit");
+const WIT: &str = include_str!("../../../../wit/v0.3/plugin.wit");
 
 /// The SDK and its glue, written into the build folder: (path under it, contents).
-const SDK_FILES: [(&str, &str); 7] = [
+const SDK_FILES: [(&str, &str); 9] = [
     (
         "sdk/opentinker/__init__.py",
         include_str!("../../../../sdk/python/src/opentinker/__init__.py"),
@@ -54,6 +54,14 @@ const SDK_FILES: [(&str, &str); 7] = [
     (
         "glue/opentinker_reward_app.py",
         include_str!("../../../../sdk/python/src/opentinker/_glue/opentinker_reward_app.py"),
+    ),
+    (
+        "glue/opentinker_objective_app.py",
+        include_str!("../../../../sdk/python/src/opentinker/_glue/opentinker_objective_app.py"),
+    ),
+    (
+        "glue/opentinker_advantage_app.py",
+        include_str!("../../../../sdk/python/src/opentinker/_glue/opentinker_advantage_app.py"),
     ),
 ];
 

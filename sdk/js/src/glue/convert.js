@@ -1,7 +1,7 @@
 // Conversions between the SDK's values and the WIT bindings' (used only inside a component), and
 // the component's metadata. The build bundles this folder with the plugin's own module.
 
-import { log } from "opentinker:plugin/host@0.2.0";
+import { log } from "opentinker:plugin/host@0.3.0";
 import { Message, PluginError, foldSeed, registered, setHostLog } from "opentinker";
 import { PACKAGE } from "./package.js";
 
@@ -55,12 +55,17 @@ export function envInfo(value) {
   };
 }
 
+/** WIT metrics of `{ name, value }` values. */
+export function metrics(values) {
+  return values.map((m) => ({ name: String(m.name), value: Number(m.value) }));
+}
+
 export function stepResult(value) {
   return {
     messages: (value.messages ?? []).map((m) => ({ player: m.player, messages: messages(m.messages) })),
     rewards: Array.from(value.rewards, Number),
     nextPlayer: value.nextPlayer ?? undefined,
-    metrics: (value.metrics ?? []).map((m) => ({ name: String(m.name), value: Number(m.value) })),
+    metrics: metrics(value.metrics ?? []),
   };
 }
 

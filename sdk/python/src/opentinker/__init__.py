@@ -1,8 +1,9 @@
 """Write opentinker plugins in Python.
 
 An opentinker plugin is a WebAssembly component that the host runs sandboxed: an `Environment`
-(a game, a tool task, a math problem), an `Agent` (how a policy's text becomes an action) or a
-`Reward` function. Subclass the matching base class and mark it with `@opentinker.plugin`; the
+(a game, a tool task, a math problem), an `Agent` (how a policy's text becomes an action), a
+`Reward` function, a training `Objective` (a loss and its gradient by each logprob) or an
+`Advantage` estimator. Subclass the matching base class and mark it with `@opentinker.plugin`; the
 WIT bindings stay behind this package. `opentinker plugin build DIR` builds the component with
 componentize-py (a pinned version it installs outside the project).
 
@@ -43,15 +44,20 @@ from enum import Enum
 from typing import Any, ClassVar, Optional, TypeVar
 
 __all__ = [
+    "Advantage",
     "Agent",
+    "DatumLoss",
     "EnvInfo",
     "Environment",
     "LogLevel",
     "Message",
     "Metric",
+    "Objective",
+    "ObjectiveDatum",
     "PluginError",
     "Reward",
     "StepResult",
+    "Tensor",
     "Transcript",
     "config_schema_of",
     "log",
@@ -229,13 +235,93 @@ class Reward:
         return None
 
 
-_KINDS = {"environment": Environment, "agent": Agent, "reward": Reward}
+@dataclass(frozen=True)
+class Tensor:
+    """A named input of one datum, flattened row-major: `mask` (1 where a target token counts),
+    `weights`, `advantages`, `logprobs` (the sampler's), or a name the datum's `loss_fn_inputs`
+    gave it."""
+
+    name: str
+    shape: list[int]
+    values: list[float]
+
+
+@dataclass(frozen=True)
+class ObjectiveDatum:
+    """What an objective sees of one datum: the policy's logprob of each target token (what the
+    loss is differentiated by) and the datum's other inputs."""
+
+    logprobs: list[float]
+    inputs: list[Tensor]
+
+    def input(self, name: str) -> Optional[list[float]]:
+        """The values of the input `name`, if the datum has it."""
+        for tensor in self.inputs:
+            if tensor.name == name:
+                return tensor.values
+        return None
+
+    def require(self, name: str) -> list[float]:
+        """The values of the input `name`, or a `PluginError` that names it."""
+        values = self.input(name)
+        if values is None:
+            raise PluginError(f"the datum has no input {name!r}")
+        return values
+
+
+@dataclass
+class DatumLoss:
+    """The loss on one datum: its value, its derivative with respect to each of the datum's
+    logprobs (as many values), and metrics (added over the call's datums; a name ending in
+    `:mean` is averaged instead)."""
+
+    value: float
+    gradient: list[float]
+    metrics: list[Metric] = field(default_factory=list)
+
+
+class Objective:
+    """A training objective: the loss of a `forward_backward` call or of an RL job's steps. The
+    engine computes the policy's logprobs, calls `loss` for each datum, and back-propagates the
+    returned gradient through the model in the same pass as its built-in losses. A datum's loss
+    must depend on that datum alone (a call's datums may come in several batches)."""
+
+    #: The JSON Schema of the config `loss` takes; `None`: none declared.
+    config_schema: ClassVar[Optional[dict[str, Any]]] = None
+
+    @classmethod
+    def loss(cls, config: str, datum: ObjectiveDatum) -> DatumLoss:
+        """The loss of `datum` under `config` (JSON; `{}` when absent) and its gradient."""
+        raise NotImplementedError
+
+
+class Advantage:
+    """An advantage estimator: how a group of episodes of one task turns the rewards of their
+    turns into each turn's advantage (the host's default is GRPO's `R - mean(R)`)."""
+
+    #: The JSON Schema of the config `advantages` takes; `None`: none declared.
+    config_schema: ClassVar[Optional[dict[str, Any]]] = None
+
+    @classmethod
+    def advantages(cls, config: str, group: list[list[float]]) -> list[list[float]]:
+        """Per episode of `group` (each given as its turns' rewards), the advantage of each turn,
+        as many as it has rewards, under `config` (JSON; `{}` when absent)."""
+        raise NotImplementedError
+
+
+_KINDS = {
+    "environment": Environment,
+    "agent": Agent,
+    "reward": Reward,
+    "objective": Objective,
+    "advantage": Advantage,
+}
 _registered: dict[str, type] = {}
 
 
 def plugin(cls: type) -> type:
-    """Mark `cls` (a subclass of `Environment`, `Agent` or `Reward`) as this component's plugin of
-    its kind."""
+    """Mark `cls` (a subclass of `Environment`, `Agent`, `Reward`, `Objective` or `Advantage`) as
+    this component's plugin of its kind."""
     for kind, base in _KINDS.items():
         if isinstance(cls, type) and issubclass(cls, base):
             if kind in _registered and _registered[kind] is not cls:
@@ -244,7 +330,9 @@ def plugin(cls: type) -> type:
                 )
             _registered[kind] = cls
             return cls
-    raise TypeError(f"{cls!r} is not a subclass of Environment, Agent or Reward")
+    raise TypeError(
+        f"{cls!r} is not a subclass of Environment, Agent, Reward, Objective or Advantage"
+    )
 
 
 def registered(kind: str) -> type:

@@ -8,6 +8,7 @@ import json
 import _opentinker_package
 import opentinker
 from componentize_py_types import Err  # type: ignore[import-not-found]
+from wit_world.exports import metadata as wit_metadata  # type: ignore[import-not-found]
 from wit_world.imports import types  # type: ignore[import-not-found]
 
 
@@ -45,17 +46,19 @@ def metrics(values: list[opentinker.Metric]) -> list[types.Metric]:
 
 
 _KINDS = {
-    "environment": types.PluginKind.ENVIRONMENT,
-    "agent": types.PluginKind.AGENT,
-    "reward": types.PluginKind.REWARD,
+    "environment": wit_metadata.PluginKind.ENVIRONMENT,
+    "agent": wit_metadata.PluginKind.AGENT,
+    "reward": wit_metadata.PluginKind.REWARD,
+    "objective": wit_metadata.PluginKind.OBJECTIVE,
+    "advantage": wit_metadata.PluginKind.ADVANTAGE,
 }
 
 
-def metadata(kind: str) -> types.PluginMetadata:
+def metadata(kind: str) -> wit_metadata.PluginMetadata:
     """The component's metadata: its project's fields (written by `opentinker plugin build`), its
     kind, and the config schema of the class marked for that kind."""
     schema = opentinker.registered(kind).config_schema
-    return types.PluginMetadata(
+    return wit_metadata.PluginMetadata(
         name=_opentinker_package.NAME,
         version=_opentinker_package.VERSION,
         description=_opentinker_package.DESCRIPTION,

@@ -4,13 +4,13 @@ looks for it.)"""
 
 import _opentinker_user  # noqa: F401  (the plugin's own module: registers its class)
 from wit_world import exports  # type: ignore[import-not-found]
-from wit_world.imports import types  # type: ignore[import-not-found]
+from wit_world.exports import metadata as wit_metadata  # type: ignore[import-not-found]
 
 import _convert
 
 
 class Metadata(exports.Metadata):
-    def metadata(self) -> types.PluginMetadata:
+    def metadata(self) -> wit_metadata.PluginMetadata:
         return _convert.metadata("agent")
 
 
