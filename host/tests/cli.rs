@@ -727,11 +727,22 @@ fn short_job(path: &Path) -> String {
     set("eval", "episodes", 4.into());
     set("eval", "every", 1.into());
     job.insert("checkpoint".into(), toml::toml! { every = 1 }.into());
+    let absolute = |table: &mut toml::Table| {
+        let plugin = table["plugin"].as_str().unwrap();
+        let absolute = folder.join(plugin).canonicalize().unwrap();
+        table.insert("plugin".into(), absolute.to_str().unwrap().into());
+    };
     for section in ["environment", "agent", "reward"] {
         if let Some(table) = job.get_mut(section).and_then(|s| s.as_table_mut()) {
-            let plugin = table["plugin"].as_str().unwrap();
-            let absolute = folder.join(plugin).canonicalize().unwrap();
-            table.insert("plugin".into(), absolute.to_str().unwrap().into());
+            absolute(table);
+        }
+    }
+    // `[rl] loss` and `advantage` name plugins as tables (a built-in loss is a string).
+    if let Some(rl) = job.get_mut("rl").and_then(|s| s.as_table_mut()) {
+        for key in ["loss", "advantage"] {
+            if let Some(table) = rl.get_mut(key).and_then(|v| v.as_table_mut()) {
+                absolute(table);
+            }
         }
     }
     if let Some(sft) = job.get_mut("sft").and_then(|s| s.as_table_mut()) {
