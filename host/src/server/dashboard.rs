@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::AppState;
 use super::handling::Caller;
-use crate::sched::usage::TenantUsage;
+use crate::sched::TenantUsage;
 
 type Shared = Arc<AppState>;
 

@@ -40,7 +40,7 @@ use crate::api::{ApiError, ApiErrorKind, TenantId};
 use crate::jobs::{
     JobQuotas, JobService, MemoryBudget, PluginStore, human_bytes, served_base_bytes,
 };
-use crate::sched::service::Change;
+use crate::sched::Change;
 use crate::sched::{
     FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
 };

@@ -35,7 +35,7 @@ use crate::api::{
     TenantId,
 };
 use crate::sample::TokenSink;
-use crate::sched::base::ServedBase;
+use crate::sched::ServedBase;
 use crate::text::ChatMessage;
 
 type Shared = Arc<AppState>;
