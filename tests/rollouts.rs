@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use opentinker::api::SamplingParams;
 use opentinker::client::ServiceClient;
-use opentinker::client::in_process::{LocalModel, TinyModelSpec};
+use opentinker::client::{LocalModel, TinyModelSpec};
 use opentinker::plugin::Limits;
 use opentinker::rl::render::Renderer;
 use opentinker::rl::rollout::{Actor, Rollout};

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::progress::TrainProgress;
 use crate::api::ApiErrorKind;
-use crate::client::remote::jobs::JobsClient;
+use crate::client::JobsClient;
 use crate::jobs::{JobRecord, JobState, RunFile};
 use crate::market::lock::{LockFile, Locked, lock_path};
 use crate::market::{MarketError, PackageRef};

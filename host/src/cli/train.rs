@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::progress::TrainProgress;
-use crate::client::in_process::TinyModelSpec;
+use crate::client::TinyModelSpec;
 use crate::rl::driver::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
 use crate::rl::job::Job;
 use crate::rl::run_folder::SETTINGS;

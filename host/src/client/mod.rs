@@ -4,13 +4,26 @@
 //! crosses is an op API type ([`crate::api`]); every error is an [`ApiError`].
 //!
 //! The RL driver, SFT and evaluations are written against these traits only, as the
-//! tinker-cookbook's RL loop is a client of Tinker: [`in_process`] runs them on this process's
-//! engines through the scheduler's loops, [`remote`] on a server over the Tinker wire, [`served`]
-//! on the bases a server serves, for the jobs it runs.
+//! tinker-cookbook's RL loop is a client of Tinker. Three services implement them:
+//!
+//! - [`LocalModel`] loads a model directory (or makes the tiny preset, [`TinyModelSpec`]) into
+//!   this process, and its [`LocalService`] runs the ops on the service's loops; a whole-model
+//!   warm-up trains through its [`FullParameterTrainer`].
+//! - [`RemoteService`] speaks the Tinker wire to a server (`train --server`); a checkpoint saved
+//!   there leaves a [`RemoteCheckpoint`] in the local folder. [`JobsClient`] drives a server's
+//!   jobs API.
+//! - [`TenantBases`] gives the jobs a server runs the bases it serves, each a [`ServedModel`]
+//!   whose work shares the loops fairly with every other tenant's.
 
-pub mod in_process;
-pub mod remote;
-pub mod served;
+mod local;
+mod remote;
+mod served;
+
+pub use local::{
+    ArchName, FullParameterTrainer, LocalModel, LocalService, TinyModelSpec, TinyShapeName,
+};
+pub use remote::{JobsClient, REMOTE_CHECKPOINT, RemoteCheckpoint, RemoteService};
+pub use served::{ServedModel, TenantBases};
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::ModelText;
-use super::in_process::LocalService;
+use super::local::LocalService;
 use crate::api::TenantId;
 use crate::sched::{ServedBase, TINY_MODEL_NAME};
 

@@ -18,7 +18,7 @@ use super::packages::PackageSource;
 use super::plugin_store::PluginStore;
 use super::records::{JobRecord, JobRecords, JobState, RecordError};
 use crate::api::{ApiError, ApiErrorKind, JobId, TenantId};
-use crate::client::served::TenantBases;
+use crate::client::TenantBases;
 use crate::market::PackageRef;
 use crate::market::lock::{LockFile, Locked};
 use crate::rl::driver::{self, Engine, JobRun, Phase, Progress, StepMetrics, check_job_plugins};

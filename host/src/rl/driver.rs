@@ -14,10 +14,10 @@ use super::metrics::{Summary, Warmup};
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::sft::run_sft;
 use super::training_loop::train_job;
-use crate::client::in_process::LocalModel;
-use crate::client::remote::RemoteService;
-use crate::client::served::{ServedModel, TenantBases};
+use crate::client::LocalModel;
+use crate::client::RemoteService;
 use crate::client::{ModelText, ServiceClient, TrainingClient};
+use crate::client::{ServedModel, TenantBases};
 use crate::plugin::{HostConfig, PluginHost};
 
 pub use super::context::{JobRun, Progress};
@@ -360,7 +360,7 @@ fn served_base(bases: &TenantBases, job: &Job) -> anyhow::Result<Option<ServedMo
 /// The name of the served base `job` trains on: its `model.base`, or the built-in tiny model's
 /// for a job on that model's settings; `None` for a model of its own.
 pub fn served_base_name(job: &Job) -> Option<&str> {
-    let built_in = crate::client::in_process::TinyModelSpec::built_in();
+    let built_in = crate::client::TinyModelSpec::built_in();
     match (&job.model.base, &job.model.init_tiny) {
         (Some(name), _) => Some(name.as_str()),
         (None, Some(tiny)) if *tiny == built_in => Some(TenantBases::built_in_tiny()),

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::advantage::Estimator;
 use crate::api::LoraConfig;
+use crate::client::TinyModelSpec;
 use crate::client::check_loss;
-use crate::client::in_process::TinyModelSpec;
 use crate::plugin::Limits;
 
 #[derive(Debug, Deserialize)]

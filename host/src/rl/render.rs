@@ -154,7 +154,7 @@ fn render(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::client::in_process::{LocalModel, TinyModelSpec};
+    use crate::client::{LocalModel, TinyModelSpec};
 
     /// The tokenizer and chat template of a generated tiny model in `dir`.
     pub(in crate::rl) fn tiny_text(dir: &std::path::Path) -> (Arc<Tokenizer>, ChatTemplate) {

@@ -20,7 +20,7 @@ use super::metrics::Evaluation;
 use super::rollout::{EpisodeOutcome, RolloutRecord};
 use super::run_folder::RunFolder;
 use super::training_loop::Versions;
-use crate::client::in_process::LocalModel;
+use crate::client::LocalModel;
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
 use crate::plugin::{HostConfig, PluginHost};
 

@@ -8,7 +8,9 @@
 //! that path (so `--resume` works against the same server and tenant).
 
 mod http;
-pub mod jobs;
+mod jobs;
+
+pub use jobs::JobsClient;
 
 use std::path::Path;
 use std::sync::Arc;
