@@ -1,14 +1,21 @@
-//! Training: the Tinker losses, custom losses sent as graphs (`loss_graph`) or computed outside
-//! the engine (`objective`: plugins), and the engine
-//! that runs forward / forward_backward over mixed-adapter work items on the model's layers with
-//! a per-adapter AdamW, and PEFT checkpoints.
+//! Training: the engine that runs `forward` / `forward_backward` over mixed-adapter work items on
+//! the model's layers, with a per-adapter AdamW, and the adapters' PEFT checkpoints.
+//!
+//! A [`TrainingEngine`] holds one base model and any number of adapter slots (each a LoRA adapter
+//! with its optimizer moments, [`SlotState`] when saved in memory). A [`WorkItem`] names an
+//! adapter, its [`Datum`]s and a [`Loss`]: one of the Tinker losses, a custom loss sent as a
+//! graph of allowed operations ([`CompiledLoss`]), or an objective computed outside the engine
+//! ([`Objective`] over an [`ExternalObjective`], which the service makes of a plugin). The items
+//! of one pass, of different adapters, are fused into one batch; `optim_step` then applies AdamW
+//! per adapter ([`AdamParams`], [`StepReport`]). [`checkpoint`] saves and loads an adapter (and
+//! its optimizer) as PEFT files.
 
 pub mod checkpoint;
-pub mod engine;
-pub mod loss;
+mod engine;
+mod loss;
 mod loss_graph;
 mod objective;
-pub mod slot_state;
+mod slot_state;
 
 pub use engine::{
     AdamParams, AdapterId, Datum, FULL_PARAMETERS, ItemOutput, PASS_BYTES, StepReport, TrainError,
