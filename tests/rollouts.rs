@@ -7,8 +7,8 @@ use opentinker::api::SamplingParams;
 use opentinker::client::ServiceClient;
 use opentinker::client::{LocalModel, TinyModelSpec};
 use opentinker::plugin::Limits;
-use opentinker::rl::render::Renderer;
-use opentinker::rl::rollout::{Actor, Rollout};
+use opentinker::rl::Renderer;
+use opentinker::rl::{Actor, Rollout};
 use opentinker::rl::{SpanKind, rl_datum};
 
 /// A 5-turn guess-number episode with the built-in chat agent: one sequence, five action spans

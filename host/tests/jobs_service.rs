@@ -481,7 +481,7 @@ fn jobs_wait_for_memory_under_the_budget_and_one_that_never_fits_is_refused() {
     let light = job(dir.path(), "light", false, 1);
     // The budget: the served tiny base (as the server counts it) and one and a half such jobs.
     let text = std::fs::read_to_string(&first).unwrap();
-    let parsed = opentinker::rl::job::Job::parse(&text, &first).unwrap();
+    let parsed = opentinker::rl::Job::parse(&text, &first).unwrap();
     let config = tiny_config(TinyShape::Tiny, Architecture::Qwen2).unwrap();
     let context = config.max_position_embeddings;
     let needs = footprint(&parsed, &config, context, false);

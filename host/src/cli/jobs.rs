@@ -9,7 +9,7 @@ use anyhow::Context;
 
 use super::market::{PackageArgs, Unpinned};
 use crate::plugin::build::build_plugin;
-use crate::rl::job::Job;
+use crate::rl::Job;
 
 /// Read and check the job file at `path`, and install or build its plugins.
 pub fn load_and_build(path: &Path, packages: &PackageArgs) -> anyhow::Result<Job> {

@@ -16,7 +16,7 @@ use crate::market::trust::TrustPolicy;
 use crate::market::{MarketError, PackageId, PackageRef, Registry, RegistryRef};
 use crate::plugin::build::build_plugin;
 use crate::plugin::{Limits, PluginHost, PluginKind};
-use crate::rl::job::Job;
+use crate::rl::Job;
 
 /// What becomes of a published plugin that the job's lock file does not pin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

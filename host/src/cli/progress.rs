@@ -8,8 +8,8 @@ use std::io::IsTerminal;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::terminal::terminal_safe;
-use crate::rl::driver::{Evaluation, Phase, StepMetrics};
-use crate::rl::job::Job;
+use crate::rl::Job;
+use crate::rl::{Evaluation, Phase, StepMetrics};
 
 /// A job's bar and what a step of each phase plays.
 struct JobBar {

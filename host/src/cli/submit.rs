@@ -18,8 +18,8 @@ use crate::client::JobsClient;
 use crate::jobs::{JobRecord, JobState, RunFile};
 use crate::market::lock::{LockFile, Locked, lock_path};
 use crate::market::{MarketError, PackageRef};
-use crate::rl::driver::StepMetrics;
-use crate::rl::job::{Job, is_digest, is_package};
+use crate::rl::StepMetrics;
+use crate::rl::{Job, is_digest, is_package};
 
 /// How a command reaches the server.
 #[derive(Debug, clap::Args)]
@@ -333,7 +333,7 @@ pub fn run_jobs(command: JobsCommand) -> anyhow::Result<()> {
             let client = server.client()?;
             runtime.block_on(async {
                 if !follow {
-                    let bytes = client.file(&id, crate::rl::run_folder::METRICS).await?;
+                    let bytes = client.file(&id, crate::rl::METRICS).await?;
                     print!("{}", String::from_utf8_lossy(&bytes));
                     return Ok(());
                 }

@@ -8,9 +8,9 @@ use anyhow::Context;
 
 use super::progress::TrainProgress;
 use crate::client::TinyModelSpec;
-use crate::rl::driver::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
-use crate::rl::job::Job;
-use crate::rl::run_folder::SETTINGS;
+use crate::rl::Job;
+use crate::rl::SETTINGS;
+use crate::rl::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
 use crate::sched::TINY_MODEL_NAME;
 
 #[derive(Debug, clap::Args)]
@@ -146,7 +146,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         let display = Arc::clone(&display);
         Arc::new(move |name: &str, line: &StepMetrics| display.show(name, line))
     };
-    let summaries = runtime.block_on(driver::run_jobs(runs, args.resume.is_some(), &engine, show));
+    let summaries = runtime.block_on(rl::run_jobs(runs, args.resume.is_some(), &engine, show));
     display.finish();
     let summaries = summaries?;
     let mut failed = Vec::new();

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde_json::json;
 
 use super::terminal::terminal_safe;
-use crate::rl::metrics::Evaluation;
+use crate::rl::Evaluation;
 use crate::rl::watch::{self, AdapterChoice, PlayOptions};
 
 #[derive(Debug, clap::Args)]

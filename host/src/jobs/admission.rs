@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 use crate::api::{ApiError, ApiErrorKind, JobId};
 use crate::model::ModelConfig;
 use crate::model::layers::train_values_per_token;
-use crate::rl::job::Job;
+use crate::rl::Job;
 use crate::train::PASS_BYTES;
 use opentinker_kernels::KvCache;
 

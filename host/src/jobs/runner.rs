@@ -21,9 +21,9 @@ use crate::api::{ApiError, ApiErrorKind, JobId, TenantId};
 use crate::client::TenantBases;
 use crate::market::PackageRef;
 use crate::market::lock::{LockFile, Locked};
-use crate::rl::driver::{self, Engine, JobRun, Phase, Progress, StepMetrics, check_job_plugins};
-use crate::rl::job::{Job, SftSource, is_digest, is_package};
-use crate::rl::run_folder::METRICS;
+use crate::rl::METRICS;
+use crate::rl::{self, Engine, JobRun, Phase, Progress, StepMetrics, check_job_plugins};
+use crate::rl::{Job, SftSource, is_digest, is_package};
 use crate::sched::ServedBase;
 
 /// Events kept for a follower that falls behind; one that falls further reads the metrics file.
@@ -201,7 +201,7 @@ impl JobService {
     /// The memory `job` will hold: on the served base it names, or on the tiny model it
     /// generates for itself.
     fn needs(&self, job: &Job) -> Result<u64, ApiError> {
-        let served = driver::served_base_name(job);
+        let served = rl::served_base_name(job);
         if let Some(base) = served.and_then(|name| self.bases.iter().find(|b| b.name == name)) {
             return Ok(footprint(job, &base.config, base.context, false));
         }
@@ -455,7 +455,7 @@ impl JobService {
             let _reservation = service.budget.admit(&id, needs).await;
             service.set_state(&id, JobState::Running).await;
             let host = service.plugins.host();
-            let outcome = driver::run_job(run, resume, &engine, host, progress).await;
+            let outcome = rl::run_job(run, resume, &engine, host, progress).await;
             let (state, error, summary) = match outcome {
                 Ok(summary) => (
                     JobState::Succeeded,

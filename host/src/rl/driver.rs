@@ -20,8 +20,7 @@ use crate::client::{ModelText, ServiceClient, TrainingClient};
 use crate::client::{ServedModel, TenantBases};
 use crate::plugin::{HostConfig, PluginHost};
 
-pub use super::context::{JobRun, Progress};
-pub use super::metrics::{Evaluation, Phase, StepMetrics};
+use super::context::{JobRun, Progress};
 
 /// Where the jobs' adapters are trained and sampled.
 pub enum Engine {

@@ -1,25 +1,42 @@
-//! Reinforcement learning on the engines: player transcripts kept token-in, token-out, their
-//! conversion to masked training datums, and the advantage estimators. (Rollouts and the job
-//! driver build on these.)
+//! Reinforcement learning as a client of the engine: jobs read from their files, episodes played
+//! token-in, token-out against sandboxed plugins, their conversion to masked training datums, the
+//! advantage estimators, and the driver that runs a job's warm-up, RL steps, evaluations and
+//! checkpoints through a [`crate::client::ServiceClient`].
+//!
+//! A [`Job`] is read and checked from its TOML file; [`run_jobs`] (the `train` command) and
+//! [`run_job`] (one job of a server) run [`JobRun`]s on an [`Engine`], reporting each step's
+//! [`StepMetrics`] and each [`Evaluation`] to a [`Progress`] and into the run folder
+//! ([`METRICS`], [`SETTINGS`]). Underneath, a [`Rollout`] plays an episode between the
+//! environment and its [`Actor`]s, a [`Renderer`] turns the conversation into a
+//! [`TokenSequence`] of spans, and [`rl_datum`] / [`sft_datum`] make it a training datum whose
+//! action tokens carry the [`advantages`] of their turns. [`watch`] plays and replays a trained
+//! policy's episodes.
 
-pub mod advantage;
+mod advantage;
 mod context;
-pub mod datum;
+mod datum;
 mod diagnosis;
-pub mod driver;
+mod driver;
 mod group_stream;
-pub mod job;
-pub mod metrics;
-pub mod render;
-pub mod report;
-pub mod rollout;
-pub mod run_folder;
-pub mod sft;
+mod job;
+mod metrics;
+mod render;
+mod report;
+mod rollout;
+mod run_folder;
+mod sft;
 mod train_step;
 mod training_loop;
-pub mod transcript;
+mod transcript;
 pub mod watch;
 
 pub use advantage::{Estimator, GroupReturns, advantages, fold_kl};
+pub use context::{JobRun, Progress};
 pub use datum::{rl_datum, sft_datum};
+pub use driver::{Engine, RemoteEngine, check_job_plugins, run_job, run_jobs, served_base_name};
+pub use job::{Job, SftSource, is_digest, is_package};
+pub use metrics::{Evaluation, Phase, StepMetrics};
+pub use render::Renderer;
+pub use rollout::{Actor, Rollout};
+pub use run_folder::{METRICS, SETTINGS};
 pub use transcript::{Span, SpanKind, TokenSequence, Transcript};
