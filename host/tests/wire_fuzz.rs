@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use opentinker::api::{ApiErrorKind, Op, TensorValues};
-use opentinker::server::routes::{FutureRoute, accept};
+use opentinker::server::{FutureRoute, accept};
 use opentinker::wire::proto;
 use proptest::prelude::*;
 use prost::Message;

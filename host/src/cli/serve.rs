@@ -9,7 +9,7 @@ use anyhow::Context;
 
 use crate::jobs::JobQuotas;
 use crate::sched::{FairShare, TINY_MODEL_NAME};
-use crate::server::tenants::Tenants;
+use crate::server::Tenants;
 use crate::server::{AppState, DEFAULT_POLL_WAIT, ServerConfig, serve};
 
 #[derive(Debug, clap::Args)]

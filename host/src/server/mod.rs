@@ -3,26 +3,33 @@
 //! at once with a request id and run as futures the client polls; every request is made by a
 //! tenant whose key is checked before any work.
 //!
-//! [`routes`] maps paths to ops, [`wire`] converts bodies, [`proto`] is the SDK's protobuf schema,
-//! [`futures`] holds running and finished ops, [`tenants`] the keys; a private access log writes
-//! one line per request, and the training-run routes list, expire and delete checkpoints.
+//! [`serve`] runs an [`AppState`] (made by [`AppState::start`] from a [`ServerConfig`]) on one
+//! axum router over that state. Inside, one file per concern: `routes` maps the Tinker paths to
+//! ops ([`FutureRoute`], [`accept`]), `wire` converts their bodies, `futures` holds running and
+//! finished ops, `journal` records them durably, [`Tenants`] keeps the keys; `openai` serves
+//! the OpenAI-compatible routes, `jobs` the jobs API, `plugins` the tenants' uploads, `registry`
+//! the OCI distribution API, `dashboard` the web page; a private access log writes one line per
+//! request, and the training-run routes list, expire and delete checkpoints.
 
 mod access_log;
-pub mod dashboard;
+mod dashboard;
 mod downloads;
-pub mod futures;
+mod futures;
 mod handling;
-pub mod jobs;
-pub mod journal;
+mod jobs;
+mod journal;
 mod not_offered;
-pub mod openai;
-pub mod plugins;
-pub mod registry;
-pub mod routes;
+mod openai;
+mod plugins;
+mod registry;
+mod routes;
 mod sessions;
-pub mod tenants;
+mod tenants;
 mod training_runs;
-pub mod wire;
+mod wire;
+
+pub use routes::{FutureRoute, accept};
+pub use tenants::Tenants;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -47,7 +54,6 @@ use crate::sched::{
 use futures::Futures;
 use journal::Journal;
 use registry::HostedRegistry;
-use tenants::Tenants;
 
 /// The largest request body accepted (the SDK sends `forward_backward` in chunks of about
 /// 5 MB); larger ones are answered 413.

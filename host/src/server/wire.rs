@@ -30,6 +30,10 @@ pub struct CreateModel {
     pub base_model: String,
     pub lora_config: Option<LoraConfig>,
     #[serde(default)]
+    #[expect(
+        dead_code,
+        reason = "read so that an optimizer other than Adam(W) is refused"
+    )]
     pub optimizer_config: Option<OptimizerConfig>,
     #[serde(default)]
     pub user_metadata: Option<UserMetadata>,
@@ -113,6 +117,10 @@ pub struct CreateCustomLoss {
     pub inputs: Vec<CustomLossInput>,
     pub graph: LossGraph,
     #[serde(default, rename = "type")]
+    #[expect(
+        dead_code,
+        reason = "the SDK's request tag, allowed beside the denied unknown fields"
+    )]
     pub kind: Option<String>,
 }
 
@@ -130,8 +138,8 @@ pub struct Sample {
     pub num_samples: usize,
     pub prompt: ModelInput,
     pub sampling_params: SamplingParams,
-    pub base_model: Option<String>,
-    pub model_path: Option<String>,
+    /// Its sampler (the SDK's `base_model` and `model_path` forms are not served: a sample names
+    /// a sampling session made by `create_sampling_session`).
     pub sampling_session_id: Option<String>,
     pub seq_id: Option<u64>,
     #[serde(default)]

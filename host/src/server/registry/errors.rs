@@ -13,7 +13,6 @@ use crate::market::MarketError;
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OciCode {
     BlobUnknown,
-    BlobUploadInvalid,
     BlobUploadUnknown,
     DigestInvalid,
     ManifestBlobUnknown,
@@ -35,8 +34,7 @@ impl OciCode {
             C::BlobUnknown | C::BlobUploadUnknown | C::ManifestUnknown | C::NameUnknown => {
                 StatusCode::NOT_FOUND
             }
-            C::BlobUploadInvalid
-            | C::DigestInvalid
+            C::DigestInvalid
             | C::ManifestBlobUnknown
             | C::ManifestInvalid
             | C::NameInvalid
