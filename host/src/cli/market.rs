@@ -7,12 +7,12 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use super::HostArgs;
-use crate::market::artifact::{Artifact, PublishedMetadata};
-use crate::market::cache::PackageCache;
-use crate::market::lock::{LockFile, Locked, lock_path};
+use crate::market::PackageCache;
+use crate::market::TrustPolicy;
 use crate::market::packages::{self, Fetched};
-use crate::market::signing::{KeyPair, PublisherKey, public_key_path};
-use crate::market::trust::TrustPolicy;
+use crate::market::{Artifact, PublishedMetadata};
+use crate::market::{KeyPair, PublisherKey, public_key_path};
+use crate::market::{LockFile, Locked, lock_path};
 use crate::market::{MarketError, PackageId, PackageRef, Registry, RegistryRef};
 use crate::plugin::build::build_plugin;
 use crate::plugin::{Limits, PluginHost, PluginKind};

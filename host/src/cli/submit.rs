@@ -16,7 +16,7 @@ use super::progress::TrainProgress;
 use crate::api::ApiErrorKind;
 use crate::client::JobsClient;
 use crate::jobs::{JobRecord, JobState, RunFile};
-use crate::market::lock::{LockFile, Locked, lock_path};
+use crate::market::{LockFile, Locked, lock_path};
 use crate::market::{MarketError, PackageRef};
 use crate::rl::StepMetrics;
 use crate::rl::{Job, is_digest, is_package};

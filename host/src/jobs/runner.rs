@@ -20,7 +20,7 @@ use super::records::{JobRecord, JobRecords, JobState, RecordError};
 use crate::api::{ApiError, ApiErrorKind, JobId, TenantId};
 use crate::client::TenantBases;
 use crate::market::PackageRef;
-use crate::market::lock::{LockFile, Locked};
+use crate::market::{LockFile, Locked};
 use crate::rl::METRICS;
 use crate::rl::{self, Engine, JobRun, Phase, Progress, StepMetrics, check_job_plugins};
 use crate::rl::{Job, SftSource, is_digest, is_package};
@@ -382,7 +382,7 @@ impl JobService {
                 crate::store::write_atomic(&folder.join(SUBMITTED), text.as_bytes())
                     .map_err(|e| ApiError::internal(format!("{}: {e}", folder.display())))?;
                 if !lock.packages.is_empty() {
-                    let path = crate::market::lock::lock_path(&folder.join(SUBMITTED));
+                    let path = crate::market::lock_path(&folder.join(SUBMITTED));
                     lock.save(&path)
                         .map_err(|e| ApiError::internal(e.to_string()))?;
                 }

@@ -34,9 +34,9 @@ use base64::Engine as _;
 
 use super::AppState;
 use crate::api::TenantId;
-use crate::market::artifact::{MANIFEST_MEDIA_TYPE, Manifest, PluginManifest};
-use crate::market::layout::LayoutRegistry;
+use crate::market::LayoutRegistry;
 use crate::market::{Digest, PackageId, PackageName, Registry};
+use crate::market::{MANIFEST_MEDIA_TYPE, Manifest, PluginManifest};
 pub use errors::{OciCode, OciError};
 use owners::Owners;
 pub use trust::JobPackages;
