@@ -471,7 +471,7 @@ fn each_tenant_quota_is_refused_with_a_clear_error_until_something_ends() {
 /// succeed. A job that could never fit is refused at once, naming the budget.
 #[test]
 fn jobs_wait_for_memory_under_the_budget_and_one_that_never_fits_is_refused() {
-    use opentinker::jobs::admission::{footprint, served_base_bytes};
+    use opentinker::jobs::{footprint, served_base_bytes};
     use opentinker::model::Architecture;
     use opentinker::model::tiny::{TinyShape, tiny_config};
 

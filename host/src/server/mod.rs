@@ -101,7 +101,7 @@ pub struct ServerConfig {
     /// (frees its models and samplers), as if its client had closed it.
     pub session_idle: Duration,
     /// The memory the server may hold, in bytes; `None`: the machine's less a headroom
-    /// (`jobs::admission::machine_budget`). The served bases take their share first; jobs are
+    /// (`jobs::machine_budget`). The served bases take their share first; jobs are
     /// admitted under the rest.
     pub memory_budget: Option<u64>,
 }
@@ -207,7 +207,7 @@ impl AppState {
             let quotas = config.job_quotas;
             let total = config
                 .memory_budget
-                .or_else(crate::jobs::admission::machine_budget)
+                .or_else(crate::jobs::machine_budget)
                 .unwrap_or(u64::MAX);
             let held: u64 = bases
                 .iter()
