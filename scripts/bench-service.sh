@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The service's overhead: one `forward_backward` + `optim_step` of the tiny model (8 datums of
 # 128 tokens) through the official `tinker` SDK against a release `opentinker serve` (HTTP,
-# futures, the journal's fsynced records), and the same ops in process through `sched::Service`
+# futures, the journal's fsynced records), and the same ops in process through `service::Service`
 # (host/examples/service_overhead.rs), measured one after the other in one run; prints both and
 # the ratio. The SDK's venv is the test script's (made here if missing). Under
 # OPENTINKER_BENCH_PROFILE=dev (the test script's quick run) both are the dev build.

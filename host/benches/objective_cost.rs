@@ -20,7 +20,7 @@ use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model};
 use opentinker::plugin::build::build_plugin;
 use opentinker::plugin::{HostConfig, Limits, PluginHost};
-use opentinker::sched::PluginObjective;
+use opentinker::service::PluginObjective;
 use opentinker::train::{AdamParams, Datum, Loss, Objective, TrainingEngine, WorkItem};
 
 #[global_allocator]

@@ -12,7 +12,7 @@ use opentinker::api::{
     AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelId, ModelInput, Op, OpOutput,
     TenantId, TensorData,
 };
-use opentinker::sched::{
+use opentinker::service::{
     FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
 };
 

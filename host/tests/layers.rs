@@ -10,21 +10,21 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     (
         "api",
         &[
-            "text", "model", "lora", "train", "sample", "sched", "client", "rl", "server", "cli",
+            "text", "model", "lora", "train", "sample", "service", "client", "rl", "server", "cli",
             "plugin",
         ],
     ),
     (
         "text",
         &[
-            "api", "model", "lora", "train", "sample", "sched", "client", "rl", "server", "cli",
+            "api", "model", "lora", "train", "sample", "service", "client", "rl", "server", "cli",
         ],
     ),
     // The Tinker wire's encodings: op API values in, bytes out, for the server and the client.
     (
         "wire",
         &[
-            "text", "model", "lora", "train", "sample", "sched", "client", "rl", "server", "cli",
+            "text", "model", "lora", "train", "sample", "service", "client", "rl", "server", "cli",
             "plugin",
         ],
     ),
@@ -33,29 +33,30 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     (
         "model",
         &[
-            "lora", "train", "sample", "sched", "client", "rl", "jobs", "server", "cli", "plugin",
-            "market",
+            "lora", "train", "sample", "service", "client", "rl", "jobs", "server", "cli",
+            "plugin", "market",
         ],
     ),
     (
         "lora",
         &[
-            "train", "sample", "sched", "client", "rl", "jobs", "server", "cli", "plugin", "market",
+            "train", "sample", "service", "client", "rl", "jobs", "server", "cli", "plugin",
+            "market",
         ],
     ),
     (
         "train",
         &[
-            "sample", "sched", "client", "rl", "jobs", "server", "cli", "plugin", "market",
+            "sample", "service", "client", "rl", "jobs", "server", "cli", "plugin", "market",
         ],
     ),
     (
         "sample",
         &[
-            "train", "sched", "client", "rl", "jobs", "server", "cli", "plugin", "market",
+            "train", "service", "client", "rl", "jobs", "server", "cli", "plugin", "market",
         ],
     ),
-    ("sched", &["client", "rl", "jobs", "server", "cli"]),
+    ("service", &["client", "rl", "jobs", "server", "cli"]),
     ("client", &["rl", "jobs", "server", "cli"]),
     // The jobs a server runs: the RL driver's client, below the HTTP routes.
     ("jobs", &["server", "cli"]),
@@ -64,20 +65,20 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     (
         "rl",
         &[
-            "model", "lora", "train", "sample", "sched", "jobs", "server", "cli",
+            "model", "lora", "train", "sample", "service", "jobs", "server", "cli",
         ],
     ),
     (
         "plugin",
         &[
-            "model", "lora", "train", "sample", "sched", "rl", "server", "cli", "market",
+            "model", "lora", "train", "sample", "service", "rl", "server", "cli", "market",
         ],
     ),
     // The marketplace: beside the plugin host, whose descriptions it publishes; below the CLI.
     (
         "market",
         &[
-            "api", "model", "lora", "train", "sample", "sched", "client", "rl", "jobs", "server",
+            "api", "model", "lora", "train", "sample", "service", "client", "rl", "jobs", "server",
             "cli",
         ],
     ),
@@ -183,7 +184,7 @@ fn the_rl_driver_never_builds_plugins() {
     assert!(offences.is_empty(), "{}", offences.join("\n"));
 }
 
-/// A module of `host/src` by its path (`["sched", "trainer"]`; the crate root is `[]`).
+/// A module of `host/src` by its path (`["service", "trainer"]`; the crate root is `[]`).
 type ModPath = Vec<String>;
 
 /// Every module file of `src` (the library's: `main.rs` is a crate of its own) by module path.

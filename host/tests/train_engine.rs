@@ -13,7 +13,7 @@ use opentinker::lora::LoraConfig;
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, Transformer};
 use opentinker::plugin::{CallError, ErrorKind, HostConfig, Limits, Plugin, PluginHost};
-use opentinker::sched::{FairShare, PluginObjective, TrainerService};
+use opentinker::service::{FairShare, PluginObjective, TrainerService};
 use opentinker::train::{
     AdamParams, Datum, ExternalObjective, Loss, Objective, ObjectiveError, ObjectiveInput,
     ObjectiveLoss, StepReport, TrainError, TrainingEngine, WorkItem,
@@ -989,7 +989,7 @@ async fn a_failing_objective_plugin_fails_its_call_alone_and_leaves_its_adapter_
         }
         assert_eq!(good.await.unwrap()[0].logprobs.len(), 2, "{config}");
         let error = match bad.await {
-            Err(opentinker::sched::TrainerServiceError::Train(error)) => error,
+            Err(opentinker::service::TrainerServiceError::Train(error)) => error,
             other => panic!("{config}: {other:?}"),
         };
         let TrainError::Objective { source, .. } = &error else {

@@ -8,9 +8,9 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::jobs::JobQuotas;
-use crate::sched::{FairShare, TINY_MODEL_NAME};
 use crate::server::Tenants;
 use crate::server::{AppState, DEFAULT_POLL_WAIT, ServerConfig, serve};
+use crate::service::{FairShare, TINY_MODEL_NAME};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {

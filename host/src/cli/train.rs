@@ -11,7 +11,7 @@ use crate::client::TinyModelSpec;
 use crate::rl::Job;
 use crate::rl::SETTINGS;
 use crate::rl::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
-use crate::sched::TINY_MODEL_NAME;
+use crate::service::TINY_MODEL_NAME;
 
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {

@@ -21,8 +21,8 @@ use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Model, ModelConfig, Transformer};
 use crate::plugin::{Limits, Plugin};
 use crate::sample::{EngineConfig, PolicyRef, SamplingEngine};
-use crate::sched::convert::{self, sampler_error, train_error, trainer_error};
-use crate::sched::{ObjectivePlugins, SamplerService, ServedBase, TrainerService};
+use crate::service::convert::{self, sampler_error, train_error, trainer_error};
+use crate::service::{ObjectivePlugins, SamplerService, ServedBase, TrainerService};
 use crate::text::{ChatTemplate, Tokenizer};
 use crate::train::{FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
 

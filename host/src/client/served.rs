@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::ModelText;
 use super::local::LocalService;
 use crate::api::TenantId;
-use crate::sched::{ServedBase, TINY_MODEL_NAME};
+use crate::service::{ServedBase, TINY_MODEL_NAME};
 
 /// A server's served bases, for one tenant's job.
 #[derive(Clone)]

@@ -24,7 +24,7 @@ use crate::market::{LockFile, Locked};
 use crate::rl::METRICS;
 use crate::rl::{self, Engine, JobRun, Phase, Progress, StepMetrics, check_job_plugins};
 use crate::rl::{Job, SftSource, is_digest, is_package};
-use crate::sched::ServedBase;
+use crate::service::ServedBase;
 
 /// Events kept for a follower that falls behind; one that falls further reads the metrics file.
 const EVENT_BUFFER: usize = 1024;

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::AppState;
 use super::handling::Caller;
-use crate::sched::TenantUsage;
+use crate::service::TenantUsage;
 
 type Shared = Arc<AppState>;
 

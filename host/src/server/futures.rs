@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::journal::{AcceptedRequest, FinishedRequest, Journal, Outcome};
 use crate::api::{ApiError, ApiErrorKind, TenantId};
-use crate::sched::{Change, Hold};
+use crate::service::{Change, Hold};
 
 type Slot = watch::Receiver<Option<Arc<Outcome>>>;
 

@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 
 use super::{AppState, HttpError};
 use crate::api::{ApiError, ApiErrorKind, ModelId, Op, OpOutput, TenantId};
-use crate::sched::Change;
+use crate::service::Change;
 
 type Shared = Arc<AppState>;
 

@@ -13,7 +13,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::api::{
     ApiError, ApiErrorKind, LossId, ModelId, SamplerId, SessionId, TenantId, UserMetadata,
 };
-use crate::sched::{Change, SamplerRecord};
+use crate::service::{Change, SamplerRecord};
 use crate::store::database::open_database;
 use crate::store::unix_now;
 

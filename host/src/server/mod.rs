@@ -47,8 +47,8 @@ use crate::api::{ApiError, ApiErrorKind, TenantId};
 use crate::jobs::{
     JobQuotas, JobService, MemoryBudget, PluginStore, human_bytes, served_base_bytes,
 };
-use crate::sched::Change;
-use crate::sched::{
+use crate::service::Change;
+use crate::service::{
     FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
 };
 use futures::Futures;

@@ -35,7 +35,7 @@ use crate::api::{
     TenantId,
 };
 use crate::sample::TokenSink;
-use crate::sched::ServedBase;
+use crate::service::ServedBase;
 use crate::text::ChatMessage;
 
 type Shared = Arc<AppState>;

@@ -26,7 +26,7 @@ use super::{AppState, HttpError};
 use crate::api::{ApiError, Op, TenantId};
 use crate::jobs::StoredPlugin;
 use crate::plugin::Limits;
-use crate::sched::{names_a_plugin, objective_config};
+use crate::service::{names_a_plugin, objective_config};
 
 type Shared = Arc<AppState>;
 

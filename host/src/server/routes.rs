@@ -19,7 +19,7 @@ use crate::api::{
     ApiError, ApiErrorKind, CheckpointPath, LossId, ModelId, ModelInput, Op, OpOutput,
     SampleRequest, SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId, TenantId,
 };
-use crate::sched::Hold;
+use crate::service::Hold;
 use crate::wire::codec;
 
 type Shared = Arc<AppState>;

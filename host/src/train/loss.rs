@@ -23,7 +23,7 @@
 //! `clip_high_threshold`, so a stale or numerically drifted sample cannot dominate a step) and
 //! an optional penalty `kl_coeff` times the k3 estimate of KL(sampler ‖ learner). Its `q` is not
 //! the client's copy: the server takes it from the sequences it recorded when sampling
-//! (`record_stability_info`, resolved in `sched`), which is what keeps it stable off-policy.
+//! (`record_stability_info`, resolved in `service`), which is what keeps it stable off-policy.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

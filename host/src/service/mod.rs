@@ -26,15 +26,15 @@ mod custom_losses;
 mod export;
 mod fair;
 mod objectives;
+mod ops;
 mod sampler;
 mod sequences;
-mod service;
 mod trainer;
 mod usage;
 
 pub use base::{ServedBase, TINY_MODEL_NAME, tiny_model_dir};
 pub use objectives::{ObjectivePlugins, PluginObjective, names_a_plugin, objective_config};
+pub use ops::{Change, Executed, Hold, SamplerRecord, Service, ServiceConfig};
 pub use sampler::{SamplerService, SamplerServiceError};
-pub use service::{Change, Executed, Hold, SamplerRecord, Service, ServiceConfig};
 pub use trainer::{FairShare, TrainerService, TrainerServiceError};
 pub use usage::{TenantUsage, Usage};
