@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use opentinker::plugin::random_play::{PlayOptions, PlaySummary, play_random};
 use opentinker::plugin::{
-    EpisodeRecord, ErrorKind, HostConfig, Limits, Plugin, PluginHost, build::build_plugin,
+    EpisodeRecord, ErrorKind, HostConfig, Limits, Plugin, PluginHost, builders::build_plugin,
 };
 
 /// The repository root.

@@ -175,7 +175,7 @@ fn the_rl_driver_never_builds_plugins() {
         .iter()
         .filter(|file| {
             let text = std::fs::read_to_string(file).unwrap();
-            ["plugin::build", "Command::new(\"cargo", "rustup"]
+            ["plugin::builders", "Command::new(\"cargo", "rustup"]
                 .iter()
                 .any(|needle| text.contains(needle))
         })

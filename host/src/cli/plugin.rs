@@ -8,7 +8,7 @@ use clap::Subcommand;
 
 use super::HostArgs;
 use super::market::Kind;
-use crate::plugin::build::{build_plugin, component_path};
+use crate::plugin::builders::{build_plugin, component_path};
 use crate::plugin::random_play::{PlayOptions, PlaySummary, play_random};
 use crate::plugin::template::{TemplateLanguage, write_plugin};
 use crate::plugin::{Limits, PluginHost};

@@ -8,7 +8,7 @@
 
 mod agent;
 mod bindings;
-pub mod build;
+pub mod builders;
 mod cache;
 mod cache_file;
 pub mod compiler;
