@@ -230,13 +230,9 @@ fn answers_past_their_retention_are_pruned_from_the_database() {
         "1",
     ]);
     let answered = || -> i64 {
-        let db = rusqlite::Connection::open(
-            server
-                .data
-                .path()
-                .join(opentinker::store::database::DATABASE_FILE),
-        )
-        .unwrap();
+        let db =
+            rusqlite::Connection::open(server.data.path().join(opentinker::store::DATABASE_FILE))
+                .unwrap();
         db.query_row(
             "SELECT COUNT(*) FROM requests WHERE finished = 1",
             [],
@@ -772,10 +768,7 @@ fn a_finished_or_idle_session_frees_its_models_and_samplers_for_good() {
 
     assert_eq!(finish(&server, &server.alice, &session).0, 200);
     assert_eq!(finish(&server, &server.alice, &session).0, 200);
-    let database = server
-        .data
-        .path()
-        .join(opentinker::store::database::DATABASE_FILE);
+    let database = server.data.path().join(opentinker::store::DATABASE_FILE);
     let (states, samplers): (i64, i64) = {
         let db = rusqlite::Connection::open(&database).unwrap();
         let states = db
@@ -874,10 +867,7 @@ fn a_models_latest_snapshot_samplers_are_kept_across_restarts_and_no_more() {
         let answer = result(server, submitted["request_id"].as_str().unwrap());
         answer["sampling_session_id"].as_str().unwrap().to_string()
     };
-    let database = server
-        .data
-        .path()
-        .join(opentinker::store::database::DATABASE_FILE);
+    let database = server.data.path().join(opentinker::store::DATABASE_FILE);
     let rows = || -> i64 {
         let db = rusqlite::Connection::open(&database).unwrap();
         db.query_row("SELECT count(*) FROM samplers", [], |r| r.get(0))

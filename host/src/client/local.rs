@@ -13,8 +13,8 @@ use candle_core::DType;
 
 use super::{ModelText, SamplingClient, ServiceClient, TrainingClient};
 use crate::api::{
-    AdamParams, ApiError, ApiErrorKind, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig,
-    ModelInput, OptimStepOutput, SampleResponse, SamplingParams, TenantId,
+    AdamParams, ApiError, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig, ModelInput,
+    OptimStepOutput, SampleResponse, SamplingParams, TenantId,
 };
 use crate::lora::{AdapterRegistry, PolicyVersion};
 use crate::model::tiny::{TinyShape, init_tiny};
@@ -292,7 +292,8 @@ impl TrainingClient for FullParameterTrainer {
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        forward(&self.trainer, self.work_item(&input)?, input.loss_fn).await
+        let item = self.work_item(&input)?;
+        train_call(&self.trainer, &self.tenant, item, input.loss_fn, true).await
     }
 
     async fn forward_backward(
@@ -300,11 +301,12 @@ impl TrainingClient for FullParameterTrainer {
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
         let item = self.work_item(&input)?;
-        forward_backward(&self.trainer, &self.tenant, item, input.loss_fn).await
+        train_call(&self.trainer, &self.tenant, item, input.loss_fn, false).await
     }
 
     async fn optim_step(&self, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
-        optim_step(&self.trainer, FULL_PARAMETERS, params).await
+        let step = convert::run_optim_step(&self.trainer, FULL_PARAMETERS, params, |_, _| Ok(()));
+        Ok(step.await?.0)
     }
 
     async fn save_weights_and_get_sampling_client(
@@ -463,7 +465,9 @@ impl TrainingClient for LocalTraining {
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        forward(&self.served.trainer, self.work_item(&input)?, input.loss_fn).await
+        let item = self.work_item(&input)?;
+        let (trainer, tenant) = (&self.served.trainer, &self.served.tenant);
+        train_call(trainer, tenant, item, input.loss_fn, true).await
     }
 
     async fn forward_backward(
@@ -472,11 +476,13 @@ impl TrainingClient for LocalTraining {
     ) -> Result<ForwardBackwardOutput, ApiError> {
         let item = self.work_item(&input)?;
         let (trainer, tenant) = (&self.served.trainer, &self.served.tenant);
-        forward_backward(trainer, tenant, item, input.loss_fn).await
+        train_call(trainer, tenant, item, input.loss_fn, false).await
     }
 
     async fn optim_step(&self, params: AdamParams) -> Result<OptimStepOutput, ApiError> {
-        optim_step(&self.served.trainer, &self.adapter, params).await
+        let trainer = &self.served.trainer;
+        let step = convert::run_optim_step(trainer, &self.adapter, params, |_, _| Ok(()));
+        Ok(step.await?.0)
     }
 
     async fn save_weights_and_get_sampling_client(
@@ -565,56 +571,14 @@ impl SamplingClient for LocalSampling {
     }
 }
 
-/// A `forward` of one work item on the training loop.
-async fn forward(
-    trainer: &TrainerService,
-    item: WorkItem,
-    loss_fn: String,
-) -> Result<ForwardBackwardOutput, ApiError> {
-    let outputs = trainer
-        .with(move |e| e.forward(&[item]))
-        .await
-        .map_err(trainer_error)?
-        .map_err(train_error)?;
-    only_output(loss_fn, outputs)
-}
-
-/// A `forward_backward` of one work item for `tenant`, fused with the other calls of its cycle.
-async fn forward_backward(
+/// A `forward` (`forward_only`) or `forward_backward` of one work item of a local client.
+async fn train_call(
     trainer: &TrainerService,
     tenant: &str,
     item: WorkItem,
     loss_fn: String,
+    forward_only: bool,
 ) -> Result<ForwardBackwardOutput, ApiError> {
-    let outputs = trainer
-        .forward_backward_for(tenant, vec![item])
-        .await
-        .map_err(trainer_error)?;
-    only_output(loss_fn, outputs)
-}
-
-/// The one output of a call of one work item.
-fn only_output(
-    loss_fn: String,
-    mut outputs: Vec<crate::train::ItemOutput>,
-) -> Result<ForwardBackwardOutput, ApiError> {
-    let output = outputs
-        .pop()
-        .ok_or_else(|| ApiError::new(ApiErrorKind::Internal, "the engine returned no output"))?;
-    Ok(convert::forward_output(loss_fn, output))
-}
-
-async fn optim_step(
-    trainer: &TrainerService,
-    adapter: &str,
-    params: AdamParams,
-) -> Result<OptimStepOutput, ApiError> {
-    convert::check_adam(&params)?;
-    let id = adapter.to_string();
-    let report = trainer
-        .with(move |e| e.optim_step(&id, &params))
-        .await
-        .map_err(trainer_error)?
-        .map_err(train_error)?;
-    Ok(convert::optim_output(report))
+    let call = convert::run_forward_backward(trainer, tenant, item, loss_fn, forward_only, |_| ());
+    Ok(call.await?.0)
 }

@@ -19,7 +19,7 @@ pub use save::{save_model_dir, write_model_files};
 pub use site::{Site, Target};
 pub use transformer::Transformer;
 
-use crate::text::{ChatTemplate, Tokenizer, tokenizer};
+use crate::text::{ChatTemplate, Tokenizer, TokenizerError, special_token};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -28,7 +28,7 @@ pub enum ModelError {
     #[error(transparent)]
     Weights(#[from] transformer::WeightsError),
     #[error(transparent)]
-    Tokenizer(#[from] tokenizer::TokenizerError),
+    Tokenizer(#[from] TokenizerError),
     #[error("chat template of {path}: {message}")]
     ChatTemplate { path: String, message: String },
     #[error("{0}")]
@@ -95,8 +95,8 @@ fn load_chat_template(dir: &Path) -> Result<Option<ChatTemplate>, ModelError> {
     let Some(source) = source else {
         return Ok(None);
     };
-    let bos = tokenizer::special_token(&config, "bos_token").unwrap_or_default();
-    let eos = tokenizer::special_token(&config, "eos_token").unwrap_or_default();
+    let bos = special_token(&config, "bos_token").unwrap_or_default();
+    let eos = special_token(&config, "eos_token").unwrap_or_default();
     ChatTemplate::new(&source, &bos, &eos)
         .map(Some)
         .map_err(|e| ModelError::ChatTemplate {

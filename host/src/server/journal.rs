@@ -14,7 +14,7 @@ use crate::api::{
     ApiError, ApiErrorKind, LossId, ModelId, SamplerId, SessionId, TenantId, UserMetadata,
 };
 use crate::service::{Change, SamplerRecord};
-use crate::store::database::open_database;
+use crate::store::open_database;
 use crate::store::unix_now;
 
 /// A finished op's answer body, as recorded and as answered.

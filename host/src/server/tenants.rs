@@ -13,7 +13,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sha2::Sha256;
 
 use crate::api::{ApiError, TenantId};
-use crate::store::database::open_database;
+use crate::store::open_database;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TenantError {
@@ -102,7 +102,7 @@ impl Tenants {
     /// Open the tenants of a server that has run in `data`, refusing a folder without its
     /// database (a mistyped `--data` would otherwise get an empty one).
     pub fn open_existing(data: &Path) -> Result<Self, TenantError> {
-        if !data.join(crate::store::database::DATABASE_FILE).is_file() {
+        if !data.join(crate::store::DATABASE_FILE).is_file() {
             return Err(TenantError::NoDatabase(data.display().to_string()));
         }
         Self::open(data)
@@ -207,7 +207,7 @@ impl Tenants {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::database::DATABASE_FILE;
+    use crate::store::DATABASE_FILE;
 
     #[test]
     fn a_key_authenticates_its_tenant_only_and_is_not_stored() {

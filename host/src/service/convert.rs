@@ -1,6 +1,7 @@
 //! The op API's values as the engines take them, checked, and the engines' answers and errors as
-//! the API gives them back. The service and the in-process client share these, so a datum, a
-//! LoRA config or a sample request means the same whoever sends it.
+//! the API gives them back; and the training ops of one work item on a base's loop
+//! ([`run_forward_backward`], [`run_optim_step`]). The service and the in-process client share
+//! these, so a datum, a LoRA config, a sample request or a step means the same whoever sends it.
 
 use std::collections::BTreeMap;
 
@@ -12,10 +13,11 @@ use crate::api::{
 use crate::model::ModelConfig;
 use crate::sample;
 use crate::train::{
-    self, CompiledLoss, InputTensor, ItemOutput, Loss, StepReport, TrainError, WorkItem,
+    self, CompiledLoss, InputTensor, ItemOutput, Loss, StepReport, TrainError, TrainingEngine,
+    WorkItem,
 };
 
-use super::{SamplerServiceError, TrainerServiceError};
+use super::{SamplerServiceError, TrainerService, TrainerServiceError};
 
 /// The LoRA alpha of adapters whose config gives none (Tinker's).
 const LORA_ALPHA: f64 = 32.0;
@@ -436,4 +438,55 @@ pub fn sampler_error(error: SamplerServiceError) -> ApiError {
         SamplerServiceError::Stopped => ApiError::new(ApiErrorKind::Unavailable, error.to_string()),
         _ => ApiError::internal(error.to_string()),
     }
+}
+
+/// A `forward` (`forward_only`) or a `forward_backward` of `item` for `tenant` on `trainer`, fused
+/// with the other calls of its cycle, answered as the API's output for `loss_fn`. After a
+/// `forward_backward`, `then` runs on the engine in the same cycle (so that what it reads is this
+/// call's result); its answer is `None` after a `forward`, or when the call failed.
+pub async fn run_forward_backward<T: Send + 'static>(
+    trainer: &TrainerService,
+    tenant: &str,
+    item: WorkItem,
+    loss_fn: String,
+    forward_only: bool,
+    then: impl FnOnce(&mut TrainingEngine) -> T + Send + 'static,
+) -> Result<(ForwardBackwardOutput, Option<T>), ApiError> {
+    let (mut outputs, after) = if forward_only {
+        let outputs = trainer
+            .with(move |e| e.forward(&[item]))
+            .await
+            .map_err(trainer_error)?
+            .map_err(train_error)?;
+        (outputs, None)
+    } else {
+        trainer
+            .forward_backward_then(tenant, vec![item], then)
+            .await
+            .map_err(trainer_error)?
+    };
+    let output = outputs
+        .pop()
+        .ok_or_else(|| ApiError::internal("the engine returned no output"))?;
+    Ok((forward_output(loss_fn, output), after))
+}
+
+/// An `optim_step` of `adapter` on `trainer` (its settings checked first), then `then` on the
+/// engine in the same exclusive call, answered with Tinker's metrics.
+pub async fn run_optim_step<T: Send + 'static>(
+    trainer: &TrainerService,
+    adapter: &str,
+    params: AdamParams,
+    then: impl FnOnce(&mut TrainingEngine, &str) -> Result<T, ApiError> + Send + 'static,
+) -> Result<(OptimStepOutput, T), ApiError> {
+    check_adam(&params)?;
+    let adapter = adapter.to_string();
+    let (report, after) = trainer
+        .with(move |e| {
+            let report = e.optim_step(&adapter, &params).map_err(train_error)?;
+            Ok::<_, ApiError>((report, then(e, &adapter)?))
+        })
+        .await
+        .map_err(trainer_error)??;
+    Ok((optim_output(report), after))
 }

@@ -1629,28 +1629,17 @@ async fn forward_backward(
     forward_only: bool,
 ) -> Result<(ForwardBackwardOutput, Option<Vec<u8>>), ApiError> {
     let item = work_item(model, &input, loss)?;
-    let trainer = &model.base.trainer;
-    let (mut outputs, state) = if forward_only {
-        let outputs = trainer
-            .with(move |e| e.forward(&[item]))
-            .await
-            .map_err(trainer_error)?
-            .map_err(train_error)?;
-        (outputs, None)
-    } else {
-        let adapter = model.adapter.clone();
-        let (outputs, state) = trainer
-            .forward_backward_then(model.tenant.as_str(), vec![item], move |e| {
-                encoded_state(e, &adapter)
-            })
-            .await
-            .map_err(trainer_error)?;
-        (outputs, state.and_then(Result::ok))
-    };
-    let output = outputs
-        .pop()
-        .ok_or_else(|| ApiError::internal("the engine returned no output"))?;
-    Ok((convert::forward_output(input.loss_fn, output), state))
+    let adapter = model.adapter.clone();
+    let (output, state) = convert::run_forward_backward(
+        &model.base.trainer,
+        model.tenant.as_str(),
+        item,
+        input.loss_fn,
+        forward_only,
+        move |e| encoded_state(e, &adapter),
+    )
+    .await?;
+    Ok((output, state.and_then(Result::ok)))
 }
 
 /// An `optim_step`, with the model's training state after it.
@@ -1658,18 +1647,8 @@ async fn optim_step(
     model: &TrainedModel,
     params: AdamParams,
 ) -> Result<(OptimStepOutput, Vec<u8>), ApiError> {
-    convert::check_adam(&params)?;
-    let adapter = model.adapter.clone();
-    let (report, state) = model
-        .base
-        .trainer
-        .with(move |e| {
-            let report = e.optim_step(&adapter, &params).map_err(train_error)?;
-            Ok::<_, ApiError>((report, encoded_state(e, &adapter)?))
-        })
-        .await
-        .map_err(trainer_error)??;
-    Ok((convert::optim_output(report), state))
+    let trainer = &model.base.trainer;
+    convert::run_optim_step(trainer, &model.adapter, params, |e, a| encoded_state(e, a)).await
 }
 
 async fn sample_with(

@@ -1,7 +1,11 @@
 //! Durable files: every write of state goes to a temporary name in the same folder, is fsynced,
 //! then renamed over the destination, so a crash leaves the old file or the new one, never half.
+//! The server's SQLite database ([`DATABASE_FILE`], opened by [`open_database`]) is the one
+//! store that is not a file of its own.
 
-pub mod database;
+mod database;
+
+pub use database::{DATABASE_FILE, open_database};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

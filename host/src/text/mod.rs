@@ -2,8 +2,8 @@
 //! from its directory) and beside it for a client: the RL driver renders conversations with
 //! these alone, as the tinker-cookbook's renderers hold a tokenizer and no model.
 
-pub mod chat;
-pub mod tokenizer;
+mod chat;
+mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{Tokenizer, TokenizerError, special_token};

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::api::TenantId;
-use crate::store::database::open_database;
+use crate::store::open_database;
 
 pub struct Owners {
     db: Mutex<Connection>,
