@@ -74,6 +74,14 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "model", "lora", "train", "sample", "service", "rl", "server", "cli", "market",
         ],
     ),
+    // Durable files and the database: the floor every stateful module stands on.
+    (
+        "store",
+        &[
+            "api", "text", "wire", "model", "lora", "train", "sample", "service", "client", "rl",
+            "jobs", "server", "cli", "plugin", "market",
+        ],
+    ),
     // The marketplace: beside the plugin host, whose descriptions it publishes; below the CLI.
     (
         "market",
@@ -147,6 +155,39 @@ fn every_module_imports_only_the_layers_below_it() {
                 if forbidden.contains(&name.as_str()) {
                     offences.push(format!("{} names crate::{name}", file.display()));
                 }
+            }
+        }
+    }
+    assert!(offences.is_empty(), "{}", offences.join("\n"));
+}
+
+/// The guest side never links the host: the Rust SDK and every plugin crate depend on the SDK
+/// (and crates.io), never on the `opentinker` package, so that a plugin builds for wasm32 alone
+/// and the contract is the WIT, not the host's types.
+#[test]
+fn the_sdk_and_the_plugins_never_depend_on_the_host() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut manifests = vec![root.join("sdk/rust/Cargo.toml")];
+    let mut stack = vec![root.join("plugins")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap_or_default();
+            if path.is_dir() && name != "target" && name != "node_modules" {
+                stack.push(path);
+            } else if name == "Cargo.toml" {
+                manifests.push(path);
+            }
+        }
+    }
+    assert!(manifests.len() > 5, "{manifests:?}");
+    let mut offences = Vec::new();
+    for manifest in &manifests {
+        let table: toml::Table = std::fs::read_to_string(manifest).unwrap().parse().unwrap();
+        for section in ["dependencies", "dev-dependencies", "build-dependencies"] {
+            let names = table.get(section).and_then(|s| s.as_table());
+            if names.is_some_and(|names| names.contains_key("opentinker")) {
+                offences.push(format!("{} [{section}] names opentinker", manifest.display()));
             }
         }
     }
