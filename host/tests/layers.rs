@@ -187,7 +187,10 @@ fn the_sdk_and_the_plugins_never_depend_on_the_host() {
         for section in ["dependencies", "dev-dependencies", "build-dependencies"] {
             let names = table.get(section).and_then(|s| s.as_table());
             if names.is_some_and(|names| names.contains_key("opentinker")) {
-                offences.push(format!("{} [{section}] names opentinker", manifest.display()));
+                offences.push(format!(
+                    "{} [{section}] names opentinker",
+                    manifest.display()
+                ));
             }
         }
     }

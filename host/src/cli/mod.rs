@@ -1,6 +1,6 @@
 //! The `opentinker` command line: argument parsing and dispatch to one module per subcommand.
 
-mod jobs;
+mod job_files;
 mod market;
 mod model;
 mod plugin;

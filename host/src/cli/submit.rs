@@ -108,7 +108,7 @@ pub fn run_submit(args: SubmitArgs) -> anyhow::Result<()> {
     };
     let text = std::fs::read_to_string(&args.job)
         .with_context(|| format!("reading {}", args.job.display()))?;
-    super::jobs::build_plugins(
+    super::job_files::build_plugins(
         &args.job,
         &mut job,
         &args.packages,

@@ -94,7 +94,12 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     // Every file checked: now build the plugins given as source folders.
     let mut jobs = jobs;
     for (path, job) in &mut jobs {
-        super::jobs::build_plugins(path, job, &args.packages, super::market::Unpinned::Install)?;
+        super::job_files::build_plugins(
+            path,
+            job,
+            &args.packages,
+            super::market::Unpinned::Install,
+        )?;
     }
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -57,7 +57,7 @@ pub struct ReplayArgs {
 }
 
 pub fn run_play(args: PlayArgs) -> anyhow::Result<()> {
-    let job = super::jobs::load_and_build(&args.job, &args.packages)?;
+    let job = super::job_files::load_and_build(&args.job, &args.packages)?;
     let adapters = match (args.adapter, args.checkpoint) {
         (Some(dir), _) => AdapterChoice::Dir(dir),
         (None, Some(steps)) => AdapterChoice::Checkpoint(steps),
@@ -184,7 +184,7 @@ fn summary_line(player: usize, summary: &Evaluation) -> String {
 
 pub fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     let job_file = watch::replay_job_file(&args.rollouts, args.job.as_deref())?;
-    let job = super::jobs::load_and_build(&job_file, &args.packages)?;
+    let job = super::job_files::load_and_build(&job_file, &args.packages)?;
     let replayed = super::runtime(2)?.block_on(watch::replay(&job, &args.rollouts, args.index))?;
     let what = format!(
         "step {} group {} episode {} (seed {})",
