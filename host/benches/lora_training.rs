@@ -42,11 +42,7 @@ fn child(dir: &Path, batch: usize, length: usize, steps: usize) -> anyhow::Resul
         },
     )?;
     let datums = support::datums(batch, length, vocab);
-    let item = WorkItem {
-        adapter: "bench".into(),
-        datums,
-        loss: Loss::CrossEntropy,
-    };
+    let item = WorkItem::new("bench", datums, Loss::CrossEntropy);
     let mut step = || -> anyhow::Result<()> {
         engine.forward_backward(std::slice::from_ref(&item))?;
         engine.optim_step("bench", &AdamParams::default())?;

@@ -47,11 +47,7 @@ fn child(mode: &str, dir: &Path, batch: usize, length: usize) -> anyhow::Result<
         (engine, "bench".to_string())
     };
     let datums = support::datums(batch, length, vocab);
-    let item = WorkItem {
-        adapter: id.clone(),
-        datums,
-        loss: Loss::CrossEntropy,
-    };
+    let item = WorkItem::new(id.clone(), datums, Loss::CrossEntropy);
     engine.forward_backward(std::slice::from_ref(&item))?;
     engine.discard_gradients(&id)?;
     let started = Instant::now();

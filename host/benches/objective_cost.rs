@@ -85,11 +85,7 @@ fn main() -> anyhow::Result<()> {
         runtime.handle().clone(),
     )));
     let mut step = |loss: &Loss| -> anyhow::Result<f64> {
-        let item = WorkItem {
-            adapter: "bench".into(),
-            datums: datums.clone(),
-            loss: loss.clone(),
-        };
+        let item = WorkItem::new("bench", datums.clone(), loss.clone());
         let started = Instant::now();
         engine.forward_backward(std::slice::from_ref(&item))?;
         engine.optim_step("bench", &AdamParams::default())?;

@@ -25,16 +25,16 @@ fn main() -> anyhow::Result<()> {
     let tokens = model.tokenizer.encode(text)?;
     anyhow::ensure!(tokens.len() >= 2, "the text needs at least two tokens");
     let n = tokens.len() - 1;
-    let item = WorkItem {
-        adapter: "sft".into(),
-        datums: vec![Datum {
+    let item = WorkItem::new(
+        "sft",
+        vec![Datum {
             input_tokens: tokens[..n].to_vec(),
             target_tokens: tokens[1..].to_vec(),
             mask: vec![1.0; n],
             ..Datum::default()
         }],
-        loss: Loss::CrossEntropy,
-    };
+        Loss::CrossEntropy,
+    );
     let mut engine = TrainingEngine::new(Arc::new(model.transformer), DType::F32);
     engine.add_adapter(
         "sft",

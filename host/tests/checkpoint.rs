@@ -70,11 +70,7 @@ fn datum() -> Datum {
 }
 
 fn train_item(id: &str) -> WorkItem {
-    WorkItem {
-        adapter: id.into(),
-        datums: vec![datum()],
-        loss: Loss::CrossEntropy,
-    }
+    WorkItem::new(id, vec![datum()], Loss::CrossEntropy)
 }
 
 #[test]

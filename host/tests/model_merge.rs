@@ -28,9 +28,9 @@ fn trained_adapter(base: &Model, dir: &Path) {
     };
     engine.add_adapter("a", config).unwrap();
     let tokens: Vec<u32> = (0..25).map(|i| (i * 37 + 11) % 500 + 3).collect();
-    let work = [WorkItem {
-        adapter: "a".into(),
-        datums: vec![Datum {
+    let work = [WorkItem::new(
+        "a",
+        vec![Datum {
             input_tokens: tokens[..24].to_vec(),
             target_tokens: tokens[1..].to_vec(),
             mask: vec![1.0; 24],
@@ -40,8 +40,8 @@ fn trained_adapter(base: &Model, dir: &Path) {
             ratio_mask: None,
             inputs: Default::default(),
         }],
-        loss: Loss::CrossEntropy,
-    }];
+        Loss::CrossEntropy,
+    )];
     let params = AdamParams {
         learning_rate: 1e-2,
         ..AdamParams::default()

@@ -49,16 +49,16 @@ fn setup() -> Setup {
 
 fn train(trainer: &mut TrainingEngine, id: &str, steps: usize) {
     let tokens: Vec<u32> = (0..33).map(|i| (i * 11 + 7) % 500 + 3).collect();
-    let item = WorkItem {
-        adapter: id.into(),
-        datums: vec![Datum {
+    let item = WorkItem::new(
+        id,
+        vec![Datum {
             input_tokens: tokens[..32].to_vec(),
             target_tokens: tokens[1..].to_vec(),
             mask: vec![1.0; 32],
             ..Datum::default()
         }],
-        loss: Loss::CrossEntropy,
-    };
+        Loss::CrossEntropy,
+    );
     for _ in 0..steps {
         trainer
             .forward_backward(std::slice::from_ref(&item))
@@ -291,11 +291,7 @@ fn sampler_logprobs_agree_with_the_trainer_forward() {
         };
         let trainer_logprobs = match policy {
             Some(_) => {
-                let item = WorkItem {
-                    adapter: "b".into(),
-                    datums: vec![datum],
-                    loss: Loss::CrossEntropy,
-                };
+                let item = WorkItem::new("b", vec![datum], Loss::CrossEntropy);
                 setup
                     .trainer
                     .forward(&[item])

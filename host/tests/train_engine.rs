@@ -62,11 +62,11 @@ fn datum(seed: u32, n: usize, rl: bool) -> Datum {
 
 fn item(adapter: &str, loss: Loss, seeds: &[u32], n: usize) -> WorkItem {
     let rl = loss != Loss::CrossEntropy;
-    WorkItem {
-        adapter: adapter.into(),
-        datums: seeds.iter().map(|&s| datum(s, n, rl)).collect(),
+    WorkItem::new(
+        adapter,
+        seeds.iter().map(|&s| datum(s, n, rl)).collect(),
         loss,
-    }
+    )
 }
 
 fn config(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {

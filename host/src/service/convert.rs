@@ -111,6 +111,14 @@ pub fn engine_datum(
             TensorValues::Float32(values) => values.clone(),
             TensorValues::Int64(values) => values.iter().map(|&v| v as f32).collect(),
         };
+        let cells: usize = tensor.shape.iter().product();
+        if cells != values.len() {
+            return Err(bad(format!(
+                "loss_fn_inputs[{name:?}] has {} values for its shape {:?}",
+                values.len(),
+                tensor.shape
+            )));
+        }
         let input = InputTensor {
             shape: tensor.shape.clone(),
             values,
@@ -221,11 +229,8 @@ pub fn work_item(
                 .map_err(|e| ApiError::invalid(format!("datum {i}: the custom loss: {e}")))?;
         }
     }
-    Ok(WorkItem {
-        adapter: adapter.to_string(),
-        datums,
-        loss,
-    })
+    // Every check the engine would make is made above, in the API's words.
+    Ok(WorkItem::checked(adapter, datums, loss))
 }
 
 /// The answer to a `forward` / `forward_backward` of loss `loss_fn` from the engine's output.

@@ -370,14 +370,7 @@ impl Divisible for Remaining {
                 taken.push(item.datums.remove(0));
             }
             if !taken.is_empty() {
-                slice.pieces.push((
-                    *index,
-                    WorkItem {
-                        adapter: item.adapter.clone(),
-                        datums: taken,
-                        loss: item.loss.clone(),
-                    },
-                ));
+                slice.pieces.push((*index, item.part(taken)));
             }
             if !item.datums.is_empty() {
                 break;

@@ -62,6 +62,43 @@ pub struct WorkItem {
     pub adapter: AdapterId,
     pub datums: Vec<Datum>,
     pub loss: Loss,
+    /// The datums were checked against this engine's model where the request arrived (the
+    /// service's conversion checks every datum of the op API, with the API's words): the engine
+    /// does not check them again. An item made with [`WorkItem::new`] is checked here.
+    checked: bool,
+}
+
+impl WorkItem {
+    /// `datums` of `adapter` under `loss`; the engine checks each datum (lengths, vocabulary,
+    /// the custom loss's inputs) before any pass, refusing the call with [`TrainError::BadDatum`].
+    pub fn new(adapter: impl Into<AdapterId>, datums: Vec<Datum>, loss: Loss) -> Self {
+        WorkItem {
+            adapter: adapter.into(),
+            datums,
+            loss,
+            checked: false,
+        }
+    }
+
+    /// An item whose every datum the caller has checked as [`TrainingEngine`] would, against
+    /// the same model: the service's conversion of an op, so that a datum is validated once.
+    pub(crate) fn checked(adapter: impl Into<AdapterId>, datums: Vec<Datum>, loss: Loss) -> Self {
+        WorkItem {
+            checked: true,
+            ..WorkItem::new(adapter, datums, loss)
+        }
+    }
+
+    /// An item of the same adapter and loss, checked as this one was, over `datums` (a part of
+    /// this item's: a pass of a split call, a slice of a fair share).
+    pub fn part(&self, datums: Vec<Datum>) -> Self {
+        WorkItem {
+            adapter: self.adapter.clone(),
+            datums,
+            loss: self.loss.clone(),
+            checked: self.checked,
+        }
+    }
 }
 
 /// What `forward` / `forward_backward` return for one work item.
@@ -580,11 +617,7 @@ impl TrainingEngine {
                     (Some(&from), Some(part)) if from == i => part.datums.push(datum.clone()),
                     _ => {
                         pass.from.push(i);
-                        pass.items.push(WorkItem {
-                            adapter: item.adapter.clone(),
-                            datums: vec![datum.clone()],
-                            loss: item.loss.clone(),
-                        });
+                        pass.items.push(item.part(vec![datum.clone()]));
                     }
                 }
                 tokens += length;
@@ -603,6 +636,9 @@ impl TrainingEngine {
         for (i, item) in items.iter().enumerate() {
             if !self.slots.contains_key(&item.adapter) {
                 return Err(TrainError::UnknownAdapter(item.adapter.clone()));
+            }
+            if item.checked {
+                continue;
             }
             for (d, datum) in item.datums.iter().enumerate() {
                 check_datum(datum, vocab).map_err(|problem| TrainError::BadDatum {
