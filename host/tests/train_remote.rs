@@ -54,36 +54,19 @@ fn metrics(run: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-#[test]
-fn a_job_trained_on_a_server_matches_the_same_job_in_process_and_keeps_its_checkpoints_there() {
-    let server = start_server();
-    let dir = tempfile::tempdir().unwrap();
-    let job = job(dir.path(), false);
-    let (local, remote) = (dir.path().join("local"), dir.path().join("remote"));
-    train(&[job.as_os_str(), "--out".as_ref(), local.as_os_str()]).unwrap();
-    let output = train(&[
-        job.as_os_str(),
-        "--out".as_ref(),
-        remote.as_os_str(),
-        "--server".as_ref(),
-        server.url.as_ref(),
-        "--api-key".as_ref(),
-        server.alice.as_ref(),
-    ])
-    .unwrap_or_else(|text| panic!("train --server failed:\n{text}"));
-    println!("{output}");
-
-    // A LoRA warm-up, then RL with a signal (episodes that differ, so datums to train on).
-    let (local_lines, remote_lines) = (metrics(&local), metrics(&remote));
-    assert_eq!(remote_lines.len(), 32, "{remote_lines:?}");
+/// The runs in `local` and `remote` (each of `lines` metric lines) did the same work: RL with a
+/// signal (episodes that differ, so datums to train on); and, from the same seeds, the same
+/// batch-invariant sampler and passes that hold each call whole on both sides, the same
+/// episodes and, up to float rounding, the same losses at every step, and the same evaluation.
+fn the_same_run(local: &Path, remote: &Path, lines: usize) {
+    let (local_lines, remote_lines) = (metrics(local), metrics(remote));
+    assert_eq!(remote_lines.len(), lines, "{remote_lines:?}");
     assert_eq!(local_lines.len(), remote_lines.len());
     let rl: Vec<_> = remote_lines.iter().filter(|l| l["phase"] == "rl").collect();
     assert!(
         rl.iter().any(|l| l["tokens"].as_f64() > Some(0.0)),
         "{rl:?}"
     );
-    // The same seeds, the same batch-invariant sampler, and passes that hold each call whole on
-    // both sides: the same episodes and, up to float rounding, the same losses at every step.
     for (l, r) in local_lines.iter().zip(&remote_lines) {
         assert_eq!(l["phase"], r["phase"]);
         assert_eq!(l["reward_mean"], r["reward_mean"], "{l}\n{r}");
@@ -94,7 +77,37 @@ fn a_job_trained_on_a_server_matches_the_same_job_in_process_and_keeps_its_check
             "loss in process {l_loss}, on the server {r_loss}\n{l}\n{r}"
         );
     }
-    assert_eq!(local_lines[31]["eval"], remote_lines[31]["eval"]);
+    assert_eq!(
+        local_lines[lines - 1]["eval"],
+        remote_lines[lines - 1]["eval"]
+    );
+}
+
+/// `train JOB --out OUT --server URL --api-key KEY` against `server`.
+fn train_on(server: &server::Server, job: &Path, out: &Path) -> String {
+    train(&[
+        job.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+        "--server".as_ref(),
+        server.url.as_ref(),
+        "--api-key".as_ref(),
+        server.alice.as_ref(),
+    ])
+    .unwrap_or_else(|text| panic!("train --server failed:\n{text}"))
+}
+
+#[test]
+fn a_job_trained_on_a_server_matches_the_same_job_in_process_and_keeps_its_checkpoints_there() {
+    let server = start_server();
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path(), false);
+    let (local, remote) = (dir.path().join("local"), dir.path().join("remote"));
+    train(&[job.as_os_str(), "--out".as_ref(), local.as_os_str()]).unwrap();
+    println!("{}", train_on(&server, &job, &remote));
+
+    // A LoRA warm-up, then RL with a signal (episodes that differ, so datums to train on).
+    the_same_run(&local, &remote, 32);
 
     // Checkpoints name the server's copy; the adapter's files stay there.
     let checkpoint = remote.join("checkpoints/final/remote-checkpoint.json");
@@ -119,6 +132,42 @@ fn a_job_trained_on_a_server_matches_the_same_job_in_process_and_keeps_its_check
             .next()
             .is_some()
     );
+}
+
+/// A job whose RL loss is an objective plugin (`plugins/ppo-loss`, a source folder the CLI
+/// builds): `train --server` uploads its component, the server runs it in its passes, and the
+/// run matches the same job in process.
+#[test]
+fn a_plugin_loss_is_uploaded_and_run_by_the_server_as_in_process() {
+    let server = start_server();
+    let dir = tempfile::tempdir().unwrap();
+    let ppo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/ppo-loss");
+    let rl_extra = format!(
+        "loss = {{ plugin = {:?} }}\nloss_config = {{ clip_high_threshold = 1.1 }}",
+        ppo.canonicalize().unwrap()
+    );
+    let job = ArithmeticJob {
+        sft_steps: 30,
+        full_parameters: false,
+        rl_steps: 2,
+        rl_extra: Box::leak(rl_extra.into_boxed_str()),
+        sections: "",
+    }
+    .write(dir.path(), "job");
+    let (local, remote) = (dir.path().join("local"), dir.path().join("remote"));
+    train(&[job.as_os_str(), "--out".as_ref(), local.as_os_str()]).unwrap();
+    train_on(&server, &job, &remote);
+    the_same_run(&local, &remote, 32);
+    let (status, _, listed) = server::request(
+        &server.url,
+        "GET",
+        "/api/v1/plugins",
+        Some(&server.alice),
+        "application/json",
+        b"",
+    );
+    let listed = String::from_utf8_lossy(&listed);
+    assert!(status == 200 && listed.contains("objective"), "{listed}");
 }
 
 #[test]

@@ -417,7 +417,12 @@ impl ServiceClient for LocalService {
         })
     }
 
-    async fn objective_loss(&self, plugin: &Plugin, limits: &Limits) -> Result<String, ApiError> {
+    async fn objective_loss(
+        &self,
+        plugin: &Plugin,
+        _component: &Path,
+        limits: &Limits,
+    ) -> Result<String, ApiError> {
         self.0
             .objectives
             .lock()

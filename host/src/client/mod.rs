@@ -92,16 +92,18 @@ pub trait ServiceClient: Send + Sync {
     /// Samples of the base model with no adapter.
     fn base_sampling_client(&self) -> Arc<dyn SamplingClient>;
 
-    /// Take `plugin` (an objective) as a loss of this service's training clients, its calls
-    /// bounded by `limits`: the loss name `forward_backward` takes for it (the plugin's digest,
-    /// `sha256:HEX`), whose `loss_fn_config` becomes the plugin's config (a JSON object of the
-    /// numbers). A service that runs no plugins says so.
-    async fn objective_loss(&self, plugin: &Plugin, limits: &Limits) -> Result<String, ApiError> {
-        let _ = (plugin, limits);
-        Err(ApiError::invalid(
-            "this service runs no objective plugins: train in process for a plugin loss",
-        ))
-    }
+    /// Take `plugin` (an objective, loaded from the component file `component`) as a loss of
+    /// this service's training clients, its calls bounded by `limits`: the loss name
+    /// `forward_backward` takes for it (the plugin's digest, `sha256:HEX`), whose
+    /// `loss_fn_config` becomes the plugin's config (a JSON object of the numbers). An
+    /// in-process service keeps the loaded plugin; a remote one uploads the component, and the
+    /// server runs it under its own limits.
+    async fn objective_loss(
+        &self,
+        plugin: &Plugin,
+        component: &Path,
+        limits: &Limits,
+    ) -> Result<String, ApiError>;
 }
 
 /// One trainable adapter and its optimizer. Dropping the last handle frees it on the service.

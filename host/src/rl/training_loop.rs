@@ -232,8 +232,13 @@ pub(super) async fn train_job(
     }
     let loss = LossFn {
         name: match (&job.rl.loss, &cx.loss) {
-            (_, Some(plugin)) => service.objective_loss(plugin, &job.limits).await?,
-            (RlLoss::Builtin(loss), None) => loss.name().to_string(),
+            (RlLoss::Plugin(section), Some(plugin)) => {
+                let limits = &job.limits;
+                service
+                    .objective_loss(plugin, &section.plugin, limits)
+                    .await?
+            }
+            (RlLoss::Builtin(loss), _) => loss.name().to_string(),
             (RlLoss::Plugin(_), None) => anyhow::bail!("the job's loss plugin was not loaded"),
         },
         config: job.rl.loss_config.clone(),

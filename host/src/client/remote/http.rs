@@ -13,6 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::api::{ApiError, ApiErrorKind};
 
@@ -152,6 +153,29 @@ impl Connection {
                 reply => return Ok(reply),
             }
         }
+    }
+
+    /// Store the component `bytes` on the server (`POST /api/v1/plugins`, an opentinker
+    /// extension) unless it is there already; its digest (`sha256:HEX`) and whether it was
+    /// uploaded now.
+    pub async fn upload_plugin(&self, bytes: Vec<u8>) -> Result<(String, bool), ApiError> {
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+        match self.get(&format!("plugins/{digest}")).await {
+            Ok(_) => return Ok((digest, false)),
+            Err(error) if error.kind == ApiErrorKind::NotFound => {}
+            Err(error) => return Err(error),
+        }
+        let stored = self
+            .post("plugins", Body::Raw(bytes))
+            .await?
+            .json("plugins")?;
+        let answered = stored["digest"].as_str().unwrap_or_default();
+        if answered != digest {
+            return Err(ApiError::internal(format!(
+                "the server stored the plugin as {answered:?}, not {digest}"
+            )));
+        }
+        Ok((digest, true))
     }
 
     /// GET `path` as it comes (a file).

@@ -4,10 +4,9 @@
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use super::http::{Body, Connection};
-use crate::api::{ApiError, ApiErrorKind};
+use crate::api::ApiError;
 
 /// One tenant's jobs on one server.
 pub struct JobsClient {
@@ -25,24 +24,7 @@ impl JobsClient {
     /// Store the component `bytes` on the server unless it is there already; its digest
     /// (`sha256:HEX`) and whether it was uploaded now.
     pub async fn upload_plugin(&self, bytes: Vec<u8>) -> Result<(String, bool), ApiError> {
-        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
-        match self.connection.get(&format!("plugins/{digest}")).await {
-            Ok(_) => return Ok((digest, false)),
-            Err(error) if error.kind == ApiErrorKind::NotFound => {}
-            Err(error) => return Err(error),
-        }
-        let stored = self
-            .connection
-            .post("plugins", Body::Raw(bytes))
-            .await?
-            .json("plugins")?;
-        let answered = stored["digest"].as_str().unwrap_or_default();
-        if answered != digest {
-            return Err(ApiError::internal(format!(
-                "the server stored the plugin as {answered:?}, not {digest}"
-            )));
-        }
-        Ok((digest, true))
+        self.connection.upload_plugin(bytes).await
     }
 
     /// Submit the job file `text` (plugins named by digest) as `name`; the job's record.

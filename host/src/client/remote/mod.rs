@@ -27,6 +27,7 @@ use crate::api::{
     AdamParams, ApiError, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig, ModelInput,
     OptimStepOutput, SampleResponse, SamplingParams,
 };
+use crate::plugin::{Limits, Plugin, PluginKind};
 use crate::wire::codec;
 
 /// The file a checkpoint folder holds when its adapter was saved on a remote server.
@@ -189,6 +190,30 @@ impl ServiceClient for RemoteService {
             remote: Arc::clone(&self.0),
             session: OnceCell::new(),
         })
+    }
+
+    /// Upload the objective's component; the server loads it when a `forward_backward` names
+    /// its digest, and runs it under its own limits (not the job's).
+    async fn objective_loss(
+        &self,
+        plugin: &Plugin,
+        component: &Path,
+        _limits: &Limits,
+    ) -> Result<String, ApiError> {
+        if !plugin.description().kinds.contains(&PluginKind::Objective) {
+            return Err(ApiError::invalid(format!(
+                "plugin sha256:{} is not an objective",
+                plugin.digest()
+            )));
+        }
+        let bytes = tokio::fs::read(component).await.map_err(|e| {
+            ApiError::invalid(format!(
+                "reading the objective {}: {e}",
+                component.display()
+            ))
+        })?;
+        let (digest, _) = self.0.connection.upload_plugin(bytes).await?;
+        Ok(digest)
     }
 }
 
