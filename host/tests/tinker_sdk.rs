@@ -42,7 +42,10 @@ fn script_command_at(python: &Path, script: &str, server: &Server, url: &str) ->
             "OPENTINKER_TINY_MODEL",
             server.data.path().join("models/opentinker-tiny"),
         )
-        .env("PYTHONDONTWRITEBYTECODE", "1");
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        // A native library's fatal error (glibc's "free(): invalid pointer", say) goes to
+        // stderr, which the test prints, not to a terminal the test has not got.
+        .env("LIBC_FATAL_STDERR_", "1");
     command
 }
 
