@@ -584,6 +584,7 @@ async fn train_call(
     loss_fn: String,
     forward_only: bool,
 ) -> Result<ForwardBackwardOutput, ApiError> {
-    let call = convert::run_forward_backward(trainer, tenant, item, loss_fn, forward_only, |_| ());
+    let none = None::<fn(&mut TrainingEngine)>;
+    let call = convert::run_forward_backward(trainer, tenant, item, loss_fn, forward_only, none);
     Ok(call.await?.0)
 }

@@ -11,7 +11,8 @@
 //! An uploaded objective plugin is a loss of the Tinker wire: a `forward` / `forward_backward`
 //! whose `loss_fn` is `sha256:HEX` runs it under its `loss_fn_config` (checked against the
 //! plugin's schema before any work). [`prepare_objective`] loads it into the service the first
-//! time a call names it, and again after a restart, before a journalled call runs again.
+//! time a call names it; [`load_objective`] loads it again after a restart, before a journalled
+//! call runs again.
 
 use std::sync::Arc;
 
@@ -23,9 +24,9 @@ use axum::routing::get;
 
 use super::handling::Caller;
 use super::{AppState, HttpError};
-use crate::api::{ApiError, Op, TenantId};
+use crate::api::{ApiError, ForwardBackwardInput, Op, TenantId};
 use crate::jobs::StoredPlugin;
-use crate::plugin::Limits;
+use crate::plugin::{Limits, Plugin};
 use crate::service::{names_a_plugin, objective_config};
 
 type Shared = Arc<AppState>;
@@ -61,43 +62,57 @@ async fn list(
     Ok(Json(serde_json::json!({ "plugins": plugins })))
 }
 
-/// Make ready the objective plugin that `op` names as its loss, if it names one: load `tenant`'s
-/// upload of that digest into the service (once), and check the call's `loss_fn_config`
-/// against the plugin's schema. Another tenant's digest answers as an unknown one.
+/// Make ready the objective plugin that `op` names as its loss, if it names one, before the
+/// call is accepted: load it ([`load_objective`]) and check the call's `loss_fn_config` against
+/// the plugin's schema.
 pub async fn prepare_objective(
     state: &AppState,
     tenant: &TenantId,
     op: &Op,
 ) -> Result<(), ApiError> {
-    let Op::ForwardBackward { input, .. } = op else {
+    let Some((plugin, input)) = load_objective(state, tenant, op).await? else {
         return Ok(());
     };
     let name = &input.loss_fn;
-    if !names_a_plugin(name) {
-        return Ok(());
-    }
-    let limits = Limits::default();
-    let plugin = match state.service.objective(tenant, name) {
-        Some(plugin) => plugin,
-        None => {
-            let path = state.plugins.component(tenant, name).await?;
-            let plugin = state
-                .plugins
-                .host()
-                .load_file(&path)
-                .await
-                .map_err(|e| ApiError::invalid(format!("objective plugin {name}: {e}")))?;
-            let kept = state.service.keep_objective(tenant, &plugin, &limits)?;
-            if &kept != name {
-                return Err(ApiError::invalid(format!(
-                    "loss_fn {name:?}: name the plugin as {kept} (lowercase hex)"
-                )));
-            }
-            plugin
-        }
-    };
     plugin
-        .check_config(&objective_config(input), &limits)
+        .check_config(&objective_config(input), &Limits::default())
         .await
         .map_err(|e| ApiError::invalid(format!("loss_fn_config of objective {name}: {e}")))
+}
+
+/// The objective plugin that `op` names as its loss (with the call's input), loaded from
+/// `tenant`'s upload of that digest into the service the first time; `None` for any other op
+/// or loss. Another tenant's digest answers as an unknown one. An accepted call whose plugin
+/// left memory with a restart loads it here before it runs again.
+pub async fn load_objective<'op>(
+    state: &AppState,
+    tenant: &TenantId,
+    op: &'op Op,
+) -> Result<Option<(Plugin, &'op ForwardBackwardInput)>, ApiError> {
+    let Op::ForwardBackward { input, .. } = op else {
+        return Ok(None);
+    };
+    let name = &input.loss_fn;
+    if !names_a_plugin(name) {
+        return Ok(None);
+    }
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(ApiError::invalid(format!(
+            "loss_fn {name:?}: write the plugin's digest in lowercase hex"
+        )));
+    }
+    if let Some(plugin) = state.service.objective(tenant, name) {
+        return Ok(Some((plugin, input)));
+    }
+    let path = state.plugins.component(tenant, name).await?;
+    let plugin = state
+        .plugins
+        .host()
+        .load_file(&path)
+        .await
+        .map_err(|e| ApiError::invalid(format!("objective plugin {name}: {e}")))?;
+    state
+        .service
+        .keep_objective(tenant, &plugin, &Limits::default())?;
+    Ok(Some((plugin, input)))
 }

@@ -542,8 +542,9 @@ pub fn work(
 ) -> impl std::future::Future<Output = Finished> + Send + 'static {
     let (state, tenant) = (Arc::clone(state), tenant.clone());
     async move {
-        // A journalled call runs again after a restart, before any call has loaded its plugin.
-        if let Err(error) = plugins::prepare_objective(&state, &tenant, &op).await {
+        // A journalled call runs again after a restart, before any call has loaded its plugin
+        // (its config was checked when it was accepted).
+        if let Err(error) = plugins::load_objective(&state, &tenant, &op).await {
             // The refused call's turn of its model passes, so that the calls after it run.
             let passed = match (op.model(), seq) {
                 (Some(model), Some(seq)) => state.service.pass_turn(&tenant, model, seq).await.ok(),

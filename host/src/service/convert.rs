@@ -447,28 +447,37 @@ pub fn sampler_error(error: SamplerServiceError) -> ApiError {
 
 /// A `forward` (`forward_only`) or a `forward_backward` of `item` for `tenant` on `trainer`, fused
 /// with the other calls of its cycle, answered as the API's output for `loss_fn`. After a
-/// `forward_backward`, `then` runs on the engine in the same cycle (so that what it reads is this
-/// call's result); its answer is `None` after a `forward`, or when the call failed.
+/// `forward_backward`, `then` (if any) runs on the engine in the same cycle (so that what it
+/// reads is this call's result); its answer is `None` after a `forward`, without a `then`, or
+/// when the call failed.
 pub async fn run_forward_backward<T: Send + 'static>(
     trainer: &TrainerService,
     tenant: &str,
     item: WorkItem,
     loss_fn: String,
     forward_only: bool,
-    then: impl FnOnce(&mut TrainingEngine) -> T + Send + 'static,
+    then: Option<impl FnOnce(&mut TrainingEngine) -> T + Send + 'static>,
 ) -> Result<(ForwardBackwardOutput, Option<T>), ApiError> {
-    let (mut outputs, after) = if forward_only {
-        let outputs = trainer
-            .with(move |e| e.forward(&[item]))
-            .await
-            .map_err(trainer_error)?
-            .map_err(train_error)?;
-        (outputs, None)
-    } else {
-        trainer
+    let (mut outputs, after) = match then {
+        _ if forward_only => {
+            let outputs = trainer
+                .with(move |e| e.forward(&[item]))
+                .await
+                .map_err(trainer_error)?
+                .map_err(train_error)?;
+            (outputs, None)
+        }
+        Some(then) => trainer
             .forward_backward_then(tenant, vec![item], then)
             .await
-            .map_err(trainer_error)?
+            .map_err(trainer_error)?,
+        None => {
+            let outputs = trainer
+                .forward_backward_for(tenant, vec![item])
+                .await
+                .map_err(trainer_error)?;
+            (outputs, None)
+        }
     };
     let output = outputs
         .pop()

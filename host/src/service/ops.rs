@@ -1636,7 +1636,7 @@ async fn forward_backward(
         item,
         input.loss_fn,
         forward_only,
-        move |e| encoded_state(e, &adapter),
+        Some(move |e: &mut TrainingEngine| encoded_state(e, &adapter)),
     )
     .await?;
     Ok((output, state.and_then(Result::ok)))
