@@ -9,31 +9,16 @@ use opentinker::client::{LocalModel, TinyModelSpec};
 use opentinker::plugin::Limits;
 use opentinker::rl::Renderer;
 use opentinker::rl::{Actor, Rollout};
-use opentinker::rl::{SpanKind, rl_datum};
+use opentinker::rl::{GroupTask, PlayedGroup, PluginUse, PolicyRef, RewardUse, TASK_FORMAT};
+use opentinker::rl::{SpanKind, TaskPlugins, play_task, rl_datum};
 
 /// A 5-turn guess-number episode with the built-in chat agent: one sequence, five action spans
 /// in turn order, the prompt of each turn extending the previous one, and one datum whose mask
 /// covers exactly the sampled tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_five_turn_episode_is_one_datum() {
-    let dir = tempfile::tempdir().unwrap();
-    let model_dir = dir.path().join("model");
-    TinyModelSpec {
-        seed: 4,
-        ..TinyModelSpec::built_in()
-    }
-    .generate(&model_dir)
-    .unwrap();
-    let model = LocalModel::load(&model_dir).unwrap();
-    let renderer = Renderer::new(
-        model.chat_template().unwrap().clone(),
-        Arc::clone(model.tokenizer()),
-    )
-    .unwrap();
-    let context = model.context_length();
-    let service = model.serve("tiny".into(), 8192, None);
-    let host = opentinker_tests::test_host();
-    let environment = opentinker_tests::load(&host, "guess-number").await;
+    let table = Table::new().await;
+    let environment = opentinker_tests::load(&table.host, "guess-number").await;
     let limits = Limits::default();
     let rollout = Rollout {
         environment: &environment,
@@ -43,22 +28,16 @@ async fn a_five_turn_episode_is_one_datum() {
         reward: None,
         reward_config: "{}",
         limits: &limits,
-        renderer: &renderer,
+        renderer: &table.renderer,
         params: SamplingParams {
             max_tokens: Some(6),
             ..SamplingParams::default()
         },
         max_turns: 16,
-        context,
+        context: table.context,
         failure_reward: -1.0,
     };
-    let outcome = rollout
-        .play(
-            r#"{"secret": 777}"#,
-            11,
-            &[Actor::Policy(service.base_sampling_client())],
-        )
-        .await;
+    let outcome = rollout.play(r#"{"secret": 777}"#, 11, &table.actors).await;
     assert_eq!(outcome.error, None);
     assert_eq!(outcome.steps, 5, "the random policy should not find 777");
     assert_eq!(outcome.turn_rewards, vec![vec![0.0; 5]]);
@@ -96,4 +75,204 @@ async fn a_five_turn_episode_is_one_datum() {
             .iter()
             .any(|m| m.content.contains("guesses left"))
     );
+}
+
+/// What the tests play with: the plugin host, the tiny model (its renderer, the base model in one seat),
+/// the arithmetic environment and the math-answer reward.
+struct Table {
+    _dir: tempfile::TempDir,
+    host: opentinker::plugin::PluginHost,
+    renderer: Renderer,
+    context: usize,
+    actors: [Actor; 1],
+    environment: opentinker::plugin::Plugin,
+    reward: opentinker::plugin::Plugin,
+}
+
+impl Table {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let model_dir = dir.path().join("model");
+        TinyModelSpec {
+            seed: 4,
+            ..TinyModelSpec::built_in()
+        }
+        .generate(&model_dir)
+        .unwrap();
+        let model = LocalModel::load(&model_dir).unwrap();
+        let renderer = Renderer::new(
+            model.chat_template().unwrap().clone(),
+            Arc::clone(model.tokenizer()),
+        )
+        .unwrap();
+        let context = model.context_length();
+        let service = model.serve("tiny".into(), 8192, None);
+        let host = opentinker_tests::test_host();
+        Table {
+            _dir: dir,
+            renderer,
+            context,
+            actors: [Actor::Policy(service.base_sampling_client())],
+            environment: opentinker_tests::load(&host, "arithmetic").await,
+            reward: opentinker_tests::load(&host, "math-answer").await,
+            host,
+        }
+    }
+
+    fn plugins(&self) -> TaskPlugins<'_> {
+        TaskPlugins {
+            environment: &self.environment,
+            agent: None,
+            reward: Some(&self.reward),
+        }
+    }
+
+    /// The task the tests play, naming these plugins.
+    fn task(&self) -> GroupTask {
+        arithmetic_task(
+            self.environment.digest(),
+            self.reward.digest(),
+            self.context,
+        )
+    }
+}
+
+/// A group of arithmetic episodes scored by the math-answer reward, with the base model in
+/// its one seat.
+fn arithmetic_task(environment: &str, reward: &str, context: usize) -> GroupTask {
+    GroupTask {
+        format: TASK_FORMAT,
+        job: "arithmetic".into(),
+        group: 7,
+        version: 0,
+        seed: 1234,
+        group_size: 3,
+        seats: vec![PolicyRef::Base],
+        environment: PluginUse {
+            digest: environment.into(),
+            config: r#"{"max_operand": 9, "operations": ["+"], "reward": false}"#.into(),
+        },
+        agent: None,
+        reward: Some(RewardUse {
+            plugin: PluginUse {
+                digest: reward.into(),
+                config: "{}".into(),
+            },
+            weight: 0.5,
+            group: false,
+        }),
+        limits: Limits::default(),
+        sampling: SamplingParams {
+            max_tokens: Some(4),
+            ..SamplingParams::default()
+        },
+        max_turns: 4,
+        context,
+        failure_reward: -1.0,
+    }
+}
+
+/// A task is everything its group needs: the task read back from its JSON plays to the same
+/// bits (tokens, sampler logprobs, rewards) as the task it was written from, and the played
+/// group read back from its JSON is the group that was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_task_read_back_from_its_message_plays_to_the_same_bits() {
+    let table = Table::new().await;
+    let (plugins, renderer, actors) = (table.plugins(), &table.renderer, &table.actors);
+    let (environment, reward) = (&table.environment, &table.reward);
+    let task = table.task();
+    let played = play_task(&task, plugins, renderer, actors).await;
+    assert_eq!(
+        (played.id, played.version, played.job.as_str()),
+        (7, 0, "arithmetic")
+    );
+    assert_eq!(played.plugins, [environment.digest(), reward.digest()]);
+    assert_eq!(played.episodes.len(), 3);
+    for (i, (index, outcome)) in played.episodes.iter().enumerate() {
+        assert_eq!(*index, i);
+        assert_eq!(
+            outcome.error, None,
+            "episode {i}: {:?}",
+            outcome.error_message
+        );
+        assert_eq!(outcome.seed, task.episode_seed(i));
+        let transcript = outcome.transcripts[0].as_ref().unwrap();
+        assert!(transcript.turns() > 0);
+        // The reward plugin's score is in: 0 or 1, weighted by a half.
+        assert!(outcome.scores == [0.0] || outcome.scores == [0.5]);
+    }
+    // The three episodes of one group differ (their seeds do): nothing above held by chance.
+    let tokens = |group: &PlayedGroup, i: usize| {
+        group.episodes[i].1.transcripts[0]
+            .clone()
+            .unwrap()
+            .into_sequences()
+    };
+    assert_ne!(tokens(&played, 0), tokens(&played, 1));
+
+    let message = serde_json::to_string(&task).unwrap();
+    let read_back: GroupTask = serde_json::from_str(&message).unwrap();
+    assert_eq!(read_back, task);
+    let again = play_task(&read_back, plugins, renderer, actors).await;
+    let answer = serde_json::to_string(&played).unwrap();
+    assert_eq!(serde_json::to_string(&again).unwrap(), answer);
+    let answer_read_back: PlayedGroup = serde_json::from_str(&answer).unwrap();
+    assert_eq!(serde_json::to_string(&answer_read_back).unwrap(), answer);
+    for i in 0..3 {
+        assert_eq!(tokens(&answer_read_back, i), tokens(&played, i));
+    }
+}
+
+/// A task this build cannot play as it says (another message format, other plugins than the
+/// ones it names, no seats) fails each of its episodes with a reason that names the problem;
+/// nothing is played.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_cannot_be_played_as_written_fails_its_episodes_with_the_reason() {
+    let table = Table::new().await;
+    let (plugins, renderer, actors) = (table.plugins(), &table.renderer, &table.actors);
+    let reward = &table.reward;
+    let good = table.task();
+    let other = "ab".repeat(32);
+    let cases = [
+        (
+            GroupTask {
+                format: TASK_FORMAT + 1,
+                ..good.clone()
+            },
+            "task_format",
+            format!("format {}", TASK_FORMAT + 1),
+        ),
+        (
+            arithmetic_task(&other, reward.digest(), table.context),
+            "task_plugin",
+            format!("environment plugin {other}"),
+        ),
+        (
+            GroupTask {
+                reward: None,
+                ..good.clone()
+            },
+            "task_plugin",
+            "no reward plugin".to_string(),
+        ),
+        (
+            GroupTask {
+                seats: Vec::new(),
+                ..good.clone()
+            },
+            "task_seats",
+            "no seats".to_string(),
+        ),
+    ];
+    for (task, kind, words) in cases {
+        let played = play_task(&task, plugins, renderer, actors).await;
+        assert_eq!(played.episodes.len(), 3);
+        for (i, (_, outcome)) in played.episodes.iter().enumerate() {
+            assert_eq!(outcome.error.as_deref(), Some(kind));
+            let message = outcome.error_message.as_deref().unwrap();
+            assert!(message.contains(&words), "{kind}: {message}");
+            assert_eq!(outcome.seed, task.episode_seed(i));
+            assert_eq!(outcome.steps, 0);
+        }
+    }
 }

@@ -9,20 +9,22 @@
 //! ([`METRICS`], [`SETTINGS`]). Underneath, a [`Rollout`] plays an episode between the
 //! environment and its [`Actor`]s, a [`Renderer`] turns the conversation into a
 //! [`TokenSequence`] of spans, and [`rl_datum`] / [`sft_datum`] make it a training datum whose
-//! action tokens carry the [`advantages`] of their turns. [`watch`] plays and replays a trained
-//! policy's episodes.
+//! action tokens carry the [`advantages`] of their turns. An RL step's groups cross to whoever
+//! plays them as [`GroupTask`]s and come back as [`PlayedGroup`]s, serde messages that
+//! [`play_task`] plays the same wherever it runs. [`watch`] plays and replays a trained policy's
+//! episodes.
 
 mod advantage;
 mod context;
 mod datum;
 mod diagnosis;
 mod driver;
-mod group_stream;
 mod job;
 mod metrics;
 mod render;
 mod report;
 mod rollout;
+mod rollouts;
 mod run_folder;
 mod sft;
 mod train_step;
@@ -37,6 +39,10 @@ pub use driver::{Engine, RemoteEngine, check_job_plugins, run_job, run_jobs, ser
 pub use job::{Job, SftSource, is_digest, is_package};
 pub use metrics::{Evaluation, Phase, StepMetrics};
 pub use render::Renderer;
-pub use rollout::{Actor, Rollout};
+pub use rollout::{Actor, EpisodeOutcome, Rollout};
+pub use rollouts::{
+    GroupTask, PlayedGroup, PluginUse, PolicyRef, RewardUse, TASK_FORMAT, TaskError, TaskPlugins,
+    play_task,
+};
 pub use run_folder::{METRICS, SETTINGS};
 pub use transcript::{Span, SpanKind, TokenSequence, Transcript};

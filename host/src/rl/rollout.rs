@@ -57,7 +57,7 @@ pub struct Rollout<'a> {
 }
 
 /// What an episode left: per player its transcript and the reward of each of its turns.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct EpisodeOutcome {
     pub seed: u64,
     pub task: String,
@@ -165,13 +165,18 @@ impl EpisodeOutcome {
     /// An episode that failed before it started: its task could not be generated (`error`,
     /// the plugin's failure). It trains nothing and counts as a failure of its kind.
     pub fn failed_to_start(seed: u64, error: &CallError) -> Self {
+        EpisodeOutcome::not_started(seed, error.kind.as_str(), &error.message)
+    }
+
+    /// An episode that never started: its failure is of `kind`, in `message`'s words.
+    pub fn not_started(seed: u64, kind: &str, message: &str) -> Self {
         EpisodeOutcome {
             seed,
             task: String::new(),
             transcripts: Vec::new(),
             turn_rewards: Vec::new(),
-            error: Some(error.kind.as_str().to_string()),
-            error_message: Some(error.message.clone()),
+            error: Some(kind.to_string()),
+            error_message: Some(message.to_string()),
             steps: 0,
             metrics: BTreeMap::new(),
             messages: Vec::new(),

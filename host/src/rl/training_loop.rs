@@ -16,13 +16,15 @@ use super::context::{JobContext, JobStart, Progress, Reporter, SharedBase, evalu
 use super::datum::Datum;
 use super::datum::rl_datum;
 use super::diagnosis::{RunSignals, greedy_agreement, signal_of};
-use super::group_stream::{GroupStream, Launch, PlayedGroup, play_group};
 use super::job::{Job, PolicySection, RlLoss};
 use super::metrics::{
     Evaluation, Phase, PolicyEvaluations, StepMetrics, Summary, Warmup, error_messages_of,
     errors_of, mean, metrics_of, std,
 };
 use super::rollout::{Actor, EpisodeOutcome, RolloutRecord};
+use super::rollouts::{
+    GroupStream, InProcess, JobTasks, Launch, PlayedGroup, PolicyRef, Rollouts, Samplers,
+};
 use super::run_folder::{Cursor, RunFolder};
 use super::sft::run_sft;
 use super::train_step::{LossFn, PolicyBatch, forward_cross_entropy, train_step};
@@ -84,22 +86,50 @@ pub(super) struct Versions {
     /// What a frozen policy plays: the base model.
     pub(super) base: Arc<dyn SamplingClient>,
     pub(super) versions: BTreeMap<String, Arc<dyn SamplingClient>>,
+    /// Where the job's rollouts find the versions its tasks name.
+    pub(super) samplers: Samplers,
 }
 
 impl Versions {
-    /// Take each trainable policy's adapter as it is now as its next version.
-    async fn publish(&mut self, trainers: &Trainers) -> anyhow::Result<()> {
+    /// The base model's and no policy's versions yet, for `policies`.
+    pub(super) fn new(policies: Vec<PolicySection>, base: Arc<dyn SamplingClient>) -> Self {
+        let samplers = Samplers::default();
+        samplers.publish(PolicyRef::Base, Arc::clone(&base));
+        Versions {
+            policies,
+            base,
+            versions: BTreeMap::new(),
+            samplers,
+        }
+    }
+
+    /// Take each trainable policy's adapter as it is now as its version after `trained`
+    /// training steps.
+    async fn publish(&mut self, trainers: &Trainers, trained: usize) -> anyhow::Result<()> {
         for (name, trainer) in trainers {
             let version = trainer.save_weights_and_get_sampling_client().await?;
+            let policy = PolicyRef::Adapter {
+                policy: name.clone(),
+                version: trained,
+            };
+            self.samplers.publish(policy, Arc::clone(&version));
             self.versions.insert(name.clone(), version);
         }
         Ok(())
     }
 
-    /// What a group launched now plays with, after `trained` training steps.
+    /// What a group launched now plays with, after `trained` training steps (the versions
+    /// published last).
     fn launch(&self, trained: usize) -> Launch {
+        let seats = self.seat_policies().map(|policy| match policy {
+            Some(p) if self.versions.contains_key(&p.name) => PolicyRef::Adapter {
+                policy: p.name.clone(),
+                version: trained,
+            },
+            _ => PolicyRef::Base,
+        });
         Launch {
-            actors: self.actors(),
+            seats: seats.collect(),
             version: trained,
         }
     }
@@ -110,17 +140,22 @@ impl Versions {
         Actor::Policy(Arc::clone(version))
     }
 
-    /// The actor of each player (the last serves any player beyond).
-    pub(super) fn actors(&self) -> Vec<Actor> {
+    /// The policy of each seat, `None` for a seat no policy controls (the base model plays
+    /// it).
+    fn seat_policies(&self) -> impl Iterator<Item = Option<&PolicySection>> {
         let seats = self
             .policies
             .iter()
             .flat_map(|p| p.players.iter().map(|s| s + 1))
             .max()
             .unwrap_or(1);
-        (0..seats)
-            .map(|seat| {
-                let policy = self.policies.iter().find(|p| p.controls(seat));
+        (0..seats).map(|seat| self.policies.iter().find(|p| p.controls(seat)))
+    }
+
+    /// The actor of each player (the last serves any player beyond).
+    pub(super) fn actors(&self) -> Vec<Actor> {
+        self.seat_policies()
+            .map(|policy| {
                 policy.map_or_else(|| Actor::Policy(Arc::clone(&self.base)), |p| self.actor(p))
             })
             .collect()
@@ -244,12 +279,9 @@ pub(super) async fn train_job(
         config: job.rl.loss_config.clone(),
     };
     let estimator = job.rl.estimator();
-    let mut versions = Versions {
-        policies: policies.clone(),
-        base: service.base_sampling_client(),
-        versions: BTreeMap::new(),
-    };
-    versions.publish(&trainers).await?;
+    let mut versions = Versions::new(policies.clone(), service.base_sampling_client());
+    let first = checkpoint.as_ref().map_or(0, |(_, cursor)| cursor.steps);
+    versions.publish(&trainers, first).await?;
     // Each policy as RL started (or the job's reference): the KL penalty's reference, and what
     // the evaluation steps measure the policy's drift from.
     let references = load_references(job, &folder, service, &trainers, &run.name).await?;
@@ -271,8 +303,11 @@ pub(super) async fn train_job(
     };
     let multi_agent = policies.len() > 1;
     let asynchronous = job.rl.asynchronous();
-    let mut stream =
-        asynchronous.then(|| GroupStream::new(Arc::clone(&cx), Arc::clone(&run.job), first_step));
+    let rollouts: Arc<dyn Rollouts> =
+        Arc::new(InProcess::new(Arc::clone(&cx), versions.samplers.clone()));
+    let tasks = Arc::new(JobTasks::new(&run.name, &cx, job)?);
+    let mut stream = asynchronous
+        .then(|| GroupStream::new(Arc::clone(&rollouts), Arc::clone(&tasks), job, first_step));
     let mut failures = FailureWatch::new(job.rl.max_failure_rate);
     let mut signals = RunSignals::default();
     for step in first_step..job.rl.steps {
@@ -282,7 +317,14 @@ pub(super) async fn train_job(
                 let (groups, lag, stale) = stream.next_batch(&versions.launch(step)).await?;
                 (in_batch_order(groups), lag, stale)
             }
-            None => (play_step(&cx, job, step, &versions.actors()).await?, 0, 0),
+            None => {
+                let launch = versions.launch(step);
+                (
+                    play_step(rollouts.as_ref(), &tasks, job, step, &launch).await?,
+                    0,
+                    0,
+                )
+            }
         };
         let all: Vec<&EpisodeOutcome> = played.iter().map(|(_, _, o)| o).collect();
         let stop = failures.record(&all);
@@ -356,7 +398,7 @@ pub(super) async fn train_job(
             None => training.await?,
         };
         signals.update(trained.update_ratio);
-        versions.publish(&trainers).await?;
+        versions.publish(&trainers, step + 1).await?;
         folder.write_rollouts(step, &records)?;
         let mut agreement = None;
         let evaluations = if evaluates {
@@ -643,22 +685,19 @@ async fn sft_summary(
 /// steps'), player p acting as `actors[p]`. Returns (group in the step, index in group, outcome)
 /// in that order.
 async fn play_step(
-    cx: &JobContext,
+    rollouts: &dyn Rollouts,
+    tasks: &JobTasks,
     job: &Job,
     step: usize,
-    actors: &[Actor],
+    launch: &Launch,
 ) -> anyhow::Result<Vec<(usize, usize, EpisodeOutcome)>> {
     let groups = job.rl.groups_per_batch;
     let first = (step * groups) as u64;
     let played = futures::future::try_join_all(
-        (0..groups as u64).map(|g| play_group(cx, job, first + g, actors)),
+        (0..groups as u64).map(|g| rollouts.start(tasks.task(first + g, launch))),
     )
     .await?;
-    let mut all = Vec::with_capacity(groups * job.rl.group_size);
-    for (g, group) in played.into_iter().enumerate() {
-        all.extend(group.into_iter().map(|(i, outcome)| (g, i, outcome)));
-    }
-    Ok(all)
+    Ok(in_batch_order(played))
 }
 
 /// The episodes of a batch of groups as (group in the batch, index in group, outcome).

@@ -5,8 +5,11 @@
 //! never a re-render of the history, so a whole multi-turn episode is one sequence. An agent that
 //! rewrites the history starts a new sequence.
 
+use serde::{Deserialize, Serialize};
+
 /// What a run of tokens is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SpanKind {
     /// Prompt, system text, environment observations, chat-template glue: never trained on.
     Context,
@@ -15,7 +18,7 @@ pub enum SpanKind {
 }
 
 /// A run of tokens of one kind.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Span {
     pub kind: SpanKind,
     pub tokens: Vec<u32>,
@@ -24,7 +27,7 @@ pub struct Span {
 }
 
 /// One sequence: what the policy saw and sampled, in order.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TokenSequence {
     pub spans: Vec<Span>,
 }
@@ -69,7 +72,7 @@ pub enum TranscriptError {
 }
 
 /// A player's transcript over an episode: one or more sequences.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Transcript {
     finished: Vec<TokenSequence>,
     current: Option<TokenSequence>,

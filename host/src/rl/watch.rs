@@ -140,9 +140,8 @@ impl Stage {
         Ok(Stage {
             cx,
             versions: Versions {
-                policies,
-                base,
                 versions,
+                ..Versions::new(policies, base)
             },
             sources,
             _trainers: trainers,

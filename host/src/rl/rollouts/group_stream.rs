@@ -19,31 +19,16 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::task::JoinHandle;
 
-use super::context::{JobContext, rollout, sampling_params};
-use super::job::{Job, RewardSection, StaleGroups};
-use super::rollout::{Actor, EpisodeOutcome};
-use crate::plugin::Plugin;
+use super::super::job::{Job, StaleGroups};
+use super::launch::{JobTasks, Launch};
+use super::players::Rollouts;
+use super::task::PlayedGroup;
 
-/// The policies a group is launched with: the actor of each player (each holding the version
-/// it samples from while the group plays).
-#[derive(Clone)]
-pub(super) struct Launch {
-    pub(super) actors: Vec<Actor>,
-    /// Training steps done when the group was launched.
-    pub(super) version: usize,
-}
-
-/// A group that finished playing.
-pub(super) struct PlayedGroup {
-    pub(super) id: u64,
-    /// Training steps done when the group was launched.
-    pub(super) version: usize,
-    pub(super) episodes: Vec<(usize, EpisodeOutcome)>,
-}
-
-pub(super) struct GroupStream {
-    cx: Arc<JobContext>,
-    job: Arc<Job>,
+/// Groups played ahead of training, for the steps of one job.
+pub(crate) struct GroupStream {
+    rollouts: Arc<dyn Rollouts>,
+    tasks: Arc<JobTasks>,
+    groups_per_batch: usize,
     playing: FuturesUnordered<JoinHandle<anyhow::Result<PlayedGroup>>>,
     finished: Vec<PlayedGroup>,
     /// The id of the next new task.
@@ -57,10 +42,19 @@ pub(super) struct GroupStream {
 }
 
 impl GroupStream {
-    /// A stream for RL steps `first_step..`: its first new task is that step's first group.
-    pub(super) fn new(cx: Arc<JobContext>, job: Arc<Job>, first_step: usize) -> Self {
+    /// A stream for RL steps `first_step..` of `job`, its groups played by `rollouts`: its
+    /// first new task is that step's first group.
+    pub(crate) fn new(
+        rollouts: Arc<dyn Rollouts>,
+        tasks: Arc<JobTasks>,
+        job: &Job,
+        first_step: usize,
+    ) -> Self {
         let groups = job.rl.groups_per_batch;
         GroupStream {
+            rollouts,
+            tasks,
+            groups_per_batch: groups,
             playing: FuturesUnordered::new(),
             finished: Vec::new(),
             next_id: (first_step * groups) as u64,
@@ -68,28 +62,16 @@ impl GroupStream {
             stale: job.rl.stale,
             stale_count: 0,
             to_train: job.rl.steps.saturating_sub(first_step) * groups,
-            cx,
-            job,
         }
     }
 
     fn capacity(&self) -> usize {
-        self.job
-            .rl
-            .groups_per_batch
-            .saturating_mul(self.max_lag.max(1))
+        self.groups_per_batch.saturating_mul(self.max_lag.max(1))
     }
 
     fn launch(&mut self, id: u64, launch: &Launch) {
-        let (cx, job, launch) = (Arc::clone(&self.cx), Arc::clone(&self.job), launch.clone());
-        self.playing.push(tokio::spawn(async move {
-            let episodes = play_group(&cx, &job, id, &launch.actors).await?;
-            Ok(PlayedGroup {
-                id,
-                version: launch.version,
-                episodes,
-            })
-        }));
+        let task = self.tasks.task(id, launch);
+        self.playing.push(tokio::spawn(self.rollouts.start(task)));
     }
 
     /// A finished group, or the error that ended it.
@@ -130,11 +112,11 @@ impl GroupStream {
     /// The next batch for the step at `launch.version` (training steps done): the first
     /// `groups_per_batch` groups to finish that are not stale, in id order. Also the largest
     /// lag among them and the stale groups counted since the last batch.
-    pub(super) async fn next_batch(
+    pub(crate) async fn next_batch(
         &mut self,
         launch: &Launch,
     ) -> anyhow::Result<(Vec<PlayedGroup>, usize, usize)> {
-        let wanted = self.job.rl.groups_per_batch;
+        let wanted = self.groups_per_batch;
         loop {
             self.retire_stale(launch);
             if self.finished.len() >= wanted {
@@ -159,7 +141,7 @@ impl GroupStream {
 
     /// Await `work` (a training step) while the stream plays on, launching new tasks with
     /// `launch` as groups finish.
-    pub(super) async fn while_training<T>(
+    pub(crate) async fn while_training<T>(
         &mut self,
         work: impl Future<Output = T>,
         launch: &Launch,
@@ -183,94 +165,6 @@ impl Drop for GroupStream {
     fn drop(&mut self) {
         for group in self.playing.iter() {
             group.abort();
-        }
-    }
-}
-
-/// Play group `id` of the job: one task (seeded by the job's seed and `id`) `group_size` times,
-/// player p acting as `actors[p]`, then the reward plugin's group scorer when it has one.
-/// Returns (index in group, outcome) in index order.
-pub(super) async fn play_group(
-    cx: &JobContext,
-    job: &Job,
-    id: u64,
-    actors: &[Actor],
-) -> anyhow::Result<Vec<(usize, EpisodeOutcome)>> {
-    let seed = job.rl.seed.wrapping_mul(1_000_003) + id;
-    // A plugin that cannot make the task fails this group's episodes, not the job (nor the
-    // other jobs of the process).
-    let task = match cx
-        .environment()?
-        .generate_task(&cx.config, seed, &cx.limits)
-        .await
-    {
-        Ok(task) => task,
-        Err(error) => {
-            return Ok((0..job.rl.group_size)
-                .map(|i| {
-                    let seed = seed * 1000 + i as u64;
-                    (i, EpisodeOutcome::failed_to_start(seed, &error))
-                })
-                .collect());
-        }
-    };
-    let rollout = rollout(cx, job, &cx.config, sampling_params(job))?;
-    let episodes = (0..job.rl.group_size).map(|i| {
-        let (rollout, task) = (&rollout, &task);
-        async move { (i, rollout.play(task, seed * 1000 + i as u64, actors).await) }
-    });
-    let mut played = futures::future::join_all(episodes).await;
-    if let (Some(reward), Some(section)) = (&cx.reward, &job.reward)
-        && section.group
-    {
-        score_group(
-            cx,
-            reward,
-            section,
-            job.rl.failure_reward,
-            &task,
-            &mut played,
-        )
-        .await;
-    }
-    Ok(played)
-}
-
-/// Let the reward plugin's group scorer replace the scores of a group's whole episodes; when
-/// it fails, those episodes fail with its error kind.
-async fn score_group(
-    cx: &JobContext,
-    reward: &Plugin,
-    section: &RewardSection,
-    failure_reward: f64,
-    task: &str,
-    played: &mut [(usize, EpisodeOutcome)],
-) {
-    let weight = section.weight;
-    let mut members: Vec<&mut EpisodeOutcome> = played
-        .iter_mut()
-        .filter(|(_, o)| o.error.is_none())
-        .map(|(_, o)| o)
-        .collect();
-    let transcripts: Vec<_> = members.iter().map(|o| o.plugin_transcripts()).collect();
-    match reward
-        .score_group(&cx.reward_config, task, &transcripts, &cx.limits)
-        .await
-    {
-        Ok(Some(scores)) => {
-            for (outcome, scores) in members.iter_mut().zip(scores) {
-                outcome.replace_scores(scores.iter().map(|s| s * weight).collect());
-            }
-        }
-        Ok(None) => {}
-        Err(error) => {
-            for outcome in members {
-                outcome.fail(
-                    error.kind.as_str().to_string(),
-                    Some(error.message.clone()),
-                    failure_reward,
-                );
-            }
         }
     }
 }
