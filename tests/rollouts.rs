@@ -14,7 +14,7 @@ use opentinker::plugin::Limits;
 use opentinker::rl::Renderer;
 use opentinker::rl::{Actor, Rollout};
 use opentinker::rl::{GroupTask, PlayedGroup, PluginUse, PolicyRef, RewardUse, TASK_FORMAT};
-use opentinker::rl::{Queue, QueueRollouts, QueueSettings, Rollouts, serve_tasks};
+use opentinker::rl::{Queue, QueueRollouts, QueueSettings, Rollouts, Seat, serve_tasks};
 use opentinker::rl::{SpanKind, TaskPlugins, play_task, rl_datum};
 use opentinker_test_tools::NatsServer;
 
@@ -153,7 +153,10 @@ fn arithmetic_task(environment: &str, reward: &str, context: usize) -> GroupTask
         version: 0,
         seed: 1234,
         group_size: 3,
-        seats: vec![PolicyRef::Base],
+        seats: vec![Seat {
+            policy: PolicyRef::Base,
+            sampler: None,
+        }],
         environment: PluginUse {
             digest: environment.into(),
             config: r#"{"max_operand": 9, "operations": ["+"], "reward": false}"#.into(),

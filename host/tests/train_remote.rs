@@ -10,7 +10,7 @@ mod server;
 use std::path::Path;
 use std::process::Command;
 
-use arithmetic_job::ArithmeticJob;
+use arithmetic_job::{ArithmeticJob, metrics};
 use server::{BIN, start_server};
 
 /// The arithmetic job with a KL penalty, so that its reference adapter is saved and loaded back
@@ -44,14 +44,6 @@ fn train(args: &[&std::ffi::OsStr]) -> Result<String, String> {
         true => Ok(text),
         false => Err(text),
     }
-}
-
-fn metrics(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
 }
 
 /// The runs in `local` and `remote` (each of `lines` metric lines) did the same work: RL with a

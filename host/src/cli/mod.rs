@@ -11,6 +11,7 @@ mod submit;
 mod terminal;
 mod train;
 mod watch;
+mod worker;
 
 use std::path::PathBuf;
 
@@ -46,6 +47,8 @@ enum Command {
     Replay(watch::ReplayArgs),
     /// Serve the engine over HTTP in the Tinker wire protocol (the `tinker` SDK drives it).
     Serve(serve::ServeArgs),
+    /// Play RL groups from a rollout queue for `train --rollouts` (a stateless rollout worker).
+    Worker(worker::WorkerArgs),
     /// Run a job file on a server: upload its plugins, submit it, show its progress.
     Submit(submit::SubmitArgs),
     /// The jobs of a server: list, status, logs, cancel, download.
@@ -133,6 +136,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Play(args) => watch::run_play(args),
         Command::Replay(args) => watch::run_replay(args),
         Command::Serve(args) => serve::run(args),
+        Command::Worker(args) => worker::run(args),
         Command::Tenant { command } => serve::run_tenant(command),
         Command::Submit(args) => submit::run_submit(args),
         Command::Jobs { command } => submit::run_jobs(command),

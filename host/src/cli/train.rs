@@ -1,5 +1,6 @@
-//! `opentinker train JOB.toml... [--out OUT | --resume OUT] [--json] [--server URL]`: run
-//! training jobs, in process or on a server.
+//! `opentinker train JOB.toml... [--out OUT | --resume OUT] [--json] [--server URL [--rollouts
+//! nats://HOST:PORT]]`: run training jobs, in process or on a server, their RL groups played
+//! here or by rollout workers.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -42,6 +43,11 @@ pub struct TrainArgs {
     /// template: the same model's files, on this machine.
     #[arg(long, value_name = "NAME", requires = "server")]
     base_model: Option<String>,
+    /// Have rollout workers (`opentinker worker`) play the RL groups: the NATS JetStream queue
+    /// at URL (`nats://host:port`) carries each group's task to them and its trajectories back.
+    /// The workers sample on `--server` and fetch the jobs' plugins from it.
+    #[arg(long, value_name = "URL", requires = "server")]
+    rollouts: Option<String>,
     #[command(flatten)]
     packages: super::market::PackageArgs,
 }
@@ -76,6 +82,7 @@ fn engine(args: &TrainArgs, jobs: &[(PathBuf, Job)]) -> anyhow::Result<Engine> {
         url: url.clone(),
         api_key,
         base_model,
+        rollouts: args.rollouts.clone(),
     }))
 }
 

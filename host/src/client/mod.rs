@@ -104,6 +104,16 @@ pub trait ServiceClient: Send + Sync {
         component: &Path,
         limits: &Limits,
     ) -> Result<String, ApiError>;
+
+    /// Store the plugin component at `component` where this service's rollout workers fetch
+    /// it by digest (its `sha256:HEX`, answered): on the server. An in-process service has no
+    /// workers and refuses.
+    async fn share_plugin(&self, component: &Path) -> Result<String, ApiError> {
+        Err(ApiError::invalid(format!(
+            "{}: rollout workers fetch plugins from a server; this service runs in process",
+            component.display()
+        )))
+    }
 }
 
 /// One trainable adapter and its optimizer. Dropping the last handle frees it on the service.
@@ -143,4 +153,11 @@ pub trait SamplingClient: Send + Sync {
         num_samples: usize,
         params: SamplingParams,
     ) -> Result<SampleResponse, ApiError>;
+
+    /// Where another process of the same tenant can sample this version: its sampling
+    /// session on the server ([`RemoteService::sampling_client`] opens it). `None` for a version
+    /// that lives in this process only.
+    async fn address(&self) -> Result<Option<String>, ApiError> {
+        Ok(None)
+    }
 }

@@ -11,6 +11,7 @@ use super::job::{Job, RlLoss};
 use super::metrics::{Evaluation, StepMetrics, Warmup, errors, mean, metrics_of};
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome, Rollout};
+use super::rollouts::Queue;
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use crate::api::SamplingParams;
 use crate::client::{ModelText, ServiceClient};
@@ -21,6 +22,8 @@ use crate::plugin::{Limits, Plugin, PluginHost, PluginKind};
 pub(super) struct SharedBase {
     pub(super) info: Arc<ModelInfo>,
     pub(super) service: Arc<dyn ServiceClient>,
+    /// The queue whose workers play the jobs' groups; `None`: this process plays them.
+    pub(super) queue: Option<Queue>,
 }
 
 /// One job of a `train` command: its name (the job file's stem), the file, and output folder.

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use super::context::{JobContext, JobPlugins, JobStart, ModelInfo, Reporter, SharedBase};
 use super::job::Job;
 use super::metrics::{Summary, Warmup};
+use super::rollouts::{Queue, QueueSettings};
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::sft::run_sft;
 use super::training_loop::train_job;
@@ -43,6 +44,9 @@ pub struct RemoteEngine {
     /// The served model the jobs train on; their own `[model]` gives the tokenizer and chat
     /// template (the same model's files, on this machine).
     pub base_model: String,
+    /// The rollout queue (`nats://host:port`) whose workers play the jobs' RL groups on the
+    /// server's samplers; `None`: this process plays them.
+    pub rollouts: Option<String>,
 }
 
 /// Run `runs` in one process: jobs with the same base model (the same model and warm-up) share
@@ -270,6 +274,7 @@ async fn prepare_base(
     let base = Arc::new(SharedBase {
         info,
         service: Arc::new(service),
+        queue: None,
     });
     Ok((
         base,
@@ -291,9 +296,18 @@ async fn prepare_remote_base(
         .await
         .with_context(|| format!("connecting to {}", remote.url))?;
     let info = Arc::new(ModelInfo::of(text, service.context_length())?);
+    let queue = match &remote.rollouts {
+        Some(url) => Some(
+            Queue::connect(url, QueueSettings::default())
+                .await
+                .context("--rollouts")?,
+        ),
+        None => None,
+    };
     let base = SharedBase {
         info,
         service: Arc::new(service),
+        queue,
     };
     adapter_starts(group, folders, resume, base)
 }
@@ -310,6 +324,7 @@ fn prepare_served_base(
     let base = SharedBase {
         info: Arc::new(ModelInfo::of(served.text, context)?),
         service: Arc::new(served.service),
+        queue: None,
     };
     adapter_starts(group, folders, resume, base)
 }

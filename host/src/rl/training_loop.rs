@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::advantage::{Estimator, GroupReturns, StepAdvantages, advantages, fold_kl};
-use super::context::{JobContext, JobStart, Progress, Reporter, SharedBase, evaluate};
+use super::context::{JobContext, JobRun, JobStart, Progress, Reporter, SharedBase, evaluate};
 use super::datum::Datum;
 use super::datum::rl_datum;
 use super::diagnosis::{RunSignals, greedy_agreement, signal_of};
@@ -23,7 +23,8 @@ use super::metrics::{
 };
 use super::rollout::{Actor, EpisodeOutcome, RolloutRecord};
 use super::rollouts::{
-    GroupStream, InProcess, JobTasks, Launch, PlayedGroup, PolicyRef, Rollouts, Samplers,
+    GroupStream, InProcess, JobTasks, Launch, PlayedGroup, PolicyRef, QueueRollouts, Rollouts,
+    Samplers, Seat,
 };
 use super::run_folder::{Cursor, RunFolder};
 use super::sft::run_sft;
@@ -88,6 +89,8 @@ pub(super) struct Versions {
     pub(super) versions: BTreeMap<String, Arc<dyn SamplingClient>>,
     /// Where the job's rollouts find the versions its tasks name.
     pub(super) samplers: Samplers,
+    /// Where another process samples each version (`None`: in this process only).
+    pub(super) addresses: BTreeMap<PolicyRef, Option<String>>,
 }
 
 impl Versions {
@@ -100,18 +103,27 @@ impl Versions {
             base,
             versions: BTreeMap::new(),
             samplers,
+            addresses: BTreeMap::new(),
         }
     }
 
     /// Take each trainable policy's adapter as it is now as its version after `trained`
     /// training steps.
     async fn publish(&mut self, trainers: &Trainers, trained: usize) -> anyhow::Result<()> {
+        if !self.addresses.contains_key(&PolicyRef::Base) {
+            let address = self.base.address().await?;
+            self.addresses.insert(PolicyRef::Base, address);
+        }
         for (name, trainer) in trainers {
             let version = trainer.save_weights_and_get_sampling_client().await?;
             let policy = PolicyRef::Adapter {
                 policy: name.clone(),
                 version: trained,
             };
+            self.addresses
+                .retain(|p, _| !matches!(p, PolicyRef::Adapter { policy, .. } if policy == name));
+            self.addresses
+                .insert(policy.clone(), version.address().await?);
             self.samplers.publish(policy, Arc::clone(&version));
             self.versions.insert(name.clone(), version);
         }
@@ -121,12 +133,16 @@ impl Versions {
     /// What a group launched now plays with, after `trained` training steps (the versions
     /// published last).
     fn launch(&self, trained: usize) -> Launch {
-        let seats = self.seat_policies().map(|policy| match policy {
-            Some(p) if self.versions.contains_key(&p.name) => PolicyRef::Adapter {
-                policy: p.name.clone(),
-                version: trained,
-            },
-            _ => PolicyRef::Base,
+        let seats = self.seat_policies().map(|policy| {
+            let policy = match policy {
+                Some(p) if self.versions.contains_key(&p.name) => PolicyRef::Adapter {
+                    policy: p.name.clone(),
+                    version: trained,
+                },
+                _ => PolicyRef::Base,
+            };
+            let sampler = self.addresses.get(&policy).cloned().flatten();
+            Seat { policy, sampler }
         });
         Launch {
             seats: seats.collect(),
@@ -303,8 +319,7 @@ pub(super) async fn train_job(
     };
     let multi_agent = policies.len() > 1;
     let asynchronous = job.rl.asynchronous();
-    let rollouts: Arc<dyn Rollouts> =
-        Arc::new(InProcess::new(Arc::clone(&cx), versions.samplers.clone()));
+    let rollouts = job_rollouts(base, &run, &cx, &versions).await?;
     let tasks = Arc::new(JobTasks::new(&run.name, &cx, job)?);
     let mut stream = asynchronous
         .then(|| GroupStream::new(Arc::clone(&rollouts), Arc::clone(&tasks), job, first_step));
@@ -513,6 +528,35 @@ pub(super) async fn train_job(
         policies: per_policy,
         diagnosis,
     })
+}
+
+/// Who plays the job's groups: the base's queue, whose workers fetch the job's plugins from
+/// the server (stored there now) and sample its versions there; otherwise this process.
+async fn job_rollouts(
+    base: &SharedBase,
+    run: &JobRun,
+    cx: &Arc<JobContext>,
+    versions: &Versions,
+) -> anyhow::Result<Arc<dyn Rollouts>> {
+    let Some(queue) = &base.queue else {
+        let samplers = versions.samplers.clone();
+        return Ok(Arc::new(InProcess::new(Arc::clone(cx), samplers)));
+    };
+    let job = &run.job;
+    let components = [
+        job.environment.as_ref().map(|e| &e.plugin),
+        job.agent.as_ref().map(|a| &a.plugin),
+        job.reward.as_ref().map(|r| &r.plugin),
+    ];
+    for component in components.into_iter().flatten() {
+        base.service
+            .share_plugin(component)
+            .await
+            .with_context(|| format!("storing {} for the rollout workers", component.display()))?;
+    }
+    Ok(Arc::new(
+        QueueRollouts::new(queue.clone(), &run.name).await?,
+    ))
 }
 
 /// Save checkpoint `cursor` with every trainable policy's adapter and optimizer state, whole

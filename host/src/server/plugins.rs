@@ -6,7 +6,9 @@
 //!
 //! - `POST /api/v1/plugins` (the bytes; at most the body limit, 64 MiB) answers the digest,
 //!   kinds and WIT version; uploading the same bytes again answers the same.
-//! - `GET /api/v1/plugins` lists the tenant's plugins; `GET /api/v1/plugins/sha256:HEX` one.
+//! - `GET /api/v1/plugins` lists the tenant's plugins; `GET /api/v1/plugins/sha256:HEX` one;
+//!   `GET /api/v1/plugins/sha256:HEX/component` its bytes (a rollout worker fetches what a task
+//!   names this way, and checks them against the digest).
 //!
 //! An uploaded objective plugin is a loss of the Tinker wire: a `forward` / `forward_backward`
 //! whose `loss_fn` is `sha256:HEX` runs it under its `loss_fn_config` (checked against the
@@ -36,6 +38,7 @@ pub fn router() -> Router<Shared> {
     Router::new()
         .route("/plugins", get(list).post(upload))
         .route("/plugins/{digest}", get(describe))
+        .route("/plugins/{digest}/component", get(component))
 }
 
 async fn upload(
@@ -52,6 +55,22 @@ async fn describe(
     Path(digest): Path<String>,
 ) -> Result<Json<StoredPlugin>, HttpError> {
     Ok(Json(state.plugins.get(&tenant, &digest).await?))
+}
+
+/// The component's bytes, as uploaded: what a rollout worker of the tenant plays.
+async fn component(
+    State(state): State<Shared>,
+    Caller(tenant): Caller,
+    Path(digest): Path<String>,
+) -> Result<impl axum::response::IntoResponse, HttpError> {
+    let path = state.plugins.component(&tenant, &digest).await?;
+    let bytes = tokio::fs::read(&path)
+        .await
+        .map_err(|e| ApiError::internal(format!("reading plugin {digest}: {e}")))?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/wasm")],
+        bytes,
+    ))
 }
 
 async fn list(

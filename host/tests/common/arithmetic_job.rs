@@ -68,3 +68,12 @@ episodes = 8
         path
     }
 }
+
+/// The metric lines a run wrote into its folder, in order.
+pub fn metrics(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}

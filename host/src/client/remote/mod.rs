@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use sha2::Digest;
 use tokio::sync::{Mutex, OnceCell};
 
 use self::http::{Body, Connection, text_field};
@@ -215,6 +216,42 @@ impl ServiceClient for RemoteService {
         let (digest, _) = self.0.connection.upload_plugin(bytes).await?;
         Ok(digest)
     }
+
+    async fn share_plugin(&self, component: &Path) -> Result<String, ApiError> {
+        let bytes = tokio::fs::read(component).await.map_err(|e| {
+            ApiError::invalid(format!("reading the plugin {}: {e}", component.display()))
+        })?;
+        let (digest, _) = self.0.connection.upload_plugin(bytes).await?;
+        Ok(digest)
+    }
+}
+
+impl RemoteService {
+    /// The version of a policy that sampling session `address` serves on the server (another
+    /// session of the same tenant made it: [`SamplingClient::address`]).
+    pub fn sampling_client(&self, address: &str) -> Arc<dyn SamplingClient> {
+        Arc::new(RemoteSampling {
+            remote: Arc::clone(&self.0),
+            session: OnceCell::new_with(Some(address.to_string())),
+        })
+    }
+
+    /// The bytes of the tenant's plugin `digest` (`sha256:HEX`) as the server stores them,
+    /// checked against the digest.
+    pub async fn download_plugin(&self, digest: &str) -> Result<Vec<u8>, ApiError> {
+        let bytes = self
+            .0
+            .connection
+            .get_bytes(&format!("plugins/{digest}/component"))
+            .await?;
+        let found = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
+        if found != digest {
+            return Err(ApiError::internal(format!(
+                "the server's copy of plugin {digest} has digest {found}"
+            )));
+        }
+        Ok(bytes.to_vec())
+    }
 }
 
 /// An adapter and its optimizer on the server. Its requests are numbered `seq_id` 1, 2, ... and
@@ -394,5 +431,9 @@ impl SamplingClient for RemoteSampling {
             .call("asample", Body::Json(request))
             .await?;
         codec::decode_sample_response(&reply.proto("asample")?)
+    }
+
+    async fn address(&self) -> Result<Option<String>, ApiError> {
+        Ok(Some(self.session().await?.to_string()))
     }
 }

@@ -4,13 +4,13 @@
 
 use super::super::context::{JobContext, sampling_params};
 use super::super::job::Job;
-use super::task::{GroupTask, PluginUse, PolicyRef, RewardUse, TASK_FORMAT};
+use super::task::{GroupTask, PluginUse, RewardUse, Seat, TASK_FORMAT};
 
 /// The policies a group is launched with.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Launch {
-    /// The policy of each seat (the last serves any seat beyond).
-    pub(crate) seats: Vec<PolicyRef>,
+    /// Who acts in each seat (the last serves any seat beyond).
+    pub(crate) seats: Vec<Seat>,
     /// Training steps done when the group was launched.
     pub(crate) version: usize,
 }

@@ -15,19 +15,24 @@
 //! playing ahead of training.
 
 mod group_stream;
+mod in_process;
 mod launch;
 mod play;
 mod players;
 mod queue;
 mod task;
+mod worker;
 
 pub use play::play_task;
 pub use players::Rollouts;
 pub use queue::{Queue, QueueError, QueueRollouts, QueueSettings, serve_tasks};
 pub use task::{
-    GroupTask, PlayedGroup, PluginUse, PolicyRef, RewardUse, TASK_FORMAT, TaskError, TaskPlugins,
+    GroupTask, PlayedGroup, PluginUse, PolicyRef, RewardUse, Seat, TASK_FORMAT, TaskError,
+    TaskPlugins,
 };
+pub use worker::WorkerPlayer;
 
 pub(crate) use group_stream::GroupStream;
+pub(crate) use in_process::InProcess;
 pub(crate) use launch::{JobTasks, Launch};
-pub(crate) use players::{InProcess, Samplers};
+pub(crate) use players::Samplers;

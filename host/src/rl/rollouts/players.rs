@@ -1,17 +1,13 @@
 //! Who plays a job's groups. The driver hands each [`GroupTask`] to its [`Rollouts`] and awaits
-//! the [`PlayedGroup`]; it neither knows nor cares where the episodes ran. [`InProcess`] plays
-//! them in this process, on the job's loaded plugins, with the samplers of the policy versions
-//! the driver has published into its [`Samplers`].
+//! the [`PlayedGroup`]; it neither knows nor cares where the episodes ran. [`Samplers`] holds the
+//! policy versions the driver has published, by name, for a player in its process.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use futures::future::BoxFuture;
 
-use super::super::context::JobContext;
-use super::super::rollout::Actor;
-use super::play::play_task;
-use super::task::{GroupTask, PlayedGroup, PolicyRef, TaskError, TaskPlugins};
+use super::task::{GroupTask, PlayedGroup, PolicyRef, TaskError};
 use crate::client::SamplingClient;
 
 /// Plays groups of episodes for the driver.
@@ -46,44 +42,6 @@ impl Samplers {
             .get(policy)
             .cloned()
             .ok_or_else(|| TaskError::UnknownPolicy(policy.clone()))
-    }
-}
-
-/// Plays a job's groups in this process.
-pub(crate) struct InProcess {
-    cx: Arc<JobContext>,
-    samplers: Samplers,
-}
-
-impl InProcess {
-    /// The player of the job of `cx`, sampling the versions published into `samplers`.
-    pub(crate) fn new(cx: Arc<JobContext>, samplers: Samplers) -> Self {
-        InProcess { cx, samplers }
-    }
-}
-
-impl Rollouts for InProcess {
-    fn start(&self, task: GroupTask) -> BoxFuture<'static, anyhow::Result<PlayedGroup>> {
-        let actors: Result<Vec<Actor>, TaskError> = task
-            .seats
-            .iter()
-            .map(|seat| self.samplers.resolve(seat).map(Actor::Policy))
-            .collect();
-        let cx = Arc::clone(&self.cx);
-        Box::pin(async move {
-            let actors = match actors {
-                Ok(actors) => actors,
-                Err(error) => {
-                    return Ok(PlayedGroup::failed(&task, error.kind(), &error.to_string()));
-                }
-            };
-            let plugins = TaskPlugins {
-                environment: cx.environment()?,
-                agent: cx.agent.as_ref(),
-                reward: cx.reward.as_ref(),
-            };
-            Ok(play_task(&task, plugins, &cx.model.renderer, &actors).await)
-        })
     }
 }
 

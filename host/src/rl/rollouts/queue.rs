@@ -403,6 +403,7 @@ async fn serve_task(
         }
     };
     let delivered = message.info().map_or(1, |info| info.delivered);
+    tracing::info!(job = %task.job, group = task.group, version = task.version, delivered, "playing a task");
     let ack_wait = queue.settings.ack_wait;
     let mut playing = player.start(task.clone());
     let mut still_working = tokio::time::interval(ack_wait / 3);

@@ -35,6 +35,17 @@ impl std::fmt::Display for PolicyRef {
     }
 }
 
+/// Who acts in a seat: a policy version by name, and where it can be sampled from outside the
+/// driver's process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Seat {
+    pub policy: PolicyRef,
+    /// The version's sampling session on the server, when the driver trains on one: a rollout
+    /// worker samples it there. `None` when it lives in the driver's process.
+    #[serde(default)]
+    pub sampler: Option<String>,
+}
+
 /// A plugin a task uses: its component by digest and the config it is called with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PluginUse {
@@ -70,8 +81,8 @@ pub struct GroupTask {
     /// The seed of the group's task; episode `i` plays with seed `seed * 1000 + i`.
     pub seed: u64,
     pub group_size: usize,
-    /// The policy of each seat (the last serves any seat beyond).
-    pub seats: Vec<PolicyRef>,
+    /// Who acts in each seat (the last serves any seat beyond).
+    pub seats: Vec<Seat>,
     pub environment: PluginUse,
     pub agent: Option<PluginUse>,
     pub reward: Option<RewardUse>,

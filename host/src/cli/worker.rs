@@ -1,0 +1,96 @@
+//! `opentinker worker --queue nats://HOST:PORT --server URL`: a stateless rollout worker. It
+//! pulls RL group tasks from the queue, fetches the plugins they name from the server (by
+//! digest, checked), plays them in its sandbox on the server's samplers, and publishes the
+//! trajectories; start as many as the environments need, on any machines that reach both.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::client::{ModelText, RemoteService, TinyModelSpec};
+use crate::plugin::PluginHost;
+use crate::rl::{Queue, QueueSettings, Renderer, WorkerPlayer, serve_tasks};
+use crate::service::TINY_MODEL_NAME;
+
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    /// The rollout queue: the NATS server (with JetStream) that `train --rollouts` publishes to.
+    #[arg(long, value_name = "URL")]
+    queue: String,
+    /// The server the driver trains on (`opentinker serve`, `http://host:port`): where the
+    /// worker samples and fetches plugins.
+    #[arg(long, value_name = "URL")]
+    server: String,
+    /// The API key of the tenant whose jobs this worker plays.
+    #[arg(long, env = "TINKER_API_KEY", hide_env_values = true)]
+    api_key: String,
+    /// The model's folder on this machine, for its tokenizer and chat template (default: the
+    /// built-in tiny model's, made here).
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+    /// The name under which the server serves that model (default: `opentinker/tiny` for the
+    /// built-in tiny model).
+    #[arg(long, value_name = "NAME")]
+    base_model: Option<String>,
+    /// Tasks played at once.
+    #[arg(long, default_value_t = 1)]
+    slots: usize,
+    /// Seconds a task may go unacknowledged before another worker gets it (the worker says it
+    /// is still at it every third of this while it plays).
+    #[arg(long, default_value_t = 30)]
+    ack_wait_secs: u64,
+    /// Deliveries of a task before it is answered with its failure.
+    #[arg(long, default_value_t = 3)]
+    max_deliver: i64,
+    #[command(flatten)]
+    host: super::HostArgs,
+}
+
+pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    let base_model = match (&args.base_model, &args.model) {
+        (Some(name), _) => name.clone(),
+        (None, None) => TINY_MODEL_NAME.to_string(),
+        (None, Some(dir)) => anyhow::bail!(
+            "--model {} needs --base-model NAME, the name under which the server serves it",
+            dir.display()
+        ),
+    };
+    // The built-in tiny model's text comes from generating it; kept while the worker runs.
+    let scratch = tempfile::tempdir().context("making a scratch folder")?;
+    let model_dir = match &args.model {
+        Some(dir) => dir.clone(),
+        None => {
+            let dir = scratch.path().join("model");
+            TinyModelSpec::built_in().generate(&dir)?;
+            dir
+        }
+    };
+    let text = ModelText::load(&model_dir)?;
+    let template = text
+        .chat_template
+        .with_context(|| format!("{}: the model has no chat template", model_dir.display()))?;
+    let renderer = Renderer::new(template, text.tokenizer)?;
+    let host = PluginHost::new(args.host.host_config())?;
+    let settings = QueueSettings {
+        ack_wait: Duration::from_secs(args.ack_wait_secs.max(1)),
+        max_deliver: args.max_deliver,
+    };
+    let runtime = super::runtime(args.slots + 1)?;
+    runtime.block_on(async {
+        let service = RemoteService::connect(&args.server, &args.api_key, &base_model)
+            .await
+            .with_context(|| format!("connecting to {}", args.server))?;
+        let player = Arc::new(WorkerPlayer::new(service, host, renderer));
+        let queue = Queue::connect(&args.queue, settings).await?;
+        eprintln!(
+            "worker: playing tasks from {} on {} ({} at a time)",
+            args.queue, args.server, args.slots
+        );
+        tokio::select! {
+            served = serve_tasks(queue, player, args.slots) => match served? {},
+            _ = tokio::signal::ctrl_c() => Ok(()),
+        }
+    })
+}
