@@ -72,82 +72,176 @@ fn worker(
     child
 }
 
+/// A queue, a server, the test's job, its metrics when the driver plays its groups, and
+/// workers with their log lines.
+struct Cluster {
+    dir: tempfile::TempDir,
+    nats: NatsServer,
+    server: server::Server,
+    job: std::path::PathBuf,
+    /// The job's run with its groups played by the driver.
+    driver: std::path::PathBuf,
+    workers: Vec<Child>,
+    lines: mpsc::Receiver<(usize, String)>,
+    /// Every worker log line read so far, with its worker.
+    log: Vec<(usize, String)>,
+}
+
+impl Cluster {
+    /// `workers` workers on a fresh queue and server, after the job has run with the driver
+    /// playing its groups; `None` where nats-server is missing (skipped).
+    fn start(workers: usize) -> Option<Cluster> {
+        let dir = tempfile::tempdir().unwrap();
+        let nats = NatsServer::start(&dir.path().join("nats"))?;
+        let server = start_server();
+        let job = ArithmeticJob {
+            sft_steps: 30,
+            full_parameters: false,
+            rl_steps: 3,
+            rl_extra: "",
+            sections: "",
+        }
+        .write(dir.path(), "job");
+        let driver = dir.path().join("driver");
+        finish(train(&server, &job, &driver, &[]), "train --server");
+        let (send, lines) = mpsc::channel();
+        let workers = (0..workers)
+            .map(|i| worker(i, &nats, &server, send.clone()))
+            .collect();
+        Some(Cluster {
+            dir,
+            nats,
+            server,
+            job,
+            driver,
+            workers,
+            lines,
+            log: Vec::new(),
+        })
+    }
+
+    /// `train` of the job with its groups published to the queue, into `name`.
+    fn train_with_workers(&self, name: &str) -> (Child, std::path::PathBuf) {
+        let out = self.dir.path().join(name);
+        let run = train(
+            &self.server,
+            &self.job,
+            &out,
+            &["--rollouts", &self.nats.url()],
+        );
+        (run, out)
+    }
+
+    /// Read worker lines until one of worker `from` (any worker: `None`) says it plays a task.
+    fn until_playing(&mut self, from: Option<usize>) -> usize {
+        for (i, line) in self.lines.iter() {
+            let playing = line.contains("playing a task");
+            self.log.push((i, line));
+            if playing && from.is_none_or(|from| from == i) {
+                return i;
+            }
+        }
+        panic!(
+            "the workers ended before one played a task:\n{}",
+            self.text()
+        );
+    }
+
+    /// Stop every worker and read what they said.
+    fn stop_workers(&mut self) {
+        for worker in &mut self.workers {
+            let _ = worker.kill();
+            let _ = worker.wait();
+        }
+        self.log.extend(self.lines.try_iter());
+    }
+
+    fn text(&self) -> String {
+        let lines: Vec<String> = self
+            .log
+            .iter()
+            .map(|(i, l)| format!("worker {i}: {l}"))
+            .collect();
+        lines.join("\n")
+    }
+
+    /// The run in `out` ended as the driver's own: the same episodes, rewards, tokens, errors and
+    /// evaluations at every step, and the same losses, with RL that had a signal.
+    fn assert_same_as_driver(&self, out: &Path) {
+        let (played_here, played_there) = (metrics(&self.driver), metrics(out));
+        assert_eq!(played_here.len(), played_there.len());
+        let rl: Vec<_> = played_there.iter().filter(|l| l["phase"] == "rl").collect();
+        assert_eq!(rl.len(), 3);
+        assert!(
+            rl.iter().any(|l| l["tokens"].as_f64() > Some(0.0)),
+            "{rl:?}"
+        );
+        for (here, there) in played_here.iter().zip(&played_there) {
+            for key in [
+                "phase",
+                "reward_mean",
+                "reward_std",
+                "tokens",
+                "errors",
+                "eval",
+            ] {
+                assert_eq!(here[key], there[key], "{key}:\n{here}\n{there}");
+            }
+            let (a, b) = (
+                here["loss"].as_f64().unwrap(),
+                there["loss"].as_f64().unwrap(),
+            );
+            assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "{here}\n{there}");
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_workers();
+    }
+}
+
+/// A worker killed with a group in hand loses it to another after the ack wait; the group is
+/// counted once, and the run ends as the driver's own.
 #[test]
 fn a_job_played_by_three_workers_one_killed_mid_group_ends_as_it_does_in_the_driver() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(nats) = NatsServer::start(&dir.path().join("nats")) else {
+    let Some(mut cluster) = Cluster::start(3) else {
         return;
     };
-    let server = start_server();
-    let job = ArithmeticJob {
-        sft_steps: 30,
-        full_parameters: false,
-        rl_steps: 3,
-        rl_extra: "",
-        sections: "",
-    }
-    .write(dir.path(), "job");
-    let (driver, queued) = (dir.path().join("driver"), dir.path().join("queued"));
-    finish(train(&server, &job, &driver, &[]), "train --server");
-
-    let (send, lines) = mpsc::channel();
-    let mut workers: Vec<Child> = (0..3)
-        .map(|i| worker(i, &nats, &server, send.clone()))
-        .collect();
-    drop(send);
-    let run = train(&server, &job, &queued, &["--rollouts", &nats.url()]);
-    // Kill worker 0 as soon as it has a group in hand: its group goes to another worker after
-    // the ack wait.
-    let mut log: Vec<(usize, String)> = Vec::new();
-    for (i, line) in lines.iter() {
-        let playing = line.contains("playing a task");
-        log.push((i, line));
-        if i == 0 && playing {
-            workers[0].kill().unwrap();
-            workers[0].wait().unwrap();
-            break;
-        }
-    }
+    let (run, out) = cluster.train_with_workers("queued");
+    cluster.until_playing(Some(0));
+    cluster.workers[0].kill().unwrap();
+    cluster.workers[0].wait().unwrap();
     finish(run, "train --server --rollouts");
-    for worker in &mut workers[1..] {
-        worker.kill().unwrap();
-        worker.wait().unwrap();
-    }
-    log.extend(lines.iter());
-    let text: Vec<String> = log
-        .iter()
-        .map(|(i, l)| format!("worker {i}: {l}"))
-        .collect();
-    let text = text.join("\n");
+    cluster.stop_workers();
     assert!(
-        log.iter()
+        cluster
+            .log
+            .iter()
             .any(|(i, l)| *i != 0 && l.contains("playing a task") && l.contains("delivered=2")),
-        "the killed worker's group was delivered again to another:\n{text}"
+        "the killed worker's group was delivered again to another:\n{}",
+        cluster.text()
     );
+    cluster.assert_same_as_driver(&out);
+}
 
-    let (played_here, played_there) = (metrics(&driver), metrics(&queued));
-    assert_eq!(played_here.len(), played_there.len());
-    let rl: Vec<_> = played_there.iter().filter(|l| l["phase"] == "rl").collect();
-    assert_eq!(rl.len(), 3);
+/// The queue server killed and started again in the middle of a run (its streams on file
+/// storage): nothing published is lost, the driver and the workers carry on, and the run ends
+/// as the driver's own.
+#[test]
+fn a_job_whose_queue_server_restarts_mid_run_ends_as_it_does_in_the_driver() {
+    let Some(mut cluster) = Cluster::start(2) else {
+        return;
+    };
+    let (mut run, out) = cluster.train_with_workers("queued");
+    cluster.until_playing(None);
     assert!(
-        rl.iter().any(|l| l["tokens"].as_f64() > Some(0.0)),
-        "{rl:?}"
+        run.try_wait().unwrap().is_none(),
+        "the run ended before the restart"
     );
-    for (here, there) in played_here.iter().zip(&played_there) {
-        for key in [
-            "phase",
-            "reward_mean",
-            "reward_std",
-            "tokens",
-            "errors",
-            "eval",
-        ] {
-            assert_eq!(here[key], there[key], "{key}:\n{here}\n{there}");
-        }
-        let (a, b) = (
-            here["loss"].as_f64().unwrap(),
-            there["loss"].as_f64().unwrap(),
-        );
-        assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "{here}\n{there}");
-    }
+    cluster.nats.restart();
+    finish(run, "train --server --rollouts");
+    cluster.stop_workers();
+    cluster.assert_same_as_driver(&out);
 }

@@ -209,13 +209,8 @@ fn message_id(job: &str, group: u64, version: usize) -> String {
     format!("{}.{group}.v{version}", job_token(job))
 }
 
-/// Groups waiting for their answer, and answers that came before anyone waited for them (a
-/// restarted driver's earlier tasks), by (group, version).
-#[derive(Default)]
-struct Gathered {
-    waiting: HashMap<(u64, usize), oneshot::Sender<PlayedGroup>>,
-    early: HashMap<(u64, usize), PlayedGroup>,
-}
+/// The groups waiting for their answer, by (group, version).
+type Waiting = Arc<Mutex<HashMap<(u64, usize), oneshot::Sender<PlayedGroup>>>>;
 
 /// The driver's side of the queue for one job: [`Rollouts`] whose groups are played by the
 /// workers.
@@ -223,7 +218,7 @@ pub struct QueueRollouts {
     queue: Queue,
     /// The job's name on the queue: its own name and this driver's nonce.
     job: String,
-    gathered: Arc<Mutex<Gathered>>,
+    waiting: Waiting,
     gatherer: JoinHandle<()>,
 }
 
@@ -245,51 +240,59 @@ impl QueueRollouts {
                 },
             )
             .await?;
-        let mut messages = consumer
-            .messages()
-            .await
-            .map_err(|e| QueueError::Read(e.to_string()))?;
-        let gathered = Arc::new(Mutex::new(Gathered::default()));
-        let into = Arc::clone(&gathered);
-        let name = job.clone();
-        let gatherer = tokio::spawn(async move {
-            while let Some(message) = messages.next().await {
-                let message = match message {
-                    Ok(message) => message,
-                    Err(error) => {
-                        tracing::warn!(job = %name, %error, "reading played groups");
-                        continue;
-                    }
-                };
-                match serde_json::from_slice::<PlayedGroup>(&message.payload) {
-                    Ok(played) => {
-                        let key = (played.id, played.version);
-                        let mut gathered = into.lock().unwrap_or_else(PoisonError::into_inner);
-                        match gathered.waiting.remove(&key) {
-                            Some(waiter) => {
-                                // A waiter that has gone (its job ended) needs nothing.
-                                let _ = waiter.send(played);
-                            }
-                            None => {
-                                gathered.early.insert(key, played);
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        tracing::warn!(job = %name, %error, "a played group that does not decode");
-                    }
-                }
-                if let Err(error) = message.ack().await {
-                    tracing::warn!(job = %name, %error, "acknowledging a played group");
-                }
-            }
-        });
+        let waiting = Waiting::default();
+        let gatherer = tokio::spawn(gather(consumer, Arc::clone(&waiting), job.clone()));
         Ok(QueueRollouts {
             queue,
             job,
-            gathered,
+            waiting,
             gatherer,
         })
+    }
+}
+
+/// Hand each answer of job `job` to the group waiting for it, for good: a broken read (the queue
+/// server restarting) is opened again. An answer nobody waits for is a second copy of one
+/// already handed over (or of a group whose job has gone) and is dropped.
+async fn gather(consumer: PullConsumer, waiting: Waiting, job: String) {
+    loop {
+        let mut messages = match consumer.messages().await {
+            Ok(messages) => messages,
+            Err(error) => {
+                tracing::warn!(%job, %error, "reading played groups; trying again");
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+        };
+        while let Some(message) = messages.next().await {
+            let message = match message {
+                Ok(message) => message,
+                Err(error) => {
+                    tracing::warn!(%job, %error, "reading played groups; opening the read again");
+                    break;
+                }
+            };
+            match serde_json::from_slice::<PlayedGroup>(&message.payload) {
+                Ok(played) => {
+                    let key = (played.id, played.version);
+                    let waiter = waiting
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(&key);
+                    // A waiter that has gone (its job ended) needs nothing.
+                    if let Some(waiter) = waiter {
+                        let _ = waiter.send(played);
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%job, %error, "a played group that does not decode");
+                }
+            }
+            if let Err(error) = message.ack().await {
+                tracing::warn!(%job, %error, "acknowledging a played group");
+            }
+        }
+        tokio::time::sleep(RETRY_PAUSE).await;
     }
 }
 
@@ -303,23 +306,13 @@ impl Rollouts for QueueRollouts {
     /// Publish `task` under this driver's name for its job and await its answer.
     fn start(&self, mut task: GroupTask) -> BoxFuture<'static, anyhow::Result<PlayedGroup>> {
         task.job = self.job.clone();
-        let key = (task.group, task.version);
         let (send, answer) = oneshot::channel();
-        let early = {
-            let mut gathered = self.gathered.lock().unwrap_or_else(PoisonError::into_inner);
-            match gathered.early.remove(&key) {
-                Some(played) => Some(played),
-                None => {
-                    gathered.waiting.insert(key, send);
-                    None
-                }
-            }
-        };
+        self.waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((task.group, task.version), send);
         let (queue, job) = (self.queue.clone(), self.job.clone());
         Box::pin(async move {
-            if let Some(played) = early {
-                return Ok(played);
-            }
             let payload = serde_json::to_vec(&task)?;
             let subject = format!("opentinker.tasks.{}", job_token(&task.job));
             let id = message_id(&task.job, task.group, task.version);
@@ -411,7 +404,12 @@ async fn serve_task(
     let played = loop {
         tokio::select! {
             played = &mut playing => break played,
-            _ = still_working.tick() => ack(&message, AckKind::Progress).await?,
+            _ = still_working.tick() => {
+                // A missed one only shortens the task's lease; the play goes on.
+                if let Err(error) = ack(&message, AckKind::Progress).await {
+                    tracing::warn!(%error, "telling the queue a task is still being played");
+                }
+            }
         }
     };
     let played = match played {
