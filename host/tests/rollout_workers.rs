@@ -18,12 +18,17 @@ use arithmetic_job::{ArithmeticJob, metrics};
 use opentinker_test_tools::NatsServer;
 use server::{BIN, start_server};
 
-/// `train JOB --out OUT --server URL --api-key KEY` and `more` arguments, started.
+/// `train JOB --out OUT --server URL --api-key KEY` and `more` arguments, started (with
+/// `--resume OUT` in place of `--out OUT` when `more` asks to resume).
 fn train(server: &server::Server, job: &Path, out: &Path, more: &[&str]) -> Child {
+    let (folder, more) = match more.split_first() {
+        Some((&"--resume", rest)) => ("--resume", rest),
+        _ => ("--out", more),
+    };
     Command::new(BIN)
         .arg("train")
         .arg(job)
-        .arg("--out")
+        .arg(folder)
         .arg(out)
         .args(["--server", &server.url, "--api-key", &server.alice])
         .args(more)
@@ -91,6 +96,11 @@ impl Cluster {
     /// `workers` workers on a fresh queue and server, after the job has run with the driver
     /// playing its groups; `None` where nats-server is missing (skipped).
     fn start(workers: usize) -> Option<Cluster> {
+        Cluster::start_with(workers, "")
+    }
+
+    /// [`Cluster::start`] with more sections in the job file.
+    fn start_with(workers: usize, sections: &'static str) -> Option<Cluster> {
         let dir = tempfile::tempdir().unwrap();
         let nats = NatsServer::start(&dir.path().join("nats"))?;
         let server = start_server();
@@ -99,7 +109,7 @@ impl Cluster {
             full_parameters: false,
             rl_steps: 3,
             rl_extra: "",
-            sections: "",
+            sections,
         }
         .write(dir.path(), "job");
         let driver = dir.path().join("driver");
@@ -132,10 +142,12 @@ impl Cluster {
         (run, out)
     }
 
-    /// Read worker lines until one of worker `from` (any worker: `None`) says it plays a task.
-    fn until_playing(&mut self, from: Option<usize>) -> usize {
+    /// Read worker lines until one of worker `from` (any worker: `None`) says it plays a task
+    /// of `version` (any: `None`).
+    fn until_playing(&mut self, from: Option<usize>, version: Option<usize>) -> usize {
         for (i, line) in self.lines.iter() {
-            let playing = line.contains("playing a task");
+            let playing = line.contains("playing a task")
+                && version.is_none_or(|v| line.contains(&format!("version={v} ")));
             self.log.push((i, line));
             if playing && from.is_none_or(|from| from == i) {
                 return i;
@@ -210,7 +222,7 @@ fn a_job_played_by_three_workers_one_killed_mid_group_ends_as_it_does_in_the_dri
         return;
     };
     let (run, out) = cluster.train_with_workers("queued");
-    cluster.until_playing(Some(0));
+    cluster.until_playing(Some(0), None);
     cluster.workers[0].kill().unwrap();
     cluster.workers[0].wait().unwrap();
     finish(run, "train --server --rollouts");
@@ -235,13 +247,37 @@ fn a_job_whose_queue_server_restarts_mid_run_ends_as_it_does_in_the_driver() {
         return;
     };
     let (mut run, out) = cluster.train_with_workers("queued");
-    cluster.until_playing(None);
+    cluster.until_playing(None, None);
     assert!(
         run.try_wait().unwrap().is_none(),
         "the run ended before the restart"
     );
     cluster.nats.restart();
     finish(run, "train --server --rollouts");
+    cluster.stop_workers();
+    cluster.assert_same_as_driver(&out);
+}
+
+/// The driver killed in the middle of an RL step and started again with `--resume`: it goes on
+/// from its last checkpoint under a new name on the queue (what its predecessor published is
+/// never counted), plays the step again, and the run ends as the driver's own.
+#[test]
+fn a_job_whose_driver_is_killed_mid_step_and_resumed_ends_as_it_does_in_the_driver() {
+    let Some(mut cluster) = Cluster::start_with(2, "[checkpoint]\nevery = 1") else {
+        return;
+    };
+    let (mut run, out) = cluster.train_with_workers("queued");
+    // Step 1's groups (launched after one step trained): step 0 is checkpointed.
+    cluster.until_playing(None, Some(1));
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let resumed = train(
+        &cluster.server,
+        &cluster.job,
+        &out,
+        &["--resume", "--rollouts", &cluster.nats.url()],
+    );
+    finish(resumed, "train --resume --server --rollouts");
     cluster.stop_workers();
     cluster.assert_same_as_driver(&out);
 }

@@ -44,6 +44,8 @@ const WORKERS: &str = "opentinker-workers";
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
 /// How long a message nobody takes stays (the tasks and answers of a driver that has gone).
 const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+/// How long a driver's consumer of answers outlives its last read.
+const DRIVER_INACTIVE: Duration = Duration::from_secs(3600);
 /// How long one pull waits for a task before asking again.
 const PULL_WAIT: Duration = Duration::from_secs(2);
 /// How long a message is tried again before its publisher gives up.
@@ -236,6 +238,8 @@ impl QueueRollouts {
                     durable_name: Some(format!("driver-{token}")),
                     filter_subject: format!("opentinker.played.{token}"),
                     ack_policy: AckPolicy::Explicit,
+                    // A driver that has gone (its run ended, or it was killed) leaves no consumer.
+                    inactive_threshold: DRIVER_INACTIVE,
                     ..Default::default()
                 },
             )
