@@ -288,27 +288,49 @@ async fn a_task_that_cannot_be_played_as_written_fails_its_episodes_with_the_rea
 
 /// The group the test's workers fail on, every time.
 const DOOMED: u64 = 99;
+/// The group the test's workers never finish: they tell the test they started it and wait.
+const STUCK: u64 = 98;
 
 /// What a rollout worker does, in this process: plays each task with the table's plugins and
-/// the base model, counting the plays, and fails on group [`DOOMED`] as a worker that cannot
-/// reach what the task needs would.
+/// the base model, counting the plays; fails on group [`DOOMED`] as a worker that cannot reach
+/// what the task needs would; and on group [`STUCK`] says it started (its worker's index) and
+/// never ends, so that the test can stop its worker as a kill would.
 struct TablePlayer {
     table: Arc<Table>,
     plays: Arc<AtomicUsize>,
+    index: usize,
+    started: Option<tokio::sync::mpsc::UnboundedSender<usize>>,
 }
 
 impl Rollouts for TablePlayer {
     fn start(&self, task: GroupTask) -> BoxFuture<'static, anyhow::Result<PlayedGroup>> {
         self.plays.fetch_add(1, Ordering::SeqCst);
         let table = Arc::clone(&self.table);
+        let (index, started) = (self.index, self.started.clone());
         Box::pin(async move {
             anyhow::ensure!(
                 task.group != DOOMED,
                 "this worker cannot play group {DOOMED}"
             );
+            if task.group == STUCK {
+                if let Some(started) = started {
+                    let _ = started.send(index);
+                }
+                std::future::pending::<()>().await;
+            }
             Ok(play_task(&task, table.plugins(), &table.renderer, &table.actors).await)
         })
     }
+}
+
+/// The driver goes on: group `group` comes back played, every episode whole.
+async fn plays_on(driver: &QueueRollouts, table: &Table, group: u64) {
+    let task = GroupTask {
+        group,
+        ..table.task()
+    };
+    let next = driver.start(task).await.unwrap();
+    assert!(next.episodes.iter().all(|(_, o)| o.error.is_none()));
 }
 
 /// Groups published by a driver to a real NATS JetStream queue and played by three workers come
@@ -333,6 +355,8 @@ async fn groups_played_by_three_workers_through_a_real_queue_come_back_as_played
         let player = Arc::new(TablePlayer {
             table: Arc::clone(&table),
             plays: Arc::clone(&plays),
+            index: 0,
+            started: None,
         });
         workers.push(tokio::spawn(serve_tasks(queue, player, 1)));
     }
@@ -379,16 +403,84 @@ async fn groups_played_by_three_workers_through_a_real_queue_come_back_as_played
         6 + 2,
         "two deliveries of the doomed group"
     );
-    // The driver goes on: the next group comes back played.
-    let next = driver
-        .start(GroupTask {
-            group: 6,
-            ..table.task()
-        })
-        .await
-        .unwrap();
-    assert!(next.episodes.iter().all(|(_, o)| o.error.is_none()));
+    plays_on(&driver, &table, 6).await;
     for worker in workers {
+        worker.abort();
+    }
+}
+
+/// A group whose every worker stops before answering (killed: its play dropped, no more acks)
+/// is delivered again after the ack wait, and after its last delivery the server's advisory
+/// makes the driver answer it with its episodes failed as `rollout_worker`; the task leaves the
+/// queue and the driver goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_every_worker_stops_before_answering_comes_back_failed() {
+    let store = tempfile::tempdir().unwrap();
+    let Some(nats) = NatsServer::start(store.path()) else {
+        return;
+    };
+    let table = Arc::new(Table::new().await);
+    let settings = QueueSettings {
+        ack_wait: Duration::from_secs(1),
+        max_deliver: 2,
+    };
+    let (tell, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let worker = |index: usize| {
+        let (table, tell, url, settings) = (
+            Arc::clone(&table),
+            tell.clone(),
+            nats.url(),
+            settings.clone(),
+        );
+        let player = Arc::new(TablePlayer {
+            table,
+            plays: Arc::new(AtomicUsize::new(0)),
+            index,
+            started: Some(tell),
+        });
+        tokio::spawn(async move {
+            let queue = Queue::connect(&url, settings).await.unwrap();
+            serve_tasks(queue, player, 1).await
+        })
+    };
+    let mut workers = std::collections::BTreeMap::new();
+    for index in 0..2 {
+        workers.insert(index, worker(index));
+    }
+    let queue = Queue::connect(&nats.url(), settings.clone()).await.unwrap();
+    let driver = QueueRollouts::new(queue, "stuck").await.unwrap();
+    let stuck = GroupTask {
+        group: STUCK,
+        ..table.task()
+    };
+    let answer = tokio::spawn(driver.start(stuck.clone()));
+    for delivery in 0..2 {
+        let index = tokio::time::timeout(Duration::from_secs(30), started.recv())
+            .await
+            .unwrap_or_else(|_| panic!("delivery {delivery} of the stuck group never came"))
+            .unwrap();
+        workers.remove(&index).unwrap().abort();
+        let next = 2 + delivery;
+        workers.insert(next, worker(next));
+    }
+    let failed = tokio::time::timeout(Duration::from_secs(30), answer)
+        .await
+        .expect("the driver answered the stuck group after its last delivery")
+        .unwrap()
+        .unwrap();
+    assert_eq!(failed.episodes.len(), stuck.group_size);
+    for (_, outcome) in &failed.episodes {
+        assert_eq!(outcome.error.as_deref(), Some("rollout_worker"));
+        let message = outcome.error_message.as_deref().unwrap();
+        assert!(message.contains("in 2 deliveries"), "{message}");
+    }
+    // The next group is played, and nothing more of the stuck one comes: no third delivery.
+    plays_on(&driver, &table, 0).await;
+    assert!(
+        started.try_recv().is_err(),
+        "the stuck group came a third time"
+    );
+    for worker in workers.into_values() {
         worker.abort();
     }
 }

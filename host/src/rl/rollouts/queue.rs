@@ -17,7 +17,10 @@
 //! in-progress ack every third of the ack wait), so a long episode keeps its task and a worker
 //! that stops acking (killed, hung) loses it to another after the ack wait. A task whose player
 //! fails on every delivery is answered, at its last delivery, with a group whose episodes failed
-//! with the player's error (`rollout_worker`), and the job goes on.
+//! with the player's error (`rollout_worker`); one whose every worker stops before answering is
+//! answered the same way by its driver when the server's `MAX_DELIVERIES` advisory names it (the
+//! driver knows its tasks by their stream sequence), and taken out of the stream. Either way the
+//! job goes on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -44,6 +47,9 @@ const WORKERS: &str = "opentinker-workers";
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
 /// How long a message nobody takes stays (the tasks and answers of a driver that has gone).
 const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+/// Where the server says a workers' task reached its last delivery unanswered.
+const MAX_DELIVERIES: &str =
+    "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.OPENTINKER_TASKS.opentinker-workers";
 /// How long a driver's consumer of answers outlives its last read.
 const DRIVER_INACTIVE: Duration = Duration::from_secs(3600);
 /// How long one pull waits for a task before asking again.
@@ -167,7 +173,13 @@ impl Queue {
     /// Store `payload` on `subject` under message id `id`, once (a second copy within the
     /// duplicate window is acknowledged and dropped, which makes trying again safe: a queue
     /// server that is restarting is tried again for up to [`PUBLISH_PATIENCE`]).
-    async fn publish(&self, subject: String, id: &str, payload: Vec<u8>) -> Result<(), QueueError> {
+    /// Answers the message's sequence in its stream (the first copy's, for a second copy).
+    async fn publish(
+        &self,
+        subject: String,
+        id: &str,
+        payload: Vec<u8>,
+    ) -> Result<u64, QueueError> {
         let payload = bytes::Bytes::from(payload);
         let started = std::time::Instant::now();
         loop {
@@ -175,11 +187,11 @@ impl Queue {
                 .payload(payload.clone())
                 .message_id(id);
             let stored = match self.jetstream.send_publish(subject.clone(), message).await {
-                Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                Ok(ack) => ack.await.map(|a| a.sequence).map_err(|e| e.to_string()),
                 Err(error) => Err(error.to_string()),
             };
             match stored {
-                Ok(()) => return Ok(()),
+                Ok(sequence) => return Ok(sequence),
                 Err(message) if started.elapsed() >= PUBLISH_PATIENCE => {
                     return Err(QueueError::Publish { subject, message });
                 }
@@ -211,8 +223,44 @@ fn message_id(job: &str, group: u64, version: usize) -> String {
     format!("{}.{group}.v{version}", job_token(job))
 }
 
-/// The groups waiting for their answer, by (group, version).
-type Waiting = Arc<Mutex<HashMap<(u64, usize), oneshot::Sender<PlayedGroup>>>>;
+/// A driver's groups on the queue that have no answer yet.
+#[derive(Default)]
+struct Pending {
+    /// Who waits for each group's answer, by (group, version).
+    waiting: HashMap<(u64, usize), oneshot::Sender<PlayedGroup>>,
+    /// Each group's task, by its sequence in the tasks stream: what a dead letter names.
+    published: HashMap<u64, GroupTask>,
+}
+
+impl Pending {
+    /// Hand `played` to whoever waits for it; `false` if nobody does (a second copy).
+    fn answer(&mut self, played: PlayedGroup) -> bool {
+        let key = (played.id, played.version);
+        self.published
+            .retain(|_, task| (task.group, task.version) != key);
+        match self.waiting.remove(&key) {
+            // A waiter that has gone (its job ended) needs nothing.
+            Some(waiter) => {
+                let _ = waiter.send(played);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+type Shared = Arc<Mutex<Pending>>;
+
+fn lock(pending: &Shared) -> std::sync::MutexGuard<'_, Pending> {
+    pending.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What the server says when a task has been delivered `max_deliver` times unanswered.
+#[derive(serde::Deserialize)]
+struct MaxDeliveries {
+    stream_seq: u64,
+    deliveries: u64,
+}
 
 /// The driver's side of the queue for one job: [`Rollouts`] whose groups are played by the
 /// workers.
@@ -220,8 +268,9 @@ pub struct QueueRollouts {
     queue: Queue,
     /// The job's name on the queue: its own name and this driver's nonce.
     job: String,
-    waiting: Waiting,
-    gatherer: JoinHandle<()>,
+    pending: Shared,
+    /// Reading answers, and dead letters.
+    readers: [JoinHandle<()>; 2],
 }
 
 impl QueueRollouts {
@@ -244,21 +293,65 @@ impl QueueRollouts {
                 },
             )
             .await?;
-        let waiting = Waiting::default();
-        let gatherer = tokio::spawn(gather(consumer, Arc::clone(&waiting), job.clone()));
+        let advisories = queue
+            .jetstream
+            .client()
+            .subscribe(MAX_DELIVERIES)
+            .await
+            .map_err(|e| setup("the dead-letter advisories")(e.to_string()))?;
+        let pending = Shared::default();
+        let readers = [
+            tokio::spawn(gather(consumer, Arc::clone(&pending), job.clone())),
+            tokio::spawn(dead_letters(
+                advisories,
+                queue.clone(),
+                Arc::clone(&pending),
+            )),
+        ];
         Ok(QueueRollouts {
             queue,
             job,
-            waiting,
-            gatherer,
+            pending,
+            readers,
         })
+    }
+}
+
+/// Answer each of the driver's tasks that the server gives up on (delivered `max_deliver` times,
+/// every worker that took it stopped before answering) with its episodes failed as
+/// `rollout_worker`, and take the task out of the stream: the job goes on without it.
+async fn dead_letters(mut advisories: async_nats::Subscriber, queue: Queue, pending: Shared) {
+    while let Some(advisory) = advisories.next().await {
+        let Ok(advisory) = serde_json::from_slice::<MaxDeliveries>(&advisory.payload) else {
+            continue;
+        };
+        let Some(task) = lock(&pending).published.remove(&advisory.stream_seq) else {
+            continue;
+        };
+        let message = format!(
+            "no worker answered group {} in {} deliveries: each one that took it stopped first",
+            task.group, advisory.deliveries
+        );
+        tracing::warn!(job = %task.job, group = task.group, "{message}");
+        lock(&pending).answer(PlayedGroup::failed(&task, "rollout_worker", &message));
+        let deleted = match queue.jetstream.get_stream(TASKS_STREAM).await {
+            Ok(stream) => stream
+                .delete_message(advisory.stream_seq)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Err(error) => Err(error.to_string()),
+        };
+        if let Err(error) = deleted {
+            tracing::warn!(%error, "removing a dead task from the queue");
+        }
     }
 }
 
 /// Hand each answer of job `job` to the group waiting for it, for good: a broken read (the queue
 /// server restarting) is opened again. An answer nobody waits for is a second copy of one
 /// already handed over (or of a group whose job has gone) and is dropped.
-async fn gather(consumer: PullConsumer, waiting: Waiting, job: String) {
+async fn gather(consumer: PullConsumer, pending: Shared, job: String) {
     loop {
         let mut messages = match consumer.messages().await {
             Ok(messages) => messages,
@@ -278,15 +371,7 @@ async fn gather(consumer: PullConsumer, waiting: Waiting, job: String) {
             };
             match serde_json::from_slice::<PlayedGroup>(&message.payload) {
                 Ok(played) => {
-                    let key = (played.id, played.version);
-                    let waiter = waiting
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .remove(&key);
-                    // A waiter that has gone (its job ended) needs nothing.
-                    if let Some(waiter) = waiter {
-                        let _ = waiter.send(played);
-                    }
+                    lock(&pending).answer(played);
                 }
                 Err(error) => {
                     tracing::warn!(%job, %error, "a played group that does not decode");
@@ -302,7 +387,9 @@ async fn gather(consumer: PullConsumer, waiting: Waiting, job: String) {
 
 impl Drop for QueueRollouts {
     fn drop(&mut self) {
-        self.gatherer.abort();
+        for reader in &self.readers {
+            reader.abort();
+        }
     }
 }
 
@@ -310,17 +397,26 @@ impl Rollouts for QueueRollouts {
     /// Publish `task` under this driver's name for its job and await its answer.
     fn start(&self, mut task: GroupTask) -> BoxFuture<'static, anyhow::Result<PlayedGroup>> {
         task.job = self.job.clone();
+        let key = (task.group, task.version);
         let (send, answer) = oneshot::channel();
-        self.waiting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert((task.group, task.version), send);
-        let (queue, job) = (self.queue.clone(), self.job.clone());
+        lock(&self.pending).waiting.insert(key, send);
+        let (queue, job, pending) = (
+            self.queue.clone(),
+            self.job.clone(),
+            Arc::clone(&self.pending),
+        );
         Box::pin(async move {
             let payload = serde_json::to_vec(&task)?;
             let subject = format!("opentinker.tasks.{}", job_token(&task.job));
             let id = message_id(&task.job, task.group, task.version);
-            queue.publish(subject, &id, payload).await?;
+            let sequence = queue.publish(subject, &id, payload).await?;
+            {
+                let mut pending = lock(&pending);
+                // Unless its answer came first.
+                if pending.waiting.contains_key(&key) {
+                    pending.published.insert(sequence, task);
+                }
+            }
             Ok(answer.await.map_err(|_| QueueError::DriverStopped(job))?)
         })
     }
