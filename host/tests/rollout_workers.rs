@@ -96,11 +96,15 @@ impl Cluster {
     /// `workers` workers on a fresh queue and server, after the job has run with the driver
     /// playing its groups; `None` where nats-server is missing (skipped).
     fn start(workers: usize) -> Option<Cluster> {
-        Cluster::start_with(workers, "")
+        Cluster::start_with(workers, "", "")
     }
 
-    /// [`Cluster::start`] with more sections in the job file.
-    fn start_with(workers: usize, sections: &'static str) -> Option<Cluster> {
+    /// [`Cluster::start`] with more keys of `[rl]` and more sections in the job file.
+    fn start_with(
+        workers: usize,
+        rl_extra: &'static str,
+        sections: &'static str,
+    ) -> Option<Cluster> {
         let dir = tempfile::tempdir().unwrap();
         let nats = NatsServer::start(&dir.path().join("nats"))?;
         let server = start_server();
@@ -108,7 +112,7 @@ impl Cluster {
             sft_steps: 30,
             full_parameters: false,
             rl_steps: 3,
-            rl_extra: "",
+            rl_extra,
             sections,
         }
         .write(dir.path(), "job");
@@ -263,7 +267,7 @@ fn a_job_whose_queue_server_restarts_mid_run_ends_as_it_does_in_the_driver() {
 /// never counted), plays the step again, and the run ends as the driver's own.
 #[test]
 fn a_job_whose_driver_is_killed_mid_step_and_resumed_ends_as_it_does_in_the_driver() {
-    let Some(mut cluster) = Cluster::start_with(2, "[checkpoint]\nevery = 1") else {
+    let Some(mut cluster) = Cluster::start_with(2, "", "[checkpoint]\nevery = 1") else {
         return;
     };
     let (mut run, out) = cluster.train_with_workers("queued");
@@ -279,5 +283,25 @@ fn a_job_whose_driver_is_killed_mid_step_and_resumed_ends_as_it_does_in_the_driv
     );
     finish(resumed, "train --resume --server --rollouts");
     cluster.stop_workers();
+    cluster.assert_same_as_driver(&out);
+}
+
+/// Async mode through the workers: groups played ahead of training come back stale as they do in
+/// the driver (with no lag allowed, every group launched while a step trains), are counted and
+/// played again with the current policy, and the run ends as the driver's own.
+#[test]
+fn an_async_job_through_workers_resamples_its_stale_groups_as_the_driver_does() {
+    let Some(mut cluster) = Cluster::start_with(2, "mode = \"async\"\nmax_policy_lag = 0", "")
+    else {
+        return;
+    };
+    let (run, out) = cluster.train_with_workers("queued");
+    finish(run, "train --server --rollouts (async)");
+    cluster.stop_workers();
+    let stale: f64 = metrics(&out)
+        .iter()
+        .filter_map(|l| l["stale_groups"].as_f64())
+        .sum();
+    assert!(stale > 0.0, "no group came back stale");
     cluster.assert_same_as_driver(&out);
 }
