@@ -42,8 +42,8 @@ pub use render::Renderer;
 pub use rollout::{Actor, EpisodeOutcome, Rollout};
 pub use rollouts::{
     GroupTask, PlayedGroup, PluginUse, PolicyRef, Queue, QueueError, QueueRollouts, QueueSettings,
-    RewardUse, Rollouts, Seat, TASK_FORMAT, TaskError, TaskPlugins, WorkerPlayer, play_task,
-    serve_tasks,
+    RewardUse, Rollouts, Seat, TASK_FORMAT, TASKS_STREAM, TaskError, TaskPlugins, WORKERS_CONSUMER,
+    WorkerPlayer, play_task, serve_tasks,
 };
 pub use run_folder::{METRICS, SETTINGS};
 pub use transcript::{Span, SpanKind, TokenSequence, Transcript};

@@ -39,17 +39,15 @@ use tokio::task::JoinHandle;
 use super::players::Rollouts;
 use super::task::{GroupTask, PlayedGroup};
 
-const TASKS_STREAM: &str = "OPENTINKER_TASKS";
+/// The stream of tasks, which the workers' consumer reads (a deployment's autoscaler watches it).
+pub const TASKS_STREAM: &str = "OPENTINKER_TASKS";
 const PLAYED_STREAM: &str = "OPENTINKER_PLAYED";
-/// The durable consumer every worker pulls tasks from.
-const WORKERS: &str = "opentinker-workers";
+/// The durable consumer every worker pulls tasks from: its pending count is the work waiting.
+pub const WORKERS_CONSUMER: &str = "opentinker-workers";
 /// How long a stream remembers a message id, so that a second copy is not stored.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
 /// How long a message nobody takes stays (the tasks and answers of a driver that has gone).
 const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
-/// Where the server says a workers' task reached its last delivery unanswered.
-const MAX_DELIVERIES: &str =
-    "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.OPENTINKER_TASKS.opentinker-workers";
 /// How long a driver's consumer of answers outlives its last read.
 const DRIVER_INACTIVE: Duration = Duration::from_secs(3600);
 /// How long one pull waits for a task before asking again.
@@ -255,6 +253,11 @@ fn lock(pending: &Shared) -> std::sync::MutexGuard<'_, Pending> {
     pending.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Where the server says a workers' task reached its last delivery unanswered.
+fn max_deliveries_subject() -> String {
+    format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{TASKS_STREAM}.{WORKERS_CONSUMER}")
+}
+
 /// What the server says when a task has been delivered `max_deliver` times unanswered.
 #[derive(serde::Deserialize)]
 struct MaxDeliveries {
@@ -296,7 +299,7 @@ impl QueueRollouts {
         let advisories = queue
             .jetstream
             .client()
-            .subscribe(MAX_DELIVERIES)
+            .subscribe(max_deliveries_subject())
             .await
             .map_err(|e| setup("the dead-letter advisories")(e.to_string()))?;
         let pending = Shared::default();
@@ -435,7 +438,7 @@ pub async fn serve_tasks(
         .consumer(
             TASKS_STREAM,
             pull::Config {
-                durable_name: Some(WORKERS.to_string()),
+                durable_name: Some(WORKERS_CONSUMER.to_string()),
                 ack_policy: AckPolicy::Explicit,
                 ack_wait: queue.settings.ack_wait,
                 max_deliver: queue.settings.max_deliver,
