@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every benchmark of the README with its peers, in one command:
 #
-#   scripts/bench.sh [plugins|training|sampling|service|soak|all] [--quick]
+#   scripts/bench.sh [plugins|training|sampling|service|rollouts|soak|all] [--quick]
 #
 # Makes (or reuses) the peers' virtual environment outside the repository from
 # bench/python/requirements.txt (PyTorch, transformers, PEFT, FastAPI, uvicorn; the service
@@ -26,7 +26,7 @@ which="all"
 quick=false
 for arg in "$@"; do
     case "$arg" in
-        plugins | training | sampling | service | soak | all) which="$arg" ;;
+        plugins | training | sampling | service | rollouts | soak | all) which="$arg" ;;
         --quick) quick=true ;;
         *) echo "unknown argument $arg: see the head of $0" >&2; exit 2 ;;
     esac
@@ -56,11 +56,14 @@ else
     export OPENTINKER_BENCH_PROFILE=release
     export OPENTINKER_BENCH_FEATURES=""
     unset OPENTINKER_BENCH_QUICK
-    # The peers' virtual environment, remade only when the requirements change.
-    source scripts/venv.sh
-    venv="${OPENTINKER_BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/bench-venv}"
-    make_venv "$venv" bench/python/requirements.txt
-    export PYTHON="$venv/bin/python"
+    # The peers' virtual environment, remade only when the requirements change (the rollout
+    # and soak benchmarks have no Python peer).
+    if [[ "$which" != rollouts && "$which" != soak ]]; then
+        source scripts/venv.sh
+        venv="${OPENTINKER_BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/bench-venv}"
+        make_venv "$venv" bench/python/requirements.txt
+        export PYTHON="$venv/bin/python"
+    fi
 fi
 
 cargo_bench=(cargo bench --locked -q --profile "$OPENTINKER_BENCH_PROFILE" --features "$OPENTINKER_BENCH_FEATURES")
@@ -150,6 +153,11 @@ if [[ "$which" == service || "$which" == all ]]; then
     steps=30
     $quick && steps=2
     run service scripts/bench-service.sh "$steps"
+fi
+if [[ "$which" == rollouts || "$which" == all ]]; then
+    # The rollout queue's server: the test venv's nats-server (scripts/test.sh makes the venv).
+    export OPENTINKER_NATS_SERVER="${OPENTINKER_NATS_SERVER:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv/bin/nats-server}"
+    run rollouts "${cargo_bench[@]}" -p opentinker --bench rollouts
 fi
 if [[ "$which" == soak ]]; then
     # The test venv, with the tinker SDK (scripts/test.sh makes it).
