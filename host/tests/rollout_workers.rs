@@ -16,7 +16,7 @@ use std::sync::mpsc;
 
 use arithmetic_job::{ArithmeticJob, metrics};
 use opentinker_test_tools::NatsServer;
-use server::{BIN, start_server};
+use server::{BIN, start_server, start_server_with};
 
 /// `train JOB --out OUT --server URL --api-key KEY` and `more` arguments, started (with
 /// `--resume OUT` in place of `--out OUT` when `more` asks to resume).
@@ -181,34 +181,42 @@ impl Cluster {
         lines.join("\n")
     }
 
-    /// The run in `out` ended as the driver's own: the same episodes, rewards, tokens, errors and
-    /// evaluations at every step, and the same losses, with RL that had a signal.
+    /// The run in `out` ended as the driver's own ([`same_runs`]).
     fn assert_same_as_driver(&self, out: &Path) {
-        let (played_here, played_there) = (metrics(&self.driver), metrics(out));
-        assert_eq!(played_here.len(), played_there.len());
-        let rl: Vec<_> = played_there.iter().filter(|l| l["phase"] == "rl").collect();
-        assert_eq!(rl.len(), 3);
-        assert!(
-            rl.iter().any(|l| l["tokens"].as_f64() > Some(0.0)),
-            "{rl:?}"
-        );
-        for (here, there) in played_here.iter().zip(&played_there) {
-            for key in [
-                "phase",
-                "reward_mean",
-                "reward_std",
-                "tokens",
-                "errors",
-                "eval",
-            ] {
-                assert_eq!(here[key], there[key], "{key}:\n{here}\n{there}");
-            }
-            let (a, b) = (
-                here["loss"].as_f64().unwrap(),
-                there["loss"].as_f64().unwrap(),
-            );
-            assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "{here}\n{there}");
+        same_runs(&self.driver, out);
+    }
+}
+
+/// The runs in `here` and `there` did the same work: the same episodes, rewards, tokens,
+/// errors, stale groups and evaluations at every step, and the same losses, with RL that had a
+/// signal over its three steps.
+fn same_runs(here: &Path, there: &Path) {
+    let (played_here, played_there) = (metrics(here), metrics(there));
+    assert_eq!(played_here.len(), played_there.len());
+    let rl: Vec<_> = played_there.iter().filter(|l| l["phase"] == "rl").collect();
+    assert_eq!(rl.len(), 3);
+    assert!(
+        rl.iter().any(|l| l["tokens"].as_f64() > Some(0.0)),
+        "{rl:?}"
+    );
+    for (here, there) in played_here.iter().zip(&played_there) {
+        for key in [
+            "phase",
+            "reward_mean",
+            "reward_std",
+            "tokens",
+            "errors",
+            "eval",
+            "policy_lag",
+            "stale_groups",
+        ] {
+            assert_eq!(here[key], there[key], "{key}:\n{here}\n{there}");
         }
+        let (a, b) = (
+            here["loss"].as_f64().unwrap(),
+            there["loss"].as_f64().unwrap(),
+        );
+        assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "{here}\n{there}");
     }
 }
 
@@ -304,4 +312,78 @@ fn an_async_job_through_workers_resamples_its_stale_groups_as_the_driver_does() 
         .sum();
     assert!(stale > 0.0, "no group came back stale");
     cluster.assert_same_as_driver(&out);
+}
+
+/// `opentinker submit JOB` to `server` as alice, then its run folder downloaded into `out`.
+fn submit(server: &server::Server, job: &Path, out: &Path) {
+    let run = |args: &[&std::ffi::OsStr]| {
+        let output = Command::new(BIN)
+            .args(args)
+            .env("TINKER_BASE_URL", &server.url)
+            .env("TINKER_API_KEY", &server.alice)
+            .output()
+            .expect("running opentinker");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "{args:?}:\n{stderr}");
+        stderr
+    };
+    let said = run(&["submit".as_ref(), job.as_os_str()]);
+    assert!(said.contains("succeeded"), "{said}");
+    let id = said
+        .split_whitespace()
+        .find(|w| w.starts_with("job-"))
+        .unwrap_or_else(|| panic!("no job id in: {said}"));
+    run(&[
+        "jobs".as_ref(),
+        "download".as_ref(),
+        id.as_ref(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
+}
+
+/// `serve --rollouts`: a job submitted to the server has its RL groups played by workers of its
+/// tenant, which sample the job's versions on the server, and it ends as the same job does on
+/// a server whose jobs play their own groups.
+#[test]
+fn a_job_submitted_to_a_server_with_rollout_workers_ends_as_on_one_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(nats) = NatsServer::start(&dir.path().join("nats")) else {
+        return;
+    };
+    let job = ArithmeticJob {
+        sft_steps: 30,
+        full_parameters: false,
+        rl_steps: 3,
+        rl_extra: "",
+        sections: "",
+    }
+    .write(dir.path(), "job");
+    let (alone, queued) = (dir.path().join("alone"), dir.path().join("queued"));
+    submit(&start_server(), &job, &alone);
+
+    let server = start_server_with(&["--rollouts", &nats.url()]);
+    let (send, lines) = mpsc::channel();
+    let mut workers: Vec<Child> = (0..2)
+        .map(|i| worker(i, &nats, &server, send.clone()))
+        .collect();
+    drop(send);
+    submit(&server, &job, &queued);
+    for worker in &mut workers {
+        let _ = worker.kill();
+        let _ = worker.wait();
+    }
+    let log: Vec<String> = lines
+        .iter()
+        .map(|(i, l)| format!("worker {i}: {l}"))
+        .collect();
+    let played = log.iter().filter(|l| l.contains("playing a task")).count();
+    assert_eq!(
+        played,
+        3 * 2,
+        "3 steps of 2 groups each:\n{}",
+        log.join("\n")
+    );
+
+    same_runs(&alone, &queued);
 }

@@ -81,6 +81,11 @@ pub struct ServeArgs {
     /// less a headroom of a tenth (at least 2 GiB).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     memory_budget: Option<u64>,
+    /// Have rollout workers (`opentinker worker`, with the tenant's key) play the RL groups of
+    /// the jobs on served bases: the NATS JetStream queue at URL (`nats://host:port`) carries
+    /// them. A job whose warm-up makes a base of its own plays its groups itself.
+    #[arg(long, value_name = "URL")]
+    rollouts: Option<String>,
 }
 
 /// A `--memory-budget` that is not a size.
@@ -171,6 +176,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         memory_budget: args.memory_budget,
         answer_retention: Duration::from_secs(args.answer_retention_secs),
         session_idle: Duration::from_secs(args.session_idle_secs),
+        rollouts: args.rollouts,
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),
             quantum: 128,

@@ -10,11 +10,12 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use async_trait::async_trait;
 use candle_core::DType;
+use sha2::{Digest, Sha256};
 
 use super::{ModelText, SamplingClient, ServiceClient, TrainingClient};
 use crate::api::{
     AdamParams, ApiError, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig, ModelInput,
-    OptimStepOutput, SampleResponse, SamplingParams, TenantId,
+    OptimStepOutput, SampleResponse, SamplingParams, SessionId, TenantId,
 };
 use crate::lora::{AdapterRegistry, PolicyVersion};
 use crate::model::tiny::{TinyShape, init_tiny};
@@ -22,7 +23,7 @@ use crate::model::{Architecture, Model, ModelConfig, Transformer};
 use crate::plugin::{Limits, Plugin};
 use crate::sample::{EngineConfig, PolicyRef, SamplingEngine};
 use crate::service::convert::{self, sampler_error, train_error, trainer_error};
-use crate::service::{ObjectivePlugins, SamplerService, ServedBase, TrainerService};
+use crate::service::{ObjectivePlugins, SamplerService, ServedBase, Service, TrainerService};
 use crate::text::{ChatTemplate, Tokenizer};
 use crate::train::{FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
 
@@ -230,6 +231,7 @@ impl LocalModel {
             adapter_prefix,
             next_adapter: AtomicU64::new(0),
             objectives: Mutex::default(),
+            wire: None,
         }))
     }
 }
@@ -237,8 +239,14 @@ impl LocalModel {
 impl LocalService {
     /// A base a server already serves, as `tenant` reaches it: its training and sampling share
     /// the base's loops fairly with every other tenant's. `adapter_prefix` keeps this client's
-    /// adapter names apart from every other client's on the base (a job's id, say).
-    pub fn on_base(base: &ServedBase, tenant: &TenantId, adapter_prefix: &str) -> Self {
+    /// adapter names apart from every other client's on the base (a job's id, say). With
+    /// `wire`, its versions can be opened as samplers over the wire (for rollout workers).
+    pub fn on_base(
+        base: &ServedBase,
+        tenant: &TenantId,
+        adapter_prefix: &str,
+        wire: Option<WireSamplers>,
+    ) -> Self {
         LocalService(Arc::new(Served {
             name: base.name.clone(),
             config: base.config.clone(),
@@ -250,6 +258,7 @@ impl LocalService {
             adapter_prefix: adapter_prefix.to_string(),
             next_adapter: AtomicU64::new(0),
             objectives: Mutex::default(),
+            wire,
         }))
     }
 }
@@ -352,6 +361,45 @@ struct Served {
     next_adapter: AtomicU64,
     /// The objective plugins taken as losses, by the name `forward_backward` calls them.
     objectives: Mutex<ObjectivePlugins>,
+    /// Where its versions are opened as samplers over the wire, for rollout workers (a served
+    /// base's job on a server with a rollout queue); `None`: they live in this process only.
+    wire: Option<WireSamplers>,
+}
+
+/// Opens a served base's policy versions as sampling sessions of one session of the tenant, so
+/// that the tenant's rollout workers can sample them over the Tinker wire.
+#[derive(Clone)]
+pub struct WireSamplers {
+    service: Arc<Service>,
+    tenant: TenantId,
+    session: SessionId,
+    next: Arc<AtomicU64>,
+}
+
+impl WireSamplers {
+    /// Samplers opened in `tenant`'s `session` of `service` (the server's).
+    pub fn new(service: Arc<Service>, tenant: TenantId, session: SessionId) -> Self {
+        WireSamplers {
+            service,
+            tenant,
+            session,
+            next: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The session they are opened in.
+    pub fn session(&self) -> &SessionId {
+        &self.session
+    }
+
+    /// A new sampling session on `policy` (`None`: the base model) of base `base`: its id.
+    fn open(&self, base: &str, policy: Option<Arc<PolicyVersion>>) -> Result<String, ApiError> {
+        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        let id =
+            self.service
+                .open_version_sampler(&self.tenant, &self.session, seq, base, policy)?;
+        Ok(id.to_string())
+    }
 }
 
 impl LocalService {
@@ -428,6 +476,21 @@ impl ServiceClient for LocalService {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .keep(plugin, limits)
+    }
+
+    /// A served base's job runs on plugins the tenant has stored on the server (a job there
+    /// names them by digest), where its workers fetch them: nothing to store, only the digest.
+    async fn share_plugin(&self, component: &Path) -> Result<String, ApiError> {
+        if self.0.wire.is_none() {
+            return Err(ApiError::invalid(format!(
+                "{}: rollout workers fetch plugins from a server; this service runs in process",
+                component.display()
+            )));
+        }
+        let bytes = tokio::fs::read(component).await.map_err(|e| {
+            ApiError::internal(format!("reading the plugin {}: {e}", component.display()))
+        })?;
+        Ok(format!("sha256:{}", hex::encode(Sha256::digest(&bytes))))
     }
 }
 
@@ -573,6 +636,14 @@ impl SamplingClient for LocalSampling {
             .await
             .map_err(sampler_error)?;
         Ok(convert::sample_response(output))
+    }
+
+    async fn address(&self) -> Result<Option<String>, ApiError> {
+        let served = &self.served;
+        match &served.wire {
+            Some(wire) => wire.open(&served.name, self.policy.clone()).map(Some),
+            None => Ok(None),
+        }
     }
 }
 

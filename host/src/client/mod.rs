@@ -21,6 +21,7 @@ mod served;
 
 pub use local::{
     ArchName, FullParameterTrainer, LocalModel, LocalService, TinyModelSpec, TinyShapeName,
+    WireSamplers,
 };
 pub use remote::{JobsClient, REMOTE_CHECKPOINT, RemoteCheckpoint, RemoteService};
 pub use served::{ServedModel, TenantBases};

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::ModelText;
-use super::local::LocalService;
+use super::local::{LocalService, WireSamplers};
 use crate::api::TenantId;
 use crate::service::{ServedBase, TINY_MODEL_NAME};
 
@@ -16,6 +16,9 @@ pub struct TenantBases {
     bases: Vec<Arc<ServedBase>>,
     tenant: TenantId,
     adapter_prefix: String,
+    /// The rollout queue (`nats://host:port`) whose workers play the job's groups, and where
+    /// its versions are opened for them.
+    rollouts: Option<(String, WireSamplers)>,
 }
 
 /// One served base as a job sees it.
@@ -25,6 +28,9 @@ pub struct ServedModel {
     /// The base's model folder (a full-parameter warm-up starts from its weights).
     pub dir: PathBuf,
     pub text: ModelText,
+    /// The rollout queue whose workers play the job's groups on this base (sampling its
+    /// versions over the wire); `None`: the job plays them itself.
+    pub rollouts: Option<String>,
 }
 
 impl TenantBases {
@@ -34,6 +40,16 @@ impl TenantBases {
             bases,
             tenant,
             adapter_prefix,
+            rollouts: None,
+        }
+    }
+
+    /// These bases with the rollout queue at `queue` playing the job's groups, its versions
+    /// opened for the workers by `wire`.
+    pub fn with_rollouts(self, queue: String, wire: WireSamplers) -> Self {
+        TenantBases {
+            rollouts: Some((queue, wire)),
+            ..self
         }
     }
 
@@ -45,13 +61,15 @@ impl TenantBases {
     /// The served base called `name`.
     pub fn base(&self, name: &str) -> Option<ServedModel> {
         let base = self.bases.iter().find(|b| b.name == name)?;
+        let wire = self.rollouts.as_ref().map(|(_, wire)| wire.clone());
         Some(ServedModel {
-            service: LocalService::on_base(base, &self.tenant, &self.adapter_prefix),
+            service: LocalService::on_base(base, &self.tenant, &self.adapter_prefix, wire),
             dir: base.dir.clone(),
             text: ModelText {
                 tokenizer: Arc::clone(&base.tokenizer),
                 chat_template: base.chat_template.clone(),
             },
+            rollouts: self.rollouts.as_ref().map(|(queue, _)| queue.clone()),
         })
     }
 

@@ -17,4 +17,6 @@ pub use admission::{
 pub use packages::PackageSource;
 pub use plugin_store::{PluginStore, StoredPlugin};
 pub use records::{JobRecord, JobState};
-pub use runner::{JobEvent, JobQuotas, JobService, JobStatus, RunFile, StepLine, Submitted};
+pub use runner::{
+    JobEvent, JobQuotas, JobService, JobStatus, RunFile, ServerRollouts, StepLine, Submitted,
+};

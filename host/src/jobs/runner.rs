@@ -17,14 +17,14 @@ use super::admission::{MemoryBudget, QueuePlace, footprint};
 use super::packages::PackageSource;
 use super::plugin_store::PluginStore;
 use super::records::{JobRecord, JobRecords, JobState, RecordError};
-use crate::api::{ApiError, ApiErrorKind, JobId, TenantId};
-use crate::client::TenantBases;
+use crate::api::{ApiError, ApiErrorKind, JobId, SessionId, TenantId};
+use crate::client::{TenantBases, WireSamplers};
 use crate::market::PackageRef;
 use crate::market::{LockFile, Locked};
 use crate::rl::METRICS;
 use crate::rl::{self, Engine, JobRun, Phase, Progress, StepMetrics, check_job_plugins};
 use crate::rl::{Job, SftSource, is_digest, is_package};
-use crate::service::ServedBase;
+use crate::service::{ServedBase, Service};
 
 /// Events kept for a follower that falls behind; one that falls further reads the metrics file.
 const EVENT_BUFFER: usize = 1024;
@@ -129,6 +129,29 @@ struct Running {
     events: broadcast::Sender<JobEvent>,
 }
 
+/// A server's rollout queue: its workers play the RL groups of the jobs on served bases,
+/// sampling the jobs' versions through `service` (the server's) over the wire.
+pub struct ServerRollouts {
+    /// `nats://host:port`.
+    pub queue: String,
+    pub service: Arc<Service>,
+}
+
+/// A job's session for its rollout workers' samplers, finished when the job ends however it
+/// ends (cancelled included): its samplers go with it.
+struct RolloutSession {
+    service: Arc<Service>,
+    tenant: TenantId,
+    session: SessionId,
+}
+
+impl Drop for RolloutSession {
+    fn drop(&mut self) {
+        // Not recorded, so nothing to journal; a session already finished stays so.
+        let _ = self.service.finish_session(&self.tenant, &self.session);
+    }
+}
+
 /// Every tenant's jobs on one server.
 pub struct JobService {
     root: PathBuf,
@@ -139,6 +162,7 @@ pub struct JobService {
     running: Mutex<HashMap<JobId, Running>>,
     quotas: JobQuotas,
     budget: Arc<MemoryBudget>,
+    rollouts: Option<ServerRollouts>,
 }
 
 /// A submitted job as checked: what runs, and the text recorded for it.
@@ -185,6 +209,7 @@ impl JobService {
         packages: Arc<dyn PackageSource>,
         quotas: JobQuotas,
         budget: Arc<MemoryBudget>,
+        rollouts: Option<ServerRollouts>,
     ) -> Result<Self, RecordError> {
         Ok(JobService {
             root: data.join("jobs"),
@@ -195,6 +220,7 @@ impl JobService {
             running: Mutex::new(HashMap::new()),
             quotas,
             budget,
+            rollouts,
         })
     }
 
@@ -434,7 +460,25 @@ impl JobService {
             out,
         };
         let prefix = format!("jobs/{tenant}/{}/", record.id);
-        let engine = Engine::Served(TenantBases::new(self.bases.clone(), tenant, prefix));
+        let bases = TenantBases::new(self.bases.clone(), tenant.clone(), prefix);
+        let (bases, rollout_session) = match &self.rollouts {
+            Some(rollouts) => {
+                let service = Arc::clone(&rollouts.service);
+                let session = service.open_session(&tenant);
+                let wire = WireSamplers::new(Arc::clone(&service), tenant.clone(), session.clone());
+                let rollout_session = RolloutSession {
+                    service,
+                    tenant: tenant.clone(),
+                    session,
+                };
+                (
+                    bases.with_rollouts(rollouts.queue.clone(), wire),
+                    Some(rollout_session),
+                )
+            }
+            None => (bases, None),
+        };
+        let engine = Engine::Served(bases);
         let progress: Progress = {
             let events = events.clone();
             Arc::new(move |_: &str, line: &StepMetrics| {
@@ -452,6 +496,7 @@ impl JobService {
         let mut running = self.running();
         let task = tokio::spawn(async move {
             // Held until the job ends, is cancelled (the task aborted) or fails.
+            let _rollout_session = rollout_session;
             let _reservation = service.budget.admit(&id, needs).await;
             service.set_state(&id, JobState::Running).await;
             let host = service.plugins.host();

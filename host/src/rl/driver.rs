@@ -196,7 +196,7 @@ async fn prepare_base(
     };
     let model_dir = match served {
         Some(served) if full_warmup.is_none() => {
-            return prepare_served_base(group, resume, served);
+            return prepare_served_base(group, resume, served).await;
         }
         Some(served) => served.dir,
         None => model_dir(&first.job, &first.out)?,
@@ -296,14 +296,7 @@ async fn prepare_remote_base(
         .await
         .with_context(|| format!("connecting to {}", remote.url))?;
     let info = Arc::new(ModelInfo::of(text, service.context_length())?);
-    let queue = match &remote.rollouts {
-        Some(url) => Some(
-            Queue::connect(url, QueueSettings::default())
-                .await
-                .context("--rollouts")?,
-        ),
-        None => None,
-    };
+    let queue = rollout_queue(remote.rollouts.as_deref()).await?;
     let base = SharedBase {
         info,
         service: Arc::new(service),
@@ -312,19 +305,31 @@ async fn prepare_remote_base(
     adapter_starts(group, folders, resume, base)
 }
 
+/// The rollout queue at `url`, connected, if there is one.
+async fn rollout_queue(url: Option<&str>) -> anyhow::Result<Option<Queue>> {
+    let Some(url) = url else {
+        return Ok(None);
+    };
+    let queue = Queue::connect(url, QueueSettings::default())
+        .await
+        .with_context(|| format!("the rollout queue {url}"))?;
+    Ok(Some(queue))
+}
+
 /// `prepare_base` on a base the server serves: nothing is loaded, the job's adapters join the
 /// base's loops.
-fn prepare_served_base(
+async fn prepare_served_base(
     group: Vec<(usize, JobRun, JobPlugins)>,
     resume: bool,
     served: ServedModel,
 ) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
     let folders = run_folders(&group, resume)?;
     let context = served.service.context_length();
+    let queue = rollout_queue(served.rollouts.as_deref()).await?;
     let base = SharedBase {
         info: Arc::new(ModelInfo::of(served.text, context)?),
         service: Arc::new(served.service),
-        queue: None,
+        queue,
     };
     adapter_starts(group, folders, resume, base)
 }

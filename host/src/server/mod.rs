@@ -45,7 +45,8 @@ use sha2::{Digest, Sha256};
 
 use crate::api::{ApiError, ApiErrorKind, TenantId};
 use crate::jobs::{
-    JobQuotas, JobService, MemoryBudget, PluginStore, human_bytes, served_base_bytes,
+    JobQuotas, JobService, MemoryBudget, PluginStore, ServerRollouts, human_bytes,
+    served_base_bytes,
 };
 use crate::service::Change;
 use crate::service::{
@@ -104,6 +105,9 @@ pub struct ServerConfig {
     /// (`jobs::machine_budget`). The served bases take their share first; jobs are
     /// admitted under the rest.
     pub memory_budget: Option<u64>,
+    /// The rollout queue (`nats://host:port`) whose workers play the RL groups of the jobs on
+    /// served bases; `None`: each job plays its own.
+    pub rollouts: Option<String>,
 }
 
 /// What a start found recorded from earlier runs.
@@ -133,7 +137,7 @@ impl std::fmt::Display for Restored {
 
 /// Everything a request handler reaches.
 pub struct AppState {
-    pub service: Service,
+    pub service: Arc<Service>,
     pub tenants: Tenants,
     pub journal: Arc<Journal>,
     pub futures: Futures,
@@ -174,7 +178,7 @@ impl AppState {
         let plugins = Arc::new(plugins);
         let service = {
             let config = config.clone();
-            tokio::task::spawn_blocking(move || Self::service(&config)).await??
+            Arc::new(tokio::task::spawn_blocking(move || Self::service(&config)).await??)
         };
         let journal = Arc::new(journal);
         let recorded = {
@@ -220,8 +224,12 @@ impl AppState {
                 human_bytes(budget.total()),
                 human_bytes(held)
             );
+            let rollouts = config.rollouts.clone().map(|queue| ServerRollouts {
+                queue,
+                service: Arc::clone(&service),
+            });
             tokio::task::spawn_blocking(move || {
-                JobService::open(&data, bases, plugins, packages, quotas, budget)
+                JobService::open(&data, bases, plugins, packages, quotas, budget, rollouts)
             })
             .await?
             .context("opening the jobs table")?

@@ -1444,6 +1444,34 @@ impl Service {
         .map_err(|e| ApiError::internal(format!("loading the checkpoint: {e}")))?
     }
 
+    /// A session of `tenant` for work the server does itself (a job it runs), not recorded: it
+    /// lives while its samplers are used, and ends with [`Service::finish_session`].
+    pub fn open_session(&self, tenant: &TenantId) -> SessionId {
+        self.create_session(tenant)
+    }
+
+    /// A sampling session of `tenant`'s `session` (number `sampler_seq`) on `policy` (an
+    /// adapter version a job of the tenant published; `None`: the base model) of the served
+    /// base `base`: what the job's rollout workers sample over the wire. Not recorded.
+    pub fn open_version_sampler(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+        sampler_seq: u64,
+        base: &str,
+        policy: Option<Arc<PolicyVersion>>,
+    ) -> Result<SamplerId, ApiError> {
+        self.session(tenant, session)?;
+        let base = self.base(base)?;
+        let sampler = Sampler {
+            tenant: tenant.clone(),
+            base,
+            policy,
+            model_path: None,
+        };
+        self.keep_session_sampler(session, sampler_seq, sampler)
+    }
+
     /// A sampling session of `tenant`'s `session` (number `sampler_seq`) on an adapter folder
     /// the server holds for the tenant (a checkpoint of a job it ran), on the served base the
     /// folder's config names. Not recorded: its maker opens it again after a restart.
@@ -1466,16 +1494,25 @@ impl Service {
             ))
         })?;
         let policy = self.load_policy(tenant, &base, dir).await?;
+        let sampler = Sampler {
+            tenant: tenant.clone(),
+            base,
+            policy: Some(policy),
+            model_path: Some(shown_as.to_string()),
+        };
+        self.keep_session_sampler(session, sampler_seq, sampler)
+    }
+
+    /// Add `sampler` as `session`'s number `sampler_seq`, letting go of the session's samplers
+    /// past the latest [`MAX_SAMPLERS_PER_SESSION`].
+    fn keep_session_sampler(
+        &self,
+        session: &SessionId,
+        sampler_seq: u64,
+        sampler: Sampler,
+    ) -> Result<SamplerId, ApiError> {
         let id = SamplerId::of_session(session, sampler_seq);
-        self.add_sampler(
-            &id,
-            Sampler {
-                tenant: tenant.clone(),
-                base,
-                policy: Some(policy),
-                model_path: Some(shown_as.to_string()),
-            },
-        )?;
+        self.add_sampler(&id, sampler)?;
         let mut objects = self.lock();
         let Objects {
             session_samplers,
