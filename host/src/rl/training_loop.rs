@@ -735,13 +735,25 @@ async fn play_step(
     step: usize,
     launch: &Launch,
 ) -> anyhow::Result<Vec<(usize, usize, EpisodeOutcome)>> {
-    let groups = job.rl.groups_per_batch;
-    let first = (step * groups) as u64;
-    let played = futures::future::try_join_all(
-        (0..groups as u64).map(|g| rollouts.start(tasks.task(first + g, launch))),
-    )
-    .await?;
-    Ok(in_batch_order(played))
+    let groups = job.rl.groups_per_batch as u64;
+    let first = step as u64 * groups;
+    // Each group a task of its own, so that the step's groups play on every thread of the
+    // runtime (awaited together in one task, their plugin calls would share one thread); the
+    // set stops them all if the job ends first.
+    let mut playing = tokio::task::JoinSet::new();
+    for g in 0..groups {
+        let group = rollouts.start(tasks.task(first + g, launch));
+        playing.spawn(async move { (g, group.await) });
+    }
+    let mut played = Vec::with_capacity(groups as usize);
+    while let Some(joined) = playing.join_next().await {
+        let (g, group) = joined.context("a group's task failed")?;
+        played.push((g, group?));
+    }
+    played.sort_by_key(|(g, _)| *g);
+    Ok(in_batch_order(
+        played.into_iter().map(|(_, group)| group).collect(),
+    ))
 }
 
 /// The episodes of a batch of groups as (group in the batch, index in group, outcome).
