@@ -14,7 +14,7 @@ use opentinker::plugin::Limits;
 use opentinker::rl::Renderer;
 use opentinker::rl::{Actor, Rollout};
 use opentinker::rl::{GroupTask, PlayedGroup, PluginUse, PolicyRef, RewardUse, TASK_FORMAT};
-use opentinker::rl::{Queue, QueueRollouts, QueueSettings, Rollouts, Seat, serve_tasks};
+use opentinker::rl::{Pool, Queue, QueueRollouts, QueueSettings, Rollouts, Seat, serve_tasks};
 use opentinker::rl::{SpanKind, TaskPlugins, play_task, rl_datum};
 use opentinker_test_tools::NatsServer;
 
@@ -348,6 +348,7 @@ async fn groups_played_by_three_workers_through_a_real_queue_come_back_as_played
     let settings = QueueSettings {
         ack_wait: Duration::from_secs(5),
         max_deliver: 2,
+        ..QueueSettings::default()
     };
     let mut workers = Vec::new();
     for _ in 0..3 {
@@ -423,6 +424,7 @@ async fn a_group_whose_every_worker_stops_before_answering_comes_back_failed() {
     let settings = QueueSettings {
         ack_wait: Duration::from_secs(1),
         max_deliver: 2,
+        ..QueueSettings::default()
     };
     let (tell, mut started) = tokio::sync::mpsc::unbounded_channel();
     let worker = |index: usize| {
@@ -483,4 +485,53 @@ async fn a_group_whose_every_worker_stops_before_answering_comes_back_failed() {
     for worker in workers.into_values() {
         worker.abort();
     }
+}
+
+/// A driver's groups go to its pool's workers only: a worker of another pool (another tenant's,
+/// on a server) never takes them, and they wait until a worker of their pool comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_goes_to_its_pools_workers_only() {
+    let store = tempfile::tempdir().unwrap();
+    let Some(nats) = NatsServer::start(store.path()) else {
+        return;
+    };
+    let table = Arc::new(Table::new().await);
+    let in_pool = |name: &str| QueueSettings {
+        pool: Pool::new(name),
+        ..QueueSettings::default()
+    };
+    let worker = |name: &str, plays: &Arc<AtomicUsize>| {
+        let player = Arc::new(TablePlayer {
+            table: Arc::clone(&table),
+            plays: Arc::clone(plays),
+            index: 0,
+            started: None,
+        });
+        let (url, settings) = (nats.url(), in_pool(name));
+        tokio::spawn(async move {
+            let queue = Queue::connect(&url, settings).await.unwrap();
+            serve_tasks(queue, player, 1).await
+        })
+    };
+    let (bobs, alices) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let bob = worker("bob", &bobs);
+    let queue = Queue::connect(&nats.url(), in_pool("alice")).await.unwrap();
+    let driver = QueueRollouts::new(queue, "alice's job").await.unwrap();
+    let answer = tokio::spawn(driver.start(table.task()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!answer.is_finished(), "bob's worker played alice's group");
+    assert_eq!(bobs.load(Ordering::SeqCst), 0);
+    let alice = worker("alice", &alices);
+    let played = tokio::time::timeout(Duration::from_secs(30), answer)
+        .await
+        .expect("alice's worker played her group")
+        .unwrap()
+        .unwrap();
+    assert!(played.episodes.iter().all(|(_, o)| o.error.is_none()));
+    assert_eq!(
+        (alices.load(Ordering::SeqCst), bobs.load(Ordering::SeqCst)),
+        (1, 0)
+    );
+    bob.abort();
+    alice.abort();
 }

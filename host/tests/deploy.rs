@@ -221,20 +221,20 @@ fn the_manifests_name_each_other_rightly() {
     assert_eq!(worker[0], "worker");
     let nats = typed.port("nats", "client");
     assert_eq!(flag(&worker, "--queue"), format!("nats://nats:{nats}"));
+    // The service publishes its jobs' groups to the same queue.
+    assert_eq!(flag(&serve, "--rollouts"), format!("nats://nats:{nats}"));
     assert_eq!(
         flag(&worker, "--server"),
         format!("http://opentinker-serve:{port}")
     );
-    // KEDA scales the workers on the pending tasks of their consumer.
+    // KEDA scales the workers on the pending tasks of their pool's consumer.
     let scaled = &typed.scaled_objects[0];
     assert_eq!(scaled.spec.scale_target_ref.name, "opentinker-worker");
     let trigger = &scaled.spec.triggers[0];
     assert_eq!(trigger.kind, "nats-jetstream");
     assert_eq!(trigger.metadata["stream"], opentinker::rl::TASKS_STREAM);
-    assert_eq!(
-        trigger.metadata["consumer"],
-        opentinker::rl::WORKERS_CONSUMER
-    );
+    let pool = opentinker::rl::Pool::new(flag(&worker, "--pool"));
+    assert_eq!(trigger.metadata["consumer"], pool.consumer());
     let namespace = name(&typed.namespaces[0].metadata);
     let monitor = typed.port("nats", "monitor");
     assert_eq!(

@@ -49,16 +49,34 @@ fn finish(child: Child, what: &str) {
     );
 }
 
-/// A worker, its log lines sent to `lines` as they come (with its index).
+/// A worker of the default pool, its log lines sent to `lines` as they come (with its index).
 fn worker(
     i: usize,
     nats: &NatsServer,
     server: &server::Server,
     lines: mpsc::Sender<(usize, String)>,
 ) -> Child {
+    worker_of(i, "default", nats, server, lines)
+}
+
+/// A worker of `pool`, its log lines sent to `lines` as they come (with its index).
+fn worker_of(
+    i: usize,
+    pool: &str,
+    nats: &NatsServer,
+    server: &server::Server,
+    lines: mpsc::Sender<(usize, String)>,
+) -> Child {
     let mut child = Command::new(BIN)
         .arg("worker")
-        .args(["--queue", &nats.url(), "--server", &server.url])
+        .args([
+            "--queue",
+            &nats.url(),
+            "--server",
+            &server.url,
+            "--pool",
+            pool,
+        ])
         .args(["--api-key", &server.alice, "--ack-wait-secs", "2"])
         .env_remove("TINKER_API_KEY")
         .env("OPENTINKER_LOG", "opentinker::rl::rollouts=info")
@@ -364,8 +382,9 @@ fn a_job_submitted_to_a_server_with_rollout_workers_ends_as_on_one_without() {
 
     let server = start_server_with(&["--rollouts", &nats.url()]);
     let (send, lines) = mpsc::channel();
+    // A server's jobs go to their tenant's pool.
     let mut workers: Vec<Child> = (0..2)
-        .map(|i| worker(i, &nats, &server, send.clone()))
+        .map(|i| worker_of(i, "alice", &nats, &server, send.clone()))
         .collect();
     drop(send);
     submit(&server, &job, &queued);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::progress::TrainProgress;
-use crate::client::TinyModelSpec;
+use crate::client::{RolloutQueue, TinyModelSpec};
 use crate::rl::Job;
 use crate::rl::SETTINGS;
 use crate::rl::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
@@ -48,6 +48,15 @@ pub struct TrainArgs {
     /// The workers sample on `--server` and fetch the jobs' plugins from it.
     #[arg(long, value_name = "URL", requires = "server")]
     rollouts: Option<String>,
+    /// The pool of workers on the `--rollouts` queue that plays the groups (`opentinker worker
+    /// --pool NAME`).
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "default",
+        requires = "rollouts"
+    )]
+    rollout_pool: String,
     #[command(flatten)]
     packages: super::market::PackageArgs,
 }
@@ -82,7 +91,10 @@ fn engine(args: &TrainArgs, jobs: &[(PathBuf, Job)]) -> anyhow::Result<Engine> {
         url: url.clone(),
         api_key,
         base_model,
-        rollouts: args.rollouts.clone(),
+        rollouts: args.rollouts.clone().map(|url| RolloutQueue {
+            url,
+            pool: args.rollout_pool.clone(),
+        }),
     }))
 }
 

@@ -11,7 +11,7 @@ use anyhow::Context;
 
 use crate::client::{ModelText, RemoteService, TinyModelSpec};
 use crate::plugin::PluginHost;
-use crate::rl::{Queue, QueueSettings, Renderer, WorkerPlayer, serve_tasks};
+use crate::rl::{Pool, Queue, QueueSettings, Renderer, WorkerPlayer, serve_tasks};
 use crate::service::TINY_MODEL_NAME;
 
 #[derive(Debug, clap::Args)]
@@ -34,6 +34,11 @@ pub struct WorkerArgs {
     /// built-in tiny model).
     #[arg(long, value_name = "NAME")]
     base_model: Option<String>,
+    /// The pool of workers this one joins: it plays the tasks published to that pool only
+    /// (`train --rollout-pool NAME`; a server's jobs go to their tenant's pool, named as the
+    /// tenant).
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    pool: String,
     /// Tasks played at once.
     #[arg(long, default_value_t = 1)]
     slots: usize,
@@ -74,6 +79,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let renderer = Renderer::new(template, text.tokenizer)?;
     let host = PluginHost::new(args.host.host_config())?;
     let settings = QueueSettings {
+        pool: Pool::new(&args.pool),
         ack_wait: Duration::from_secs(args.ack_wait_secs.max(1)),
         max_deliver: args.max_deliver,
     };
@@ -85,8 +91,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         let player = Arc::new(WorkerPlayer::new(service, host, renderer));
         let queue = Queue::connect(&args.queue, settings).await?;
         eprintln!(
-            "worker: playing tasks from {} on {} ({} at a time)",
-            args.queue, args.server, args.slots
+            "worker: playing pool {:?}'s tasks from {} on {} ({} at a time)",
+            args.pool, args.queue, args.server, args.slots
         );
         tokio::select! {
             served = serve_tasks(queue, player, args.slots) => match served? {},

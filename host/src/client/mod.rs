@@ -24,7 +24,7 @@ pub use local::{
     WireSamplers,
 };
 pub use remote::{JobsClient, REMOTE_CHECKPOINT, RemoteCheckpoint, RemoteService};
-pub use served::{ServedModel, TenantBases};
+pub use served::{RolloutQueue, ServedModel, TenantBases};
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -10,15 +10,23 @@ use super::local::{LocalService, WireSamplers};
 use crate::api::TenantId;
 use crate::service::{ServedBase, TINY_MODEL_NAME};
 
+/// Where a job's rollout workers take its RL groups: the queue (`nats://host:port`) and the
+/// pool of workers there (on a server, the job's tenant's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolloutQueue {
+    pub url: String,
+    pub pool: String,
+}
+
 /// A server's served bases, for one tenant's job.
 #[derive(Clone)]
 pub struct TenantBases {
     bases: Vec<Arc<ServedBase>>,
     tenant: TenantId,
     adapter_prefix: String,
-    /// The rollout queue (`nats://host:port`) whose workers play the job's groups, and where
+    /// The rollout queue whose workers play the job's groups (in the tenant's pool), and where
     /// its versions are opened for them.
-    rollouts: Option<(String, WireSamplers)>,
+    rollouts: Option<(RolloutQueue, WireSamplers)>,
 }
 
 /// One served base as a job sees it.
@@ -30,7 +38,7 @@ pub struct ServedModel {
     pub text: ModelText,
     /// The rollout queue whose workers play the job's groups on this base (sampling its
     /// versions over the wire); `None`: the job plays them itself.
-    pub rollouts: Option<String>,
+    pub rollouts: Option<RolloutQueue>,
 }
 
 impl TenantBases {
@@ -44,9 +52,13 @@ impl TenantBases {
         }
     }
 
-    /// These bases with the rollout queue at `queue` playing the job's groups, its versions
-    /// opened for the workers by `wire`.
-    pub fn with_rollouts(self, queue: String, wire: WireSamplers) -> Self {
+    /// These bases with the rollout queue at `url` playing the job's groups in the tenant's
+    /// pool, its versions opened for the workers by `wire`.
+    pub fn with_rollouts(self, url: String, wire: WireSamplers) -> Self {
+        let queue = RolloutQueue {
+            url,
+            pool: self.tenant.as_str().to_string(),
+        };
         TenantBases {
             rollouts: Some((queue, wire)),
             ..self

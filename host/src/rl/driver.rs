@@ -11,13 +11,13 @@ use std::sync::Arc;
 use super::context::{JobContext, JobPlugins, JobStart, ModelInfo, Reporter, SharedBase};
 use super::job::Job;
 use super::metrics::{Summary, Warmup};
-use super::rollouts::{Queue, QueueSettings};
+use super::rollouts::{Pool, Queue, QueueSettings};
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::sft::run_sft;
 use super::training_loop::train_job;
 use crate::client::LocalModel;
-use crate::client::RemoteService;
 use crate::client::{ModelText, ServiceClient, TrainingClient};
+use crate::client::{RemoteService, RolloutQueue};
 use crate::client::{ServedModel, TenantBases};
 use crate::plugin::{HostConfig, PluginHost};
 
@@ -44,9 +44,9 @@ pub struct RemoteEngine {
     /// The served model the jobs train on; their own `[model]` gives the tokenizer and chat
     /// template (the same model's files, on this machine).
     pub base_model: String,
-    /// The rollout queue (`nats://host:port`) whose workers play the jobs' RL groups on the
-    /// server's samplers; `None`: this process plays them.
-    pub rollouts: Option<String>,
+    /// The rollout queue whose workers play the jobs' RL groups on the server's samplers;
+    /// `None`: this process plays them.
+    pub rollouts: Option<RolloutQueue>,
 }
 
 /// Run `runs` in one process: jobs with the same base model (the same model and warm-up) share
@@ -296,7 +296,7 @@ async fn prepare_remote_base(
         .await
         .with_context(|| format!("connecting to {}", remote.url))?;
     let info = Arc::new(ModelInfo::of(text, service.context_length())?);
-    let queue = rollout_queue(remote.rollouts.as_deref()).await?;
+    let queue = rollout_queue(remote.rollouts.as_ref()).await?;
     let base = SharedBase {
         info,
         service: Arc::new(service),
@@ -305,12 +305,16 @@ async fn prepare_remote_base(
     adapter_starts(group, folders, resume, base)
 }
 
-/// The rollout queue at `url`, connected, if there is one.
-async fn rollout_queue(url: Option<&str>) -> anyhow::Result<Option<Queue>> {
-    let Some(url) = url else {
+/// The rollout queue, connected, if there is one.
+async fn rollout_queue(queue: Option<&RolloutQueue>) -> anyhow::Result<Option<Queue>> {
+    let Some(RolloutQueue { url, pool }) = queue else {
         return Ok(None);
     };
-    let queue = Queue::connect(url, QueueSettings::default())
+    let settings = QueueSettings {
+        pool: Pool::new(pool),
+        ..QueueSettings::default()
+    };
+    let queue = Queue::connect(url, settings)
         .await
         .with_context(|| format!("the rollout queue {url}"))?;
     Ok(Some(queue))
@@ -325,7 +329,7 @@ async fn prepare_served_base(
 ) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
     let folders = run_folders(&group, resume)?;
     let context = served.service.context_length();
-    let queue = rollout_queue(served.rollouts.as_deref()).await?;
+    let queue = rollout_queue(served.rollouts.as_ref()).await?;
     let base = SharedBase {
         info: Arc::new(ModelInfo::of(served.text, context)?),
         service: Arc::new(served.service),

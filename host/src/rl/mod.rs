@@ -41,8 +41,8 @@ pub use metrics::{Evaluation, Phase, StepMetrics};
 pub use render::Renderer;
 pub use rollout::{Actor, EpisodeOutcome, Rollout};
 pub use rollouts::{
-    GroupTask, PlayedGroup, PluginUse, PolicyRef, Queue, QueueError, QueueRollouts, QueueSettings,
-    RewardUse, Rollouts, Seat, TASK_FORMAT, TASKS_STREAM, TaskError, TaskPlugins, WORKERS_CONSUMER,
+    GroupTask, PlayedGroup, PluginUse, PolicyRef, Pool, Queue, QueueError, QueueRollouts,
+    QueueSettings, RewardUse, Rollouts, Seat, TASK_FORMAT, TASKS_STREAM, TaskError, TaskPlugins,
     WorkerPlayer, play_task, serve_tasks,
 };
 pub use run_folder::{METRICS, SETTINGS};

@@ -25,9 +25,7 @@ mod worker;
 
 pub use play::play_task;
 pub use players::Rollouts;
-pub use queue::{
-    Queue, QueueError, QueueRollouts, QueueSettings, TASKS_STREAM, WORKERS_CONSUMER, serve_tasks,
-};
+pub use queue::{Pool, Queue, QueueError, QueueRollouts, QueueSettings, TASKS_STREAM, serve_tasks};
 pub use task::{
     GroupTask, PlayedGroup, PluginUse, PolicyRef, RewardUse, Seat, TASK_FORMAT, TaskError,
     TaskPlugins,

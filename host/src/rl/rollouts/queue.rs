@@ -3,24 +3,25 @@
 //! play them and publish what they played.
 //!
 //! Two streams, both on file storage so that a restarted queue server loses nothing:
-//! `OPENTINKER_TASKS` (subjects `opentinker.tasks.<job>`, work-queue retention: a task is gone
-//! once a worker acknowledges it) and `OPENTINKER_PLAYED` (subjects `opentinker.played.<job>`,
-//! read by the job's durable driver consumer). A driver names its job on the queue by the job's
-//! name and a nonce of its own (`<job>-<nonce>`), so two runs of one job never mix, and a
-//! restarted driver plays its step's groups again rather than wait for answers its predecessor
-//! took; what nobody reads any more expires after a day. Every message carries a `Nats-Msg-Id`
-//! (`<job>.<group>.v<version>`), so a task published twice, or played twice because its first
-//! worker was slow rather than dead, is stored once within the duplicate window.
+//! `OPENTINKER_TASKS` (subjects `opentinker.tasks.<pool>.<job>`, work-queue retention: a task is
+//! gone once a worker acknowledges it) and `OPENTINKER_PLAYED` (subjects
+//! `opentinker.played.<job>`, read by the job's durable driver consumer). A driver names its job
+//! on the queue by the job's name and a nonce of its own (`<job>-<nonce>`), so two runs of one
+//! job never mix, and a restarted driver plays its step's groups again rather than wait for
+//! answers its predecessor took; what nobody reads any more expires after a day. Every message
+//! carries a `Nats-Msg-Id` (`<job>.<group>.v<version>`), so a task published twice, or played
+//! twice because its first worker was slow rather than dead, is stored once within the duplicate
+//! window.
 //!
-//! Workers share one durable pull consumer. A worker acknowledges a task only after its
-//! trajectory is stored, and while it plays it tells the server it is still working (an
-//! in-progress ack every third of the ack wait), so a long episode keeps its task and a worker
-//! that stops acking (killed, hung) loses it to another after the ack wait. A task whose player
-//! fails on every delivery is answered, at its last delivery, with a group whose episodes failed
-//! with the player's error (`rollout_worker`); one whose every worker stops before answering is
-//! answered the same way by its driver when the server's `MAX_DELIVERIES` advisory names it (the
-//! driver knows its tasks by their stream sequence), and taken out of the stream. Either way the
-//! job goes on.
+//! The workers of a [`Pool`] share one durable pull consumer of the pool's tasks. A worker
+//! acknowledges a task only after its trajectory is stored, and while it plays it tells the
+//! server it is still working (an in-progress ack every third of the ack wait), so a long
+//! episode keeps its task and a worker that stops acking (killed, hung) loses it to another
+//! after the ack wait. A task whose player fails on every delivery is answered, at its last
+//! delivery, with a group whose episodes failed with the player's error (`rollout_worker`); one
+//! whose every worker stops before answering is answered the same way by its driver when the
+//! server's `MAX_DELIVERIES` advisory names it (the driver knows its tasks by their stream
+//! sequence), and taken out of the stream. Either way the job goes on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -42,8 +43,6 @@ use super::task::{GroupTask, PlayedGroup};
 /// The stream of tasks, which the workers' consumer reads (a deployment's autoscaler watches it).
 pub const TASKS_STREAM: &str = "OPENTINKER_TASKS";
 const PLAYED_STREAM: &str = "OPENTINKER_PLAYED";
-/// The durable consumer every worker pulls tasks from: its pending count is the work waiting.
-pub const WORKERS_CONSUMER: &str = "opentinker-workers";
 /// How long a stream remembers a message id, so that a second copy is not stored.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
 /// How long a message nobody takes stays (the tasks and answers of a driver that has gone).
@@ -57,9 +56,48 @@ const PUBLISH_PATIENCE: Duration = Duration::from_secs(60);
 /// The pause before a failed pull or publish is tried again.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
-/// How the queue treats tasks.
+/// Whose tasks a worker plays: a driver publishes its job's groups to one pool, and only that
+/// pool's workers take them. A server's jobs go to their tenant's pool (the tenant's name), so
+/// that a worker holding one tenant's key never takes another's task; `train --rollouts` uses
+/// `default` unless told otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool(String);
+
+impl Pool {
+    /// The pool called `name` (as a subject token: kept when it is letters, digits, `-` and
+    /// `_`, otherwise a digest of it).
+    pub fn new(name: &str) -> Self {
+        Pool(job_token(name))
+    }
+
+    /// The durable consumer the pool's workers share on [`TASKS_STREAM`]: its pending count is
+    /// the pool's work waiting (what an autoscaler watches).
+    pub fn consumer(&self) -> String {
+        format!("opentinker-workers-{}", self.0)
+    }
+
+    /// Where job `job`'s tasks go in this pool.
+    fn subject(&self, job: &str) -> String {
+        format!("opentinker.tasks.{}.{}", self.0, job_token(job))
+    }
+
+    /// Every task of the pool.
+    fn subjects(&self) -> String {
+        format!("opentinker.tasks.{}.>", self.0)
+    }
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool::new("default")
+    }
+}
+
+/// How a connection uses the queue.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueueSettings {
+    /// The pool whose tasks are published or played.
+    pub pool: Pool,
     /// How long a worker may go without acknowledging a task (or saying it is still at it)
     /// before the task is delivered to another.
     pub ack_wait: Duration,
@@ -70,6 +108,7 @@ pub struct QueueSettings {
 impl Default for QueueSettings {
     fn default() -> Self {
         QueueSettings {
+            pool: Pool::default(),
             ack_wait: Duration::from_secs(30),
             max_deliver: 3,
         }
@@ -253,9 +292,10 @@ fn lock(pending: &Shared) -> std::sync::MutexGuard<'_, Pending> {
     pending.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Where the server says a workers' task reached its last delivery unanswered.
-fn max_deliveries_subject() -> String {
-    format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{TASKS_STREAM}.{WORKERS_CONSUMER}")
+/// Where the server says a task of `pool` reached its last delivery unanswered.
+fn max_deliveries_subject(pool: &Pool) -> String {
+    let consumer = pool.consumer();
+    format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{TASKS_STREAM}.{consumer}")
 }
 
 /// What the server says when a task has been delivered `max_deliver` times unanswered.
@@ -299,7 +339,7 @@ impl QueueRollouts {
         let advisories = queue
             .jetstream
             .client()
-            .subscribe(max_deliveries_subject())
+            .subscribe(max_deliveries_subject(&queue.settings.pool))
             .await
             .map_err(|e| setup("the dead-letter advisories")(e.to_string()))?;
         let pending = Shared::default();
@@ -410,7 +450,7 @@ impl Rollouts for QueueRollouts {
         );
         Box::pin(async move {
             let payload = serde_json::to_vec(&task)?;
-            let subject = format!("opentinker.tasks.{}", job_token(&task.job));
+            let subject = queue.settings.pool.subject(&task.job);
             let id = message_id(&task.job, task.group, task.version);
             let sequence = queue.publish(subject, &id, payload).await?;
             {
@@ -438,7 +478,8 @@ pub async fn serve_tasks(
         .consumer(
             TASKS_STREAM,
             pull::Config {
-                durable_name: Some(WORKERS_CONSUMER.to_string()),
+                durable_name: Some(queue.settings.pool.consumer()),
+                filter_subject: queue.settings.pool.subjects(),
                 ack_policy: AckPolicy::Explicit,
                 ack_wait: queue.settings.ack_wait,
                 max_deliver: queue.settings.max_deliver,
