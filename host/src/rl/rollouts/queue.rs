@@ -270,18 +270,14 @@ struct Pending {
 }
 
 impl Pending {
-    /// Hand `played` to whoever waits for it; `false` if nobody does (a second copy).
-    fn answer(&mut self, played: PlayedGroup) -> bool {
+    /// Hand `played` to whoever waits for it. Nobody does for a second copy of an answer
+    /// already handed over, and a waiter that has gone (its job ended) needs nothing.
+    fn answer(&mut self, played: PlayedGroup) {
         let key = (played.id, played.version);
         self.published
             .retain(|_, task| (task.group, task.version) != key);
-        match self.waiting.remove(&key) {
-            // A waiter that has gone (its job ended) needs nothing.
-            Some(waiter) => {
-                let _ = waiter.send(played);
-                true
-            }
-            None => false,
+        if let Some(waiter) = self.waiting.remove(&key) {
+            let _ = waiter.send(played);
         }
     }
 }
