@@ -100,7 +100,7 @@ pub struct FairShare {
     /// reproducible (datums are padded to the longest of their pass). `None`: as `cycle`.
     pub solo_pass_tokens: Option<u64>,
     /// How long the loop may wait, after answering a small call, for the same tenant's next
-    /// call before it starts a pass of others' work ([`Anticipation`]). `None`: never waits.
+    /// call before it starts a pass of others' work (`Anticipation`). `None`: never waits.
     pub anticipate: Option<std::time::Duration>,
 }
 

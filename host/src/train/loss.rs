@@ -182,7 +182,7 @@ pub struct LossInputs<'a> {
     /// Advantages (RL losses).
     pub advantages: Option<&'a Tensor>,
     /// The tokens of each sequence whose ratios make its sequence ratio (`gspo`; see
-    /// [`ratio_tokens`]).
+    /// `ratio_tokens`).
     pub ratio_mask: Option<&'a Tensor>,
 }
 
