@@ -302,6 +302,21 @@ struct TablePlayer {
     started: Option<tokio::sync::mpsc::UnboundedSender<usize>>,
 }
 
+impl TablePlayer {
+    /// A worker that plays with this player: its queue connection (to `url`, as `settings`
+    /// say) and its loop, in a task of its own (aborting it stops the worker as a kill would).
+    fn serve(
+        self,
+        url: String,
+        settings: QueueSettings,
+    ) -> tokio::task::JoinHandle<Result<std::convert::Infallible, opentinker::rl::QueueError>> {
+        tokio::spawn(async move {
+            let queue = Queue::connect(&url, settings).await?;
+            serve_tasks(queue, Arc::new(self), 1).await
+        })
+    }
+}
+
 impl Rollouts for TablePlayer {
     fn start(&self, task: GroupTask) -> BoxFuture<'static, anyhow::Result<PlayedGroup>> {
         self.plays.fetch_add(1, Ordering::SeqCst);
@@ -350,17 +365,17 @@ async fn groups_played_by_three_workers_through_a_real_queue_come_back_as_played
         max_deliver: 2,
         ..QueueSettings::default()
     };
-    let mut workers = Vec::new();
-    for _ in 0..3 {
-        let queue = Queue::connect(&nats.url(), settings.clone()).await.unwrap();
-        let player = Arc::new(TablePlayer {
-            table: Arc::clone(&table),
-            plays: Arc::clone(&plays),
-            index: 0,
-            started: None,
-        });
-        workers.push(tokio::spawn(serve_tasks(queue, player, 1)));
-    }
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            let player = TablePlayer {
+                table: Arc::clone(&table),
+                plays: Arc::clone(&plays),
+                index: 0,
+                started: None,
+            };
+            player.serve(nats.url(), settings.clone())
+        })
+        .collect();
     let queue = Queue::connect(&nats.url(), settings).await.unwrap();
     // A job name that is no subject token (a space, a dot) travels as a digest of itself.
     let driver = QueueRollouts::new(queue, "queue test.1").await.unwrap();
@@ -428,22 +443,13 @@ async fn a_group_whose_every_worker_stops_before_answering_comes_back_failed() {
     };
     let (tell, mut started) = tokio::sync::mpsc::unbounded_channel();
     let worker = |index: usize| {
-        let (table, tell, url, settings) = (
-            Arc::clone(&table),
-            tell.clone(),
-            nats.url(),
-            settings.clone(),
-        );
-        let player = Arc::new(TablePlayer {
-            table,
+        let player = TablePlayer {
+            table: Arc::clone(&table),
             plays: Arc::new(AtomicUsize::new(0)),
             index,
-            started: Some(tell),
-        });
-        tokio::spawn(async move {
-            let queue = Queue::connect(&url, settings).await.unwrap();
-            serve_tasks(queue, player, 1).await
-        })
+            started: Some(tell.clone()),
+        };
+        player.serve(nats.url(), settings.clone())
     };
     let mut workers = std::collections::BTreeMap::new();
     for index in 0..2 {
@@ -501,17 +507,13 @@ async fn a_group_goes_to_its_pools_workers_only() {
         ..QueueSettings::default()
     };
     let worker = |name: &str, plays: &Arc<AtomicUsize>| {
-        let player = Arc::new(TablePlayer {
+        let player = TablePlayer {
             table: Arc::clone(&table),
             plays: Arc::clone(plays),
             index: 0,
             started: None,
-        });
-        let (url, settings) = (nats.url(), in_pool(name));
-        tokio::spawn(async move {
-            let queue = Queue::connect(&url, settings).await.unwrap();
-            serve_tasks(queue, player, 1).await
-        })
+        };
+        player.serve(nats.url(), in_pool(name))
     };
     let (bobs, alices) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let bob = worker("bob", &bobs);

@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use async_trait::async_trait;
 use candle_core::DType;
-use sha2::{Digest, Sha256};
 
 use super::{ModelText, SamplingClient, ServiceClient, TrainingClient};
 use crate::api::{
@@ -18,6 +17,7 @@ use crate::api::{
     OptimStepOutput, SampleResponse, SamplingParams, SessionId, TenantId,
 };
 use crate::lora::{AdapterRegistry, PolicyVersion};
+use crate::market::Digest;
 use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Model, ModelConfig, Transformer};
 use crate::plugin::{Limits, Plugin};
@@ -490,7 +490,7 @@ impl ServiceClient for LocalService {
         let bytes = tokio::fs::read(component).await.map_err(|e| {
             ApiError::internal(format!("reading the plugin {}: {e}", component.display()))
         })?;
-        Ok(format!("sha256:{}", hex::encode(Sha256::digest(&bytes))))
+        Ok(Digest::of(&bytes).as_str().to_string())
     }
 }
 

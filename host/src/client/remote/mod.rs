@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sha2::Digest;
 use tokio::sync::{Mutex, OnceCell};
 
 use self::http::{Body, Connection, text_field};
@@ -28,6 +27,7 @@ use crate::api::{
     AdamParams, ApiError, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig, ModelInput,
     OptimStepOutput, SampleResponse, SamplingParams,
 };
+use crate::market::Digest;
 use crate::plugin::{Limits, Plugin, PluginKind};
 use crate::wire::codec;
 
@@ -244,8 +244,8 @@ impl RemoteService {
             .connection
             .get_bytes(&format!("plugins/{digest}/component"))
             .await?;
-        let found = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
-        if found != digest {
+        let found = Digest::of(&bytes);
+        if found.as_str() != digest {
             return Err(ApiError::internal(format!(
                 "the server's copy of plugin {digest} has digest {found}"
             )));

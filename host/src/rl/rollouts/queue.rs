@@ -67,7 +67,7 @@ impl Pool {
     /// The pool called `name` (as a subject token: kept when it is letters, digits, `-` and
     /// `_`, otherwise a digest of it).
     pub fn new(name: &str) -> Self {
-        Pool(job_token(name))
+        Pool(subject_token(name))
     }
 
     /// The durable consumer the pool's workers share on [`TASKS_STREAM`]: its pending count is
@@ -78,7 +78,7 @@ impl Pool {
 
     /// Where job `job`'s tasks go in this pool.
     fn subject(&self, job: &str) -> String {
-        format!("opentinker.tasks.{}.{}", self.0, job_token(job))
+        format!("opentinker.tasks.{}.{}", self.0, subject_token(job))
     }
 
     /// Every task of the pool.
@@ -126,6 +126,8 @@ pub enum QueueError {
     Publish { subject: String, message: String },
     #[error("reading the rollout queue: {0}")]
     Read(String),
+    #[error("removing task {sequence} from the rollout queue: {message}")]
+    Remove { sequence: u64, message: String },
     #[error("the rollout queue's driver for job `{0}` has stopped")]
     DriverStopped(String),
 }
@@ -138,14 +140,20 @@ impl QueueError {
             QueueError::Setup { .. } => "queue_setup",
             QueueError::Publish { .. } => "queue_publish",
             QueueError::Read(_) => "queue_read",
+            QueueError::Remove { .. } => "queue_remove",
             QueueError::DriverStopped(_) => "queue_driver",
         }
     }
 }
 
-fn setup(what: impl Into<String>) -> impl FnOnce(String) -> QueueError {
-    let what = what.into();
-    move |message| QueueError::Setup { what, message }
+impl QueueError {
+    /// Setting up `what` failed with `error`.
+    fn setup(what: impl Into<String>, error: impl std::fmt::Display) -> Self {
+        QueueError::Setup {
+            what: what.into(),
+            message: error.to_string(),
+        }
+    }
 }
 
 /// A connection to the rollout queue, its streams made if they are not there.
@@ -181,7 +189,7 @@ impl Queue {
                     ..Default::default()
                 })
                 .await
-                .map_err(|e| setup(format!("stream {name}"))(e.to_string()))?;
+                .map_err(|e| QueueError::setup(format!("stream {name}"), e))?;
         }
         Ok(Queue {
             jetstream,
@@ -200,11 +208,11 @@ impl Queue {
             .jetstream
             .get_stream(stream)
             .await
-            .map_err(|e| setup(what.clone())(e.to_string()))?;
+            .map_err(|e| QueueError::setup(what.clone(), e))?;
         stream
             .get_or_create_consumer(&name, config)
             .await
-            .map_err(|e| setup(what)(e.to_string()))
+            .map_err(|e| QueueError::setup(what, e))
     }
 
     /// Store `payload` on `subject` under message id `id`, once (a second copy within the
@@ -219,31 +227,45 @@ impl Queue {
     ) -> Result<u64, QueueError> {
         let payload = bytes::Bytes::from(payload);
         let started = std::time::Instant::now();
+        let failed = |error: &dyn std::fmt::Display| QueueError::Publish {
+            subject: subject.clone(),
+            message: error.to_string(),
+        };
         loop {
             let message = PublishMessage::build()
                 .payload(payload.clone())
                 .message_id(id);
             let stored = match self.jetstream.send_publish(subject.clone(), message).await {
-                Ok(ack) => ack.await.map(|a| a.sequence).map_err(|e| e.to_string()),
-                Err(error) => Err(error.to_string()),
+                Ok(ack) => ack.await.map(|a| a.sequence).map_err(|e| failed(&e)),
+                Err(error) => Err(failed(&error)),
             };
             match stored {
                 Ok(sequence) => return Ok(sequence),
-                Err(message) if started.elapsed() >= PUBLISH_PATIENCE => {
-                    return Err(QueueError::Publish { subject, message });
-                }
-                Err(message) => {
-                    tracing::warn!(%subject, %message, "publishing to the rollout queue; trying again");
+                Err(error) if started.elapsed() >= PUBLISH_PATIENCE => return Err(error),
+                Err(error) => {
+                    tracing::warn!(%error, "publishing to the rollout queue; trying again");
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
             }
         }
     }
+
+    /// Take the message `sequence` out of the tasks stream.
+    async fn remove_task(&self, sequence: u64) -> Result<(), QueueError> {
+        let removed = match self.jetstream.get_stream(TASKS_STREAM).await {
+            Ok(stream) => stream.delete_message(sequence).await.map(|_| ()),
+            Err(error) => return Err(QueueError::setup(format!("stream {TASKS_STREAM}"), error)),
+        };
+        removed.map_err(|e| QueueError::Remove {
+            sequence,
+            message: e.to_string(),
+        })
+    }
 }
 
-/// A job's name as one token of a subject or a consumer's name: kept when it is letters,
-/// digits, `-` and `_`, otherwise a digest of it.
-fn job_token(job: &str) -> String {
+/// A name (a job's, a pool's) as one token of a subject or a consumer's name: kept when it is
+/// letters, digits, `-` and `_`, otherwise a digest of it.
+fn subject_token(job: &str) -> String {
     let plain = !job.is_empty()
         && job.len() <= 64
         && job
@@ -257,7 +279,7 @@ fn job_token(job: &str) -> String {
 
 /// The message id of group `group` at `version` of a job: the same for the task and its answer.
 fn message_id(job: &str, group: u64, version: usize) -> String {
-    format!("{}.{group}.v{version}", job_token(job))
+    format!("{}.{group}.v{version}", subject_token(job))
 }
 
 /// A driver's groups on the queue that have no answer yet.
@@ -316,9 +338,9 @@ impl QueueRollouts {
     /// The rollouts of job `job` on `queue`, under a name of this driver's own: its answers are
     /// read by the durable consumer `driver-<name>` from now on.
     pub async fn new(queue: Queue, job: &str) -> Result<Self, QueueError> {
-        let nonce = getrandom::u64().map_err(|e| setup("a driver nonce")(e.to_string()))?;
-        let job = format!("{}-{nonce:016x}", job_token(job));
-        let token = job_token(&job);
+        let nonce = getrandom::u64().map_err(|e| QueueError::setup("a driver nonce", e))?;
+        let job = format!("{}-{nonce:016x}", subject_token(job));
+        let token = subject_token(&job);
         let consumer = queue
             .consumer(
                 PLAYED_STREAM,
@@ -337,7 +359,7 @@ impl QueueRollouts {
             .client()
             .subscribe(max_deliveries_subject(&queue.settings.pool))
             .await
-            .map_err(|e| setup("the dead-letter advisories")(e.to_string()))?;
+            .map_err(|e| QueueError::setup("the dead-letter advisories", e))?;
         let pending = Shared::default();
         let readers = [
             tokio::spawn(gather(consumer, Arc::clone(&pending), job.clone())),
@@ -373,15 +395,7 @@ async fn dead_letters(mut advisories: async_nats::Subscriber, queue: Queue, pend
         );
         tracing::warn!(job = %task.job, group = task.group, "{message}");
         lock(&pending).answer(PlayedGroup::failed(&task, "rollout_worker", &message));
-        let deleted = match queue.jetstream.get_stream(TASKS_STREAM).await {
-            Ok(stream) => stream
-                .delete_message(advisory.stream_seq)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
-            Err(error) => Err(error.to_string()),
-        };
-        if let Err(error) = deleted {
+        if let Err(error) = queue.remove_task(advisory.stream_seq).await {
             tracing::warn!(%error, "removing a dead task from the queue");
         }
     }
@@ -563,11 +577,11 @@ async fn serve_task(
             return ack(&message, AckKind::Nak(None)).await;
         }
     };
+    let subject = format!("opentinker.played.{}", subject_token(&task.job));
     let payload = serde_json::to_vec(&played).map_err(|e| QueueError::Publish {
-        subject: format!("opentinker.played.{}", job_token(&task.job)),
+        subject: subject.clone(),
         message: e.to_string(),
     })?;
-    let subject = format!("opentinker.played.{}", job_token(&task.job));
     let id = message_id(&task.job, task.group, task.version);
     queue.publish(subject, &id, payload).await?;
     message
@@ -589,17 +603,17 @@ mod tests {
 
     #[test]
     fn a_job_name_that_is_no_subject_token_becomes_a_digest_of_itself() {
-        assert_eq!(job_token("take-away_2"), "take-away_2");
+        assert_eq!(subject_token("take-away_2"), "take-away_2");
         let long = "x".repeat(65);
         for awkward in ["a.b", "a b", "a>*", "", &long] {
-            let token = job_token(awkward);
+            let token = subject_token(awkward);
             assert!(
                 token.starts_with("job-") && token.len() == 20,
                 "{awkward:?}: {token}"
             );
-            assert_eq!(job_token(awkward), token);
+            assert_eq!(subject_token(awkward), token);
         }
-        assert_ne!(job_token("a.b"), job_token("a b"));
+        assert_ne!(subject_token("a.b"), subject_token("a b"));
         assert_eq!(message_id("take-away", 7, 3), "take-away.7.v3");
     }
 }
