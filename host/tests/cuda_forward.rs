@@ -1,8 +1,9 @@
-//! The sampler's CUDA forward against its CPU forward on the tiny model: logits of prefills and
-//! decode steps through adapters of different ranks within 2e-4 (with bf16 matrices, against the
-//! CPU forward of the same rounded matrices), a sequence's logits bit for bit alone or in a
-//! batch, and greedy generation token for token. Runs where a GPU, its driver and
-//! NVRTC are present (`scripts/gpu-check.sh`); elsewhere each test says it skipped and why.
+//! The sampler's CUDA model (the one layer definition on the `Gpu` backend) against the same
+//! layers on the CPU, on the tiny model: logits of prefills and decode steps through adapters of
+//! different ranks within 2e-4 (with bf16 matrices, against the CPU forward of the same rounded
+//! matrices), a sequence's logits bit for bit alone or in a batch, and greedy generation token for
+//! token. Runs where a GPU, its driver and NVRTC are present (`scripts/gpu-check.sh`); elsewhere
+//! each test says it skipped and why.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use opentinker::lora::{Adapter, LoraConfig};
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::transformer::Transformer;
 use opentinker::model::{Architecture, Model};
-use opentinker::sample::cuda_forward::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
+use opentinker::sample::cuda::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
 use opentinker::sample::forward::{SequenceInput, forward};
 use opentinker_kernels::KvCache;
 use opentinker_kernels::cuda::Gpu;

@@ -37,6 +37,13 @@ pub trait Backend: Sync {
     /// `len` zeros.
     fn zeros(&self, len: usize) -> Result<Self::Buffer, Self::Error>;
 
+    /// A buffer of `len` values for an op that writes every one of them before anything reads
+    /// it (a projection's output, the attention's): a device backend leaves it unset rather
+    /// than queue a fill that the op overwrites. Zeros unless a backend says otherwise.
+    fn scratch(&self, len: usize) -> Result<Self::Buffer, Self::Error> {
+        self.zeros(len)
+    }
+
     /// The buffer's values on the host.
     fn download(&self, x: Self::Buffer) -> Result<Vec<Self::Elem>, Self::Error>;
 

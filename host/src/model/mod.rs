@@ -5,6 +5,8 @@
 
 pub mod config;
 mod cpu_view;
+#[cfg(feature = "cuda")]
+mod gpu_weights;
 pub mod layers;
 mod save;
 mod site;
@@ -15,6 +17,8 @@ use std::path::{Path, PathBuf};
 
 pub use config::{Architecture, ConfigError, ModelConfig, OutOfVocabulary};
 pub use cpu_view::{CpuWeights, TensorView, sequence_logits};
+#[cfg(feature = "cuda")]
+pub use gpu_weights::{GpuWeights, GpuWeightsError};
 pub use save::{save_model_dir, write_model_files};
 pub use site::{Site, Target};
 pub use transformer::Transformer;

@@ -2,7 +2,7 @@
 //! with per-token logprobs, on the batch-invariant kernels of `opentinker-kernels`.
 
 #[cfg(feature = "cuda")]
-pub mod cuda_forward;
+pub mod cuda;
 pub mod engine;
 pub mod forward;
 pub mod params;

@@ -8,12 +8,14 @@
 //! vectorised loads rely on.
 
 mod attention;
+mod backend;
 mod error;
 mod lora;
 
 use std::sync::Arc;
 
 pub use attention::{AttentionBatch, PagedKvCache, SequenceRow};
+pub use backend::{GpuBatch, GpuMatrix, WeightFormat};
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
 pub use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};

@@ -80,7 +80,7 @@ pub(super) fn attention<B: Backend, H: Adapters<B>>(
     let (q_width, kv_width) = (shape.heads * head_dim, shape.kv_heads * head_dim);
     let site = |target| Site::Layer(layer, target);
     let project = |target, linear: &Linear<'_, B>, width: usize| -> Result<B::Buffer, B::Error> {
-        let mut y = ops.zeros(cx.rows * width)?;
+        let mut y = ops.scratch(cx.rows * width)?;
         cx.adapters
             .project(ops, site(target), runs, h, linear, &mut y, false)?;
         Ok(y)
@@ -98,7 +98,7 @@ pub(super) fn attention<B: Backend, H: Adapters<B>>(
     }
     ops.rope(cx.batch, &mut q, head_dim, cx.cos, cx.sin)?;
     ops.rope(cx.batch, &mut k, head_dim, cx.cos, cx.sin)?;
-    let mut attended = ops.zeros(cx.rows * q_width)?;
+    let mut attended = ops.scratch(cx.rows * q_width)?;
     ops.attend(cx.batch, layer, shape, &q, &k, &v, &mut attended)?;
     cx.adapters
         .project(ops, site(Target::O), runs, &attended, &w.o, x, true)?;

@@ -108,7 +108,7 @@ fn stack<B: Backend, H: Adapters<B>>(
     let ops = cx.ops;
     let eps = cx.config.rms_norm_eps;
     let mut tapes = Vec::with_capacity(if keep { weights.layers.len() } else { 0 });
-    let mut h = ops.zeros(cx.rows * cx.config.hidden_size)?;
+    let mut h = ops.scratch(cx.rows * cx.config.hidden_size)?;
     for (li, layer) in weights.layers.iter().enumerate() {
         let x_in = if keep { Some(ops.copy(x)?) } else { None };
         ops.rms_norm_into(x, layer.input_norm, eps, &mut h)?;
@@ -187,7 +187,9 @@ pub fn forward<B: Backend, H: Adapters<B>>(
         adapter: s.adapter,
     }));
     let kept_rows: usize = kept_runs.iter().map(|r| r.rows).sum();
-    let mut logits = ops.zeros(kept_rows * config.vocab_size).map_err(backend)?;
+    let mut logits = ops
+        .scratch(kept_rows * config.vocab_size)
+        .map_err(backend)?;
     adapters
         .project(
             ops,

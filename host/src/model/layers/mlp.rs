@@ -41,10 +41,10 @@ pub(super) fn mlp<B: Backend, H: Adapters<B>>(
     let (ops, runs) = (cx.ops, cx.runs);
     let inter = cx.config.intermediate_size;
     let site = |target| Site::Layer(layer, target);
-    let mut gate = ops.zeros(cx.rows * inter)?;
+    let mut gate = ops.scratch(cx.rows * inter)?;
     cx.adapters
         .project(ops, site(Target::Gate), runs, h, &w.gate, &mut gate, false)?;
-    let mut up = ops.zeros(cx.rows * inter)?;
+    let mut up = ops.scratch(cx.rows * inter)?;
     cx.adapters
         .project(ops, site(Target::Up), runs, h, &w.up, &mut up, false)?;
     let gate_raw = if keep { Some(ops.copy(&gate)?) } else { None };
