@@ -12,6 +12,7 @@ use opentinker::api::{
     AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelId, ModelInput, Op, OpOutput,
     TenantId, TensorData,
 };
+use opentinker::model::Device;
 use opentinker::service::{
     FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
 };
@@ -59,7 +60,13 @@ async fn run() -> anyhow::Result<()> {
         solo_pass_tokens: None,
         anticipate: None,
     };
-    let base = ServedBase::load(TINY_MODEL_NAME, &tiny_model_dir(&data)?, 65_536, share)?;
+    let base = ServedBase::load(
+        TINY_MODEL_NAME,
+        &tiny_model_dir(&data)?,
+        65_536,
+        share,
+        Device::Cpu,
+    )?;
     let service = Service::new(vec![base], ServiceConfig::new(data));
     let tenant = TenantId::new("bench")?;
     let run = |op, seq| service.execute(&tenant, op, seq);

@@ -296,6 +296,117 @@ fn sample_prints_each_sample_as_json_and_is_reproducible_with_a_seed() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("top_p"));
 }
 
+/// `--device` on every command that runs the model: `cpu` runs (the other tests), a text that
+/// names no device is refused by clap with the value named, and `cuda` is refused before any
+/// model file is read, saying why on this machine: no driver (a CPU machine), or the engine not
+/// on CUDA yet (a machine with a GPU).
+#[test]
+fn every_command_that_runs_the_model_refuses_a_device_it_cannot_use_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    assert!(
+        opentinker(&["model", "init-tiny", model.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let model = model.to_str().unwrap();
+    let missing = dir.path().join("no-such-model");
+    let missing = missing.to_str().unwrap();
+    let data = dir.path().join("data");
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "[model]\ninit_tiny = {}\n[environment]\nplugin = \"no-such-plugin\"\n[rl]\nsteps = 1\n",
+    )
+    .unwrap();
+    let commands: [(&str, Vec<&str>); 4] = [
+        (
+            "sample",
+            vec!["sample", "--model", missing, "--prompt", "hi"],
+        ),
+        (
+            "model logprobs",
+            vec!["model", "logprobs", "--model", missing, "--text", "hi"],
+        ),
+        (
+            "serve",
+            vec![
+                "serve",
+                "--data",
+                data.to_str().unwrap(),
+                "--addr",
+                "127.0.0.1:0",
+            ],
+        ),
+        ("train", vec!["train", job.to_str().unwrap()]),
+    ];
+    for (name, args) in &commands {
+        let with = |device: &str| {
+            let mut args = args.clone();
+            args.extend(["--device", device]);
+            opentinker(&args)
+        };
+        let bad = with("gpu");
+        assert!(!bad.status.success(), "{name} --device gpu");
+        let stderr = String::from_utf8_lossy(&bad.stderr);
+        assert!(stderr.contains("`gpu` is not a device"), "{name}: {stderr}");
+
+        let cuda = with("cuda:1");
+        assert!(!cuda.status.success(), "{name} --device cuda:1");
+        let stderr = String::from_utf8_lossy(&cuda.stderr);
+        let why = [
+            "has no CUDA backend",
+            "no CUDA driver",
+            "is not available",
+            "does not run on CUDA yet",
+        ];
+        assert!(
+            stderr.contains("cuda:1") && why.iter().any(|w| stderr.contains(w)),
+            "{name}: {stderr}"
+        );
+        // Refused before the model (missing here for sample and logprobs) or the job's plugin
+        // was looked at.
+        assert!(
+            !stderr.contains("no-such-model") && !stderr.contains("no-such-plugin"),
+            "{name}: {stderr}"
+        );
+    }
+    assert!(
+        !data.join("models").exists(),
+        "serve made its tiny model first"
+    );
+
+    // With --server, the server's own device decides.
+    let both = opentinker(&[
+        "train",
+        job.to_str().unwrap(),
+        "--server",
+        "http://127.0.0.1:9",
+        "--device",
+        "cpu",
+    ]);
+    assert!(!both.status.success());
+    assert!(String::from_utf8_lossy(&both.stderr).contains("--server"));
+
+    // The CPU samples as before.
+    let cpu = opentinker(&[
+        "sample",
+        "--model",
+        model,
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "2",
+        "--device",
+        "cpu",
+    ]);
+    assert!(
+        cpu.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cpu.stderr)
+    );
+}
+
 #[test]
 fn train_runs_a_short_job_and_writes_its_files() {
     let wasm = built_plugin("arithmetic");

@@ -8,7 +8,7 @@ use clap::Subcommand;
 use serde::Serialize;
 
 use crate::model::tiny::{TinyShape, init_tiny};
-use crate::model::{Architecture, Model};
+use crate::model::{Architecture, Device, Model};
 
 #[derive(Debug, Subcommand)]
 pub enum ModelCommand {
@@ -35,6 +35,11 @@ pub enum ModelCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// The device to run on: `cpu`, or `cuda` / `cuda:N` (refused, naming why, until the
+        /// engines run there: a build without the `cuda` feature, a machine without a driver or
+        /// that device, or the engine not on CUDA yet).
+        #[arg(long, default_value = "cpu")]
+        device: Device,
     },
     /// Write a model directory with a LoRA adapter (PEFT format) merged into the base's weights:
     /// it computes what the base computes with the adapter, and loads wherever a Hugging Face
@@ -92,7 +97,9 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             adapter,
             text,
             json,
+            device,
         } => {
+            device.check("scoring")?;
             let model = Model::load(&model)?;
             let adapter = adapter
                 .map(|dir| crate::train::checkpoint::load(&dir, &model.config, DType::F32))

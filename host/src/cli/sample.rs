@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::lora::AdapterRegistry;
-use crate::model::Model;
+use crate::model::{Device, Model};
 use crate::sample::{
     EngineConfig, PolicyRef, SampleRequest, SamplingEngine, SamplingParams, StopReason,
 };
@@ -44,6 +44,11 @@ pub struct SampleArgs {
     /// Print JSON: each sample's text, tokens, logprobs and stop reason.
     #[arg(long)]
     json: bool,
+    /// The device to run on: `cpu`, or `cuda` / `cuda:N` (refused, naming why, until the engines
+    /// run there: a build without the `cuda` feature, a machine without a driver or that device,
+    /// or the engine not on CUDA yet).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
 }
 
 #[derive(Serialize)]
@@ -55,6 +60,7 @@ struct SampleJson {
 }
 
 pub fn run(args: SampleArgs) -> anyhow::Result<()> {
+    args.device.check("the sampling engine")?;
     let Model {
         config,
         transformer,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::jobs::JobQuotas;
+use crate::model::Device;
 use crate::server::Tenants;
 use crate::server::{AppState, DEFAULT_POLL_WAIT, ServerConfig, serve};
 use crate::service::{FairShare, TINY_MODEL_NAME};
@@ -86,6 +87,11 @@ pub struct ServeArgs {
     /// them. A job whose warm-up makes a base of its own plays its groups itself.
     #[arg(long, value_name = "URL")]
     rollouts: Option<String>,
+    /// The device the served bases run on: `cpu`, or `cuda` / `cuda:N` (refused, naming why,
+    /// until the engines run there: a build without the `cuda` feature, a machine without a
+    /// driver or that device, or the engines not on CUDA yet).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
 }
 
 /// A `--memory-budget` that is not a size.
@@ -160,6 +166,9 @@ pub enum TenantCommand {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // Before the data folder is touched; each base checks it again as it loads.
+    args.device
+        .check("serving (the sampling engine and the trainer)")?;
     let config = ServerConfig {
         addr: args.addr,
         data: args.data,
@@ -177,6 +186,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         answer_retention: Duration::from_secs(args.answer_retention_secs),
         session_idle: Duration::from_secs(args.session_idle_secs),
         rollouts: args.rollouts,
+        device: args.device,
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),
             quantum: 128,

@@ -9,6 +9,7 @@ use anyhow::Context;
 
 use super::progress::TrainProgress;
 use crate::client::{RolloutQueue, TinyModelSpec};
+use crate::model::Device;
 use crate::rl::Job;
 use crate::rl::SETTINGS;
 use crate::rl::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
@@ -57,6 +58,12 @@ pub struct TrainArgs {
         requires = "rollouts"
     )]
     rollout_pool: String,
+    /// The device to train and sample on in this process: `cpu`, or `cuda` / `cuda:N` (refused,
+    /// naming why, until the engines run there: a build without the `cuda` feature, a machine
+    /// without a driver or that device, or the engines not on CUDA yet). With `--server`, the
+    /// server's own `--device` decides.
+    #[arg(long, default_value = "cpu", conflicts_with = "server")]
+    device: Device,
     #[command(flatten)]
     packages: super::market::PackageArgs,
 }
@@ -64,6 +71,7 @@ pub struct TrainArgs {
 /// Where `args` says to train: in process, or on a server under a base model name.
 fn engine(args: &TrainArgs, jobs: &[(PathBuf, Job)]) -> anyhow::Result<Engine> {
     let Some(url) = &args.server else {
+        args.device.check("training")?;
         return Ok(Engine::InProcess);
     };
     let api_key = args

@@ -5,6 +5,7 @@
 
 pub mod config;
 mod cpu_view;
+mod device;
 #[cfg(feature = "cuda")]
 mod gpu_weights;
 pub mod layers;
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 pub use config::{Architecture, ConfigError, ModelConfig, OutOfVocabulary};
 pub use cpu_view::{CpuWeights, TensorView, sequence_logits};
+pub use device::{Device, DeviceError, DeviceErrorKind};
 #[cfg(feature = "cuda")]
 pub use gpu_weights::{GpuWeights, GpuWeightsError};
 pub use save::{save_model_dir, write_model_files};

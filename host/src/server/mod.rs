@@ -48,6 +48,7 @@ use crate::jobs::{
     JobQuotas, JobService, MemoryBudget, PluginStore, ServerRollouts, human_bytes,
     served_base_bytes,
 };
+use crate::model::Device;
 use crate::service::Change;
 use crate::service::{
     FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
@@ -108,6 +109,8 @@ pub struct ServerConfig {
     /// The rollout queue (`nats://host:port`) whose workers play the RL groups of the jobs on
     /// served bases; `None`: each job plays its own.
     pub rollouts: Option<String>,
+    /// The device every served base runs on.
+    pub device: Device,
 }
 
 /// What a start found recorded from earlier runs.
@@ -266,6 +269,7 @@ impl AppState {
             &tiny_model_dir(&config.data)?,
             config.kv_positions,
             config.share,
+            config.device,
         )?];
         for (name, dir) in &config.models {
             anyhow::ensure!(
@@ -277,6 +281,7 @@ impl AppState {
                 dir,
                 config.kv_positions,
                 config.share,
+                config.device,
             )?);
         }
         Ok(Service::new(

@@ -1,6 +1,7 @@
 //! A base model served to every tenant: its weights in one adapter registry, one sampling loop
 //! that batches every sampler's requests on it, and one training loop that holds every adapter
-//! trained on it. The device and backend are chosen here (the CPU for now) and nowhere else.
+//! trained on it. The device is chosen here and nowhere else: the CPU runs everything; CUDA is
+//! checked and refused by name until the engines run on it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use candle_core::DType;
 use super::{FairShare, SamplerService, TrainerService};
 use crate::lora::AdapterRegistry;
 use crate::model::tiny::{TinyShape, init_tiny};
-use crate::model::{Architecture, Model, ModelConfig};
+use crate::model::{Architecture, Device, Model, ModelConfig};
 use crate::sample::{EngineConfig, SamplingEngine};
 use crate::text::{ChatTemplate, Tokenizer};
 use crate::train::TrainingEngine;
@@ -36,15 +37,19 @@ pub struct ServedBase {
 }
 
 impl ServedBase {
-    /// Load the model in `dir` and start its loops. `kv_positions` bounds the KV cache of the
-    /// running samples (requests beyond it wait); `share` is how training passes are shared
-    /// between tenants.
+    /// Load the model in `dir` on `device` and start its loops. `kv_positions` bounds the KV
+    /// cache of the running samples (requests beyond it wait); `share` is how training passes
+    /// are shared between tenants.
     pub fn load(
         name: &str,
         dir: &Path,
         kv_positions: usize,
         share: FairShare,
+        device: Device,
     ) -> anyhow::Result<Self> {
+        device
+            .check("serving (the sampling engine and the trainer)")
+            .with_context(|| format!("serving model {name}"))?;
         let Model {
             config,
             transformer,
