@@ -14,8 +14,8 @@ use common::values;
 use opentinker_test_tools::skip_for_machine;
 
 use opentinker_kernels::cuda::{
-    AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, LoraPool, LoraSite, PagedKvCache,
-    SequenceRow, bf16_bits, bf16_value, compile_kernels,
+    AdamStep, AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, LoraPool, LoraSite,
+    PagedKvCache, SequenceRow, bf16_bits, bf16_value, compile_kernels,
 };
 use opentinker_kernels::{Heads, LoraPair, Segment, causal_attention, linear, lora_apply, ops};
 
@@ -64,6 +64,12 @@ fn the_kernel_source_compiles_with_nvrtc() {
                 "lora_shrink",
                 "lora_expand",
                 "rms_norm_into",
+                "rms_norm_backward",
+                "rms_norm_weight_grad",
+                "rope_backward",
+                "silu_mul_backward",
+                "square_sum_partials",
+                "adamw",
             ] {
                 assert!(ptx.contains(&format!(".entry {kernel}")), "{kernel}");
             }
@@ -431,6 +437,156 @@ fn row_ops_match_the_cpu() {
     gpu.log_softmax(&up(&gpu, &logits), vocabulary, &mut out)
         .expect("log_softmax");
     assert_close("log_softmax", &down(&gpu, &out), &want, 1e-4);
+}
+
+/// The backward of the row-wise ops and AdamW against the CPU trainer's (`ops::*_backward`, the
+/// engine's AdamW written out in f64), and their sums independent of the batch: a row's
+/// gradient alone equals its gradient among others.
+#[test]
+fn training_row_ops_and_adamw_match_the_cpu() {
+    let Some(gpu) = gpu("training row ops") else {
+        return;
+    };
+    let (rows, width, eps) = (6, 896, 1e-6f32);
+    let (x, weight, dy) = (
+        values(rows * width, 50),
+        values(width, 51),
+        values(rows * width, 52),
+    );
+    let start = values(rows * width, 53);
+    let mut inverse = vec![0.0; rows];
+    ops::inverse_rms_rows(&x, width, eps, &mut inverse);
+    let (mut want_dx, mut want_dw) = (start.clone(), values(width, 54));
+    let dw_start = want_dw.clone();
+    ops::rms_norm_backward(&x, &weight, &inverse, &dy, &mut want_dx, Some(&mut want_dw));
+    let (mut dx, mut dw) = (up(&gpu, &start), up(&gpu, &dw_start));
+    gpu.rms_norm_backward(
+        &up(&gpu, &x),
+        &up(&gpu, &weight),
+        eps,
+        &up(&gpu, &dy),
+        &mut dx,
+        Some(&mut dw),
+    )
+    .expect("rms_norm_backward");
+    assert_close("rms_norm_backward dx", &down(&gpu, &dx), &want_dx, 1e-4);
+    assert_close(
+        "rms_norm_backward dweight",
+        &down(&gpu, &dw),
+        &want_dw,
+        1e-4,
+    );
+    // Row 2 alone: the same bits as in the batch.
+    let row = |v: &[f32]| v[2 * width..3 * width].to_vec();
+    let mut alone = up(&gpu, &row(&start));
+    gpu.rms_norm_backward(
+        &up(&gpu, &row(&x)),
+        &up(&gpu, &weight),
+        eps,
+        &up(&gpu, &row(&dy)),
+        &mut alone,
+        None,
+    )
+    .expect("rms_norm_backward of one row");
+    assert_eq!(down(&gpu, &alone), row(&down(&gpu, &dx)), "a row alone");
+
+    let (heads, head_dim, max_positions) = (3, 64, 40);
+    let positions = [0usize, 7, 39, 12, 3, 5];
+    let angles: Vec<f32> = (0..max_positions * head_dim)
+        .map(|i| (i / head_dim) as f32 * 0.1 * ((i % (head_dim / 2)) as f32 + 1.0).recip())
+        .collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+    let grad = values(rows * heads * head_dim, 55);
+    let mut want = grad.clone();
+    ops::rope_backward(&mut want, head_dim, &positions, &cos, &sin);
+    let mut device = up(&gpu, &grad);
+    let device_positions = gpu.indices(&positions).expect("positions");
+    gpu.rope_backward(
+        &mut device,
+        head_dim,
+        &device_positions,
+        &up(&gpu, &cos),
+        &up(&gpu, &sin),
+    )
+    .expect("rope_backward");
+    assert_close("rope_backward", &down(&gpu, &device), &want, 1e-4);
+    // The backward undoes the forward's rotation.
+    gpu.rope(
+        &mut device,
+        head_dim,
+        &device_positions,
+        &up(&gpu, &cos),
+        &up(&gpu, &sin),
+    )
+    .expect("rope");
+    assert_close("rope after its backward", &down(&gpu, &device), &grad, 1e-4);
+
+    let (gate, upv, d_out) = (values(1000, 56), values(1000, 57), values(1000, 58));
+    let (mut want_gate, mut want_up) = (vec![0.0; 1000], vec![0.0; 1000]);
+    ops::silu_mul_backward(&gate, &upv, &d_out, &mut want_gate, &mut want_up);
+    let (mut d_gate, mut d_up) = (
+        gpu.zeros(1000).expect("zeros"),
+        gpu.zeros(1000).expect("zeros"),
+    );
+    gpu.silu_mul_backward(
+        &up(&gpu, &gate),
+        &up(&gpu, &upv),
+        &up(&gpu, &d_out),
+        &mut d_gate,
+        &mut d_up,
+    )
+    .expect("silu_mul_backward");
+    assert_close(
+        "silu_mul_backward d_gate",
+        &down(&gpu, &d_gate),
+        &want_gate,
+        1e-4,
+    );
+    assert_close("silu_mul_backward d_up", &down(&gpu, &d_up), &want_up, 1e-4);
+
+    // The norm over several chunks, and AdamW's step 3 from given moments.
+    let n = 10_000;
+    let (w, g, m, v) = (values(n, 60), values(n, 61), values(n, 62), values(n, 63));
+    let v: Vec<f32> = v.iter().map(|x| x.abs()).collect();
+    let want_square: f64 = g.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    let got_square = gpu.square_sum(&up(&gpu, &g)).expect("square_sum");
+    assert!(
+        (got_square - want_square).abs() <= 1e-9 * want_square,
+        "square_sum: {got_square} vs {want_square}"
+    );
+    let step = AdamStep {
+        learning_rate: 1e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-12,
+        weight_decay: 0.1,
+        step: 3,
+        clip: 0.5,
+    };
+    let (bias1, bias2) = (1.0 - 0.9f64.powi(3), 1.0 - 0.95f64.powi(3));
+    let mut want = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let grad = f64::from(g[i]) * step.clip;
+        let first = f64::from(m[i]) * step.beta1 + grad * (1.0 - step.beta1);
+        let second = f64::from(v[i]) * step.beta2 + grad * grad * (1.0 - step.beta2);
+        let update = (first / bias1) / ((second / bias2).sqrt() + step.eps);
+        let weight = f64::from(w[i]) * (1.0 - step.learning_rate * step.weight_decay)
+            - update * step.learning_rate;
+        want.0.push(weight as f32);
+        want.1.push(first as f32);
+        want.2.push(second as f32);
+    }
+    let (mut dw, mut dm, mut dv) = (up(&gpu, &w), up(&gpu, &m), up(&gpu, &v));
+    gpu.adamw(&mut dw, &up(&gpu, &g), &mut dm, &mut dv, step)
+        .expect("adamw");
+    assert_close("adamw weights", &down(&gpu, &dw), &want.0, 1e-4);
+    assert_close("adamw first moments", &down(&gpu, &dm), &want.1, 1e-4);
+    assert_close("adamw second moments", &down(&gpu, &dv), &want.2, 1e-4);
+    let error = gpu
+        .adamw(&mut dw, &up(&gpu, &g[..10]), &mut dm, &mut dv, step)
+        .expect_err("a gradient of another length");
+    assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
 }
 
 #[test]

@@ -44,18 +44,6 @@ impl GpuMatrix {
         })
     }
 
-    /// How many values the matrix holds.
-    pub fn len(&self) -> usize {
-        match self {
-            GpuMatrix::F32(m) => m.len(),
-            GpuMatrix::Bf16(m) => m.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Rows `indices` of the matrix (`width` columns) into `out`, widened to f32.
     fn gather(
         &self,

@@ -643,3 +643,109 @@ extern "C" __global__ void to_bf16(const float *__restrict__ x, unsigned short *
         out[i] = (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
     }
 }
+
+// ---- Training: the backward of the row-wise ops, and the optimizer ----
+
+// The backward of rms_norm_into for each row (n wide): dx += ∂x from dy, the inverse rms
+// recomputed from x, and written to inverse[row] for rms_norm_weight_grad. Block per row; as
+// ops::rms_norm_backward.
+extern "C" __global__ void rms_norm_backward(const float *__restrict__ x, const float *__restrict__ weight,
+                                            const float *__restrict__ dy, float *__restrict__ dx,
+                                            float *__restrict__ inverse, int n, float eps) {
+    __shared__ float scratch[1024];
+    const size_t base = (size_t)blockIdx.x * n;
+    float square_sum = 0.0f, dot = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = x[base + i];
+        square_sum = fmaf(v, v, square_sum);
+        dot = fmaf(dy[base + i] * weight[i], v, dot);
+    }
+    const float inv = 1.0f / sqrtf(block_sum(square_sum, scratch) / (float)n + eps);
+    const float coefficient = inv * inv * inv * block_sum(dot, scratch) / (float)n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        dx[base + i] += inv * dy[base + i] * weight[i] - coefficient * x[base + i];
+    }
+    if (threadIdx.x == 0) inverse[blockIdx.x] = inv;
+}
+
+// dweight[j] += Σ_r dy[r, j] · x[r, j] · inverse[r], the rows in order (so the sum never
+// depends on how the rows were batched). Thread per column.
+extern "C" __global__ void rms_norm_weight_grad(const float *__restrict__ x, const float *__restrict__ dy,
+                                               const float *__restrict__ inverse,
+                                               float *__restrict__ dweight, int rows, int n) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    float sum = dweight[j];
+    for (int r = 0; r < rows; r++) {
+        const size_t at = (size_t)r * n + j;
+        sum += dy[at] * x[at] * inverse[r];
+    }
+    dweight[j] = sum;
+}
+
+// The backward of rope in place on the gradient: the rotation by the opposite angle (its
+// transpose). Thread per (row, head, i < half); as ops::rope_backward.
+extern "C" __global__ void rope_backward(float *__restrict__ dx, const int *__restrict__ positions,
+                                        const float *__restrict__ cos_table,
+                                        const float *__restrict__ sin_table, int rows, int heads,
+                                        int head_dim) {
+    const int half = head_dim >> 1;
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)rows * heads * half) return;
+    const int i = index % half;
+    const size_t head = index / half;
+    const int r = head / heads;
+    float *v = dx + head * head_dim;
+    const float *c = cos_table + (size_t)positions[r] * head_dim;
+    const float *s = sin_table + (size_t)positions[r] * head_dim;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c[i] + b * s[i + half];
+    v[i + half] = b * c[i + half] - a * s[i];
+}
+
+// The backward of silu_mul from its inputs: writes d_gate and d_up. Elementwise; as
+// ops::silu_mul_backward.
+extern "C" __global__ void silu_mul_backward(const float *__restrict__ gate, const float *__restrict__ up,
+                                            const float *__restrict__ d_out, float *__restrict__ d_gate,
+                                            float *__restrict__ d_up, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = gate[i], d = d_out[i];
+    const float sigmoid = 1.0f / (1.0f + expf(-g));
+    d_up[i] = d * g * sigmoid;
+    d_gate[i] = d * up[i] * sigmoid * (1.0f + g * (1.0f - sigmoid));
+}
+
+// Values of x summed per chunk of SQUARE_CHUNK: chunk b's sum of squares (in f64) into
+// partials[b], in one fixed tree, so that the total (summed in chunk order on the host) depends
+// on the length alone. Block per chunk.
+#define SQUARE_CHUNK 4096
+extern "C" __global__ void square_sum_partials(const float *__restrict__ x, size_t n,
+                                              double *__restrict__ partials) {
+    __shared__ double scratch[1024];
+    const size_t start = (size_t)blockIdx.x * SQUARE_CHUNK;
+    double sum = 0.0;
+    for (size_t i = start + threadIdx.x; i < n && i < start + SQUARE_CHUNK; i += blockDim.x) {
+        sum += (double)x[i] * (double)x[i];
+    }
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+// One AdamW step of each weight: the gradient scaled by `clip` (the global norm's clip
+// factor), the moments updated, then the decoupled decay and the bias-corrected update, in the
+// order the CPU trainer takes them. Elementwise.
+extern "C" __global__ void adamw(float *__restrict__ w, const float *__restrict__ grad, float *__restrict__ m,
+                                float *__restrict__ v, size_t n, float clip, float learning_rate,
+                                float beta1, float beta2, float eps, float weight_decay, float bias1,
+                                float bias2) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = grad[i] * clip;
+    const float first = m[i] * beta1 + g * (1.0f - beta1);
+    const float second = v[i] * beta2 + g * g * (1.0f - beta2);
+    const float update = (first / bias1) / (sqrtf(second / bias2) + eps);
+    w[i] = w[i] * (1.0f - learning_rate * weight_decay) - update * learning_rate;
+    m[i] = first;
+    v[i] = second;
+}

@@ -11,6 +11,7 @@ mod attention;
 mod backend;
 mod error;
 mod lora;
+mod train;
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ pub use error::{GpuError, GpuErrorKind};
 pub use lora::{
     AdapterRef, DeviceSegment, LoraBatch, LoraPool, LoraSite, MAX_LORA_INPUT, MAX_LORA_RANK,
 };
+pub use train::AdamStep;
 
 /// The source of every kernel, compiled at run time.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
@@ -90,6 +92,12 @@ struct Kernels {
     linear_row_bf16: CudaFunction,
     gather_rows_bf16: CudaFunction,
     to_bf16: CudaFunction,
+    rms_norm_backward: CudaFunction,
+    rms_norm_weight_grad: CudaFunction,
+    rope_backward: CudaFunction,
+    silu_mul_backward: CudaFunction,
+    square_sum_partials: CudaFunction,
+    adamw: CudaFunction,
 }
 
 /// One CUDA device with its stream and compiled kernels. Every op is queued on the stream;
@@ -167,6 +175,12 @@ impl Gpu {
             linear_row_bf16: function("linear_row_bf16")?,
             gather_rows_bf16: function("gather_rows_bf16")?,
             to_bf16: function("to_bf16")?,
+            rms_norm_backward: function("rms_norm_backward")?,
+            rms_norm_weight_grad: function("rms_norm_weight_grad")?,
+            rope_backward: function("rope_backward")?,
+            silu_mul_backward: function("silu_mul_backward")?,
+            square_sum_partials: function("square_sum_partials")?,
+            adamw: function("adamw")?,
         };
         let stream = context.default_stream();
         Ok(Gpu {
@@ -434,6 +448,20 @@ impl Gpu {
         cos: &CudaSlice<f32>,
         sin: &CudaSlice<f32>,
     ) -> Result<(), GpuError> {
+        self.launch_rope(&self.kernels.rope, x, head_dim, positions, cos, sin)
+    }
+
+    /// The rotation of [`Gpu::rope`] (`function`: it, or its backward) after the checks they
+    /// share.
+    fn launch_rope(
+        &self,
+        function: &CudaFunction,
+        x: &mut CudaSlice<f32>,
+        head_dim: usize,
+        positions: &DeviceIndices,
+        cos: &CudaSlice<f32>,
+        sin: &CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
         let rows = positions.values.len();
         ensure(head_dim > 0 && head_dim.is_multiple_of(2), || {
             format!("head_dim {head_dim} must be even")
@@ -459,7 +487,7 @@ impl Gpu {
             int(heads, "heads")?,
             int(head_dim, "head_dim")?,
         );
-        let mut launch = self.stream.launch_builder(&self.kernels.rope);
+        let mut launch = self.stream.launch_builder(function);
         launch
             .arg(x)
             .arg(&positions.values)
@@ -468,8 +496,8 @@ impl Gpu {
             .arg(&rows_i)
             .arg(&heads_i)
             .arg(&head_dim_i);
-        // SAFETY: matches `rope`; one thread per (row, head, pair) of `x`, every position below
-        // `end`, which the tables cover.
+        // SAFETY: matches `rope` and `rope_backward`; one thread per (row, head, pair) of `x`,
+        // every position below `end`, which the tables cover.
         unsafe { launch.launch(elementwise(rows * heads * head_dim / 2)?) }
             .doing("launching rope")?;
         Ok(())
