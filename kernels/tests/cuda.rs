@@ -14,10 +14,13 @@ use common::values;
 use opentinker_test_tools::skip_for_machine;
 
 use opentinker_kernels::cuda::{
-    AdamStep, AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, LoraPool, LoraSite,
-    PagedKvCache, SequenceRow, bf16_bits, bf16_value, compile_kernels,
+    AdamStep, AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, GpuMatrix, LoraPool,
+    LoraSite, PagedKvCache, SequenceRow, bf16_bits, bf16_value, compile_kernels,
 };
-use opentinker_kernels::{Heads, LoraPair, Segment, causal_attention, linear, lora_apply, ops};
+use opentinker_kernels::gemm::{matmul_nn, matmul_tn};
+use opentinker_kernels::{
+    Heads, LoraPair, Segment, causal_attention, linear, lora_apply, ops, unembed,
+};
 
 fn gpu(test: &str) -> Option<Gpu> {
     match Gpu::new(0) {
@@ -70,6 +73,13 @@ fn the_kernel_source_compiles_with_nvrtc() {
                 "silu_mul_backward",
                 "square_sum_partials",
                 "adamw",
+                "linear_backward_input_f32",
+                "linear_backward_input_bf16",
+                "weight_gradient",
+                "bias_gradient",
+                "embed_backward",
+                "target_logprobs",
+                "target_logprobs_backward",
             ] {
                 assert!(ptx.contains(&format!(".entry {kernel}")), "{kernel}");
             }
@@ -586,6 +596,111 @@ fn training_row_ops_and_adamw_match_the_cpu() {
     let error = gpu
         .adamw(&mut dw, &up(&gpu, &g[..10]), &mut dm, &mut dv, step)
         .expect_err("a gradient of another length");
+    assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
+}
+
+/// The backward of a frozen projection (f32 and bf16 weights), the weight and bias gradients
+/// of full-parameter training, the embedding's backward (a token twice adds twice) and the
+/// logprob head over logits, against the CPU trainer's; a row's input gradient alone equals
+/// its gradient in the batch.
+#[test]
+fn projection_embedding_and_head_backward_match_the_cpu() {
+    let Some(gpu) = gpu("training products") else {
+        return;
+    };
+    let (rows, inp, out) = (7, 96, 200);
+    let (dy, w, x) = (
+        values(rows * out, 80),
+        values(out * inp, 81),
+        values(rows * inp, 82),
+    );
+    let start = values(rows * inp, 83);
+    let bits: Vec<u16> = w.iter().map(|&v| bf16_bits(v)).collect();
+    let rounded: Vec<f32> = bits.iter().map(|&b| bf16_value(b)).collect();
+    for (name, matrix, host) in [
+        ("f32", GpuMatrix::F32(up(&gpu, &w)), &w),
+        (
+            "bf16",
+            GpuMatrix::Bf16(gpu.upload(&bits).expect("upload")),
+            &rounded,
+        ),
+    ] {
+        let mut want = start.clone();
+        matmul_nn(&dy, host, inp, &mut want, true);
+        let mut dx = up(&gpu, &start);
+        gpu.project_backward_input(&up(&gpu, &dy), &matrix, inp, &mut dx)
+            .expect("project_backward_input");
+        let got = down(&gpu, &dx);
+        assert_close(&format!("{name} input gradient"), &got, &want, 1e-4);
+        let mut alone = up(&gpu, &start[3 * inp..4 * inp]);
+        gpu.project_backward_input(&up(&gpu, &dy[3 * out..4 * out]), &matrix, inp, &mut alone)
+            .expect("project_backward_input of one row");
+        assert_eq!(
+            down(&gpu, &alone),
+            got[3 * inp..4 * inp],
+            "{name}: a row alone"
+        );
+    }
+
+    let (dw_start, db_start) = (values(out * inp, 84), values(out, 85));
+    let mut want_dw = dw_start.clone();
+    matmul_tn(&dy, &x, inp, &mut want_dw, true);
+    let mut want_db = db_start.clone();
+    for row in dy.chunks_exact(out) {
+        for (d, &g) in want_db.iter_mut().zip(row) {
+            *d += g;
+        }
+    }
+    let (mut dw, mut db) = (up(&gpu, &dw_start), up(&gpu, &db_start));
+    gpu.weight_gradient(&up(&gpu, &x), &up(&gpu, &dy), inp, &mut dw, Some(&mut db))
+        .expect("weight_gradient");
+    assert_close("weight gradient", &down(&gpu, &dw), &want_dw, 1e-4);
+    assert_close("bias gradient", &down(&gpu, &db), &want_db, 1e-4);
+
+    let (vocab, width) = (50, 32);
+    let tokens = [3usize, 49, 3, 0, 17];
+    let d_x = values(tokens.len() * width, 86);
+    let table_start = values(vocab * width, 87);
+    let mut want = table_start.clone();
+    for (&t, row) in tokens.iter().zip(d_x.chunks_exact(width)) {
+        for (d, &g) in want[t * width..][..width].iter_mut().zip(row) {
+            *d += g;
+        }
+    }
+    let mut table = up(&gpu, &table_start);
+    let indices = gpu.indices(&tokens).expect("indices");
+    gpu.embed_backward(&indices, width, &up(&gpu, &d_x), &mut table)
+        .expect("embed_backward");
+    assert_close("embed_backward", &down(&gpu, &table), &want, 1e-5);
+    let mut small = up(&gpu, &table_start[..40 * width]);
+    let error = gpu
+        .embed_backward(&indices, width, &up(&gpu, &d_x), &mut small)
+        .expect_err("token 49 of a 40-row table");
+    assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
+
+    let vocabulary = 5000;
+    let targets = [4u32, 4999, 0];
+    let logits: Vec<f32> = values(targets.len() * vocabulary, 88)
+        .iter()
+        .map(|v| v * 20.0)
+        .collect();
+    let mut want = vec![0.0; targets.len()];
+    unembed::target_logprobs(&logits, vocabulary, &targets, &mut want);
+    let device_logits = up(&gpu, &logits);
+    let got = gpu
+        .target_logprobs(&device_logits, vocabulary, &targets)
+        .expect("target_logprobs");
+    assert_close("target_logprobs", &down(&gpu, &got), &want, 1e-4);
+    let g = values(targets.len(), 89);
+    let mut want = vec![0.0; logits.len()];
+    unembed::target_logprobs_backward(&logits, vocabulary, &targets, &g, &mut want);
+    let got = gpu
+        .target_logprobs_backward(&device_logits, vocabulary, &targets, &up(&gpu, &g))
+        .expect("target_logprobs_backward");
+    assert_close("target_logprobs_backward", &down(&gpu, &got), &want, 1e-4);
+    let error = gpu
+        .target_logprobs(&device_logits, vocabulary, &[4, 5000, 0])
+        .expect_err("target 5000 of 5000");
     assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
 }
 

@@ -749,3 +749,100 @@ extern "C" __global__ void adamw(float *__restrict__ w, const float *__restrict_
     m[i] = first;
     v[i] = second;
 }
+
+// dx (rows × inp) += dy (rows × out) · W (out × inp): the input's gradient through a frozen
+// projection, W in f32 or bf16. Thread per (row, input column), the outputs added in order, so
+// a row's gradient never depends on the other rows. (A first, untiled version: W is read once
+// per row.)
+template <typename W>
+__device__ __forceinline__ void linear_backward_input(const float *__restrict__ dy, const W *__restrict__ w,
+                                                      float *__restrict__ dx, int rows, int inp, int out) {
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)rows * inp) return;
+    const int i = index % inp;
+    const float *g = dy + (index / inp) * out;
+    float sum = 0.0f;
+    for (int o = 0; o < out; o++) sum = fmaf(g[o], load1(w + (size_t)o * inp, i), sum);
+    dx[index] += sum;
+}
+extern "C" __global__ void linear_backward_input_f32(const float *__restrict__ dy, const float *__restrict__ w,
+                                                    float *__restrict__ dx, int rows, int inp, int out) {
+    linear_backward_input(dy, w, dx, rows, inp, out);
+}
+extern "C" __global__ void linear_backward_input_bf16(const float *__restrict__ dy,
+                                                     const unsigned short *__restrict__ w,
+                                                     float *__restrict__ dx, int rows, int inp, int out) {
+    linear_backward_input(dy, w, dx, rows, inp, out);
+}
+
+// dW (out × inp) += dyᵀ · x over the rows in order (full-parameter training). Thread per weight.
+extern "C" __global__ void weight_gradient(const float *__restrict__ dy, const float *__restrict__ x,
+                                          float *__restrict__ dw, int rows, int inp, int out) {
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)out * inp) return;
+    const int o = index / inp, i = index % inp;
+    float sum = dw[index];
+    for (int r = 0; r < rows; r++) sum = fmaf(dy[(size_t)r * out + o], x[(size_t)r * inp + i], sum);
+    dw[index] = sum;
+}
+
+// d_bias (out) += Σ_r dy[r], the rows in order. Thread per column.
+extern "C" __global__ void bias_gradient(const float *__restrict__ dy, float *__restrict__ d_bias, int rows,
+                                        int out) {
+    const int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= out) return;
+    float sum = d_bias[o];
+    for (int r = 0; r < rows; r++) sum += dy[(size_t)r * out + o];
+    d_bias[o] = sum;
+}
+
+// The backward of the embedding lookup: d_table[indices[r]] += d_x[r], the rows in order (a
+// token twice in a batch adds twice, in row order). Thread per column.
+extern "C" __global__ void embed_backward(const int *__restrict__ indices, const float *__restrict__ d_x,
+                                         float *__restrict__ d_table, int rows, int width) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= width) return;
+    for (int r = 0; r < rows; r++) {
+        d_table[(size_t)indices[r] * width + j] += d_x[(size_t)r * width + j];
+    }
+}
+
+// log Σ exp of one row (n wide), the sum in f64 as on the CPU; every thread of the block gets it.
+__device__ float row_log_sum_exp(const float *row, int n) {
+    __shared__ double scratch[1024];
+    __shared__ float max_scratch[32];
+    float m = NEG_INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, row[i]);
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) max_scratch[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = NEG_INFINITY;
+    for (int w = 0; w < (blockDim.x >> 5); ++w) m = fmaxf(m, max_scratch[w]);
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += (double)expf(row[i] - m);
+    return (float)log(block_sum(sum, scratch)) + m;
+}
+
+// out[r] = log_softmax(logits[r])[targets[r]]. Block per row.
+extern "C" __global__ void target_logprobs(const float *__restrict__ logits, const int *__restrict__ targets,
+                                          float *__restrict__ out, int vocab) {
+    const float *row = logits + (size_t)blockIdx.x * vocab;
+    const float log_sum = row_log_sum_exp(row, vocab);
+    if (threadIdx.x == 0) out[blockIdx.x] = row[targets[blockIdx.x]] - log_sum;
+}
+
+// The backward of target_logprobs: d_logits[r] = g[r] · (onehot(targets[r]) - softmax(logits[r])).
+// Block per row.
+extern "C" __global__ void target_logprobs_backward(const float *__restrict__ logits,
+                                                   const int *__restrict__ targets,
+                                                   const float *__restrict__ g, float *__restrict__ d_logits,
+                                                   int vocab) {
+    const size_t base = (size_t)blockIdx.x * vocab;
+    const float log_sum = row_log_sum_exp(logits + base, vocab);
+    const float scale = g[blockIdx.x];
+    const int target = targets[blockIdx.x];
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float d = -scale * expf(logits[base + i] - log_sum);
+        d_logits[base + i] = i == target ? d + scale : d;
+    }
+}

@@ -98,6 +98,13 @@ struct Kernels {
     silu_mul_backward: CudaFunction,
     square_sum_partials: CudaFunction,
     adamw: CudaFunction,
+    linear_backward_input: CudaFunction,
+    linear_backward_input_bf16: CudaFunction,
+    weight_gradient: CudaFunction,
+    bias_gradient: CudaFunction,
+    embed_backward: CudaFunction,
+    target_logprobs: CudaFunction,
+    target_logprobs_backward: CudaFunction,
 }
 
 /// One CUDA device with its stream and compiled kernels. Every op is queued on the stream;
@@ -181,6 +188,13 @@ impl Gpu {
             silu_mul_backward: function("silu_mul_backward")?,
             square_sum_partials: function("square_sum_partials")?,
             adamw: function("adamw")?,
+            linear_backward_input: function("linear_backward_input_f32")?,
+            linear_backward_input_bf16: function("linear_backward_input_bf16")?,
+            weight_gradient: function("weight_gradient")?,
+            bias_gradient: function("bias_gradient")?,
+            embed_backward: function("embed_backward")?,
+            target_logprobs: function("target_logprobs")?,
+            target_logprobs_backward: function("target_logprobs_backward")?,
         };
         let stream = context.default_stream();
         Ok(Gpu {

@@ -1,10 +1,14 @@
 //! The first training ops on the device: the backward of the row-wise ops (RMSNorm, RoPE, the
-//! SiLU gate) and AdamW with the global norm's clip, each as the CPU trainer computes it and with
-//! no sum whose grouping follows the batch: a weight's gradient adds the rows in order, and a
-//! norm adds fixed chunks in chunk order.
+//! SiLU gate), of a frozen projection's input and of full-parameter weights, of the embedding
+//! lookup and of the logprob head over logits, and AdamW with the global norm's clip; each as
+//! the CPU trainer computes it and with no sum whose grouping follows the batch: a weight's
+//! gradient adds the rows in order, a row's input gradient adds the outputs in order, and a norm
+//! adds fixed chunks in chunk order. (Still to come: LoRA's pair gradients, the attention's
+//! backward and the fused unembedding.)
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+use super::backend::GpuMatrix;
 use super::error::{DriverContext, GpuError, ensure};
 use super::{DeviceIndices, Gpu, elementwise, grid, int, row_blocks};
 
@@ -217,5 +221,214 @@ impl Gpu {
         // SAFETY: matches `adamw`; one thread per element of four buffers as long.
         unsafe { launch.launch(elementwise(n)?) }.doing("launching adamw")?;
         Ok(())
+    }
+
+    /// `dx (rows × inp) += dy (rows × out) · W`: the input's gradient through a frozen
+    /// projection `W (out × inp)`, f32 or bf16. As the CPU trainer's `project_backward` without
+    /// adapters.
+    pub fn project_backward_input(
+        &self,
+        dy: &CudaSlice<f32>,
+        weight: &GpuMatrix,
+        inp: usize,
+        dx: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let values = match weight {
+            GpuMatrix::F32(w) => w.len(),
+            GpuMatrix::Bf16(w) => w.len(),
+        };
+        ensure(inp > 0 && values.is_multiple_of(inp), || {
+            format!("W has {values} values, not a multiple of inp {inp}")
+        })?;
+        let out = values / inp;
+        ensure(out > 0 && dy.len().is_multiple_of(out), || {
+            format!("dy has {} values, not rows × {out}", dy.len())
+        })?;
+        let rows = dy.len() / out;
+        ensure(dx.len() == rows * inp, || {
+            format!("dx must be {rows} × {inp}")
+        })?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let ints = [int(rows, "rows")?, int(inp, "inp")?, int(out, "out")?];
+        let mut launch = match weight {
+            GpuMatrix::F32(w) => {
+                let mut launch = self
+                    .stream()
+                    .launch_builder(&self.kernels.linear_backward_input);
+                launch.arg(dy).arg(w);
+                launch
+            }
+            GpuMatrix::Bf16(w) => {
+                let mut launch = self
+                    .stream()
+                    .launch_builder(&self.kernels.linear_backward_input_bf16);
+                launch.arg(dy).arg(w);
+                launch
+            }
+        };
+        launch.arg(dx).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]);
+        // SAFETY: matches `linear_backward_input_f32` / `_bf16`; one thread per value of `dx`
+        // (`rows × inp`), reading its row of `dy` (`rows × out`) and a column of `W`.
+        unsafe { launch.launch(elementwise(rows * inp)?) }
+            .doing("launching linear_backward_input")?;
+        Ok(())
+    }
+
+    /// The weight side of a projection's backward (full-parameter training): `dweight (out ×
+    /// inp) += dyᵀ · x`, `dbias += Σ dy`, the rows in order.
+    pub fn weight_gradient(
+        &self,
+        x: &CudaSlice<f32>,
+        dy: &CudaSlice<f32>,
+        inp: usize,
+        dweight: &mut CudaSlice<f32>,
+        dbias: Option<&mut CudaSlice<f32>>,
+    ) -> Result<(), GpuError> {
+        ensure(inp > 0 && x.len().is_multiple_of(inp), || {
+            format!("x has {} values, not rows × {inp}", x.len())
+        })?;
+        let rows = x.len() / inp;
+        ensure(rows > 0 && dy.len().is_multiple_of(rows), || {
+            format!("dy has {} values, not {rows} rows", dy.len())
+        })?;
+        let out = dy.len() / rows;
+        ensure(dweight.len() == out * inp, || {
+            format!("dweight must be {out} × {inp}")
+        })?;
+        ensure(dbias.as_ref().is_none_or(|b| b.len() == out), || {
+            format!("dbias must have {out} values")
+        })?;
+        let ints = [int(rows, "rows")?, int(inp, "inp")?, int(out, "out")?];
+        let mut launch = self.stream().launch_builder(&self.kernels.weight_gradient);
+        launch
+            .arg(dy)
+            .arg(x)
+            .arg(dweight)
+            .arg(&ints[0])
+            .arg(&ints[1])
+            .arg(&ints[2]);
+        // SAFETY: matches `weight_gradient`; one thread per value of `dweight` (`out × inp`),
+        // reading a column of `dy` (`rows × out`) and of `x` (`rows × inp`).
+        unsafe { launch.launch(elementwise(out * inp)?) }.doing("launching weight_gradient")?;
+        if let Some(dbias) = dbias {
+            let mut launch = self.stream().launch_builder(&self.kernels.bias_gradient);
+            launch.arg(dy).arg(dbias).arg(&ints[0]).arg(&ints[2]);
+            // SAFETY: matches `bias_gradient`; one thread per column of `dy`.
+            unsafe { launch.launch(elementwise(out)?) }.doing("launching bias_gradient")?;
+        }
+        Ok(())
+    }
+
+    /// The backward of the embedding lookup of `indices`: `d_table[indices[r]] += d_x[r]`,
+    /// the rows in order.
+    pub fn embed_backward(
+        &self,
+        indices: &DeviceIndices,
+        width: usize,
+        d_x: &CudaSlice<f32>,
+        d_table: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let rows = indices.len();
+        ensure(width > 0 && d_x.len() == rows * width, || {
+            format!("d_x must be {rows} × {width}")
+        })?;
+        ensure(d_table.len().is_multiple_of(width), || {
+            format!("the table has {} values, not rows × {width}", d_table.len())
+        })?;
+        ensure(indices.end <= d_table.len() / width, || {
+            format!(
+                "index {} of a table of {} rows",
+                indices.end - 1,
+                d_table.len() / width
+            )
+        })?;
+        let (rows_i, width_i) = (int(rows, "rows")?, int(width, "width")?);
+        let mut launch = self.stream().launch_builder(&self.kernels.embed_backward);
+        launch
+            .arg(&indices.values)
+            .arg(d_x)
+            .arg(d_table)
+            .arg(&rows_i)
+            .arg(&width_i);
+        // SAFETY: matches `embed_backward`; one thread per column, every index below the
+        // table's rows (checked above).
+        unsafe { launch.launch(elementwise(width)?) }.doing("launching embed_backward")?;
+        Ok(())
+    }
+
+    /// `log_softmax(logits)[target]` of each row of `logits (rows × vocab)`, the normaliser
+    /// summed in f64.
+    pub fn target_logprobs(
+        &self,
+        logits: &CudaSlice<f32>,
+        vocab: usize,
+        targets: &[u32],
+    ) -> Result<CudaSlice<f32>, GpuError> {
+        let targets = self.targets(logits, vocab, targets)?;
+        let rows = targets.len();
+        let mut out = self.zeros(rows)?;
+        let vocab_i = int(vocab, "vocab")?;
+        let mut launch = self.stream().launch_builder(&self.kernels.target_logprobs);
+        launch.arg(logits).arg(&targets).arg(&mut out).arg(&vocab_i);
+        // SAFETY: matches `target_logprobs`; one block per whole row, every target below
+        // `vocab` (checked by `targets`).
+        unsafe { launch.launch(row_blocks(rows)?) }.doing("launching target_logprobs")?;
+        Ok(out)
+    }
+
+    /// The backward of [`Gpu::target_logprobs`]: the logits' gradient, `g[r] · (onehot(target)
+    /// - softmax)` per row.
+    pub fn target_logprobs_backward(
+        &self,
+        logits: &CudaSlice<f32>,
+        vocab: usize,
+        targets: &[u32],
+        g: &CudaSlice<f32>,
+    ) -> Result<CudaSlice<f32>, GpuError> {
+        let targets = self.targets(logits, vocab, targets)?;
+        let rows = targets.len();
+        ensure(g.len() == rows, || {
+            format!("g must have one value per row, {rows}")
+        })?;
+        let mut d_logits = self.zeros(logits.len())?;
+        let vocab_i = int(vocab, "vocab")?;
+        let mut launch = self
+            .stream()
+            .launch_builder(&self.kernels.target_logprobs_backward);
+        launch
+            .arg(logits)
+            .arg(&targets)
+            .arg(g)
+            .arg(&mut d_logits)
+            .arg(&vocab_i);
+        // SAFETY: matches `target_logprobs_backward`; one block per whole row of `logits` and
+        // `d_logits`, every target below `vocab`.
+        unsafe { launch.launch(row_blocks(rows)?) }.doing("launching target_logprobs_backward")?;
+        Ok(d_logits)
+    }
+
+    /// `targets` on the device, one per row of `logits`, each checked below `vocab`.
+    fn targets(
+        &self,
+        logits: &CudaSlice<f32>,
+        vocab: usize,
+        targets: &[u32],
+    ) -> Result<CudaSlice<i32>, GpuError> {
+        ensure(
+            vocab > 0 && !targets.is_empty() && logits.len() == targets.len() * vocab,
+            || format!("logits must be {} × {vocab}", targets.len()),
+        )?;
+        let device: Vec<i32> = targets
+            .iter()
+            .map(|&t| {
+                ensure((t as usize) < vocab, || {
+                    format!("target {t} of a vocabulary of {vocab}")
+                })?;
+                int(t as usize, "target")
+            })
+            .collect::<Result<_, _>>()?;
+        self.upload(&device)
     }
 }
