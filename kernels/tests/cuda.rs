@@ -14,12 +14,14 @@ use common::values;
 use opentinker_test_tools::skip_for_machine;
 
 use opentinker_kernels::cuda::{
-    AdamStep, AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, GpuMatrix, LoraPool,
-    LoraSite, PagedKvCache, SequenceRow, bf16_bits, bf16_value, compile_kernels,
+    AdamStep, AdapterRef, CudaSlice, DeviceSegment, Gpu, GpuErrorKind, GpuLoraGrad, GpuLoraPair,
+    GpuLoraSegment, GpuMatrix, LoraPool, LoraSite, PagedKvCache, SequenceRow, bf16_bits,
+    bf16_value, compile_kernels,
 };
 use opentinker_kernels::gemm::{matmul_nn, matmul_tn};
 use opentinker_kernels::{
-    Heads, LoraPair, Segment, causal_attention, linear, lora_apply, ops, unembed,
+    Heads, LoraGrad, LoraPair, Segment, causal_attention, linear, lora_apply, lora_backward, ops,
+    unembed,
 };
 
 fn gpu(test: &str) -> Option<Gpu> {
@@ -80,6 +82,7 @@ fn the_kernel_source_compiles_with_nvrtc() {
                 "embed_backward",
                 "target_logprobs",
                 "target_logprobs_backward",
+                "small_gemm",
             ] {
                 assert!(ptx.contains(&format!(".entry {kernel}")), "{kernel}");
             }
@@ -702,6 +705,133 @@ fn projection_embedding_and_head_backward_match_the_cpu() {
         .target_logprobs(&device_logits, vocabulary, &[4, 5000, 0])
         .expect_err("target 5000 of 5000");
     assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
+}
+
+/// LoRA's backward over mixed segments (two adapters of different ranks, a base-model run, a
+/// frozen adapter whose pair gives only the input's gradient) against `lora_backward`; a
+/// segment's gradients alone equal its part of the batch's.
+#[test]
+fn lora_backward_matches_the_cpu_per_segment() {
+    let Some(gpu) = gpu("lora backward") else {
+        return;
+    };
+    let (inp, out) = (96, 80);
+    // The segments' rows: through adapter 0 (rank 8), the base model, adapter 1 (rank 4), and
+    // adapter 1 again but frozen (no gradients gathered).
+    let shapes = [4usize, 6, 9, 7];
+    let rows: usize = shapes.iter().sum();
+    let (x, dy) = (values(rows * inp, 90), values(rows * out, 91));
+    let pairs: Vec<(Vec<f32>, Vec<f32>, usize)> = [(8, 92), (4, 94)]
+        .iter()
+        .map(|&(rank, seed)| (values(rank * inp, seed), values(out * rank, seed + 1), rank))
+        .collect();
+    let pair_of = |i: usize| match i {
+        0 => Some(0),
+        2 | 3 => Some(1),
+        _ => None,
+    };
+    let trained = |i: usize| i != 3;
+    let cpu_segments: Vec<Segment<'_>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| Segment {
+            rows: n,
+            pair: pair_of(i).map(|p| LoraPair {
+                a: &pairs[p].0,
+                b: &pairs[p].1,
+                rank: pairs[p].2,
+                scale: 0.75,
+            }),
+        })
+        .collect();
+    let mut want_grads: Vec<(Vec<f32>, Vec<f32>)> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, _)| {
+            let rank = pair_of(i).map_or(0, |p| pairs[p].2);
+            (
+                values(rank * inp, 100 + i as u64),
+                values(out * rank, 110 + i as u64),
+            )
+        })
+        .collect();
+    let start_grads = want_grads.clone();
+    let dx_start = values(rows * inp, 96);
+    let mut want_dx = dx_start.clone();
+    {
+        let mut grads: Vec<Option<LoraGrad<'_, f32>>> = want_grads
+            .iter_mut()
+            .enumerate()
+            .map(|(i, (a, b))| (pair_of(i).is_some() && trained(i)).then_some(LoraGrad { a, b }))
+            .collect();
+        lora_backward(&x, inp, &dy, out, &cpu_segments, &mut grads, &mut want_dx);
+    }
+
+    let device_pairs: Vec<(CudaSlice<f32>, CudaSlice<f32>)> = pairs
+        .iter()
+        .map(|(a, b, _)| (up(&gpu, a), up(&gpu, b)))
+        .collect();
+    let segments: Vec<GpuLoraSegment<'_>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| GpuLoraSegment {
+            rows: n,
+            pair: pair_of(i).map(|p| GpuLoraPair {
+                a: &device_pairs[p].0,
+                b: &device_pairs[p].1,
+                rank: pairs[p].2,
+                scale: 0.75,
+            }),
+        })
+        .collect();
+    let mut device_grads: Vec<(CudaSlice<f32>, CudaSlice<f32>)> = start_grads
+        .iter()
+        .map(|(a, b)| (up(&gpu, a), up(&gpu, b)))
+        .collect();
+    let mut dx = up(&gpu, &dx_start);
+    {
+        let mut grads: Vec<Option<GpuLoraGrad<'_>>> = device_grads
+            .iter_mut()
+            .enumerate()
+            .map(|(i, (a, b))| (pair_of(i).is_some() && trained(i)).then_some(GpuLoraGrad { a, b }))
+            .collect();
+        gpu.lora_backward(
+            &up(&gpu, &x),
+            inp,
+            &up(&gpu, &dy),
+            out,
+            &segments,
+            &mut grads,
+            &mut dx,
+        )
+        .expect("lora_backward");
+    }
+    let got_dx = down(&gpu, &dx);
+    assert_close("lora dx", &got_dx, &want_dx, 1e-4);
+    for (i, ((a, b), (want_a, want_b))) in device_grads.iter().zip(&want_grads).enumerate() {
+        if pair_of(i).is_some() {
+            assert_close(&format!("segment {i} dA"), &down(&gpu, a), want_a, 1e-4);
+            assert_close(&format!("segment {i} dB"), &down(&gpu, b), want_b, 1e-4);
+        }
+    }
+    // Segment 2 alone: its rows' input gradient as in the batch.
+    let (first, n) = (shapes[0] + shapes[1], shapes[2]);
+    let mut alone = up(&gpu, &dx_start[first * inp..(first + n) * inp]);
+    gpu.lora_backward(
+        &up(&gpu, &x[first * inp..(first + n) * inp]),
+        inp,
+        &up(&gpu, &dy[first * out..(first + n) * out]),
+        out,
+        &segments[2..3],
+        &mut [None],
+        &mut alone,
+    )
+    .expect("lora_backward of one segment");
+    assert_eq!(
+        down(&gpu, &alone),
+        got_dx[first * inp..(first + n) * inp],
+        "a segment alone"
+    );
 }
 
 #[test]

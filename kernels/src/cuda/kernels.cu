@@ -846,3 +846,25 @@ extern "C" __global__ void target_logprobs_backward(const float *__restrict__ lo
         d_logits[base + i] = i == target ? d + scale : d;
     }
 }
+
+// c (m × n) = alpha · op(a) · op(b), or c += that when accumulate: op(a) is m × k (a stored
+// k × m when a_t), op(b) is k × n (b stored n × k when b_t); each operand starts at its offset.
+// Thread per value of c, the k terms added in order: the small products of LoRA's backward,
+// where a segment's rows must not mix with another's.
+extern "C" __global__ void small_gemm(const float *__restrict__ a, size_t a_offset, const float *__restrict__ b,
+                                     size_t b_offset, float *__restrict__ c, size_t c_offset, int m, int n,
+                                     int k, int a_t, int b_t, float alpha, int accumulate) {
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)m * n) return;
+    const int i = index / n, j = index % n;
+    const float *pa = a + a_offset;
+    const float *pb = b + b_offset;
+    float sum = 0.0f;
+    for (int t = 0; t < k; t++) {
+        const float left = a_t ? pa[(size_t)t * m + i] : pa[(size_t)i * k + t];
+        const float right = b_t ? pb[(size_t)j * k + t] : pb[(size_t)t * n + j];
+        sum = fmaf(left, right, sum);
+    }
+    float *out = c + c_offset + index;
+    *out = accumulate ? *out + alpha * sum : alpha * sum;
+}

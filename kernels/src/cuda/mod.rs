@@ -25,7 +25,7 @@ pub use error::{GpuError, GpuErrorKind};
 pub use lora::{
     AdapterRef, DeviceSegment, LoraBatch, LoraPool, LoraSite, MAX_LORA_INPUT, MAX_LORA_RANK,
 };
-pub use train::AdamStep;
+pub use train::{AdamStep, GpuLoraGrad, GpuLoraPair, GpuLoraSegment};
 
 /// The source of every kernel, compiled at run time.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
@@ -105,6 +105,7 @@ struct Kernels {
     embed_backward: CudaFunction,
     target_logprobs: CudaFunction,
     target_logprobs_backward: CudaFunction,
+    small_gemm: CudaFunction,
 }
 
 /// One CUDA device with its stream and compiled kernels. Every op is queued on the stream;
@@ -195,6 +196,7 @@ impl Gpu {
             embed_backward: function("embed_backward")?,
             target_logprobs: function("target_logprobs")?,
             target_logprobs_backward: function("target_logprobs_backward")?,
+            small_gemm: function("small_gemm")?,
         };
         let stream = context.default_stream();
         Ok(Gpu {

@@ -3,8 +3,8 @@
 //! lookup and of the logprob head over logits, and AdamW with the global norm's clip; each as
 //! the CPU trainer computes it and with no sum whose grouping follows the batch: a weight's
 //! gradient adds the rows in order, a row's input gradient adds the outputs in order, and a norm
-//! adds fixed chunks in chunk order. (Still to come: LoRA's pair gradients, the attention's
-//! backward and the fused unembedding.)
+//! adds fixed chunks in chunk order; LoRA's backward per segment, its products each a thread per
+//! value. (Still to come: the attention's backward and the fused unembedding.)
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -16,6 +16,54 @@ use super::{DeviceIndices, Gpu, elementwise, grid, int, row_blocks};
 const SQUARE_CHUNK: usize = 4096;
 /// Threads of `square_sum_partials` (a power of two: its reduction tree is fixed by it).
 const SQUARE_THREADS: u32 = 256;
+
+/// One adapter's pair on the device, for a segment of rows: `a (rank × in)`, `b (out × rank)`.
+#[derive(Clone, Copy)]
+pub struct GpuLoraPair<'a> {
+    pub a: &'a CudaSlice<f32>,
+    pub b: &'a CudaSlice<f32>,
+    pub rank: usize,
+    pub scale: f32,
+}
+
+/// A run of consecutive rows that share one adapter (`None`: no delta), as `crate::Segment`.
+#[derive(Clone, Copy)]
+pub struct GpuLoraSegment<'a> {
+    pub rows: usize,
+    pub pair: Option<GpuLoraPair<'a>>,
+}
+
+/// The gradients one segment's pair accumulates into: `a (rank × in)`, `b (out × rank)`.
+pub struct GpuLoraGrad<'a> {
+    pub a: &'a mut CudaSlice<f32>,
+    pub b: &'a mut CudaSlice<f32>,
+}
+
+/// One operand of [`Gpu::small_gemm`]: a buffer, where its matrix starts, and whether it is
+/// stored transposed.
+struct Operand<'a> {
+    values: &'a CudaSlice<f32>,
+    offset: usize,
+    transposed: bool,
+}
+
+impl<'a> Operand<'a> {
+    fn plain(values: &'a CudaSlice<f32>, offset: usize) -> Self {
+        Operand {
+            values,
+            offset,
+            transposed: false,
+        }
+    }
+
+    fn transposed(values: &'a CudaSlice<f32>, offset: usize) -> Self {
+        Operand {
+            values,
+            offset,
+            transposed: true,
+        }
+    }
+}
 
 /// One AdamW step's settings, as the trainer's `optim_step` takes them.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -430,5 +478,143 @@ impl Gpu {
             })
             .collect::<Result<_, _>>()?;
         self.upload(&device)
+    }
+
+    /// The backward of the mixed-adapter LoRA delta `y += scale · (x Aᵀ) Bᵀ` per segment, as
+    /// `crate::lora_backward`: `dx +=` each adapted segment's input gradient, and where a
+    /// segment's entry in `grads` is given, its pair's `A` and `B` gradients `+=` theirs. `x` is
+    /// `rows × inp`, `dy` `rows × out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lora_backward(
+        &self,
+        x: &CudaSlice<f32>,
+        inp: usize,
+        dy: &CudaSlice<f32>,
+        out: usize,
+        segments: &[GpuLoraSegment<'_>],
+        grads: &mut [Option<GpuLoraGrad<'_>>],
+        dx: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let rows: usize = segments.iter().map(|s| s.rows).sum();
+        ensure(grads.len() == segments.len(), || {
+            "one gradient entry per segment".to_string()
+        })?;
+        ensure(
+            x.len() == rows * inp && dx.len() == x.len() && dy.len() == rows * out,
+            || format!("x and dx must be {rows} × {inp}, dy {rows} × {out}"),
+        )?;
+        let mut first = 0;
+        for (segment, grad) in segments.iter().zip(grads.iter_mut()) {
+            let start = first;
+            first += segment.rows;
+            let Some(pair) = segment.pair else { continue };
+            let (n, rank) = (segment.rows, pair.rank);
+            ensure(
+                rank > 0 && pair.a.len() == rank * inp && pair.b.len() == out * rank,
+                || format!("a pair of rank {rank} must be {rank} × {inp} and {out} × {rank}"),
+            )?;
+            if n == 0 {
+                continue;
+            }
+            // d(shrunk) = scale · dy B, the gradient in rank space.
+            let mut d_shrunk = self.zeros(n * rank)?;
+            self.small_gemm(
+                Operand::plain(dy, start * out),
+                Operand::plain(pair.b, 0),
+                (&mut d_shrunk, 0),
+                [n, rank, out],
+                pair.scale,
+                false,
+            )?;
+            if let Some(grad) = grad.as_mut() {
+                ensure(
+                    grad.a.len() == rank * inp && grad.b.len() == out * rank,
+                    || "a pair's gradients must have its shapes".to_string(),
+                )?;
+                // shrunk = scale · x Aᵀ; dB += dyᵀ shrunk; dA += d(shrunk)ᵀ x.
+                let mut shrunk = self.zeros(n * rank)?;
+                self.small_gemm(
+                    Operand::plain(x, start * inp),
+                    Operand::transposed(pair.a, 0),
+                    (&mut shrunk, 0),
+                    [n, rank, inp],
+                    pair.scale,
+                    false,
+                )?;
+                self.small_gemm(
+                    Operand::transposed(dy, start * out),
+                    Operand::plain(&shrunk, 0),
+                    (&mut *grad.b, 0),
+                    [out, rank, n],
+                    1.0,
+                    true,
+                )?;
+                self.small_gemm(
+                    Operand::transposed(&d_shrunk, 0),
+                    Operand::plain(x, start * inp),
+                    (&mut *grad.a, 0),
+                    [rank, inp, n],
+                    1.0,
+                    true,
+                )?;
+            }
+            // dx += d(shrunk) A.
+            self.small_gemm(
+                Operand::plain(&d_shrunk, 0),
+                Operand::plain(pair.a, 0),
+                (dx, start * inp),
+                [n, inp, rank],
+                1.0,
+                true,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `c = alpha · op(a) · op(b)` (`+=` when `accumulate`) for `[m, n, k]`: `op(a)` is
+    /// `m × k`, `op(b)` `k × n`, `c` from its offset `m × n`; every operand's extent is checked
+    /// against its buffer.
+    fn small_gemm(
+        &self,
+        a: Operand<'_>,
+        b: Operand<'_>,
+        (c, c_offset): (&mut CudaSlice<f32>, usize),
+        [m, n, k]: [usize; 3],
+        alpha: f32,
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
+        ensure(
+            a.offset + m * k <= a.values.len()
+                && b.offset + k * n <= b.values.len()
+                && c_offset + m * n <= c.len(),
+            || format!("a {m} × {k} by {k} × {n} product reaches past its buffers"),
+        )?;
+        if m * n == 0 {
+            return Ok(());
+        }
+        let ints = [
+            int(m, "m")?,
+            int(n, "n")?,
+            int(k, "k")?,
+            i32::from(a.transposed),
+            i32::from(b.transposed),
+        ];
+        let accumulate = i32::from(accumulate);
+        let mut launch = self.stream().launch_builder(&self.kernels.small_gemm);
+        launch
+            .arg(a.values)
+            .arg(&a.offset)
+            .arg(b.values)
+            .arg(&b.offset)
+            .arg(c)
+            .arg(&c_offset);
+        for value in &ints {
+            launch.arg(value);
+        }
+        launch.arg(&alpha).arg(&accumulate);
+        // SAFETY: matches `small_gemm`; the operands' extents from their offsets were checked
+        // against their buffers above, one thread per value of `c`'s `m × n`.
+        unsafe { launch.launch(elementwise(m * n)?) }.doing("launching small_gemm")?;
+        Ok(())
     }
 }
