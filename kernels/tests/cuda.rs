@@ -20,8 +20,8 @@ use opentinker_kernels::cuda::{
 };
 use opentinker_kernels::gemm::{matmul_nn, matmul_tn};
 use opentinker_kernels::{
-    Heads, LoraGrad, LoraPair, Segment, causal_attention, linear, lora_apply, lora_backward, ops,
-    unembed,
+    Heads, LoraGrad, LoraPair, Segment, attention_backward, attention_forward, causal_attention,
+    linear, lora_apply, lora_backward, ops, unembed,
 };
 
 fn gpu(test: &str) -> Option<Gpu> {
@@ -83,6 +83,9 @@ fn the_kernel_source_compiles_with_nvrtc() {
                 "target_logprobs",
                 "target_logprobs_backward",
                 "small_gemm",
+                "attention_train_forward",
+                "attention_train_backward_q",
+                "attention_train_backward_kv",
             ] {
                 assert!(ptx.contains(&format!(".entry {kernel}")), "{kernel}");
             }
@@ -832,6 +835,102 @@ fn lora_backward_matches_the_cpu_per_segment() {
         got_dx[first * inp..(first + n) * inp],
         "a segment alone"
     );
+}
+
+/// Training attention over whole sequences (three lengths, grouped queries) against the CPU's
+/// forward and backward; a sequence alone gives the same bits as in the batch.
+#[test]
+fn training_attention_matches_the_cpu_forward_and_backward() {
+    let Some(gpu) = gpu("training attention") else {
+        return;
+    };
+    let shape = Heads {
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 32,
+    };
+    let lengths = [5usize, 1, 12];
+    let rows: usize = lengths.iter().sum();
+    let (q_len, kv_len) = (rows * 4 * 32, rows * 2 * 32);
+    let (q, k, v) = (values(q_len, 120), values(kv_len, 121), values(kv_len, 122));
+    let d_out = values(q_len, 123);
+    let (mut want_out, mut want_lse) = (vec![0.0; q_len], vec![0.0; rows * 4]);
+    attention_forward(&q, &k, &v, shape, &lengths, &mut want_out, &mut want_lse);
+    let (mut want_dq, mut want_dk, mut want_dv) =
+        (vec![0.0; q_len], vec![0.0; kv_len], vec![0.0; kv_len]);
+    attention_backward(
+        &q,
+        &k,
+        &v,
+        &want_out,
+        &want_lse,
+        &d_out,
+        shape,
+        &lengths,
+        &mut want_dq,
+        &mut want_dk,
+        &mut want_dv,
+    );
+
+    let run = |lengths: &[usize], at: std::ops::Range<usize>| {
+        let (q_at, kv_at) = (at.start * 128..at.end * 128, at.start * 64..at.end * 64);
+        let (dq_in, dk_in, dv_in) = (
+            up(&gpu, &q[q_at.clone()]),
+            up(&gpu, &k[kv_at.clone()]),
+            up(&gpu, &v[kv_at.clone()]),
+        );
+        let n = at.len();
+        let mut out = gpu.zeros(n * 128).expect("zeros");
+        let mut lse = gpu.zeros(n * 4).expect("zeros");
+        gpu.attention_forward(&dq_in, &dk_in, &dv_in, shape, lengths, &mut out, &mut lse)
+            .expect("attention_forward");
+        let (mut dq, mut dk, mut dv) = (
+            gpu.zeros(n * 128).expect("zeros"),
+            gpu.zeros(n * 64).expect("zeros"),
+            gpu.zeros(n * 64).expect("zeros"),
+        );
+        gpu.attention_backward(
+            &dq_in,
+            &dk_in,
+            &dv_in,
+            &out,
+            &lse,
+            &up(&gpu, &d_out[q_at]),
+            shape,
+            lengths,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+        )
+        .expect("attention_backward");
+        [&out, &lse, &dq, &dk, &dv].map(|buffer| down(&gpu, buffer))
+    };
+    let [out, lse, dq, dk, dv] = run(&lengths, 0..rows);
+    assert_close("attention out", &out, &want_out, 1e-4);
+    assert_close("attention lse", &lse, &want_lse, 1e-4);
+    assert_close("attention dq", &dq, &want_dq, 1e-4);
+    assert_close("attention dk", &dk, &want_dk, 1e-4);
+    assert_close("attention dv", &dv, &want_dv, 1e-4);
+    // The third sequence alone.
+    let [alone_out, _, alone_dq, alone_dk, _] = run(&lengths[2..], 6..rows);
+    assert_eq!(alone_out, out[6 * 128..], "a sequence alone: out");
+    assert_eq!(alone_dq, dq[6 * 128..], "a sequence alone: dq");
+    assert_eq!(alone_dk, dk[6 * 64..], "a sequence alone: dk");
+
+    let mut out = gpu.zeros(q_len).expect("zeros");
+    let mut lse = gpu.zeros(rows * 4).expect("zeros");
+    let error = gpu
+        .attention_forward(
+            &up(&gpu, &q),
+            &up(&gpu, &k),
+            &up(&gpu, &v),
+            shape,
+            &[5, 1, 11],
+            &mut out,
+            &mut lse,
+        )
+        .expect_err("lengths that do not cover the rows");
+    assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
 }
 
 #[test]

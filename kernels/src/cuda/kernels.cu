@@ -868,3 +868,144 @@ extern "C" __global__ void small_gemm(const float *__restrict__ a, size_t a_offs
     float *out = c + c_offset + index;
     *out = accumulate ? *out + alpha * sum : alpha * sum;
 }
+
+// ---- Training attention: whole sequences, no cache ----
+// q (rows × heads × head_dim), k and v (rows × kv_heads × head_dim), the rows being sequences
+// one after another; starts[r] is the first row of row r's sequence, so row r attends to keys
+// starts[r]..=r. The forward keeps each (row, head)'s log-sum-exp of its scaled scores; the
+// backward recomputes the probabilities from it, so no positions × positions matrix is kept.
+
+// The scaled scores of query (r, h) against keys starts[r]..=r into scores[], by warps; returns
+// how many. Every thread of the block calls it.
+__device__ int train_scores(const float *__restrict__ q, const float *__restrict__ k, const int *__restrict__ starts,
+                            float *scores, int r, int h, int heads, int kv_heads, int head_dim, float scale) {
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kv_head = h / (heads / kv_heads);
+    const int first = starts[r], n = r - first + 1;
+    const float *query = q + ((size_t)r * heads + h) * head_dim;
+    for (int p = warp; p < n; p += warps) {
+        const float *key = k + ((size_t)(first + p) * kv_heads + kv_head) * head_dim;
+        float s = 0.0f;
+        for (int d = lane; d < head_dim; d += 32) s = fmaf(query[d], key[d], s);
+        s = warp_sum(s);
+        if (lane == 0) scores[p] = s * scale;
+    }
+    __syncthreads();
+    return n;
+}
+
+// Block per (row, head): out and lse. As crate::attention_forward.
+extern "C" __global__ void attention_train_forward(const float *__restrict__ q, const float *__restrict__ k,
+                                                  const float *__restrict__ v, const int *__restrict__ starts,
+                                                  float *__restrict__ out, float *__restrict__ lse, int heads,
+                                                  int kv_heads, int head_dim, float scale) {
+    extern __shared__ float scores[];
+    __shared__ float reduce[ATTENTION_THREADS];
+    const int r = blockIdx.x, h = blockIdx.y;
+    const int n = train_scores(q, k, starts, scores, r, h, heads, kv_heads, head_dim, scale);
+    float m = NEG_INFINITY;
+    for (int p = threadIdx.x; p < n; p += blockDim.x) m = fmaxf(m, scores[p]);
+    reduce[threadIdx.x] = m;
+    __syncthreads();
+    for (int offset = blockDim.x >> 1; offset > 0; offset >>= 1) {
+        if (threadIdx.x < offset) reduce[threadIdx.x] = fmaxf(reduce[threadIdx.x], reduce[threadIdx.x + offset]);
+        __syncthreads();
+    }
+    m = reduce[0];
+    __syncthreads();
+    float partial = 0.0f;
+    for (int p = threadIdx.x; p < n; p += blockDim.x) {
+        const float e = expf(scores[p] - m);
+        scores[p] = e;
+        partial += e;
+    }
+    const float total = block_sum(partial, reduce);
+    const int kv_head = h / (heads / kv_heads), first = starts[r];
+    float *o = out + ((size_t)r * heads + h) * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int p = 0; p < n; ++p) {
+            acc = fmaf(scores[p] / total, v[((size_t)(first + p) * kv_heads + kv_head) * head_dim + d], acc);
+        }
+        o[d] = acc;
+    }
+    if (threadIdx.x == 0) lse[(size_t)r * heads + h] = m + logf(total);
+}
+
+// The query side of the backward, block per (row, head): dq = scale · Σ_j dS_j k_j with
+// P_j = exp(s_j - lse), dS_j = P_j (dO · v_j - dO · O). Writes dq.
+extern "C" __global__ void attention_train_backward_q(const float *__restrict__ q, const float *__restrict__ k,
+                                                     const float *__restrict__ v, const float *__restrict__ out,
+                                                     const float *__restrict__ lse,
+                                                     const float *__restrict__ d_out,
+                                                     const int *__restrict__ starts, float *__restrict__ dq,
+                                                     int heads, int kv_heads, int head_dim, float scale) {
+    extern __shared__ float scores[];
+    __shared__ float reduce[ATTENTION_THREADS];
+    const int r = blockIdx.x, h = blockIdx.y;
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n = train_scores(q, k, starts, scores, r, h, heads, kv_heads, head_dim, scale);
+    const int kv_head = h / (heads / kv_heads), first = starts[r];
+    const size_t at = ((size_t)r * heads + h) * head_dim;
+    float partial = 0.0f;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) partial = fmaf(d_out[at + d], out[at + d], partial);
+    const float delta = block_sum(partial, reduce);
+    const float row_lse = lse[(size_t)r * heads + h];
+    for (int p = warp; p < n; p += warps) {
+        const float *value = v + ((size_t)(first + p) * kv_heads + kv_head) * head_dim;
+        float dp = 0.0f;
+        for (int d = lane; d < head_dim; d += 32) dp = fmaf(d_out[at + d], value[d], dp);
+        dp = warp_sum(dp);
+        if (lane == 0) scores[p] = expf(scores[p] - row_lse) * (dp - delta);
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int p = 0; p < n; ++p) {
+            acc = fmaf(scores[p], k[((size_t)(first + p) * kv_heads + kv_head) * head_dim + d], acc);
+        }
+        dq[at + d] = acc * scale;
+    }
+}
+
+// The key and value side, block per (key row, kv head): over the group's query heads and the
+// query rows that see the key (j..end of its sequence), in order, dv_j = Σ P dO and
+// dk_j = scale · Σ dS q. ends[j] is one past the last row of row j's sequence. Writes dk, dv.
+extern "C" __global__ void attention_train_backward_kv(const float *__restrict__ q, const float *__restrict__ k,
+                                                      const float *__restrict__ v, const float *__restrict__ out,
+                                                      const float *__restrict__ lse,
+                                                      const float *__restrict__ d_out,
+                                                      const int *__restrict__ ends, float *__restrict__ dk,
+                                                      float *__restrict__ dv, int heads, int kv_heads,
+                                                      int head_dim, float scale) {
+    __shared__ float reduce[ATTENTION_THREADS];
+    const int j = blockIdx.x, kv_head = blockIdx.y, group = heads / kv_heads;
+    const size_t kv_at = ((size_t)j * kv_heads + kv_head) * head_dim;
+    // Each thread owns dimensions d = threadIdx.x, + blockDim.x, ... (head_dim <= 4 · blockDim).
+    float dk_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dv_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int g = 0; g < group; ++g) {
+        const int h = kv_head * group + g;
+        for (int i = j; i < ends[j]; ++i) {
+            const size_t at = ((size_t)i * heads + h) * head_dim;
+            float s = 0.0f, dp = 0.0f, delta = 0.0f;
+            for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+                s = fmaf(q[at + d], k[kv_at + d], s);
+                dp = fmaf(d_out[at + d], v[kv_at + d], dp);
+                delta = fmaf(d_out[at + d], out[at + d], delta);
+            }
+            s = block_sum(s, reduce);
+            dp = block_sum(dp, reduce);
+            delta = block_sum(delta, reduce);
+            const float p = expf(s * scale - lse[(size_t)i * heads + h]);
+            const float ds = p * (dp - delta);
+            for (int c = 0, d = threadIdx.x; c < 4 && d < head_dim; ++c, d += blockDim.x) {
+                dv_acc[c] = fmaf(p, d_out[at + d], dv_acc[c]);
+                dk_acc[c] = fmaf(ds, q[at + d], dk_acc[c]);
+            }
+        }
+    }
+    for (int c = 0, d = threadIdx.x; c < 4 && d < head_dim; ++c, d += blockDim.x) {
+        dk[kv_at + d] = dk_acc[c] * scale;
+        dv[kv_at + d] = dv_acc[c];
+    }
+}

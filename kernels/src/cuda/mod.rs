@@ -106,6 +106,9 @@ struct Kernels {
     target_logprobs: CudaFunction,
     target_logprobs_backward: CudaFunction,
     small_gemm: CudaFunction,
+    attention_train_forward: CudaFunction,
+    attention_train_backward_q: CudaFunction,
+    attention_train_backward_kv: CudaFunction,
 }
 
 /// One CUDA device with its stream and compiled kernels. Every op is queued on the stream;
@@ -197,6 +200,9 @@ impl Gpu {
             target_logprobs: function("target_logprobs")?,
             target_logprobs_backward: function("target_logprobs_backward")?,
             small_gemm: function("small_gemm")?,
+            attention_train_forward: function("attention_train_forward")?,
+            attention_train_backward_q: function("attention_train_backward_q")?,
+            attention_train_backward_kv: function("attention_train_backward_kv")?,
         };
         let stream = context.default_stream();
         Ok(Gpu {

@@ -4,13 +4,21 @@
 //! the CPU trainer computes it and with no sum whose grouping follows the batch: a weight's
 //! gradient adds the rows in order, a row's input gradient adds the outputs in order, and a norm
 //! adds fixed chunks in chunk order; LoRA's backward per segment, its products each a thread per
-//! value. (Still to come: the attention's backward and the fused unembedding.)
+//! value; causal attention over whole sequences, forward (keeping each row's log-sum-exp) and
+//! backward (recomputing the probabilities). (Still to come: the fused unembedding.)
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::backend::GpuMatrix;
 use super::error::{DriverContext, GpuError, ensure};
-use super::{DeviceIndices, Gpu, elementwise, grid, int, row_blocks};
+use super::{DeviceIndices, Gpu, elementwise, grid, grid_y, int, row_blocks};
+use crate::Heads;
+
+/// Threads of the training attention's blocks (`ATTENTION_THREADS` in `kernels.cu`).
+const ATTENTION_THREADS: u32 = 128;
+/// The shared memory a training attention block may hold its scores in: one float per position
+/// of the longest sequence.
+const SCORES_BYTES: usize = 47 * 1024;
 
 /// Values per block of `square_sum_partials` (`SQUARE_CHUNK` in `kernels.cu`).
 const SQUARE_CHUNK: usize = 4096;
@@ -617,4 +625,196 @@ impl Gpu {
         unsafe { launch.launch(elementwise(m * n)?) }.doing("launching small_gemm")?;
         Ok(())
     }
+
+    /// Causal attention of whole sequences (training; no cache): `q (rows × heads × head_dim)`,
+    /// `k` and `v (rows × kv_heads × head_dim)`, the rows sequences of `lengths` one after
+    /// another. Writes `out` (`q`'s shape) and each row and head's log-sum-exp of its scaled
+    /// scores into `lse (rows × heads)`. As `crate::attention_forward`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_forward(
+        &self,
+        q: &CudaSlice<f32>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        shape: Heads,
+        lengths: &[usize],
+        out: &mut CudaSlice<f32>,
+        lse: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let rows = check_attention(shape, lengths, [q, out], [k, v])?;
+        ensure(lse.len() == rows * shape.heads, || {
+            format!("lse must be {rows} × {}", shape.heads)
+        })?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let starts = self.upload(&row_bounds(lengths, false)?)?;
+        let ints = attention_ints(shape)?;
+        let scale = 1.0 / (shape.head_dim as f32).sqrt();
+        let mut launch = self
+            .stream()
+            .launch_builder(&self.kernels.attention_train_forward);
+        launch.arg(q).arg(k).arg(v).arg(&starts).arg(out).arg(lse);
+        for value in &ints {
+            launch.arg(value);
+        }
+        launch.arg(&scale);
+        // SAFETY: matches `attention_train_forward`; one block per (row, head), every row's
+        // keys inside its own sequence (`starts`), its scores in the shared memory asked for.
+        unsafe { launch.launch(attention_config(rows, shape.heads, lengths)?) }
+            .doing("launching attention_train_forward")?;
+        Ok(())
+    }
+
+    /// The backward of [`Gpu::attention_forward`] from `d_out`: writes `dq`, `dk` and `dv`,
+    /// recomputing the probabilities from `lse`. Each key's gradient adds the query heads of its
+    /// group and the rows that see it in order. As `crate::attention_backward`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_backward(
+        &self,
+        q: &CudaSlice<f32>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        out: &CudaSlice<f32>,
+        lse: &CudaSlice<f32>,
+        d_out: &CudaSlice<f32>,
+        shape: Heads,
+        lengths: &[usize],
+        dq: &mut CudaSlice<f32>,
+        dk: &mut CudaSlice<f32>,
+        dv: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let rows = check_attention(shape, lengths, [q, out], [k, v])?;
+        ensure(
+            lse.len() == rows * shape.heads
+                && d_out.len() == q.len()
+                && dq.len() == q.len()
+                && dk.len() == k.len()
+                && dv.len() == v.len(),
+            || "lse, d_out and the gradients must have their inputs' shapes".to_string(),
+        )?;
+        ensure(shape.head_dim <= 4 * ATTENTION_THREADS as usize, || {
+            format!("head_dim {} is above the kernels' 512", shape.head_dim)
+        })?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let starts = self.upload(&row_bounds(lengths, false)?)?;
+        let ends = self.upload(&row_bounds(lengths, true)?)?;
+        let ints = attention_ints(shape)?;
+        let scale = 1.0 / (shape.head_dim as f32).sqrt();
+        let mut launch = self
+            .stream()
+            .launch_builder(&self.kernels.attention_train_backward_q);
+        launch
+            .arg(q)
+            .arg(k)
+            .arg(v)
+            .arg(out)
+            .arg(lse)
+            .arg(d_out)
+            .arg(&starts)
+            .arg(dq);
+        for value in &ints {
+            launch.arg(value);
+        }
+        launch.arg(&scale);
+        // SAFETY: matches `attention_train_backward_q`; one block per (row, head), its keys
+        // inside its sequence, its scores in the shared memory asked for.
+        unsafe { launch.launch(attention_config(rows, shape.heads, lengths)?) }
+            .doing("launching attention_train_backward_q")?;
+        let mut launch = self
+            .stream()
+            .launch_builder(&self.kernels.attention_train_backward_kv);
+        launch
+            .arg(q)
+            .arg(k)
+            .arg(v)
+            .arg(out)
+            .arg(lse)
+            .arg(d_out)
+            .arg(&ends)
+            .arg(dk)
+            .arg(dv);
+        for value in &ints {
+            launch.arg(value);
+        }
+        launch.arg(&scale);
+        let config = LaunchConfig {
+            grid_dim: (grid(rows)?, grid_y(shape.kv_heads)?, 1),
+            block_dim: (ATTENTION_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `attention_train_backward_kv`; one block per (key row, KV head), the
+        // query rows it visits inside the key's sequence (`ends`), head_dim within the four
+        // values a thread keeps.
+        unsafe { launch.launch(config) }.doing("launching attention_train_backward_kv")?;
+        Ok(())
+    }
+}
+
+/// Checks a training attention's shapes; returns its rows.
+fn check_attention(
+    shape: Heads,
+    lengths: &[usize],
+    [q, out]: [&CudaSlice<f32>; 2],
+    [k, v]: [&CudaSlice<f32>; 2],
+) -> Result<usize, GpuError> {
+    let Heads {
+        heads,
+        kv_heads,
+        head_dim,
+    } = shape;
+    ensure(
+        kv_heads > 0 && head_dim > 0 && heads.is_multiple_of(kv_heads),
+        || "heads must be a multiple of kv_heads".to_string(),
+    )?;
+    let rows: usize = lengths.iter().sum();
+    ensure(
+        q.len() == rows * heads * head_dim && out.len() == q.len(),
+        || format!("q and out must be {rows} × {heads} × {head_dim}"),
+    )?;
+    ensure(
+        k.len() == rows * kv_heads * head_dim && v.len() == k.len(),
+        || format!("k and v must be {rows} × {kv_heads} × {head_dim}"),
+    )?;
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    ensure(longest * 4 <= SCORES_BYTES, || {
+        format!("a sequence of {longest} positions is past the longest the kernels hold")
+    })?;
+    Ok(rows)
+}
+
+/// Per row, the first row of its sequence, or (with `end`) one past its last.
+fn row_bounds(lengths: &[usize], end: bool) -> Result<Vec<i32>, GpuError> {
+    let mut bounds = Vec::with_capacity(lengths.iter().sum());
+    let mut first = 0;
+    for &n in lengths {
+        let bound = int(if end { first + n } else { first }, "row")?;
+        bounds.extend(std::iter::repeat_n(bound, n));
+        first += n;
+    }
+    Ok(bounds)
+}
+
+fn attention_ints(shape: Heads) -> Result<[i32; 3], GpuError> {
+    Ok([
+        int(shape.heads, "heads")?,
+        int(shape.kv_heads, "kv_heads")?,
+        int(shape.head_dim, "head_dim")?,
+    ])
+}
+
+/// A block per (row, head), with shared memory for the longest sequence's scores.
+fn attention_config(
+    rows: usize,
+    heads: usize,
+    lengths: &[usize],
+) -> Result<LaunchConfig, GpuError> {
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    Ok(LaunchConfig {
+        grid_dim: (grid(rows)?, grid_y(heads)?, 1),
+        block_dim: (ATTENTION_THREADS, 1, 1),
+        shared_mem_bytes: (longest.max(1) * 4) as u32,
+    })
 }
