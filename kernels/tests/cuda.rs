@@ -86,6 +86,7 @@ fn the_kernel_source_compiles_with_nvrtc() {
                 "attention_train_forward",
                 "attention_train_backward_q",
                 "attention_train_backward_kv",
+                "add_scaled_rows",
             ] {
                 assert!(ptx.contains(&format!(".entry {kernel}")), "{kernel}");
             }
@@ -931,6 +932,78 @@ fn training_attention_matches_the_cpu_forward_and_backward() {
         )
         .expect_err("lengths that do not cover the rows");
     assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
+}
+
+/// The unembedding's logprob with its Jacobian, and its backward, against the CPU's fused
+/// version (f32 and bf16 tables).
+#[test]
+fn unembed_logprobs_and_their_backward_match_the_cpu() {
+    let Some(gpu) = gpu("unembed logprobs") else {
+        return;
+    };
+    let (vocab, hidden) = (3000, 64);
+    let targets = [7u32, 2999, 0, 1500];
+    let rows = targets.len();
+    let x = values(rows * hidden, 130);
+    let table: Vec<f32> = values(vocab * hidden, 131)
+        .iter()
+        .map(|v| v * 4.0)
+        .collect();
+    let bits: Vec<u16> = table.iter().map(|&v| bf16_bits(v)).collect();
+    let rounded: Vec<f32> = bits.iter().map(|&b| bf16_value(b)).collect();
+    let g = values(rows, 132);
+    let dx_start = values(rows * hidden, 133);
+    for (name, matrix, host) in [
+        ("f32", GpuMatrix::F32(up(&gpu, &table)), &table),
+        (
+            "bf16",
+            GpuMatrix::Bf16(gpu.upload(&bits).expect("upload")),
+            &rounded,
+        ),
+    ] {
+        let (mut want, mut want_jacobian) = (vec![0.0; rows], vec![0.0; rows * hidden]);
+        unembed::unembed_logprobs(
+            &x,
+            host,
+            hidden,
+            &targets,
+            &mut want,
+            Some(&mut want_jacobian),
+        );
+        let mut want_dx = dx_start.clone();
+        unembed::unembed_logprobs_backward(&want_jacobian, &g, &mut want_dx);
+        let mut jacobian = gpu.zeros(rows * hidden).expect("zeros");
+        let got = gpu
+            .unembed_logprobs(
+                &up(&gpu, &x),
+                &matrix,
+                hidden,
+                &targets,
+                Some(&mut jacobian),
+            )
+            .expect("unembed_logprobs");
+        assert_close(
+            &format!("{name} unembed logprobs"),
+            &down(&gpu, &got),
+            &want,
+            1e-4,
+        );
+        assert_close(
+            &format!("{name} unembed Jacobian"),
+            &down(&gpu, &jacobian),
+            &want_jacobian,
+            1e-4,
+        );
+        let mut dx = up(&gpu, &dx_start);
+        gpu.unembed_logprobs_backward(&jacobian, &up(&gpu, &g), &mut dx)
+            .expect("unembed_logprobs_backward");
+        assert_close(
+            &format!("{name} unembed dx"),
+            &down(&gpu, &dx),
+            &want_dx,
+            1e-4,
+        );
+    }
 }
 
 #[test]

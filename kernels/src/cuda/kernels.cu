@@ -1009,3 +1009,11 @@ extern "C" __global__ void attention_train_backward_kv(const float *__restrict__
         dv[kv_at + d] = dv_acc[c];
     }
 }
+
+// dx[r] += g[r] · j[r] for rows of `width`: the fused unembedding's backward through its saved
+// Jacobians. Thread per value.
+extern "C" __global__ void add_scaled_rows(float *__restrict__ dx, const float *__restrict__ j,
+                                          const float *__restrict__ g, size_t n, int width) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dx[i] = fmaf(g[i / width], j[i], dx[i]);
+}

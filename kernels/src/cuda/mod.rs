@@ -109,6 +109,7 @@ struct Kernels {
     attention_train_forward: CudaFunction,
     attention_train_backward_q: CudaFunction,
     attention_train_backward_kv: CudaFunction,
+    add_scaled_rows: CudaFunction,
 }
 
 /// One CUDA device with its stream and compiled kernels. Every op is queued on the stream;
@@ -203,6 +204,7 @@ impl Gpu {
             attention_train_forward: function("attention_train_forward")?,
             attention_train_backward_q: function("attention_train_backward_q")?,
             attention_train_backward_kv: function("attention_train_backward_kv")?,
+            add_scaled_rows: function("add_scaled_rows")?,
         };
         let stream = context.default_stream();
         Ok(Gpu {

@@ -5,7 +5,8 @@
 //! gradient adds the rows in order, a row's input gradient adds the outputs in order, and a norm
 //! adds fixed chunks in chunk order; LoRA's backward per segment, its products each a thread per
 //! value; causal attention over whole sequences, forward (keeping each row's log-sum-exp) and
-//! backward (recomputing the probabilities). (Still to come: the fused unembedding.)
+//! backward (recomputing the probabilities); and the unembedding's logprob with its Jacobian
+//! (through the logits for now: the CPU's fuses them away).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -749,6 +750,70 @@ impl Gpu {
         // query rows it visits inside the key's sequence (`ends`), head_dim within the four
         // values a thread keeps.
         unsafe { launch.launch(config) }.doing("launching attention_train_backward_kv")?;
+        Ok(())
+    }
+
+    /// The logprob of each row's target under a frozen unembedding `table (vocab × hidden)`,
+    /// and with `jacobian` (`x`'s shape) each row's gradient of it, `W_t - Σ softmax · W`, which
+    /// is all its backward needs. As the CPU trainer's `unembed_logprobs`, but through the
+    /// logits (`rows × vocab`, freed on return) where the CPU never makes them.
+    pub fn unembed_logprobs(
+        &self,
+        x: &CudaSlice<f32>,
+        table: &GpuMatrix,
+        hidden: usize,
+        targets: &[u32],
+        jacobian: Option<&mut CudaSlice<f32>>,
+    ) -> Result<CudaSlice<f32>, GpuError> {
+        let values = match table {
+            GpuMatrix::F32(w) => w.len(),
+            GpuMatrix::Bf16(w) => w.len(),
+        };
+        ensure(hidden > 0 && values.is_multiple_of(hidden), || {
+            format!("the table has {values} values, not vocab × {hidden}")
+        })?;
+        let vocab = values / hidden;
+        ensure(x.len() == targets.len() * hidden, || {
+            format!("x must be {} × {hidden}", targets.len())
+        })?;
+        let mut logits = self.zeros(targets.len() * vocab)?;
+        match table {
+            GpuMatrix::F32(w) => self.linear(x, w, None, None, hidden, &mut logits, false)?,
+            GpuMatrix::Bf16(w) => self.linear_bf16(x, w, None, None, hidden, &mut logits, false)?,
+        }
+        let logprobs = self.target_logprobs(&logits, vocab, targets)?;
+        if let Some(jacobian) = jacobian {
+            ensure(jacobian.len() == x.len(), || {
+                "the Jacobian must have x's shape".to_string()
+            })?;
+            // (onehot - softmax) per row, then through the table: W_t - Σ softmax · W.
+            let ones = self.upload(&vec![1.0f32; targets.len()])?;
+            let d_logits = self.target_logprobs_backward(&logits, vocab, targets, &ones)?;
+            let mut zero = self.zeros(x.len())?;
+            self.project_backward_input(&d_logits, table, hidden, &mut zero)?;
+            *jacobian = zero;
+        }
+        Ok(logprobs)
+    }
+
+    /// The backward of [`Gpu::unembed_logprobs`]: `dx += g · J`, row by row.
+    pub fn unembed_logprobs_backward(
+        &self,
+        jacobian: &CudaSlice<f32>,
+        g: &CudaSlice<f32>,
+        dx: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let rows = g.len();
+        ensure(
+            rows > 0 && dx.len() == jacobian.len() && jacobian.len().is_multiple_of(rows),
+            || "the Jacobian and dx must be one row per value of g".to_string(),
+        )?;
+        let (n, width) = (dx.len(), int(jacobian.len() / rows, "width")?);
+        let mut launch = self.stream().launch_builder(&self.kernels.add_scaled_rows);
+        launch.arg(dx).arg(jacobian).arg(g).arg(&n).arg(&width);
+        // SAFETY: matches `add_scaled_rows`; one thread per value of `dx`, `jacobian` as long,
+        // one `g` per row of `width`.
+        unsafe { launch.launch(elementwise(n)?) }.doing("launching add_scaled_rows")?;
         Ok(())
     }
 }
