@@ -2,21 +2,27 @@
 //! layers on the CPU, on the tiny model: logits of prefills and decode steps through adapters of
 //! different ranks within 2e-4 (with bf16 matrices, against the CPU forward of the same rounded
 //! matrices), a sequence's logits bit for bit alone or in a batch, and greedy generation token for
-//! token. Runs where a GPU, its driver and NVRTC are present (`scripts/gpu-check.sh`); elsewhere
-//! each test says it skipped and why.
+//! token; and training through the same layers on the `GpuTrain` backend against `CpuTrain`
+//! (logprobs, and every weight's gradient of a full-parameter step). Runs where a GPU, its driver
+//! and NVRTC are present (`scripts/gpu-check.sh`); elsewhere each test says it skipped and why.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use opentinker::lora::{Adapter, LoraConfig};
+use opentinker::model::layers::{
+    DecoderWeights, NoAdapters, TrainOutput, TrainSequence, WeightGrads, train_backward,
+    train_forward,
+};
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::transformer::Transformer;
 use opentinker::model::{Architecture, Model};
+use opentinker::model::{CpuWeights, GpuWeights, ModelConfig};
 use opentinker::sample::cuda::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
 use opentinker::sample::forward::{SequenceInput, forward};
-use opentinker_kernels::KvCache;
-use opentinker_kernels::cuda::Gpu;
+use opentinker_kernels::cuda::{Gpu, GpuTrain, GpuTrainBatch};
+use opentinker_kernels::{Backward, CpuTrain, KvCache, TrainBatch};
 
 fn gpu(test: &str) -> Option<Arc<Gpu>> {
     match Gpu::new(0) {
@@ -241,4 +247,140 @@ fn bad_input_is_refused_before_any_launch() {
     }];
     let error = cuda.forward(&past_blocks).err().unwrap().to_string();
     assert!(error.contains("past its 1 blocks"), "{error}");
+}
+
+/// A full-parameter training step's forward and backward through the layers on `GpuTrain`
+/// against `CpuTrain<f32>`: the targets' logprobs (with the fused head and through the logits)
+/// and every weight's gradient, on Qwen2 (biases, tied unembedding) and Qwen3 (query and key
+/// norms).
+#[test]
+fn training_through_the_layers_on_cuda_matches_the_cpu() {
+    let Some(gpu) = gpu("cuda training") else {
+        return;
+    };
+    for arch in [Architecture::Qwen2, Architecture::Qwen3] {
+        let dir = tempfile::tempdir().unwrap();
+        init_tiny(dir.path(), TinyShape::Tiny, arch, 5).unwrap();
+        let model = Model::load(dir.path()).unwrap();
+        let (config, transformer) = (&model.config, &model.transformer);
+        let data: Vec<(Vec<u32>, Vec<u32>)> = [(6u32, 3u32), (9, 11)]
+            .iter()
+            .map(|&(n, seed)| {
+                let tokens = (0..n).map(|i| (i * 37 + seed * 13) % 500).collect();
+                let targets = (0..n).map(|i| (i * 53 + seed * 7 + 1) % 500).collect();
+                (tokens, targets)
+            })
+            .collect();
+        let sequences: Vec<TrainSequence<'_>> = data
+            .iter()
+            .map(|(tokens, targets)| TrainSequence {
+                tokens,
+                targets,
+                adapter: None,
+            })
+            .collect();
+        let lengths = vec![6, 9];
+        let g: Vec<f32> = (0..15).map(|i| ((i * 7) % 5) as f32 * 0.25 - 0.5).collect();
+
+        let cpu = CpuWeights::<f32>::of(transformer).unwrap();
+        let (want_fused, want_logprobs, want_grads) = training_step(
+            &CpuTrain::<f32>::new(),
+            config,
+            &cpu.decoder(),
+            &sequences,
+            || TrainBatch::new(lengths.clone()),
+            &g,
+        );
+        let weights = GpuWeights::upload(&gpu, transformer, WeightFormat::F32).unwrap();
+        let (fused, logprobs, grads) = training_step(
+            &GpuTrain::new(&gpu),
+            config,
+            &weights.decoder(),
+            &sequences,
+            || GpuTrainBatch::new(&gpu, lengths.clone()).unwrap(),
+            &gpu.upload(&g).unwrap(),
+        );
+        assert_close(
+            &format!("{arch:?} fused-head logprobs"),
+            &fused,
+            &want_fused,
+        );
+        assert_close(&format!("{arch:?} logprobs"), &logprobs, &want_logprobs);
+        assert_eq!(
+            grads.len(),
+            want_grads.len(),
+            "{arch:?}: a gradient per weight"
+        );
+        for ((name, got), (want_name, want)) in grads.iter().zip(&want_grads) {
+            assert_eq!(name, want_name);
+            // Relative to the gradient's largest value: sums of many terms in another order.
+            let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-3 * scale,
+                    "{arch:?} {name}[{i}]: GPU {a} vs CPU {b} (largest {scale})"
+                );
+            }
+        }
+    }
+}
+
+/// One full-parameter step through the layers on `ops`: the targets' logprobs with the fused
+/// head, then through the logits with every weight's gradient from `g`, all on the host.
+#[allow(clippy::type_complexity)]
+fn training_step<'b, B: Backward<Elem = f32>>(
+    ops: &B,
+    config: &ModelConfig,
+    weights: &DecoderWeights<'_, B>,
+    sequences: &[TrainSequence<'_>],
+    mut batch: impl FnMut() -> B::Batch<'b>,
+    g: &B::Buffer,
+) -> (Vec<f32>, Vec<f32>, Vec<(String, Vec<f32>)>) {
+    let fused = train_forward(
+        ops,
+        config,
+        weights,
+        &NoAdapters,
+        sequences,
+        &mut batch(),
+        false,
+        false,
+    )
+    .unwrap()
+    .logprobs;
+    let mut kept = batch();
+    let TrainOutput { logprobs, tape } = train_forward(
+        ops,
+        config,
+        weights,
+        &NoAdapters,
+        sequences,
+        &mut kept,
+        true,
+        true,
+    )
+    .unwrap();
+    let mut grads = WeightGrads::zeros(ops, config).unwrap();
+    train_backward(
+        ops,
+        config,
+        weights,
+        &NoAdapters,
+        sequences,
+        &mut kept,
+        &tape.unwrap(),
+        g,
+        Some(&mut grads),
+    )
+    .unwrap();
+    let named = grads
+        .into_named()
+        .into_iter()
+        .map(|(name, grad)| (name, ops.download(grad).unwrap()))
+        .collect();
+    (
+        ops.download(fused).unwrap(),
+        ops.download(logprobs).unwrap(),
+        named,
+    )
 }

@@ -1,8 +1,9 @@
-//! The model's weights on a CUDA device (feature `cuda`), as the CUDA backend reads them:
+//! The model's weights on a CUDA device (feature `cuda`), as the CUDA backends read them:
 //! uploaded once from the candle model (or made on the device at random, for benchmarks of shapes
 //! too large to make on the host), lent to the layers as [`DecoderWeights`].
 
 use candle_core::Tensor;
+use opentinker_kernels::Backend;
 use opentinker_kernels::cuda::{CudaSlice, Gpu, GpuError, GpuMatrix, WeightFormat};
 
 use super::config::{Architecture, ModelConfig};
@@ -26,7 +27,7 @@ struct GpuLinear {
 }
 
 impl GpuLinear {
-    fn linear(&self) -> Linear<'_, Gpu> {
+    fn linear<B: Backend<Matrix = GpuMatrix, Vector = CudaSlice<f32>>>(&self) -> Linear<'_, B> {
         Linear {
             weight: &self.weight,
             bias: self.bias.as_ref(),
@@ -194,8 +195,11 @@ impl GpuWeights {
         })
     }
 
-    /// The weights as the layers take them.
-    pub fn decoder(&self) -> DecoderWeights<'_, Gpu> {
+    /// The weights as the layers take them, on the sampling backend (`Gpu`) or the training
+    /// one (`GpuTrain`).
+    pub fn decoder<B: Backend<Matrix = GpuMatrix, Vector = CudaSlice<f32>>>(
+        &self,
+    ) -> DecoderWeights<'_, B> {
         let lm_head = match &self.lm_head {
             Some(head) => head.linear(),
             None => Linear {

@@ -12,6 +12,7 @@ mod backend;
 mod error;
 mod lora;
 mod train;
+mod train_backend;
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ pub use lora::{
     AdapterRef, DeviceSegment, LoraBatch, LoraPool, LoraSite, MAX_LORA_INPUT, MAX_LORA_RANK,
 };
 pub use train::{AdamStep, GpuLoraGrad, GpuLoraPair, GpuLoraSegment};
+pub use train_backend::{GpuLoraGrads, GpuTrain, GpuTrainBatch};
 
 /// The source of every kernel, compiled at run time.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");

@@ -489,6 +489,34 @@ impl Gpu {
         self.upload(&device)
     }
 
+    /// `y (rows × out) += scale · (x Aᵀ) Bᵀ` for every segment with a pair (training's LoRA
+    /// forward, each adapter's pair in buffers of its own); `x` is `rows × inp`.
+    pub fn lora_forward(
+        &self,
+        x: &CudaSlice<f32>,
+        inp: usize,
+        y: &mut CudaSlice<f32>,
+        out: usize,
+        segments: &[GpuLoraSegment<'_>],
+    ) -> Result<(), GpuError> {
+        let rows: usize = segments.iter().map(|s| s.rows).sum();
+        ensure(x.len() == rows * inp && y.len() == rows * out, || {
+            format!("x must be {rows} × {inp}, y {rows} × {out}")
+        })?;
+        for segment in adapted(segments, inp, out)? {
+            let shrunk = self.shrink(x, inp, &segment)?;
+            self.small_gemm(
+                Operand::plain(&shrunk, 0),
+                Operand::transposed(segment.pair.b, 0),
+                (&mut *y, segment.start * out),
+                [segment.rows, out, segment.pair.rank],
+                1.0,
+                true,
+            )?;
+        }
+        Ok(())
+    }
+
     /// The backward of the mixed-adapter LoRA delta `y += scale · (x Aᵀ) Bᵀ` per segment, as
     /// `crate::lora_backward`: `dx +=` each adapted segment's input gradient, and where a
     /// segment's entry in `grads` is given, its pair's `A` and `B` gradients `+=` theirs. `x` is
@@ -512,19 +540,9 @@ impl Gpu {
             x.len() == rows * inp && dx.len() == x.len() && dy.len() == rows * out,
             || format!("x and dx must be {rows} × {inp}, dy {rows} × {out}"),
         )?;
-        let mut first = 0;
-        for (segment, grad) in segments.iter().zip(grads.iter_mut()) {
-            let start = first;
-            first += segment.rows;
-            let Some(pair) = segment.pair else { continue };
-            let (n, rank) = (segment.rows, pair.rank);
-            ensure(
-                rank > 0 && pair.a.len() == rank * inp && pair.b.len() == out * rank,
-                || format!("a pair of rank {rank} must be {rank} × {inp} and {out} × {rank}"),
-            )?;
-            if n == 0 {
-                continue;
-            }
+        for segment in adapted(segments, inp, out)? {
+            let (start, n, pair) = (segment.start, segment.rows, segment.pair);
+            let rank = pair.rank;
             // d(shrunk) = scale · dy B, the gradient in rank space.
             let mut d_shrunk = self.zeros(n * rank)?;
             self.small_gemm(
@@ -535,21 +553,13 @@ impl Gpu {
                 pair.scale,
                 false,
             )?;
-            if let Some(grad) = grad.as_mut() {
+            if let Some(grad) = grads[segment.index].as_mut() {
                 ensure(
                     grad.a.len() == rank * inp && grad.b.len() == out * rank,
                     || "a pair's gradients must have its shapes".to_string(),
                 )?;
-                // shrunk = scale · x Aᵀ; dB += dyᵀ shrunk; dA += d(shrunk)ᵀ x.
-                let mut shrunk = self.zeros(n * rank)?;
-                self.small_gemm(
-                    Operand::plain(x, start * inp),
-                    Operand::transposed(pair.a, 0),
-                    (&mut shrunk, 0),
-                    [n, rank, inp],
-                    pair.scale,
-                    false,
-                )?;
+                // dB += dyᵀ shrunk; dA += d(shrunk)ᵀ x.
+                let shrunk = self.shrink(x, inp, &segment)?;
                 self.small_gemm(
                     Operand::transposed(dy, start * out),
                     Operand::plain(&shrunk, 0),
@@ -578,6 +588,26 @@ impl Gpu {
             )?;
         }
         Ok(())
+    }
+
+    /// A segment's rows in rank space: `scale · x Aᵀ` (`rows × rank`).
+    fn shrink(
+        &self,
+        x: &CudaSlice<f32>,
+        inp: usize,
+        segment: &Adapted<'_>,
+    ) -> Result<CudaSlice<f32>, GpuError> {
+        let (n, rank) = (segment.rows, segment.pair.rank);
+        let mut shrunk = self.zeros(n * rank)?;
+        self.small_gemm(
+            Operand::plain(x, segment.start * inp),
+            Operand::transposed(segment.pair.a, 0),
+            (&mut shrunk, 0),
+            [n, rank, inp],
+            segment.pair.scale,
+            false,
+        )?;
+        Ok(shrunk)
     }
 
     /// `c = alpha · op(a) · op(b)` (`+=` when `accumulate`) for `[m, n, k]`: `op(a)` is
@@ -816,6 +846,44 @@ impl Gpu {
         unsafe { launch.launch(elementwise(n)?) }.doing("launching add_scaled_rows")?;
         Ok(())
     }
+}
+
+/// A segment with an adapter and rows: its index among the segments, its first row, its rows
+/// and its pair.
+struct Adapted<'a> {
+    index: usize,
+    start: usize,
+    rows: usize,
+    pair: GpuLoraPair<'a>,
+}
+
+/// The segments that have a pair and rows, each pair checked against `inp` and `out`.
+fn adapted<'a>(
+    segments: &[GpuLoraSegment<'a>],
+    inp: usize,
+    out: usize,
+) -> Result<Vec<Adapted<'a>>, GpuError> {
+    let mut adapted = Vec::new();
+    let mut start = 0;
+    for (index, segment) in segments.iter().enumerate() {
+        let rows = segment.rows;
+        start += rows;
+        let Some(pair) = segment.pair else { continue };
+        let rank = pair.rank;
+        ensure(
+            rank > 0 && pair.a.len() == rank * inp && pair.b.len() == out * rank,
+            || format!("a pair of rank {rank} must be {rank} × {inp} and {out} × {rank}"),
+        )?;
+        if rows > 0 {
+            adapted.push(Adapted {
+                index,
+                start: start - rows,
+                rows,
+                pair,
+            });
+        }
+    }
+    Ok(adapted)
 }
 
 /// Checks a training attention's shapes; returns its rows.
