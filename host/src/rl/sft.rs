@@ -280,7 +280,7 @@ pub(super) async fn run_sft(
         let trained = train_step(
             vec![(trainer, datums)],
             &LossFn::cross_entropy(),
-            sft.schedule.rate(sft.learning_rate, step, sft.steps),
+            sft.adam(step),
         )
         .await?;
         steps = step + 1;

@@ -48,12 +48,21 @@ pub(super) struct StepOutcome {
     pub(super) update_ratio: Option<f64>,
 }
 
+/// RL's Adam: the Tinker SDK's defaults (β2 0.95), the gradient clipped to norm 1.
+pub(super) fn rl_adam(learning_rate: f64) -> AdamParams {
+    AdamParams {
+        learning_rate,
+        grad_clip_norm: 1.0,
+        ..AdamParams::default()
+    }
+}
+
 /// One training step: a `forward_backward` of each policy's datums, all sent at once, then an
-/// `optim_step` of each policy that had some.
+/// `optim_step` of each policy that had some with `params`.
 pub(super) async fn train_step(
     batches: Vec<(&dyn TrainingClient, Vec<Datum>)>,
     loss: &LossFn,
-    learning_rate: f64,
+    params: AdamParams,
 ) -> anyhow::Result<StepOutcome> {
     let batches: Vec<_> = batches
         .into_iter()
@@ -68,11 +77,6 @@ pub(super) async fn train_step(
             .map(|(client, datums)| client.forward_backward(loss.input(datums))),
     )
     .await?;
-    let params = AdamParams {
-        learning_rate,
-        grad_clip_norm: 1.0,
-        ..AdamParams::default()
-    };
     let mut update_ratio: Option<f64> = None;
     for (client, _) in &batches {
         let output = client.optim_step(params).await?;

@@ -28,7 +28,7 @@ use super::rollouts::{
 };
 use super::run_folder::{Cursor, RunFolder};
 use super::sft::run_sft;
-use super::train_step::{LossFn, PolicyBatch, forward_cross_entropy, train_step};
+use super::train_step::{LossFn, PolicyBatch, forward_cross_entropy, rl_adam, train_step};
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
 
 /// The training client of each trainable policy of a job, by policy name.
@@ -401,7 +401,7 @@ pub(super) async fn train_job(
         let training = train_step(
             with_trainers(&trainers, batches)?,
             &loss,
-            job.rl.learning_rate,
+            rl_adam(job.rl.learning_rate),
         );
         let trained = match &mut stream {
             // Async: groups play on with this version while it trains into the next.
