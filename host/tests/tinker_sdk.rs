@@ -29,7 +29,10 @@ fn script_command(python: &Path, script: &str, server: &Server) -> Command {
 fn script_command_at(python: &Path, script: &str, server: &Server, url: &str) -> Command {
     let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tinker_sdk");
     let mut command = Command::new(python);
+    // Through `run.py`, which keeps the script's exit status but skips the interpreter's
+    // finalisation, where the SDK's threads sometimes abort it after the script has passed.
     command
+        .arg(scripts.join("run.py"))
         .arg(scripts.join(script))
         .current_dir(&scripts)
         .env("TINKER_BASE_URL", url)
