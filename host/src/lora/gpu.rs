@@ -195,13 +195,13 @@ impl Adapters<Gpu> for GpuAdapters<'_> {
             _ => return project(None, y),
         };
         let mut kept = self.batch.borrow_mut();
-        if kept.as_ref().is_none_or(|(made_for, _)| made_for != runs) {
-            let batch = ops.lora_batch(&self.segments(runs)?)?;
-            *kept = Some((runs.to_vec(), batch));
-        }
-        match kept.as_mut() {
-            Some((_, batch)) => project(Some(LoraSite { pool, batch }), y),
-            None => project(None, y),
-        }
+        let batch = match &mut *kept {
+            Some((made_for, batch)) if made_for == runs => batch,
+            slot => {
+                let batch = ops.lora_batch(&self.segments(runs)?)?;
+                &mut slot.insert((runs.to_vec(), batch)).1
+            }
+        };
+        project(Some(LoraSite { pool, batch }), y)
     }
 }

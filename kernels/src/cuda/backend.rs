@@ -44,6 +44,14 @@ impl GpuMatrix {
         })
     }
 
+    /// How many values the matrix holds.
+    pub(super) fn values(&self) -> usize {
+        match self {
+            GpuMatrix::F32(m) => m.len(),
+            GpuMatrix::Bf16(m) => m.len(),
+        }
+    }
+
     /// Rows `indices` of the matrix (`width` columns) into `out`, widened to f32.
     fn gather(
         &self,

@@ -450,11 +450,10 @@ extern "C" __global__ void silu_mul(float *__restrict__ gate, const float *__res
     }
 }
 
-// log_softmax of each row (n wide), the normaliser summed in f64 as on the CPU. Block per row.
-extern "C" __global__ void log_softmax(const float *__restrict__ x, float *__restrict__ out, int n) {
+// log Σ exp of one row (n wide), the sum in f64 as on the CPU; every thread of the block gets it.
+__device__ float row_log_sum_exp(const float *row, int n) {
     __shared__ double scratch[1024];
     __shared__ float max_scratch[32];
-    const float *row = x + (size_t)blockIdx.x * n;
     float m = NEG_INFINITY;
     for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, row[i]);
     m = warp_max(m);
@@ -464,7 +463,13 @@ extern "C" __global__ void log_softmax(const float *__restrict__ x, float *__res
     for (int w = 0; w < (blockDim.x >> 5); ++w) m = fmaxf(m, max_scratch[w]);
     double sum = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) sum += (double)expf(row[i] - m);
-    const float log_sum = (float)log(block_sum(sum, scratch)) + m;
+    return (float)log(block_sum(sum, scratch)) + m;
+}
+
+// log_softmax of each row (n wide), the normaliser summed in f64 as on the CPU. Block per row.
+extern "C" __global__ void log_softmax(const float *__restrict__ x, float *__restrict__ out, int n) {
+    const float *row = x + (size_t)blockIdx.x * n;
+    const float log_sum = row_log_sum_exp(row, n);
     for (int i = threadIdx.x; i < n; i += blockDim.x) out[(size_t)blockIdx.x * n + i] = row[i] - log_sum;
 }
 
@@ -504,6 +509,30 @@ extern "C" __global__ void kv_write(const float *__restrict__ k, const float *__
 // a decode step or any batch. (One warp per (row, head) with a lane per position read each key
 // and value one dependent load at a time: latency-bound, milliseconds of a 7B decode step.)
 #define ATTENTION_THREADS 128
+// scores[0..n) replaced by exp(score - max), max's tree and the sum's fixed by the block: returns
+// the sum, and the max in *max_out when given. Every thread of the block (ATTENTION_THREADS, a power of
+// two) calls it; `reduce` holds one float per thread.
+__device__ float exponentiate_scores(float *scores, int n, float *reduce, float *max_out) {
+    float m = NEG_INFINITY;
+    for (int p = threadIdx.x; p < n; p += blockDim.x) m = fmaxf(m, scores[p]);
+    reduce[threadIdx.x] = m;
+    __syncthreads();
+    for (int offset = blockDim.x >> 1; offset > 0; offset >>= 1) {
+        if (threadIdx.x < offset) reduce[threadIdx.x] = fmaxf(reduce[threadIdx.x], reduce[threadIdx.x + offset]);
+        __syncthreads();
+    }
+    m = reduce[0];
+    __syncthreads();
+    float partial = 0.0f;
+    for (int p = threadIdx.x; p < n; p += blockDim.x) {
+        const float e = expf(scores[p] - m);
+        scores[p] = e;
+        partial += e;
+    }
+    if (max_out) *max_out = m;
+    return block_sum(partial, reduce);
+}
+
 extern "C" __global__ void paged_attention(const float *__restrict__ q, const float *__restrict__ k_cache,
                                           const float *__restrict__ v_cache,
                                           const int *__restrict__ block_tables, int max_blocks,
@@ -527,23 +556,7 @@ extern "C" __global__ void paged_attention(const float *__restrict__ q, const fl
         if (lane == 0) scores[p] = s * scale;
     }
     __syncthreads();
-    float m = NEG_INFINITY;
-    for (int p = threadIdx.x; p < n; p += blockDim.x) m = fmaxf(m, scores[p]);
-    reduce[threadIdx.x] = m;
-    __syncthreads();
-    for (int offset = blockDim.x >> 1; offset > 0; offset >>= 1) {
-        if (threadIdx.x < offset) reduce[threadIdx.x] = fmaxf(reduce[threadIdx.x], reduce[threadIdx.x + offset]);
-        __syncthreads();
-    }
-    m = reduce[0];
-    __syncthreads();
-    float partial = 0.0f;
-    for (int p = threadIdx.x; p < n; p += blockDim.x) {
-        const float e = expf(scores[p] - m);
-        scores[p] = e;
-        partial += e;
-    }
-    const float total = block_sum(partial, reduce);
+    const float total = exponentiate_scores(scores, n, reduce, nullptr);
     float *o = out + ((size_t)r * heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
@@ -807,22 +820,6 @@ extern "C" __global__ void embed_backward(const int *__restrict__ indices, const
     }
 }
 
-// log Σ exp of one row (n wide), the sum in f64 as on the CPU; every thread of the block gets it.
-__device__ float row_log_sum_exp(const float *row, int n) {
-    __shared__ double scratch[1024];
-    __shared__ float max_scratch[32];
-    float m = NEG_INFINITY;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, row[i]);
-    m = warp_max(m);
-    if ((threadIdx.x & 31) == 0) max_scratch[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = NEG_INFINITY;
-    for (int w = 0; w < (blockDim.x >> 5); ++w) m = fmaxf(m, max_scratch[w]);
-    double sum = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += (double)expf(row[i] - m);
-    return (float)log(block_sum(sum, scratch)) + m;
-}
-
 // out[r] = log_softmax(logits[r])[targets[r]]. Block per row.
 extern "C" __global__ void target_logprobs(const float *__restrict__ logits, const int *__restrict__ targets,
                                           float *__restrict__ out, int vocab) {
@@ -903,23 +900,8 @@ extern "C" __global__ void attention_train_forward(const float *__restrict__ q, 
     __shared__ float reduce[ATTENTION_THREADS];
     const int r = blockIdx.x, h = blockIdx.y;
     const int n = train_scores(q, k, starts, scores, r, h, heads, kv_heads, head_dim, scale);
-    float m = NEG_INFINITY;
-    for (int p = threadIdx.x; p < n; p += blockDim.x) m = fmaxf(m, scores[p]);
-    reduce[threadIdx.x] = m;
-    __syncthreads();
-    for (int offset = blockDim.x >> 1; offset > 0; offset >>= 1) {
-        if (threadIdx.x < offset) reduce[threadIdx.x] = fmaxf(reduce[threadIdx.x], reduce[threadIdx.x + offset]);
-        __syncthreads();
-    }
-    m = reduce[0];
-    __syncthreads();
-    float partial = 0.0f;
-    for (int p = threadIdx.x; p < n; p += blockDim.x) {
-        const float e = expf(scores[p] - m);
-        scores[p] = e;
-        partial += e;
-    }
-    const float total = block_sum(partial, reduce);
+    float m;
+    const float total = exponentiate_scores(scores, n, reduce, &m);
     const int kv_head = h / (heads / kv_heads), first = starts[r];
     float *o = out + ((size_t)r * heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {

@@ -290,10 +290,7 @@ impl Gpu {
         inp: usize,
         dx: &mut CudaSlice<f32>,
     ) -> Result<(), GpuError> {
-        let values = match weight {
-            GpuMatrix::F32(w) => w.len(),
-            GpuMatrix::Bf16(w) => w.len(),
-        };
+        let values = weight.values();
         ensure(inp > 0 && values.is_multiple_of(inp), || {
             format!("W has {values} values, not a multiple of inp {inp}")
         })?;
@@ -795,10 +792,7 @@ impl Gpu {
         targets: &[u32],
         jacobian: Option<&mut CudaSlice<f32>>,
     ) -> Result<CudaSlice<f32>, GpuError> {
-        let values = match table {
-            GpuMatrix::F32(w) => w.len(),
-            GpuMatrix::Bf16(w) => w.len(),
-        };
+        let values = table.values();
         ensure(hidden > 0 && values.is_multiple_of(hidden), || {
             format!("the table has {values} values, not vocab × {hidden}")
         })?;
