@@ -384,3 +384,154 @@ fn training_step<'b, B: Backward<Elem = f32>>(
         named,
     )
 }
+
+/// The training engine with its passes on CUDA against the same engine on the CPU: two LoRA
+/// adapters of different ranks (one adapting the unembedding too) under two losses in one fused
+/// call, two steps each (B moves off zero at the first, so the second has every gradient):
+/// outputs, every gradient and the weights after each step; and a full-parameter engine's step
+/// (the weights sent to the device again after it).
+#[test]
+fn the_training_engine_on_cuda_matches_the_engine_on_the_cpu() {
+    use opentinker::model::Device as ModelDevice;
+    use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
+
+    if gpu("the training engine on cuda").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    init_tiny(dir.path(), TinyShape::Tiny, Architecture::Qwen2, 5).unwrap();
+    let model = Model::load(dir.path()).unwrap();
+    let datum = |seed: u32, n: usize| {
+        let tokens: Vec<u32> = (0..=n as u32)
+            .map(|i| (i * 37 + seed * 101) % 500 + 3)
+            .collect();
+        Datum {
+            input_tokens: tokens[..n].to_vec(),
+            target_tokens: tokens[1..].to_vec(),
+            mask: (0..n).map(|i| f32::from(u8::from(i >= n / 2))).collect(),
+            advantages: Some(
+                (0..n)
+                    .map(|i| ((i as f32 + seed as f32) * 0.7).sin())
+                    .collect(),
+            ),
+            sampler_logprobs: Some(vec![-6.3; n]),
+            ..Datum::default()
+        }
+    };
+    let items = || {
+        vec![
+            WorkItem::new(
+                "b",
+                vec![datum(1, 9), datum(2, 5)],
+                Loss::ImportanceSampling,
+            ),
+            WorkItem::new("a", vec![datum(3, 7)], Loss::CrossEntropy),
+        ]
+    };
+    let lora = |rank: usize, seed: u64, unembed: bool| LoraConfig {
+        rank,
+        alpha: 2.0 * rank as f64,
+        train_unembed: unembed,
+        seed,
+        ..LoraConfig::default()
+    };
+    let params = AdamParams {
+        learning_rate: 0.05,
+        ..AdamParams::default()
+    };
+    let cuda = ModelDevice::Cuda { ordinal: 0 };
+    let shared = Arc::new(model.transformer.clone());
+    let mut cpu = TrainingEngine::new(Arc::clone(&shared), DType::F32);
+    let mut gpu = TrainingEngine::new(shared, DType::F32)
+        .on_device(cuda)
+        .unwrap();
+    assert_eq!(gpu.device(), cuda);
+    for engine in [&mut cpu, &mut gpu] {
+        engine.add_adapter("a", lora(4, 1, false)).unwrap();
+        engine.add_adapter("b", lora(8, 2, true)).unwrap();
+    }
+    for step in 0..2 {
+        let want = cpu.forward_backward(&items()).unwrap();
+        let got = gpu.forward_backward(&items()).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            let (g_rows, w_rows) = (g.logprobs.concat(), w.logprobs.concat());
+            assert_close(&format!("step {step}: logprobs"), &g_rows, &w_rows);
+            assert!(
+                (g.loss - w.loss).abs() <= 1e-4 * (1.0 + w.loss.abs()),
+                "step {step}: loss {} vs {}",
+                g.loss,
+                w.loss
+            );
+        }
+        for id in ["a", "b"] {
+            let (want, got) = (cpu.gradients(id).unwrap(), gpu.gradients(id).unwrap());
+            assert_eq!(
+                got.keys().collect::<Vec<_>>(),
+                want.keys().collect::<Vec<_>>()
+            );
+            for (name, w) in &want {
+                assert_tensor_close(
+                    &format!("step {step}: {id} {name}'s gradient"),
+                    &got[name],
+                    w,
+                );
+            }
+            cpu.optim_step(id, &params).unwrap();
+            gpu.optim_step(id, &params).unwrap();
+            let (want, got) = (cpu.parameters(id).unwrap(), gpu.parameters(id).unwrap());
+            for ((name, w), (_, g)) in want.iter().zip(&got) {
+                assert_tensor_close(
+                    &format!("step {step}: {id} {name} after the step"),
+                    g.as_tensor(),
+                    w.as_tensor(),
+                );
+            }
+        }
+    }
+
+    let full = || TrainingEngine::full_parameters(model.transformer.clone(), DType::F32).unwrap();
+    let (mut cpu, mut gpu) = (full(), full().on_device(cuda).unwrap());
+    let item = || {
+        vec![WorkItem::new(
+            opentinker::train::FULL_PARAMETERS,
+            vec![datum(4, 8), datum(5, 6)],
+            Loss::CrossEntropy,
+        )]
+    };
+    for step in 0..2 {
+        let (want, got) = (
+            cpu.forward_backward(&item()).unwrap(),
+            gpu.forward_backward(&item()).unwrap(),
+        );
+        assert_close(
+            &format!("full step {step}: logprobs"),
+            &got[0].logprobs.concat(),
+            &want[0].logprobs.concat(),
+        );
+        let id = opentinker::train::FULL_PARAMETERS;
+        let (want, got) = (cpu.gradients(id).unwrap(), gpu.gradients(id).unwrap());
+        for (name, w) in &want {
+            assert_tensor_close(
+                &format!("full step {step}: {name}'s gradient"),
+                &got[name],
+                w,
+            );
+        }
+        cpu.optim_step(id, &params).unwrap();
+        gpu.optim_step(id, &params).unwrap();
+    }
+}
+
+/// `got` within 1e-3 of `want`'s largest value (sums of many terms in another order).
+fn assert_tensor_close(what: &str, got: &Tensor, want: &Tensor) {
+    let values = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let (got, want) = (values(got), values(want));
+    assert_eq!(got.len(), want.len(), "{what}");
+    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-3 * scale,
+            "{what}[{i}]: GPU {a} vs CPU {b} (largest {scale})"
+        );
+    }
+}

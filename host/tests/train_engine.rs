@@ -1059,3 +1059,33 @@ fn an_objective_failing_in_a_later_pass_takes_back_the_earlier_passes_gradients(
         .unwrap();
     assert!(engine.gradients("a").is_some());
 }
+
+/// An engine asked to run on a device it cannot use says which and why: f64 on CUDA (whatever
+/// the machine), and a CUDA ordinal no machine has (a build without CUDA says so instead).
+#[test]
+fn an_engine_on_a_device_it_cannot_use_says_which() {
+    use opentinker::model::{Device, DeviceErrorKind};
+    let model = Arc::new(tiny_transformer(Architecture::Qwen2));
+    let refusal =
+        |dtype: DType, device: Device| match TrainingEngine::new(Arc::clone(&model), dtype)
+            .on_device(device)
+        {
+            Ok(_) => panic!("{dtype:?} on {device} was accepted"),
+            Err(error) => error,
+        };
+    let error = refusal(DType::F64, Device::Cuda { ordinal: 0 });
+    assert!(
+        error.to_string().contains("f32 on CUDA") && error.to_string().contains("cuda:0"),
+        "{error}"
+    );
+    let error = refusal(DType::F32, Device::Cuda { ordinal: 99 });
+    let TrainError::Device(device_error) = &error else {
+        panic!("not a device error: {error}");
+    };
+    assert_eq!(device_error.kind(), DeviceErrorKind::Unavailable, "{error}");
+    assert!(error.to_string().contains("cuda:99"), "{error}");
+    let engine = TrainingEngine::new(model, DType::F32)
+        .on_device(Device::Cpu)
+        .unwrap();
+    assert_eq!(engine.device(), Device::Cpu);
+}

@@ -29,6 +29,14 @@ pub enum GpuAdapterError {
     NoPool(Site),
 }
 
+/// A tensor's values in f32 on the host, in row-major order.
+pub(super) fn host_values(tensor: &Tensor) -> candle_core::Result<Vec<f32>> {
+    tensor
+        .to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()
+}
+
 /// Every projection site's adapter slots on one device: slot `s` of each site holds one adapter
 /// (zeros where that adapter does not reach the site).
 pub struct GpuAdapterPools {
@@ -68,17 +76,15 @@ impl GpuAdapterPools {
             return Err(GpuAdapterError::Unembedding);
         }
         let rank = adapter.config.rank;
-        let values = |t: &Tensor| -> Result<Vec<f32>, GpuAdapterError> {
-            Ok(t.to_dtype(candle_core::DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?)
-        };
         for (site, pair) in &adapter.sites {
             let pool = self
                 .pools
                 .get_mut(site)
                 .ok_or(GpuAdapterError::NoPool(*site))?;
-            let (a, b) = (values(pair.a.as_tensor())?, values(pair.b.as_tensor())?);
+            let (a, b) = (
+                host_values(pair.a.as_tensor())?,
+                host_values(pair.b.as_tensor())?,
+            );
             pool.write(gpu, slot, &a, &b, rank)?;
         }
         Ok(AdapterRef {

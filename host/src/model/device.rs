@@ -73,13 +73,26 @@ impl Device {
 }
 
 #[cfg(feature = "cuda")]
-fn open_cuda(device: Device, ordinal: usize) -> Result<(), DeviceError> {
-    opentinker_kernels::cuda::Gpu::new(ordinal)
-        .map(drop)
-        .map_err(|error| DeviceError::Unavailable {
-            device,
+impl Device {
+    /// Opens the CUDA device this names: the driver, the device, and NVRTC compiling the
+    /// kernels, so that a machine lacking one says which. The CPU is no CUDA device.
+    pub fn open_gpu(self) -> Result<opentinker_kernels::cuda::Gpu, DeviceError> {
+        let Device::Cuda { ordinal } = self else {
+            return Err(DeviceError::Unavailable {
+                device: self,
+                detail: "the CPU is not a CUDA device".into(),
+            });
+        };
+        opentinker_kernels::cuda::Gpu::new(ordinal).map_err(|error| DeviceError::Unavailable {
+            device: self,
             detail: error.to_string(),
         })
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(device: Device, _ordinal: usize) -> Result<(), DeviceError> {
+    device.open_gpu().map(drop)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -7,30 +7,26 @@
 //! `optim_step` (AdamW with its own step count, moments and clipping). A non-finite loss or
 //! gradient marks only that adapter, whose next update is skipped.
 //!
-//! A pass runs the model's one layer definition (`model::layers`) on the CPU training backend,
-//! each datum a whole sequence (no padding in the model); the losses are small candle graphs
-//! over the padded logprobs, whose gradient with respect to the logprobs starts the layers'
-//! explicit backward.
+//! A pass runs the model's one layer definition (`model::layers`) on the engine's device (the
+//! CPU unless [`TrainingEngine::on_device`] says otherwise), each datum a whole sequence (no
+//! padding in the model); the losses are small candle graphs on the host over the padded
+//! logprobs, whose gradient with respect to the logprobs starts the layers' explicit backward.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use std::convert::Infallible;
-
-use candle_core::{DType, Device, Tensor, Var, WithDType};
-use opentinker_kernels::{Backward, CpuTrain, Float, LoraGrads, Segment, TrainBatch};
+use candle_core::{DType, Device, Tensor, Var};
 
 use super::checkpoint::Moments;
 use super::loss::{Loss, LossInputs, loss, ratio_tokens};
 use super::loss_graph::{CompiledLoss, GraphError, InputTensor};
 use super::objective::{Objective, ObjectiveError, ObjectiveInput};
+use super::pass::{CpuPlacement, PassError, PassGradients, PassInput, Placement, Runs, TrainFloat};
 use super::slot_state::{NamedState, SlotState};
-use crate::lora::{Adapter, AdapterError, CpuAdapters, LoraConfig};
-use crate::model::layers::{
-    TrainSequence, WeightGrads, train_backward, train_forward, train_values_per_token,
-};
+use crate::lora::{Adapter, AdapterError, LoraConfig};
+use crate::model::layers::{TrainSequence, train_values_per_token};
 use crate::model::transformer::WeightsError;
-use crate::model::{CpuWeights, Site, Transformer};
+use crate::model::{DeviceError, Site, Transformer};
 
 /// The name of an adapter in the engine.
 pub type AdapterId = String;
@@ -168,8 +164,10 @@ pub enum TrainError {
         #[source]
         source: ObjectiveError,
     },
-    #[error("the model refused the batch: {0}")]
-    Model(String),
+    #[error(transparent)]
+    Pass(#[from] PassError),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }
@@ -188,11 +186,6 @@ impl TrainError {
         )
     }
 }
-
-/// The float types the engine computes in: f32, and f64 for gradient checks.
-trait TrainFloat: Float + WithDType {}
-impl TrainFloat for f32 {}
-impl TrainFloat for f64 {}
 
 /// What one fused pass gives: each item's output and, after a backward, each trainable's fresh
 /// gradients (in the order of its `named_tensors`).
@@ -290,6 +283,7 @@ pub struct TrainingEngine {
     dtype: DType,
     full_parameters: bool,
     pass_bytes: usize,
+    placement: Placement,
 }
 
 impl TrainingEngine {
@@ -301,6 +295,7 @@ impl TrainingEngine {
             dtype,
             full_parameters: false,
             pass_bytes: PASS_BYTES,
+            placement: Placement::Cpu(CpuPlacement),
         }
     }
 
@@ -315,7 +310,30 @@ impl TrainingEngine {
             dtype,
             full_parameters: true,
             pass_bytes: PASS_BYTES,
+            placement: Placement::Cpu(CpuPlacement),
         })
+    }
+
+    /// The same engine, its passes on `device`: on CUDA the model's weights go to the device at
+    /// the first pass and stay (a full-parameter step sends them again), each pass's adapters
+    /// go with it and their gradients come back; the losses and the optimizer stay on the host.
+    /// CUDA computes in f32 only.
+    pub fn on_device(mut self, device: crate::model::Device) -> Result<Self, TrainError> {
+        let cuda = device != crate::model::Device::Cpu;
+        if cuda && self.dtype != DType::F32 {
+            return Err(PassError::DType {
+                dtype: self.dtype,
+                device,
+            }
+            .into());
+        }
+        self.placement = Placement::open(device)?;
+        Ok(self)
+    }
+
+    /// Where the engine's passes run.
+    pub fn device(&self) -> crate::model::Device {
+        self.placement.device()
     }
 
     /// The model as trained so far, its weights plain tensors again (a copy: training the
@@ -774,6 +792,9 @@ impl TrainingEngine {
             slot.first_moments[i] = m;
             slot.second_moments[i] = v;
         }
+        if matches!(slot.trainable, Trainable::Full(_)) {
+            self.placement.weights_changed();
+        }
         Ok(StepReport::Updated {
             step: slot.step,
             grad_norm,
@@ -782,36 +803,31 @@ impl TrainingEngine {
         })
     }
 
-    /// One fused pass over every item (checked by the caller): rows grouped by adapter, each
-    /// datum a whole sequence through the model's layers; with `backward`, each trainable's
-    /// fresh gradients.
+    /// One fused pass over every item (checked by the caller) on the engine's device: rows
+    /// grouped by adapter, each datum a whole sequence through the model's layers; with
+    /// `backward`, each trainable's fresh gradients.
     fn run(&self, items: &[WorkItem], backward: bool) -> Result<Pass, TrainError> {
-        match self.dtype {
-            DType::F32 => self.run_in::<f32>(items, backward),
-            DType::F64 => self.run_in::<f64>(items, backward),
-            other => Err(candle_core::Error::Msg(format!(
-                "training computes in f32 or f64, not {other:?}"
-            ))
+        match (&self.placement, self.dtype) {
+            (Placement::Cpu(cpu), DType::F32) => self.run_on::<f32>(cpu, items, backward),
+            (Placement::Cpu(cpu), DType::F64) => self.run_on::<f64>(cpu, items, backward),
+            #[cfg(feature = "cuda")]
+            (Placement::Cuda(cuda), DType::F32) => self.run_on::<f32>(&**cuda, items, backward),
+            (placement, dtype) => Err(PassError::DType {
+                dtype,
+                device: placement.device(),
+            }
             .into()),
         }
     }
 
-    fn run_in<T>(&self, items: &[WorkItem], backward: bool) -> Result<Pass, TrainError>
-    where
-        T: TrainFloat,
-        CpuTrain<T>: for<'a> Backward<
-                Error = Infallible,
-                Buffer = Vec<T>,
-                Matrix = [T],
-                Vector = [T],
-                Lora<'a> = &'a [Segment<'a, T>],
-                LoraGrads<'a> = LoraGrads<'a, T>,
-                Batch<'a> = TrainBatch<T>,
-            >,
-    {
+    fn run_on<T: TrainFloat>(
+        &self,
+        placement: &impl Runs<T>,
+        items: &[WorkItem],
+        backward: bool,
+    ) -> Result<Pass, TrainError> {
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by(|&a, &b| items[a].adapter.cmp(&items[b].adapter));
-        let config = &self.model.config;
         let width = items
             .iter()
             .flat_map(|item| &item.datums)
@@ -840,11 +856,6 @@ impl TrainingEngine {
                 adapters.push(adapter);
             }
         }
-        let hook = if backward {
-            CpuAdapters::<T>::training(&adapters)?
-        } else {
-            CpuAdapters::<T>::of(&adapters)?
-        };
         let sequences: Vec<TrainSequence<'_>> = rows
             .iter()
             .map(|(i, datum)| TrainSequence {
@@ -853,78 +864,38 @@ impl TrainingEngine {
                 adapter: index.get(&items[*i].adapter).copied(),
             })
             .collect();
-        let weights = CpuWeights::<T>::of(&self.model)?;
-        let weights = weights.decoder::<CpuTrain<T>>();
-        let ops = CpuTrain::<T>::new();
-        let mut batch = TrainBatch::new(rows.iter().map(|(_, d)| d.input_tokens.len()).collect());
-        let forward = train_forward(
-            &ops,
-            config,
-            &weights,
-            &hook,
-            &sequences,
-            &mut batch,
+        let input = PassInput {
+            model: &self.model,
+            adapters: &adapters,
+            sequences: &sequences,
             backward,
-            self.full_parameters,
-        )
-        .map_err(|e| TrainError::Model(e.to_string()))?;
-
-        // The losses are small graphs over the logprobs, padded to the longest datum; their
-        // gradient with respect to the logprobs starts the model's backward.
-        let mut padded = vec![T::zero(); rows.len() * width];
-        let mut rest = &forward.logprobs[..];
-        for ((_, datum), row) in rows.iter().zip(padded.chunks_exact_mut(width)) {
-            let (mine, next) = rest.split_at(datum.input_tokens.len());
-            row[..mine.len()].copy_from_slice(mine);
-            rest = next;
-        }
-        let logprobs = Var::from_tensor(&Tensor::from_vec(
-            padded,
-            (rows.len(), width),
-            &Device::Cpu,
-        )?)?;
-        let (outputs, total) = self.losses(items, &order, &rows, logprobs.as_tensor(), width)?;
-        let Some(tape) = forward.tape.filter(|_| backward) else {
+            full_parameters: self.full_parameters,
+        };
+        let (outputs, gradients) = placement.pass(&input, |logprobs: &[T]| {
+            self.losses_of(items, &order, &rows, logprobs, width, backward)
+        })?;
+        let Some(PassGradients {
+            adapters: mut per_adapter,
+            weights: mut weight_grads,
+        }) = gradients
+        else {
             return Ok(Pass {
                 outputs,
                 gradients: Vec::new(),
             });
         };
-        let d_padded = match total.backward()?.get(logprobs.as_tensor()) {
-            Some(g) => g.flatten_all()?.to_vec1::<T>()?,
-            None => vec![T::zero(); rows.len() * width],
-        };
-        let d_logprobs: Vec<T> = rows
-            .iter()
-            .zip(d_padded.chunks_exact(width))
-            .flat_map(|((_, datum), row)| row[..datum.input_tokens.len()].iter().copied())
-            .collect();
-        let mut weight_grads = None;
-        if self.full_parameters {
-            let Ok(zeros) = WeightGrads::zeros(&ops, config);
-            weight_grads = Some(zeros);
-        }
-        let Ok(()) = train_backward(
-            &ops,
-            config,
-            &weights,
-            &hook,
-            &sequences,
-            &mut batch,
-            &tape,
-            &d_logprobs,
-            weight_grads.as_mut(),
-        );
 
         let mut gradients = Vec::new();
-        let mut per_adapter = hook.into_gradients();
         for id in ids {
             let Some(slot) = self.slots.get(id) else {
                 continue;
             };
             let tensors = match (&slot.trainable, index.get(id), weight_grads.take()) {
                 (Trainable::Lora(adapter), Some(&k), _) => {
-                    let mut sites = std::mem::take(&mut per_adapter[k]);
+                    let mut sites = per_adapter
+                        .get_mut(k)
+                        .map(std::mem::take)
+                        .unwrap_or_default();
                     let mut tensors = Vec::with_capacity(2 * adapter.sites.len());
                     for (site, pair) in &adapter.sites {
                         let (da, db) = sites.remove(site).unwrap_or_default();
@@ -934,8 +905,7 @@ impl TrainingEngine {
                     tensors
                 }
                 (Trainable::Full(vars), _, Some(grads)) => {
-                    let mut named: HashMap<String, Vec<T>> =
-                        grads.into_named().into_iter().collect();
+                    let mut named: HashMap<String, Vec<T>> = grads.into_iter().collect();
                     vars.iter()
                         .map(|(name, var)| {
                             gradient_tensor(named.remove(name).unwrap_or_default(), var.as_tensor())
@@ -947,6 +917,47 @@ impl TrainingEngine {
             gradients.push((id.clone(), tensors));
         }
         Ok(Pass { outputs, gradients })
+    }
+
+    /// The items' outputs from the pass's logprobs (its rows' one after another, in `order`)
+    /// and, for a backward, the gradient of their summed loss with respect to those logprobs.
+    /// The losses are small graphs over the logprobs padded to the longest datum.
+    #[allow(clippy::type_complexity)]
+    fn losses_of<T: TrainFloat>(
+        &self,
+        items: &[WorkItem],
+        order: &[usize],
+        rows: &[(usize, &Datum)],
+        logprobs: &[T],
+        width: usize,
+        backward: bool,
+    ) -> Result<(Vec<ItemOutput>, Option<Vec<T>>), TrainError> {
+        let mut padded = vec![T::zero(); rows.len() * width];
+        let mut rest = logprobs;
+        for ((_, datum), row) in rows.iter().zip(padded.chunks_exact_mut(width)) {
+            let (mine, next) = rest.split_at(datum.input_tokens.len().min(rest.len()));
+            row[..mine.len()].copy_from_slice(mine);
+            rest = next;
+        }
+        let logprobs = Var::from_tensor(&Tensor::from_vec(
+            padded,
+            (rows.len(), width),
+            &Device::Cpu,
+        )?)?;
+        let (outputs, total) = self.losses(items, order, rows, logprobs.as_tensor(), width)?;
+        if !backward {
+            return Ok((outputs, None));
+        }
+        let d_padded = match total.backward()?.get(logprobs.as_tensor()) {
+            Some(g) => g.flatten_all()?.to_vec1::<T>()?,
+            None => vec![T::zero(); rows.len() * width],
+        };
+        let d_logprobs = rows
+            .iter()
+            .zip(d_padded.chunks_exact(width))
+            .flat_map(|((_, datum), row)| row[..datum.input_tokens.len()].iter().copied())
+            .collect();
+        Ok((outputs, Some(d_logprobs)))
     }
 
     /// Each item's loss and metrics from the padded logprobs (`rows × width`, in `order`), and

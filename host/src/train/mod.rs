@@ -15,6 +15,7 @@ mod engine;
 mod loss;
 mod loss_graph;
 mod objective;
+mod pass;
 mod slot_state;
 
 pub use engine::{
@@ -26,4 +27,5 @@ pub use loss_graph::{CompiledLoss, GraphError, InputTensor, MAX_INPUTS, MAX_NODE
 pub use objective::{
     AnswerError, ExternalObjective, Objective, ObjectiveError, ObjectiveInput, ObjectiveLoss,
 };
+pub use pass::PassError;
 pub use slot_state::{NamedState, SlotState, SlotStateError};

@@ -1,0 +1,222 @@
+//! LoRA through the model's projection hook in training on a CUDA device (feature `cuda`): each
+//! adapter's pairs in buffers of their own on the device ([`GpuAdapterWeights`]), and the hook of
+//! one training pass ([`GpuTrainAdapters`]) that gives each run of rows its adapter's delta and,
+//! in the backward, gathers each adapter's `A` and `B` gradients by site on the device, as
+//! `CpuAdapters` does on the host (a run's gradients into buffers of their own, then added to
+//! its adapter's in run order).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+
+use opentinker_kernels::cuda::{
+    CudaSlice, Gpu, GpuError, GpuLoraGrad, GpuLoraGrads, GpuLoraPair, GpuLoraSegment, GpuTrain,
+};
+use opentinker_kernels::{Backend, Backward};
+
+use super::apply::PairGradients;
+use super::gpu::host_values;
+use super::{Adapter, GpuAdapterError};
+use crate::model::Site;
+use crate::model::layers::{AdapterGrads, Adapters, Linear, Run};
+
+/// `A (rank × in)` and `B (out × rank)` on the device.
+struct DevicePair {
+    a: CudaSlice<f32>,
+    b: CudaSlice<f32>,
+}
+
+/// One adapter's pairs on the device, by site, in f32.
+pub struct GpuAdapterWeights {
+    sites: BTreeMap<Site, DevicePair>,
+    rank: usize,
+    scale: f32,
+}
+
+impl GpuAdapterWeights {
+    /// Copies every pair of `adapter` to the device.
+    pub fn upload(gpu: &Gpu, adapter: &Adapter) -> Result<Self, GpuAdapterError> {
+        let sites = adapter
+            .sites
+            .iter()
+            .map(|(site, pair)| {
+                let pair = DevicePair {
+                    a: gpu.upload(&host_values(pair.a.as_tensor())?)?,
+                    b: gpu.upload(&host_values(pair.b.as_tensor())?)?,
+                };
+                Ok((*site, pair))
+            })
+            .collect::<Result<_, GpuAdapterError>>()?;
+        Ok(GpuAdapterWeights {
+            sites,
+            rank: adapter.config.rank,
+            scale: adapter.config.scale() as f32,
+        })
+    }
+}
+
+/// The adapters of one training pass on the device, by the index a [`Run`] names; made with
+/// [`GpuTrainAdapters::training`], they also gather their gradients.
+pub struct GpuTrainAdapters<'a> {
+    adapters: Vec<&'a GpuAdapterWeights>,
+    gradients: Option<RefCell<Vec<BTreeMap<Site, DevicePair>>>>,
+}
+
+impl<'a> GpuTrainAdapters<'a> {
+    /// The hook of a pass without a backward.
+    pub fn of(adapters: Vec<&'a GpuAdapterWeights>) -> Self {
+        GpuTrainAdapters {
+            adapters,
+            gradients: None,
+        }
+    }
+
+    /// As [`GpuTrainAdapters::of`], gathering each adapter's gradients (read them with
+    /// [`GpuTrainAdapters::into_gradients`]).
+    pub fn training(adapters: Vec<&'a GpuAdapterWeights>) -> Self {
+        let gradients = adapters.iter().map(|_| BTreeMap::new()).collect();
+        GpuTrainAdapters {
+            adapters,
+            gradients: Some(RefCell::new(gradients)),
+        }
+    }
+
+    /// Per adapter (in the order given), the gradients the backward passes gathered, on the
+    /// host: only the sites a backward reached.
+    pub fn into_gradients(self, ops: &GpuTrain<'_>) -> Result<Vec<PairGradients<f32>>, GpuError> {
+        let Some(gradients) = self.gradients else {
+            return Ok(Vec::new());
+        };
+        gradients
+            .into_inner()
+            .into_iter()
+            .map(|sites| {
+                sites
+                    .into_iter()
+                    .map(|(site, pair)| Ok((site, (ops.download(pair.a)?, ops.download(pair.b)?))))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Each run's pair at `site`.
+    fn segments(&self, site: Site, runs: &[Run]) -> Vec<GpuLoraSegment<'_>> {
+        runs.iter()
+            .map(|run| GpuLoraSegment {
+                rows: run.rows,
+                pair: run.adapter.and_then(|i| {
+                    let adapter = self.adapters.get(i)?;
+                    adapter.sites.get(&site).map(|pair| GpuLoraPair {
+                        a: &pair.a,
+                        b: &pair.b,
+                        rank: adapter.rank,
+                        scale: adapter.scale,
+                    })
+                }),
+            })
+            .collect()
+    }
+}
+
+impl<'g> Adapters<GpuTrain<'g>> for GpuTrainAdapters<'_> {
+    fn adapts(&self, site: Site, runs: &[Run]) -> bool {
+        runs.iter()
+            .filter_map(|run| run.adapter)
+            .filter_map(|i| self.adapters.get(i))
+            .any(|adapter| adapter.sites.contains_key(&site))
+    }
+
+    fn project(
+        &self,
+        ops: &GpuTrain<'g>,
+        site: Site,
+        runs: &[Run],
+        x: &CudaSlice<f32>,
+        linear: &Linear<'_, GpuTrain<'g>>,
+        y: &mut CudaSlice<f32>,
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
+        let segments = self.segments(site, runs);
+        ops.project(
+            x,
+            linear.weight,
+            linear.inp,
+            linear.bias,
+            Some(&segments),
+            y,
+            accumulate,
+        )
+    }
+}
+
+impl<'g> AdapterGrads<GpuTrain<'g>> for GpuTrainAdapters<'_> {
+    fn project_backward(
+        &self,
+        ops: &GpuTrain<'g>,
+        site: Site,
+        runs: &[Run],
+        x: &CudaSlice<f32>,
+        linear: &Linear<'_, GpuTrain<'g>>,
+        dy: &CudaSlice<f32>,
+        dx: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let segments = self.segments(site, runs);
+        let inp = linear.inp;
+        let out = dy.len() / (x.len() / inp.max(1)).max(1);
+        // Each run's gradients into buffers of their own (one adapter may serve two runs),
+        // then into its adapter's.
+        let trains = self.gradients.is_some();
+        let mut parts: Vec<Option<DevicePair>> = segments
+            .iter()
+            .map(|segment| {
+                segment
+                    .pair
+                    .as_ref()
+                    .filter(|_| trains)
+                    .map(|pair| {
+                        Ok(DevicePair {
+                            a: ops.zeros(pair.rank * inp)?,
+                            b: ops.zeros(out * pair.rank)?,
+                        })
+                    })
+                    .transpose()
+            })
+            .collect::<Result<_, GpuError>>()?;
+        let grads = parts
+            .iter_mut()
+            .map(|part| {
+                part.as_mut().map(|pair| GpuLoraGrad {
+                    a: &mut pair.a,
+                    b: &mut pair.b,
+                })
+            })
+            .collect();
+        let lora = GpuLoraGrads {
+            segments: &segments,
+            grads,
+        };
+        ops.project_backward(x, linear.weight, inp, Some(lora), dy, dx)?;
+        if let Some(gradients) = &self.gradients {
+            let mut gradients = gradients.borrow_mut();
+            for (run, part) in runs.iter().zip(parts) {
+                let (Some(index), Some(part)) = (run.adapter, part) else {
+                    continue;
+                };
+                let Some(sites) = gradients.get_mut(index) else {
+                    continue;
+                };
+                match sites.entry(site) {
+                    Entry::Vacant(entry) => {
+                        entry.insert(part);
+                    }
+                    Entry::Occupied(mut entry) => {
+                        let sum = entry.get_mut();
+                        ops.add(&mut sum.a, &part.a)?;
+                        ops.add(&mut sum.b, &part.b)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
