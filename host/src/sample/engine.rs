@@ -4,7 +4,8 @@
 //!
 //! Each step admits waiting requests while their KV fits the budget, prefills them (once per
 //! prompt, whatever `num_samples`; from the prefix cache where it can), and decodes one token of
-//! every running sample, all in one forward pass whatever their adapters.
+//! every running sample, all in one forward pass whatever their adapters, on the engine's
+//! [`SamplerBackend`] (the CPU's unless [`SamplingEngine::with_backend`] names another).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use rayon::prelude::*;
 
 use opentinker_kernels::KvCache;
 
-use super::forward::{SequenceInput, forward};
+use super::backend::{BackendError, BackendInput, CpuSampler, SamplerBackend};
 use super::params::{ParamsError, SamplingParams, Stop, TopLogprobs, choose, sample_rng};
 use super::prefix::{PolicyKey, PrefixCache};
 use super::prompt::{self, PromptAnswers, PromptAsks};
@@ -239,8 +240,8 @@ pub enum SampleError {
     Params(#[from] ParamsError),
     #[error(transparent)]
     Policy(#[from] RegistryError),
-    #[error("the model failed: {0}")]
-    Model(#[from] candle_core::Error),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
 }
 
 /// How much the engine may hold.
@@ -279,8 +280,8 @@ impl Admitted {
     }
 }
 
-struct SampleState {
-    cache: KvCache,
+struct SampleState<C> {
+    cache: C,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     top_logprobs: Option<Vec<TopLogprobs>>,
@@ -288,38 +289,54 @@ struct SampleState {
     stop: Option<StopReason>,
 }
 
-struct Running {
+struct Running<C> {
     id: RequestId,
     admitted: Admitted,
-    samples: Vec<SampleState>,
+    samples: Vec<SampleState<C>>,
     prompt: PromptAnswers,
     cached_prompt_tokens: usize,
 }
 
-pub struct SamplingEngine {
+pub struct SamplingEngine<B: SamplerBackend = CpuSampler> {
+    backend: B,
     registry: Arc<AdapterRegistry>,
     tokenizer: Option<Arc<Tokenizer>>,
     eos: Vec<u32>,
     config: EngineConfig,
     waiting: VecDeque<(RequestId, Admitted)>,
-    running: Vec<Running>,
-    prefix: PrefixCache,
+    running: Vec<Running<B::Cache>>,
+    prefix: PrefixCache<B::Cache>,
     reserved: usize,
     next_id: RequestId,
     seeds: StdRng,
 }
 
 impl SamplingEngine {
-    /// An engine over `registry`'s base model. `eos` are the ids that end a sample when a request
-    /// names no stop; `tokenizer` is needed for stop strings.
+    /// An engine over `registry`'s base model on the CPU. `eos` are the ids that end a sample
+    /// when a request names no stop; `tokenizer` is needed for stop strings.
     pub fn new(
         registry: Arc<AdapterRegistry>,
         tokenizer: Option<Arc<Tokenizer>>,
         eos: Vec<u32>,
         config: EngineConfig,
     ) -> Self {
-        let prefix = PrefixCache::new(config.prefix_cache_positions);
+        let backend = CpuSampler::new(&registry.base().config);
+        SamplingEngine::with_backend(backend, registry, tokenizer, eos, config)
+    }
+}
+
+impl<B: SamplerBackend> SamplingEngine<B> {
+    /// As [`SamplingEngine::new`], its forward passes on `backend`.
+    pub fn with_backend(
+        backend: B,
+        registry: Arc<AdapterRegistry>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        eos: Vec<u32>,
+        config: EngineConfig,
+    ) -> Self {
+        let prefix = PrefixCache::new(config.prefix_cache_positions, backend.block_size());
         SamplingEngine {
+            backend,
             registry,
             tokenizer,
             eos,
@@ -347,7 +364,8 @@ impl SamplingEngine {
             None => None,
         };
         let longest = (request.prompt.len() + request.params.max_tokens).min(context);
-        let reserved = longest * request.params.num_samples;
+        let reserved =
+            longest.next_multiple_of(self.backend.block_size()) * request.params.num_samples;
         if reserved > self.config.kv_budget_positions {
             return Err(SampleError::OverBudget {
                 needed: reserved,
@@ -378,6 +396,9 @@ impl SamplingEngine {
         if let Some(at) = self.running.iter().position(|r| r.id == id) {
             let running = self.running.remove(at);
             self.reserved -= running.admitted.reserved;
+            for sample in running.samples {
+                self.backend.release(sample.cache);
+            }
             return true;
         }
         false
@@ -396,10 +417,25 @@ impl SamplingEngine {
     /// One step: admit, prefill the admitted, decode one token of every running sample. Returns
     /// the requests that finished.
     pub fn decode_step(&mut self) -> Result<Vec<SampleOutput>, SampleError> {
-        let mut admitted = Vec::new();
+        let mut admitted: Vec<(RequestId, Admitted)> = Vec::new();
+        let mut policies: Vec<PolicyKey> = self.running.iter().map(|r| r.admitted.key()).collect();
+        policies.sort();
+        policies.dedup();
         while let Some((_, next)) = self.waiting.front() {
             if self.reserved + next.reserved > self.config.kv_budget_positions {
                 break;
+            }
+            // A backend that holds only so many adapters at once runs no more in a step.
+            let key = next.key();
+            if !policies.contains(&key) {
+                if self
+                    .backend
+                    .max_policies()
+                    .is_some_and(|most| policies.len() >= most)
+                {
+                    break;
+                }
+                policies.push(key);
             }
             let Some((id, next)) = self.waiting.pop_front() else {
                 break;
@@ -411,7 +447,7 @@ impl SamplingEngine {
         let config = &model.config;
 
         // New prompts: their caches start from the longest cached prefix.
-        let mut prefills: Vec<(RequestId, Admitted, KvCache)> = Vec::new();
+        let mut prefills: Vec<(RequestId, Admitted, B::Cache)> = Vec::new();
         for (id, a) in admitted {
             // The positions whose rows no answer needs may come from the prefix cache.
             let asks = &a.request.prompt_asks;
@@ -419,41 +455,38 @@ impl SamplingEngine {
                 true => asks.first_row(a.request.prompt.len()),
                 false => a.request.prompt.len() - 1,
             };
-            let cache = match limit {
+            let cached = match limit {
                 0 => None,
-                limit => self
-                    .prefix
-                    .lookup(&a.key(), &a.request.prompt, limit, config),
+                limit => self.prefix.lookup(&a.key(), &a.request.prompt, limit),
             };
-            prefills.push((
-                id,
-                a,
-                cache.unwrap_or_else(|| KvCache::new(config.num_layers, config.num_kv_heads)),
-            ));
+            let cache = match cached {
+                Some((cache, len)) => self.backend.fork(cache, len)?,
+                None => self.backend.empty_cache(),
+            };
+            prefills.push((id, a, cache));
         }
 
         let mut inputs = Vec::new();
         for running in &mut self.running {
-            let adapter = running.admitted.policy.as_ref().map(|p| &p.adapter);
+            let policy = running.admitted.policy.as_deref();
             for sample in running.samples.iter_mut().filter(|s| s.stop.is_none()) {
                 let SampleState { cache, tokens, .. } = sample;
-                inputs.push(SequenceInput {
+                inputs.push(BackendInput {
                     tokens: std::slice::from_ref(
                         tokens.last().expect("a running sample has a token"),
                     ),
-                    adapter,
+                    policy,
                     cache,
                     all_logits: false,
                 });
             }
         }
         let decoding = inputs.len();
-        let cached: Vec<usize> = prefills.iter().map(|(_, _, c)| c.len).collect();
-        for (_, a, cache) in &mut prefills {
-            let start = cache.len;
-            inputs.push(SequenceInput {
+        let cached: Vec<usize> = prefills.iter().map(|(_, _, c)| B::cache_len(c)).collect();
+        for ((_, a, cache), &start) in prefills.iter_mut().zip(&cached) {
+            inputs.push(BackendInput {
                 tokens: &a.request.prompt[start..],
-                adapter: a.policy.as_ref().map(|p| &p.adapter),
+                policy: a.policy.as_deref(),
                 cache,
                 all_logits: a.request.prompt_asks.any(),
             });
@@ -461,7 +494,7 @@ impl SamplingEngine {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
-        let mut logits = forward(&model, &mut inputs)?.into_iter();
+        let mut logits = self.backend.forward(&model, &mut inputs)?.into_iter();
         drop(inputs);
         let vocab = config.vocab_size;
         let context = model.context_length();
@@ -513,11 +546,20 @@ impl SamplingEngine {
             };
             let last = &rows[rows.len() - vocab..];
             if self.config.prefix_cache_positions > 0 {
-                self.prefix.insert(a.key(), prompt, cache.clone());
+                let copy = self.backend.fork(&cache, prompt.len())?;
+                for dropped in self.prefix.insert(a.key(), prompt, copy) {
+                    self.backend.release(dropped);
+                }
             }
+            // Each sample a cache of its own; the last takes the prompt's.
             let n = a.request.params.num_samples;
+            let mut caches = Vec::with_capacity(n);
+            for _ in 1..n {
+                caches.push(self.backend.fork(&cache, prompt.len())?);
+            }
+            caches.push(cache);
             let mut samples = Vec::with_capacity(n);
-            for i in 0..n {
+            for (i, cache) in caches.into_iter().enumerate() {
                 let mut rng = sample_rng(a.seed, i);
                 let k = a.request.topk_sample_logprobs;
                 let choice = choose(last, &a.request.params, rng.random::<f64>(), k);
@@ -534,20 +576,13 @@ impl SamplingEngine {
                     context,
                 );
                 samples.push(SampleState {
-                    cache: if i + 1 == n {
-                        KvCache::default()
-                    } else {
-                        cache.clone()
-                    },
+                    cache,
                     tokens,
                     logprobs: vec![choice.logprob],
                     top_logprobs: (k > 0).then(|| vec![choice.top]),
                     rng,
                     stop,
                 });
-            }
-            if let Some(last) = samples.last_mut() {
-                last.cache = cache;
             }
             self.running.push(Running {
                 id,
@@ -573,15 +608,22 @@ impl SamplingEngine {
     }
 
     /// The output of a finished request; its samples' KV goes to the prefix cache.
-    fn finish(&mut self, running: Running) -> SampleOutput {
+    fn finish(&mut self, running: Running<B::Cache>) -> SampleOutput {
         let key = running.admitted.key();
         let prompt = &running.admitted.request.prompt;
         let mut samples = Vec::with_capacity(running.samples.len());
         for state in running.samples {
+            // The cache holds every token but the last sampled, which was never fed back.
+            let held = B::cache_len(&state.cache);
             if self.config.prefix_cache_positions > 0 {
                 let mut tokens = prompt.clone();
                 tokens.extend_from_slice(&state.tokens);
-                self.prefix.insert(key.clone(), &tokens, state.cache);
+                tokens.truncate(held);
+                for dropped in self.prefix.insert(key.clone(), &tokens, state.cache) {
+                    self.backend.release(dropped);
+                }
+            } else {
+                self.backend.release(state.cache);
             }
             samples.push(Sample {
                 tokens: state.tokens,

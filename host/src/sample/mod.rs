@@ -1,6 +1,7 @@
 //! Sampling: KV-cached batched generation over many adapter versions of one base model at once,
 //! with per-token logprobs, on the batch-invariant kernels of `opentinker-kernels`.
 
+mod backend;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod engine;
@@ -9,6 +10,7 @@ pub mod params;
 pub mod prefix;
 mod prompt;
 
+pub use backend::{BackendError, BackendInput, CpuSampler, SamplerBackend};
 pub use engine::{
     EngineConfig, PolicyRef, RequestId, Sample, SampleError, SampleOutput, SampleRequest,
     SamplingEngine, StopReason, TokenSink,

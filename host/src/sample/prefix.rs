@@ -3,44 +3,52 @@
 //! prompt again) computes only the rest. Keyed by policy version, since an adapter changes the
 //! keys and values; least recently used entries go first when it is full.
 
-use crate::model::ModelConfig;
-use opentinker_kernels::KvCache;
-
 /// Which weights computed a cache: the base model, or an adapter version.
 pub type PolicyKey = Option<(String, u64)>;
 
-struct Entry {
+struct Entry<C> {
     policy: PolicyKey,
     tokens: Vec<u32>,
-    cache: KvCache,
+    cache: C,
     last_used: u64,
 }
 
-pub struct PrefixCache {
-    entries: Vec<Entry>,
+impl<C> Entry<C> {
+    /// Positions the entry's cache holds (its tokens').
+    fn len(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
+/// The cache of a sampler's backend whose caches are of type `C`.
+pub struct PrefixCache<C> {
+    entries: Vec<Entry<C>>,
     capacity_positions: usize,
+    /// Positions the backend's memory comes in: an entry counts its length rounded up to it.
+    block_size: usize,
     clock: u64,
 }
 
-impl PrefixCache {
-    /// A cache holding at most `capacity_positions` positions over all entries (0: disabled).
-    pub fn new(capacity_positions: usize) -> Self {
+impl<C> PrefixCache<C> {
+    /// A cache holding at most `capacity_positions` positions over all entries (0: disabled),
+    /// each entry's rounded up to whole blocks of `block_size`.
+    pub fn new(capacity_positions: usize, block_size: usize) -> Self {
         PrefixCache {
             entries: Vec::new(),
             capacity_positions,
+            block_size: block_size.max(1),
             clock: 0,
         }
     }
 
-    /// The longest cached start of `prompt` under `policy`, at most `limit` positions, as a
-    /// cache of its own (a copy).
+    /// The longest cached start of `prompt` under `policy`, at most `limit` positions: the
+    /// entry's cache, whose first that many positions apply (the caller copies them).
     pub fn lookup(
         &mut self,
         policy: &PolicyKey,
         prompt: &[u32],
         limit: usize,
-        config: &ModelConfig,
-    ) -> Option<KvCache> {
+    ) -> Option<(&C, usize)> {
         self.clock += 1;
         let (best, len) = self
             .entries
@@ -53,33 +61,34 @@ impl PrefixCache {
                     .zip(prompt)
                     .take_while(|(a, b)| a == b)
                     .count();
-                let len = common.min(limit).min(e.cache.len);
-                (e, len)
+                (e, common.min(limit))
             })
             .max_by_key(|(_, len)| *len)?;
         if len == 0 {
             return None;
         }
         best.last_used = self.clock;
-        Some(best.cache.prefix(len, config.head_dim))
+        Some((&best.cache, len))
     }
 
-    /// Remember `cache`, which holds the KV of `tokens[..cache.len]`.
-    pub fn insert(&mut self, policy: PolicyKey, tokens: &[u32], cache: KvCache) {
-        let len = cache.len;
-        if len == 0 || len > self.capacity_positions {
-            return;
+    /// Remember `cache`, which holds the KV of `tokens`. Returns the caches the prefix cache
+    /// no longer holds, for their memory to be given back: entries it evicted or that the new
+    /// one makes useless, and `cache` itself when it does not keep it.
+    pub fn insert(&mut self, policy: PolicyKey, tokens: &[u32], cache: C) -> Vec<C> {
+        let len = tokens.len();
+        if len == 0 || self.rounded(len) > self.capacity_positions {
+            return vec![cache];
         }
         // An entry that is a prefix of the new one adds nothing.
-        self.entries.retain(|e| {
-            !(e.policy == policy
-                && e.cache.len <= len
-                && tokens.starts_with(&e.tokens[..e.cache.len]))
-        });
+        let (useless, kept): (Vec<Entry<C>>, Vec<Entry<C>>) = std::mem::take(&mut self.entries)
+            .into_iter()
+            .partition(|e| e.policy == policy && e.len() <= len && tokens.starts_with(&e.tokens));
+        self.entries = kept;
+        let mut dropped: Vec<C> = useless.into_iter().map(|e| e.cache).collect();
         self.clock += 1;
         self.entries.push(Entry {
             policy,
-            tokens: tokens[..len].to_vec(),
+            tokens: tokens.to_vec(),
             cache,
             last_used: self.clock,
         });
@@ -91,15 +100,18 @@ impl PrefixCache {
                 .min_by_key(|(_, e)| e.last_used)
                 .map(|(i, _)| i);
             match oldest {
-                Some(i) => {
-                    self.entries.swap_remove(i);
-                }
+                Some(i) => dropped.push(self.entries.swap_remove(i).cache),
                 None => break,
             }
         }
+        dropped
+    }
+
+    fn rounded(&self, len: usize) -> usize {
+        len.next_multiple_of(self.block_size)
     }
 
     fn positions(&self) -> usize {
-        self.entries.iter().map(|e| e.cache.len).sum()
+        self.entries.iter().map(|e| self.rounded(e.len())).sum()
     }
 }

@@ -37,7 +37,7 @@ pub enum SamplerServiceError {
 impl SamplerServiceError {
     /// Whether the request itself was at fault (sending it again would fail the same way).
     pub fn is_refusal(&self) -> bool {
-        matches!(self, SamplerServiceError::Refused(refusal) if !matches!(refusal, SampleError::Model(_)))
+        matches!(self, SamplerServiceError::Refused(refusal) if !matches!(refusal, SampleError::Backend(_)))
     }
 }
 

@@ -1,0 +1,131 @@
+//! What the sampling engine runs on: a [`SamplerBackend`] runs the base model forward over many
+//! sequences at once, each through its policy and with its KV cache, on one device. The engine
+//! owns the requests, their stops, the sampling and the prefix cache; the backend owns the
+//! caches' memory and the weights and adapters in its device's form.
+//!
+//! [`CpuSampler`] runs the CPU forward over the candle weights, a cache per sequence;
+//! `CudaSampler` (feature `cuda`) runs the CUDA model, whose caches are block tables of one
+//! paged cache per layer.
+
+use opentinker_kernels::KvCache;
+
+use super::forward::{SequenceInput, forward};
+use crate::lora::PolicyVersion;
+use crate::model::{ModelConfig, Transformer};
+
+/// One sequence's part of a forward call.
+pub struct BackendInput<'a, C> {
+    /// New tokens, at positions from the cache's length on.
+    pub tokens: &'a [u32],
+    /// The adapter version the sequence runs through (`None`: the base model).
+    pub policy: Option<&'a PolicyVersion>,
+    pub cache: &'a mut C,
+    /// Logits of every new token (for prompt logprobs), or only of the last.
+    pub all_logits: bool,
+}
+
+/// Why a backend's call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("the model failed: {0}")]
+    Model(#[from] candle_core::Error),
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] super::cuda::CudaModelError),
+    #[error("one forward call runs {policies} adapters; the device holds {slots} at once")]
+    AdapterSlots { policies: usize, slots: usize },
+}
+
+/// The base model's forward over sequences with KV caches, on one device.
+pub trait SamplerBackend: Send {
+    /// One sequence's KV.
+    type Cache: Send;
+
+    /// Positions a cache's memory comes in (a paged cache's block size): the engine reserves
+    /// whole blocks.
+    fn block_size(&self) -> usize {
+        1
+    }
+
+    /// How many adapter versions one call may run (`None`: any number).
+    fn max_policies(&self) -> Option<usize> {
+        None
+    }
+
+    /// A cache holding nothing.
+    fn empty_cache(&mut self) -> Self::Cache;
+
+    /// Positions a cache holds.
+    fn cache_len(cache: &Self::Cache) -> usize;
+
+    /// A cache of its own holding the first `len` positions of `cache` (for each of a prompt's
+    /// samples, and for the prefix cache).
+    fn fork(&mut self, cache: &Self::Cache, len: usize) -> Result<Self::Cache, BackendError>;
+
+    /// Gives back the memory of a cache no longer needed.
+    fn release(&mut self, cache: Self::Cache) {
+        drop(cache);
+    }
+
+    /// Runs every input's new tokens through `base` and its policy, appending to its cache.
+    /// Returns per input its logits, `rows × vocab` (every new token, or the last).
+    fn forward(
+        &mut self,
+        base: &Transformer,
+        inputs: &mut [BackendInput<'_, Self::Cache>],
+    ) -> Result<Vec<Vec<f32>>, BackendError>;
+}
+
+/// The CPU forward over the base model's candle weights, read in place; a cache per sequence.
+pub struct CpuSampler {
+    layers: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl CpuSampler {
+    /// A sampler for models of `config`'s shape.
+    pub fn new(config: &ModelConfig) -> Self {
+        CpuSampler {
+            layers: config.num_layers,
+            kv_heads: config.num_kv_heads,
+            head_dim: config.head_dim,
+        }
+    }
+}
+
+impl SamplerBackend for CpuSampler {
+    type Cache = KvCache;
+
+    fn empty_cache(&mut self) -> KvCache {
+        KvCache::new(self.layers, self.kv_heads)
+    }
+
+    fn cache_len(cache: &KvCache) -> usize {
+        cache.len
+    }
+
+    fn fork(&mut self, cache: &KvCache, len: usize) -> Result<KvCache, BackendError> {
+        Ok(match len == cache.len {
+            true => cache.clone(),
+            false => cache.prefix(len, self.head_dim),
+        })
+    }
+
+    fn forward(
+        &mut self,
+        base: &Transformer,
+        inputs: &mut [BackendInput<'_, KvCache>],
+    ) -> Result<Vec<Vec<f32>>, BackendError> {
+        let mut inputs: Vec<SequenceInput<'_>> = inputs
+            .iter_mut()
+            .map(|input| SequenceInput {
+                tokens: input.tokens,
+                adapter: input.policy.map(|p| &p.adapter),
+                cache: &mut *input.cache,
+                all_logits: input.all_logits,
+            })
+            .collect();
+        Ok(forward(base, &mut inputs)?)
+    }
+}
