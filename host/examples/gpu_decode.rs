@@ -99,6 +99,7 @@ fn enqueue_ms(
             start: PROMPT,
             blocks: &tables[i],
             adapter: adapters.get(i).copied().flatten(),
+            all_logits: false,
         })
         .collect();
     let mut total = 0.0;

@@ -159,6 +159,7 @@ fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
                     start: starts[i],
                     blocks: &tables[i],
                     adapter: gpu_adapters[i],
+                    all_logits: false,
                 })
                 .collect();
             let logits = cuda.forward(&sequences).unwrap();
@@ -176,6 +177,7 @@ fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
             start: 0,
             blocks: &tables[i],
             adapter: gpu_adapters[i],
+            all_logits: false,
         });
         let batched = gpu.download(&cuda.forward(&all).unwrap()).unwrap();
         let fresh = [20, 21];
@@ -184,6 +186,7 @@ fn the_cuda_forward_matches_the_cpu_forward_and_is_batch_invariant() {
             start: 0,
             blocks: &fresh,
             adapter: None,
+            all_logits: false,
         };
         let alone = gpu.download(&cuda.forward(&[alone]).unwrap()).unwrap();
         assert_eq!(
@@ -236,6 +239,7 @@ fn bad_input_is_refused_before_any_launch() {
         start: 0,
         blocks: &blocks,
         adapter: None,
+        all_logits: false,
     }];
     let error = cuda.forward(&bad_token).err().unwrap().to_string();
     assert!(error.contains("token id 100000"), "{error}");
@@ -244,6 +248,7 @@ fn bad_input_is_refused_before_any_launch() {
         start: 0,
         blocks: &blocks,
         adapter: None,
+        all_logits: false,
     }];
     let error = cuda.forward(&past_blocks).err().unwrap().to_string();
     assert!(error.contains("past its 1 blocks"), "{error}");
@@ -532,6 +537,159 @@ fn assert_tensor_close(what: &str, got: &Tensor, want: &Tensor) {
         assert!(
             (a - b).abs() <= 1e-3 * scale,
             "{what}[{i}]: GPU {a} vs CPU {b} (largest {scale})"
+        );
+    }
+}
+
+/// Every request of `requests` run to the end on `engine`, outputs in the requests' order.
+fn run_all<B: opentinker::sample::SamplerBackend>(
+    engine: &mut opentinker::sample::SamplingEngine<B>,
+    requests: Vec<opentinker::sample::SampleRequest>,
+) -> Vec<opentinker::sample::SampleOutput> {
+    let ids: Vec<u64> = requests
+        .into_iter()
+        .map(|r| engine.add_request(r).unwrap())
+        .collect();
+    let mut outputs = Vec::new();
+    while engine.has_work() {
+        outputs.extend(engine.decode_step().unwrap());
+    }
+    ids.iter()
+        .map(|id| outputs.iter().find(|o| o.id == *id).unwrap().clone())
+        .collect()
+}
+
+/// The sampling engine on `CudaSampler` against the same engine on the CPU: base and adapter
+/// requests of several samples (forked caches), greedy and seeded draws with top-p, prompt
+/// logprobs, a prompt whose start is in the prefix cache, and three adapter versions through two
+/// slots (one waits, then takes the slot least recently used): the same tokens, logprobs
+/// within 1e-3, the same cached prompt positions; and a request's bits on the device the same
+/// alone as in that batch.
+#[test]
+fn the_sampling_engine_on_cuda_matches_the_engine_on_the_cpu() {
+    use opentinker::lora::AdapterRegistry;
+    use opentinker::sample::{
+        CudaSampler, EngineConfig, PolicyRef, SampleRequest, SamplingEngine, SamplingParams, Stop,
+    };
+
+    let Some(gpu) = gpu("the sampling engine on cuda") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    init_tiny(dir.path(), TinyShape::Tiny, Architecture::Qwen3, 5).unwrap();
+    let model = Model::load(dir.path()).unwrap();
+    let registry = AdapterRegistry::new(Arc::new(model.transformer.clone()));
+    let policies: Vec<_> = (0..3)
+        .map(|i| {
+            let adapter = adapter(&model, 4 + 4 * i, i as u64 + 1);
+            registry.publish(&format!("p{i}"), &adapter).unwrap()
+        })
+        .collect();
+    let prompt = |seed: u32, len: u32| -> Vec<u32> {
+        (0..len).map(|i| (i * 31 + seed * 17) % 500 + 3).collect()
+    };
+    let request = |prompt: Vec<u32>, policy: Option<usize>, temperature: f64, samples: usize| {
+        let mut request = SampleRequest::new(
+            prompt,
+            SamplingParams {
+                max_tokens: 12,
+                temperature,
+                top_p: 0.9,
+                seed: Some(7 + samples as u64),
+                stop: Some(Stop::Tokens(Vec::new())),
+                num_samples: samples,
+                ..SamplingParams::default()
+            },
+        );
+        request.policy = policy.map(|i| PolicyRef {
+            name: policies[i].name.clone(),
+            version: Some(policies[i].version),
+        });
+        request
+    };
+    let requests = || {
+        let mut asks_logprobs = request(prompt(1, 20), None, 0.0, 1);
+        asks_logprobs.prompt_asks.logprobs = true;
+        asks_logprobs.prompt_asks.top_k = 3;
+        let mut longer = prompt(1, 20);
+        longer.extend(prompt(4, 9));
+        vec![
+            asks_logprobs,
+            request(prompt(2, 37), Some(0), 1.0, 3),
+            request(prompt(3, 16), Some(1), 0.7, 2),
+            request(prompt(2, 37), Some(2), 1.0, 1),
+            request(longer, None, 1.0, 2),
+        ]
+    };
+    let config = EngineConfig {
+        kv_budget_positions: 4096,
+        prefix_cache_positions: 1024,
+    };
+    let options = CudaModelOptions {
+        weights: WeightFormat::F32,
+        kv_blocks: CudaSampler::blocks_for(&config, 16),
+        block_size: 16,
+        adapter_slots: 2,
+        max_rank: 16,
+    };
+    let cuda_engine = || {
+        let backend = CudaSampler::new(Arc::clone(&gpu), registry.base(), options).unwrap();
+        SamplingEngine::with_backend(
+            backend,
+            Arc::clone(&registry),
+            None,
+            Vec::new(),
+            config.clone(),
+        )
+    };
+    let mut cpu = SamplingEngine::new(Arc::clone(&registry), None, Vec::new(), config.clone());
+    let mut on_gpu = cuda_engine();
+    // The first four (the third adapter waits for a slot on the device), then the one that
+    // finds its prompt's start in the prefix cache.
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    for part in [0..4, 4..5] {
+        let part_of = |all: Vec<SampleRequest>| all[part.clone()].to_vec();
+        want.extend(run_all(&mut cpu, part_of(requests())));
+        got.extend(run_all(&mut on_gpu, part_of(requests())));
+    }
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.samples.len(), w.samples.len(), "request {i}");
+        assert_eq!(
+            g.cached_prompt_tokens, w.cached_prompt_tokens,
+            "request {i}"
+        );
+        for (s, (gs, ws)) in g.samples.iter().zip(&w.samples).enumerate() {
+            assert_eq!(gs.tokens, ws.tokens, "request {i} sample {s}");
+            for (a, b) in gs.logprobs.iter().zip(&ws.logprobs) {
+                assert!((a - b).abs() <= 1e-3, "request {i} sample {s}: {a} vs {b}");
+            }
+        }
+        let (gp, wp) = (&g.prompt.logprobs, &w.prompt.logprobs);
+        assert_eq!(gp.is_some(), wp.is_some(), "request {i}");
+        for (a, b) in gp.iter().flatten().zip(wp.iter().flatten()) {
+            match (a, b) {
+                (Some(a), Some(b)) => assert!((a - b).abs() <= 1e-3, "request {i}: {a} vs {b}"),
+                _ => assert_eq!(a.is_some(), b.is_some(), "request {i}"),
+            }
+        }
+    }
+    assert!(
+        got[4].cached_prompt_tokens > 0,
+        "the prefix cache served the longer prompt"
+    );
+
+    let alone = run_all(&mut cuda_engine(), vec![requests()[1].clone()]);
+    let bits = |s: &opentinker::sample::Sample| -> (Vec<u32>, Vec<u32>) {
+        (
+            s.tokens.clone(),
+            s.logprobs.iter().map(|l| l.to_bits()).collect(),
+        )
+    };
+    for (a, b) in alone[0].samples.iter().zip(&got[1].samples) {
+        assert_eq!(
+            bits(a),
+            bits(b),
+            "a request's bits alone and in a batch on the device"
         );
     }
 }

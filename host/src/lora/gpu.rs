@@ -65,7 +65,7 @@ impl GpuAdapterPools {
         Ok(GpuAdapterPools { pools })
     }
 
-    /// Copies `adapter` into `slot` of every site it has.
+    /// Copies `adapter` into `slot` of every site (zeros at the sites it does not adapt).
     pub fn load(
         &mut self,
         gpu: &Gpu,
@@ -76,15 +76,22 @@ impl GpuAdapterPools {
             return Err(GpuAdapterError::Unembedding);
         }
         let rank = adapter.config.rank;
-        for (site, pair) in &adapter.sites {
-            let pool = self
-                .pools
-                .get_mut(site)
-                .ok_or(GpuAdapterError::NoPool(*site))?;
-            let (a, b) = (
-                host_values(pair.a.as_tensor())?,
-                host_values(pair.b.as_tensor())?,
-            );
+        if let Some(site) = adapter.sites.keys().find(|s| !self.pools.contains_key(s)) {
+            return Err(GpuAdapterError::NoPool(*site));
+        }
+        // Every site's slot is written: zeros where the adapter does not reach, so a slot that
+        // held another adapter keeps none of its pairs.
+        for (site, pool) in &mut self.pools {
+            let (a, b) = match adapter.sites.get(site) {
+                Some(pair) => (
+                    host_values(pair.a.as_tensor())?,
+                    host_values(pair.b.as_tensor())?,
+                ),
+                None => {
+                    let (inp, out) = pool.shape();
+                    (vec![0.0; rank * inp], vec![0.0; out * rank])
+                }
+            };
             pool.write(gpu, slot, &a, &b, rank)?;
         }
         Ok(AdapterRef {

@@ -34,6 +34,8 @@ pub enum BackendError {
     Cuda(#[from] super::cuda::CudaModelError),
     #[error("one forward call runs {policies} adapters; the device holds {slots} at once")]
     AdapterSlots { policies: usize, slots: usize },
+    #[error("the device's KV cache has no free block (of {blocks})")]
+    KvBlocks { blocks: usize },
 }
 
 /// The base model's forward over sequences with KV caches, on one device.

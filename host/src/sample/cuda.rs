@@ -5,9 +5,9 @@
 //! call serves prefills and decodes of many sequences through many adapters, each row's bits
 //! independent of the batch.
 //!
-//! Not yet wired into the `SamplingEngine` (which owns requests, stops, sampling parameters and
-//! the prefix cache on the CPU); what is here is the model on the device, greedy decoding, and
-//! what the GPU tests and benchmarks measure.
+//! The sampling engine runs on it through `CudaSampler`, which manages its blocks and adapter
+//! slots; what is here is the model on the device, greedy decoding for the benchmarks, and what
+//! the GPU tests measure.
 
 use std::sync::Arc;
 
@@ -66,6 +66,8 @@ pub struct CudaSequence<'a> {
     /// The KV blocks the sequence owns, enough for `start + tokens.len()` positions.
     pub blocks: &'a [usize],
     pub adapter: Option<AdapterRef>,
+    /// Logits of every new token (for prompt logprobs), or only of the last.
+    pub all_logits: bool,
 }
 
 /// A base model on one device, with its KV caches and adapter pools.
@@ -138,6 +140,18 @@ impl CudaModel {
         &self.gpu
     }
 
+    pub fn options(&self) -> &CudaModelOptions {
+        &self.options
+    }
+
+    /// Copies KV block `from` into block `to` in every layer's cache.
+    pub fn copy_block(&mut self, from: usize, to: usize) -> Result<(), CudaModelError> {
+        for cache in &mut self.caches {
+            cache.copy_block(&self.gpu, from, to)?;
+        }
+        Ok(())
+    }
+
     /// Copies `adapter` into `slot` of every site's pool. An adapter of the unembedding is
     /// refused: the pools do not hold one yet.
     pub fn load_adapter(
@@ -162,8 +176,8 @@ impl CudaModel {
     }
 
     /// Runs every sequence's new tokens through the model, writing their KV into the caches,
-    /// and returns the logits of each sequence's last new token (`sequences × vocab`, on the
-    /// device).
+    /// and returns the logits of each sequence's last new token, or of every new token where it
+    /// asks for them (`rows × vocab`, on the device, sequence after sequence).
     pub fn forward(
         &mut self,
         sequences: &[CudaSequence<'_>],
@@ -193,7 +207,7 @@ impl CudaModel {
                         }
                     }
                 }),
-                all_logits: false,
+                all_logits: s.all_logits,
             })
             .collect();
         if layer_sequences.iter().any(|s| s.tokens.is_empty()) {
@@ -247,6 +261,7 @@ impl CudaModel {
                         start: 0,
                         blocks: &tables[i],
                         adapter: adapter(i),
+                        all_logits: false,
                     })
                     .collect()
             } else {
@@ -257,6 +272,7 @@ impl CudaModel {
                         start: prompts[i].len() + step - 1,
                         blocks: &tables[i],
                         adapter: adapter(i),
+                        all_logits: false,
                     })
                     .collect()
             };

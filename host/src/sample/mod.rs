@@ -4,6 +4,8 @@
 mod backend;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_sampler;
 pub mod engine;
 pub mod forward;
 pub mod params;
@@ -11,6 +13,8 @@ pub mod prefix;
 mod prompt;
 
 pub use backend::{BackendError, BackendInput, CpuSampler, SamplerBackend};
+#[cfg(feature = "cuda")]
+pub use cuda_sampler::{BlockTable, CudaSampler};
 pub use engine::{
     EngineConfig, PolicyRef, RequestId, Sample, SampleError, SampleOutput, SampleRequest,
     SamplingEngine, StopReason, TokenSink,

@@ -48,6 +48,33 @@ impl PagedKvCache {
             block_size,
         })
     }
+
+    /// Copies block `from` into block `to` (keys and values): a sequence that shares a block
+    /// with another gets a copy of its own before writing into it.
+    pub fn copy_block(&mut self, gpu: &Gpu, from: usize, to: usize) -> Result<(), GpuError> {
+        ensure(from < self.blocks && to < self.blocks, || {
+            format!("blocks {from} and {to} of a cache of {}", self.blocks)
+        })?;
+        if from == to {
+            return Ok(());
+        }
+        let size = self.kv_heads * self.block_size * self.head_dim;
+        for buffer in [&mut self.keys, &mut self.values] {
+            // Two views of one buffer: split it between the blocks.
+            let (mut low, high) = buffer.split_at_mut(from.max(to) * size);
+            let (source, mut target) = match from < to {
+                true => (low.slice(from * size..(from + 1) * size), high),
+                false => (
+                    high.slice(0..size),
+                    low.slice_mut(to * size..(to + 1) * size),
+                ),
+            };
+            gpu.stream()
+                .memcpy_dtod(&source, &mut target.slice_mut(0..size))
+                .doing("copying a KV block")?;
+        }
+        Ok(())
+    }
 }
 
 /// Where one row of a batch belongs: its sequence (an index into the block tables) and its

@@ -66,6 +66,11 @@ impl LoraPool {
 
     /// Writes an adapter of `rank` into `slot`: `a` is `rank × inp`, `b` is `out × rank`
     /// (row-major, as [`crate::LoraPair`]).
+    /// `(in, out)`: the projection's shape.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.inp, self.out)
+    }
+
     pub fn write(
         &mut self,
         gpu: &Gpu,
