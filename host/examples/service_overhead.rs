@@ -12,9 +12,9 @@ use opentinker::api::{
     AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelId, ModelInput, Op, OpOutput,
     TenantId, TensorData,
 };
-use opentinker::model::Device;
+
 use opentinker::service::{
-    FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
+    DeviceOptions, FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
 };
 
 /// The benchmark's batch: 8 datums of 128 tokens (the Python side builds the same).
@@ -65,7 +65,7 @@ async fn run() -> anyhow::Result<()> {
         &tiny_model_dir(&data)?,
         65_536,
         share,
-        Device::Cpu,
+        DeviceOptions::cpu(),
     )?;
     let service = Service::new(vec![base], ServiceConfig::new(data));
     let tenant = TenantId::new("bench")?;

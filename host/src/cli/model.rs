@@ -99,7 +99,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             json,
             device,
         } => {
-            device.check("scoring")?;
+            device.cpu_only("scoring")?;
             let model = Model::load(&model)?;
             let adapter = adapter
                 .map(|dir| crate::train::checkpoint::load(&dir, &model.config, DType::F32))

@@ -9,9 +9,8 @@ use serde::Serialize;
 
 use crate::lora::AdapterRegistry;
 use crate::model::{Device, Model};
-use crate::sample::{
-    EngineConfig, PolicyRef, SampleRequest, SamplingEngine, SamplingParams, StopReason,
-};
+use crate::sample::{EngineConfig, PolicyRef, SampleRequest, SamplingParams, StopReason};
+use crate::service::DeviceOptions;
 use crate::text::ChatMessage;
 
 #[derive(Debug, clap::Args)]
@@ -44,9 +43,8 @@ pub struct SampleArgs {
     /// Print JSON: each sample's text, tokens, logprobs and stop reason.
     #[arg(long)]
     json: bool,
-    /// The device to run on: `cpu`, or `cuda` / `cuda:N` (refused, naming why, until the engines
-    /// run there: a build without the `cuda` feature, a machine without a driver or that device,
-    /// or the engine not on CUDA yet).
+    /// The device to run on: `cpu`, or `cuda` / `cuda:N` (a build without the `cuda` feature, a
+    /// machine without a driver or without that device each says so).
     #[arg(long, default_value = "cpu")]
     device: Device,
 }
@@ -60,7 +58,7 @@ struct SampleJson {
 }
 
 pub fn run(args: SampleArgs) -> anyhow::Result<()> {
-    args.device.check("the sampling engine")?;
+    args.device.check()?;
     let Model {
         config,
         transformer,
@@ -93,15 +91,19 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
         .transpose()?;
     let tokenizer = Arc::new(tokenizer);
     let positions = (prompt.len() + args.max_tokens) * args.n.max(1);
-    let mut engine = SamplingEngine::new(
-        registry,
+    let device = DeviceOptions {
+        device: args.device,
+        ..DeviceOptions::cpu()
+    };
+    let sampler = device.start_sampler(
+        &registry,
         Some(Arc::clone(&tokenizer)),
         config.eos_token_ids.clone(),
         EngineConfig {
             kv_budget_positions: positions,
             prefix_cache_positions: 0,
         },
-    );
+    )?;
     let mut request = SampleRequest::new(
         prompt,
         SamplingParams {
@@ -118,12 +120,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
         name: v.name.clone(),
         version: Some(v.version),
     });
-    engine.add_request(request)?;
-    let mut outputs = Vec::new();
-    while engine.has_work() {
-        outputs.extend(engine.decode_step()?);
-    }
-    let output = outputs.pop().context("the request did not finish")?;
+    let output = futures::executor::block_on(sampler.sample(request))?;
     let samples = output
         .samples
         .into_iter()

@@ -11,7 +11,7 @@ use crate::jobs::JobQuotas;
 use crate::model::Device;
 use crate::server::Tenants;
 use crate::server::{AppState, DEFAULT_POLL_WAIT, ServerConfig, serve};
-use crate::service::{FairShare, TINY_MODEL_NAME};
+use crate::service::{DeviceOptions, FairShare, TINY_MODEL_NAME};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -87,11 +87,18 @@ pub struct ServeArgs {
     /// them. A job whose warm-up makes a base of its own plays its groups itself.
     #[arg(long, value_name = "URL")]
     rollouts: Option<String>,
-    /// The device the served bases run on: `cpu`, or `cuda` / `cuda:N` (refused, naming why,
-    /// until the engines run there: a build without the `cuda` feature, a machine without a
-    /// driver or that device, or the engines not on CUDA yet).
+    /// The device the served bases run on: `cpu`, or `cuda` / `cuda:N` (a build without the
+    /// `cuda` feature, a machine without a driver or without that device each says so).
     #[arg(long, default_value = "cpu")]
     device: Device,
+    /// On CUDA, the adapter versions each base's sampler holds on the device at once; requests
+    /// of another version wait for a slot.
+    #[arg(long, default_value_t = 16)]
+    adapter_slots: usize,
+    /// On CUDA, the largest adapter rank the sampler's slots hold (a slot's memory grows with
+    /// it); a larger adapter is refused when sampled.
+    #[arg(long, default_value_t = 64)]
+    max_adapter_rank: usize,
 }
 
 /// A `--memory-budget` that is not a size.
@@ -167,8 +174,7 @@ pub enum TenantCommand {
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Before the data folder is touched; each base checks it again as it loads.
-    args.device
-        .check("serving (the sampling engine and the trainer)")?;
+    args.device.check()?;
     let config = ServerConfig {
         addr: args.addr,
         data: args.data,
@@ -186,7 +192,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         answer_retention: Duration::from_secs(args.answer_retention_secs),
         session_idle: Duration::from_secs(args.session_idle_secs),
         rollouts: args.rollouts,
-        device: args.device,
+        device: DeviceOptions {
+            device: args.device,
+            adapter_slots: args.adapter_slots.max(1),
+            max_adapter_rank: args.max_adapter_rank.max(1),
+        },
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),
             quantum: 128,

@@ -71,7 +71,7 @@ pub struct TrainArgs {
 /// Where `args` says to train: in process, or on a server under a base model name.
 fn engine(args: &TrainArgs, jobs: &[(PathBuf, Job)]) -> anyhow::Result<Engine> {
     let Some(url) = &args.server else {
-        args.device.check("training")?;
+        args.device.cpu_only("training in this process")?;
         return Ok(Engine::InProcess);
     };
     let api_key = args

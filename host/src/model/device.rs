@@ -1,10 +1,10 @@
 //! Which device a model runs on (`--device cpu|cuda[:N]`), and whether this build and machine
 //! can run it there.
 //!
-//! The CPU runs everything. CUDA is checked as far as it goes today: a build without the `cuda`
-//! feature, a machine without a driver or without the device named, each gets an error that says
-//! which; where the device opens, the engines that do not run on it yet say so by name, before
-//! any weight is loaded.
+//! The CPU runs everything. On CUDA, a build without the `cuda` feature, a machine without a
+//! driver or without the device named, each gets an error that says which ([`Device::check`]);
+//! where the device opens, what does not run on it yet says so by name ([`Device::cpu_only`]),
+//! before any weight is loaded.
 
 use std::fmt;
 use std::str::FromStr;
@@ -58,16 +58,23 @@ impl DeviceError {
 }
 
 impl Device {
-    /// Whether `what` (an engine: "sampling", "training", ...) can run on this device here. On
-    /// CUDA it opens the device (the driver, the device itself, and NVRTC compiling the kernels),
-    /// so a machine that lacks one of them says which.
-    pub fn check(self, what: &'static str) -> Result<(), DeviceError> {
+    /// Whether this device can be used here. On CUDA it opens the device (the driver, the
+    /// device itself, and NVRTC compiling the kernels), so a machine that lacks one of them says
+    /// which.
+    pub fn check(self) -> Result<(), DeviceError> {
         match self {
             Device::Cpu => Ok(()),
-            Device::Cuda { ordinal } => {
-                open_cuda(self, ordinal)?;
-                Err(DeviceError::Unsupported { device: self, what })
-            }
+            Device::Cuda { ordinal } => open_cuda(self, ordinal),
+        }
+    }
+
+    /// For `what` (a command or engine that runs only on the CPU so far): the CPU, or the reason
+    /// this device will not do, naming `what` where the device itself is fine.
+    pub fn cpu_only(self, what: &'static str) -> Result<(), DeviceError> {
+        self.check()?;
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda { .. } => Err(DeviceError::Unsupported { device: self, what }),
         }
     }
 }
@@ -179,6 +186,7 @@ mod tests {
 
     #[test]
     fn the_cpu_runs_everything() {
-        assert!(Device::Cpu.check("training").is_ok());
+        assert!(Device::Cpu.check().is_ok());
+        assert!(Device::Cpu.cpu_only("scoring").is_ok());
     }
 }

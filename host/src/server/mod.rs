@@ -48,8 +48,8 @@ use crate::jobs::{
     JobQuotas, JobService, MemoryBudget, PluginStore, ServerRollouts, human_bytes,
     served_base_bytes,
 };
-use crate::model::Device;
 use crate::service::Change;
+use crate::service::DeviceOptions;
 use crate::service::{
     FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
 };
@@ -109,8 +109,8 @@ pub struct ServerConfig {
     /// The rollout queue (`nats://host:port`) whose workers play the RL groups of the jobs on
     /// served bases; `None`: each job plays its own.
     pub rollouts: Option<String>,
-    /// The device every served base runs on.
-    pub device: Device,
+    /// The device every served base runs on, and the room its samplers make there.
+    pub device: DeviceOptions,
 }
 
 /// What a start found recorded from earlier runs.

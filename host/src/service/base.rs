@@ -1,7 +1,8 @@
 //! A base model served to every tenant: its weights in one adapter registry, one sampling loop
 //! that batches every sampler's requests on it, and one training loop that holds every adapter
-//! trained on it. The device is chosen here and nowhere else: the CPU runs everything; CUDA is
-//! checked and refused by name until the engines run on it.
+//! trained on it. The device is chosen here and nowhere else ([`DeviceOptions`]): the CPU, or a
+//! CUDA device where both engines run (the sampler's KV blocks and adapter slots sized by the
+//! options, the trainer's passes on the device).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,12 +14,78 @@ use super::{FairShare, SamplerService, TrainerService};
 use crate::lora::AdapterRegistry;
 use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Device, Model, ModelConfig};
+#[cfg(feature = "cuda")]
+use crate::sample::{
+    CudaSampler,
+    cuda::{CudaModelOptions, WeightFormat},
+};
 use crate::sample::{EngineConfig, SamplingEngine};
 use crate::text::{ChatTemplate, Tokenizer};
 use crate::train::TrainingEngine;
 
 /// The name under which a service serves the built-in tiny model.
 pub const TINY_MODEL_NAME: &str = "opentinker/tiny";
+
+/// Where a served base runs, and the room its sampler makes there.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceOptions {
+    pub device: Device,
+    /// Adapter versions a CUDA sampler holds at once (the CPU reads any number in place); a
+    /// request of another version waits for a slot.
+    pub adapter_slots: usize,
+    /// The largest adapter rank a CUDA sampler's slots hold.
+    pub max_adapter_rank: usize,
+}
+
+impl DeviceOptions {
+    /// Everything on the CPU.
+    pub fn cpu() -> Self {
+        DeviceOptions {
+            device: Device::Cpu,
+            adapter_slots: 16,
+            max_adapter_rank: 64,
+        }
+    }
+
+    /// The sampling loop over `registry`'s base on this device.
+    pub fn start_sampler(
+        &self,
+        registry: &Arc<AdapterRegistry>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        eos: Vec<u32>,
+        config: EngineConfig,
+    ) -> anyhow::Result<SamplerService> {
+        let registry = Arc::clone(registry);
+        match self.device {
+            Device::Cpu => {
+                let engine = SamplingEngine::new(registry, tokenizer, eos, config);
+                Ok(SamplerService::start(engine).0)
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda { .. } => {
+                const BLOCK_SIZE: usize = 16;
+                let gpu = Arc::new(self.device.open_gpu()?);
+                let options = CudaModelOptions {
+                    weights: WeightFormat::F32,
+                    kv_blocks: CudaSampler::blocks_for(&config, BLOCK_SIZE),
+                    block_size: BLOCK_SIZE,
+                    adapter_slots: self.adapter_slots,
+                    max_rank: self.max_adapter_rank,
+                };
+                let backend = CudaSampler::new(gpu, registry.base(), options)
+                    .with_context(|| format!("putting the sampler on {}", self.device))?;
+                let engine =
+                    SamplingEngine::with_backend(backend, registry, tokenizer, eos, config);
+                Ok(SamplerService::start(engine).0)
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda { .. } => Err(crate::model::DeviceError::NotBuilt {
+                device: self.device,
+            }
+            .into()),
+        }
+    }
+}
 
 /// A loaded base model and the loops that serve it.
 pub struct ServedBase {
@@ -45,10 +112,11 @@ impl ServedBase {
         dir: &Path,
         kv_positions: usize,
         share: FairShare,
-        device: Device,
+        device: DeviceOptions,
     ) -> anyhow::Result<Self> {
         device
-            .check("serving (the sampling engine and the trainer)")
+            .device
+            .check()
             .with_context(|| format!("serving model {name}"))?;
         let Model {
             config,
@@ -61,18 +129,21 @@ impl ServedBase {
         let context = transformer.context_length();
         let registry = AdapterRegistry::new(Arc::new(transformer));
         let tokenizer = Arc::new(tokenizer);
-        let engine = SamplingEngine::new(
-            Arc::clone(&registry),
-            Some(Arc::clone(&tokenizer)),
-            config.eos_token_ids.clone(),
-            EngineConfig {
-                kv_budget_positions: kv_positions.max(context),
-                prefix_cache_positions: 0,
-            },
-        );
         // The loops end when the last handle is dropped.
-        let (sampler, _thread) = SamplerService::start(engine);
-        let engine = TrainingEngine::new(Arc::clone(registry.base()), DType::F32);
+        let sampler = device
+            .start_sampler(
+                &registry,
+                Some(Arc::clone(&tokenizer)),
+                config.eos_token_ids.clone(),
+                EngineConfig {
+                    kv_budget_positions: kv_positions.max(context),
+                    prefix_cache_positions: 0,
+                },
+            )
+            .with_context(|| format!("serving model {name}"))?;
+        let engine = TrainingEngine::new(Arc::clone(registry.base()), DType::F32)
+            .on_device(device.device)
+            .with_context(|| format!("serving model {name}"))?;
         let (trainer, _thread) = TrainerService::start_sharing(engine, share);
         Ok(ServedBase {
             name: name.to_string(),

@@ -32,7 +32,7 @@ mod sequences;
 mod trainer;
 mod usage;
 
-pub use base::{ServedBase, TINY_MODEL_NAME, tiny_model_dir};
+pub use base::{DeviceOptions, ServedBase, TINY_MODEL_NAME, tiny_model_dir};
 pub use objectives::{ObjectivePlugins, PluginObjective, names_a_plugin, objective_config};
 pub use ops::{Change, Executed, Hold, SamplerRecord, Service, ServiceConfig};
 pub use sampler::{SamplerService, SamplerServiceError};

@@ -14,7 +14,9 @@ use tokio::sync::oneshot;
 
 use super::fair::{Divisible, FairQueue, Taken};
 use super::usage::Usage;
-use crate::sample::{RequestId, SampleError, SampleOutput, SampleRequest, SamplingEngine};
+use crate::sample::{
+    RequestId, SampleError, SampleOutput, SampleRequest, SamplerBackend, SamplingEngine,
+};
 
 /// Requests handed to the engine beyond those it runs (when several tenants wait): enough to
 /// fill a step's free room, few enough that the fair queue decides the order.
@@ -86,7 +88,7 @@ pub struct SamplerService {
 
 impl SamplerService {
     /// Start the loop on its own thread.
-    pub fn start(engine: SamplingEngine) -> (Self, JoinHandle<()>) {
+    pub fn start<B: SamplerBackend + 'static>(engine: SamplingEngine<B>) -> (Self, JoinHandle<()>) {
         let (commands, receiver) = mpsc::channel();
         let usage = Usage::default();
         let counted = usage.clone();
@@ -137,7 +139,11 @@ impl SamplerService {
     }
 }
 
-fn serve(mut engine: SamplingEngine, commands: mpsc::Receiver<Command>, usage: Usage) {
+fn serve<B: SamplerBackend>(
+    mut engine: SamplingEngine<B>,
+    commands: mpsc::Receiver<Command>,
+    usage: Usage,
+) {
     let mut waiting: HashMap<RequestId, Reply> = HashMap::new();
     // The cost unit is a token; one request per take is enough to keep the engine fed.
     let mut queue: FairQueue<Pending> = FairQueue::new(256).counting(usage);
@@ -196,7 +202,11 @@ fn enqueue(queue: &mut FairQueue<Pending>, command: Command) {
 }
 
 /// Queue a request in the engine, or answer its refusal at once.
-fn accept(engine: &mut SamplingEngine, waiting: &mut HashMap<RequestId, Reply>, pending: Pending) {
+fn accept<B: SamplerBackend>(
+    engine: &mut SamplingEngine<B>,
+    waiting: &mut HashMap<RequestId, Reply>,
+    pending: Pending,
+) {
     match engine.add_request(*pending.request) {
         Ok(id) => {
             waiting.insert(id, pending.reply);
