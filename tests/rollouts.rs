@@ -112,7 +112,14 @@ impl Table {
         )
         .unwrap();
         let context = model.context_length();
-        let service = model.serve("tiny".into(), 8192, None);
+        let service = model
+            .serve(
+                "tiny".into(),
+                8192,
+                None,
+                opentinker::service::DeviceOptions::cpu(),
+            )
+            .unwrap();
         let host = opentinker_tests::test_host();
         Table {
             _dir: dir,

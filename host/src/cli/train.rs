@@ -13,7 +13,7 @@ use crate::model::Device;
 use crate::rl::Job;
 use crate::rl::SETTINGS;
 use crate::rl::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
-use crate::service::TINY_MODEL_NAME;
+use crate::service::{DeviceOptions, TINY_MODEL_NAME};
 
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
@@ -58,10 +58,9 @@ pub struct TrainArgs {
         requires = "rollouts"
     )]
     rollout_pool: String,
-    /// The device to train and sample on in this process: `cpu`, or `cuda` / `cuda:N` (refused,
-    /// naming why, until the engines run there: a build without the `cuda` feature, a machine
-    /// without a driver or that device, or the engines not on CUDA yet). With `--server`, the
-    /// server's own `--device` decides.
+    /// The device to train and sample on in this process: `cpu`, or `cuda` / `cuda:N` (a build
+    /// without the `cuda` feature, a machine without a driver or without that device each says
+    /// so). With `--server`, the server's own `--device` decides.
     #[arg(long, default_value = "cpu", conflicts_with = "server")]
     device: Device,
     #[command(flatten)]
@@ -71,8 +70,11 @@ pub struct TrainArgs {
 /// Where `args` says to train: in process, or on a server under a base model name.
 fn engine(args: &TrainArgs, jobs: &[(PathBuf, Job)]) -> anyhow::Result<Engine> {
     let Some(url) = &args.server else {
-        args.device.cpu_only("training in this process")?;
-        return Ok(Engine::InProcess);
+        args.device.check()?;
+        return Ok(Engine::InProcess(DeviceOptions {
+            device: args.device,
+            ..DeviceOptions::cpu()
+        }));
     };
     let api_key = args
         .api_key

@@ -21,9 +21,11 @@ use crate::market::Digest;
 use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Model, ModelConfig, Transformer};
 use crate::plugin::{Limits, Plugin};
-use crate::sample::{EngineConfig, PolicyRef, SamplingEngine};
+use crate::sample::{EngineConfig, PolicyRef};
 use crate::service::convert::{self, sampler_error, train_error, trainer_error};
-use crate::service::{ObjectivePlugins, SamplerService, ServedBase, Service, TrainerService};
+use crate::service::{
+    DeviceOptions, ObjectivePlugins, SamplerService, ServedBase, Service, TrainerService,
+};
 use crate::text::{ChatTemplate, Tokenizer};
 use crate::train::{FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
 
@@ -159,6 +161,7 @@ impl LocalModel {
     pub fn full_parameter_trainer(
         self,
         beside: Option<&LocalService>,
+        device: crate::model::Device,
     ) -> anyhow::Result<FullParameterTrainer> {
         let LocalModel {
             dir,
@@ -168,7 +171,7 @@ impl LocalModel {
             chat_template,
         } = self;
         let context = transformer.context_length();
-        let engine = TrainingEngine::full_parameters(transformer, DType::F32)?;
+        let engine = TrainingEngine::full_parameters(transformer, DType::F32)?.on_device(device)?;
         let (trainer, tenant) = match beside {
             Some(service) => (service.0.trainer.attach(engine), service.0.tenant.clone()),
             None => (TrainerService::start(engine).0, String::new()),
@@ -184,30 +187,31 @@ impl LocalModel {
         })
     }
 
-    /// Serve the model as `name` (what adapters' checkpoints record as their base), its
-    /// sampler holding at most `kv_budget_positions` KV positions at once. With `beside`, its
-    /// adapters train as a guest of that service's training loop, as its tenant and with its
-    /// adapter names, and its sampler is a loop of its own; else both loops are its own.
+    /// Serve the model as `name` (what adapters' checkpoints record as their base) on `device`,
+    /// its sampler holding at most `kv_budget_positions` KV positions at once. With `beside`,
+    /// its adapters train as a guest of that service's training loop, as its tenant and with
+    /// its adapter names, and its sampler is a loop of its own; else both loops are its own.
     pub fn serve(
         self,
         name: String,
         kv_budget_positions: usize,
         beside: Option<&LocalService>,
-    ) -> LocalService {
+        device: DeviceOptions,
+    ) -> anyhow::Result<LocalService> {
         let context = self.transformer.context_length();
         let registry = AdapterRegistry::new(Arc::new(self.transformer));
-        let engine = SamplingEngine::new(
-            Arc::clone(&registry),
+        // The loops' threads end when the last client drops its handles.
+        let sampler = device.start_sampler(
+            &registry,
             Some(self.tokenizer),
             self.config.eos_token_ids.clone(),
             EngineConfig {
                 kv_budget_positions,
                 prefix_cache_positions: 0,
             },
-        );
-        // The loops' threads end when the last client drops its handles.
-        let (sampler, _thread) = SamplerService::start(engine);
-        let engine = TrainingEngine::new(Arc::clone(registry.base()), DType::F32);
+        )?;
+        let engine = TrainingEngine::new(Arc::clone(registry.base()), DType::F32)
+            .on_device(device.device)?;
         let (trainer, tenant, adapter_prefix) = match beside {
             Some(service) => (
                 service.0.trainer.attach(engine),
@@ -220,7 +224,7 @@ impl LocalModel {
                 String::new(),
             ),
         };
-        LocalService(Arc::new(Served {
+        Ok(LocalService(Arc::new(Served {
             name,
             config: self.config,
             context,
@@ -232,11 +236,17 @@ impl LocalModel {
             next_adapter: AtomicU64::new(0),
             objectives: Mutex::default(),
             wire: None,
-        }))
+            device,
+        })))
     }
 }
 
 impl LocalService {
+    /// Where its loops run (a guest model of a served base runs where the base does).
+    pub fn device(&self) -> DeviceOptions {
+        self.0.device
+    }
+
     /// A base a server already serves, as `tenant` reaches it: its training and sampling share
     /// the base's loops fairly with every other tenant's. `adapter_prefix` keeps this client's
     /// adapter names apart from every other client's on the base (a job's id, say). With
@@ -259,6 +269,7 @@ impl LocalService {
             next_adapter: AtomicU64::new(0),
             objectives: Mutex::default(),
             wire,
+            device: base.device,
         }))
     }
 }
@@ -364,6 +375,8 @@ struct Served {
     /// Where its versions are opened as samplers over the wire, for rollout workers (a served
     /// base's job on a server with a rollout queue); `None`: they live in this process only.
     wire: Option<WireSamplers>,
+    /// Where the loops run.
+    device: DeviceOptions,
 }
 
 /// Opens a served base's policy versions as sampling sessions of one session of the tenant, so

@@ -20,13 +20,14 @@ use crate::client::{ModelText, ServiceClient, TrainingClient};
 use crate::client::{RemoteService, RolloutQueue};
 use crate::client::{ServedModel, TenantBases};
 use crate::plugin::{HostConfig, PluginHost};
+use crate::service::DeviceOptions;
 
 use super::context::{JobRun, Progress};
 
 /// Where the jobs' adapters are trained and sampled.
 pub enum Engine {
-    /// On this process's engines, one per base model.
-    InProcess,
+    /// On this process's engines, one per base model, on this device.
+    InProcess(DeviceOptions),
     /// On a server of the Tinker wire (`opentinker serve`), through one tenant's key.
     Remote(RemoteEngine),
     /// Inside a server, on the bases it serves, for one tenant: a job on a served base (`model.base`,
@@ -194,6 +195,13 @@ async fn prepare_base(
             .map(|tiny| tiny.service),
         _ => None,
     };
+    // A model of the job's own runs where the base it is a guest of runs, or where the
+    // process was told to.
+    let device = match (engine, &beside) {
+        (_, Some(beside)) => beside.device(),
+        (Engine::InProcess(device), None) => *device,
+        _ => DeviceOptions::cpu(),
+    };
     let model_dir = match served {
         Some(served) if full_warmup.is_none() => {
             return prepare_served_base(group, resume, served).await;
@@ -237,7 +245,7 @@ async fn prepare_base(
                 progress: progress.clone(),
             };
             let cx = JobContext::new(first_plugins.clone(), &first.job, Arc::clone(&info));
-            let trainer = model.full_parameter_trainer(beside.as_ref())?;
+            let trainer = model.full_parameter_trainer(beside.as_ref(), device.device)?;
             warmup_done = Some(run_sft(&cx, &first.job, warmup, &trainer, &mut reporter).await?);
             for folder in &folders {
                 let staged = folder.stage_base()?;
@@ -270,7 +278,8 @@ async fn prepare_base(
         base_dir.display().to_string(),
         kv_budget_positions,
         beside.as_ref(),
-    );
+        device,
+    )?;
     let base = Arc::new(SharedBase {
         info,
         service: Arc::new(service),

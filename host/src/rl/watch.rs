@@ -23,6 +23,7 @@ use super::training_loop::Versions;
 use crate::client::LocalModel;
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
 use crate::plugin::{HostConfig, PluginHost};
+use crate::service::DeviceOptions;
 
 /// Which adapters play.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,8 +112,12 @@ impl Stage {
             .episodes
             .max(job.rl.group_size * job.rl.groups_per_batch);
         let kv_budget = episodes.max(1) * (256 + job.rl.max_tokens) * job.rl.max_turns.max(1);
-        let service: Arc<dyn ServiceClient> =
-            Arc::new(model.serve(dir.display().to_string(), kv_budget, None));
+        let service: Arc<dyn ServiceClient> = Arc::new(model.serve(
+            dir.display().to_string(),
+            kv_budget,
+            None,
+            DeviceOptions::cpu(),
+        )?);
         let cx = JobContext::new(plugins, job, info);
 
         let policies = job.policies();

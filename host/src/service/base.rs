@@ -101,6 +101,8 @@ pub struct ServedBase {
     pub registry: Arc<AdapterRegistry>,
     pub sampler: SamplerService,
     pub trainer: TrainerService,
+    /// Where both loops run.
+    pub device: DeviceOptions,
 }
 
 impl ServedBase {
@@ -155,6 +157,7 @@ impl ServedBase {
             registry,
             sampler,
             trainer,
+            device,
         })
     }
 }
