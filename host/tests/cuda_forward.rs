@@ -791,3 +791,110 @@ fn a_base_served_on_cuda_trains_and_samples_as_on_the_cpu() {
     }
     assert_eq!(tokens, want_tokens);
 }
+
+/// AdamW on the device (`GpuTrainedAdapter`) from the CPU engine's gradients against the CPU
+/// engine's `optim_step`, two steps with the global clip in play: every weight within 1e-5 of
+/// the tensor's largest.
+#[test]
+fn an_adapter_steps_on_the_device_as_the_cpu_engine_steps_it() {
+    use opentinker::lora::{GpuAdapterWeights, GpuPair, GpuPairGradients, GpuTrainedAdapter};
+    use opentinker::model::Site;
+    use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
+    use opentinker_kernels::cuda::AdamStep;
+    use std::collections::BTreeMap;
+
+    let Some(gpu) = gpu("adamw on the device") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    init_tiny(dir.path(), TinyShape::Tiny, Architecture::Qwen2, 5).unwrap();
+    let model = Model::load(dir.path()).unwrap();
+    let mut cpu = TrainingEngine::new(Arc::new(model.transformer.clone()), DType::F32);
+    let lora = LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        seed: 2,
+        ..LoraConfig::default()
+    };
+    cpu.add_adapter("a", lora).unwrap();
+    let sites: Vec<Site> = cpu.adapter("a").unwrap().sites.keys().copied().collect();
+    let weights = GpuAdapterWeights::upload(&gpu, cpu.adapter("a").unwrap()).unwrap();
+    let mut trained = GpuTrainedAdapter::new(&gpu, weights).unwrap();
+    let params = AdamParams {
+        learning_rate: 0.03,
+        weight_decay: 0.1,
+        grad_clip_norm: 0.05,
+        ..AdamParams::default()
+    };
+    let tokens: Vec<u32> = (0..17).map(|i| (i * 29 + 3) % 500 + 3).collect();
+    let item = WorkItem::new(
+        "a",
+        vec![Datum {
+            input_tokens: tokens[..16].to_vec(),
+            target_tokens: tokens[1..].to_vec(),
+            mask: vec![1.0; 16],
+            ..Datum::default()
+        }],
+        Loss::CrossEntropy,
+    );
+    for step in 0..2 {
+        cpu.forward_backward(std::slice::from_ref(&item)).unwrap();
+        // The engine's gradients are in its tensors' order: each site's A, then its B.
+        let named = cpu.gradients("a").unwrap();
+        let names: Vec<String> = cpu
+            .parameters("a")
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let values = |name: &str| named[name].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let gradients: GpuPairGradients = sites
+            .iter()
+            .zip(names.chunks_exact(2))
+            .map(|(site, pair)| {
+                let upload = |name: &str| gpu.upload(&values(name)).unwrap();
+                (
+                    *site,
+                    GpuPair {
+                        a: upload(&pair[0]),
+                        b: upload(&pair[1]),
+                    },
+                )
+            })
+            .collect();
+        let adam = AdamStep {
+            learning_rate: params.learning_rate,
+            beta1: params.beta1,
+            beta2: params.beta2,
+            eps: params.eps,
+            weight_decay: params.weight_decay,
+            step: 0,
+            clip: 1.0,
+        };
+        trained
+            .adamw(&gpu, &gradients, adam, params.grad_clip_norm)
+            .unwrap();
+        cpu.optim_step("a", &params).unwrap();
+        let on_device: BTreeMap<Site, (Vec<f32>, Vec<f32>)> =
+            trained.weights.download(&gpu).unwrap();
+        let want = cpu.parameters("a").unwrap();
+        for ((site, (a, b)), pair) in on_device.iter().zip(want.chunks_exact(2)) {
+            for (got, (name, var)) in [(a, &pair[0]), (b, &pair[1])] {
+                let want = var
+                    .as_tensor()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap();
+                let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * scale,
+                        "step {step}: {site:?} {name}[{i}]: device {g} vs CPU {w}"
+                    );
+                }
+            }
+        }
+        assert_eq!(trained.step(), step + 1);
+    }
+}

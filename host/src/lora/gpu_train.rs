@@ -3,14 +3,16 @@
 //! one training pass ([`GpuTrainAdapters`]) that gives each run of rows its adapter's delta and,
 //! in the backward, gathers each adapter's `A` and `B` gradients by site on the device, as
 //! `CpuAdapters` does on the host (a run's gradients into buffers of their own, then added to
-//! its adapter's in run order).
+//! its adapter's in run order). [`GpuTrainedAdapter`] keeps an adapter's AdamW moments on the
+//! device too, and steps it there.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 
 use opentinker_kernels::cuda::{
-    CudaSlice, Gpu, GpuError, GpuLoraGrad, GpuLoraGrads, GpuLoraPair, GpuLoraSegment, GpuTrain,
+    AdamStep, CudaSlice, Gpu, GpuError, GpuLoraGrad, GpuLoraGrads, GpuLoraPair, GpuLoraSegment,
+    GpuTrain,
 };
 use opentinker_kernels::{Backend, Backward};
 
@@ -20,15 +22,18 @@ use super::{Adapter, GpuAdapterError};
 use crate::model::Site;
 use crate::model::layers::{AdapterGrads, Adapters, Linear, Run};
 
-/// `A (rank × in)` and `B (out × rank)` on the device.
-struct DevicePair {
-    a: CudaSlice<f32>,
-    b: CudaSlice<f32>,
+/// `A (rank × in)` and `B (out × rank)` on the device (or their gradients).
+pub struct GpuPair {
+    pub a: CudaSlice<f32>,
+    pub b: CudaSlice<f32>,
 }
+
+/// One adapter's gradients on the device, by site.
+pub type GpuPairGradients = BTreeMap<Site, GpuPair>;
 
 /// One adapter's pairs on the device, by site, in f32.
 pub struct GpuAdapterWeights {
-    sites: BTreeMap<Site, DevicePair>,
+    sites: BTreeMap<Site, GpuPair>,
     rank: usize,
     scale: f32,
 }
@@ -40,7 +45,7 @@ impl GpuAdapterWeights {
             .sites
             .iter()
             .map(|(site, pair)| {
-                let pair = DevicePair {
+                let pair = GpuPair {
                     a: gpu.upload(&host_values(pair.a.as_tensor())?)?,
                     b: gpu.upload(&host_values(pair.b.as_tensor())?)?,
                 };
@@ -53,13 +58,21 @@ impl GpuAdapterWeights {
             scale: adapter.config.scale() as f32,
         })
     }
+
+    /// Every pair's values on the host, by site (to publish or save what trained here).
+    pub fn download(&self, gpu: &Gpu) -> Result<PairGradients<f32>, GpuError> {
+        self.sites
+            .iter()
+            .map(|(site, pair)| Ok((*site, (gpu.download(&pair.a)?, gpu.download(&pair.b)?))))
+            .collect()
+    }
 }
 
 /// The adapters of one training pass on the device, by the index a [`Run`] names; made with
 /// [`GpuTrainAdapters::training`], they also gather their gradients.
 pub struct GpuTrainAdapters<'a> {
     adapters: Vec<&'a GpuAdapterWeights>,
-    gradients: Option<RefCell<Vec<BTreeMap<Site, DevicePair>>>>,
+    gradients: Option<RefCell<Vec<GpuPairGradients>>>,
 }
 
 impl<'a> GpuTrainAdapters<'a> {
@@ -84,11 +97,7 @@ impl<'a> GpuTrainAdapters<'a> {
     /// Per adapter (in the order given), the gradients the backward passes gathered, on the
     /// host: only the sites a backward reached.
     pub fn into_gradients(self, ops: &GpuTrain<'_>) -> Result<Vec<PairGradients<f32>>, GpuError> {
-        let Some(gradients) = self.gradients else {
-            return Ok(Vec::new());
-        };
-        gradients
-            .into_inner()
+        self.into_device_gradients()
             .into_iter()
             .map(|sites| {
                 sites
@@ -97,6 +106,11 @@ impl<'a> GpuTrainAdapters<'a> {
                     .collect()
             })
             .collect()
+    }
+
+    /// As [`GpuTrainAdapters::into_gradients`], left on the device.
+    pub fn into_device_gradients(self) -> Vec<GpuPairGradients> {
+        self.gradients.map(RefCell::into_inner).unwrap_or_default()
     }
 
     /// Each run's pair at `site`.
@@ -166,7 +180,7 @@ impl<'g> AdapterGrads<GpuTrain<'g>> for GpuTrainAdapters<'_> {
         // Each run's gradients into buffers of their own (one adapter may serve two runs),
         // then into its adapter's.
         let trains = self.gradients.is_some();
-        let mut parts: Vec<Option<DevicePair>> = segments
+        let mut parts: Vec<Option<GpuPair>> = segments
             .iter()
             .map(|segment| {
                 segment
@@ -174,7 +188,7 @@ impl<'g> AdapterGrads<GpuTrain<'g>> for GpuTrainAdapters<'_> {
                     .as_ref()
                     .filter(|_| trains)
                     .map(|pair| {
-                        Ok(DevicePair {
+                        Ok(GpuPair {
                             a: ops.zeros(pair.rank * inp)?,
                             b: ops.zeros(out * pair.rank)?,
                         })
@@ -218,5 +232,87 @@ impl<'g> AdapterGrads<GpuTrain<'g>> for GpuTrainAdapters<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// An adapter trained on the device: its pairs, AdamW's moments of each, and its step count.
+pub struct GpuTrainedAdapter {
+    pub weights: GpuAdapterWeights,
+    /// Per site, the first and second moments of `A` and of `B`.
+    moments: BTreeMap<Site, (GpuPair, GpuPair)>,
+    step: u64,
+}
+
+impl GpuTrainedAdapter {
+    /// `weights` with zero moments, at step 0.
+    pub fn new(gpu: &Gpu, weights: GpuAdapterWeights) -> Result<Self, GpuError> {
+        let zeros = |pair: &GpuPair| -> Result<GpuPair, GpuError> {
+            Ok(GpuPair {
+                a: gpu.zeros(pair.a.len())?,
+                b: gpu.zeros(pair.b.len())?,
+            })
+        };
+        let moments = weights
+            .sites
+            .iter()
+            .map(|(site, pair)| Ok((*site, (zeros(pair)?, zeros(pair)?))))
+            .collect::<Result<_, GpuError>>()?;
+        Ok(GpuTrainedAdapter {
+            weights,
+            moments,
+            step: 0,
+        })
+    }
+
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// One AdamW step from `gradients` (what a pass gathered for this adapter; a site missing
+    /// counts as zeros), in the CPU engine's order: the global norm, the clip to `clip_norm`
+    /// (0: none), then each tensor's update with `adam`'s rate, betas, eps and decay (its `step`
+    /// and `clip` are this adapter's). Returns the gradient's norm before the clip.
+    pub fn adamw(
+        &mut self,
+        gpu: &Gpu,
+        gradients: &GpuPairGradients,
+        adam: AdamStep,
+        clip_norm: f64,
+    ) -> Result<f64, GpuError> {
+        let mut square_sum = 0.0;
+        for pair in gradients.values() {
+            square_sum += gpu.square_sum(&pair.a)? + gpu.square_sum(&pair.b)?;
+        }
+        let norm = square_sum.sqrt();
+        let clip = match clip_norm > 0.0 && norm > clip_norm {
+            true => clip_norm / norm,
+            false => 1.0,
+        };
+        self.step += 1;
+        let adam = AdamStep {
+            step: i32::try_from(self.step).unwrap_or(i32::MAX),
+            clip,
+            ..adam
+        };
+        for (site, pair) in &mut self.weights.sites {
+            let (m, v) = self
+                .moments
+                .get_mut(site)
+                .ok_or_else(|| GpuError::InvalidArgument(format!("no moments at {site:?}")))?;
+            let zero;
+            let grad = match gradients.get(site) {
+                Some(grad) => grad,
+                None => {
+                    zero = GpuPair {
+                        a: gpu.zeros(pair.a.len())?,
+                        b: gpu.zeros(pair.b.len())?,
+                    };
+                    &zero
+                }
+            };
+            gpu.adamw(&mut pair.a, &grad.a, &mut m.a, &mut v.a, adam)?;
+            gpu.adamw(&mut pair.b, &grad.b, &mut m.b, &mut v.b, adam)?;
+        }
+        Ok(norm)
     }
 }

@@ -19,7 +19,9 @@ pub use apply::{CpuAdapters, PairGradients};
 #[cfg(feature = "cuda")]
 pub use gpu::{GpuAdapterError, GpuAdapterPools, GpuAdapters};
 #[cfg(feature = "cuda")]
-pub use gpu_train::{GpuAdapterWeights, GpuTrainAdapters};
+pub use gpu_train::{
+    GpuAdapterWeights, GpuPair, GpuPairGradients, GpuTrainAdapters, GpuTrainedAdapter,
+};
 pub use merge::merge;
 pub use registry::{AdapterRegistry, PolicyVersion, RegistryError};
 pub use score::{RowAdapters, token_logprobs};
