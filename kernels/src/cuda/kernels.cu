@@ -764,19 +764,52 @@ extern "C" __global__ void adamw(float *__restrict__ w, const float *__restrict_
 }
 
 // dx (rows × inp) += dy (rows × out) · W (out × inp): the input's gradient through a frozen
-// projection, W in f32 or bf16. Thread per (row, input column), the outputs added in order, so
-// a row's gradient never depends on the other rows. (A first, untiled version: W is read once
-// per row.)
+// projection, W in f32 or bf16. A block computes a 64 × 64 tile of dx, each of its 256 threads
+// 4 × 4 values, over `out` in chunks of 16 staged in shared memory (so W is read once per 64
+// rows). Every value's sum runs over o = 0, 1, ... in order from zero, so a row's gradient never
+// depends on the other rows or on where the tiles fall.
+#define BWD_TILE 64
+#define BWD_K 16
 template <typename W>
 __device__ __forceinline__ void linear_backward_input(const float *__restrict__ dy, const W *__restrict__ w,
                                                       float *__restrict__ dx, int rows, int inp, int out) {
-    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (index >= (size_t)rows * inp) return;
-    const int i = index % inp;
-    const float *g = dy + (index / inp) * out;
-    float sum = 0.0f;
-    for (int o = 0; o < out; o++) sum = fmaf(g[o], load1(w + (size_t)o * inp, i), sum);
-    dx[index] += sum;
+    __shared__ float gs[BWD_K][BWD_TILE + 1];
+    __shared__ float ws[BWD_K][BWD_TILE];
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int row0 = blockIdx.y * BWD_TILE, col0 = blockIdx.x * BWD_TILE;
+    float acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < out; k0 += BWD_K) {
+        for (int l = threadIdx.x; l < BWD_TILE * BWD_K; l += blockDim.x) {
+            const int r = l / BWD_K, k = l % BWD_K;
+            const int gr = row0 + r, gk = k0 + k;
+            gs[k][r] = (gr < rows && gk < out) ? dy[(size_t)gr * out + gk] : 0.0f;
+        }
+        for (int l = threadIdx.x; l < BWD_K * BWD_TILE; l += blockDim.x) {
+            const int k = l / BWD_TILE, c = l % BWD_TILE;
+            const int gk = k0 + k, gc = col0 + c;
+            ws[k][c] = (gk < out && gc < inp) ? load1(w + (size_t)gk * inp, gc) : 0.0f;
+        }
+        __syncthreads();
+        const int kmax = min(BWD_K, out - k0);
+        for (int k = 0; k < kmax; k++) {
+            float g[4], v[4];
+            for (int i = 0; i < 4; i++) g[i] = gs[k][ty * 4 + i];
+            for (int j = 0; j < 4; j++) v[j] = ws[k][tx * 4 + j];
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(g[i], v[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 4; i++) {
+        const int r = row0 + ty * 4 + i;
+        if (r >= rows) continue;
+        for (int j = 0; j < 4; j++) {
+            const int c = col0 + tx * 4 + j;
+            if (c < inp) dx[(size_t)r * inp + c] += acc[i][j];
+        }
+    }
 }
 extern "C" __global__ void linear_backward_input_f32(const float *__restrict__ dy, const float *__restrict__ w,
                                                     float *__restrict__ dx, int rows, int inp, int out) {

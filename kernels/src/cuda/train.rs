@@ -25,6 +25,10 @@ const SCORES_BYTES: usize = 47 * 1024;
 const SQUARE_CHUNK: usize = 4096;
 /// Threads of `square_sum_partials` (a power of two: its reduction tree is fixed by it).
 const SQUARE_THREADS: u32 = 256;
+/// The side of the square tile of `dx` a block of `linear_backward_input` computes
+/// (`BWD_TILE` in `kernels.cu`), and its threads (each 4 × 4 values of the tile).
+const BACKWARD_TILE: usize = 64;
+const BACKWARD_THREADS: u32 = 256;
 
 /// One adapter's pair on the device, for a segment of rows: `a (rank × in)`, `b (out × rank)`.
 #[derive(Clone, Copy)]
@@ -323,10 +327,19 @@ impl Gpu {
             }
         };
         launch.arg(dx).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]);
-        // SAFETY: matches `linear_backward_input_f32` / `_bf16`; one thread per value of `dx`
-        // (`rows × inp`), reading its row of `dy` (`rows × out`) and a column of `W`.
-        unsafe { launch.launch(elementwise(rows * inp)?) }
-            .doing("launching linear_backward_input")?;
+        let config = LaunchConfig {
+            grid_dim: (
+                grid(inp.div_ceil(BACKWARD_TILE))?,
+                grid_y(rows.div_ceil(BACKWARD_TILE))?,
+                1,
+            ),
+            block_dim: (BACKWARD_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `linear_backward_input_f32` / `_bf16`: a block per 64 × 64 tile of
+        // `dx` (`rows × inp`), 256 threads, each reading rows of `dy` (`rows × out`) and `W`
+        // inside their bounds and writing its tile's values inside `dx`'s.
+        unsafe { launch.launch(config) }.doing("launching linear_backward_input")?;
         Ok(())
     }
 
