@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA backend: the kernels' GPU tests against the CPU kernels (under
-# compute-sanitizer's memcheck too, where it is installed) and the sampler's CUDA forward against
-# its CPU forward, then the kernel and decode figures and PyTorch's / transformers' on the same
-# GPU with the ratios. About five minutes on an H200.
+# compute-sanitizer's memcheck too, where it is installed) and the engines on CUDA against the
+# same engines on the CPU (host/tests/cuda_forward.rs: the sampler's forward, the sampling and
+# training engines, a served base), then the kernel, decode and LoRA training figures and
+# PyTorch's / transformers' / PEFT's on the same GPU with the ratios. At most eight minutes on an
+# H200 (each part has its own timeout).
 #
 #   scripts/gpu-check.sh --build   # where cargo is: builds the tests and the benchmark into target/gpu-check/
 #   scripts/gpu-check.sh           # on the GPU machine (no Rust toolchain needed): runs them
@@ -19,8 +21,9 @@ dir=target/gpu-check
 if [[ "${1:-}" == "--build" ]]; then
     mkdir -p "$dir"
     cargo build --release --locked -p opentinker-kernels --features cuda --example gpu_bench
-    cargo build --release --locked -p opentinker --features cuda --example gpu_decode
-    cp target/release/examples/gpu_bench target/release/examples/gpu_decode "$dir/"
+    cargo build --release --locked -p opentinker --features cuda --example gpu_decode --example gpu_train
+    cp target/release/examples/gpu_bench target/release/examples/gpu_decode \
+        target/release/examples/gpu_train "$dir/"
     test_binary() {
         cargo test --release --locked -p "$1" --features cuda --test "$2" --no-run \
             --message-format=json | grep "\"kind\":\[\"test\"\],[^}]*\"name\":\"$2\"" \
@@ -28,7 +31,7 @@ if [[ "${1:-}" == "--build" ]]; then
     }
     cp "$(test_binary opentinker-kernels cuda)" "$dir/cuda-tests"
     cp "$(test_binary opentinker cuda_forward)" "$dir/cuda-forward-tests"
-    strip "$dir"/gpu_bench "$dir"/gpu_decode "$dir"/cuda-tests "$dir"/cuda-forward-tests
+    strip "$dir"/gpu_bench "$dir"/gpu_decode "$dir"/gpu_train "$dir"/cuda-tests "$dir"/cuda-forward-tests
     ls -l "$dir"
     exit 0
 fi
@@ -41,7 +44,7 @@ case "${1:-}" in
     "") ;;
     *) echo "unknown option ${1}: see the head of $0" >&2; exit 2 ;;
 esac
-for binary in gpu_bench gpu_decode cuda-tests cuda-forward-tests; do
+for binary in gpu_bench gpu_decode gpu_train cuda-tests cuda-forward-tests; do
     [[ -x "$dir/$binary" ]] || { echo "$dir/$binary is missing: run scripts/gpu-check.sh --build first" >&2; exit 1; }
 done
 out="${OUT:-$dir/results}"
@@ -62,7 +65,7 @@ date -u +"date: %Y-%m-%d %H:%M UTC"
 
 failed=()
 echo "== GPU tests"
-if ! { "$dir/cuda-tests" --test-threads 1 && "$dir/cuda-forward-tests" --test-threads 1; } 2>&1 | tee "$out/tests.log"; then
+if ! { timeout 240 "$dir/cuda-tests" --test-threads 1 && timeout 240 "$dir/cuda-forward-tests" --test-threads 1; } 2>&1 | tee "$out/tests.log"; then
     failed+=("GPU tests")
 fi
 if grep -q ': skipped:' "$out/tests.log"; then
@@ -83,10 +86,17 @@ echo "== kernel figures"
 "$dir/gpu_bench" "$out/gpu_bench.jsonl" | tee "$out/gpu_bench.md" || failed+=("gpu_bench")
 echo "== decode figures"
 timeout 200 "$dir/gpu_decode" "$out/gpu_decode.jsonl" | tee "$out/gpu_decode.md" || failed+=("gpu_decode")
+echo "== LoRA training figures"
+timeout 150 "$dir/gpu_train" "$out/gpu_train.jsonl" | tee "$out/gpu_train.md" || failed+=("gpu_train")
 if ! $quick; then
     echo "== PyTorch and transformers on the same shapes"
     PYTHONUNBUFFERED=1 timeout 240 python3 bench/python/gpu_peer.py "${peer_options[@]}" "$out/gpu_bench.jsonl" \
         "$out/gpu_decode.jsonl" | tee "$out/gpu_peer.md" || failed+=("the peers")
+    echo "== PyTorch + PEFT training on the same shapes"
+    if [[ -s "$out/gpu_train.jsonl" ]]; then
+        PYTHONUNBUFFERED=1 timeout 150 python3 bench/python/gpu_peer.py "$out/gpu_train.jsonl" \
+            | tee "$out/gpu_peer_train.md" || failed+=("the training peer")
+    fi
 fi
 if ((${#failed[@]})); then
     printf 'FAIL: %s\n' "${failed[@]}" >&2

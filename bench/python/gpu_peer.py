@@ -14,7 +14,11 @@ ours, PyTorch's and the ratio:
   in the same weight type as ours (f32 or bf16); with adapters, PEFT LoRA adapters (rank 16 on
   every projection) and `adapter_names` per row,
   on the 0.5B shape only (PEFT's mixed batch takes about half a second a step there, so the 7B
-  shape would take minutes), or not at all with --no-peft.
+  shape would take minutes), or not at all with --no-peft;
+- train: a PEFT LoRA training step (rank 16 on every projection) of a random `transformers`
+  model of the same config in f32: forward, the summed cross-entropy of every token, backward,
+  the gradient clipped to norm 1, `torch.optim.AdamW`, on the same 16 x 64 tokens as ours (PEFT
+  trains one adapter at a time, so ours through 16 adapters is against our one).
 
     python3 bench/python/gpu_peer.py [--no-peft] RESULTS.jsonl...
 """
@@ -54,6 +58,8 @@ def main(paths, peft=True):
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     if any(r["kind"] == "decode" for r in rows):
         decode(rows, peft)
+    if any(r["kind"] == "train" for r in rows):
+        train(rows)
     if not any(r["kind"] in ("linear", "lora") for r in rows):
         return
     print("\nprojection (f32): opentinker vs torch F.linear (cuBLAS)")
@@ -151,6 +157,55 @@ def decode(rows, peft):
                 print(f"| {shape} | {weights} | {n} | {adapters} | {ours:.2f} | {ms:.2f} | {ms / ours:.2f} |")
             del model, peft_model
             torch.cuda.empty_cache()
+
+
+def train(rows):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    print("\nLoRA training step (f32, TF32 off): opentinker on CUDA vs PyTorch + PEFT")
+    print("| shape | adapters | ours ms | PEFT ms | PEFT / ours | ours / ours with one adapter |")
+    print("|---|---:|---:|---:|---:|---:|")
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    for shape in dict.fromkeys(r["shape"] for r in train_rows):
+        mine = [r for r in train_rows if r["shape"] == shape]
+        first = mine[0]
+        config = dict(first["config"])
+        config.pop("architectures", None)
+        hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+        vocab, rank = hf_config.vocab_size, first["rank"]
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=[
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+        peft_model = get_peft_model(model, lora)
+        params = [p for p in peft_model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+        ids = torch.stack([(torch.arange(first["tokens"] + 1) * 7919 + s * 104729) % vocab
+                           for s in range(first["sequences"])]).cuda()
+        inputs, targets = ids[:, :-1], ids[:, 1:]
+
+        def step():
+            logits = peft_model(input_ids=inputs).logits
+            logprobs = torch.log_softmax(logits.float(), -1).gather(-1, targets.unsqueeze(-1))
+            (-logprobs.sum()).backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        step()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        peft_ms = (time.perf_counter() - started) / 3 * 1000.0
+        one = next(r["step_ms"] for r in mine if r["adapters"] == 1)
+        for r in mine:
+            ours = r["step_ms"]
+            print(f"| {shape} | {r['adapters']} | {ours:.1f} | {peft_ms:.1f} | {peft_ms / ours:.2f} | {ours / one:.2f} |")
+        del model, peft_model, optimizer, params
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -17,32 +17,13 @@ use opentinker::sample::cuda::{CudaModel, CudaModelOptions, CudaSequence, Weight
 use opentinker_kernels::cuda::{AdapterRef, Gpu};
 use serde_json::json;
 
+#[path = "common/shapes.rs"]
+mod shapes;
+use shapes::shapes;
+
 const PROMPT: usize = 32;
 const NEW_TOKENS: usize = 32;
 const RANK: usize = 16;
-
-fn shapes() -> Vec<(&'static str, serde_json::Value)> {
-    let qwen2 = |layers: usize,
-                 hidden: usize,
-                 inter: usize,
-                 heads: usize,
-                 kv: usize,
-                 vocab: usize,
-                 tied: bool| {
-        json!({
-            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-            "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
-            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
-            "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000.0, "tie_word_embeddings": tied, "bos_token_id": 0,
-            "eos_token_id": 1,
-        })
-    };
-    vec![
-        ("qwen2.5-0.5b", qwen2(24, 896, 4864, 14, 2, 151_936, true)),
-        ("qwen2.5-7b", qwen2(28, 3584, 18944, 28, 4, 152_064, false)),
-    ]
-}
 
 /// Seconds of a greedy generation of `new_tokens` after `batch` prompts of `PROMPT` tokens.
 fn generate_seconds(
