@@ -678,6 +678,20 @@ fn the_sampling_engine_on_cuda_matches_the_engine_on_the_cpu() {
         "the prefix cache served the longer prompt"
     );
 
+    // An adapter the device's slots cannot hold is refused when it arrives, naming why.
+    let big = registry.publish("big", &adapter(&model, 32, 9)).unwrap();
+    let mut refused = request(prompt(5, 8), None, 0.0, 1);
+    refused.policy = Some(PolicyRef {
+        name: big.name.clone(),
+        version: Some(big.version),
+    });
+    let error = on_gpu.add_request(refused).unwrap_err();
+    assert!(
+        matches!(error, opentinker::sample::SampleError::AdapterRefused(_))
+            && error.to_string().contains("rank 32"),
+        "{error}"
+    );
+
     let alone = run_all(&mut cuda_engine(), vec![requests()[1].clone()]);
     let bits = |s: &opentinker::sample::Sample| -> (Vec<u32>, Vec<u32>) {
         (

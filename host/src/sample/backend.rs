@@ -36,6 +36,10 @@ pub enum BackendError {
     AdapterSlots { policies: usize, slots: usize },
     #[error("the device's KV cache has no free block (of {blocks})")]
     KvBlocks { blocks: usize },
+    #[error("the adapter has rank {rank}; this sampler's adapter slots hold ranks up to {max}")]
+    AdapterRank { rank: usize, max: usize },
+    #[error("the adapter adapts the unembedding, which this sampler's adapter slots do not hold")]
+    AdapterUnembedding,
 }
 
 /// The base model's forward over sequences with KV caches, on one device.
@@ -52,6 +56,13 @@ pub trait SamplerBackend: Send {
     /// How many adapter versions one call may run (`None`: any number).
     fn max_policies(&self) -> Option<usize> {
         None
+    }
+
+    /// Whether this backend can run `policy` at all (a device's adapter slots have a largest
+    /// rank): asked when a request arrives.
+    fn check_policy(&self, policy: &PolicyVersion) -> Result<(), BackendError> {
+        let _ = policy;
+        Ok(())
     }
 
     /// A cache holding nothing.

@@ -254,6 +254,21 @@ impl SamplerBackend for CudaSampler {
         Some(self.slots.len())
     }
 
+    fn check_policy(&self, policy: &PolicyVersion) -> Result<(), BackendError> {
+        let adapter = &policy.adapter;
+        let max = self.model.options().max_rank;
+        if adapter.config.rank > max {
+            return Err(BackendError::AdapterRank {
+                rank: adapter.config.rank,
+                max,
+            });
+        }
+        if adapter.sites.contains_key(&crate::model::Site::Unembed) {
+            return Err(BackendError::AdapterUnembedding);
+        }
+        Ok(())
+    }
+
     fn empty_cache(&mut self) -> BlockTable {
         BlockTable {
             blocks: Vec::new(),

@@ -240,6 +240,10 @@ pub enum SampleError {
     Params(#[from] ParamsError),
     #[error(transparent)]
     Policy(#[from] RegistryError),
+    /// The adapter is one this sampler's device cannot hold (checked when the request arrives,
+    /// so that it never fails a step other requests share).
+    #[error("this sampler cannot run the adapter: {0}")]
+    AdapterRefused(BackendError),
     #[error(transparent)]
     Backend(#[from] BackendError),
 }
@@ -363,6 +367,11 @@ impl<B: SamplerBackend> SamplingEngine<B> {
             Some(p) => Some(self.registry.get(&p.name, p.version)?),
             None => None,
         };
+        if let Some(policy) = &policy {
+            self.backend
+                .check_policy(policy)
+                .map_err(SampleError::AdapterRefused)?;
+        }
         let longest = (request.prompt.len() + request.params.max_tokens).min(context);
         let reserved =
             longest.next_multiple_of(self.backend.block_size()) * request.params.num_samples;
