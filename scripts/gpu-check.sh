@@ -21,9 +21,10 @@ dir=target/gpu-check
 if [[ "${1:-}" == "--build" ]]; then
     mkdir -p "$dir"
     cargo build --release --locked -p opentinker-kernels --features cuda --example gpu_bench
-    cargo build --release --locked -p opentinker --features cuda --example gpu_decode --example gpu_train
+    cargo build --release --locked -p opentinker --features cuda --example gpu_decode --example gpu_train \
+        --example gpu_rl_step
     cp target/release/examples/gpu_bench target/release/examples/gpu_decode \
-        target/release/examples/gpu_train "$dir/"
+        target/release/examples/gpu_train target/release/examples/gpu_rl_step "$dir/"
     test_binary() {
         cargo test --release --locked -p "$1" --features cuda --test "$2" --no-run \
             --message-format=json | grep "\"kind\":\[\"test\"\],[^}]*\"name\":\"$2\"" \
@@ -31,7 +32,8 @@ if [[ "${1:-}" == "--build" ]]; then
     }
     cp "$(test_binary opentinker-kernels cuda)" "$dir/cuda-tests"
     cp "$(test_binary opentinker cuda_forward)" "$dir/cuda-forward-tests"
-    strip "$dir"/gpu_bench "$dir"/gpu_decode "$dir"/gpu_train "$dir"/cuda-tests "$dir"/cuda-forward-tests
+    strip "$dir"/gpu_bench "$dir"/gpu_decode "$dir"/gpu_train "$dir"/gpu_rl_step "$dir"/cuda-tests \
+        "$dir"/cuda-forward-tests
     ls -l "$dir"
     exit 0
 fi
@@ -44,7 +46,7 @@ case "${1:-}" in
     "") ;;
     *) echo "unknown option ${1}: see the head of $0" >&2; exit 2 ;;
 esac
-for binary in gpu_bench gpu_decode gpu_train cuda-tests cuda-forward-tests; do
+for binary in gpu_bench gpu_decode gpu_train gpu_rl_step cuda-tests cuda-forward-tests; do
     [[ -x "$dir/$binary" ]] || { echo "$dir/$binary is missing: run scripts/gpu-check.sh --build first" >&2; exit 1; }
 done
 out="${OUT:-$dir/results}"
@@ -88,6 +90,8 @@ echo "== decode figures"
 timeout 200 "$dir/gpu_decode" "$out/gpu_decode.jsonl" | tee "$out/gpu_decode.md" || failed+=("gpu_decode")
 echo "== LoRA training figures"
 timeout 150 "$dir/gpu_train" "$out/gpu_train.jsonl" | tee "$out/gpu_train.md" || failed+=("gpu_train")
+echo "== RL step figures (sample a group, train on it, publish)"
+timeout 120 "$dir/gpu_rl_step" "$out/gpu_rl_step.jsonl" | tee "$out/gpu_rl_step.md" || failed+=("gpu_rl_step")
 if ! $quick; then
     echo "== PyTorch and transformers on the same shapes"
     PYTHONUNBUFFERED=1 timeout 240 python3 bench/python/gpu_peer.py "${peer_options[@]}" "$out/gpu_bench.jsonl" \
