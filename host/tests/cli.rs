@@ -354,12 +354,7 @@ fn every_command_that_runs_the_model_refuses_a_device_it_cannot_use_by_name() {
         let cuda = with("cuda:1");
         assert!(!cuda.status.success(), "{name} --device cuda:1");
         let stderr = String::from_utf8_lossy(&cuda.stderr);
-        let why = [
-            "has no CUDA backend",
-            "no CUDA driver",
-            "is not available",
-            "does not run on CUDA yet",
-        ];
+        let why = ["has no CUDA backend", "no CUDA driver", "is not available"];
         assert!(
             stderr.contains("cuda:1") && why.iter().any(|w| stderr.contains(w)),
             "{name}: {stderr}"

@@ -9,8 +9,9 @@ use opentinker::lora::{AdapterRegistry, LoraConfig, PolicyVersion};
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, ModelConfig};
 use opentinker::sample::{
-    EngineConfig, PolicyRef, PromptAsks, PromptTargets, Sample, SampleOutput, SampleRequest,
-    SamplingEngine, SamplingParams, Stop, StopReason,
+    BackendError, BackendInput, CpuSampler, EngineConfig, PolicyRef, PromptAsks, PromptTargets,
+    Sample, SampleOutput, SampleRequest, SamplerBackend, SamplingEngine, SamplingParams, Stop,
+    StopReason,
 };
 use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
 
@@ -114,7 +115,10 @@ fn request(prompt: Vec<u32>, policy: Option<&Arc<PolicyVersion>>, seed: u64) -> 
 }
 
 /// Run every request to completion; outputs in the order of the requests.
-fn run(engine: &mut SamplingEngine, requests: Vec<SampleRequest>) -> Vec<SampleOutput> {
+fn run<B: SamplerBackend>(
+    engine: &mut SamplingEngine<B>,
+    requests: Vec<SampleRequest>,
+) -> Vec<SampleOutput> {
     let ids: Vec<u64> = requests
         .into_iter()
         .map(|r| engine.add_request(r).unwrap())
@@ -549,4 +553,87 @@ fn stop_strings_end_a_sample_and_top_prompt_logprobs_are_ranked() {
             assert_eq!(*lp, actual);
         }
     }
+}
+
+/// The CPU backend holding one adapter version at a time (as a device's slots hold a few), and
+/// counting the most versions one forward call ran.
+struct OneSlot {
+    cpu: CpuSampler,
+    most: std::cell::Cell<usize>,
+}
+
+impl SamplerBackend for OneSlot {
+    type Cache = <CpuSampler as SamplerBackend>::Cache;
+
+    fn max_policies(&self) -> Option<usize> {
+        Some(1)
+    }
+
+    fn empty_cache(&mut self) -> Self::Cache {
+        self.cpu.empty_cache()
+    }
+
+    fn cache_len(cache: &Self::Cache) -> usize {
+        CpuSampler::cache_len(cache)
+    }
+
+    fn fork(&mut self, cache: &Self::Cache, len: usize) -> Result<Self::Cache, BackendError> {
+        self.cpu.fork(cache, len)
+    }
+
+    fn forward(
+        &mut self,
+        base: &opentinker::model::Transformer,
+        inputs: &mut [BackendInput<'_, Self::Cache>],
+    ) -> Result<Vec<Vec<f32>>, BackendError> {
+        let mut versions: Vec<(String, u64)> = inputs
+            .iter()
+            .filter_map(|input| input.policy.map(|p| (p.name.clone(), p.version)))
+            .collect();
+        versions.sort();
+        versions.dedup();
+        self.most.set(self.most.get().max(versions.len()));
+        self.cpu.forward(base, inputs)
+    }
+}
+
+/// A backend that holds only so many adapter versions at once gets no call with more: a
+/// request of another version waits until one finishes (the base model takes no slot), and
+/// every request samples what it samples on a backend without the limit.
+#[test]
+fn requests_wait_for_a_backend_adapter_slot_and_sample_the_same() {
+    let setup = setup();
+    let (a, b) = (publish(&setup, "a"), publish(&setup, "b"));
+    let requests = || {
+        vec![
+            request(prompt(1, 12), Some(&a), 1),
+            request(prompt(2, 9), None, 2),
+            request(prompt(3, 14), Some(&b), 3),
+            request(prompt(4, 7), Some(&a), 4),
+        ]
+    };
+    let want = run(&mut engine(&setup, false), requests());
+    let backend = OneSlot {
+        cpu: CpuSampler::new(&setup.config),
+        most: std::cell::Cell::new(0),
+    };
+    let mut limited = SamplingEngine::with_backend(
+        backend,
+        Arc::clone(&setup.registry),
+        None,
+        setup.config.eos_token_ids.clone(),
+        EngineConfig {
+            kv_budget_positions: 64 * 128,
+            prefix_cache_positions: 0,
+        },
+    );
+    let got = run(&mut limited, requests());
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(bits(&g.samples), bits(&w.samples));
+    }
+    assert_eq!(
+        limited.backend().most.get(),
+        1,
+        "one version per call at most"
+    );
 }

@@ -7,8 +7,60 @@ use candle_core::DType;
 use clap::Subcommand;
 use serde::Serialize;
 
+use std::sync::Arc;
+
+use crate::lora::{AdapterRegistry, PolicyVersion};
 use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Device, Model};
+use crate::sample::{EngineConfig, PolicyRef, PromptAsks, SampleRequest, SamplingParams};
+use crate::service::DeviceOptions;
+
+/// Each token's logprob given the ones before it (`None` for the first), under `registry`'s
+/// base or `version`, on `device`: the sampling engine's prompt logprobs.
+fn score(
+    registry: &Arc<AdapterRegistry>,
+    tokens: &[u32],
+    version: Option<&PolicyVersion>,
+    device: Device,
+) -> anyhow::Result<Vec<Option<f32>>> {
+    if tokens.is_empty() {
+        return Ok(Vec::new());
+    }
+    let options = DeviceOptions {
+        device,
+        ..DeviceOptions::cpu()
+    };
+    let sampler = options.start_sampler(
+        registry,
+        None,
+        Vec::new(),
+        EngineConfig {
+            kv_budget_positions: tokens.len() + 1,
+            prefix_cache_positions: 0,
+        },
+    )?;
+    let mut request = SampleRequest::new(
+        tokens.to_vec(),
+        SamplingParams {
+            max_tokens: 1,
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+    );
+    request.policy = version.map(|v| PolicyRef {
+        name: v.name.clone(),
+        version: Some(v.version),
+    });
+    request.prompt_asks = PromptAsks {
+        logprobs: true,
+        ..PromptAsks::default()
+    };
+    let output = futures::executor::block_on(sampler.sample(request))?;
+    output
+        .prompt
+        .logprobs
+        .context("the sampler answered no prompt logprobs")
+}
 
 #[derive(Debug, Subcommand)]
 pub enum ModelCommand {
@@ -35,9 +87,8 @@ pub enum ModelCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
-        /// The device to run on: `cpu`, or `cuda` / `cuda:N` (refused, naming why, until the
-        /// engines run there: a build without the `cuda` feature, a machine without a driver or
-        /// that device, or the engine not on CUDA yet).
+        /// The device to run on: `cpu`, or `cuda` / `cuda:N` (a build without the `cuda`
+        /// feature, a machine without a driver or without that device each says so).
         #[arg(long, default_value = "cpu")]
         device: Device,
     },
@@ -99,21 +150,29 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             json,
             device,
         } => {
-            device.cpu_only("scoring")?;
-            let model = Model::load(&model)?;
-            let adapter = adapter
-                .map(|dir| crate::train::checkpoint::load(&dir, &model.config, DType::F32))
-                .transpose()?
-                .map(|loaded| loaded.adapter);
-            let tokens = model.tokenizer.encode(&text)?;
-            let logprobs = crate::lora::token_logprobs(&model, &tokens, adapter.as_ref())?;
+            device.check()?;
+            let Model {
+                config,
+                transformer,
+                tokenizer,
+                ..
+            } = Model::load(&model)?;
+            let tokens = tokenizer.encode(&text)?;
+            let registry = AdapterRegistry::new(Arc::new(transformer));
+            let version = adapter
+                .map(|dir| -> anyhow::Result<_> {
+                    let loaded = crate::train::checkpoint::load(&dir, &config, DType::F32)?;
+                    Ok(registry.publish("adapter", &loaded.adapter)?)
+                })
+                .transpose()?;
+            let logprobs = score(&registry, &tokens, version.as_deref(), device)?;
             let rows = tokens
                 .iter()
                 .zip(logprobs)
                 .map(|(&token, logprob)| {
                     Ok(TokenLogprob {
                         token,
-                        text: model.tokenizer.piece(token)?,
+                        text: tokenizer.piece(token)?,
                         logprob,
                     })
                 })

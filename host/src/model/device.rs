@@ -1,10 +1,9 @@
 //! Which device a model runs on (`--device cpu|cuda[:N]`), and whether this build and machine
 //! can run it there.
 //!
-//! The CPU runs everything. On CUDA, a build without the `cuda` feature, a machine without a
-//! driver or without the device named, each gets an error that says which ([`Device::check`]);
-//! where the device opens, what does not run on it yet says so by name ([`Device::cpu_only`]),
-//! before any weight is loaded.
+//! The CPU runs everything, and so does a CUDA device. On CUDA, a build without the `cuda`
+//! feature, a machine without a driver or without the device named, each gets an error that says
+//! which ([`Device::check`]), before any weight is loaded.
 
 use std::fmt;
 use std::str::FromStr;
@@ -28,8 +27,6 @@ pub enum DeviceErrorKind {
     Parse,
     /// This build, or this machine, has no such device.
     Unavailable,
-    /// The device is there, but the engine asked for does not run on it yet.
-    Unsupported,
 }
 
 /// Why a device cannot be used.
@@ -41,8 +38,6 @@ pub enum DeviceError {
     NotBuilt { device: Device },
     #[error("{device}: {detail}")]
     Unavailable { device: Device, detail: String },
-    #[error("{device}: {what} does not run on CUDA yet; use `--device cpu`")]
-    Unsupported { device: Device, what: &'static str },
 }
 
 impl DeviceError {
@@ -52,7 +47,6 @@ impl DeviceError {
             DeviceError::NotBuilt { .. } | DeviceError::Unavailable { .. } => {
                 DeviceErrorKind::Unavailable
             }
-            DeviceError::Unsupported { .. } => DeviceErrorKind::Unsupported,
         }
     }
 }
@@ -65,16 +59,6 @@ impl Device {
         match self {
             Device::Cpu => Ok(()),
             Device::Cuda { ordinal } => open_cuda(self, ordinal),
-        }
-    }
-
-    /// For `what` (a command or engine that runs only on the CPU so far): the CPU, or the reason
-    /// this device will not do, naming `what` where the device itself is fine.
-    pub fn cpu_only(self, what: &'static str) -> Result<(), DeviceError> {
-        self.check()?;
-        match self {
-            Device::Cpu => Ok(()),
-            Device::Cuda { .. } => Err(DeviceError::Unsupported { device: self, what }),
         }
     }
 }
@@ -187,6 +171,5 @@ mod tests {
     #[test]
     fn the_cpu_runs_everything() {
         assert!(Device::Cpu.check().is_ok());
-        assert!(Device::Cpu.cpu_only("scoring").is_ok());
     }
 }

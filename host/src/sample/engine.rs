@@ -354,6 +354,11 @@ impl<B: SamplerBackend> SamplingEngine<B> {
         }
     }
 
+    /// The backend the engine runs on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
     /// Queue a request; it runs from the next `decode_step` that has room for it. Bad input is
     /// refused here and changes nothing.
     pub fn add_request(&mut self, request: SampleRequest) -> Result<RequestId, SampleError> {
@@ -427,7 +432,13 @@ impl<B: SamplerBackend> SamplingEngine<B> {
     /// the requests that finished.
     pub fn decode_step(&mut self) -> Result<Vec<SampleOutput>, SampleError> {
         let mut admitted: Vec<(RequestId, Admitted)> = Vec::new();
-        let mut policies: Vec<PolicyKey> = self.running.iter().map(|r| r.admitted.key()).collect();
+        // The adapter versions running (the base model takes no adapter slot).
+        let mut policies: Vec<PolicyKey> = self
+            .running
+            .iter()
+            .map(|r| r.admitted.key())
+            .filter(Option::is_some)
+            .collect();
         policies.sort();
         policies.dedup();
         while let Some((_, next)) = self.waiting.front() {
@@ -436,7 +447,7 @@ impl<B: SamplerBackend> SamplingEngine<B> {
             }
             // A backend that holds only so many adapters at once runs no more in a step.
             let key = next.key();
-            if !policies.contains(&key) {
+            if key.is_some() && !policies.contains(&key) {
                 if self
                     .backend
                     .max_policies()
