@@ -201,7 +201,7 @@ impl LocalModel {
         let context = self.transformer.context_length();
         let registry = AdapterRegistry::new(Arc::new(self.transformer));
         // The loops' threads end when the last client drops its handles.
-        let sampler = device.start_sampler(
+        let (sampler, engine) = device.start_engines(
             &registry,
             Some(self.tokenizer),
             self.config.eos_token_ids.clone(),
@@ -210,8 +210,6 @@ impl LocalModel {
                 prefix_cache_positions: 0,
             },
         )?;
-        let engine = TrainingEngine::new(Arc::clone(registry.base()), DType::F32)
-            .on_device(device.device)?;
         let (trainer, tenant, adapter_prefix) = match beside {
             Some(service) => (
                 service.0.trainer.attach(engine),

@@ -74,7 +74,8 @@ pub struct CudaSequence<'a> {
 pub struct CudaModel {
     gpu: Arc<Gpu>,
     config: ModelConfig,
-    weights: GpuWeights,
+    /// Shared with a trainer on the same device (the base is loaded once per device).
+    weights: Arc<GpuWeights>,
     caches: Vec<PagedKvCache>,
     adapters: GpuAdapterPools,
     options: CudaModelOptions,
@@ -88,7 +89,17 @@ impl CudaModel {
         options: CudaModelOptions,
     ) -> Result<CudaModel, CudaModelError> {
         let weights = GpuWeights::upload(&gpu, model, options.weights)?;
-        CudaModel::assemble(gpu, model.config.clone(), weights, options)
+        CudaModel::assemble(gpu, model.config.clone(), Arc::new(weights), options)
+    }
+
+    /// A model over weights already on the device (`options.weights` is theirs), sharing them.
+    pub fn with_weights(
+        gpu: Arc<Gpu>,
+        config: &ModelConfig,
+        weights: Arc<GpuWeights>,
+        options: CudaModelOptions,
+    ) -> Result<CudaModel, CudaModelError> {
+        CudaModel::assemble(gpu, config.clone(), weights, options)
     }
 
     /// A model of `config`'s shape with random weights made on the device (uniform, scaled by
@@ -100,13 +111,13 @@ impl CudaModel {
         seed: u64,
     ) -> Result<CudaModel, CudaModelError> {
         let weights = GpuWeights::random(&gpu, config, options.weights, seed)?;
-        CudaModel::assemble(gpu, config.clone(), weights, options)
+        CudaModel::assemble(gpu, config.clone(), Arc::new(weights), options)
     }
 
     fn assemble(
         gpu: Arc<Gpu>,
         config: ModelConfig,
-        weights: GpuWeights,
+        weights: Arc<GpuWeights>,
         options: CudaModelOptions,
     ) -> Result<CudaModel, CudaModelError> {
         let caches = (0..config.num_layers)

@@ -17,7 +17,7 @@ use super::backend::{BackendError, BackendInput, SamplerBackend};
 use super::cuda::{CudaModel, CudaModelError, CudaModelOptions, CudaSequence};
 use super::engine::EngineConfig;
 use crate::lora::PolicyVersion;
-use crate::model::Transformer;
+use crate::model::{GpuWeights, ModelConfig, Transformer};
 
 /// One sequence's KV on the device: the blocks it reads, in order, and the positions it holds.
 pub struct BlockTable {
@@ -151,12 +151,29 @@ impl CudaSampler {
         options: CudaModelOptions,
     ) -> Result<CudaSampler, CudaModelError> {
         let model = CudaModel::from_transformer(gpu, base, options)?;
-        Ok(CudaSampler {
+        Ok(CudaSampler::over(model))
+    }
+
+    /// Over weights already on the device (shared with a trainer), with room for `options`'
+    /// blocks and adapter slots.
+    pub fn with_weights(
+        gpu: Arc<Gpu>,
+        config: &ModelConfig,
+        weights: Arc<GpuWeights>,
+        options: CudaModelOptions,
+    ) -> Result<CudaSampler, CudaModelError> {
+        let model = CudaModel::with_weights(gpu, config, weights, options)?;
+        Ok(CudaSampler::over(model))
+    }
+
+    fn over(model: CudaModel) -> CudaSampler {
+        let options = *model.options();
+        CudaSampler {
             pool: BlockPool::new(options.kv_blocks, options.block_size),
             slots: (0..options.adapter_slots).map(|_| None).collect(),
             clock: 0,
             model,
-        })
+        }
     }
 
     /// The KV blocks an engine of `config` needs at most: its running samples' reserved

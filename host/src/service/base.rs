@@ -12,6 +12,8 @@ use candle_core::DType;
 
 use super::{FairShare, SamplerService, TrainerService};
 use crate::lora::AdapterRegistry;
+#[cfg(feature = "cuda")]
+use crate::model::GpuWeights;
 use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Device, Model, ModelConfig};
 #[cfg(feature = "cuda")]
@@ -55,16 +57,46 @@ impl DeviceOptions {
         eos: Vec<u32>,
         config: EngineConfig,
     ) -> anyhow::Result<SamplerService> {
+        Ok(self.start(registry, tokenizer, eos, config, false)?.0)
+    }
+
+    /// The sampling loop and a training engine of `registry`'s base on this device. On CUDA the
+    /// device is opened once and the base's weights go there once, shared by both.
+    pub fn start_engines(
+        &self,
+        registry: &Arc<AdapterRegistry>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        eos: Vec<u32>,
+        config: EngineConfig,
+    ) -> anyhow::Result<(SamplerService, TrainingEngine)> {
+        let (sampler, trainer) = self.start(registry, tokenizer, eos, config, true)?;
+        Ok((sampler, trainer.context("no training engine was made")?))
+    }
+
+    /// The sampling loop, and with `train` a training engine beside it.
+    fn start(
+        &self,
+        registry: &Arc<AdapterRegistry>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        eos: Vec<u32>,
+        config: EngineConfig,
+        train: bool,
+    ) -> anyhow::Result<(SamplerService, Option<TrainingEngine>)> {
+        let trainer = train.then(|| TrainingEngine::new(Arc::clone(registry.base()), DType::F32));
         let registry = Arc::clone(registry);
         match self.device {
             Device::Cpu => {
                 let engine = SamplingEngine::new(registry, tokenizer, eos, config);
-                Ok(SamplerService::start(engine).0)
+                Ok((SamplerService::start(engine).0, trainer))
             }
             #[cfg(feature = "cuda")]
             Device::Cuda { .. } => {
                 const BLOCK_SIZE: usize = 16;
-                let gpu = Arc::new(self.device.open_gpu()?);
+                let device = self.device;
+                let gpu = Arc::new(device.open_gpu()?);
+                let weights = GpuWeights::upload(&gpu, registry.base(), WeightFormat::F32)
+                    .with_context(|| format!("putting the model on {device}"))?;
+                let weights = Arc::new(weights);
                 let options = CudaModelOptions {
                     weights: WeightFormat::F32,
                     kv_blocks: CudaSampler::blocks_for(&config, BLOCK_SIZE),
@@ -72,11 +104,20 @@ impl DeviceOptions {
                     adapter_slots: self.adapter_slots,
                     max_rank: self.max_adapter_rank,
                 };
-                let backend = CudaSampler::new(gpu, registry.base(), options)
-                    .with_context(|| format!("putting the sampler on {}", self.device))?;
+                let base = &registry.base().config;
+                let backend = CudaSampler::with_weights(
+                    Arc::clone(&gpu),
+                    base,
+                    Arc::clone(&weights),
+                    options,
+                )
+                .with_context(|| format!("putting the sampler on {device}"))?;
                 let engine =
                     SamplingEngine::with_backend(backend, registry, tokenizer, eos, config);
-                Ok(SamplerService::start(engine).0)
+                let trainer = trainer
+                    .map(|trainer| trainer.on_gpu(device, gpu, weights))
+                    .transpose()?;
+                Ok((SamplerService::start(engine).0, trainer))
             }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda { .. } => Err(crate::model::DeviceError::NotBuilt {
@@ -132,8 +173,8 @@ impl ServedBase {
         let registry = AdapterRegistry::new(Arc::new(transformer));
         let tokenizer = Arc::new(tokenizer);
         // The loops end when the last handle is dropped.
-        let sampler = device
-            .start_sampler(
+        let (sampler, engine) = device
+            .start_engines(
                 &registry,
                 Some(Arc::clone(&tokenizer)),
                 config.eos_token_ids.clone(),
@@ -142,9 +183,6 @@ impl ServedBase {
                     prefix_cache_positions: 0,
                 },
             )
-            .with_context(|| format!("serving model {name}"))?;
-        let engine = TrainingEngine::new(Arc::clone(registry.base()), DType::F32)
-            .on_device(device.device)
             .with_context(|| format!("serving model {name}"))?;
         let (trainer, _thread) = TrainerService::start_sharing(engine, share);
         Ok(ServedBase {

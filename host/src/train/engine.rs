@@ -331,6 +331,30 @@ impl TrainingEngine {
         Ok(self)
     }
 
+    /// The same engine, its passes on a CUDA device already open (`device` names it) over the
+    /// model's `weights` already there in f32 (a sampler's on the same device: the base loaded
+    /// once per device). A full-parameter engine changes its weights, so it keeps its own.
+    #[cfg(feature = "cuda")]
+    pub fn on_gpu(
+        mut self,
+        device: crate::model::Device,
+        gpu: Arc<opentinker_kernels::cuda::Gpu>,
+        weights: Arc<crate::model::GpuWeights>,
+    ) -> Result<Self, TrainError> {
+        if self.full_parameters {
+            return Err(TrainError::FullParameterEngine);
+        }
+        if self.dtype != DType::F32 {
+            return Err(PassError::DType {
+                dtype: self.dtype,
+                device,
+            }
+            .into());
+        }
+        self.placement = Placement::cuda_with_weights(device, gpu, weights);
+        Ok(self)
+    }
+
     /// Where the engine's passes run.
     pub fn device(&self) -> crate::model::Device {
         self.placement.device()

@@ -6,6 +6,8 @@
 //! pass's adapters uploaded with it, the gradients downloaded after it).
 
 use std::convert::Infallible;
+#[cfg(feature = "cuda")]
+use std::sync::Arc;
 
 use candle_core::WithDType;
 use opentinker_kernels::{Backward, CpuTrain, Float, LoraGrads, Segment, TrainBatch};
@@ -95,7 +97,7 @@ impl Placement {
             #[cfg(feature = "cuda")]
             Device::Cuda { .. } => Ok(Placement::Cuda(Box::new(cuda::CudaPlacement::new(
                 device,
-                device.open_gpu()?,
+                Arc::new(device.open_gpu()?),
             )))),
             #[cfg(not(feature = "cuda"))]
             Device::Cuda { .. } => Err(DeviceError::NotBuilt { device }),
@@ -108,6 +110,19 @@ impl Placement {
             #[cfg(feature = "cuda")]
             Placement::Cuda(cuda) => cuda.device(),
         }
+    }
+
+    /// Passes on a CUDA device already open, over the model's `weights` already there (in f32):
+    /// a sampler's on the same device, so that the base is loaded once per device.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_with_weights(
+        device: Device,
+        gpu: Arc<opentinker_kernels::cuda::Gpu>,
+        weights: Arc<crate::model::GpuWeights>,
+    ) -> Placement {
+        Placement::Cuda(Box::new(cuda::CudaPlacement::with_weights(
+            device, gpu, weights,
+        )))
     }
 
     /// The model's weights changed (a full-parameter step): a device holding a copy drops it.
@@ -237,7 +252,7 @@ fn lengths(input: &PassInput<'_>) -> Vec<usize> {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use std::sync::{Arc, OnceLock};
+    use std::sync::OnceLock;
 
     use opentinker_kernels::cuda::{Gpu, GpuError, GpuTrain, GpuTrainBatch, WeightFormat};
 
@@ -246,19 +261,29 @@ mod cuda {
     use crate::model::GpuWeights;
 
     /// Passes on one CUDA device in f32: the model's weights uploaded at the first pass and
-    /// kept (until [`CudaPlacement::weights_changed`]), each pass's adapters uploaded with it.
+    /// kept (until [`CudaPlacement::weights_changed`]), or shared with a sampler on the device;
+    /// each pass's adapters uploaded with it.
     pub struct CudaPlacement {
         device: Device,
         gpu: Arc<Gpu>,
-        weights: OnceLock<GpuWeights>,
+        weights: OnceLock<Arc<GpuWeights>>,
     }
 
     impl CudaPlacement {
-        pub fn new(device: Device, gpu: Gpu) -> Self {
+        pub fn new(device: Device, gpu: Arc<Gpu>) -> Self {
             CudaPlacement {
                 device,
-                gpu: Arc::new(gpu),
+                gpu,
                 weights: OnceLock::new(),
+            }
+        }
+
+        /// Over `weights` already on the device (the model's, in f32).
+        pub fn with_weights(device: Device, gpu: Arc<Gpu>, weights: Arc<GpuWeights>) -> Self {
+            CudaPlacement {
+                device,
+                gpu,
+                weights: OnceLock::from(weights),
             }
         }
 
@@ -274,7 +299,7 @@ mod cuda {
             if let Some(weights) = self.weights.get() {
                 return Ok(weights);
             }
-            let uploaded = GpuWeights::upload(&self.gpu, model, WeightFormat::F32)?;
+            let uploaded = Arc::new(GpuWeights::upload(&self.gpu, model, WeightFormat::F32)?);
             Ok(self.weights.get_or_init(|| uploaded))
         }
     }
