@@ -19,6 +19,8 @@ mod local;
 mod remote;
 mod served;
 
+/// Where a [`LocalModel`]'s engines run (the device, and the room its sampler makes there).
+pub use crate::service::DeviceOptions;
 pub use local::{
     ArchName, FullParameterTrainer, LocalModel, LocalService, TinyModelSpec, TinyShapeName,
     WireSamplers,

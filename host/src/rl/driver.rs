@@ -15,12 +15,11 @@ use super::rollouts::{Pool, Queue, QueueSettings};
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::sft::run_sft;
 use super::training_loop::train_job;
-use crate::client::LocalModel;
+use crate::client::{DeviceOptions, LocalModel};
 use crate::client::{ModelText, ServiceClient, TrainingClient};
 use crate::client::{RemoteService, RolloutQueue};
 use crate::client::{ServedModel, TenantBases};
 use crate::plugin::{HostConfig, PluginHost};
-use crate::service::DeviceOptions;
 
 use super::context::{JobRun, Progress};
 

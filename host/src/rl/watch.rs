@@ -20,10 +20,9 @@ use super::metrics::Evaluation;
 use super::rollout::{EpisodeOutcome, RolloutRecord};
 use super::run_folder::RunFolder;
 use super::training_loop::Versions;
-use crate::client::LocalModel;
+use crate::client::{DeviceOptions, LocalModel};
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
 use crate::plugin::{HostConfig, PluginHost};
-use crate::service::DeviceOptions;
 
 /// Which adapters play.
 #[derive(Clone, Debug, PartialEq, Eq)]
