@@ -21,7 +21,9 @@ use super::checkpoint::Moments;
 use super::loss::{Loss, LossInputs, loss, ratio_tokens};
 use super::loss_graph::{CompiledLoss, GraphError, InputTensor};
 use super::objective::{Objective, ObjectiveError, ObjectiveInput};
-use super::pass::{CpuPlacement, PassError, PassGradients, PassInput, Placement, Runs, TrainFloat};
+use super::pass::{
+    AdamUpdate, CpuPlacement, PassError, PassGradients, PassInput, Placement, Runs, TrainFloat,
+};
 use super::slot_state::{NamedState, SlotState};
 use crate::lora::{Adapter, AdapterError, LoraConfig};
 use crate::model::layers::{TrainSequence, train_values_per_token};
@@ -796,20 +798,19 @@ impl TrainingEngine {
         }
         slot.step += 1;
         let t = slot.step as i32;
-        let (bias1, bias2) = (1.0 - params.beta1.powi(t), 1.0 - params.beta2.powi(t));
         let square_norm = |t: &Tensor| -> candle_core::Result<f64> {
             t.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()
         };
         let (mut update_square, mut weight_square) = (0.0, 0.0);
+        let step = AdamUpdate {
+            params: *params,
+            step: t,
+            clip,
+        };
         for (i, (var, g)) in vars.iter().zip(&gradients).enumerate() {
-            let g = (g * clip)?;
-            let m = ((&slot.first_moments[i] * params.beta1)? + (&g * (1.0 - params.beta1))?)?;
-            let v =
-                ((&slot.second_moments[i] * params.beta2)? + (g.sqr()? * (1.0 - params.beta2))?)?;
-            let update = ((&m / bias1)? / ((&v / bias2)?.sqrt()? + params.eps)?)?;
             let w = var.as_tensor();
-            let decayed = (w * (1.0 - params.learning_rate * params.weight_decay))?;
-            let updated = (decayed - (update * params.learning_rate)?)?;
+            let (m, v) = (&slot.first_moments[i], &slot.second_moments[i]);
+            let (updated, m, v) = self.placement.adamw(w, g, m, v, step)?;
             update_square += square_norm(&(&updated - w)?)?;
             weight_square += square_norm(w)?;
             var.set(&updated)?;

@@ -9,7 +9,7 @@ use std::convert::Infallible;
 #[cfg(feature = "cuda")]
 use std::sync::Arc;
 
-use candle_core::WithDType;
+use candle_core::{Tensor, WithDType};
 use opentinker_kernels::{Backward, CpuTrain, Float, LoraGrads, Segment, TrainBatch};
 
 use crate::lora::{Adapter, CpuAdapters, PairGradients};
@@ -125,6 +125,25 @@ impl Placement {
         )))
     }
 
+    /// One tensor's AdamW step on the placement's device: the updated weights and moments,
+    /// host tensors of `w`'s shape and type. The gradient is scaled by the clip, the moments
+    /// updated, the weights decayed, then the bias-corrected update applied (in this order on
+    /// every device).
+    pub fn adamw(
+        &self,
+        w: &Tensor,
+        g: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        step: AdamUpdate,
+    ) -> Result<(Tensor, Tensor, Tensor), PassError> {
+        match self {
+            Placement::Cpu(_) => Ok(step.apply(w, g, m, v)?),
+            #[cfg(feature = "cuda")]
+            Placement::Cuda(cuda) => cuda.adamw(w, g, m, v, step),
+        }
+    }
+
     /// The model's weights changed (a full-parameter step): a device holding a copy drops it.
     pub fn weights_changed(&mut self) {
         match self {
@@ -132,6 +151,35 @@ impl Placement {
             #[cfg(feature = "cuda")]
             Placement::Cuda(cuda) => cuda.weights_changed(),
         }
+    }
+}
+
+/// One AdamW step of a tensor: the optimizer's settings, the step's number (from 1) and the
+/// factor the global clip scales the gradient by.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamUpdate {
+    pub params: crate::api::AdamParams,
+    pub step: i32,
+    pub clip: f64,
+}
+
+impl AdamUpdate {
+    /// The step in candle, on the tensors' device.
+    fn apply(
+        &self,
+        w: &Tensor,
+        g: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let p = &self.params;
+        let (bias1, bias2) = (1.0 - p.beta1.powi(self.step), 1.0 - p.beta2.powi(self.step));
+        let g = (g * self.clip)?;
+        let m = ((m * p.beta1)? + (&g * (1.0 - p.beta1))?)?;
+        let v = ((v * p.beta2)? + (g.sqr()? * (1.0 - p.beta2))?)?;
+        let update = ((&m / bias1)? / ((&v / bias2)?.sqrt()? + p.eps)?)?;
+        let decayed = (w * (1.0 - p.learning_rate * p.weight_decay))?;
+        Ok(((decayed - (update * p.learning_rate)?)?, m, v))
     }
 }
 
@@ -254,7 +302,9 @@ fn lengths(input: &PassInput<'_>) -> Vec<usize> {
 mod cuda {
     use std::sync::OnceLock;
 
-    use opentinker_kernels::cuda::{Gpu, GpuError, GpuTrain, GpuTrainBatch, WeightFormat};
+    use opentinker_kernels::cuda::{
+        AdamStep, Gpu, GpuError, GpuTrain, GpuTrainBatch, WeightFormat,
+    };
 
     use super::*;
     use crate::lora::{GpuAdapterWeights, GpuTrainAdapters};
@@ -301,6 +351,46 @@ mod cuda {
             }
             let uploaded = Arc::new(GpuWeights::upload(&self.gpu, model, WeightFormat::F32)?);
             Ok(self.weights.get_or_init(|| uploaded))
+        }
+    }
+
+    impl CudaPlacement {
+        /// AdamW of one tensor on the device (`Gpu::adamw`, the engine's order): up, step, down.
+        pub fn adamw(
+            &self,
+            w: &Tensor,
+            g: &Tensor,
+            m: &Tensor,
+            v: &Tensor,
+            step: AdamUpdate,
+        ) -> Result<(Tensor, Tensor, Tensor), PassError> {
+            let gpu = &*self.gpu;
+            let failed = |error: GpuError| PassError::from(ForwardError::Backend(error));
+            let up = |t: &Tensor| -> Result<_, PassError> {
+                let values = t
+                    .to_dtype(candle_core::DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                gpu.upload(&values).map_err(failed)
+            };
+            let (mut weights, grad, mut first, mut second) = (up(w)?, up(g)?, up(m)?, up(v)?);
+            let params = step.params;
+            let adam = AdamStep {
+                learning_rate: params.learning_rate,
+                beta1: params.beta1,
+                beta2: params.beta2,
+                eps: params.eps,
+                weight_decay: params.weight_decay,
+                step: step.step,
+                clip: step.clip,
+            };
+            gpu.adamw(&mut weights, &grad, &mut first, &mut second, adam)
+                .map_err(failed)?;
+            let down = |x: &opentinker_kernels::cuda::CudaSlice<f32>| -> Result<Tensor, PassError> {
+                let values = gpu.download(x).map_err(failed)?;
+                Ok(Tensor::from_vec(values, w.shape(), w.device())?.to_dtype(w.dtype())?)
+            };
+            Ok((down(&weights)?, down(&first)?, down(&second)?))
         }
     }
 
