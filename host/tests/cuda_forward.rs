@@ -7,6 +7,9 @@
 //! and NVRTC are present (`scripts/gpu-check.sh`); elsewhere each test says it skipped and why.
 #![cfg(feature = "cuda")]
 
+#[path = "common/sampling.rs"]
+mod sampling;
+
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
@@ -541,24 +544,6 @@ fn assert_tensor_close(what: &str, got: &Tensor, want: &Tensor) {
     }
 }
 
-/// Every request of `requests` run to the end on `engine`, outputs in the requests' order.
-fn run_all<B: opentinker::sample::SamplerBackend>(
-    engine: &mut opentinker::sample::SamplingEngine<B>,
-    requests: Vec<opentinker::sample::SampleRequest>,
-) -> Vec<opentinker::sample::SampleOutput> {
-    let ids: Vec<u64> = requests
-        .into_iter()
-        .map(|r| engine.add_request(r).unwrap())
-        .collect();
-    let mut outputs = Vec::new();
-    while engine.has_work() {
-        outputs.extend(engine.decode_step().unwrap());
-    }
-    ids.iter()
-        .map(|id| outputs.iter().find(|o| o.id == *id).unwrap().clone())
-        .collect()
-}
-
 /// The sampling engine on `CudaSampler` against the same engine on the CPU: base and adapter
 /// requests of several samples (forked caches), greedy and seeded draws with top-p, prompt
 /// logprobs, a prompt whose start is in the prefix cache, and three adapter versions through two
@@ -649,8 +634,8 @@ fn the_sampling_engine_on_cuda_matches_the_engine_on_the_cpu() {
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for part in [0..4, 4..5] {
         let part_of = |all: Vec<SampleRequest>| all[part.clone()].to_vec();
-        want.extend(run_all(&mut cpu, part_of(requests())));
-        got.extend(run_all(&mut on_gpu, part_of(requests())));
+        want.extend(sampling::run(&mut cpu, part_of(requests())));
+        got.extend(sampling::run(&mut on_gpu, part_of(requests())));
     }
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g.samples.len(), w.samples.len(), "request {i}");
@@ -692,7 +677,7 @@ fn the_sampling_engine_on_cuda_matches_the_engine_on_the_cpu() {
         "{error}"
     );
 
-    let alone = run_all(&mut cuda_engine(), vec![requests()[1].clone()]);
+    let alone = sampling::run(&mut cuda_engine(), vec![requests()[1].clone()]);
     let bits = |s: &opentinker::sample::Sample| -> (Vec<u32>, Vec<u32>) {
         (
             s.tokens.clone(),
@@ -975,7 +960,7 @@ fn the_sampler_and_the_trainer_agree_on_the_device() {
         version: Some(version.version),
     });
     request.prompt_asks.logprobs = true;
-    let output = run_all(&mut sampler, vec![request]).remove(0);
+    let output = sampling::run(&mut sampler, vec![request]).remove(0);
     let sample = &output.samples[0];
     let mut tokens = prompt.clone();
     tokens.extend(&sample.tokens);

@@ -2,6 +2,9 @@
 //! policy versions, the prefix cache, agreement with the trainer's logprobs, stops, and bad
 //! input.
 
+#[path = "common/sampling.rs"]
+mod sampling;
+
 use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
@@ -14,6 +17,7 @@ use opentinker::sample::{
     StopReason,
 };
 use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
+use sampling::run;
 
 struct Setup {
     config: ModelConfig,
@@ -112,24 +116,6 @@ fn request(prompt: Vec<u32>, policy: Option<&Arc<PolicyVersion>>, seed: u64) -> 
         version: Some(p.version),
     });
     request
-}
-
-/// Run every request to completion; outputs in the order of the requests.
-fn run<B: SamplerBackend>(
-    engine: &mut SamplingEngine<B>,
-    requests: Vec<SampleRequest>,
-) -> Vec<SampleOutput> {
-    let ids: Vec<u64> = requests
-        .into_iter()
-        .map(|r| engine.add_request(r).unwrap())
-        .collect();
-    let mut outputs = Vec::new();
-    while engine.has_work() {
-        outputs.extend(engine.decode_step().unwrap());
-    }
-    ids.iter()
-        .map(|id| outputs.iter().find(|o| o.id == *id).unwrap().clone())
-        .collect()
 }
 
 fn bits(samples: &[Sample]) -> Vec<(Vec<u32>, Vec<u32>)> {

@@ -119,10 +119,7 @@ impl SamplerBackend for CpuSampler {
     }
 
     fn fork(&mut self, cache: &KvCache, len: usize) -> Result<KvCache, BackendError> {
-        Ok(match len == cache.len {
-            true => cache.clone(),
-            false => cache.prefix(len, self.head_dim),
-        })
+        Ok(cache.prefix(len.min(cache.len), self.head_dim))
     }
 
     fn forward(

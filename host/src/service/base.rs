@@ -57,7 +57,7 @@ impl DeviceOptions {
         eos: Vec<u32>,
         config: EngineConfig,
     ) -> anyhow::Result<SamplerService> {
-        Ok(self.start(registry, tokenizer, eos, config, false)?.0)
+        Ok(self.start(registry, tokenizer, eos, config)?.0)
     }
 
     /// The sampling loop and a training engine of `registry`'s base on this device. On CUDA the
@@ -69,25 +69,29 @@ impl DeviceOptions {
         eos: Vec<u32>,
         config: EngineConfig,
     ) -> anyhow::Result<(SamplerService, TrainingEngine)> {
-        let (sampler, trainer) = self.start(registry, tokenizer, eos, config, true)?;
-        Ok((sampler, trainer.context("no training engine was made")?))
+        let (sampler, base) = self.start(registry, tokenizer, eos, config)?;
+        let trainer = TrainingEngine::new(Arc::clone(registry.base()), DType::F32);
+        let trainer = match base {
+            BaseOnDevice::Cpu => trainer,
+            #[cfg(feature = "cuda")]
+            BaseOnDevice::Cuda(gpu, weights) => trainer.on_gpu(self.device, gpu, weights)?,
+        };
+        Ok((sampler, trainer))
     }
 
-    /// The sampling loop, and with `train` a training engine beside it.
+    /// The sampling loop, and where its base lives for a trainer to share.
     fn start(
         &self,
         registry: &Arc<AdapterRegistry>,
         tokenizer: Option<Arc<Tokenizer>>,
         eos: Vec<u32>,
         config: EngineConfig,
-        train: bool,
-    ) -> anyhow::Result<(SamplerService, Option<TrainingEngine>)> {
-        let trainer = train.then(|| TrainingEngine::new(Arc::clone(registry.base()), DType::F32));
+    ) -> anyhow::Result<(SamplerService, BaseOnDevice)> {
         let registry = Arc::clone(registry);
         match self.device {
             Device::Cpu => {
                 let engine = SamplingEngine::new(registry, tokenizer, eos, config);
-                Ok((SamplerService::start(engine).0, trainer))
+                Ok((SamplerService::start(engine).0, BaseOnDevice::Cpu))
             }
             #[cfg(feature = "cuda")]
             Device::Cuda { .. } => {
@@ -114,10 +118,8 @@ impl DeviceOptions {
                 .with_context(|| format!("putting the sampler on {device}"))?;
                 let engine =
                     SamplingEngine::with_backend(backend, registry, tokenizer, eos, config);
-                let trainer = trainer
-                    .map(|trainer| trainer.on_gpu(device, gpu, weights))
-                    .transpose()?;
-                Ok((SamplerService::start(engine).0, trainer))
+                let sampler = SamplerService::start(engine).0;
+                Ok((sampler, BaseOnDevice::Cuda(gpu, weights)))
             }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda { .. } => Err(crate::model::DeviceError::NotBuilt {
@@ -126,6 +128,14 @@ impl DeviceOptions {
             .into()),
         }
     }
+}
+
+/// Where a sampler's base model lives: on the CPU in its candle tensors, or on a CUDA device
+/// (the device opened and the weights there), which a trainer beside it shares.
+enum BaseOnDevice {
+    Cpu,
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<opentinker_kernels::cuda::Gpu>, Arc<GpuWeights>),
 }
 
 /// A loaded base model and the loops that serve it.
@@ -157,10 +167,6 @@ impl ServedBase {
         share: FairShare,
         device: DeviceOptions,
     ) -> anyhow::Result<Self> {
-        device
-            .device
-            .check()
-            .with_context(|| format!("serving model {name}"))?;
         let Model {
             config,
             transformer,

@@ -352,9 +352,7 @@ mod cuda {
             let uploaded = Arc::new(GpuWeights::upload(&self.gpu, model, WeightFormat::F32)?);
             Ok(self.weights.get_or_init(|| uploaded))
         }
-    }
 
-    impl CudaPlacement {
         /// AdamW of one tensor on the device (`Gpu::adamw`, the engine's order): up, step, down.
         pub fn adamw(
             &self,
