@@ -173,7 +173,7 @@ pub enum TenantCommand {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    // Before the data folder is touched; each base checks it again as it loads.
+    // Before the data folder is touched; each base opens it for its engines as it loads.
     args.device.check()?;
     let config = ServerConfig {
         addr: args.addr,
