@@ -189,7 +189,7 @@ fn check(played: &[PlayedGroup]) -> anyhow::Result<()> {
 }
 
 fn worker(nats: &NatsServer, server: &server::Server) -> anyhow::Result<Child> {
-    Ok(Command::new(server::BIN)
+    Ok(Command::new(server::bin())
         .arg("worker")
         .args(["--queue", &nats.url(), "--server", &server.url])
         .args(["--api-key", &server.alice])

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use opentinker_test_tools::cookbook_python;
-use server::{BIN, Server, create_tenant, spawn_server_logging};
+use server::{Server, bin, create_tenant, spawn_server_logging};
 
 /// A server with the tiny model served under its directory's path, logging every request.
 struct Cookbook {
@@ -35,7 +35,7 @@ fn start() -> Option<Cookbook> {
     let data = tempfile::tempdir().unwrap();
     let (model, teacher) = (data.path().join("tiny"), data.path().join("teacher"));
     for (dir, seed) in [(&model, "0"), (&teacher, "7")] {
-        let made = Command::new(BIN)
+        let made = Command::new(bin())
             .args(["model", "init-tiny", "--seed", seed])
             .arg(dir)
             .output()

@@ -13,7 +13,7 @@ use std::process::Command;
 
 use arithmetic_job::ArithmeticJob;
 use opentinker_test_tools::{chromium, test_python as python};
-use server::{BIN, start_server};
+use server::{bin, start_server};
 
 #[test]
 fn the_dashboard_shows_a_running_job_its_curves_and_rollouts_in_a_real_browser() {
@@ -30,7 +30,7 @@ fn the_dashboard_shows_a_running_job_its_curves_and_rollouts_in_a_real_browser()
         sections: "",
     }
     .write(dir.path(), "arithmetic");
-    let submitted = Command::new(BIN)
+    let submitted = Command::new(bin())
         .args(["submit", "--detach"])
         .arg(&job)
         .env("TINKER_BASE_URL", &server.url)

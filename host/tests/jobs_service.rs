@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use arithmetic_job::ArithmeticJob;
 use plugin_build::built_plugin;
-use server::{BIN, Server, spawn_server, start_server, start_server_with};
+use server::{Server, bin, spawn_server, start_server, start_server_with};
 
 /// The arithmetic job checkpointed every 2 steps; `full_parameters`: a warm-up of every weight,
 /// which makes a base of its own.
@@ -32,7 +32,7 @@ fn job(dir: &Path, name: &str, full_parameters: bool, rl_steps: usize) -> PathBu
 
 /// Run `opentinker` with `args` as the tenant of `key` on `url`; (success, stdout, stderr).
 fn opentinker(url: &str, key: &str, args: &[&std::ffi::OsStr]) -> (bool, String, String) {
-    let output = Command::new(BIN)
+    let output = Command::new(bin())
         .args(args)
         .env("TINKER_BASE_URL", url)
         .env("TINKER_API_KEY", key)
@@ -99,7 +99,7 @@ fn a_submitted_job_runs_on_the_server_as_in_process_and_is_its_tenants_alone() {
     let dir = tempfile::tempdir().unwrap();
     let lora = job(dir.path(), "arith", false, 2);
     let local = dir.path().join("local");
-    let output = Command::new(BIN)
+    let output = Command::new(bin())
         .args([
             os("train"),
             lora.as_os_str(),
@@ -185,7 +185,7 @@ fn a_submitted_job_runs_on_the_server_as_in_process_and_is_its_tenants_alone() {
     });
     let (code, completion) = openai(&server.alice, "/v1/completions", Some(request.clone()));
     assert_eq!(code, 200, "{completion}");
-    let sampled = Command::new(BIN)
+    let sampled = Command::new(bin())
         .args([os("sample"), os("--model")])
         .arg(server.data.path().join("models/opentinker-tiny"))
         .arg("--adapter")
@@ -605,7 +605,7 @@ fn two_tenants_examples_learn_on_a_server_as_under_train_in_about_the_same_time(
         .iter()
         .zip(&tenants)
         .map(|(example, key)| {
-            Command::new(BIN)
+            Command::new(bin())
                 .arg("submit")
                 .arg(example)
                 .env("TINKER_BASE_URL", &server.url)
@@ -645,7 +645,7 @@ fn two_tenants_examples_learn_on_a_server_as_under_train_in_about_the_same_time(
 
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
-    let trained = Command::new(BIN)
+    let trained = Command::new(bin())
         .arg("train")
         .args(&examples)
         .arg("--out")

@@ -16,7 +16,7 @@ use std::sync::mpsc;
 
 use arithmetic_job::{ArithmeticJob, metrics};
 use opentinker_test_tools::NatsServer;
-use server::{BIN, start_server, start_server_with};
+use server::{bin, start_server, start_server_with};
 
 /// `train JOB --out OUT --server URL --api-key KEY` and `more` arguments, started (with
 /// `--resume OUT` in place of `--out OUT` when `more` asks to resume).
@@ -25,7 +25,7 @@ fn train(server: &server::Server, job: &Path, out: &Path, more: &[&str]) -> Chil
         Some((&"--resume", rest)) => ("--resume", rest),
         _ => ("--out", more),
     };
-    Command::new(BIN)
+    Command::new(bin())
         .arg("train")
         .arg(job)
         .arg(folder)
@@ -67,7 +67,7 @@ fn worker_of(
     server: &server::Server,
     lines: mpsc::Sender<(usize, String)>,
 ) -> Child {
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(bin())
         .arg("worker")
         .args([
             "--queue",
@@ -335,7 +335,7 @@ fn an_async_job_through_workers_resamples_its_stale_groups_as_the_driver_does() 
 /// `opentinker submit JOB` to `server` as alice, then its run folder downloaded into `out`.
 fn submit(server: &server::Server, job: &Path, out: &Path) {
     let run = |args: &[&std::ffi::OsStr]| {
-        let output = Command::new(BIN)
+        let output = Command::new(bin())
             .args(args)
             .env("TINKER_BASE_URL", &server.url)
             .env("TINKER_API_KEY", &server.alice)

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use opentinker_test_tools::{cookbook_python, test_python as python};
-use server::{BIN, Server, create_tenant, spawn_server, start_server};
+use server::{Server, bin, create_tenant, host_dir, spawn_server, start_server};
 
 /// The command that runs `tests/tinker_sdk/{script}` with the SDK pointed at `server`.
 fn script_command(python: &Path, script: &str, server: &Server) -> Command {
@@ -27,7 +27,7 @@ fn script_command(python: &Path, script: &str, server: &Server) -> Command {
 
 /// [`script_command`] with the SDK pointed at `url` (a proxy in front of `server`).
 fn script_command_at(python: &Path, script: &str, server: &Server, url: &str) -> Command {
-    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tinker_sdk");
+    let scripts = host_dir().join("tests/tinker_sdk");
     let mut command = Command::new(python);
     // Through `run.py`, which keeps the script's exit status but skips the interpreter's
     // finalisation, where the SDK's threads sometimes abort it after the script has passed.
@@ -39,7 +39,7 @@ fn script_command_at(python: &Path, script: &str, server: &Server, url: &str) ->
         .env("TINKER_API_KEY", &server.alice)
         .env("OTHER_TINKER_API_KEY", &server.bob)
         .env("TENANT_NAME", "alice")
-        .env("OPENTINKER_BIN", BIN)
+        .env("OPENTINKER_BIN", bin())
         .env("OPENTINKER_DATA", server.data.path())
         .env(
             "OPENTINKER_TINY_MODEL",
@@ -62,10 +62,19 @@ fn run_script(script: &str) {
 
 /// [`run_script`] with `python`, and `configure` given the command to change before it runs.
 fn run_script_with(python: &Path, script: &str, configure: impl FnOnce(&mut Command, &Server)) {
-    let server = start_server();
+    run_script_on(&start_server(), python, script, configure);
+}
+
+/// [`run_script_with`] against `server`.
+fn run_script_on(
+    server: &Server,
+    python: &Path,
+    script: &str,
+    configure: impl FnOnce(&mut Command, &Server),
+) {
     let proxy = server::RecordingProxy::start(&server.url);
-    let mut command = script_command_at(python, script, &server, &proxy.url);
-    configure(&mut command, &server);
+    let mut command = script_command_at(python, script, server, &proxy.url);
+    configure(&mut command, server);
     let output = command.output().expect("running the SDK script");
     let answers = proxy.sent();
     let data = server.data.path().display().to_string();
@@ -116,6 +125,31 @@ fn an_rl_loop_with_gspo_raises_the_reward() {
     });
 }
 
+/// The SDK's first flows (supervised training, RL, sampling with seeds, stops and prompt
+/// logprobs, logprobs against the CLI's on the CPU, saved state resumed) against
+/// `serve --device cuda`: the engines on the device behind the unchanged wire. Runs where a GPU
+/// is (`scripts/gpu-check.sh` carries this binary there); elsewhere it says it skipped and why.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_sdk_flows_run_against_a_base_served_on_cuda() {
+    let Some(python) = python() else { return };
+    if let Err(error) = opentinker_kernels::cuda::Gpu::new(0) {
+        assert!(error.is_unavailable(), "the GPU failed to open: {error}");
+        opentinker_test_tools::skip_for_machine(&error);
+        return;
+    }
+    for script in [
+        "sft_loss_falls.py",
+        "rl_reward_rises.py",
+        "sampling.py",
+        "logprobs_agree.py",
+        "checkpoints.py",
+    ] {
+        let server = server::start_server_with(&["--device", "cuda"]);
+        run_script_on(&server, &python, script, |_, _| {});
+    }
+}
+
 #[test]
 fn forward_and_compute_logprobs_agree_with_the_cli() {
     run_script("logprobs_agree.py");
@@ -162,7 +196,7 @@ fn every_method_of_the_sdks_clients_is_served_or_refused_by_name() {
         std::fs::create_dir_all(place.path().join("opentinker")).expect("opentinker/");
         std::os::unix::fs::symlink(server.data.path().join("models/opentinker-tiny"), &tiny)
             .expect("opentinker/tiny");
-        let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tinker_sdk");
+        let scripts = host_dir().join("tests/tinker_sdk");
         command
             .current_dir(place.path())
             .env("PYTHONPATH", scripts)
@@ -183,7 +217,7 @@ fn forward_backward_custom_with_a_callable_or_a_server_side_graph_steps_as_its_g
         return;
     };
     run_script_with(&python, "custom_loss.py", |command, _| {
-        let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tinker_sdk");
+        let scripts = host_dir().join("tests/tinker_sdk");
         command.env("PYTHONPATH", scripts);
     });
 }
@@ -418,7 +452,7 @@ fn a_short_soak_with_a_kill_in_the_middle_loses_and_doubles_no_answer() {
         sections: "[checkpoint]\nevery = 2",
     }
     .write(dir.path(), "soak");
-    let submitted = Command::new(BIN)
+    let submitted = Command::new(bin())
         .args(["submit", "--detach"])
         .arg(&job)
         .env("TINKER_BASE_URL", &server.url)

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 
 use arithmetic_job::{ArithmeticJob, metrics};
-use server::{BIN, start_server};
+use server::{bin, start_server};
 
 /// The arithmetic job with a KL penalty, so that its reference adapter is saved and loaded back
 /// through the client. `full_parameters`: whether its warm-up trains every weight (in process
@@ -29,7 +29,7 @@ fn job(dir: &Path, full_parameters: bool) -> std::path::PathBuf {
 
 /// Run `train` with `args`; its output when it fails.
 fn train(args: &[&std::ffi::OsStr]) -> Result<String, String> {
-    let output = Command::new(BIN)
+    let output = Command::new(bin())
         .arg("train")
         .args(args)
         .env_remove("TINKER_API_KEY")

@@ -6,12 +6,28 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_opentinker");
+/// The `opentinker` binary the tests start: the one cargo built with them, or
+/// `OPENTINKER_TEST_BINARY` where a test binary runs without cargo (`scripts/gpu-check.sh`
+/// carries both to a GPU machine).
+pub fn bin() -> &'static str {
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("OPENTINKER_TEST_BINARY")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_opentinker").to_string())
+    })
+}
+
+/// The `host` folder of the sources (the tests' scripts and plugins): where cargo built the
+/// tests, or `OPENTINKER_TEST_SOURCES` where a test binary runs elsewhere.
+pub fn host_dir() -> PathBuf {
+    std::env::var_os("OPENTINKER_TEST_SOURCES")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
 
 /// A server on loopback with tenants `alice` and `bob`; stopped when dropped.
 pub struct Server {
@@ -37,7 +53,7 @@ pub fn create_tenant(data: &Path, name: &str) -> String {
 
 /// `opentinker tenant ARGS --data DATA`, which must succeed; what it printed on stdout.
 pub fn tenant_command(data: &Path, args: &[&str]) -> String {
-    let output = Command::new(BIN)
+    let output = Command::new(bin())
         .arg("tenant")
         .args(args)
         .arg("--data")
@@ -60,7 +76,7 @@ pub fn spawn_server(data: &Path, addr: &str) -> (Child, String, String) {
 
 /// [`spawn_server`] with more options of `serve`.
 pub fn spawn_server_with(data: &Path, addr: &str, options: &[&str]) -> (Child, String, String) {
-    let mut command = Command::new(BIN);
+    let mut command = Command::new(bin());
     command.stderr(Stdio::inherit());
     spawn(command, data, addr, options)
 }
@@ -74,7 +90,7 @@ pub fn spawn_server_logging(
     log: std::fs::File,
     options: &[&str],
 ) -> (Child, String, String) {
-    let mut command = Command::new(BIN);
+    let mut command = Command::new(bin());
     command.env("OPENTINKER_LOG", filter).stderr(log);
     spawn(command, data, addr, options)
 }
