@@ -693,6 +693,104 @@ fn the_sampling_engine_on_cuda_matches_the_engine_on_the_cpu() {
     }
 }
 
+/// Tokens drawn on the device (`Gpu::draw_tokens`) are the host's `choose` on the same rows:
+/// greedy, temperature alone, top-k, top-p and both, each with the most likely alternatives, on
+/// rows with ties and on a vocabulary of Qwen's size: the same tokens and alternatives, logprobs
+/// within 1e-5 (the sums in f64 meet in another order); and a draw's bits the same alone as among
+/// others.
+#[test]
+fn tokens_drawn_on_the_device_are_the_hosts_choice() {
+    use opentinker::sample::SamplingParams;
+    use opentinker::sample::params::choose;
+    use opentinker_kernels::cuda::Draw;
+    use rand::{RngExt, SeedableRng};
+
+    let Some(gpu) = gpu("drawing on the device") else {
+        return;
+    };
+    let settings = [
+        (0.0, None, 1.0, 3),
+        (1.0, None, 1.0, 0),
+        (0.7, None, 1.0, 5),
+        (1.0, Some(1), 1.0, 2),
+        (1.0, Some(5), 1.0, 0),
+        (1.3, None, 0.9, 4),
+        (0.8, Some(40), 0.5, 1),
+        (1.0, None, 0.999, 0),
+    ];
+    for vocab in [7usize, 1000, 151_936] {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(vocab as u64);
+        // Spread rows, a row of ties (values in halves) and a peaked row.
+        let mut logits = Vec::new();
+        for row in 0..3 {
+            for i in 0..vocab {
+                let normal: f32 = (0..4).map(|_| rng.random::<f32>()).sum::<f32>() * 3.0 - 6.0;
+                logits.push(match row {
+                    0 => normal,
+                    1 => (normal * 2.0).round() / 2.0,
+                    _ => normal * 0.3 + if i % 97 == 3 { 9.0 } else { 0.0 },
+                });
+            }
+        }
+        let on_device = gpu.upload(&logits).unwrap();
+        let mut draws = Vec::new();
+        let mut wants = Vec::new();
+        for row in 0..3 {
+            for &(temperature, top_k, top_p, top) in &settings {
+                for _ in 0..6 {
+                    let uniform = rng.random::<f64>();
+                    let params = SamplingParams {
+                        temperature,
+                        top_k,
+                        top_p,
+                        ..SamplingParams::default()
+                    };
+                    let host_row = &logits[row * vocab..(row + 1) * vocab];
+                    wants.push(choose(host_row, &params, uniform, top));
+                    draws.push(Draw {
+                        row,
+                        temperature,
+                        top_k,
+                        top_p,
+                        uniform,
+                        top,
+                    });
+                }
+            }
+        }
+        let got = gpu.draw_tokens(&on_device, vocab, &draws).unwrap();
+        for ((g, w), draw) in got.iter().zip(&wants).zip(&draws) {
+            let what = format!("vocab {vocab}, {draw:?}");
+            assert_eq!(g.token, w.token, "{what}");
+            assert!(
+                (g.logprob - w.logprob).abs() <= 1e-5,
+                "{what}: {g:?} vs {w:?}"
+            );
+            let ids = |top: &[(u32, f32)]| top.iter().map(|t| t.0).collect::<Vec<_>>();
+            assert_eq!(ids(&g.top), ids(&w.top), "{what}");
+            for (a, b) in g.top.iter().zip(&w.top) {
+                assert!((a.1 - b.1).abs() <= 1e-5, "{what}: {a:?} vs {b:?}");
+            }
+        }
+        let last = draws.len() - 1;
+        let alone = gpu.draw_tokens(&on_device, vocab, &draws[last..]).unwrap();
+        assert_eq!(alone[0].token, got[last].token);
+        assert_eq!(alone[0].logprob.to_bits(), got[last].logprob.to_bits());
+    }
+    // A draw that reads past the rows is refused before any launch.
+    let one_row = gpu.upload(&[0.0f32; 4]).unwrap();
+    let past = Draw {
+        row: 1,
+        temperature: 1.0,
+        top_k: None,
+        top_p: 1.0,
+        uniform: 0.5,
+        top: 0,
+    };
+    let error = gpu.draw_tokens(&one_row, 4, &[past]).unwrap_err();
+    assert!(error.to_string().contains("row 1 of 1"), "{error}");
+}
+
 /// A base served on CUDA (`serve --device cuda`'s path) against the same base served on the
 /// CPU, through the service's loops: an adapter added, trained two steps and published, then
 /// sampled: the same losses (within 1e-4) and the same tokens.

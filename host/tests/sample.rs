@@ -12,9 +12,9 @@ use opentinker::lora::{AdapterRegistry, LoraConfig, PolicyVersion};
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, ModelConfig};
 use opentinker::sample::{
-    BackendError, BackendInput, CpuSampler, EngineConfig, PolicyRef, PromptAsks, PromptTargets,
-    Sample, SampleOutput, SampleRequest, SamplerBackend, SamplingEngine, SamplingParams, Stop,
-    StopReason,
+    BackendError, BackendInput, BackendOutput, CpuSampler, EngineConfig, PolicyRef, PromptAsks,
+    PromptTargets, Sample, SampleOutput, SampleRequest, SamplerBackend, SamplingEngine,
+    SamplingParams, Stop, StopReason,
 };
 use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
 use sampling::run;
@@ -571,7 +571,7 @@ impl SamplerBackend for OneSlot {
         &mut self,
         base: &opentinker::model::Transformer,
         inputs: &mut [BackendInput<'_, Self::Cache>],
-    ) -> Result<Vec<Vec<f32>>, BackendError> {
+    ) -> Result<Vec<BackendOutput>, BackendError> {
         let mut versions: Vec<(String, u64)> = inputs
             .iter()
             .filter_map(|input| input.policy.map(|p| (p.name.clone(), p.version)))

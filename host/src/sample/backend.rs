@@ -1,17 +1,41 @@
 //! What the sampling engine runs on: a [`SamplerBackend`] runs the base model forward over many
-//! sequences at once, each through its policy and with its KV cache, on one device. The engine
-//! owns the requests, their stops, the sampling and the prefix cache; the backend owns the
-//! caches' memory and the weights and adapters in its device's form.
+//! sequences at once, each through its policy and with its KV cache, on one device, and draws
+//! each sequence's next tokens from its last logits there. The engine owns the requests, their
+//! random streams, their stops and the prefix cache; the backend owns the caches' memory, the
+//! weights and adapters in its device's form, and the logits.
 //!
-//! [`CpuSampler`] runs the CPU forward over the candle weights, a cache per sequence;
-//! `CudaSampler` (feature `cuda`) runs the CUDA model, whose caches are block tables of one
-//! paged cache per layer.
+//! [`CpuSampler`] runs the CPU forward over the candle weights, a cache per sequence, and draws
+//! with [`choose`]; `CudaSampler` (feature `cuda`) runs the CUDA model, whose caches are block
+//! tables of one paged cache per layer, and draws on the device, so that only the drawn tokens
+//! leave it (the rows of every new token too, where prompt logprobs are asked for).
 
 use opentinker_kernels::KvCache;
+use rayon::prelude::*;
 
 use super::forward::{SequenceInput, forward};
+use super::params::{Choice, SamplingParams, choose};
 use crate::lora::PolicyVersion;
 use crate::model::{ModelConfig, Transformer};
+
+/// A token to draw from the logits of an input's last new token.
+#[derive(Clone, Copy, Debug)]
+pub struct Pick<'a> {
+    pub params: &'a SamplingParams,
+    /// The draw's number in `[0, 1)`, from its sample's own stream.
+    pub uniform: f64,
+    /// How many of the most likely tokens to return with it.
+    pub top: usize,
+}
+
+/// What a forward call gives back for one input.
+#[derive(Clone, Debug, Default)]
+pub struct BackendOutput {
+    /// The input's picks' tokens, in order.
+    pub choices: Vec<Choice>,
+    /// The logits of every new token, `rows × vocab`, where the input asked for them (empty
+    /// otherwise).
+    pub logits: Vec<f32>,
+}
 
 /// One sequence's part of a forward call.
 pub struct BackendInput<'a, C> {
@@ -20,8 +44,11 @@ pub struct BackendInput<'a, C> {
     /// The adapter version the sequence runs through (`None`: the base model).
     pub policy: Option<&'a PolicyVersion>,
     pub cache: &'a mut C,
-    /// Logits of every new token (for prompt logprobs), or only of the last.
+    /// Return the logits of every new token (for prompt logprobs).
     pub all_logits: bool,
+    /// Tokens to draw from the last new token's logits: one for a decoding sample, one per
+    /// sample for a prefilled prompt.
+    pub picks: Vec<Pick<'a>>,
 }
 
 /// Why a backend's call failed.
@@ -80,13 +107,14 @@ pub trait SamplerBackend: Send {
         drop(cache);
     }
 
-    /// Runs every input's new tokens through `base` and its policy, appending to its cache.
-    /// Returns per input its logits, `rows × vocab` (every new token, or the last).
+    /// Runs every input's new tokens through `base` and its policy, appending to its cache, and
+    /// draws its picks from the logits of its last new token, as [`choose`] does. Returns per
+    /// input its choices (and its logits, where it asked for them).
     fn forward(
         &mut self,
         base: &Transformer,
         inputs: &mut [BackendInput<'_, Self::Cache>],
-    ) -> Result<Vec<Vec<f32>>, BackendError>;
+    ) -> Result<Vec<BackendOutput>, BackendError>;
 }
 
 /// The CPU forward over the base model's candle weights, read in place; a cache per sequence.
@@ -126,8 +154,8 @@ impl SamplerBackend for CpuSampler {
         &mut self,
         base: &Transformer,
         inputs: &mut [BackendInput<'_, KvCache>],
-    ) -> Result<Vec<Vec<f32>>, BackendError> {
-        let mut inputs: Vec<SequenceInput<'_>> = inputs
+    ) -> Result<Vec<BackendOutput>, BackendError> {
+        let mut sequences: Vec<SequenceInput<'_>> = inputs
             .iter_mut()
             .map(|input| SequenceInput {
                 tokens: input.tokens,
@@ -136,6 +164,25 @@ impl SamplerBackend for CpuSampler {
                 all_logits: input.all_logits,
             })
             .collect();
-        Ok(forward(base, &mut inputs)?)
+        let logits = forward(base, &mut sequences)?;
+        let vocab = base.config.vocab_size;
+        // Each pick draws from its own number, so they draw in parallel.
+        let asks: Vec<(&[Pick<'_>], bool)> = inputs
+            .iter()
+            .map(|input| (&input.picks[..], input.all_logits))
+            .collect();
+        Ok(asks
+            .into_par_iter()
+            .zip(logits)
+            .map(|((picks, all_logits), rows)| {
+                let last = &rows[rows.len() - vocab..];
+                let choices = picks
+                    .iter()
+                    .map(|pick| choose(last, pick.params, pick.uniform, pick.top))
+                    .collect();
+                let logits = if all_logits { rows } else { Vec::new() };
+                BackendOutput { choices, logits }
+            })
+            .collect())
     }
 }

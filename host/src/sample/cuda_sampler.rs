@@ -7,15 +7,17 @@
 //! would be is copied first); a block returns to the free list when no table holds it. The
 //! adapter versions of a call are loaded into free slots, or into the slots least recently used
 //! by no sequence of the call; the engine runs no more versions at once than there are slots.
-//! The logits come back to the host, where the engine samples as on the CPU.
+//! Tokens are drawn on the device from logits that stay there (`Gpu::draw_tokens`, the host's
+//! `choose` on the same row); only the rows of prompts that ask for prompt logprobs come back.
 
 use std::sync::Arc;
 
-use opentinker_kernels::cuda::{AdapterRef, Gpu};
+use opentinker_kernels::cuda::{AdapterRef, Draw, Gpu};
 
-use super::backend::{BackendError, BackendInput, SamplerBackend};
+use super::backend::{BackendError, BackendInput, BackendOutput, SamplerBackend};
 use super::cuda::{CudaModel, CudaModelError, CudaModelOptions, CudaSequence};
 use super::engine::EngineConfig;
+use super::params::Choice;
 use crate::lora::PolicyVersion;
 use crate::model::{GpuWeights, ModelConfig, Transformer};
 
@@ -311,7 +313,7 @@ impl SamplerBackend for CudaSampler {
         &mut self,
         _base: &Transformer,
         inputs: &mut [BackendInput<'_, BlockTable>],
-    ) -> Result<Vec<Vec<f32>>, BackendError> {
+    ) -> Result<Vec<BackendOutput>, BackendError> {
         let adapters = self.adapters(inputs)?;
         for input in inputs.iter_mut() {
             let end = input.cache.len + input.tokens.len();
@@ -331,26 +333,57 @@ impl SamplerBackend for CudaSampler {
             })
             .collect();
         let logits = self.model.forward(&sequences)?;
-        let logits = self
-            .model
-            .gpu()
-            .download(&logits)
-            .map_err(CudaModelError::from)?;
         let vocab = self.model.config().vocab_size;
-        let mut per_input = Vec::with_capacity(inputs.len());
-        let mut rest = &logits[..];
-        for input in inputs.iter_mut() {
+        // Each input's rows of the logits, and the draws from its last.
+        let mut draws = Vec::new();
+        let mut spans = Vec::with_capacity(inputs.len());
+        let mut row = 0;
+        for input in inputs.iter() {
             let rows = if input.all_logits {
                 input.tokens.len()
             } else {
                 1
             };
-            let (mine, next) = rest.split_at((rows * vocab).min(rest.len()));
-            per_input.push(mine.to_vec());
-            rest = next;
+            spans.push(row..row + rows);
+            row += rows;
+            draws.extend(input.picks.iter().map(|pick| Draw {
+                row: row - 1,
+                temperature: pick.params.temperature,
+                top_k: pick.params.top_k,
+                top_p: pick.params.top_p,
+                uniform: pick.uniform,
+                top: pick.top,
+            }));
+        }
+        let gpu = self.model.gpu();
+        let mut drawn = gpu
+            .draw_tokens(&logits, vocab, &draws)
+            .map_err(CudaModelError::from)?
+            .into_iter();
+        // Only prompt logprobs need whole rows on the host.
+        let host_logits = match inputs.iter().any(|input| input.all_logits) {
+            true => gpu.download(&logits).map_err(CudaModelError::from)?,
+            false => Vec::new(),
+        };
+        let mut outputs = Vec::with_capacity(inputs.len());
+        for (input, span) in inputs.iter_mut().zip(spans) {
+            let choices = drawn
+                .by_ref()
+                .take(input.picks.len())
+                .map(|d| Choice {
+                    token: d.token,
+                    logprob: d.logprob,
+                    top: d.top,
+                })
+                .collect();
+            let logits = match input.all_logits {
+                true => host_logits[span.start * vocab..span.end * vocab].to_vec(),
+                false => Vec::new(),
+            };
+            outputs.push(BackendOutput { choices, logits });
             input.cache.len += input.tokens.len();
         }
-        Ok(per_input)
+        Ok(outputs)
     }
 }
 

@@ -16,8 +16,8 @@ use rayon::prelude::*;
 
 use opentinker_kernels::KvCache;
 
-use super::backend::{BackendError, BackendInput, CpuSampler, SamplerBackend};
-use super::params::{ParamsError, SamplingParams, Stop, TopLogprobs, choose, sample_rng};
+use super::backend::{BackendError, BackendInput, CpuSampler, Pick, SamplerBackend};
+use super::params::{ParamsError, SamplingParams, Stop, TopLogprobs, sample_rng};
 use super::prefix::{PolicyKey, PrefixCache};
 use super::prompt::{self, PromptAnswers, PromptAsks};
 use crate::lora::{AdapterRegistry, PolicyVersion, RegistryError};
@@ -486,11 +486,19 @@ impl<B: SamplerBackend> SamplingEngine<B> {
             prefills.push((id, a, cache));
         }
 
+        // Each sample draws from its own stream: one number per token, taken here, before the
+        // forward, so that the backend draws where the logits are.
         let mut inputs = Vec::new();
         for running in &mut self.running {
-            let policy = running.admitted.policy.as_deref();
-            for sample in running.samples.iter_mut().filter(|s| s.stop.is_none()) {
-                let SampleState { cache, tokens, .. } = sample;
+            let Running {
+                admitted, samples, ..
+            } = running;
+            let policy = admitted.policy.as_deref();
+            let request = &admitted.request;
+            for sample in samples.iter_mut().filter(|s| s.stop.is_none()) {
+                let SampleState {
+                    cache, tokens, rng, ..
+                } = sample;
                 inputs.push(BackendInput {
                     tokens: std::slice::from_ref(
                         tokens.last().expect("a running sample has a token"),
@@ -498,44 +506,65 @@ impl<B: SamplerBackend> SamplingEngine<B> {
                     policy,
                     cache,
                     all_logits: false,
+                    picks: vec![Pick {
+                        params: &request.params,
+                        uniform: rng.random::<f64>(),
+                        top: request.topk_sample_logprobs,
+                    }],
                 });
             }
         }
         let decoding = inputs.len();
         let cached: Vec<usize> = prefills.iter().map(|(_, _, c)| B::cache_len(c)).collect();
-        for ((_, a, cache), &start) in prefills.iter_mut().zip(&cached) {
+        // A prompt's samples' streams, each of which draws its first token from the prefill.
+        let mut streams: Vec<Vec<StdRng>> = prefills
+            .iter()
+            .map(|(_, a, _)| {
+                (0..a.request.params.num_samples)
+                    .map(|i| sample_rng(a.seed, i))
+                    .collect()
+            })
+            .collect();
+        for (((_, a, cache), &start), rngs) in prefills.iter_mut().zip(&cached).zip(&mut streams) {
+            let picks = rngs
+                .iter_mut()
+                .map(|rng| Pick {
+                    params: &a.request.params,
+                    uniform: rng.random::<f64>(),
+                    top: a.request.topk_sample_logprobs,
+                })
+                .collect();
             inputs.push(BackendInput {
                 tokens: &a.request.prompt[start..],
                 policy: a.policy.as_deref(),
                 cache,
                 all_logits: a.request.prompt_asks.any(),
+                picks,
             });
         }
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
-        let mut logits = self.backend.forward(&model, &mut inputs)?.into_iter();
+        let mut outputs = self.backend.forward(&model, &mut inputs)?.into_iter();
         drop(inputs);
         let vocab = config.vocab_size;
         let context = model.context_length();
 
-        // Each sample draws from its own stream, so samples pick their tokens in parallel.
         let mut picks = Vec::with_capacity(decoding);
         for running in &mut self.running {
             let request = &running.admitted.request;
             let decoding = running.samples.iter_mut().enumerate();
             for (index, sample) in decoding.filter(|(_, s)| s.stop.is_none()) {
-                let row = logits.next().expect("one logits row per decoding sample");
-                picks.push((sample, request, row, index));
+                let output = outputs.next().expect("an output per decoding sample");
+                let choice = output.choices.into_iter().next().expect("one choice");
+                picks.push((sample, request, choice, index));
             }
         }
         let (eos, tokenizer) = (&self.eos, self.tokenizer.as_deref());
         picks
             .into_par_iter()
-            .for_each(|(sample, request, row, index)| {
+            .for_each(|(sample, request, choice, index)| {
                 let (params, prompt_len) = (&request.params, request.prompt.len());
-                let uniform = sample.rng.random::<f64>();
-                let choice = choose(&row, params, uniform, request.topk_sample_logprobs);
                 if let Some(sink) = &request.tokens {
                     sink.send(index, choice.token, choice.logprob);
                 }
@@ -549,14 +578,16 @@ impl<B: SamplerBackend> SamplingEngine<B> {
             });
         debug_assert!(decoding <= self.running.iter().map(|r| r.samples.len()).sum());
 
-        for ((id, a, cache), cached) in prefills.into_iter().zip(cached) {
-            let rows = logits.next().expect("logits for every prefilled prompt");
+        for (((id, a, cache), cached), rngs) in prefills.into_iter().zip(cached).zip(streams) {
+            let output = outputs
+                .next()
+                .expect("an output for every prefilled prompt");
             let prompt = &a.request.prompt;
             let answers = match a.request.prompt_asks.any() {
                 true => prompt::answer(
                     &a.request.prompt_asks,
                     prompt,
-                    &rows,
+                    &output.logits,
                     cached,
                     vocab,
                     &a.request.params,
@@ -564,7 +595,6 @@ impl<B: SamplerBackend> SamplingEngine<B> {
                 ),
                 false => PromptAnswers::default(),
             };
-            let last = &rows[rows.len() - vocab..];
             if self.config.prefix_cache_positions > 0 {
                 let copy = self.backend.fork(&cache, prompt.len())?;
                 for dropped in self.prefix.insert(a.key(), prompt, copy) {
@@ -579,10 +609,10 @@ impl<B: SamplerBackend> SamplingEngine<B> {
             }
             caches.push(cache);
             let mut samples = Vec::with_capacity(n);
-            for (i, cache) in caches.into_iter().enumerate() {
-                let mut rng = sample_rng(a.seed, i);
-                let k = a.request.topk_sample_logprobs;
-                let choice = choose(last, &a.request.params, rng.random::<f64>(), k);
+            let k = a.request.topk_sample_logprobs;
+            for (i, ((cache, rng), choice)) in
+                caches.into_iter().zip(rngs).zip(output.choices).enumerate()
+            {
                 if let Some(sink) = &a.request.tokens {
                     sink.send(i, choice.token, choice.logprob);
                 }

@@ -12,12 +12,12 @@ pub mod params;
 pub mod prefix;
 mod prompt;
 
-pub use backend::{BackendError, BackendInput, CpuSampler, SamplerBackend};
+pub use backend::{BackendError, BackendInput, BackendOutput, CpuSampler, Pick, SamplerBackend};
 #[cfg(feature = "cuda")]
 pub use cuda_sampler::{BlockTable, CudaSampler};
 pub use engine::{
     EngineConfig, PolicyRef, RequestId, Sample, SampleError, SampleOutput, SampleRequest,
     SamplingEngine, StopReason, TokenSink,
 };
-pub use params::{SamplingParams, Stop, TopLogprobs};
+pub use params::{Choice, SamplingParams, Stop, TopLogprobs};
 pub use prompt::{AltTokens, PromptAnswers, PromptAsks, PromptTargets, TargetLogprobs};

@@ -450,19 +450,20 @@ extern "C" __global__ void silu_mul(float *__restrict__ gate, const float *__res
     }
 }
 
-// log Σ exp of one row (n wide), the sum in f64 as on the CPU; every thread of the block gets it.
-__device__ float row_log_sum_exp(const float *row, int n) {
+// log Σ exp of one row (n wide) times `scale` (1, or a sampling temperature's inverse), the sum in
+// f64 as on the CPU; every thread of the block gets it.
+__device__ float row_log_sum_exp(const float *row, int n, float scale = 1.0f) {
     __shared__ double scratch[1024];
     __shared__ float max_scratch[32];
     float m = NEG_INFINITY;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, row[i]);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, row[i] * scale);
     m = warp_max(m);
     if ((threadIdx.x & 31) == 0) max_scratch[threadIdx.x >> 5] = m;
     __syncthreads();
     m = NEG_INFINITY;
     for (int w = 0; w < (blockDim.x >> 5); ++w) m = fmaxf(m, max_scratch[w]);
     double sum = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += (double)expf(row[i] - m);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += (double)expf(row[i] * scale - m);
     return (float)log(block_sum(sum, scratch)) + m;
 }
 
@@ -592,11 +593,11 @@ extern "C" __global__ void add_in_place(float *__restrict__ x, const float *__re
     if (i < n) x[i] += y[i];
 }
 
-// The index of each row's largest value (the first of equals; NaN never wins). Block per row.
-extern "C" __global__ void argmax_rows(const float *__restrict__ x, int *__restrict__ out, int width) {
+// The index of a row's largest value (the first of equals; NaN never wins; 0 when all are NaN);
+// every thread of the block gets it.
+__device__ int row_argmax(const float *row, int width) {
     __shared__ float best_value[1024];
     __shared__ int best_index[1024];
-    const float *row = x + (size_t)blockIdx.x * width;
     float value = NEG_INFINITY;
     int index = width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
@@ -619,7 +620,15 @@ extern "C" __global__ void argmax_rows(const float *__restrict__ x, int *__restr
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = best_index[0] < width ? best_index[0] : 0;
+    const int best = best_index[0] < width ? best_index[0] : 0;
+    __syncthreads();
+    return best;
+}
+
+// The index of each row's largest value (row_argmax). Block per row.
+extern "C" __global__ void argmax_rows(const float *__restrict__ x, int *__restrict__ out, int width) {
+    const int best = row_argmax(x + (size_t)blockIdx.x * width, width);
+    if (threadIdx.x == 0) out[blockIdx.x] = best;
 }
 
 // x[i] = low + (high - low) · u(seed, i), u uniform in [0, 1) from a hash of (seed, i): random
@@ -1031,4 +1040,188 @@ extern "C" __global__ void add_scaled_rows(float *__restrict__ dx, const float *
                                           const float *__restrict__ g, size_t n, int width) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dx[i] = fmaf(g[i / width], j[i], dx[i]);
+}
+
+// ---- Drawing tokens on the device: one block of DRAW_THREADS per draw ----
+//
+// A draw picks a token from one row of logits as the host's `choose` does: at a temperature t > 0
+// from softmax(logits / t), cut to the top k and then to the smallest most-likely prefix whose
+// mass reaches top_p, drawn in most-likely order when cut and in id order when not; at t = 0 the
+// row's argmax. Tokens are ordered by a key, larger first: the logprob's bits in a total order
+// (Rust's total_cmp), then the id, lower first, so every token has a key of its own and "the
+// tokens whose key is at least K" is a most-likely prefix. The cut, the draw and the most likely
+// tokens each find the largest K for which a property of that prefix holds, one key bit at a time
+// (a radix search, one pass over the row per bit): no sort, no atomics, and a draw's result
+// depends on its row and its parameters alone.
+
+#define DRAW_THREADS 256
+
+// One row being drawn from: logprob(i) = row[i] · scale - log_sum, as the host computes it.
+struct DrawRow {
+    const float *row;
+    int n;
+    int id_bits;  // bits of the id part of a key: n - 1 fits in them
+    float scale;
+    float log_sum;
+
+    __device__ float logprob(int i) const { return row[i] * scale - log_sum; }
+
+    __device__ unsigned long long key(int i) const {
+        const unsigned int bits = __float_as_uint(logprob(i));
+        const unsigned int ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+        return ((unsigned long long)ordered << id_bits) | (unsigned long long)(n - 1 - i);
+    }
+
+    __device__ int id(unsigned long long key) const {
+        return n - 1 - (int)(key & ((1ull << id_bits) - 1));
+    }
+};
+
+// The count and mass of the tokens whose key is at least k: exp of the logprob in f64 when
+// `wide`, else the f32 exp widened (as the host's top-p cut sums it). Every thread gets both.
+__device__ void prefix_stats(const DrawRow &r, unsigned long long k, bool wide, int *count,
+                             double *mass) {
+    __shared__ double mass_scratch[DRAW_THREADS];
+    __shared__ int count_scratch[DRAW_THREADS];
+    int c = 0;
+    double m = 0.0;
+    for (int i = threadIdx.x; i < r.n; i += blockDim.x) {
+        if (r.key(i) >= k) {
+            const float lp = r.logprob(i);
+            ++c;
+            m += wide ? exp((double)lp) : (double)expf(lp);
+        }
+    }
+    *count = block_sum(c, count_scratch);
+    *mass = block_sum(m, mass_scratch);
+}
+
+// The largest key K for which holds(count, mass) of the prefix from K on, where holding can only
+// stop as K grows; keys up to `floor` hold without a pass. 0 when none above the floor holds.
+template <typename Holds>
+__device__ unsigned long long largest_key(const DrawRow &r, bool wide, unsigned long long floor,
+                                          Holds holds) {
+    unsigned long long k = 0;
+    for (int b = 31 + r.id_bits; b >= 0; --b) {
+        const unsigned long long trial = k | (1ull << b);
+        if (trial <= floor) {
+            k = trial;
+            continue;
+        }
+        int count;
+        double mass;
+        prefix_stats(r, trial, wide, &count, &mass);
+        if (holds(count, mass)) k = trial;
+    }
+    return k;
+}
+
+// The token at which the running mass (f64 exps, in id order) first passes uniform · the row's
+// mass: the row split in contiguous chunks, one per thread, summed, and walked by thread 0.
+__device__ int draw_in_id_order(const DrawRow &r, double uniform) {
+    __shared__ double chunk_mass[DRAW_THREADS];
+    __shared__ int drawn;
+    const int chunk = (r.n + blockDim.x - 1) / blockDim.x;
+    const int begin = min(r.n, (int)threadIdx.x * chunk);
+    const int end = min(r.n, begin + chunk);
+    double own = 0.0;
+    for (int i = begin; i < end; ++i) own += exp((double)r.logprob(i));
+    chunk_mass[threadIdx.x] = own;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double mass = 0.0;
+        for (int t = 0; t < blockDim.x; ++t) mass += chunk_mass[t];
+        const double target = uniform * mass;
+        double running = 0.0;
+        int t = 0;
+        while (t + 1 < (int)blockDim.x && running + chunk_mass[t] <= target) running += chunk_mass[t++];
+        drawn = r.n - 1;
+        for (int i = min(r.n, t * chunk); i < r.n; ++i) {
+            running += exp((double)r.logprob(i));
+            if (running > target) {
+                drawn = i;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    return drawn;
+}
+
+// Writes the tokens whose key is at least k, in id order, with their logprobs.
+__device__ void gather_prefix(const DrawRow &r, unsigned long long k, int *ids, float *logprobs) {
+    __shared__ int offsets[DRAW_THREADS];
+    const int chunk = (r.n + blockDim.x - 1) / blockDim.x;
+    const int begin = min(r.n, (int)threadIdx.x * chunk);
+    const int end = min(r.n, begin + chunk);
+    int own = 0;
+    for (int i = begin; i < end; ++i) own += r.key(i) >= k;
+    offsets[threadIdx.x] = own;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int running = 0;
+        for (int t = 0; t < blockDim.x; ++t) {
+            const int c = offsets[t];
+            offsets[t] = running;
+            running += c;
+        }
+    }
+    __syncthreads();
+    int at = offsets[threadIdx.x];
+    for (int i = begin; i < end; ++i) {
+        if (r.key(i) >= k) {
+            ids[at] = i;
+            logprobs[at] = r.logprob(i);
+            ++at;
+        }
+    }
+    __syncthreads();
+}
+
+// Draw d from row rows[d] of logits (n wide): scales[d] is 1 / temperature, or below 0 for the
+// argmax; top_k[d] = n keeps every token; tops[d] most likely tokens go to top_ids / top_logprobs
+// (max_top per draw, in id order). tokens[d] and logprobs[d] get the token and its logprob under
+// softmax(logits · scale) (under softmax(logits) for the argmax). Block per draw.
+extern "C" __global__ void draw_tokens(const float *__restrict__ logits, int n, int id_bits,
+                                       const int *__restrict__ rows, const float *__restrict__ scales,
+                                       const int *__restrict__ top_k, const double *__restrict__ top_p,
+                                       const double *__restrict__ uniforms, const int *__restrict__ tops,
+                                       int max_top, int *__restrict__ tokens, float *__restrict__ logprobs,
+                                       int *__restrict__ top_ids, float *__restrict__ top_logprobs) {
+    const int d = blockIdx.x;
+    const float *row = logits + (size_t)rows[d] * n;
+    const bool greedy = scales[d] < 0.0f;
+    const float scale = greedy ? 1.0f : scales[d];
+    const DrawRow r{row, n, id_bits, scale, row_log_sum_exp(row, n, scale)};
+    int token;
+    if (greedy) {
+        token = row_argmax(row, n);
+    } else if (top_k[d] < n || top_p[d] < 1.0) {
+        const int k = top_k[d];
+        const double p = top_p[d];
+        // The cut: the shortest prefix that holds k tokens or reaches mass p.
+        const unsigned long long cut =
+            largest_key(r, false, 0, [&](int count, double mass) { return count >= k || mass >= p; });
+        int kept;
+        double kept_mass;
+        prefix_stats(r, cut, false, &kept, &kept_mass);
+        const double target = uniforms[d] * kept_mass;
+        // The draw, in most-likely order: the first token whose prefix mass passes the target
+        // (the cut's last token when rounding leaves none).
+        const unsigned long long drawn =
+            largest_key(r, true, cut, [&](int, double mass) { return mass > target; });
+        token = r.id(drawn);
+    } else {
+        token = draw_in_id_order(r, uniforms[d]);
+    }
+    if (threadIdx.x == 0) {
+        tokens[d] = token;
+        logprobs[d] = r.logprob(token);
+    }
+    const int top = tops[d];
+    if (top > 0) {
+        const unsigned long long from =
+            largest_key(r, false, 0, [&](int count, double) { return count >= top; });
+        gather_prefix(r, from, top_ids + (size_t)d * max_top, top_logprobs + (size_t)d * max_top);
+    }
 }

@@ -9,6 +9,7 @@
 
 mod attention;
 mod backend;
+mod draw;
 mod error;
 mod lora;
 mod train;
@@ -21,6 +22,7 @@ pub use backend::{GpuBatch, GpuMatrix, WeightFormat};
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
 pub use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+pub use draw::{Draw, Drawn};
 use error::{DriverContext, ensure};
 pub use error::{GpuError, GpuErrorKind};
 pub use lora::{
@@ -112,6 +114,7 @@ struct Kernels {
     attention_train_backward_q: CudaFunction,
     attention_train_backward_kv: CudaFunction,
     add_scaled_rows: CudaFunction,
+    draw_tokens: CudaFunction,
 }
 
 /// One CUDA device with its stream and compiled kernels. Every op is queued on the stream;
@@ -207,6 +210,7 @@ impl Gpu {
             attention_train_backward_q: function("attention_train_backward_q")?,
             attention_train_backward_kv: function("attention_train_backward_kv")?,
             add_scaled_rows: function("add_scaled_rows")?,
+            draw_tokens: function("draw_tokens")?,
         };
         let stream = context.default_stream();
         Ok(Gpu {
