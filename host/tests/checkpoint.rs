@@ -126,8 +126,8 @@ fn our_checkpoints_round_trip_with_their_optimizer_state() {
             .unwrap();
         assert_eq!(same, 1, "{name} changed in the round trip");
     }
-    let (step_a, moments_a) = engine.optimizer_state("a").unwrap();
-    let (step_b, moments_b) = restored.optimizer_state("b").unwrap();
+    let (step_a, moments_a) = engine.optimizer_state("a").unwrap().unwrap();
+    let (step_b, moments_b) = restored.optimizer_state("b").unwrap().unwrap();
     assert_eq!(step_a, step_b);
     for (name, (m, v)) in &moments_a {
         let (m2, v2) = &moments_b[name];

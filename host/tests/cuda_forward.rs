@@ -396,8 +396,9 @@ fn training_step<'b, B: Backward<Elem = f32>>(
 /// The training engine with its passes on CUDA against the same engine on the CPU: two LoRA
 /// adapters of different ranks (one adapting the unembedding too) under two losses in one fused
 /// call, two steps each (B moves off zero at the first, so the second has every gradient):
-/// outputs, every gradient and the weights after each step; and a full-parameter engine's step
-/// (the weights sent to the device again after it).
+/// outputs, every gradient and the weights after each step (the adapters' state kept on the
+/// device: the state exported from there, imported again and stepped, is the CPU's); and a
+/// full-parameter engine's step (the weights sent to the device again after it).
 #[test]
 fn the_training_engine_on_cuda_matches_the_engine_on_the_cpu() {
     use opentinker::model::Device as ModelDevice;
@@ -472,7 +473,10 @@ fn the_training_engine_on_cuda_matches_the_engine_on_the_cpu() {
             );
         }
         for id in ["a", "b"] {
-            let (want, got) = (cpu.gradients(id).unwrap(), gpu.gradients(id).unwrap());
+            let (want, got) = (
+                cpu.gradients(id).unwrap().unwrap(),
+                gpu.gradients(id).unwrap().unwrap(),
+            );
             assert_eq!(
                 got.keys().collect::<Vec<_>>(),
                 want.keys().collect::<Vec<_>>()
@@ -497,6 +501,35 @@ fn the_training_engine_on_cuda_matches_the_engine_on_the_cpu() {
         }
     }
 
+    // The state kept on the device comes down whole (weights, moments, gradients) and goes up
+    // again: a step after the round trip is the CPU's step.
+    cpu.forward_backward(&items()).unwrap();
+    gpu.forward_backward(&items()).unwrap();
+    for id in ["a", "b"] {
+        let (want, got) = (cpu.export_state(id).unwrap(), gpu.export_state(id).unwrap());
+        assert_eq!(got.step, want.step);
+        for (g, w) in got.tensors.iter().zip(&want.tensors) {
+            assert_eq!(g.name, w.name);
+            let what = |part: &str| format!("{id} {}'s {part} after the round trip", g.name);
+            let (gm, wm) = (g.moments.as_ref().unwrap(), w.moments.as_ref().unwrap());
+            assert_tensor_close(&what("first moment"), &gm.0, &wm.0);
+            assert_tensor_close(&what("second moment"), &gm.1, &wm.1);
+            let (gg, wg) = (g.gradient.as_ref().unwrap(), w.gradient.as_ref().unwrap());
+            assert_tensor_close(&what("gradient"), gg, wg);
+        }
+        gpu.import_state(id, got).unwrap();
+        cpu.optim_step(id, &params).unwrap();
+        gpu.optim_step(id, &params).unwrap();
+        let (want, got) = (cpu.parameters(id).unwrap(), gpu.parameters(id).unwrap());
+        for ((name, w), (_, g)) in want.iter().zip(&got) {
+            assert_tensor_close(
+                &format!("{id} {name} after the round trip's step"),
+                g.as_tensor(),
+                w.as_tensor(),
+            );
+        }
+    }
+
     let full = || TrainingEngine::full_parameters(model.transformer.clone(), DType::F32).unwrap();
     let (mut cpu, mut gpu) = (full(), full().on_device(cuda).unwrap());
     let item = || {
@@ -517,7 +550,10 @@ fn the_training_engine_on_cuda_matches_the_engine_on_the_cpu() {
             &want[0].logprobs.concat(),
         );
         let id = opentinker::train::FULL_PARAMETERS;
-        let (want, got) = (cpu.gradients(id).unwrap(), gpu.gradients(id).unwrap());
+        let (want, got) = (
+            cpu.gradients(id).unwrap().unwrap(),
+            gpu.gradients(id).unwrap().unwrap(),
+        );
         for (name, w) in &want {
             assert_tensor_close(
                 &format!("full step {step}: {name}'s gradient"),
@@ -937,7 +973,7 @@ fn an_adapter_steps_on_the_device_as_the_cpu_engine_steps_it() {
     for step in 0..2 {
         cpu.forward_backward(std::slice::from_ref(&item)).unwrap();
         // The engine's gradients are in its tensors' order: each site's A, then its B.
-        let named = cpu.gradients("a").unwrap();
+        let named = cpu.gradients("a").unwrap().unwrap();
         let names: Vec<String> = cpu
             .parameters("a")
             .unwrap()

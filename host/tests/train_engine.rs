@@ -137,7 +137,7 @@ fn gradients_match_finite_differences_in_f64_for_every_loss() {
         let work = [item("a", loss.clone(), &[1, 2], 10)];
         engine.discard_gradients("a").unwrap();
         engine.forward_backward(&work).unwrap();
-        let gradients = engine.gradients("a").unwrap();
+        let gradients = engine.gradients("a").unwrap().unwrap();
         let adapter = engine.adapter("a").unwrap().clone();
         let named = adapter.named_tensors();
         for (name, var) in named.iter().filter(|(n, _)| {
@@ -212,12 +212,12 @@ fn mixed_batches_give_each_adapter_the_gradient_of_its_own_items() {
     engine
         .forward_backward(std::slice::from_ref(&item4))
         .unwrap();
-    let alone4 = engine.gradients("rank4").unwrap();
+    let alone4 = engine.gradients("rank4").unwrap().unwrap();
     engine.discard_gradients("rank4").unwrap();
     engine
         .forward_backward(std::slice::from_ref(&item16))
         .unwrap();
-    let alone16 = engine.gradients("rank16").unwrap();
+    let alone16 = engine.gradients("rank16").unwrap().unwrap();
     engine.discard_gradients("rank16").unwrap();
 
     let outputs = engine
@@ -230,7 +230,7 @@ fn mixed_batches_give_each_adapter_the_gradient_of_its_own_items() {
     assert_eq!(outputs[1].metrics["tokens:sum"], 21.0);
     assert_eq!(outputs[1].metrics["loss:sum"], outputs[1].loss);
     for (alone, id) in [(alone4, "rank4"), (alone16, "rank16")] {
-        let mixed = engine.gradients(id).unwrap();
+        let mixed = engine.gradients(id).unwrap().unwrap();
         assert_eq!(alone.len(), mixed.len());
         for (name, g) in &alone {
             let difference = l2(&(g - &mixed[name]).unwrap());
@@ -258,14 +258,14 @@ fn snapshot(engine: &TrainingEngine, id: &str) -> Vec<Vec<f32>> {
                 .unwrap()
         })
         .collect();
-    if let Some(gradients) = engine.gradients(id) {
+    if let Some(gradients) = engine.gradients(id).unwrap() {
         values.extend(
             gradients
                 .values()
                 .map(|g| g.flatten_all().unwrap().to_vec1::<f32>().unwrap()),
         );
     }
-    let (step, moments) = engine.optimizer_state(id).unwrap();
+    let (step, moments) = engine.optimizer_state(id).unwrap().unwrap();
     values.push(vec![step as f32]);
     for (m, v) in moments.values() {
         values.push(m.flatten_all().unwrap().to_vec1::<f32>().unwrap());
@@ -423,7 +423,10 @@ fn a_call_larger_than_a_pass_runs_in_passes_with_the_outputs_and_gradients_of_on
         }
     }
     for id in ["a", "b"] {
-        let (one, passes) = (whole.gradients(id).unwrap(), split.gradients(id).unwrap());
+        let (one, passes) = (
+            whole.gradients(id).unwrap().unwrap(),
+            split.gradients(id).unwrap().unwrap(),
+        );
         for (name, g) in &one {
             let (difference, norm) = (l2(&(g - &passes[name]).unwrap()), l2(g));
             assert!(norm > 0.0, "{id} {name} has a zero gradient");
@@ -436,13 +439,13 @@ fn a_call_larger_than_a_pass_runs_in_passes_with_the_outputs_and_gradients_of_on
 
     let mut bad = work.clone();
     bad[2].datums[0].target_tokens[1] = 10_000;
-    let before = split.gradients("a").unwrap();
+    let before = split.gradients("a").unwrap().unwrap();
     let err = split.forward_backward(&bad).unwrap_err().to_string();
     assert!(
         err.contains("work item 2") && err.contains("10000"),
         "{err}"
     );
-    for (name, g) in split.gradients("a").unwrap() {
+    for (name, g) in split.gradients("a").unwrap().unwrap() {
         assert_eq!(l2(&(&g - &before[&name]).unwrap()), 0.0, "{name} moved");
     }
 
@@ -465,8 +468,8 @@ fn a_call_larger_than_a_pass_runs_in_passes_with_the_outputs_and_gradients_of_on
         passes[0].loss
     );
     let (one, passes) = (
-        whole.gradients(full).unwrap(),
-        split.gradients(full).unwrap(),
+        whole.gradients(full).unwrap().unwrap(),
+        split.gradients(full).unwrap().unwrap(),
     );
     for (name, g) in &one {
         let (difference, norm) = (l2(&(g - &passes[name]).unwrap()), l2(g));
@@ -490,7 +493,7 @@ fn full_parameter_training_trains_every_weight_with_the_right_gradient() {
     let full = opentinker::train::FULL_PARAMETERS;
     let work = [item(full, Loss::CrossEntropy, &[1, 2], 10)];
     engine.forward_backward(&work).unwrap();
-    let gradients = engine.gradients(full).unwrap();
+    let gradients = engine.gradients(full).unwrap().unwrap();
     assert_eq!(gradients.len(), weights);
     for (name, var) in engine.parameters(full).unwrap().iter().filter(|(n, _)| {
         [
@@ -615,7 +618,12 @@ async fn the_trainer_service_fuses_calls_of_one_cycle_and_answers_each_with_its_
 
     // Each adapter's gradient is the one its call alone gives.
     let fused = service
-        .with(|e| (e.gradients("a").unwrap(), e.gradients("b").unwrap()))
+        .with(|e| {
+            (
+                e.gradients("a").unwrap().unwrap(),
+                e.gradients("b").unwrap().unwrap(),
+            )
+        })
         .await
         .unwrap();
     for (id, item, fused) in [("a", item_a, fused.0), ("b", item_b, fused.1)] {
@@ -623,7 +631,7 @@ async fn the_trainer_service_fuses_calls_of_one_cycle_and_answers_each_with_its_
             .with(move |e| {
                 e.discard_gradients(id).unwrap();
                 e.forward_backward(&[item]).unwrap();
-                e.gradients(id).unwrap()
+                e.gradients(id).unwrap().unwrap()
             })
             .await
             .unwrap();
@@ -654,7 +662,7 @@ async fn a_bad_datum_in_a_cycle_fails_only_the_call_that_sent_it() {
     let error = bad.await.unwrap_err().to_string();
     // Numbered within its own call: the fused pass's failure was not passed on as it was.
     assert!(error.contains("work item 0, datum 0"), "{error}");
-    let untouched = service.with(|e| e.gradients("b")).await.unwrap();
+    let untouched = service.with(|e| e.gradients("b").unwrap()).await.unwrap();
     assert!(untouched.is_none(), "the bad call left gradients behind");
 }
 
@@ -687,12 +695,15 @@ async fn a_call_larger_than_a_pass_is_sliced_lets_a_small_call_through_and_sums_
     );
     let sliced = big.await.unwrap();
     assert_eq!(sliced[0].logprobs.len(), 48);
-    let sliced_gradients = service.with(|e| e.gradients("a").unwrap()).await.unwrap();
+    let sliced_gradients = service
+        .with(|e| e.gradients("a").unwrap().unwrap())
+        .await
+        .unwrap();
     let (alone, alone_gradients) = service
         .with(move |e| {
             e.discard_gradients("a").unwrap();
             let outputs = e.forward_backward(&[big_item]).unwrap();
-            (outputs, e.gradients("a").unwrap())
+            (outputs, e.gradients("a").unwrap().unwrap())
         })
         .await
         .unwrap();
@@ -732,7 +743,10 @@ async fn lone_call_on(cycle: std::time::Duration) -> (f64, Vec<(String, Vec<f32>
     assert!(futures::poll!(&mut call).is_pending());
     open.send(()).unwrap();
     let outputs = call.await.unwrap();
-    let gradients = service.with(|e| e.gradients("a").unwrap()).await.unwrap();
+    let gradients = service
+        .with(|e| e.gradients("a").unwrap().unwrap())
+        .await
+        .unwrap();
     let mut flat: Vec<(String, Vec<f32>)> = gradients
         .iter()
         .map(|(name, g)| (name.clone(), g.flatten_all().unwrap().to_vec1().unwrap()))
@@ -821,13 +835,13 @@ async fn a_guest_engine_trains_in_the_loops_fair_queue_and_its_tenants_usage() {
     // The guest's gradients, sliced over passes, are what its call gives alone.
     let (alone, weight) = guest
         .with(move |e| {
-            let sliced = e.gradients(full).unwrap();
+            let sliced = e.gradients(full).unwrap().unwrap();
             e.discard_gradients(full).unwrap();
             let alone = e.forward_backward(&[big_item]).unwrap();
             let name = "model.layers.1.mlp.down_proj.weight";
             let weight = (
                 sliced[name].clone(),
-                e.gradients(full).unwrap()[name].clone(),
+                e.gradients(full).unwrap().unwrap()[name].clone(),
             );
             (alone, weight)
         })
@@ -837,7 +851,13 @@ async fn a_guest_engine_trains_in_the_loops_fair_queue_and_its_tenants_usage() {
     let difference = l2(&(&weight.0 - &weight.1).unwrap());
     assert!(l2(&weight.1) > 0.0 && difference <= 1e-5 * l2(&weight.1));
     // The adapters' engine never saw the guest's work.
-    assert!(service.with(|e| e.gradients(full)).await.unwrap().is_none());
+    assert!(
+        service
+            .with(|e| e.gradients(full).unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     let clone = guest.clone();
     drop(guest);
@@ -937,8 +957,8 @@ async fn a_ppo_objective_plugin_gives_the_built_in_ppos_gradients_in_one_fused_p
         theirs.metrics
     );
     let (a, b) = (
-        engine.gradients("built-in").unwrap(),
-        engine.gradients("plugin").unwrap(),
+        engine.gradients("built-in").unwrap().unwrap(),
+        engine.gradients("plugin").unwrap().unwrap(),
     );
     for (name, g) in &a {
         let difference = max_abs_diff(g, &b[name]);
@@ -998,7 +1018,7 @@ async fn a_failing_objective_plugin_fails_its_call_alone_and_leaves_its_adapter_
         let call = source.source.downcast_ref::<CallError>().unwrap();
         assert_eq!(call.kind, kind, "{config}: {error}");
         assert!(error.is_refusal());
-        let untouched = service.with(|e| e.gradients("b")).await.unwrap();
+        let untouched = service.with(|e| e.gradients("b").unwrap()).await.unwrap();
         assert!(untouched.is_none(), "{config} left gradients behind");
         let weights = service.with(|e| snapshot(e, "b")).await.unwrap();
         assert_eq!(before.get_or_insert_with(|| weights.clone()), &weights);
@@ -1050,14 +1070,14 @@ fn an_objective_failing_in_a_later_pass_takes_back_the_earlier_passes_gradients(
     let error = engine.forward_backward(&[call]).unwrap_err();
     assert!(matches!(error, TrainError::Objective { .. }), "{error}");
     assert!(
-        engine.gradients("a").is_none(),
+        engine.gradients("a").unwrap().is_none(),
         "the call left gradients behind"
     );
     // The same objective on datums it takes adds its gradients.
     engine
         .forward_backward(&[item("a", objective, &[1, 2], 12)])
         .unwrap();
-    assert!(engine.gradients("a").is_some());
+    assert!(engine.gradients("a").unwrap().is_some());
 }
 
 /// An engine asked to run on a device it cannot use says which and why: f64 on CUDA (whatever

@@ -4,12 +4,14 @@
 //! in the backward, gathers each adapter's `A` and `B` gradients by site on the device, as
 //! `CpuAdapters` does on the host (a run's gradients into buffers of their own, then added to
 //! its adapter's in run order). [`GpuTrainedAdapter`] keeps an adapter's AdamW moments on the
-//! device too, and steps it there.
+//! device too, and steps it there; the functions on [`GpuPairGradients`] add, copy, check and
+//! download gradients kept there between passes.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 
+use candle_core::Tensor;
 use opentinker_kernels::cuda::{
     AdamStep, CudaSlice, Gpu, GpuError, GpuLoraGrad, GpuLoraGrads, GpuLoraPair, GpuLoraSegment,
     GpuTrain,
@@ -235,6 +237,9 @@ impl<'g> AdapterGrads<GpuTrain<'g>> for GpuTrainAdapters<'_> {
     }
 }
 
+/// AdamW's first and second moments of an adapter's tensors, on the host.
+pub type HostMoments = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
 /// An adapter trained on the device: its pairs, AdamW's moments of each, and its step count.
 pub struct GpuTrainedAdapter {
     pub weights: GpuAdapterWeights,
@@ -244,6 +249,55 @@ pub struct GpuTrainedAdapter {
 }
 
 impl GpuTrainedAdapter {
+    /// `adapter`'s pairs on the device with AdamW's `moments` (first and second, per tensor in
+    /// [`Adapter::named_tensors`]'s order; `None`: zeros) after `step` steps.
+    pub fn upload(
+        gpu: &Gpu,
+        adapter: &Adapter,
+        moments: Option<(&[Tensor], &[Tensor])>,
+        step: u64,
+    ) -> Result<Self, GpuAdapterError> {
+        let weights = GpuAdapterWeights::upload(gpu, adapter)?;
+        let mut trained = GpuTrainedAdapter::new(gpu, weights)?;
+        trained.step = step;
+        let Some((first, second)) = moments else {
+            return Ok(trained);
+        };
+        let tensors = 2 * trained.moments.len();
+        if first.len() != tensors || second.len() != tensors {
+            return Err(GpuAdapterError::Weights(candle_core::Error::Msg(format!(
+                "{} and {} moments for {tensors} tensors",
+                first.len(),
+                second.len()
+            ))));
+        }
+        let up = |t: &Tensor| -> Result<CudaSlice<f32>, GpuAdapterError> {
+            Ok(gpu.upload(&host_values(t)?)?)
+        };
+        for (i, (m, v)) in trained.moments.values_mut().enumerate() {
+            *m = GpuPair {
+                a: up(&first[2 * i])?,
+                b: up(&first[2 * i + 1])?,
+            };
+            *v = GpuPair {
+                a: up(&second[2 * i])?,
+                b: up(&second[2 * i + 1])?,
+            };
+        }
+        Ok(trained)
+    }
+
+    /// The moments on the host, first and second, per tensor in [`Adapter::named_tensors`]'s
+    /// order.
+    pub fn download_moments(&self, gpu: &Gpu) -> Result<HostMoments, GpuError> {
+        let (mut first, mut second) = (Vec::new(), Vec::new());
+        for (m, v) in self.moments.values() {
+            first.extend([gpu.download(&m.a)?, gpu.download(&m.b)?]);
+            second.extend([gpu.download(&v.a)?, gpu.download(&v.b)?]);
+        }
+        Ok((first, second))
+    }
+
     /// `weights` with zero moments, at step 0.
     pub fn new(gpu: &Gpu, weights: GpuAdapterWeights) -> Result<Self, GpuError> {
         let zeros = |pair: &GpuPair| -> Result<GpuPair, GpuError> {
@@ -315,4 +369,69 @@ impl GpuTrainedAdapter {
         }
         Ok(norm)
     }
+}
+
+/// Adds `fresh` into `sum`, site by site (a site `sum` lacks is taken as it is).
+pub fn add_gradients(
+    gpu: &Gpu,
+    sum: &mut GpuPairGradients,
+    fresh: GpuPairGradients,
+) -> Result<(), GpuError> {
+    for (site, pair) in fresh {
+        match sum.entry(site) {
+            Entry::Vacant(entry) => {
+                entry.insert(pair);
+            }
+            Entry::Occupied(mut entry) => {
+                let total = entry.get_mut();
+                gpu.add(&mut total.a, &pair.a)?;
+                gpu.add(&mut total.b, &pair.b)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A copy of `gradients`, on the device.
+pub fn copy_gradients(
+    gpu: &Gpu,
+    gradients: &GpuPairGradients,
+) -> Result<GpuPairGradients, GpuError> {
+    gradients
+        .iter()
+        .map(|(site, pair)| {
+            let copy = GpuPair {
+                a: gpu.copy(&pair.a)?,
+                b: gpu.copy(&pair.b)?,
+            };
+            Ok((*site, copy))
+        })
+        .collect()
+}
+
+/// Whether every value of `gradients` is finite (one square sum per tensor).
+pub fn gradients_finite(gpu: &Gpu, gradients: &GpuPairGradients) -> Result<bool, GpuError> {
+    for pair in gradients.values() {
+        if !(gpu.square_sum(&pair.a)?.is_finite() && gpu.square_sum(&pair.b)?.is_finite()) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// `gradients` on the host per tensor of `weights`' adapter in [`Adapter::named_tensors`]'s
+/// order; a site the gradients lack is empty (zeros).
+pub fn download_gradients(
+    gpu: &Gpu,
+    gradients: &GpuPairGradients,
+    weights: &GpuAdapterWeights,
+) -> Result<Vec<Vec<f32>>, GpuError> {
+    let mut tensors = Vec::with_capacity(2 * weights.sites.len());
+    for site in weights.sites.keys() {
+        match gradients.get(site) {
+            Some(pair) => tensors.extend([gpu.download(&pair.a)?, gpu.download(&pair.b)?]),
+            None => tensors.extend([Vec::new(), Vec::new()]),
+        }
+    }
+    Ok(tensors)
 }

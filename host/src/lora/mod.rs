@@ -21,6 +21,7 @@ pub use gpu::{GpuAdapterError, GpuAdapterPools, GpuAdapters};
 #[cfg(feature = "cuda")]
 pub use gpu_train::{
     GpuAdapterWeights, GpuPair, GpuPairGradients, GpuTrainAdapters, GpuTrainedAdapter,
+    add_gradients, copy_gradients, download_gradients, gradients_finite,
 };
 pub use merge::merge;
 pub use registry::{AdapterRegistry, PolicyVersion, RegistryError};

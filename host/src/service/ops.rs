@@ -1360,9 +1360,12 @@ impl Service {
                     .ok_or_else(|| ApiError::internal("the model's adapter is gone"))?
                     .frozen_copy()
                     .map_err(|e| ApiError::internal(e.to_string()))?;
-                let optimizer = with_optimizer
-                    .then(|| e.optimizer_state(&adapter))
-                    .flatten();
+                let optimizer = match with_optimizer {
+                    true => e
+                        .optimizer_state(&adapter)
+                        .map_err(|e| ApiError::internal(e.to_string()))?,
+                    false => None,
+                };
                 Ok::<_, ApiError>((copy, optimizer))
             })
             .await

@@ -22,7 +22,8 @@ use super::loss::{Loss, LossInputs, loss, ratio_tokens};
 use super::loss_graph::{CompiledLoss, GraphError, InputTensor};
 use super::objective::{Objective, ObjectiveError, ObjectiveInput};
 use super::pass::{
-    AdamUpdate, CpuPlacement, PassError, PassGradients, PassInput, Placement, Runs, TrainFloat,
+    AdamUpdate, CpuPlacement, PassError, PassGradients, PassInput, Placement, Resident, Runs,
+    TensorMoments, TrainFloat,
 };
 use super::slot_state::{NamedState, SlotState};
 use crate::lora::{Adapter, AdapterError, LoraConfig};
@@ -239,6 +240,10 @@ struct Slot {
     second_moments: Vec<Tensor>,
     step: u64,
     saw_non_finite: bool,
+    /// On a device that keeps it (CUDA), the adapter's weights, moments and gradients there:
+    /// then `gradients` and the moments here stay empty, and the adapter's host weights are a
+    /// copy the device's step refreshes.
+    resident: Option<Resident>,
 }
 
 impl Slot {
@@ -251,13 +256,51 @@ impl Slot {
             second_moments: Vec::new(),
             step: 0,
             saw_non_finite: false,
+            resident: None,
+        }
+    }
+
+    /// Hands the slot's training state to `placement` when it keeps adapters on its device.
+    fn keep_on(&mut self, placement: &Placement) -> Result<(), TrainError> {
+        let Trainable::Lora(adapter) = &self.trainable else {
+            return Ok(());
+        };
+        if self.resident.is_some() {
+            return Ok(());
+        }
+        let moments = (!self.first_moments.is_empty())
+            .then_some((&self.first_moments[..], &self.second_moments[..]));
+        let gradients = self.gradients.as_deref();
+        if let Some(resident) = placement.keep(adapter, moments, gradients, self.step)? {
+            self.resident = Some(resident);
+            self.gradients = None;
+            self.first_moments.clear();
+            self.second_moments.clear();
+        }
+        Ok(())
+    }
+
+    /// The accumulated gradients, on the host, per trainable tensor.
+    fn host_gradients(&self) -> Result<Option<Vec<Tensor>>, TrainError> {
+        match (&self.resident, self.trainable.adapter()) {
+            (Some(resident), Some(adapter)) => Ok(resident.gradients(adapter)?),
+            _ => Ok(self.gradients.clone()),
+        }
+    }
+
+    /// The moments on the host, `None` when no step has allocated them yet.
+    fn allocated_moments(&self) -> Result<Option<TensorMoments>, TrainError> {
+        match (&self.resident, self.trainable.adapter()) {
+            (Some(resident), Some(adapter)) => Ok(resident.moments(adapter)?),
+            _ => Ok((!self.first_moments.is_empty())
+                .then(|| (self.first_moments.clone(), self.second_moments.clone()))),
         }
     }
 
     /// The moments, zero when no step has allocated them yet.
-    fn moments(&self) -> candle_core::Result<(Vec<Tensor>, Vec<Tensor>)> {
-        if !self.first_moments.is_empty() {
-            return Ok((self.first_moments.clone(), self.second_moments.clone()));
+    fn moments(&self) -> Result<(Vec<Tensor>, Vec<Tensor>), TrainError> {
+        if let Some(moments) = self.allocated_moments()? {
+            return Ok(moments);
         }
         let zeros = || -> candle_core::Result<Vec<Tensor>> {
             self.trainable
@@ -317,9 +360,10 @@ impl TrainingEngine {
     }
 
     /// The same engine, its passes on `device`: on CUDA the model's weights go to the device at
-    /// the first pass and stay (a full-parameter step sends them again), each pass's adapters
-    /// go with it and their gradients come back; the losses and the optimizer stay on the host.
-    /// CUDA computes in f32 only.
+    /// the first pass and stay (a full-parameter step sends them again), and each adapter's
+    /// weights, gradients and AdamW moments live there (its step runs there; the stepped weights
+    /// come back to the host copy, which is what is published and saved); the losses stay on the
+    /// host, and a full-parameter model's optimizer too. CUDA computes in f32 only.
     pub fn on_device(mut self, device: crate::model::Device) -> Result<Self, TrainError> {
         let cuda = device != crate::model::Device::Cpu;
         if cuda && self.dtype != DType::F32 {
@@ -330,7 +374,16 @@ impl TrainingEngine {
             .into());
         }
         self.placement = Placement::open(device)?;
+        self.keep_slots()?;
         Ok(self)
+    }
+
+    /// Hands every slot's state to the placement, where it keeps adapters on its device.
+    fn keep_slots(&mut self) -> Result<(), TrainError> {
+        for slot in self.slots.values_mut() {
+            slot.keep_on(&self.placement)?;
+        }
+        Ok(())
     }
 
     /// The same engine, its passes on a CUDA device already open (`device` names it) over the
@@ -354,6 +407,7 @@ impl TrainingEngine {
             .into());
         }
         self.placement = Placement::cuda_with_weights(device, gpu, weights);
+        self.keep_slots()?;
         Ok(self)
     }
 
@@ -377,8 +431,9 @@ impl TrainingEngine {
             return Err(TrainError::DuplicateAdapter(id.to_string()));
         }
         let adapter = Adapter::new(&self.model.config, config, self.dtype)?;
-        self.slots
-            .insert(id.to_string(), Slot::fresh(Trainable::Lora(adapter)));
+        let mut slot = Slot::fresh(Trainable::Lora(adapter));
+        slot.keep_on(&self.placement)?;
+        self.slots.insert(id.to_string(), slot);
         Ok(())
     }
 
@@ -397,7 +452,9 @@ impl TrainingEngine {
     }
 
     /// The trainable tensors of `id` (an adapter, or [`FULL_PARAMETERS`]) by name: PEFT names
-    /// for an adapter, Hugging Face names for the model's own weights.
+    /// for an adapter, Hugging Face names for the model's own weights. On a device that keeps
+    /// adapters (CUDA) these are the host copy, which each step refreshes; writing into them
+    /// does not reach the device (import a state for that).
     pub fn parameters(&self, id: &str) -> Option<Vec<(String, Var)>> {
         let slot = self.slots.get(id)?;
         Some(
@@ -409,18 +466,17 @@ impl TrainingEngine {
         )
     }
 
-    /// The gradients accumulated for `id` since its last step, by PEFT tensor name.
-    pub fn gradients(&self, id: &str) -> Option<BTreeMap<String, Tensor>> {
-        let slot = self.slots.get(id)?;
-        let gradients = slot.gradients.as_ref()?;
-        Some(
-            slot.trainable
-                .named_tensors()
-                .into_iter()
-                .map(|(name, _)| name)
-                .zip(gradients.iter().cloned())
-                .collect(),
-        )
+    /// The gradients accumulated for `id` since its last step, by PEFT tensor name (`None`:
+    /// none, or no such adapter).
+    pub fn gradients(&self, id: &str) -> Result<Option<BTreeMap<String, Tensor>>, TrainError> {
+        let Some(slot) = self.slots.get(id) else {
+            return Ok(None);
+        };
+        let Some(gradients) = slot.host_gradients()? else {
+            return Ok(None);
+        };
+        let names = slot.trainable.named_tensors().into_iter().map(|(n, _)| n);
+        Ok(Some(names.zip(gradients).collect()))
     }
 
     /// Drop the gradients accumulated for `id` (and its non-finite mark) without stepping.
@@ -431,16 +487,21 @@ impl TrainingEngine {
             .ok_or_else(|| TrainError::UnknownAdapter(id.to_string()))?;
         slot.gradients = None;
         slot.saw_non_finite = false;
+        if let Some(resident) = &mut slot.resident {
+            resident.clear_gradients();
+        }
         Ok(())
     }
 
-    /// AdamW moments and step count of `id`, by PEFT tensor name.
-    pub fn optimizer_state(&self, id: &str) -> Option<(u64, Moments)> {
-        let slot = self.slots.get(id)?;
+    /// AdamW moments and step count of `id`, by PEFT tensor name (`None`: no such adapter).
+    pub fn optimizer_state(&self, id: &str) -> Result<Option<(u64, Moments)>, TrainError> {
+        let Some(slot) = self.slots.get(id) else {
+            return Ok(None);
+        };
         let names = slot.trainable.named_tensors().into_iter().map(|(n, _)| n);
-        let (first, second) = slot.moments().ok()?;
+        let (first, second) = slot.moments()?;
         let moments = names.zip(first.into_iter().zip(second)).collect();
-        Some((slot.step, moments))
+        Ok(Some((slot.step, moments)))
     }
 
     /// Everything adapter `id`'s training depends on (a copy: training further leaves it).
@@ -453,9 +514,11 @@ impl TrainingEngine {
             .trainable
             .adapter()
             .ok_or(TrainError::FullParameterEngine)?;
-        let allocated = !slot.first_moments.is_empty();
         // Values are copied (a step writes into the variables' storage); moments and gradients
-        // are replaced, never written into, so sharing them is a snapshot already.
+        // are replaced, never written into, so sharing them is a snapshot already (and those
+        // on a device come down as copies).
+        let moments = slot.allocated_moments()?;
+        let gradients = slot.host_gradients()?;
         let tensors = slot
             .trainable
             .named_tensors()
@@ -465,13 +528,10 @@ impl TrainingEngine {
                 Ok(NamedState {
                     name,
                     value: var.as_tensor().copy()?,
-                    moments: allocated.then(|| {
-                        (
-                            slot.first_moments[i].clone(),
-                            slot.second_moments[i].clone(),
-                        )
-                    }),
-                    gradient: slot.gradients.as_ref().map(|g| g[i].clone()),
+                    moments: moments
+                        .as_ref()
+                        .map(|(first, second)| (first[i].clone(), second[i].clone())),
+                    gradient: gradients.as_ref().map(|g| g[i].clone()),
                 })
             })
             .collect::<candle_core::Result<_>>()?;
@@ -517,6 +577,7 @@ impl TrainingEngine {
         slot.gradients = (!gradients.is_empty()).then_some(gradients);
         slot.step = state.step;
         slot.saw_non_finite = state.saw_non_finite;
+        slot.keep_on(&self.placement)?;
         self.slots.insert(id.to_string(), slot);
         Ok(())
     }
@@ -533,7 +594,10 @@ impl TrainingEngine {
             .slots
             .get(id)
             .ok_or_else(|| TrainError::UnknownAdapter(id.to_string()))?;
-        let state = self.optimizer_state(id);
+        let state = match with_optimizer {
+            true => self.optimizer_state(id)?,
+            false => None,
+        };
         let optimizer = state
             .as_ref()
             .filter(|_| with_optimizer)
@@ -570,6 +634,7 @@ impl TrainingEngine {
             }
             slot.step = step;
         }
+        slot.keep_on(&self.placement)?;
         self.slots.insert(id.to_string(), slot);
         Ok(())
     }
@@ -597,18 +662,24 @@ impl TrainingEngine {
         let Some(passes) = self.passes(items) else {
             return self.forward_backward_pass(items);
         };
-        let before: Vec<(AdapterId, Option<Vec<Tensor>>, bool)> = self
-            .slots
-            .iter()
-            .filter(|(id, _)| items.iter().any(|item| &item.adapter == *id))
-            .map(|(id, slot)| (id.clone(), slot.gradients.clone(), slot.saw_non_finite))
-            .collect();
+        let mut before = Vec::new();
+        for (id, slot) in &self.slots {
+            if items.iter().any(|item| &item.adapter == id) {
+                let on_device = slot.resident.as_ref().map(Resident::snapshot).transpose()?;
+                let host = slot.gradients.clone();
+                before.push((id.clone(), host, on_device, slot.saw_non_finite));
+            }
+        }
         let outputs = in_passes(items.len(), passes, |part| self.forward_backward_pass(part));
         if outputs.is_err() {
-            for (id, gradients, saw_non_finite) in before {
+            for (id, gradients, on_device, saw_non_finite) in before {
                 if let Some(slot) = self.slots.get_mut(&id) {
                     slot.gradients = gradients;
                     slot.saw_non_finite = saw_non_finite;
+                    if let (Some(resident), Some(snapshot)) = (&mut slot.resident, on_device) {
+                        resident.take_non_finite();
+                        resident.restore(snapshot);
+                    }
                 }
             }
         }
@@ -720,6 +791,11 @@ impl TrainingEngine {
                 .slots
                 .get_mut(id)
                 .ok_or_else(|| TrainError::UnknownAdapter(id.clone()))?;
+            // A resident adapter's pass added its gradients on the device.
+            if let Some(resident) = &slot.resident {
+                slot.saw_non_finite |= resident.take_non_finite();
+                continue;
+            }
             let fresh = match gradients.iter().position(|(g, _)| g == id) {
                 Some(at) => gradients.swap_remove(at).1,
                 None => slot
@@ -764,7 +840,20 @@ impl TrainingEngine {
             .ok_or_else(|| TrainError::UnknownAdapter(id.to_string()))?;
         let gradients = slot.gradients.take();
         if std::mem::take(&mut slot.saw_non_finite) {
+            if let Some(resident) = &mut slot.resident {
+                resident.clear_gradients();
+            }
             return Ok(StepReport::SkippedNonFinite);
+        }
+        if let (Some(resident), Trainable::Lora(adapter)) = (&mut slot.resident, &slot.trainable) {
+            let norms = resident.step(adapter, params)?;
+            slot.step += 1;
+            return Ok(StepReport::Updated {
+                step: slot.step,
+                grad_norm: norms.gradient,
+                update_norm: norms.update,
+                weight_norm: norms.weights,
+            });
         }
         let vars: Vec<_> = slot
             .trainable
@@ -874,11 +963,16 @@ impl TrainingEngine {
         let mut ids: Vec<&AdapterId> = order.iter().map(|&i| &items[i].adapter).collect();
         ids.dedup();
         let mut adapters: Vec<&Adapter> = Vec::new();
+        let mut resident: Vec<Option<&Resident>> = Vec::new();
         let mut index: HashMap<&AdapterId, usize> = HashMap::new();
         for id in &ids {
-            if let Some(adapter) = self.slots.get(*id).and_then(|s| s.trainable.adapter()) {
+            let Some(slot) = self.slots.get(*id) else {
+                continue;
+            };
+            if let Some(adapter) = slot.trainable.adapter() {
                 index.insert(*id, adapters.len());
                 adapters.push(adapter);
+                resident.push(slot.resident.as_ref());
             }
         }
         let sequences: Vec<TrainSequence<'_>> = rows
@@ -892,6 +986,7 @@ impl TrainingEngine {
         let input = PassInput {
             model: &self.model,
             adapters: &adapters,
+            resident: &resident,
             sequences: &sequences,
             backward,
             full_parameters: self.full_parameters,
@@ -912,7 +1007,7 @@ impl TrainingEngine {
 
         let mut gradients = Vec::new();
         for id in ids {
-            let Some(slot) = self.slots.get(id) else {
+            let Some(slot) = self.slots.get(id).filter(|slot| slot.resident.is_none()) else {
                 continue;
             };
             let tensors = match (&slot.trainable, index.get(id), weight_grads.take()) {

@@ -2,8 +2,13 @@
 //! go through) and owns its losses; a [`Placement`] runs the model's one layer definition
 //! forward over the sequences, hands the targets' logprobs to the losses, and runs the layers'
 //! backward from the gradient the losses give back, on the CPU ([`CpuPlacement`], in f32 or
-//! f64) or on a CUDA device (`CudaPlacement`, feature `cuda`: the weights uploaded once, the
-//! pass's adapters uploaded with it, the gradients downloaded after it).
+//! f64) or on a CUDA device (`CudaPlacement`, feature `cuda`: the weights uploaded once).
+//!
+//! On CUDA an adapter's training state stays on the device between calls ([`Resident`], which
+//! [`Placement::keep`] makes): its weights, which each pass reads in place, the gradients the
+//! passes add up there, and AdamW's moments, which its step updates there; only the stepped
+//! weights come back to the host (what the engine publishes and saves), and the gradients and
+//! moments when someone asks for them.
 
 use std::convert::Infallible;
 #[cfg(feature = "cuda")]
@@ -29,6 +34,9 @@ pub struct PassInput<'a> {
     pub model: &'a Transformer,
     /// The adapters the sequences name by index.
     pub adapters: &'a [&'a Adapter],
+    /// Per adapter, its state on the placement's device, if it has one: the pass reads its
+    /// weights there and adds its gradients there (they are not returned).
+    pub resident: &'a [Option<&'a Resident>],
     pub sequences: &'a [TrainSequence<'a>],
     /// Whether to run the backward (when the losses give a gradient).
     pub backward: bool,
@@ -39,7 +47,8 @@ pub struct PassInput<'a> {
 
 /// The gradients of one pass, on the host.
 pub struct PassGradients<T> {
-    /// Per adapter of [`PassInput::adapters`], by site: only the sites the backward reached.
+    /// Per adapter of [`PassInput::adapters`], by site: only the sites the backward reached
+    /// (none for a resident adapter: its gradients were added on the device).
     pub adapters: Vec<PairGradients<T>>,
     /// Every weight's gradient by Hugging Face name, in a full-parameter pass.
     pub weights: Option<Vec<(String, Vec<T>)>>,
@@ -68,6 +77,9 @@ pub enum PassError {
     #[cfg(feature = "cuda")]
     #[error("putting the model on the device: {0}")]
     DeviceWeights(#[from] crate::model::GpuWeightsError),
+    #[cfg(feature = "cuda")]
+    #[error("the adapter's state on the device: {0}")]
+    Device(#[from] opentinker_kernels::cuda::GpuError),
 }
 
 /// A device that runs passes in floats of type `T`.
@@ -144,6 +156,32 @@ impl Placement {
         }
     }
 
+    /// The training state of `adapter` (its weights, AdamW's `moments` per tensor in
+    /// [`Adapter::named_tensors`]'s order, its accumulated `gradients` likewise, after `step`
+    /// steps) kept on the placement's device; `None` on the CPU, where the engine keeps it.
+    pub fn keep(
+        &self,
+        adapter: &Adapter,
+        moments: Option<(&[Tensor], &[Tensor])>,
+        gradients: Option<&[Tensor]>,
+        step: u64,
+    ) -> Result<Option<Resident>, PassError> {
+        match self {
+            Placement::Cpu(_) => {
+                let _ = (adapter, moments, gradients, step);
+                Ok(None)
+            }
+            #[cfg(feature = "cuda")]
+            Placement::Cuda(cuda) => Ok(Some(Resident::upload(
+                cuda.gpu(),
+                adapter,
+                moments,
+                gradients,
+                step,
+            )?)),
+        }
+    }
+
     /// The model's weights changed (a full-parameter step): a device holding a copy drops it.
     pub fn weights_changed(&mut self) {
         match self {
@@ -205,6 +243,10 @@ where
         input: &PassInput<'_>,
         losses: impl FnOnce(&[T]) -> Result<(R, Option<Vec<T>>), E>,
     ) -> Result<(R, Option<PassGradients<T>>), E> {
+        debug_assert!(
+            input.resident.iter().all(Option::is_none),
+            "the CPU keeps no adapter on a device"
+        );
         let hook = match input.backward {
             true => CpuAdapters::<T>::training(input.adapters),
             false => CpuAdapters::<T>::of(input.adapters),
@@ -299,16 +341,287 @@ fn lengths(input: &PassInput<'_>) -> Vec<usize> {
 }
 
 #[cfg(feature = "cuda")]
+pub use cuda::Resident;
+
+/// Without CUDA no adapter's state lives on a device: [`Placement::keep`] never makes one.
+#[cfg(not(feature = "cuda"))]
+pub enum Resident {}
+
+/// The gradients of a [`Resident`] at one moment (never made without CUDA).
+#[cfg(not(feature = "cuda"))]
+pub enum GradientsSnapshot {}
+
+#[cfg(not(feature = "cuda"))]
+impl Resident {
+    pub fn gradients(&self, _like: &Adapter) -> Result<Option<Vec<Tensor>>, PassError> {
+        match *self {}
+    }
+
+    pub fn moments(&self, _like: &Adapter) -> Result<Option<TensorMoments>, PassError> {
+        match *self {}
+    }
+
+    pub fn take_non_finite(&self) -> bool {
+        match *self {}
+    }
+
+    pub fn clear_gradients(&mut self) {
+        match *self {}
+    }
+
+    pub fn snapshot(&self) -> Result<GradientsSnapshot, PassError> {
+        match *self {}
+    }
+
+    pub fn restore(&mut self, snapshot: GradientsSnapshot) {
+        match snapshot {}
+    }
+
+    pub fn step(
+        &mut self,
+        _adapter: &Adapter,
+        _params: &crate::api::AdamParams,
+    ) -> Result<StepNorms, PassError> {
+        match *self {}
+    }
+}
+
+/// AdamW's first and second moments, per trainable tensor.
+pub type TensorMoments = (Vec<Tensor>, Vec<Tensor>);
+
+/// What one AdamW step of an adapter measured: the gradient's global norm before the clip, the
+/// update's and the weights' (before the step) norms.
+#[derive(Clone, Copy, Debug)]
+pub struct StepNorms {
+    pub gradient: f64,
+    pub update: f64,
+    pub weights: f64,
+}
+
+#[cfg(feature = "cuda")]
 mod cuda {
-    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Mutex, OnceLock};
 
     use opentinker_kernels::cuda::{
         AdamStep, Gpu, GpuError, GpuTrain, GpuTrainBatch, WeightFormat,
     };
 
     use super::*;
-    use crate::lora::{GpuAdapterWeights, GpuTrainAdapters};
+    use crate::lora::{
+        GpuAdapterWeights, GpuPairGradients, GpuTrainAdapters, GpuTrainedAdapter, add_gradients,
+        copy_gradients, download_gradients, gradients_finite,
+    };
     use crate::model::GpuWeights;
+
+    /// An adapter's training state on a CUDA device: its weights and AdamW's moments and step
+    /// ([`GpuTrainedAdapter`]), and the gradients the passes added since its last step.
+    pub struct Resident {
+        gpu: Arc<Gpu>,
+        trained: GpuTrainedAdapter,
+        /// Added to by passes, which read the adapter through a shared reference.
+        gradients: Mutex<Option<GpuPairGradients>>,
+        /// A pass added a gradient with a value that is not finite.
+        non_finite: AtomicBool,
+        /// Whether the moments hold anything yet (a step ran, or they were given).
+        moments_allocated: bool,
+    }
+
+    /// The gradients of a [`Resident`] at one moment, on the device.
+    pub struct GradientsSnapshot(Option<GpuPairGradients>);
+
+    /// A tensor's values in f32 (the device's type).
+    fn values_of(tensor: &Tensor) -> candle_core::Result<Vec<f32>> {
+        tensor
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()
+    }
+
+    /// `values` as a host tensor like `like` (its shape and type); zeros when empty.
+    fn tensor_like(values: Vec<f32>, like: &Tensor) -> candle_core::Result<Tensor> {
+        if values.is_empty() {
+            return like.zeros_like();
+        }
+        Tensor::from_vec(values, like.shape(), like.device())?.to_dtype(like.dtype())
+    }
+
+    impl Resident {
+        pub(super) fn upload(
+            gpu: &Arc<Gpu>,
+            adapter: &Adapter,
+            moments: Option<(&[Tensor], &[Tensor])>,
+            gradients: Option<&[Tensor]>,
+            step: u64,
+        ) -> Result<Self, PassError> {
+            let trained = GpuTrainedAdapter::upload(gpu, adapter, moments, step)?;
+            let gradients = match gradients {
+                None => None,
+                Some(tensors) if tensors.len() != 2 * adapter.sites.len() => {
+                    return Err(candle_core::Error::Msg(format!(
+                        "{} gradients for {} tensors",
+                        tensors.len(),
+                        2 * adapter.sites.len()
+                    ))
+                    .into());
+                }
+                Some(tensors) => {
+                    let mut sites = GpuPairGradients::new();
+                    let pairs = adapter.sites.keys().zip(tensors.chunks(2));
+                    for (site, pair) in pairs {
+                        let [a, b] = pair else {
+                            return Err(candle_core::Error::Msg(
+                                "gradients of only some tensors".into(),
+                            )
+                            .into());
+                        };
+                        let device = crate::lora::GpuPair {
+                            a: gpu.upload(&values_of(a)?)?,
+                            b: gpu.upload(&values_of(b)?)?,
+                        };
+                        sites.insert(*site, device);
+                    }
+                    Some(sites)
+                }
+            };
+            Ok(Resident {
+                gpu: Arc::clone(gpu),
+                trained,
+                gradients: Mutex::new(gradients),
+                non_finite: AtomicBool::new(false),
+                moments_allocated: moments.is_some(),
+            })
+        }
+
+        fn weights(&self) -> &GpuAdapterWeights {
+            &self.trained.weights
+        }
+
+        fn locked(&self) -> std::sync::MutexGuard<'_, Option<GpuPairGradients>> {
+            // A pass that panicked left at worst a partial sum, which the engine's rollback
+            // replaces.
+            self.gradients
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+
+        /// Adds a pass's gradients, noting any value that is not finite.
+        fn add(&self, fresh: GpuPairGradients) -> Result<(), GpuError> {
+            if !gradients_finite(&self.gpu, &fresh)? {
+                self.non_finite.store(true, Ordering::Relaxed);
+            }
+            let mut gradients = self.locked();
+            match gradients.as_mut() {
+                Some(sum) => add_gradients(&self.gpu, sum, fresh),
+                None => {
+                    *gradients = Some(fresh);
+                    Ok(())
+                }
+            }
+        }
+
+        /// The gradients added since the last step on the host, per tensor of `like` (the
+        /// adapter's host copy) in [`Adapter::named_tensors`]'s order; `None` when no pass
+        /// added any.
+        pub fn gradients(&self, like: &Adapter) -> Result<Option<Vec<Tensor>>, PassError> {
+            let gradients = self.locked();
+            let Some(sum) = gradients.as_ref() else {
+                return Ok(None);
+            };
+            let values = download_gradients(&self.gpu, sum, self.weights())?;
+            let tensors = like
+                .named_tensors()
+                .into_iter()
+                .zip(values)
+                .map(|((_, var), values)| tensor_like(values, var.as_tensor()))
+                .collect::<candle_core::Result<_>>()?;
+            Ok(Some(tensors))
+        }
+
+        /// AdamW's moments on the host, like [`Resident::gradients`]; `None` before anything
+        /// allocated them (zeros).
+        pub fn moments(&self, like: &Adapter) -> Result<Option<TensorMoments>, PassError> {
+            if !self.moments_allocated {
+                return Ok(None);
+            }
+            let (first, second) = self.trained.download_moments(&self.gpu)?;
+            let named = like.named_tensors();
+            let host = |values: Vec<Vec<f32>>| -> candle_core::Result<Vec<Tensor>> {
+                named
+                    .iter()
+                    .zip(values)
+                    .map(|((_, var), values)| tensor_like(values, var.as_tensor()))
+                    .collect()
+            };
+            Ok(Some((host(first)?, host(second)?)))
+        }
+
+        /// Whether a pass since the last call added a value that is not finite.
+        pub fn take_non_finite(&self) -> bool {
+            self.non_finite.swap(false, Ordering::Relaxed)
+        }
+
+        pub fn clear_gradients(&mut self) {
+            *self.locked() = None;
+            self.non_finite.store(false, Ordering::Relaxed);
+        }
+
+        /// A copy of the gradients now (to put back with [`Resident::restore`]).
+        pub fn snapshot(&self) -> Result<GradientsSnapshot, PassError> {
+            let gradients = self.locked();
+            let copy = gradients
+                .as_ref()
+                .map(|sum| copy_gradients(&self.gpu, sum))
+                .transpose()?;
+            Ok(GradientsSnapshot(copy))
+        }
+
+        pub fn restore(&mut self, snapshot: GradientsSnapshot) {
+            *self.locked() = snapshot.0;
+        }
+
+        /// One AdamW step from the gradients added since the last (zeros if none), on the
+        /// device; the stepped weights are written into `adapter` (the host copy), and the
+        /// gradients cleared.
+        pub fn step(
+            &mut self,
+            adapter: &Adapter,
+            params: &crate::api::AdamParams,
+        ) -> Result<StepNorms, PassError> {
+            let gradients = self.locked().take().unwrap_or_default();
+            self.non_finite.store(false, Ordering::Relaxed);
+            let adam = AdamStep {
+                learning_rate: params.learning_rate,
+                beta1: params.beta1,
+                beta2: params.beta2,
+                eps: params.eps,
+                weight_decay: params.weight_decay,
+                step: 0,
+                clip: 1.0,
+            };
+            let gradient =
+                self.trained
+                    .adamw(&self.gpu, &gradients, adam, params.grad_clip_norm)?;
+            self.moments_allocated = true;
+            let stepped = self.trained.weights.download(&self.gpu)?;
+            let (mut update, mut weights) = (0.0f64, 0.0f64);
+            for (pair, (a, b)) in adapter.sites.values().zip(stepped.into_values()) {
+                for (var, new) in [(&pair.a, a), (&pair.b, b)] {
+                    let old = values_of(var.as_tensor())?;
+                    for (o, n) in old.iter().zip(&new) {
+                        update += f64::from(n - o).powi(2);
+                        weights += f64::from(*o).powi(2);
+                    }
+                    var.set(&tensor_like(new, var.as_tensor())?)?;
+                }
+            }
+            Ok(StepNorms {
+                gradient,
+                update: update.sqrt(),
+                weights: weights.sqrt(),
+            })
+        }
+    }
 
     /// Passes on one CUDA device in f32: the model's weights uploaded at the first pass and
     /// kept (until [`CudaPlacement::weights_changed`]), or shared with a sampler on the device;
@@ -339,6 +652,10 @@ mod cuda {
 
         pub fn device(&self) -> Device {
             self.device
+        }
+
+        pub fn gpu(&self) -> &Arc<Gpu> {
+            &self.gpu
         }
 
         pub fn weights_changed(&mut self) {
@@ -400,15 +717,29 @@ mod cuda {
         ) -> Result<(R, Option<PassGradients<f32>>), E> {
             let gpu = &*self.gpu;
             let weights = self.weights(input.model)?;
-            let adapters = input
+            // A resident adapter's weights are read where they are; another's go up for the pass.
+            let uploaded = input
                 .adapters
                 .iter()
-                .map(|adapter| GpuAdapterWeights::upload(gpu, adapter))
+                .zip(input.resident.iter().chain(std::iter::repeat(&None)))
+                .map(|(adapter, resident)| match resident {
+                    Some(_) => Ok(None),
+                    None => GpuAdapterWeights::upload(gpu, adapter).map(Some),
+                })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(PassError::from)?;
+            let adapters: Vec<&GpuAdapterWeights> = uploaded
+                .iter()
+                .zip(input.resident.iter().chain(std::iter::repeat(&None)))
+                .map(|(own, resident)| {
+                    own.as_ref()
+                        .or(resident.map(|r| r.weights()))
+                        .expect("each adapter uploaded or resident")
+                })
+                .collect();
             let hook = match input.backward {
-                true => GpuTrainAdapters::training(adapters.iter().collect()),
-                false => GpuTrainAdapters::of(adapters.iter().collect()),
+                true => GpuTrainAdapters::training(adapters),
+                false => GpuTrainAdapters::of(adapters),
             };
             let ops = GpuTrain::new(gpu);
             let failed = |error: GpuError| PassError::from(ForwardError::Backend(error));
@@ -418,7 +749,24 @@ mod cuda {
             let Some(weights) = backward else {
                 return Ok((made, None));
             };
-            let adapters = hook.into_gradients(&ops).map_err(failed)?;
+            // A resident adapter's gradients are added where they are; another's come down.
+            let mut adapters = Vec::with_capacity(input.adapters.len());
+            let resident = input.resident.iter().chain(std::iter::repeat(&None));
+            for (sites, resident) in hook.into_device_gradients().into_iter().zip(resident) {
+                adapters.push(match resident {
+                    Some(resident) => {
+                        resident.add(sites).map_err(failed)?;
+                        PairGradients::new()
+                    }
+                    None => sites
+                        .into_iter()
+                        .map(|(site, pair)| {
+                            Ok((site, (gpu.download(&pair.a)?, gpu.download(&pair.b)?)))
+                        })
+                        .collect::<Result<_, GpuError>>()
+                        .map_err(failed)?,
+                });
+            }
             Ok((made, Some(PassGradients { adapters, weights })))
         }
     }
