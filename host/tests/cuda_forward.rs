@@ -530,6 +530,29 @@ fn the_training_engine_on_cuda_matches_the_engine_on_the_cpu() {
         }
     }
 
+    // A budget for the adapters kept on the device refuses the one that would pass it, by name,
+    // and the others train on.
+    let bytes: u64 = gpu
+        .parameters("a")
+        .unwrap()
+        .iter()
+        .map(|(_, var)| 16 * var.as_tensor().elem_count() as u64)
+        .sum();
+    let mut tight = TrainingEngine::new(Arc::new(model.transformer.clone()), DType::F32)
+        .on_device(cuda)
+        .unwrap()
+        .with_device_budget(bytes);
+    tight.add_adapter("a", lora(4, 1, false)).unwrap();
+    let error = tight.add_adapter("b", lora(8, 2, true)).unwrap_err();
+    assert!(
+        matches!(error, opentinker::train::TrainError::DeviceBudget { .. })
+            && error.to_string().contains("\"b\""),
+        "{error}"
+    );
+    let a_only = WorkItem::new("a", vec![datum(3, 7)], Loss::CrossEntropy);
+    tight.forward_backward(&[a_only]).unwrap();
+    tight.optim_step("a", &params).unwrap();
+
     let full = || TrainingEngine::full_parameters(model.transformer.clone(), DType::F32).unwrap();
     let (mut cpu, mut gpu) = (full(), full().on_device(cuda).unwrap());
     let item = || {

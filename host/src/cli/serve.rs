@@ -99,6 +99,11 @@ pub struct ServeArgs {
     /// it); a larger adapter is refused when sampled.
     #[arg(long, default_value_t = 64)]
     max_adapter_rank: usize,
+    /// On CUDA, the most device memory each base's trainer gives its adapters (weights, AdamW
+    /// moments and gradients, 16 bytes per trained value), e.g. `8GiB`; a model that would pass
+    /// it is refused (quota_exceeded). Default: what the device has.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    trainer_device_memory: Option<u64>,
 }
 
 /// A `--memory-budget` that is not a size.
@@ -196,6 +201,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             device: args.device,
             adapter_slots: args.adapter_slots.max(1),
             max_adapter_rank: args.max_adapter_rank.max(1),
+            trainer_memory: args.trainer_device_memory,
         },
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),

@@ -37,6 +37,9 @@ pub struct DeviceOptions {
     pub adapter_slots: usize,
     /// The largest adapter rank a CUDA sampler's slots hold.
     pub max_adapter_rank: usize,
+    /// The most device memory a CUDA trainer's adapters take there (weights, moments and
+    /// gradients; `None`: what the device has): one more adapter is refused by name.
+    pub trainer_memory: Option<u64>,
 }
 
 impl DeviceOptions {
@@ -46,6 +49,7 @@ impl DeviceOptions {
             device: Device::Cpu,
             adapter_slots: 16,
             max_adapter_rank: 64,
+            trainer_memory: None,
         }
     }
 
@@ -75,6 +79,10 @@ impl DeviceOptions {
             BaseOnDevice::Cpu => trainer,
             #[cfg(feature = "cuda")]
             BaseOnDevice::Cuda(gpu, weights) => trainer.on_gpu(self.device, gpu, weights)?,
+        };
+        let trainer = match self.trainer_memory {
+            Some(bytes) => trainer.with_device_budget(bytes),
+            None => trainer,
         };
         Ok((sampler, trainer))
     }

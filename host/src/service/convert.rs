@@ -426,6 +426,9 @@ pub fn train_error(error: TrainError) -> ApiError {
         TrainError::Checkpoint(train::checkpoint::CheckpointError::Invalid { .. }) => {
             ApiError::invalid(error.to_string())
         }
+        TrainError::DeviceBudget { .. } => {
+            ApiError::new(ApiErrorKind::QuotaExceeded, error.to_string())
+        }
         _ => ApiError::internal(error.to_string()),
     }
 }

@@ -167,6 +167,17 @@ pub enum TrainError {
         #[source]
         source: ObjectiveError,
     },
+    /// Keeping one more adapter on the device would pass the trainer's budget there.
+    #[error(
+        "adapter {adapter:?} needs {needed} bytes of device memory (its weights, AdamW moments \
+         and gradients); the trainer's adapters hold {held} of its {budget} there"
+    )]
+    DeviceBudget {
+        adapter: String,
+        needed: u64,
+        held: u64,
+        budget: u64,
+    },
     #[error(transparent)]
     Pass(#[from] PassError),
     #[error(transparent)]
@@ -260,13 +271,42 @@ impl Slot {
         }
     }
 
-    /// Hands the slot's training state to `placement` when it keeps adapters on its device.
-    fn keep_on(&mut self, placement: &Placement) -> Result<(), TrainError> {
+    /// Device memory the slot's state takes where a placement keeps it: four f32 values per
+    /// trainable value (the weight, two moments, the gradient).
+    fn device_bytes(&self) -> u64 {
+        let values: usize = self
+            .trainable
+            .named_tensors()
+            .iter()
+            .map(|(_, var)| var.as_tensor().elem_count())
+            .sum();
+        4 * 4 * values as u64
+    }
+
+    /// Hands the slot's training state to `placement` when it keeps adapters on its device,
+    /// within `room` bytes there (`None`: no budget).
+    fn keep_on(
+        &mut self,
+        placement: &Placement,
+        id: &str,
+        room: Option<(u64, u64)>,
+    ) -> Result<(), TrainError> {
         let Trainable::Lora(adapter) = &self.trainable else {
             return Ok(());
         };
-        if self.resident.is_some() {
+        if self.resident.is_some() || placement.device() == crate::model::Device::Cpu {
             return Ok(());
+        }
+        if let Some((held, budget)) = room {
+            let needed = self.device_bytes();
+            if held + needed > budget {
+                return Err(TrainError::DeviceBudget {
+                    adapter: id.to_string(),
+                    needed,
+                    held,
+                    budget,
+                });
+            }
         }
         let moments = (!self.first_moments.is_empty())
             .then_some((&self.first_moments[..], &self.second_moments[..]));
@@ -329,6 +369,8 @@ pub struct TrainingEngine {
     full_parameters: bool,
     pass_bytes: usize,
     placement: Placement,
+    /// The most device memory the adapters kept there may take (`None`: the device's).
+    device_budget: Option<u64>,
 }
 
 impl TrainingEngine {
@@ -341,6 +383,7 @@ impl TrainingEngine {
             full_parameters: false,
             pass_bytes: PASS_BYTES,
             placement: Placement::Cpu(CpuPlacement),
+            device_budget: None,
         }
     }
 
@@ -356,6 +399,7 @@ impl TrainingEngine {
             full_parameters: true,
             pass_bytes: PASS_BYTES,
             placement: Placement::Cpu(CpuPlacement),
+            device_budget: None,
         })
     }
 
@@ -380,10 +424,34 @@ impl TrainingEngine {
 
     /// Hands every slot's state to the placement, where it keeps adapters on its device.
     fn keep_slots(&mut self) -> Result<(), TrainError> {
-        for slot in self.slots.values_mut() {
-            slot.keep_on(&self.placement)?;
+        let mut ids: Vec<AdapterId> = self.slots.keys().cloned().collect();
+        ids.sort();
+        for id in ids {
+            let room = self.device_room(&id);
+            if let Some(slot) = self.slots.get_mut(&id) {
+                slot.keep_on(&self.placement, &id, room)?;
+            }
         }
         Ok(())
+    }
+
+    /// The adapters kept on the device take at most `bytes` there: one more that would pass it
+    /// is refused ([`TrainError::DeviceBudget`]) and the others keep training.
+    pub fn with_device_budget(mut self, bytes: u64) -> Self {
+        self.device_budget = Some(bytes);
+        self
+    }
+
+    /// What the adapters other than `id` hold on the device, and the budget, if there is one.
+    fn device_room(&self, id: &str) -> Option<(u64, u64)> {
+        let budget = self.device_budget?;
+        let held = self
+            .slots
+            .iter()
+            .filter(|(other, slot)| other.as_str() != id && slot.resident.is_some())
+            .map(|(_, slot)| slot.device_bytes())
+            .sum();
+        Some((held, budget))
     }
 
     /// The same engine, its passes on a CUDA device already open (`device` names it) over the
@@ -432,7 +500,7 @@ impl TrainingEngine {
         }
         let adapter = Adapter::new(&self.model.config, config, self.dtype)?;
         let mut slot = Slot::fresh(Trainable::Lora(adapter));
-        slot.keep_on(&self.placement)?;
+        slot.keep_on(&self.placement, id, self.device_room(id))?;
         self.slots.insert(id.to_string(), slot);
         Ok(())
     }
@@ -577,7 +645,7 @@ impl TrainingEngine {
         slot.gradients = (!gradients.is_empty()).then_some(gradients);
         slot.step = state.step;
         slot.saw_non_finite = state.saw_non_finite;
-        slot.keep_on(&self.placement)?;
+        slot.keep_on(&self.placement, id, self.device_room(id))?;
         self.slots.insert(id.to_string(), slot);
         Ok(())
     }
@@ -634,7 +702,7 @@ impl TrainingEngine {
             }
             slot.step = step;
         }
-        slot.keep_on(&self.placement)?;
+        slot.keep_on(&self.placement, id, self.device_room(id))?;
         self.slots.insert(id.to_string(), slot);
         Ok(())
     }
