@@ -20,7 +20,7 @@ start_server "$data/server"
 
 echo "$(machine), $steps steps"
 sdk="$(cd host/tests/tinker_sdk && TINKER_BASE_URL="http://127.0.0.1:$port" TINKER_API_KEY="$key" \
-    STEPS="$steps" "$venv/bin/python" overhead.py 2>/dev/null | tail -1)"
+    STEPS="$steps" "$venv/bin/python" run.py overhead.py 2>/dev/null | tail -1)"
 kill "$server"; server=""
 local="$("$target/examples/service_overhead" "$data/local" "$steps")"
 python3 - "$sdk" "$local" <<'PY'

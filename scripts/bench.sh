@@ -77,9 +77,14 @@ run() {
     shift
     echo
     echo "== $name: $*"
-    local output
-    output="$("$@")"
+    local output status=0
+    output="$("$@")" || status=$?
     echo "$output"
+    # A failed benchmark fails the run, after what it printed (which says how far it got).
+    if ((status != 0)); then
+        echo "$name failed (exit $status)" >&2
+        return "$status"
+    fi
     OUTPUT="$output" python3 - "$results/$name.json" "$name" "$*" "$date" "$cpu" "$cores" "$load" \
         "$quick" <<'PY'
 import json, os, sys

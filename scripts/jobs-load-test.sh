@@ -24,5 +24,5 @@ start_server "$data"
 machine
 (cd host/tests/tinker_sdk && TINKER_BASE_URL="http://127.0.0.1:$port" LIGHT_KEY="$light" \
     HEAVY_KEY="$heavy" JOBS_FILE="$job" OPENTINKER="$(realpath "../../../$bin")" \
-    "$venv/bin/python" jobs_latency.py 2>/dev/null | tail -1)
+    "$venv/bin/python" run.py jobs_latency.py 2>/dev/null | tail -1)
 awk '{if ($1 > peak) peak = $1} END {printf "server peak resident memory: %d MB\n", peak / 1024}' "$data/rss"

@@ -26,6 +26,6 @@ start_server "$data"
 
 machine
 (cd host/tests/tinker_sdk && TINKER_BASE_URL="http://127.0.0.1:$port" TINKER_API_KEY="${keys%%,*}" \
-    LOAD_TENANT_KEYS="${keys#,}" LOAD_SECONDS="$seconds" "$venv/bin/python" load.py 2>/dev/null | tail -1)
+    LOAD_TENANT_KEYS="${keys#,}" LOAD_SECONDS="$seconds" "$venv/bin/python" run.py load.py 2>/dev/null | tail -1)
 awk -v s="$seconds" 'NR == int(s / 3) {warm = $1} NR == s {end = $1} {if ($1 > peak) peak = $1}
     END {printf "resident memory: %d MB after the first third of the loops, %d MB at their end, peak %d MB\n", warm / 1024, end / 1024, peak / 1024}' "$data/rss"
