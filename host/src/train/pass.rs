@@ -430,6 +430,19 @@ mod cuda {
     /// The gradients of a [`Resident`] at one moment, on the device.
     pub struct GradientsSnapshot(Option<GpuPairGradients>);
 
+    /// The `adamw` kernel's settings from the optimizer's, at `step` with the clip's factor.
+    fn adam_step(params: &crate::api::AdamParams, step: i32, clip: f64) -> AdamStep {
+        AdamStep {
+            learning_rate: params.learning_rate,
+            beta1: params.beta1,
+            beta2: params.beta2,
+            eps: params.eps,
+            weight_decay: params.weight_decay,
+            step,
+            clip,
+        }
+    }
+
     /// A tensor's values in f32 (the device's type).
     fn values_of(tensor: &Tensor) -> candle_core::Result<Vec<f32>> {
         tensor
@@ -590,15 +603,8 @@ mod cuda {
         ) -> Result<StepNorms, PassError> {
             let gradients = self.locked().take().unwrap_or_default();
             self.non_finite.store(false, Ordering::Relaxed);
-            let adam = AdamStep {
-                learning_rate: params.learning_rate,
-                beta1: params.beta1,
-                beta2: params.beta2,
-                eps: params.eps,
-                weight_decay: params.weight_decay,
-                step: 0,
-                clip: 1.0,
-            };
+            // The adapter counts its steps and finds its clip itself.
+            let adam = adam_step(params, 0, 1.0);
             let gradient =
                 self.trained
                     .adamw(&self.gpu, &gradients, adam, params.grad_clip_norm)?;
@@ -681,29 +687,14 @@ mod cuda {
         ) -> Result<(Tensor, Tensor, Tensor), PassError> {
             let gpu = &*self.gpu;
             let failed = |error: GpuError| PassError::from(ForwardError::Backend(error));
-            let up = |t: &Tensor| -> Result<_, PassError> {
-                let values = t
-                    .to_dtype(candle_core::DType::F32)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?;
-                gpu.upload(&values).map_err(failed)
-            };
+            let up =
+                |t: &Tensor| -> Result<_, PassError> { gpu.upload(&values_of(t)?).map_err(failed) };
             let (mut weights, grad, mut first, mut second) = (up(w)?, up(g)?, up(m)?, up(v)?);
-            let params = step.params;
-            let adam = AdamStep {
-                learning_rate: params.learning_rate,
-                beta1: params.beta1,
-                beta2: params.beta2,
-                eps: params.eps,
-                weight_decay: params.weight_decay,
-                step: step.step,
-                clip: step.clip,
-            };
+            let adam = adam_step(&step.params, step.step, step.clip);
             gpu.adamw(&mut weights, &grad, &mut first, &mut second, adam)
                 .map_err(failed)?;
             let down = |x: &opentinker_kernels::cuda::CudaSlice<f32>| -> Result<Tensor, PassError> {
-                let values = gpu.download(x).map_err(failed)?;
-                Ok(Tensor::from_vec(values, w.shape(), w.device())?.to_dtype(w.dtype())?)
+                Ok(tensor_like(gpu.download(x).map_err(failed)?, w)?)
             };
             Ok((down(&weights)?, down(&first)?, down(&second)?))
         }
