@@ -623,3 +623,47 @@ fn requests_wait_for_a_backend_adapter_slot_and_sample_the_same() {
         "one version per call at most"
     );
 }
+
+/// A request whose asker has gone (a streamed answer's client that hung up drops the future
+/// waiting for it) is aborted by the sampling loop at its next step: no more of its tokens are
+/// sampled, and its slots and KV are free for others.
+#[test]
+fn a_request_whose_asker_has_gone_is_aborted_by_the_sampling_loop() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    let setup = setup();
+    let (service, _thread) = opentinker::service::SamplerService::start(engine(&setup, false));
+    let sampled = Arc::new(AtomicUsize::new(0));
+    let mut asked = request(prompt(1, 8), None, 1);
+    asked.params.max_tokens = 4000;
+    let counter = Arc::clone(&sampled);
+    asked.tokens = Some(opentinker::sample::TokenSink::new(move |_, _, _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let started = async {
+            while sampled.load(Ordering::SeqCst) < 5 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::select! {
+            _ = service.sample(asked) => panic!("4000 tokens sampled before the asker left"),
+            () = started => {}
+        }
+    });
+    // The future waiting for the answer is dropped: the asker has gone.
+    std::thread::sleep(Duration::from_millis(300));
+    let after_leaving = sampled.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(500));
+    let later = sampled.load(Ordering::SeqCst);
+    assert_eq!(
+        after_leaving, later,
+        "tokens were still sampled for a request nobody waits for"
+    );
+    assert!(later < 4000, "{later}");
+}

@@ -9,6 +9,7 @@
 pub mod custom_loss;
 pub mod error;
 pub mod ids;
+pub mod limits;
 pub mod types;
 
 pub use custom_loss::{Arg, CustomLossInput, LossGraph, Node, NodeOp};
@@ -17,4 +18,5 @@ pub use ids::{
     CheckpointKind, CheckpointPath, JobId, LossId, ModelId, SamplerId, SequenceId, SessionId,
     TenantId,
 };
+pub use limits::DecodeBudget;
 pub use types::*;

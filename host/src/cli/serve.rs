@@ -76,6 +76,11 @@ pub struct ServeArgs {
     /// before the sweep finishes it, freeing its models and samplers as `close` would.
     #[arg(long, default_value_t = 1800, value_parser = clap::value_parser!(u64).range(1..))]
     session_idle_secs: u64,
+    /// Seconds a training call waits for its turn (the calls its model's `seq_id` numbers
+    /// before it) before it is failed; a call numbered further ahead than
+    /// `--max-queued-per-tenant` is refused at once.
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    turn_deadline_secs: u64,
     /// The memory the server may hold (`24GiB`, `512MiB`, or bytes): the served bases are
     /// counted first, and each job is admitted under the rest before it makes anything, queued
     /// while there is no room, refused if it could never fit. Default: the machine's memory
@@ -196,6 +201,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         memory_budget: args.memory_budget,
         answer_retention: Duration::from_secs(args.answer_retention_secs),
         session_idle: Duration::from_secs(args.session_idle_secs),
+        turn_deadline: Duration::from_secs(args.turn_deadline_secs),
         rollouts: args.rollouts,
         device: DeviceOptions {
             device: args.device,

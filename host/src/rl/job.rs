@@ -985,6 +985,7 @@ impl Job {
         if self.rl.group_size == 0 || self.rl.groups_per_batch == 0 {
             return Err("rl: `group_size` and `groups_per_batch` must be at least 1".into());
         }
+        self.check_sizes()?;
         if !(self.rl.max_failure_rate > 0.0 && self.rl.max_failure_rate <= 1.0) {
             return Err(format!(
                 "rl.max_failure_rate: {} is not a fraction above 0 and at most 1",
@@ -1043,7 +1044,48 @@ impl Job {
     }
 }
 
+/// The most episodes one RL batch may play (`group_size x groups_per_batch`).
+const MAX_EPISODES_PER_BATCH: usize = 1 << 16;
+/// The most positions one episode may reserve (`(256 + max_tokens) x max_turns`).
+const MAX_POSITIONS_PER_EPISODE: usize = 1 << 24;
+
 impl Job {
+    /// Refuse settings whose products size the job's memory and KV (admission, the sampler's
+    /// budget) past what any machine holds, before anything multiplies them.
+    fn check_sizes(&self) -> Result<(), String> {
+        let rl = &self.rl;
+        let episodes = rl
+            .group_size
+            .checked_mul(rl.groups_per_batch)
+            .filter(|&n| n <= MAX_EPISODES_PER_BATCH);
+        if episodes.is_none() {
+            return Err(format!(
+                "rl: group_size x groups_per_batch = {} x {} is more than \
+                 {MAX_EPISODES_PER_BATCH} episodes a batch",
+                rl.group_size, rl.groups_per_batch
+            ));
+        }
+        let positions = rl
+            .max_tokens
+            .checked_add(256)
+            .and_then(|n| n.checked_mul(rl.max_turns.max(1)))
+            .filter(|&n| n <= MAX_POSITIONS_PER_EPISODE);
+        if positions.is_none() {
+            return Err(format!(
+                "rl: (256 + max_tokens) x max_turns = (256 + {}) x {} is more than \
+                 {MAX_POSITIONS_PER_EPISODE} positions an episode",
+                rl.max_tokens, rl.max_turns
+            ));
+        }
+        if self.eval.episodes > MAX_EPISODES_PER_BATCH {
+            return Err(format!(
+                "eval.episodes: {} is more than {MAX_EPISODES_PER_BATCH}",
+                self.eval.episodes
+            ));
+        }
+        Ok(())
+    }
+
     fn check_policies(&self) -> Result<(), String> {
         if self.policies.is_empty() {
             return Ok(());
@@ -1107,6 +1149,33 @@ mod tests {
         [rl]
         steps = 3
     "#;
+
+    #[test]
+    fn settings_whose_products_would_wrap_are_refused_by_name() {
+        let huge = i64::MAX;
+        for (settings, named) in [
+            (
+                format!("group_size = {huge}\ngroups_per_batch = {huge}"),
+                "group_size x groups_per_batch",
+            ),
+            (
+                "group_size = 65536\ngroups_per_batch = 2".to_string(),
+                "65536 x 2",
+            ),
+            (
+                format!("max_tokens = {huge}"),
+                "(256 + max_tokens) x max_turns",
+            ),
+            (
+                "max_tokens = 4294967296\nmax_turns = 4294967296".to_string(),
+                "(256 + 4294967296) x 4294967296",
+            ),
+        ] {
+            let text = MINIMAL.replace("steps = 3", &format!("steps = 3\n{settings}"));
+            let error = parse(&text).unwrap_err();
+            assert!(error.contains(named), "{settings}: {error}");
+        }
+    }
 
     #[test]
     fn a_minimal_job_gets_defaults_and_its_config_as_json() {

@@ -377,9 +377,13 @@ impl<B: SamplerBackend> SamplingEngine<B> {
                 .check_policy(policy)
                 .map_err(SampleError::AdapterRefused)?;
         }
-        let longest = (request.prompt.len() + request.params.max_tokens).min(context);
-        let reserved =
-            longest.next_multiple_of(self.backend.block_size()) * request.params.num_samples;
+        // A sample ends at the context's end whatever its `max_tokens`; the sums cannot wrap.
+        let longest = (request.prompt.len())
+            .saturating_add(request.params.max_tokens)
+            .min(context);
+        let reserved = longest
+            .next_multiple_of(self.backend.block_size())
+            .saturating_mul(request.params.num_samples);
         if reserved > self.config.kv_budget_positions {
             return Err(SampleError::OverBudget {
                 needed: reserved,

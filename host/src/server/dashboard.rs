@@ -55,19 +55,22 @@ pub struct Share {
     pub your_waiting: usize,
     /// Other tenants' requests waiting now.
     pub others_waiting: usize,
+    /// Whether a count reached its largest value and stopped there.
+    pub saturated: bool,
 }
 
 impl Share {
     fn of(usage: &std::collections::BTreeMap<String, TenantUsage>, tenant: &str) -> Self {
         let mut share = Share::default();
         for (key, figures) in usage {
-            if key == tenant {
-                share.yours += figures.served;
-                share.your_waiting += figures.waiting;
-            } else {
-                share.others += figures.served;
-                share.others_waiting += figures.waiting;
-            }
+            let (served, waiting) = match key == tenant {
+                true => (&mut share.yours, &mut share.your_waiting),
+                false => (&mut share.others, &mut share.others_waiting),
+            };
+            let (sum, wrapped) = served.overflowing_add(figures.served);
+            *served = if wrapped { u64::MAX } else { sum };
+            *waiting = waiting.saturating_add(figures.waiting);
+            share.saturated |= wrapped || figures.saturated;
         }
         share
     }

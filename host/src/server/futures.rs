@@ -64,6 +64,34 @@ fn lock(table: &Mutex<Table>) -> std::sync::MutexGuard<'_, Table> {
     table.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Count one more unfinished request of `tenant`, or refuse it past `max`.
+fn take_place(table: &mut Table, tenant: &TenantId, max: usize) -> Result<(), ApiError> {
+    let unfinished = table.unfinished.get(tenant).copied().unwrap_or(0);
+    if unfinished >= max {
+        return Err(ApiError::new(
+            ApiErrorKind::TooManyRequests,
+            format!(
+                "{unfinished} requests of yours are queued or running; send more when some finish"
+            ),
+        ));
+    }
+    *table.unfinished.entry(tenant.clone()).or_default() += 1;
+    Ok(())
+}
+
+/// One of a tenant's unfinished requests that is not a future ([`Futures::admit`]); dropped
+/// when it is answered or its client has gone.
+pub struct Place {
+    table: Arc<Mutex<Table>>,
+    tenant: TenantId,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        finished_one(&mut lock(&self.table), &self.tenant);
+    }
+}
+
 fn finished_one(table: &mut Table, tenant: &TenantId) {
     if let Some(count) = table.unfinished.get_mut(tenant) {
         *count = count.saturating_sub(1);
@@ -162,16 +190,7 @@ impl Futures {
                     ))
                 };
             }
-            let unfinished = table.unfinished.get(&tenant).copied().unwrap_or(0);
-            if unfinished >= self.max_unfinished {
-                return Err(ApiError::new(
-                    ApiErrorKind::TooManyRequests,
-                    format!(
-                        "{unfinished} requests of yours are queued or running; send more when some finish"
-                    ),
-                ));
-            }
-            *table.unfinished.entry(tenant.clone()).or_default() += 1;
+            take_place(&mut table, &tenant, self.max_unfinished)?;
             let mut bytes = [0u8; 16];
             getrandom::fill(&mut bytes)
                 .map_err(|e| ApiError::internal(format!("no random request id: {e}")))?;
@@ -220,6 +239,17 @@ impl Futures {
         }
         self.run(id.clone(), tenant, outcome, work);
         Ok(id)
+    }
+
+    /// A place among `tenant`'s unfinished requests for one that is not a future (a sample of
+    /// the OpenAI routes, answered on its connection): the same cap as the futures', refused
+    /// with 429 past it, freed when the place is dropped.
+    pub fn admit(&self, tenant: &TenantId) -> Result<Place, ApiError> {
+        take_place(&mut self.lock(), tenant, self.max_unfinished)?;
+        Ok(Place {
+            table: Arc::clone(&self.table),
+            tenant: tenant.clone(),
+        })
     }
 
     /// Run an accepted request again (after a restart), under its recorded id.

@@ -1,10 +1,10 @@
 //! What the route handlers share: the calling tenant ([`Caller`], from its key), a JSON body
 //! parsed or refused by name ([`parse`]), an op run directly with its changes recorded before
-//! the answer ([`direct`]), and the turn of a refused request passed ([`pass_refused_turn`]).
+//! the answer ([`direct`]), the turn of a refused request passed ([`pass_refused_turn`]), and
+//! work that takes long on a request's bytes run off the async workers ([`off_the_workers`]).
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
@@ -39,8 +39,19 @@ impl FromRequestParts<Shared> for Caller {
 }
 
 /// A JSON body, or a 400 naming what is wrong with it.
-pub(super) fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
+}
+
+/// Run `work` on the blocking pool, so that reading a large body (JSON, protobuf), tokenizing a
+/// long prompt or rendering a chat never holds an async worker: the server's few workers answer
+/// every tenant's requests, and `healthz`, while one tenant's request is prepared.
+pub(super) async fn off_the_workers<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
 }
 
 /// Run an op that answers directly, recording its changes before the answer.

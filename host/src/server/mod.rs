@@ -102,6 +102,8 @@ pub struct ServerConfig {
     /// How long a session may go without a heartbeat or an op before the sweep finishes it
     /// (frees its models and samplers), as if its client had closed it.
     pub session_idle: Duration,
+    /// How long a training call waits for its turn in its model's order before it is failed.
+    pub turn_deadline: Duration,
     /// The memory the server may hold, in bytes; `None`: the machine's less a headroom
     /// (`jobs::machine_budget`). The served bases take their share first; jobs are
     /// admitted under the rest.
@@ -289,6 +291,9 @@ impl AppState {
             ServiceConfig {
                 data: config.data.clone(),
                 max_models_per_tenant: config.max_models_per_tenant,
+                // A call further ahead waits on more calls than its tenant may queue.
+                max_seq_ahead: config.max_queued_per_tenant as u64,
+                turn_deadline: config.turn_deadline,
             },
         ))
     }

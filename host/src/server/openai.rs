@@ -27,12 +27,13 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::handling::{Caller, direct};
+use super::futures::Place;
+use super::handling::{Caller, direct, off_the_workers};
 use super::{AppState, HttpError};
 use crate::api::{
     ApiError, ApiErrorKind, JobId, ModelInput, Op, OpOutput, SampleRequest, SampleResponse,
     SampledSequence, SamplerId, SamplerSource, SamplingParams, SessionId, Stop, StopReason,
-    TenantId,
+    TenantId, limits,
 };
 use crate::sample::TokenSink;
 use crate::service::ServedBase;
@@ -422,9 +423,13 @@ fn parse_strict<T: serde::de::DeserializeOwned>(body: &Bytes, own: &[&str]) -> R
 
 /// What one request samples: its model, tokenized prompt, number of choices, parameters and
 /// alternatives per token.
+/// A request's prompt as the tokens of a base.
+type Prompt = Arc<dyn Fn(&ServedBase) -> Result<Vec<u32>, ApiError> + Send + Sync>;
+
 struct Sampling<'a> {
     model: &'a str,
-    prompt: &'a (dyn Fn(&ServedBase) -> Result<Vec<u32>, ApiError> + Sync),
+    /// Tokenizes (and renders) the prompt for a base: run off the async workers.
+    prompt: Prompt,
     n: usize,
     params: SamplingParams,
     top_logprobs: usize,
@@ -439,13 +444,15 @@ async fn prepare(
 ) -> Result<(Arc<ServedBase>, usize, SampleRequest), ApiError> {
     let Sampling {
         model,
-        prompt,
+        ref prompt,
         n,
         ref params,
         top_logprobs,
     } = *sampling;
+    limits::check_num_samples("n", n)?;
     let resolved = state.openai.resolve(state, tenant, model).await?;
-    let tokens = prompt(&resolved.base)?;
+    let (prompt, base) = (Arc::clone(prompt), Arc::clone(&resolved.base));
+    let tokens = off_the_workers(move || prompt(&base)).await?;
     let prompt_tokens = tokens.len();
     let request = SampleRequest {
         sampler: resolved.sampler.clone(),
@@ -560,6 +567,7 @@ type ChunkOf = Box<dyn Fn(usize, &str, Option<&str>) -> Value + Send>;
 fn stream(
     state: Shared,
     tenant: TenantId,
+    place: Place,
     base: Arc<ServedBase>,
     request: SampleRequest,
     chunk: ChunkOf,
@@ -573,11 +581,16 @@ fn stream(
         })
     };
     tokio::spawn(async move {
-        let result = state
-            .service
-            .sample_streaming(&tenant, request, tokens)
-            .await;
-        let _ = sender.send(Streamed::Done(Box::new(result)));
+        let sampled = state.service.sample_streaming(&tenant, request, tokens);
+        tokio::select! {
+            result = sampled => {
+                let _ = sender.send(Streamed::Done(Box::new(result)));
+            }
+            // The client has gone: dropping the sample cancels it in the sampler, which frees
+            // its slots and KV.
+            () = sender.closed() => {}
+        }
+        drop(place);
     });
     struct Reading {
         receiver: tokio::sync::mpsc::UnboundedReceiver<Streamed>,
@@ -662,24 +675,29 @@ async fn completions(
     Caller(tenant): Caller,
     body: Bytes,
 ) -> Result<Response, HttpError> {
-    let request: CompletionRequest = parse_strict(&body, &["prompt", "logprobs"])?;
+    let request: CompletionRequest =
+        off_the_workers(move || parse_strict(&body, &["prompt", "logprobs"])).await?;
     let logprobs = request.logprobs()?;
-    let text = match &request.prompt {
-        PromptText::One(text) => text.clone(),
-        PromptText::Many(texts) if texts.len() == 1 => texts[0].clone(),
+    // Counted against the tenant's queue as its Tinker requests are, until it is answered.
+    let place = state.futures.admit(&tenant)?;
+    let CompletionRequest { common, prompt, .. } = request;
+    let text = match prompt {
+        PromptText::One(text) => text,
+        PromptText::Many(mut texts) if texts.len() == 1 => texts.remove(0),
         PromptText::Many(_) => {
             return Err(ApiError::invalid("prompt: one prompt per request is served").into());
         }
     };
-    let common = &request.common;
-    let encode = |base: &ServedBase| {
+    let text_len = text.len();
+    let encode: Prompt = Arc::new(move |base: &ServedBase| {
         base.tokenizer
             .encode(&text)
             .map_err(|e| ApiError::invalid(format!("prompt: {e}")))
-    };
+    });
+    let common = &common;
     let sampling = Sampling {
         model: &common.model,
-        prompt: &encode,
+        prompt: encode,
         n: common.n.unwrap_or(1),
         params: common.params(Some(16))?,
         top_logprobs: logprobs.unwrap_or(0),
@@ -697,9 +715,10 @@ async fn completions(
                 "choices": [{ "index": index, "text": text, "logprobs": Value::Null, "finish_reason": finish }],
             })
         });
-        return Ok(stream(state, tenant, base, sample_request, chunk));
+        return Ok(stream(state, tenant, place, base, sample_request, chunk));
     }
     let (base, prompt_tokens, response) = sample(&state, &tenant, &sampling).await?;
+    drop(place);
     let mut choices = Vec::new();
     for (index, sequence) in response.sequences.iter().enumerate() {
         let logprobs = match logprobs {
@@ -723,7 +742,7 @@ async fn completions(
                 };
                 let offsets: Vec<usize> = texts
                     .iter()
-                    .scan(text.len(), |at, t| {
+                    .scan(text_len, |at, t| {
                         let start = *at;
                         *at += t.len();
                         Some(start)
@@ -760,24 +779,30 @@ async fn chat_completions(
     Caller(tenant): Caller,
     body: Bytes,
 ) -> Result<Response, HttpError> {
-    let request: ChatRequest = parse_strict(&body, &["messages", "logprobs", "top_logprobs"])?;
+    let request: ChatRequest =
+        off_the_workers(move || parse_strict(&body, &["messages", "logprobs", "top_logprobs"]))
+            .await?;
     let logprobs = request.logprobs()?;
-    let common = &request.common;
-    let render = |base: &ServedBase| {
+    let place = state.futures.admit(&tenant)?;
+    let ChatRequest {
+        common, messages, ..
+    } = request;
+    let render: Prompt = Arc::new(move |base: &ServedBase| {
         let template = base
             .chat_template
             .as_ref()
             .ok_or_else(|| ApiError::invalid(format!("{} has no chat template", base.name)))?;
         let text = template
-            .render(&request.messages, true)
+            .render(&messages, true)
             .map_err(|e| ApiError::invalid(format!("messages: {e}")))?;
         base.tokenizer
             .encode_without_special_tokens(&text)
             .map_err(|e| ApiError::invalid(format!("messages: {e}")))
-    };
+    });
+    let common = &common;
     let sampling = Sampling {
         model: &common.model,
-        prompt: &render,
+        prompt: render,
         n: common.n.unwrap_or(1),
         params: common.params(None)?,
         top_logprobs: logprobs.unwrap_or(0),
@@ -806,9 +831,10 @@ async fn chat_completions(
                 "choices": [{ "index": index, "delta": delta, "logprobs": Value::Null, "finish_reason": finish }],
             })
         });
-        return Ok(stream(state, tenant, base, sample_request, chunk));
+        return Ok(stream(state, tenant, place, base, sample_request, chunk));
     }
     let (base, prompt_tokens, response) = sample(&state, &tenant, &sampling).await?;
+    drop(place);
     let mut choices = Vec::new();
     for (index, sequence) in response.sequences.iter().enumerate() {
         let content = decode(&base, &sequence.tokens)?;

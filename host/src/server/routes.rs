@@ -12,12 +12,13 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use super::futures::{Finished, Idempotency, Submission};
-use super::handling::{Caller, direct, parse, pass_refused_turn, record};
+use super::handling::{Caller, direct, off_the_workers, parse, pass_refused_turn, record};
 use super::journal::{AcceptedRequest, Answer, Outcome};
 use super::{AppState, HttpError, MAX_BODY_BYTES, category, plugins, wire};
 use crate::api::{
-    ApiError, ApiErrorKind, CheckpointPath, LossId, ModelId, ModelInput, Op, OpOutput,
-    SampleRequest, SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId, TenantId,
+    ApiError, ApiErrorKind, CheckpointPath, DecodeBudget, LossId, ModelId, ModelInput, Op,
+    OpOutput, SampleRequest, SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId,
+    TenantId, limits,
 };
 use crate::service::Hold;
 use crate::wire::codec;
@@ -250,7 +251,6 @@ pub fn accept(
     body: &[u8],
     header_key: Option<&str>,
 ) -> Result<Accepted, ApiError> {
-    let body = &Bytes::copy_from_slice(body);
     Ok(match route {
         FutureRoute::CreateModel => {
             let request: wire::CreateModel = parse(body)?;
@@ -271,7 +271,7 @@ pub fn accept(
                     model_seq: request.model_seq_id,
                     base_model: request.base_model,
                     lora,
-                    user_metadata: request.user_metadata.unwrap_or_default(),
+                    user_metadata: limits::user_metadata(request.user_metadata)?,
                 },
                 seq: None,
             }
@@ -315,7 +315,7 @@ pub fn accept(
                     model: request.model_id,
                     options: SaveOptions {
                         ttl_seconds: request.ttl_seconds,
-                        user_metadata: request.user_metadata.unwrap_or_default(),
+                        user_metadata: limits::user_metadata(request.user_metadata)?,
                     },
                 },
             }
@@ -347,7 +347,7 @@ pub fn accept(
                     name,
                     options: SaveOptions {
                         ttl_seconds: request.ttl_seconds,
-                        user_metadata: request.user_metadata.unwrap_or_default(),
+                        user_metadata: limits::user_metadata(request.user_metadata)?,
                     },
                 },
                 (None, Some(sampler_seq)) => Op::SnapshotForSampler { model, sampler_seq },
@@ -397,7 +397,7 @@ pub fn accept(
                             model_seq,
                             path,
                             with_optimizer: request.optimizer,
-                            user_metadata: request.user_metadata.unwrap_or_default(),
+                            user_metadata: limits::user_metadata(request.user_metadata)?,
                         },
                     }
                 }
@@ -432,12 +432,14 @@ pub fn accept(
         }
         FutureRoute::Sample => {
             let request: wire::Sample = parse(body)?;
+            let mut budget = DecodeBudget::for_body(body.len());
             let Some(id) = &request.sampling_session_id else {
                 return Err(ApiError::invalid(
                     "asample needs a `sampling_session_id` (create one with create_sampling_session)",
                 ));
             };
             let sampler = SamplerId::parse(id)?;
+            limits::check_num_samples("num_samples", request.num_samples)?;
             // Named by the request's place in its sampler's order, so that a repeat of it (and
             // its run after a restart) names the same sequences.
             let sequence_ids = request.seq_id.map(|seq| {
@@ -448,7 +450,7 @@ pub fn accept(
             // A sparse tensor's unlisted cells ask nothing, as a dense one's `-1` cells.
             let target_prompt_logprobs = request
                 .target_prompt_logprobs
-                .map(|t| t.dense_i64("target_prompt_logprobs", -1))
+                .map(|t| t.dense_i64("target_prompt_logprobs", -1, &mut budget))
                 .transpose()?;
             let record_as = match (request.record_stability_info, &sequence_ids) {
                 (Some(true), None) => {
@@ -608,7 +610,13 @@ async fn submit(
     let header_key = headers
         .get("x-idempotency-key")
         .and_then(|v| v.to_str().ok());
-    let accepted = accept(route, &body, header_key)?;
+    let header_key = header_key.map(str::to_string);
+    let read = body.clone();
+    let accepted = off_the_workers(move || accept(route, &read, header_key.as_deref())).await?;
+    // Refused without passing its turn: passing it would wait for the turns before it.
+    if let (Some(model), Some(seq)) = (accepted.op.model(), accepted.seq) {
+        state.service.check_seq(&tenant, model, seq)?;
+    }
     let prepared = plugins::prepare_objective(&state, &tenant, &accepted.op).await;
     if let Err(error) = prepared.and_then(|()| state.service.validate(&tenant, &accepted.op)) {
         if let (Some(model), Some(seq)) = (accepted.op.model(), accepted.seq) {

@@ -9,11 +9,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::{
-    AdamParams, ApiError, Chunk, CustomLossInput, Datum, ForwardBackwardInput, LoraConfig,
-    LossGraph, LossId, ModelId, ModelInput, SamplingParams, TensorData, TensorValues, UserMetadata,
+    AdamParams, ApiError, Chunk, CustomLossInput, Datum, DecodeBudget, ForwardBackwardInput,
+    LoraConfig, LossGraph, LossId, ModelId, ModelInput, SamplingParams, TensorData, TensorValues,
+    UserMetadata,
 };
 use crate::wire::codec::{decode_spans, decode_tensor, decode_tokens};
-use crate::wire::proto;
+use crate::wire::{proto, scan};
 
 #[derive(Deserialize)]
 pub struct CreateSession {}
@@ -176,7 +177,12 @@ pub struct JsonTensor {
 impl JsonTensor {
     /// The dense int64 tensor (`what` names it in errors), `pad` in the cells a sparse one
     /// does not list.
-    pub fn dense_i64(self, what: &str, pad: i64) -> Result<TensorData, ApiError> {
+    pub fn dense_i64(
+        self,
+        what: &str,
+        pad: i64,
+        budget: &mut DecodeBudget,
+    ) -> Result<TensorData, ApiError> {
         let bad = |why: String| ApiError::invalid(format!("{what}: {why}"));
         if self.dtype != "int64" {
             return Err(bad(format!("must be int64, not {}", self.dtype)));
@@ -187,6 +193,9 @@ impl JsonTensor {
             .try_fold(1usize, |n, &d| n.checked_mul(d))
             .filter(|&n| n <= MAX_JSON_TENSOR_CELLS)
             .ok_or_else(|| bad(format!("shape {shape:?} is too large")))?;
+        // A sparse tensor of a few listed cells may name a large shape: its dense form is paid
+        // for by the body that carries it.
+        budget.charge(what, size.saturating_mul(size_of::<i64>()))?;
         let values = match (self.sparse_crow_indices, self.sparse_col_indices) {
             (None, None) if self.data.len() == size => self.data,
             (None, None) => {
@@ -253,6 +262,9 @@ pub struct ForwardBackward {
 
 /// Decode a `forward_backward` request body.
 pub fn forward_backward(body: &[u8]) -> Result<ForwardBackward, ApiError> {
+    // Reckoned before anything is built: two bytes of body may make a datum.
+    let reckoned = scan::decoded_size(body, &scan::FORWARD_BACKWARD_REQUEST)?;
+    DecodeBudget::for_body(body.len()).charge("forward_backward", reckoned)?;
     let request = proto::ForwardBackwardRequest::decode(body)
         .map_err(|e| ApiError::invalid(format!("forward_backward: malformed protobuf: {e}")))?;
     let model_id: ModelId = request.model_id.parse()?;

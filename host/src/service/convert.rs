@@ -25,8 +25,6 @@ const LORA_ALPHA: f64 = 32.0;
 const MAX_LORA_RANK: usize = 256;
 /// `max_tokens` of a sample request that gives none.
 const DEFAULT_MAX_TOKENS: usize = 64;
-/// The most samples one request may ask for.
-const MAX_SAMPLES_PER_REQUEST: usize = 128;
 /// The `loss_fn` of a call that runs a custom loss (its id in `loss_fn_config["loss_id"]`).
 pub const CUSTOM_LOSS: &str = "custom";
 
@@ -312,11 +310,7 @@ pub fn engine_request(
     config: &ModelConfig,
     context: usize,
 ) -> Result<sample::SampleRequest, ApiError> {
-    if num_samples == 0 || num_samples > MAX_SAMPLES_PER_REQUEST {
-        return Err(ApiError::invalid(format!(
-            "num_samples must be 1 to {MAX_SAMPLES_PER_REQUEST}, not {num_samples}"
-        )));
-    }
+    crate::api::limits::check_num_samples("num_samples", num_samples)?;
     let top_k = match params.top_k {
         -1 => None,
         k if k >= 1 => Some(k as usize),
@@ -334,7 +328,9 @@ pub fn engine_request(
     let prompt = prompt.tokens();
     let room = context.saturating_sub(prompt.len()).max(1);
     let engine_params = sample::SamplingParams {
-        max_tokens: params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS.min(room)),
+        // No sample runs past the context: a larger `max_tokens` asks for no more than this,
+        // and nothing downstream (the KV reservation, the fair queue's cost) sizes from more.
+        max_tokens: params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).min(room),
         temperature: params.temperature,
         top_k,
         top_p: params.top_p,

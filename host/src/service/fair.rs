@@ -184,7 +184,7 @@ impl<T: Divisible> FairQueue<T> {
             };
             self.virtual_time = self.virtual_time.max(tenant.tag);
             tenant.tag += cost as f64 / tenant.weight as f64;
-            spent += cost;
+            spent = spent.saturating_add(cost);
             self.usage.served(&key, cost);
             self.usage.waiting(&key, tenant.queue.len());
             taken.push((key, part));

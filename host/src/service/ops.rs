@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use candle_core::DType;
 use tokio::sync::watch;
@@ -49,6 +50,12 @@ pub struct ServiceConfig {
     /// Models (adapters in training) one tenant may hold at once; past it `create_model` is
     /// refused with [`ApiErrorKind::QuotaExceeded`].
     pub max_models_per_tenant: usize,
+    /// How far past its model's next `seq_id` a call may be numbered: one further ahead is
+    /// refused, since it would hold its place waiting for calls that may never come.
+    pub max_seq_ahead: u64,
+    /// How long a call waits for its turn in its model's order before it is failed (and its
+    /// place, body and journal entry freed).
+    pub turn_deadline: Duration,
 }
 
 impl ServiceConfig {
@@ -57,9 +64,16 @@ impl ServiceConfig {
         ServiceConfig {
             data,
             max_models_per_tenant: 256,
+            max_seq_ahead: DEFAULT_MAX_SEQ_AHEAD,
+            turn_deadline: DEFAULT_TURN_DEADLINE,
         }
     }
 }
+
+/// [`ServiceConfig::max_seq_ahead`] unless set: a tenant's default cap on queued requests.
+pub const DEFAULT_MAX_SEQ_AHEAD: u64 = 4096;
+/// [`ServiceConfig::turn_deadline`] unless set.
+pub const DEFAULT_TURN_DEADLINE: Duration = Duration::from_secs(3600);
 
 /// The turn of each op of one model: ops with `seq` run when every lower `seq` has run.
 struct OpOrder {
@@ -82,8 +96,14 @@ pub struct Turn {
 }
 
 impl Turn {
-    /// Wait for `seq`'s turn in `model`'s order.
-    async fn wait(model: Arc<TrainedModel>, id: &ModelId, seq: u64) -> Result<Turn, ApiError> {
+    /// Wait for `seq`'s turn in `model`'s order, at most `rules.turn_deadline`; a `seq` used
+    /// already, or more than `rules.max_seq_ahead` past the next, is refused at once.
+    async fn wait(
+        model: Arc<TrainedModel>,
+        id: &ModelId,
+        seq: u64,
+        rules: &ServiceConfig,
+    ) -> Result<Turn, ApiError> {
         let mut next = model.order.next.subscribe();
         let current = *next.borrow();
         if seq < current {
@@ -92,11 +112,34 @@ impl Turn {
                 format!("seq_id {seq} of model {id} was used already (the next is {current})"),
             ));
         }
-        next.wait_for(|n| *n == seq)
+        check_ahead(id, seq, current, rules.max_seq_ahead)?;
+        let deadline = rules.turn_deadline;
+        let waited = tokio::time::timeout(deadline, next.wait_for(|n| *n == seq))
             .await
-            .map_err(|_| ApiError::internal("the model's op order was dropped"))?;
-        Ok(Turn { model, seq })
+            .map(|reached| reached.is_ok());
+        match waited {
+            Ok(true) => Ok(Turn { model, seq }),
+            Ok(false) => Err(ApiError::internal("the model's op order was dropped")),
+            Err(_) => Err(ApiError::invalid(format!(
+                "seq_id {seq} of model {id} waited {}s for its turn; the calls before it \
+                 (from seq_id {}) never came",
+                deadline.as_secs_f64(),
+                *next.borrow()
+            ))),
+        }
     }
+}
+
+/// Refuse `seq` more than `max_ahead` past `next`, its model's next turn.
+fn check_ahead(id: &ModelId, seq: u64, next: u64, max_ahead: u64) -> Result<(), ApiError> {
+    if seq.saturating_sub(next) > max_ahead {
+        return Err(ApiError::invalid(format!(
+            "seq_id {seq} of model {id} is {} past its next turn ({next}); at most {max_ahead} \
+             are accepted ahead",
+            seq - next
+        )));
+    }
+    Ok(())
 }
 
 impl Drop for Turn {
@@ -421,7 +464,7 @@ impl Service {
         let id = op.model().cloned();
         let turn = match (&model, seq, &id) {
             (Some(model), Some(seq), Some(id)) => {
-                match Turn::wait(Arc::clone(model), id, seq).await {
+                match Turn::wait(Arc::clone(model), id, seq, &self.config).await {
                     Ok(turn) => Some(turn),
                     Err(error) => return Executed::failed(error),
                 }
@@ -463,6 +506,15 @@ impl Service {
         }
     }
 
+    /// Refuse a call of `tenant`'s model `id` numbered `seq` more than
+    /// [`ServiceConfig::max_seq_ahead`] past the model's next turn, before it is accepted (a
+    /// repeat of a call that ran is not refused here: it is answered as the first was).
+    pub fn check_seq(&self, tenant: &TenantId, id: &ModelId, seq: u64) -> Result<(), ApiError> {
+        let model = self.model(tenant, id)?;
+        let next = *model.order.next.borrow();
+        check_ahead(id, seq, next, self.config.max_seq_ahead)
+    }
+
     /// Pass `tenant`'s model `id`'s turn `seq` without running anything: the turn of a request
     /// that the SDK numbered in the model's order but that was refused before it was accepted
     /// (a bad datum, a route not offered). Waits for the ops before it; the change records the
@@ -474,7 +526,7 @@ impl Service {
         seq: u64,
     ) -> Result<(Vec<Change>, Hold), ApiError> {
         let model = self.model(tenant, id)?;
-        let turn = Turn::wait(Arc::clone(&model), id, seq).await?;
+        let turn = Turn::wait(Arc::clone(&model), id, seq, &self.config).await?;
         let change = turn_taken(tenant, id.clone(), &model, seq, None);
         Ok((vec![change], Hold { _turn: Some(turn) }))
     }

@@ -167,6 +167,15 @@ fn serve<B: SamplerBackend>(
                 }
             }
         }
+        // A request whose asker has gone (a streamed answer's client hung up) frees its
+        // samples' slots and KV now rather than when it would have finished.
+        waiting.retain(|&id, reply| {
+            let gone = reply.is_closed();
+            if gone {
+                engine.abort(id);
+            }
+            !gone
+        });
         if !engine.has_work() {
             continue;
         }
@@ -207,6 +216,9 @@ fn accept<B: SamplerBackend>(
     waiting: &mut HashMap<RequestId, Reply>,
     pending: Pending,
 ) {
+    if pending.reply.is_closed() {
+        return;
+    }
     match engine.add_request(*pending.request) {
         Ok(id) => {
             waiting.insert(id, pending.reply);

@@ -10,8 +10,10 @@ use serde::Serialize;
 /// One tenant's figures on one loop.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct TenantUsage {
-    /// Tokens served so far.
+    /// Tokens served so far; it stops at `u64::MAX` (then `saturated` says so).
     pub served: u64,
+    /// Whether `served` reached its largest value and no longer counts.
+    pub saturated: bool,
     /// Pieces of work waiting now.
     pub waiting: usize,
 }
@@ -28,7 +30,15 @@ impl Usage {
 
     /// `cost` more served to `tenant`.
     pub fn served(&self, tenant: &str, cost: u64) {
-        self.figures().entry(tenant.to_string()).or_default().served += cost;
+        let mut figures = self.figures();
+        let figures = figures.entry(tenant.to_string()).or_default();
+        match figures.served.checked_add(cost) {
+            Some(served) => figures.served = served,
+            None => {
+                figures.served = u64::MAX;
+                figures.saturated = true;
+            }
+        }
     }
 
     /// `tenant` has `waiting` pieces of work queued now.
@@ -42,5 +52,21 @@ impl Usage {
     /// Every tenant's figures now.
     pub fn snapshot(&self) -> BTreeMap<String, TenantUsage> {
         self.figures().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_counter_that_would_overflow_saturates_and_says_so() {
+        let usage = Usage::default();
+        usage.served("a", u64::MAX - 1);
+        assert!(!usage.snapshot()["a"].saturated);
+        usage.served("a", 5);
+        let figures = usage.snapshot()["a"];
+        assert_eq!(figures.served, u64::MAX);
+        assert!(figures.saturated);
     }
 }
