@@ -60,6 +60,10 @@ pub struct ServeArgs {
     /// Mebibytes of plugin components one tenant may store; past it an upload is refused.
     #[arg(long, default_value_t = 1024)]
     max_plugin_mib_per_tenant: u64,
+    /// Gibibytes of checkpoints one tenant may keep; past it a save is refused (delete some,
+    /// or let their `ttl_seconds` expire).
+    #[arg(long, default_value_t = 64)]
+    max_checkpoint_gib_per_tenant: u64,
     /// Models (adapters in training through the Tinker API) one tenant may hold; past it
     /// `create_model` is refused.
     #[arg(long, default_value_t = 256)]
@@ -196,6 +200,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             active_jobs_per_tenant: args.max_jobs_per_tenant,
         },
         max_plugin_bytes_per_tenant: args.max_plugin_mib_per_tenant << 20,
+        max_checkpoint_bytes_per_tenant: args.max_checkpoint_gib_per_tenant.saturating_mul(1 << 30),
         max_models_per_tenant: args.max_models_per_tenant,
         checkpoint_sweep: Duration::from_secs(args.checkpoint_sweep_secs),
         memory_budget: args.memory_budget,

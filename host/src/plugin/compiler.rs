@@ -190,7 +190,7 @@ pub(crate) async fn compile_in_worker(
                 }
             }
             Ok(WorkerError::Compile(message)) => LoadError::NotAComponent(message),
-            Err(_) => LoadError::CompilerCrashed(format!("an unreadable refusal: {errors}")),
+            Err(_) => crashed("an unreadable refusal", &errors),
         });
     }
     if !status.success() {
@@ -203,7 +203,7 @@ pub(crate) async fn compile_in_worker(
                 resource: CompileResource::Memory,
                 limit: budget.memory_bytes,
             },
-            _ => LoadError::CompilerCrashed(format!("{status}: {}", errors.trim())),
+            _ => crashed(&status.to_string(), &errors),
         });
     }
     if let Err(e) = wrote.and(read_out.map(drop)) {
@@ -221,6 +221,13 @@ pub(crate) async fn compile_in_worker(
     // component; `deserialize` checks that it was made for this engine's settings and version.
     unsafe { Component::deserialize(engine, &artifact) }
         .map_err(|e| LoadError::NotAComponent(format!("{e:#}")))
+}
+
+/// A crashed worker's error: what it wrote goes to this host's log, not to whoever sent the
+/// component (it may name this host's paths and memory).
+fn crashed(how: &str, errors: &str) -> LoadError {
+    tracing::warn!(how, output = errors.trim(), "a compile worker failed");
+    LoadError::CompilerCrashed(format!("{how} (its output is in the host's log)"))
 }
 
 fn set_limit(resource: libc::__rlimit_resource_t, value: u64) -> std::io::Result<()> {

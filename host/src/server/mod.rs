@@ -104,6 +104,8 @@ pub struct ServerConfig {
     pub session_idle: Duration,
     /// How long a training call waits for its turn in its model's order before it is failed.
     pub turn_deadline: Duration,
+    /// The disk one tenant's checkpoints may take; past it a save is refused.
+    pub max_checkpoint_bytes_per_tenant: u64,
     /// The memory the server may hold, in bytes; `None`: the machine's less a headroom
     /// (`jobs::machine_budget`). The served bases take their share first; jobs are
     /// admitted under the rest.
@@ -294,6 +296,7 @@ impl AppState {
                 // A call further ahead waits on more calls than its tenant may queue.
                 max_seq_ahead: config.max_queued_per_tenant as u64,
                 turn_deadline: config.turn_deadline,
+                max_checkpoint_bytes_per_tenant: config.max_checkpoint_bytes_per_tenant,
             },
         ))
     }

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::export::ENCRYPTED_SUFFIX;
 use crate::api::{
-    ApiError, CheckpointInfo, CheckpointKind, CheckpointPath, ModelId, SaveOptions, TenantId,
-    UserMetadata,
+    ApiError, ApiErrorKind, CheckpointInfo, CheckpointKind, CheckpointPath, ModelId, SaveOptions,
+    TenantId, UserMetadata,
 };
 use crate::store::unix_now;
 
@@ -47,6 +47,22 @@ impl CheckpointStore {
             root: data.join("checkpoints"),
             deleted: data.join("deleted"),
         }
+    }
+
+    /// Refuse a new checkpoint of `tenant`'s once its checkpoints take `max_bytes` or more on
+    /// disk (a save may pass the quota by its own size, once).
+    pub fn check_room(&self, tenant: &TenantId, max_bytes: u64) -> Result<(), ApiError> {
+        let used = size_of_tree(&self.root.join(tenant.as_str()));
+        if used >= max_bytes {
+            return Err(ApiError::new(
+                ApiErrorKind::QuotaExceeded,
+                format!(
+                    "your checkpoints take {used} bytes, the most a tenant keeps is {max_bytes}: \
+                     delete some (or let their ttl_seconds expire) before saving more"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Where `tenant`'s checkpoint `path` is (or would be) kept.
@@ -398,5 +414,23 @@ mod tests {
             store.set_ttl(&alice, &path, None).unwrap_err().kind,
             crate::api::ApiErrorKind::NotFound
         );
+    }
+
+    #[test]
+    fn a_tenant_past_its_checkpoint_bytes_saves_no_more() {
+        let data = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(data.path());
+        let (alice, bob) = (
+            TenantId::new("alice").unwrap(),
+            TenantId::new("bob").unwrap(),
+        );
+        store.check_room(&alice, 1000).unwrap();
+        let dir = data.path().join("checkpoints/alice/s-1:train:0/weights/a");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("adapter.safetensors"), vec![0u8; 1000]).unwrap();
+        let refused = store.check_room(&alice, 1000).unwrap_err();
+        assert_eq!(refused.kind, ApiErrorKind::QuotaExceeded, "{refused}");
+        store.check_room(&alice, 1001).unwrap();
+        store.check_room(&bob, 1000).unwrap();
     }
 }

@@ -38,6 +38,11 @@ use crate::train::{self, Loss, SlotState, SlotStateError, TrainError, TrainingEn
 /// Snapshot samplers a model keeps (`save_weights_and_get_sampling_client` each RL step); the
 /// oldest is let go past it, so a long loop does not hold every adapter it ever sampled with.
 const MAX_SNAPSHOTS_PER_MODEL: usize = 8;
+/// Sessions one tenant may have open at once; past it `create_session` is refused.
+const MAX_LIVE_SESSIONS_PER_TENANT: usize = 1024;
+/// Finished sessions one tenant's are remembered as finished (answered `gone`); older ones
+/// are forgotten.
+const MAX_FINISHED_SESSIONS_PER_TENANT: usize = 1024;
 /// Sampling sessions a client session keeps (`create_sampling_client` each evaluation); the
 /// oldest is let go past it.
 const MAX_SAMPLERS_PER_SESSION: usize = 64;
@@ -56,6 +61,8 @@ pub struct ServiceConfig {
     /// How long a call waits for its turn in its model's order before it is failed (and its
     /// place, body and journal entry freed).
     pub turn_deadline: Duration,
+    /// The disk one tenant's checkpoints may take; past it a save is refused.
+    pub max_checkpoint_bytes_per_tenant: u64,
 }
 
 impl ServiceConfig {
@@ -66,12 +73,15 @@ impl ServiceConfig {
             max_models_per_tenant: 256,
             max_seq_ahead: DEFAULT_MAX_SEQ_AHEAD,
             turn_deadline: DEFAULT_TURN_DEADLINE,
+            max_checkpoint_bytes_per_tenant: DEFAULT_MAX_CHECKPOINT_BYTES_PER_TENANT,
         }
     }
 }
 
 /// [`ServiceConfig::max_seq_ahead`] unless set: a tenant's default cap on queued requests.
 pub const DEFAULT_MAX_SEQ_AHEAD: u64 = 4096;
+/// [`ServiceConfig::max_checkpoint_bytes_per_tenant`] unless set: 64 GiB.
+pub const DEFAULT_MAX_CHECKPOINT_BYTES_PER_TENANT: u64 = 64 << 30;
 /// [`ServiceConfig::turn_deadline`] unless set.
 pub const DEFAULT_TURN_DEADLINE: Duration = Duration::from_secs(3600);
 
@@ -341,6 +351,11 @@ impl Session {
 #[derive(Default)]
 struct Objects {
     sessions: HashMap<SessionId, Session>,
+    /// Each tenant's live sessions, counted against [`MAX_LIVE_SESSIONS_PER_TENANT`].
+    live_sessions: HashMap<TenantId, usize>,
+    /// Each tenant's finished sessions, kept (to answer `gone`) up to
+    /// [`MAX_FINISHED_SESSIONS_PER_TENANT`], the oldest finished leaving first.
+    finished_sessions: HashMap<TenantId, VecDeque<SessionId>>,
     models: HashMap<ModelId, Arc<TrainedModel>>,
     samplers: HashMap<SamplerId, Arc<Sampler>>,
     /// Each model's snapshot samplers, oldest first.
@@ -352,6 +367,45 @@ struct Objects {
 }
 
 impl Objects {
+    /// Add `tenant`'s session `id`, live, or refuse it past the tenant's quota.
+    fn add_session(&mut self, tenant: &TenantId, id: SessionId) -> Result<(), ApiError> {
+        let live = self.live_sessions.entry(tenant.clone()).or_default();
+        if *live >= MAX_LIVE_SESSIONS_PER_TENANT {
+            return Err(ApiError::new(
+                ApiErrorKind::QuotaExceeded,
+                format!(
+                    "{live} sessions of yours are open; at most {MAX_LIVE_SESSIONS_PER_TENANT} \
+                     (close one, or let it go idle)"
+                ),
+            ));
+        }
+        *live += 1;
+        self.sessions.insert(id, Session::new(tenant.clone()));
+        Ok(())
+    }
+
+    /// Mark `id` (a live session of its tenant) finished; the tenant's oldest finished session
+    /// past its quota leaves memory (naming it then answers as an unknown id).
+    fn session_finished(&mut self, id: &SessionId) {
+        let Some(session) = self.sessions.get_mut(id) else {
+            return;
+        };
+        if std::mem::replace(&mut session.finished, true) {
+            return;
+        }
+        let tenant = session.tenant.clone();
+        if let Some(live) = self.live_sessions.get_mut(&tenant) {
+            *live = live.saturating_sub(1);
+        }
+        let finished = self.finished_sessions.entry(tenant).or_default();
+        finished.push_back(id.clone());
+        while finished.len() > MAX_FINISHED_SESSIONS_PER_TENANT {
+            if let Some(oldest) = finished.pop_front() {
+                self.sessions.remove(&oldest);
+            }
+        }
+    }
+
     /// Check that `session` is `tenant`'s and live (another tenant's answers as an unknown
     /// one), and count this as a sign of its life.
     fn live_session(&mut self, tenant: &TenantId, session: &SessionId) -> Result<(), ApiError> {
@@ -374,6 +428,14 @@ impl Objects {
             _ => ApiError::not_found(what),
         }
     }
+}
+
+/// A new session id: unguessable, though another tenant's would only answer "not found".
+fn new_session_id() -> SessionId {
+    let mut bytes = [0u8; 12];
+    getrandom::fill(&mut bytes).unwrap_or_default();
+    SessionId::new(&format!("s-{}", hex::encode(bytes)))
+        .unwrap_or_else(|_| unreachable!("hex is a plain name"))
 }
 
 /// `what` belonged to a session that has finished.
@@ -543,7 +605,7 @@ impl Service {
         };
         let output = match op {
             Op::CreateSession => {
-                let id = self.create_session(tenant);
+                let id = self.create_session(tenant)?;
                 let change = Change::Session {
                     id: id.clone(),
                     tenant: tenant.clone(),
@@ -1003,13 +1065,12 @@ impl Service {
         for change in changes {
             match change {
                 Change::Session { id, tenant } => {
-                    self.lock().sessions.insert(id, Session::new(tenant));
+                    // A start recorded before the quota, or past it, is not refused again.
+                    let mut objects = self.lock();
+                    *objects.live_sessions.entry(tenant.clone()).or_default() += 1;
+                    objects.sessions.insert(id, Session::new(tenant));
                 }
-                Change::SessionFinished { id } => {
-                    if let Some(session) = self.lock().sessions.get_mut(&id) {
-                        session.finished = true;
-                    }
-                }
+                Change::SessionFinished { id } => self.lock().session_finished(&id),
                 Change::Model {
                     id,
                     tenant,
@@ -1180,16 +1241,10 @@ impl Service {
         self.objects.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn create_session(&self, tenant: &TenantId) -> SessionId {
-        let mut bytes = [0u8; 12];
-        // Unguessable, though another tenant's session id would only answer "not found".
-        getrandom::fill(&mut bytes).unwrap_or_default();
-        let id = SessionId::new(&format!("s-{}", hex::encode(bytes)))
-            .unwrap_or_else(|_| unreachable!("hex is a plain name"));
-        self.lock()
-            .sessions
-            .insert(id.clone(), Session::new(tenant.clone()));
-        id
+    fn create_session(&self, tenant: &TenantId) -> Result<SessionId, ApiError> {
+        let id = new_session_id();
+        self.lock().add_session(tenant, id.clone())?;
+        Ok(id)
     }
 
     /// Check that `session` is `tenant`'s and live, and count this as a sign of its life.
@@ -1214,14 +1269,15 @@ impl Service {
         session: &SessionId,
     ) -> Result<Vec<Change>, ApiError> {
         let mut objects = self.lock();
-        match objects.sessions.get_mut(session) {
+        match objects.sessions.get(session) {
             Some(entry) if &entry.tenant == tenant => {
-                if std::mem::replace(&mut entry.finished, true) {
+                if entry.finished {
                     return Ok(Vec::new());
                 }
             }
             _ => return Err(ApiError::not_found(format!("session {session}"))),
         }
+        objects.session_finished(session);
         let models: Vec<ModelId> = objects
             .models
             .keys()
@@ -1425,7 +1481,9 @@ impl Service {
         let dir = self.checkpoints.dir(tenant, path);
         let base_name = model.base.name.clone();
         let store = self.checkpoints.clone();
+        let (tenant, quota) = (tenant.clone(), self.config.max_checkpoint_bytes_per_tenant);
         tokio::task::spawn_blocking(move || {
+            store.check_room(&tenant, quota)?;
             let optimizer = optimizer.as_ref().map(|(step, moments)| (*step, moments));
             match how {
                 SaveAs::External(recipients) => {
@@ -1501,8 +1559,15 @@ impl Service {
 
     /// A session of `tenant` for work the server does itself (a job it runs), not recorded: it
     /// lives while its samplers are used, and ends with [`Service::finish_session`].
+    /// It is not counted against the tenant's quota of sessions (its jobs have their own).
     pub fn open_session(&self, tenant: &TenantId) -> SessionId {
-        self.create_session(tenant)
+        let id = new_session_id();
+        let mut objects = self.lock();
+        *objects.live_sessions.entry(tenant.clone()).or_default() += 1;
+        objects
+            .sessions
+            .insert(id.clone(), Session::new(tenant.clone()));
+        id
     }
 
     /// A sampling session of `tenant`'s `session` (number `sampler_seq`) on `policy` (an
@@ -1757,4 +1822,50 @@ async fn sample_with(
         .await
         .map_err(sampler_error)?;
     Ok(convert::sample_response(output))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_opens_at_most_its_quota_of_sessions_and_finished_ones_leave_memory() {
+        let mut objects = Objects::default();
+        let (alice, bob) = (
+            TenantId::new("alice").unwrap(),
+            TenantId::new("bob").unwrap(),
+        );
+        let ids: Vec<SessionId> = (0..MAX_LIVE_SESSIONS_PER_TENANT)
+            .map(|_| new_session_id())
+            .collect();
+        for id in &ids {
+            objects.add_session(&alice, id.clone()).unwrap();
+        }
+        let refused = objects.add_session(&alice, new_session_id()).unwrap_err();
+        assert_eq!(refused.kind, ApiErrorKind::QuotaExceeded, "{refused}");
+        // Another tenant's quota is its own; a finished session frees a place.
+        objects.add_session(&bob, new_session_id()).unwrap();
+        objects.session_finished(&ids[0]);
+        objects.add_session(&alice, new_session_id()).unwrap();
+        assert_eq!(
+            objects.live_session(&alice, &ids[0]).unwrap_err().kind,
+            ApiErrorKind::Gone
+        );
+        // Past the finished quota, the oldest finished is forgotten: an unknown id then.
+        for id in &ids[1..] {
+            objects.session_finished(id);
+        }
+        let extra = new_session_id();
+        objects.add_session(&alice, extra.clone()).unwrap();
+        objects.session_finished(&extra);
+        assert_eq!(
+            objects.live_session(&alice, &ids[0]).unwrap_err().kind,
+            ApiErrorKind::NotFound
+        );
+        assert_eq!(
+            objects.live_session(&alice, &ids[1]).unwrap_err().kind,
+            ApiErrorKind::Gone
+        );
+        assert!(objects.sessions.len() <= MAX_FINISHED_SESSIONS_PER_TENANT + 3);
+    }
 }

@@ -12,7 +12,8 @@
 //! Records belong to their tenant and to the client session that sampled them (another's is
 //! answered as unknown), live a day after their last use, and are kept in memory: a restarted
 //! server has none (a `stable_reinforce` step then names unknown sequences), and a tenant keeps
-//! at most [`MAX_PER_TENANT`], the oldest going first.
+//! at most [`MAX_PER_TENANT`] records and [`MAX_BYTES_PER_TENANT`] of their tokens and
+//! logprobs, the oldest going first.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -30,6 +31,9 @@ pub const STABLE_REINFORCE: &str = "stable_reinforce";
 const TTL_SECONDS: i64 = 86_400;
 /// Records one tenant keeps at most.
 pub const MAX_PER_TENANT: usize = 65_536;
+/// Bytes of records (prompts, tokens, logprobs) one tenant keeps at most: long prompts sampled
+/// many times would otherwise fill memory within the count.
+pub const MAX_BYTES_PER_TENANT: usize = 256 << 20;
 
 struct Record {
     tenant: TenantId,
@@ -43,6 +47,11 @@ struct Record {
 }
 
 impl Record {
+    /// What it holds, as counted against its tenant's [`MAX_BYTES_PER_TENANT`].
+    fn bytes(&self) -> usize {
+        4 * (self.prompt.len() + self.tokens.len() + self.logprobs.len())
+    }
+
     fn live(&self, now: i64) -> bool {
         self.used_at.load(Ordering::Relaxed) + TTL_SECONDS > now
     }
@@ -53,6 +62,8 @@ struct Kept {
     records: HashMap<SequenceId, Arc<Record>>,
     /// Each tenant's ids, oldest first.
     order: HashMap<TenantId, VecDeque<SequenceId>>,
+    /// Each tenant's records' bytes.
+    bytes: HashMap<TenantId, usize>,
 }
 
 /// Every tenant's recorded sequences.
@@ -78,6 +89,12 @@ impl SequenceRecords {
     ) {
         let now = unix_now();
         let mut kept = self.lock();
+        let Kept {
+            records,
+            order,
+            bytes,
+        } = &mut *kept;
+        let held = bytes.entry(tenant.clone()).or_default();
         for (id, sequence) in ids.iter().zip(&response.sequences) {
             let record = Record {
                 tenant: tenant.clone(),
@@ -87,23 +104,26 @@ impl SequenceRecords {
                 logprobs: sequence.logprobs.clone(),
                 used_at: AtomicI64::new(now),
             };
-            if kept.records.insert(id.clone(), Arc::new(record)).is_none() {
-                kept.order
+            *held = held.saturating_add(record.bytes());
+            match records.insert(id.clone(), Arc::new(record)) {
+                Some(replaced) => *held = held.saturating_sub(replaced.bytes()),
+                None => order
                     .entry(tenant.clone())
                     .or_default()
-                    .push_back(id.clone());
+                    .push_back(id.clone()),
             }
         }
-        let Kept { records, order } = &mut *kept;
         let Some(mine) = order.get_mut(tenant) else {
             return;
         };
         while let Some(oldest) = mine.front() {
             let stale = records.get(oldest).is_none_or(|r| !r.live(now));
-            if !stale && mine.len() <= MAX_PER_TENANT {
+            if !stale && mine.len() <= MAX_PER_TENANT && *held <= MAX_BYTES_PER_TENANT {
                 break;
             }
-            records.remove(oldest);
+            if let Some(removed) = records.remove(oldest) {
+                *held = held.saturating_sub(removed.bytes());
+            }
             mine.pop_front();
         }
     }
@@ -372,6 +392,30 @@ mod tests {
         }
         let kept = records.lock();
         assert_eq!(kept.records.len(), MAX_PER_TENANT);
+        assert!(
+            !kept
+                .records
+                .contains_key(&SequenceId::of_sample(&sampler, 0, 0))
+        );
+    }
+
+    #[test]
+    fn a_tenant_keeps_at_most_its_bytes_of_records() {
+        let records = SequenceRecords::default();
+        let alice = TenantId::new("alice").unwrap();
+        let sampler = SamplerId::of_session(&SessionId::new("s-1").unwrap(), 0);
+        // A 1 MiB prompt each: past 256 of them, the oldest go.
+        let prompt = vec![1u32; 1 << 18];
+        for seq in 0..300 {
+            let id = SequenceId::of_sample(&sampler, seq, 0);
+            let response = response(vec![2], vec![-1.0]);
+            records.record(&alice, &sampler, &prompt, &[id], &response);
+        }
+        let kept = records.lock();
+        assert!(kept.bytes[&alice] <= MAX_BYTES_PER_TENANT);
+        assert!(kept.records.len() < 256, "{}", kept.records.len());
+        let newest = SequenceId::of_sample(&sampler, 299, 0);
+        assert!(kept.records.contains_key(&newest));
         assert!(
             !kept
                 .records
