@@ -15,7 +15,8 @@
 # JavaScript SDKs' and plugins' own tests, every Rust test under cargo-nextest (.config/nextest.toml;
 # the suite is built with the `cuda` feature, which needs no CUDA toolkit: on a machine without a
 # GPU the GPU tests report themselves skipped, and scripts/gpu-check.sh runs them on one), the
-# doctests, and every benchmark's quick mode (scripts/bench.sh all --quick).
+# doctests, every benchmark's quick mode (scripts/bench.sh all --quick), and a minute of each
+# fuzz target (scripts/fuzz.sh, which installs the nightly toolchain and cargo-fuzz it needs).
 #
 # --quick: the tier to run while working (at most 5 minutes on a warm build): the Rust tests of
 #   nextest's `quick` profile, no SDK tests in other languages, no benchmarks.
@@ -180,4 +181,10 @@ fi
 # in the quick tier, nor when the tests were narrowed by filters.
 if ! $quick && [[ ${#filters[@]} -eq 0 ]]; then
     phase "benchmarks (quick)" scripts/bench.sh all --quick
+fi
+
+# The fuzz targets of fuzz/ (the wire's decoders, job files, training states, a plugin's
+# structure), 60 s each, from their seeds and what earlier runs found. Not in the quick tier.
+if ! $quick && [[ ${#filters[@]} -eq 0 ]]; then
+    phase "fuzzing" scripts/fuzz.sh 60
 fi

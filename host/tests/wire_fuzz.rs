@@ -32,6 +32,9 @@ fn bodies() -> impl Strategy<Value = Vec<u8>> {
     let values = prop_oneof![
         Just("null".to_string()),
         any::<i64>().prop_map(|n| n.to_string()),
+        // Counts past every limit (3e17 samples once aborted the server).
+        prop::sample::select(vec![300_000_000_000_000_000u64, u64::MAX, 1 << 40])
+            .prop_map(|n| n.to_string()),
         any::<f64>().prop_map(|x| if x.is_finite() {
             x.to_string()
         } else {
@@ -41,6 +44,8 @@ fn bodies() -> impl Strategy<Value = Vec<u8>> {
         Just(r#"{"chunks": [{"type": "encoded_text", "tokens": [1, -2, 3]}]}"#.to_string()),
         Just(r#"{"rank": 0, "train_mlp": "yes"}"#.to_string()),
         Just(r#"{"max_tokens": -1, "stop": [1, "a"], "top_k": 0}"#.to_string()),
+        Just(r#"{"max_tokens": 18446744073709551615}"#.to_string()),
+        Just(r#""s-1:sample:0""#.to_string()),
     ];
     let json = prop::collection::btree_map(keys, values, 0..8).prop_map(|fields| {
         let inner: Vec<String> = fields.iter().map(|(k, v)| format!("{k:?}: {v}")).collect();
@@ -57,6 +62,19 @@ proptest! {
         if let Err(error) = accept(route, &body, None) {
             prop_assert!(!error.message.is_empty());
             prop_assert!(error.kind == ApiErrorKind::InvalidRequest, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn a_sample_of_any_count_is_read_or_refused_without_sizing_anything_from_it(n in any::<u64>(), seq in prop::option::of(any::<u64>())) {
+        let body = serde_json::json!({
+            "sampling_session_id": "s-1:sample:0", "seq_id": seq, "num_samples": n,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+            "sampling_params": {"max_tokens": n},
+        });
+        match accept(FutureRoute::Sample, body.to_string().as_bytes(), None) {
+            Ok(_) => prop_assert!((1..=128).contains(&n)),
+            Err(error) => prop_assert!(error.message.contains("num_samples"), "{error:?}"),
         }
     }
 

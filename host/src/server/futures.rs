@@ -214,19 +214,25 @@ impl Futures {
             (id, sender)
         };
         let tenant_of_failed = tenant.clone();
-        let (idempotency_key, payload) = match idempotency {
-            Some(key) => (Some(key.key), key.payload),
-            None => (None, accepted_payload(&body)),
-        };
-        let accepted = AcceptedRequest {
-            id: id.clone(),
-            tenant: tenant.clone(),
-            idempotency_key,
-            payload,
-            route,
-            body,
-        };
-        let recorded = self.journal.off_thread(move |j| j.accept(&accepted)).await;
+        let (request, recorded_tenant) = (id.clone(), tenant.clone());
+        // Hashed with the record, off the async workers (a body may be 64 MiB).
+        let recorded = self
+            .journal
+            .off_thread(move |j| {
+                let (idempotency_key, payload) = match idempotency {
+                    Some(key) => (Some(key.key), key.payload),
+                    None => (None, accepted_payload(&body)),
+                };
+                j.accept(&AcceptedRequest {
+                    id: request,
+                    tenant: recorded_tenant,
+                    idempotency_key,
+                    payload,
+                    route,
+                    body,
+                })
+            })
+            .await;
         if let Err(error) = recorded {
             let mut table = self.lock();
             table.entries.remove(&id);

@@ -612,7 +612,14 @@ async fn submit(
         .and_then(|v| v.to_str().ok());
     let header_key = header_key.map(str::to_string);
     let read = body.clone();
-    let accepted = off_the_workers(move || accept(route, &read, header_key.as_deref())).await?;
+    // Decoding and hashing a body of up to 64 MiB: off the async workers.
+    let (accepted, idempotency) = off_the_workers(move || {
+        let accepted = accept(route, &read, header_key.as_deref())?;
+        let idempotency =
+            (accepted.key.clone()).map(|key| Idempotency::ignoring(key, &read, accepted.varying));
+        Ok((accepted, idempotency))
+    })
+    .await?;
     // Refused without passing its turn: passing it would wait for the turns before it.
     if let (Some(model), Some(seq)) = (accepted.op.model(), accepted.seq) {
         state.service.check_seq(&tenant, model, seq)?;
@@ -626,11 +633,9 @@ async fn submit(
     }
     let submission = Submission {
         tenant: tenant.clone(),
-        idempotency: accepted
-            .key
-            .map(|key| Idempotency::ignoring(key, &body, accepted.varying)),
+        idempotency,
         route: route.name().to_string(),
-        body: body.to_vec(),
+        body: Vec::from(body),
     };
     let work = work(&state, &tenant, route, accepted.op, accepted.seq);
     let id = state.futures.submit(submission, work).await?;
