@@ -21,7 +21,7 @@ fi
 
 # The nightly toolchain cargo fuzz needs, and cargo fuzz itself: each a no-op when present.
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
-command -v cargo-fuzz > /dev/null || cargo +stable install cargo-fuzz --version 0.13.2 --locked
+command -v cargo-fuzz > /dev/null || cargo install cargo-fuzz --version 0.13.2 --locked
 
 # No sanitizer: the targets are safe Rust, so what fuzzing finds is a panic, a hang or memory
 # past the limit, which libFuzzer catches without one. The dev profile: it builds in far less

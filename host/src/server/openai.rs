@@ -421,11 +421,11 @@ fn parse_strict<T: serde::de::DeserializeOwned>(body: &Bytes, own: &[&str]) -> R
     serde_json::from_value(value).map_err(|e| ApiError::invalid(format!("request body: {e}")))
 }
 
-/// What one request samples: its model, tokenized prompt, number of choices, parameters and
-/// alternatives per token.
 /// A request's prompt as the tokens of a base.
 type Prompt = Arc<dyn Fn(&ServedBase) -> Result<Vec<u32>, ApiError> + Send + Sync>;
 
+/// What one request samples: its model, tokenized prompt, number of choices, parameters and
+/// alternatives per token.
 struct Sampling<'a> {
     model: &'a str,
     /// Tokenizes (and renders) the prompt for a base: run off the async workers.
