@@ -5,60 +5,24 @@
 
 #[path = "common/server.rs"]
 mod server;
+#[path = "common/tinker_http.rs"]
+mod tinker_http;
 
 use opentinker::wire::proto;
 use prost::Message;
 use serde_json::{Value, json};
 use server::{Server, start_server};
+use tinker_http::{call, exchange, model, post, refused, result};
 
-fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
-    send(
-        server,
-        path,
-        "application/json",
-        body.to_string().as_bytes(),
-    )
-}
-
+/// A POST of `body` as alice.
 fn send(server: &Server, path: &str, content_type: &str, body: &[u8]) -> (u16, Value) {
-    let path = format!("/api/v1/{path}");
-    let (status, head, body) = server::request(
-        &server.url,
-        "POST",
-        &path,
-        Some(&server.alice),
-        content_type,
-        body,
-    );
-    if head.to_ascii_lowercase().contains("application/x-protobuf") {
-        return (status, json!({ "protobuf_bytes": body.len() }));
-    }
-    let text = String::from_utf8_lossy(&body);
-    let body = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text:?}"));
-    (status, body)
-}
-
-/// The status and error text of a refused request (in the Tinker error shape).
-fn refused(answer: (u16, Value)) -> (u16, String) {
-    let (status, body) = answer;
-    assert!(
-        body["category"].is_string(),
-        "not a refusal: {status} {body}"
-    );
-    (status, body["error"].as_str().unwrap_or_default().into())
+    call(server, path, Some(&server.alice), content_type, body)
 }
 
 /// The server still answers: a crash or a hang of the last request shows here.
 fn assert_up(server: &Server) {
-    let (status, _, body) = server::request(
-        &server.url,
-        "GET",
-        "/api/v1/healthz",
-        None,
-        "application/json",
-        b"",
-    );
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let (status, body) = exchange(server, "GET", "healthz", None, "application/json", b"");
+    assert_eq!(status, 200, "{body}");
 }
 
 /// A sampling session of alice's on the tiny base.
@@ -126,21 +90,6 @@ fn a_max_tokens_past_the_context_cannot_wrap_the_kv_budget() {
             "max_tokens {max_tokens}: {answer}"
         );
         assert_up(&server);
-    }
-}
-
-/// The answer of a future, polled until it is there.
-fn result(server: &Server, request_id: &str) -> Value {
-    loop {
-        let (status, body) = post(
-            server,
-            "retrieve_future",
-            json!({ "request_id": request_id }),
-        );
-        assert_eq!(status, 200, "{body}");
-        if body["type"] != "try_again" {
-            return body;
-        }
     }
 }
 
@@ -309,20 +258,6 @@ fn the_openai_routes_count_against_the_tenants_queue_as_the_tinker_routes_do() {
     // Another tenant's place is its own.
     let (status, answer) = complete(&server.bob, false);
     assert_eq!(status, 200, "{answer}");
-}
-
-/// A session and a model of alice's on the tiny base.
-fn model(server: &Server) -> String {
-    let (_, session) = post(server, "create_session", json!({}));
-    let (status, submitted) = post(
-        server,
-        "create_model",
-        json!({"session_id": session["session_id"], "model_seq_id": 0,
-               "base_model": "opentinker/tiny", "lora_config": {"rank": 4}}),
-    );
-    assert_eq!(status, 200, "{submitted}");
-    let created = result(server, submitted["request_id"].as_str().unwrap());
-    created["model_id"].as_str().unwrap().to_string()
 }
 
 #[test]

@@ -69,6 +69,25 @@ pub const FORWARD_BACKWARD_REQUEST: Shape = Shape {
     ],
 };
 
+/// What makes a body not well-formed protobuf.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+enum Malformed {
+    #[error("a field number out of range")]
+    FieldNumber,
+    #[error("a truncated fixed64")]
+    TruncatedFixed64,
+    #[error("a truncated fixed32")]
+    TruncatedFixed32,
+    #[error("a length too large")]
+    Length,
+    #[error("a truncated length-delimited field")]
+    TruncatedField,
+    #[error("a group or an unknown wire type")]
+    WireType,
+    #[error("a truncated or overlong varint")]
+    Varint,
+}
+
 /// The bytes that decoding `body` as a message of `shape` would build, reckoned; a body that
 /// is not well-formed protobuf is refused here, as the decoder would.
 pub fn decoded_size(body: &[u8], shape: &Shape) -> Result<usize, ApiError> {
@@ -82,22 +101,20 @@ pub fn decoded_size(body: &[u8], shape: &Shape) -> Result<usize, ApiError> {
 }
 
 /// The reckoned bytes of the messages inside `bytes`, a message of `shape`.
-fn walk(mut bytes: &[u8], shape: &Shape) -> Result<usize, &'static str> {
+fn walk(mut bytes: &[u8], shape: &Shape) -> Result<usize, Malformed> {
     let mut reckoned = 0usize;
     while !bytes.is_empty() {
         let key = varint(&mut bytes)?;
-        let number = u32::try_from(key >> 3).map_err(|_| "a field number out of range")?;
+        let number = u32::try_from(key >> 3).map_err(|_| Malformed::FieldNumber)?;
         match key & 7 {
             0 => {
                 varint(&mut bytes)?;
             }
-            1 => bytes = bytes.get(8..).ok_or("a truncated fixed64")?,
-            5 => bytes = bytes.get(4..).ok_or("a truncated fixed32")?,
+            1 => bytes = bytes.get(8..).ok_or(Malformed::TruncatedFixed64)?,
+            5 => bytes = bytes.get(4..).ok_or(Malformed::TruncatedFixed32)?,
             2 => {
-                let len = usize::try_from(varint(&mut bytes)?).map_err(|_| "a length too large")?;
-                let inner = bytes
-                    .get(..len)
-                    .ok_or("a truncated length-delimited field")?;
+                let len = usize::try_from(varint(&mut bytes)?).map_err(|_| Malformed::Length)?;
+                let inner = bytes.get(..len).ok_or(Malformed::TruncatedField)?;
                 bytes = &bytes[len..];
                 let field = shape.fields.iter().find(|(n, _)| *n == number);
                 let cost = match field.map(|(_, field)| *field) {
@@ -111,14 +128,14 @@ fn walk(mut bytes: &[u8], shape: &Shape) -> Result<usize, &'static str> {
                 };
                 reckoned = reckoned.saturating_add(cost);
             }
-            _ => return Err("a group or an unknown wire type"),
+            _ => return Err(Malformed::WireType),
         }
     }
     Ok(reckoned)
 }
 
 /// One base-128 varint off the front of `bytes`.
-fn varint(bytes: &mut &[u8]) -> Result<u64, &'static str> {
+fn varint(bytes: &mut &[u8]) -> Result<u64, Malformed> {
     let mut value = 0u64;
     for (i, &byte) in bytes.iter().enumerate().take(10) {
         value |= u64::from(byte & 0x7f) << (7 * i);
@@ -127,7 +144,7 @@ fn varint(bytes: &mut &[u8]) -> Result<u64, &'static str> {
             return Ok(value);
         }
     }
-    Err("a truncated or overlong varint")
+    Err(Malformed::Varint)
 }
 
 #[cfg(test)]
