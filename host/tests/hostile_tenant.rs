@@ -168,7 +168,7 @@ fn a_sparse_tensor_cannot_name_a_dense_shape_its_body_does_not_pay_for() {
 }
 
 #[test]
-fn healthz_answers_within_100_ms_while_long_openai_prompts_are_prepared() {
+fn healthz_answers_while_long_openai_prompts_are_prepared() {
     let server = start_server();
     assert_up(&server);
     let words = "the quick brown fox jumps over the lazy dog ".repeat(200_000);
@@ -186,6 +186,7 @@ fn healthz_answers_within_100_ms_while_long_openai_prompts_are_prepared() {
     ];
     let running = std::sync::atomic::AtomicUsize::new(bodies.len());
     let mut latencies = Vec::new();
+    let started = std::time::Instant::now();
     std::thread::scope(|scope| {
         for (path, body) in &bodies {
             let (server, running) = (&server, &running);
@@ -216,10 +217,19 @@ fn healthz_answers_within_100_ms_while_long_openai_prompts_are_prepared() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     });
+    // Preparing the prompts takes seconds and holds both cores; a health check that waited on
+    // it (the prompts prepared on an async worker) would take as long. One that does not still
+    // shares the cores with it, so the bound is loose: a tenth of the preparation, at most 1 s.
+    let preparing = started.elapsed();
+    let bound = (preparing / 10).min(std::time::Duration::from_secs(1));
     let slowest = latencies.iter().max().copied().unwrap_or_default();
     assert!(
-        slowest < std::time::Duration::from_millis(100),
-        "healthz took {slowest:?} while prompts were prepared ({} asks)",
+        preparing > std::time::Duration::from_secs(2),
+        "the prompts took only {preparing:?} to prepare: too short to show a wait"
+    );
+    assert!(
+        slowest < bound,
+        "healthz took {slowest:?} while prompts were prepared for {preparing:?} ({} asks)",
         latencies.len()
     );
 }
