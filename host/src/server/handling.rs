@@ -3,12 +3,13 @@
 //! the answer ([`direct`]), the turn of a refused request passed ([`pass_refused_turn`]), and
 //! work that takes long on a request's bytes run off the async workers ([`off_the_workers`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
 
 use super::{AppState, HttpError};
 use crate::api::{ApiError, ApiErrorKind, ModelId, Op, OpOutput, TenantId};
@@ -46,9 +47,21 @@ pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 /// Run `work` on the blocking pool, so that reading a large body (JSON, protobuf), tokenizing a
 /// long prompt or rendering a chat never holds an async worker: the server's few workers answer
 /// every tenant's requests, and `healthz`, while one tenant's request is prepared.
+///
+/// At most one preparation fewer than the cores runs at once (one on a single core): requests
+/// that all arrive with megabytes to read would otherwise take every core, and the workers'
+/// answers would wait on the operating system's scheduler instead of on nothing.
 pub(super) async fn off_the_workers<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
+    static PREPARING: LazyLock<Semaphore> = LazyLock::new(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Semaphore::new(cores.saturating_sub(1).max(1))
+    });
+    let _place = PREPARING
+        .acquire()
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?;
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
