@@ -11,6 +11,7 @@ use opentinker::api::SamplingParams;
 use opentinker::client::ServiceClient;
 use opentinker::client::{LocalModel, TinyModelSpec};
 use opentinker::plugin::Limits;
+use opentinker::queue_auth::QueueLogin;
 use opentinker::rl::Renderer;
 use opentinker::rl::{Actor, Rollout};
 use opentinker::rl::{GroupTask, PlayedGroup, PluginUse, PolicyRef, RewardUse, TASK_FORMAT};
@@ -318,7 +319,7 @@ impl TablePlayer {
         settings: QueueSettings,
     ) -> tokio::task::JoinHandle<Result<std::convert::Infallible, opentinker::rl::QueueError>> {
         tokio::spawn(async move {
-            let queue = Queue::connect(&url, settings).await?;
+            let queue = Queue::connect(&url, settings, &QueueLogin::default()).await?;
             serve_tasks(queue, Arc::new(self), 1).await
         })
     }
@@ -383,7 +384,9 @@ async fn groups_played_by_three_workers_through_a_real_queue_come_back_as_played
             player.serve(nats.url(), settings.clone())
         })
         .collect();
-    let queue = Queue::connect(&nats.url(), settings).await.unwrap();
+    let queue = Queue::connect(&nats.url(), settings, &QueueLogin::default())
+        .await
+        .unwrap();
     // A job name that is no subject token (a space, a dot) travels as a digest of itself.
     let driver = QueueRollouts::new(queue, "queue test.1").await.unwrap();
     let tasks: Vec<GroupTask> = (0..6)
@@ -462,7 +465,9 @@ async fn a_group_whose_every_worker_stops_before_answering_comes_back_failed() {
     for index in 0..2 {
         workers.insert(index, worker(index));
     }
-    let queue = Queue::connect(&nats.url(), settings.clone()).await.unwrap();
+    let queue = Queue::connect(&nats.url(), settings.clone(), &QueueLogin::default())
+        .await
+        .unwrap();
     let driver = QueueRollouts::new(queue, "stuck").await.unwrap();
     let stuck = GroupTask {
         group: STUCK,
@@ -524,7 +529,9 @@ async fn a_group_goes_to_its_pools_workers_only() {
     };
     let (bobs, alices) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let bob = worker("bob", &bobs);
-    let queue = Queue::connect(&nats.url(), in_pool("alice")).await.unwrap();
+    let queue = Queue::connect(&nats.url(), in_pool("alice"), &QueueLogin::default())
+        .await
+        .unwrap();
     let driver = QueueRollouts::new(queue, "alice's job").await.unwrap();
     let answer = tokio::spawn(driver.start(table.task()));
     tokio::time::sleep(Duration::from_secs(3)).await;

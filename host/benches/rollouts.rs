@@ -22,6 +22,7 @@ use opentinker::api::SamplingParams;
 use opentinker::client::{ModelText, RemoteService, ServiceClient, TinyModelSpec};
 use opentinker::plugin::builders::build_plugin;
 use opentinker::plugin::{HostConfig, Limits, PluginHost};
+use opentinker::queue_auth::QueueLogin;
 use opentinker::rl::{
     GroupTask, PlayedGroup, PluginUse, PolicyRef, Queue, QueueRollouts, QueueSettings, Renderer,
     Rollouts, Seat, TASK_FORMAT, WorkerPlayer, serve_tasks,
@@ -139,7 +140,12 @@ async fn run(load: &Load) -> anyhow::Result<()> {
         let mut children: Vec<Child> = (0..workers)
             .map(|_| worker(&nats, &server))
             .collect::<anyhow::Result<_>>()?;
-        let queue = Queue::connect(&nats.url(), QueueSettings::default()).await?;
+        let queue = Queue::connect(
+            &nats.url(),
+            QueueSettings::default(),
+            &QueueLogin::default(),
+        )
+        .await?;
         let driver = QueueRollouts::new(queue, &format!("bench-{workers}")).await?;
         // Each worker's first group fetches and compiles the plugin: not timed.
         let first = 2_000_000 * (n as u64 + 1);
@@ -213,10 +219,13 @@ impl Rollouts for Nothing {
 /// worker slots (the throughput).
 async fn queue_overhead(nats: &NatsServer, task: &GroupTask, count: u64) -> anyhow::Result<()> {
     let settings = QueueSettings::default();
-    let worker = Queue::connect(&nats.url(), settings.clone()).await?;
+    let worker = Queue::connect(&nats.url(), settings.clone(), &QueueLogin::default()).await?;
     let serving = tokio::spawn(serve_tasks(worker, Arc::new(Nothing), 2));
-    let driver =
-        QueueRollouts::new(Queue::connect(&nats.url(), settings).await?, "overhead").await?;
+    let driver = QueueRollouts::new(
+        Queue::connect(&nats.url(), settings, &QueueLogin::default()).await?,
+        "overhead",
+    )
+    .await?;
     let tasks = |first: u64| {
         (first..first + count).map(|group| GroupTask {
             group,

@@ -16,6 +16,7 @@ pub mod lora;
 pub mod market;
 pub mod model;
 pub mod plugin;
+pub mod queue_auth;
 pub mod rl;
 pub mod sample;
 pub mod server;

@@ -82,6 +82,14 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "jobs", "server", "cli", "plugin", "market",
         ],
     ),
+    // Who may use the rollout queue: NATS's keys and users, standing on the floor alone.
+    (
+        "queue_auth",
+        &[
+            "api", "text", "wire", "model", "lora", "train", "sample", "service", "client", "rl",
+            "jobs", "server", "cli", "plugin", "market",
+        ],
+    ),
     // The marketplace: beside the plugin host, whose descriptions it publishes; below the CLI.
     (
         "market",

@@ -2,12 +2,15 @@
 //! a job travel through a real NATS JetStream queue (the test venv's `nats-server` on loopback)
 //! to workers that fetch the job's plugins from the server and sample there; the run must end as
 //! the same job does with its groups played by the driver, also when a worker is killed in the
-//! middle of a group.
+//! middle of a group. A server's queue runs with accounts as the deployment configures NATS, and
+//! one tenant's worker can neither take nor answer another's groups.
 
 #[path = "common/arithmetic_job.rs"]
 mod arithmetic_job;
 #[path = "common/server.rs"]
 mod server;
+#[path = "common/tinker_http.rs"]
+mod tinker_http;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -366,7 +369,7 @@ fn submit(server: &server::Server, job: &Path, out: &Path) {
 #[test]
 fn a_job_submitted_to_a_server_with_rollout_workers_ends_as_on_one_without() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(nats) = NatsServer::start(&dir.path().join("nats")) else {
+    let Some((nats, key)) = nats_with_accounts(dir.path()) else {
         return;
     };
     let job = ArithmeticJob {
@@ -380,7 +383,7 @@ fn a_job_submitted_to_a_server_with_rollout_workers_ends_as_on_one_without() {
     let (alone, queued) = (dir.path().join("alone"), dir.path().join("queued"));
     submit(&start_server(), &job, &alone);
 
-    let server = start_server_with(&["--rollouts", &nats.url()]);
+    let server = start_server_with(&["--rollouts", &nats.url(), "--rollout-key", &key]);
     let (send, lines) = mpsc::channel();
     // A server's jobs go to their tenant's pool.
     let mut workers: Vec<Child> = (0..2)
@@ -405,4 +408,229 @@ fn a_job_submitted_to_a_server_with_rollout_workers_ends_as_on_one_without() {
     );
 
     same_runs(&alone, &queued);
+}
+
+/// A NATS server configured as `deploy/kubernetes/nats.yaml` configures it, its accounts made
+/// by `opentinker rollout-keys` (in `dir/accounts`, as the deployment mounts them); with the
+/// account key's path. `None` where nats-server is missing (skipped).
+fn nats_with_accounts(dir: &Path) -> Option<(NatsServer, String)> {
+    let output = Command::new(bin())
+        .args(["rollout-keys".as_ref(), dir.join("accounts").as_os_str()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let manifest = server::host_dir().join("../deploy/kubernetes/nats.yaml");
+    let manifest = std::fs::read_to_string(manifest).unwrap();
+    // The ConfigMap's `nats.conf: |` block, its indentation taken off.
+    let config: String = manifest
+        .lines()
+        .skip_while(|l| l.trim() != "nats.conf: |")
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| format!("{}\n", &l[4..]))
+        .collect();
+    assert!(config.contains("include ./accounts/"), "{config}");
+    let store = dir.join("nats");
+    let config = config.replace("/data/jetstream", &store.to_string_lossy());
+    std::fs::write(dir.join("nats.conf"), config).unwrap();
+    let nats = NatsServer::start_configured(&store, &dir.join("nats.conf"))?;
+    let key = dir.join("accounts").join("account.nk");
+    Some((nats, key.to_string_lossy().into_owned()))
+}
+
+/// What the server gives a worker that asks with `key`.
+fn access(server: &server::Server, key: &str) -> opentinker::queue_auth::WorkerAccess {
+    let (status, body) = tinker_http::call(
+        server,
+        "rollout_access",
+        Some(key),
+        "application/json",
+        b"{}",
+    );
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_value(body).unwrap()
+}
+
+/// On the deployment's NATS configuration, bob's worker (signed by the server for bob's key) can
+/// neither see, take nor answer alice's groups, nor make itself a consumer of them, nor hear
+/// alice's workers' replies; nobody without a signed user connects at all. Alice's worker, the
+/// control, takes her task and answers it.
+#[test]
+fn a_worker_with_one_tenants_key_can_neither_take_nor_answer_another_tenants_groups() {
+    use async_nats::jetstream::{self, consumer::pull};
+    use futures::StreamExt;
+    use opentinker::queue_auth::{QueueAuthority, QueueLogin};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let Some((nats, key)) = nats_with_accounts(dir.path()) else {
+        return;
+    };
+    let server = start_server_with(&["--rollouts", &nats.url(), "--rollout-key", &key]);
+    let (alice, bob) = (access(&server, &server.alice), access(&server, &server.bob));
+    assert_eq!((alice.pool.as_str(), bob.pool.as_str()), ("alice", "bob"));
+    // A worker that names another pool than its key's is refused before it starts.
+    let wrong = Command::new(bin())
+        .args([
+            "worker",
+            "--queue",
+            &nats.url(),
+            "--server",
+            &server.url,
+            "--pool",
+            "alice",
+        ])
+        .args(["--api-key", &server.bob])
+        .env_remove("TINKER_API_KEY")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        !wrong.status.success() && said.contains("--pool alice"),
+        "{said}"
+    );
+
+    let alice_consumer = opentinker::rl::Pool::new("alice").consumer();
+    let tasks = opentinker::rl::TASKS_STREAM;
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let url = nats.url();
+        let connect =
+            |login: QueueLogin, violations: Option<tokio::sync::mpsc::UnboundedSender<String>>| {
+                let url = url.clone();
+                async move {
+                    let mut options = login.options().unwrap();
+                    if let Some(violations) = violations {
+                        options = options.event_callback(move |event| {
+                            let violations = violations.clone();
+                            async move {
+                                if let async_nats::Event::ServerError(error) = event {
+                                    let _ = violations.send(error.to_string());
+                                }
+                            }
+                        });
+                    }
+                    options.connect(&url).await
+                }
+            };
+        // The server's side, as its jobs log in: alice's task in her pool.
+        let authority = QueueAuthority::load(Path::new(&key)).unwrap();
+        let driver_login = QueueLogin {
+            credentials: Some(authority.unrestricted("test-driver").unwrap()),
+            inbox_prefix: None,
+        };
+        let driver = jetstream::new(connect(driver_login, None).await.unwrap());
+        let task_subject = "opentinker.tasks.alice.job-1";
+        driver
+            .publish(task_subject, "task 1".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+
+        // Nobody connects without a user the server signed.
+        assert!(connect(QueueLogin::default(), None).await.is_err());
+
+        let (sender, mut violations) = tokio::sync::mpsc::unbounded_channel();
+        let bob_client = connect(bob.login.clone(), Some(sender)).await.unwrap();
+        let mut bob_js = jetstream::new(bob_client.clone());
+        bob_js.set_timeout(Duration::from_millis(500));
+        // Bob listens where alice's tasks are published and where alice's replies come.
+        let mut listening = bob_client.subscribe("opentinker.tasks.>").await.unwrap();
+        let mut eavesdrop = bob_client.subscribe("_INBOX.pool.alice.>").await.unwrap();
+        // Bob looks alice's consumer up, pulls from it, and makes a consumer of his own of her pool.
+        let stream = bob_js.get_stream(tasks).await.unwrap();
+        assert!(
+            stream
+                .get_consumer::<pull::Config>(&alice_consumer)
+                .await
+                .is_err()
+        );
+        let next = format!("$JS.API.CONSUMER.MSG.NEXT.{tasks}.{alice_consumer}");
+        let pulled = tokio::time::timeout(
+            Duration::from_secs(1),
+            bob_client.request(next, r#"{"batch":1,"no_wait":true}"#.into()),
+        )
+        .await;
+        assert!(
+            !matches!(pulled, Ok(Ok(_))),
+            "bob pulled from alice's consumer"
+        );
+        let own = pull::Config {
+            durable_name: Some("bobs-copy".into()),
+            filter_subject: "opentinker.tasks.alice.>".into(),
+            ..Default::default()
+        };
+        assert!(stream.create_consumer(own).await.is_err());
+        // Bob answers alice's group.
+        let forged = bob_js
+            .publish("opentinker.played.alice.job-1", "forged".into())
+            .await;
+        assert!(forged.is_err() || forged.unwrap().await.is_err());
+
+        // Alice's worker, the control: it takes her task (another one published while bob
+        // listens), and answers it.
+        driver
+            .publish(task_subject, "task 2".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let alice_js = jetstream::new(connect(alice.login.clone(), None).await.unwrap());
+        let consumer = alice_js
+            .get_stream(tasks)
+            .await
+            .unwrap()
+            .get_consumer::<pull::Config>(&alice_consumer)
+            .await
+            .unwrap();
+        let mut batch = consumer.fetch().max_messages(2).messages().await.unwrap();
+        let mut taken = Vec::new();
+        while let Some(message) = batch.next().await {
+            let message = message.unwrap();
+            taken.push(String::from_utf8_lossy(&message.payload).into_owned());
+            message.double_ack().await.unwrap();
+        }
+        assert_eq!(taken, ["task 1", "task 2"], "bob took one of alice's tasks");
+        alice_js
+            .publish("opentinker.played.alice.job-1", "answer".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+
+        // Bob heard nothing, and stored nothing: the one answer is alice's.
+        for subscription in [&mut listening, &mut eavesdrop] {
+            let heard = tokio::time::timeout(Duration::from_millis(500), subscription.next()).await;
+            assert!(!matches!(heard, Ok(Some(_))), "bob heard {heard:?}");
+        }
+        let mut played = driver.get_stream("OPENTINKER_PLAYED").await.unwrap();
+        assert_eq!(played.info().await.unwrap().state.messages, 1);
+        let answer = played
+            .get_last_raw_message_by_subject("opentinker.played.alice.job-1")
+            .await
+            .unwrap();
+        assert_eq!(&answer.payload[..], b"answer");
+        // And NATS said why each of bob's tries failed.
+        drop(bob_client);
+        let mut said = Vec::new();
+        while let Ok(Some(line)) =
+            tokio::time::timeout(Duration::from_millis(200), violations.recv()).await
+        {
+            said.push(line);
+        }
+        let denied = |what: &str| {
+            said.iter()
+                .any(|l| l.to_lowercase().contains("permissions violation") && l.contains(what))
+        };
+        for what in [
+            "opentinker.tasks.>",
+            "_INBOX.pool.alice.>",
+            &format!("CONSUMER.INFO.{tasks}.{alice_consumer}"),
+            &format!("CONSUMER.MSG.NEXT.{tasks}.{alice_consumer}"),
+            "CONSUMER.CREATE",
+            "opentinker.played.alice.job-1",
+        ] {
+            assert!(denied(what), "no violation named {what}: {said:#?}");
+        }
+    });
 }

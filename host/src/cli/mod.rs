@@ -49,6 +49,12 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Play RL groups from a rollout queue for `train --rollouts` (a stateless rollout worker).
     Worker(worker::WorkerArgs),
+    /// Make the rollout queue's NATS accounts: DIR/nats-accounts.conf for the NATS server to
+    /// include, DIR/account.nk for `serve --rollout-key`, which signs each tenant's workers.
+    RolloutKeys {
+        /// The folder to write (refused where it already holds keys).
+        dir: PathBuf,
+    },
     /// Run a job file on a server: upload its plugins, submit it, show its progress.
     Submit(submit::SubmitArgs),
     /// The jobs of a server: list, status, logs, cancel, download.
@@ -137,6 +143,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay(args) => watch::run_replay(args),
         Command::Serve(args) => serve::run(args),
         Command::Worker(args) => worker::run(args),
+        Command::RolloutKeys { dir } => worker::run_rollout_keys(&dir),
         Command::Tenant { command } => serve::run_tenant(command),
         Command::Submit(args) => submit::run_submit(args),
         Command::Jobs { command } => submit::run_jobs(command),

@@ -96,6 +96,12 @@ pub struct ServeArgs {
     /// them. A job whose warm-up makes a base of its own plays its groups itself.
     #[arg(long, value_name = "URL")]
     rollouts: Option<String>,
+    /// The key of the rollout queue's account (`account.nk`, written by `opentinker
+    /// rollout-keys` with the NATS server's accounts): the server logs in with it and signs
+    /// each worker that asks with a tenant's key a user that may play that tenant's groups
+    /// only. Without it the queue must be open, and reachable by trusted workers only.
+    #[arg(long, value_name = "FILE", requires = "rollouts")]
+    rollout_key: Option<PathBuf>,
     /// The device the served bases run on: `cpu`, or `cuda` / `cuda:N` (a build without the
     /// `cuda` feature, a machine without a driver or without that device each says so).
     #[arg(long, default_value = "cpu")]
@@ -208,6 +214,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         session_idle: Duration::from_secs(args.session_idle_secs),
         turn_deadline: Duration::from_secs(args.turn_deadline_secs),
         rollouts: args.rollouts,
+        rollout_key: args.rollout_key,
         device: DeviceOptions {
             device: args.device,
             adapter_slots: args.adapter_slots.max(1),

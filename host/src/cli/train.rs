@@ -10,6 +10,7 @@ use anyhow::Context;
 use super::progress::TrainProgress;
 use crate::client::{RolloutQueue, TinyModelSpec};
 use crate::model::Device;
+use crate::queue_auth::QueueLogin;
 use crate::rl::Job;
 use crate::rl::SETTINGS;
 use crate::rl::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
@@ -104,6 +105,7 @@ fn engine(args: &TrainArgs, jobs: &[(PathBuf, Job)]) -> anyhow::Result<Engine> {
         rollouts: args.rollouts.clone().map(|url| RolloutQueue {
             url,
             pool: args.rollout_pool.clone(),
+            login: QueueLogin::default(),
         }),
     }))
 }

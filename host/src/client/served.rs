@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::ModelText;
 use super::local::{LocalService, WireSamplers};
 use crate::api::TenantId;
+use crate::queue_auth::QueueLogin;
 use crate::service::{ServedBase, TINY_MODEL_NAME};
 
 /// Where a job's rollout workers take its RL groups: the queue (`nats://host:port`) and the
@@ -16,6 +17,8 @@ use crate::service::{ServedBase, TINY_MODEL_NAME};
 pub struct RolloutQueue {
     pub url: String,
     pub pool: String,
+    /// How the driver logs in to the queue.
+    pub login: QueueLogin,
 }
 
 /// A server's served bases, for one tenant's job.
@@ -54,10 +57,11 @@ impl TenantBases {
 
     /// These bases with the rollout queue at `url` playing the job's groups in the tenant's
     /// pool, its versions opened for the workers by `wire`.
-    pub fn with_rollouts(self, url: String, wire: WireSamplers) -> Self {
+    pub fn with_rollouts(self, url: String, login: QueueLogin, wire: WireSamplers) -> Self {
         let queue = RolloutQueue {
             url,
             pool: self.tenant.as_str().to_string(),
+            login,
         };
         TenantBases {
             rollouts: Some((queue, wire)),

@@ -9,6 +9,7 @@ mod admission;
 mod packages;
 mod plugin_store;
 mod records;
+mod rollout_access;
 mod runner;
 
 pub use admission::{
@@ -17,6 +18,7 @@ pub use admission::{
 pub use packages::PackageSource;
 pub use plugin_store::{PluginStore, StoredPlugin};
 pub use records::{JobRecord, JobState};
+pub use rollout_access::{RolloutAccess, RolloutAccessError};
 pub use runner::{
     JobEvent, JobQuotas, JobService, JobStatus, RunFile, ServerRollouts, StepLine, Submitted,
 };

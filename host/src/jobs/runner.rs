@@ -21,6 +21,7 @@ use crate::api::{ApiError, ApiErrorKind, JobId, SessionId, TenantId};
 use crate::client::{TenantBases, WireSamplers};
 use crate::market::PackageRef;
 use crate::market::{LockFile, Locked};
+use crate::queue_auth::QueueLogin;
 use crate::rl::METRICS;
 use crate::rl::{self, Engine, JobRun, Phase, Progress, StepMetrics, check_job_plugins};
 use crate::rl::{Job, SftSource, is_digest, is_package};
@@ -134,6 +135,8 @@ struct Running {
 pub struct ServerRollouts {
     /// `nats://host:port`.
     pub queue: String,
+    /// How the server logs in to it.
+    pub login: QueueLogin,
     pub service: Arc<Service>,
 }
 
@@ -472,7 +475,7 @@ impl JobService {
                     session,
                 };
                 (
-                    bases.with_rollouts(rollouts.queue.clone(), wire),
+                    bases.with_rollouts(rollouts.queue.clone(), rollouts.login.clone(), wire),
                     Some(rollout_session),
                 )
             }

@@ -315,14 +315,14 @@ async fn prepare_remote_base(
 
 /// The rollout queue, connected, if there is one.
 async fn rollout_queue(queue: Option<&RolloutQueue>) -> anyhow::Result<Option<Queue>> {
-    let Some(RolloutQueue { url, pool }) = queue else {
+    let Some(RolloutQueue { url, pool, login }) = queue else {
         return Ok(None);
     };
     let settings = QueueSettings {
         pool: Pool::new(pool),
         ..QueueSettings::default()
     };
-    let queue = Queue::connect(url, settings)
+    let queue = Queue::connect(url, settings, login)
         .await
         .with_context(|| format!("the rollout queue {url}"))?;
     Ok(Some(queue))

@@ -22,6 +22,7 @@ mod not_offered;
 mod openai;
 mod plugins;
 mod registry;
+mod rollouts;
 mod routes;
 mod sessions;
 mod tenants;
@@ -45,9 +46,10 @@ use sha2::{Digest, Sha256};
 
 use crate::api::{ApiError, ApiErrorKind, TenantId};
 use crate::jobs::{
-    JobQuotas, JobService, MemoryBudget, PluginStore, ServerRollouts, human_bytes,
+    JobQuotas, JobService, MemoryBudget, PluginStore, RolloutAccess, ServerRollouts, human_bytes,
     served_base_bytes,
 };
+use crate::queue_auth::{QueueAuthority, QueueLogin};
 use crate::service::Change;
 use crate::service::DeviceOptions;
 use crate::service::{
@@ -113,6 +115,9 @@ pub struct ServerConfig {
     /// The rollout queue (`nats://host:port`) whose workers play the RL groups of the jobs on
     /// served bases; `None`: each job plays its own.
     pub rollouts: Option<String>,
+    /// The key of the queue's account (`opentinker rollout-keys`), with which the server logs in
+    /// and signs each worker a user limited to its tenant's pool; `None`: the queue is open.
+    pub rollout_key: Option<PathBuf>,
     /// The device every served base runs on, and the room its samplers make there.
     pub device: DeviceOptions,
 }
@@ -163,6 +168,8 @@ pub struct AppState {
     pub downloads: downloads::UrlSigner,
     /// The tenants' jobs.
     pub jobs: Arc<JobService>,
+    /// What signs the rollout workers' users, on a queue with accounts.
+    rollout_access: Option<RolloutAccess>,
 }
 
 impl AppState {
@@ -183,6 +190,21 @@ impl AppState {
         let plugins = PluginStore::open(&config.data, config.max_plugin_bytes_per_tenant)
             .context("starting the plugin host")?;
         let plugins = Arc::new(plugins);
+        let rollout_access = match (&config.rollouts, &config.rollout_key) {
+            (Some(url), Some(key)) => {
+                let authority = QueueAuthority::load(key)?;
+                let access = RolloutAccess::connect(url, authority)
+                    .await
+                    .with_context(|| format!("logging in to the rollout queue {url}"))?;
+                Some(access)
+            }
+            (None, Some(_)) => anyhow::bail!("--rollout-key needs --rollouts URL, the queue"),
+            _ => None,
+        };
+        let driver_login = match &rollout_access {
+            Some(access) => access.driver_login()?,
+            None => QueueLogin::default(),
+        };
         let service = {
             let config = config.clone();
             Arc::new(tokio::task::spawn_blocking(move || Self::service(&config)).await??)
@@ -233,6 +255,7 @@ impl AppState {
             );
             let rollouts = config.rollouts.clone().map(|queue| ServerRollouts {
                 queue,
+                login: driver_login.clone(),
                 service: Arc::clone(&service),
             });
             tokio::task::spawn_blocking(move || {
@@ -255,6 +278,7 @@ impl AppState {
             jobs: Arc::clone(&jobs),
             downloads: downloads::UrlSigner::open(&config.data)
                 .context("opening the download URLs' signing key")?,
+            rollout_access,
         });
         state.futures.restore(recorded.finished);
         routes::resume(&state, recorded.pending);

@@ -50,6 +50,7 @@ pub fn router(state: Shared) -> Router {
     });
     let api = api
         .merge(super::plugins::router())
+        .merge(super::rollouts::router())
         .merge(super::training_runs::router())
         .merge(super::sessions::router())
         .merge(super::jobs::router())

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 pub struct NatsServer {
     binary: PathBuf,
     store: PathBuf,
+    /// The configuration file it reads, if any (the flags still set where it listens).
+    config: Option<PathBuf>,
     child: Option<Child>,
     /// The port it listens on, on 127.0.0.1 (the same after a restart).
     pub port: u16,
@@ -18,14 +20,24 @@ impl NatsServer {
     /// Start one, its JetStream files in `store`; `None` (the test skipped, and counted) where
     /// `nats-server` is missing, except in a strict run, where the test fails naming it.
     pub fn start(store: &Path) -> Option<NatsServer> {
+        NatsServer::start_with(store, None)
+    }
+
+    /// [`NatsServer::start`] reading the configuration file `config` (its `include`s relative
+    /// to it), which names `store` as its JetStream `store_dir` (NATS refuses a second one on
+    /// the command line); the flags still put it on loopback, on a free port, its monitoring on
+    /// another.
+    pub fn start_configured(store: &Path, config: &Path) -> Option<NatsServer> {
+        NatsServer::start_with(store, Some(config))
+    }
+
+    fn start_with(store: &Path, config: Option<&Path>) -> Option<NatsServer> {
         let binary = crate::nats_server()?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
         let mut server = NatsServer {
             binary,
             store: store.to_path_buf(),
+            config: config.map(Path::to_path_buf),
             child: None,
             port,
         };
@@ -46,11 +58,19 @@ impl NatsServer {
     }
 
     fn run(&mut self) {
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        match &self.config {
+            Some(config) => {
+                command.arg("--config").arg(config);
+                command.args(["--http_port", &free_port().to_string()]);
+            }
+            None => {
+                command.arg("--store_dir").arg(&self.store);
+            }
+        }
+        let child = command
             .args(["--jetstream", "--addr", "127.0.0.1", "--port"])
             .arg(self.port.to_string())
-            .arg("--store_dir")
-            .arg(&self.store)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -79,4 +99,12 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A port free on 127.0.0.1 now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
 }

@@ -24,11 +24,12 @@ use tokio::sync::{Mutex, OnceCell};
 use self::http::{Body, Connection, text_field};
 use super::{SamplingClient, ServiceClient, TrainingClient};
 use crate::api::{
-    AdamParams, ApiError, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig, ModelInput,
-    OptimStepOutput, SampleResponse, SamplingParams,
+    AdamParams, ApiError, ApiErrorKind, ForwardBackwardInput, ForwardBackwardOutput, LoraConfig,
+    ModelInput, OptimStepOutput, SampleResponse, SamplingParams,
 };
 use crate::market::Digest;
 use crate::plugin::{Limits, Plugin, PluginKind};
+use crate::queue_auth::WorkerAccess;
 use crate::wire::codec;
 
 /// The file a checkpoint folder holds when its adapter was saved on a remote server.
@@ -234,6 +235,20 @@ impl RemoteService {
             remote: Arc::clone(&self.0),
             session: OnceCell::new_with(Some(address.to_string())),
         })
+    }
+
+    /// How a rollout worker of this tenant logs in to the server's queue (`POST
+    /// /api/v1/rollout_access`): `None` where the server signs no workers (its queue is open).
+    pub async fn worker_access(&self) -> Result<Option<WorkerAccess>, ApiError> {
+        let path = "rollout_access";
+        let answer = match self.0.connection.post(path, Body::Json(json!({}))).await {
+            Ok(answer) => answer.json(path)?,
+            Err(error) if error.kind == ApiErrorKind::NotOffered => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        serde_json::from_value(answer)
+            .map(Some)
+            .map_err(|e| ApiError::internal(format!("the server's rollout access: {e}")))
     }
 
     /// The bytes of the tenant's plugin `digest` (`sha256:HEX`) as the server stores them,

@@ -5,9 +5,9 @@
 //! Two streams, both on file storage so that a restarted queue server loses nothing:
 //! `OPENTINKER_TASKS` (subjects `opentinker.tasks.<pool>.<job>`, work-queue retention: a task is
 //! gone once a worker acknowledges it) and `OPENTINKER_PLAYED` (subjects
-//! `opentinker.played.<job>`, read by the job's durable driver consumer). A driver names its job
-//! on the queue by the job's name and a nonce of its own (`<job>-<nonce>`), so two runs of one
-//! job never mix, and a restarted driver plays its step's groups again rather than wait for
+//! `opentinker.played.<pool>.<job>`, read by the job's durable driver consumer). A driver names
+//! its job on the queue by the job's name and a nonce of its own (`<job>-<nonce>`), so two runs
+//! of one job never mix, and a restarted driver plays its step's groups again rather than wait for
 //! answers its predecessor took; what nobody reads any more expires after a day. Every message
 //! carries a `Nats-Msg-Id` (`<job>.<group>.v<version>`), so a task published twice, or played
 //! twice because its first worker was slow rather than dead, is stored once within the duplicate
@@ -22,6 +22,13 @@
 //! whose every worker stops before answering is answered the same way by its driver when the
 //! server's `MAX_DELIVERIES` advisory names it (the driver knows its tasks by their stream
 //! sequence), and taken out of the stream. Either way the job goes on.
+//!
+//! On a queue with accounts (`serve --rollout-key`), a worker logs in as a user the server signed
+//! for its tenant's pool ([`Pool::worker_permissions`]): it may read the pool's consumer,
+//! acknowledge what it took, answer under the pool's subjects and hear on its own inbox, and
+//! nothing more, so it can neither take nor answer another pool's groups, nor make or change a
+//! stream or a consumer. The server makes the pool's consumer before it signs the worker
+//! ([`Queue::open_pool`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -39,6 +46,7 @@ use tokio::task::JoinHandle;
 
 use super::players::Rollouts;
 use super::task::{GroupTask, PlayedGroup};
+use crate::queue_auth::{Permissions, QueueLogin};
 
 /// The stream of tasks, which the workers' consumer reads (a deployment's autoscaler watches it).
 pub const TASKS_STREAM: &str = "OPENTINKER_TASKS";
@@ -84,6 +92,46 @@ impl Pool {
     /// Every task of the pool.
     fn subjects(&self) -> String {
         format!("opentinker.tasks.{}.>", self.0)
+    }
+
+    /// Where the answers to job `job`'s tasks in this pool go.
+    fn played_subject(&self, job: &str) -> String {
+        format!("opentinker.played.{}.{}", self.0, subject_token(job))
+    }
+
+    /// The start of a pool's workers' inbox subjects: the replies to their pulls and publishes.
+    pub fn inbox_prefix(&self) -> String {
+        format!("_INBOX.pool.{}", self.0)
+    }
+
+    /// What a worker of the pool may do on a queue with accounts: look up the streams and its
+    /// pool's consumer, pull from that consumer and acknowledge what it took, publish answers
+    /// under the pool's subjects, and hear replies on its inbox.
+    pub fn worker_permissions(&self) -> Permissions {
+        let consumer = self.consumer();
+        Permissions {
+            publish: vec![
+                format!("$JS.API.STREAM.INFO.{TASKS_STREAM}"),
+                format!("$JS.API.STREAM.INFO.{PLAYED_STREAM}"),
+                format!("$JS.API.CONSUMER.INFO.{TASKS_STREAM}.{consumer}"),
+                format!("$JS.API.CONSUMER.MSG.NEXT.{TASKS_STREAM}.{consumer}"),
+                format!("$JS.ACK.{TASKS_STREAM}.{consumer}.>"),
+                format!("opentinker.played.{}.>", self.0),
+            ],
+            subscribe: vec![format!("{}.>", self.inbox_prefix())],
+        }
+    }
+
+    /// The pool's consumer of tasks, as its workers share it.
+    fn consumer_config(&self, settings: &QueueSettings) -> pull::Config {
+        pull::Config {
+            durable_name: Some(self.consumer()),
+            filter_subject: self.subjects(),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: settings.ack_wait,
+            max_deliver: settings.max_deliver,
+            ..Default::default()
+        }
     }
 }
 
@@ -164,15 +212,22 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// Connect to the NATS server at `url` (`nats://host:port`) and make sure both streams
-    /// exist.
-    pub async fn connect(url: &str, settings: QueueSettings) -> Result<Self, QueueError> {
-        let client = async_nats::connect(url)
+    /// Connect to the NATS server at `url` (`nats://host:port`), logged in as `login` says, and
+    /// make sure both streams exist (a worker on a queue with accounts only looks them up).
+    pub async fn connect(
+        url: &str,
+        settings: QueueSettings,
+        login: &QueueLogin,
+    ) -> Result<Self, QueueError> {
+        let failed = |message: String| QueueError::Connect {
+            url: url.to_string(),
+            message,
+        };
+        let options = login.options().map_err(|e| failed(e.to_string()))?;
+        let client = options
+            .connect(url)
             .await
-            .map_err(|e| QueueError::Connect {
-                url: url.to_string(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| failed(e.to_string()))?;
         let jetstream = jetstream::new(client);
         for (name, subjects) in [
             (TASKS_STREAM, "opentinker.tasks.>"),
@@ -195,6 +250,14 @@ impl Queue {
             jetstream,
             settings,
         })
+    }
+
+    /// Make the consumer of `pool`'s tasks if it is not there, with this connection's ack wait
+    /// and deliveries: on a queue with accounts, its workers may not make it themselves.
+    pub async fn open_pool(&self, pool: &Pool) -> Result<(), QueueError> {
+        self.consumer(TASKS_STREAM, pool.consumer_config(&self.settings))
+            .await
+            .map(drop)
     }
 
     async fn consumer(
@@ -346,7 +409,7 @@ impl QueueRollouts {
                 PLAYED_STREAM,
                 pull::Config {
                     durable_name: Some(format!("driver-{token}")),
-                    filter_subject: format!("opentinker.played.{token}"),
+                    filter_subject: queue.settings.pool.played_subject(&token),
                     ack_policy: AckPolicy::Explicit,
                     // A driver that has gone (its run ended, or it was killed) leaves no consumer.
                     inactive_threshold: DRIVER_INACTIVE,
@@ -484,18 +547,9 @@ pub async fn serve_tasks(
     player: Arc<dyn Rollouts>,
     slots: usize,
 ) -> Result<std::convert::Infallible, QueueError> {
+    let pool = &queue.settings.pool;
     let consumer = queue
-        .consumer(
-            TASKS_STREAM,
-            pull::Config {
-                durable_name: Some(queue.settings.pool.consumer()),
-                filter_subject: queue.settings.pool.subjects(),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: queue.settings.ack_wait,
-                max_deliver: queue.settings.max_deliver,
-                ..Default::default()
-            },
-        )
+        .consumer(TASKS_STREAM, pool.consumer_config(&queue.settings))
         .await?;
     let slots = (0..slots.max(1)).map(|_| Box::pin(serve_slot(&queue, &consumer, player.as_ref())));
     let (never, _, _) = futures::future::select_all(slots).await;
@@ -577,7 +631,7 @@ async fn serve_task(
             return ack(&message, AckKind::Nak(None)).await;
         }
     };
-    let subject = format!("opentinker.played.{}", subject_token(&task.job));
+    let subject = queue.settings.pool.played_subject(&task.job);
     let payload = serde_json::to_vec(&played).map_err(|e| QueueError::Publish {
         subject: subject.clone(),
         message: e.to_string(),
