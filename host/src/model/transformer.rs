@@ -344,9 +344,17 @@ impl Transformer {
         Self::from_tensors(self.config.clone(), &tensors)
     }
 
-    /// Load the weights of a model directory.
+    /// Load the weights of a model directory (or GGUF file).
     pub fn load(config: ModelConfig, dir: &Path) -> Result<Self, WeightsError> {
-        let tensors = read_safetensors(dir)?;
+        let tensors = match super::gguf::is_gguf(dir) {
+            true => super::gguf::GgufFile::open(dir)
+                .and_then(|file| file.tensors())
+                .map_err(|e| WeightsError::Read {
+                    path: dir.display().to_string(),
+                    message: e.to_string(),
+                })?,
+            false => read_safetensors(dir)?,
+        };
         Self::from_tensors(config, &tensors)
     }
 }

