@@ -150,6 +150,22 @@ fn the_sdk_flows_run_against_a_base_served_on_cuda() {
     }
 }
 
+/// A real pretrained model through the official SDK: SmolLM2-135M-Instruct served from its
+/// PyPI package's GGUF file answers a fact greedily as it knows it, and a LoRA trained on
+/// another answer, saved and sampled, gives that one.
+#[test]
+fn the_sdk_samples_and_trains_a_lora_on_smollm2_served_from_its_gguf_file() {
+    let Some(python) = python() else { return };
+    let Some(gguf) = opentinker_test_tools::smollm2_gguf() else {
+        return;
+    };
+    let model = format!("smollm2={}", gguf.display());
+    let server = server::start_server_with(&["--model", &model]);
+    run_script_on(&server, &python, "smollm2.py", |command, _| {
+        command.env("OPENTINKER_SMOLLM2_GGUF", &gguf);
+    });
+}
+
 #[test]
 fn forward_and_compute_logprobs_agree_with_the_cli() {
     run_script("logprobs_agree.py");

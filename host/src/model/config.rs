@@ -187,6 +187,33 @@ impl ModelConfig {
             None if hidden_size % num_heads == 0 => hidden_size / num_heads,
             None => return Err(ConfigError::Missing("head_dim")),
         };
+        // The weights' shapes are products of these: one that cannot be counted is no model.
+        let vocab_size = get_usize(config, "vocab_size")?;
+        let intermediate_size = get_usize(config, "intermediate_size")?;
+        for (what, product) in [
+            (
+                "num_attention_heads x head_dim",
+                num_heads.checked_mul(head_dim),
+            ),
+            (
+                "num_key_value_heads x head_dim",
+                num_kv_heads.checked_mul(head_dim),
+            ),
+            (
+                "vocab_size x hidden_size",
+                vocab_size.checked_mul(hidden_size),
+            ),
+            (
+                "intermediate_size x hidden_size",
+                intermediate_size.checked_mul(hidden_size),
+            ),
+        ] {
+            if product.is_none() {
+                return Err(ConfigError::Unsupported(format!(
+                    "{what} past what a size holds"
+                )));
+            }
+        }
         let (rope_theta, rope_scaling) = rope(config)?;
         let attention_bias = config
             .get("attention_bias")
@@ -194,9 +221,9 @@ impl ModelConfig {
             .unwrap_or(false);
         Ok(ModelConfig {
             architecture,
-            vocab_size: get_usize(config, "vocab_size")?,
+            vocab_size,
             hidden_size,
-            intermediate_size: get_usize(config, "intermediate_size")?,
+            intermediate_size,
             num_layers: get_usize(config, "num_hidden_layers")?,
             num_heads,
             num_kv_heads,

@@ -176,7 +176,8 @@ impl Transformer {
         let (q_out, kv_out) = (config.num_heads * hd, config.num_kv_heads * hd);
         let inter = config.intermediate_size;
         let embed_tokens = w.get("model.embed_tokens.weight", &[config.vocab_size, h])?;
-        let mut layers = Vec::with_capacity(config.num_layers);
+        // Not sized by the config: a layer count past the tensors is refused at the first missing one.
+        let mut layers = Vec::new();
         for i in 0..config.num_layers {
             let p = format!("model.layers.{i}");
             let qwen3 = config.architecture == super::config::Architecture::Qwen3;

@@ -35,14 +35,15 @@ def loss(output):
     return output.metrics["loss:sum"]
 
 
-def cli_logprobs(text, adapter=None):
-    """Token ids and logprobs of `text` as `opentinker model logprobs` computes them."""
+def cli_logprobs(text, adapter=None, model=None):
+    """Token ids and logprobs of `text` as `opentinker model logprobs` computes them, with the
+    tiny model unless `model` names another (a directory or a GGUF file)."""
     command = [
         os.environ["OPENTINKER_BIN"],
         "model",
         "logprobs",
         "--model",
-        os.environ["OPENTINKER_TINY_MODEL"],
+        model or os.environ["OPENTINKER_TINY_MODEL"],
         "--text",
         text,
         "--json",

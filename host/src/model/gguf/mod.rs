@@ -76,6 +76,7 @@ impl GgufFile {
     /// Read the header of `path`; the tensors are read when asked for.
     pub fn open(path: &Path) -> Result<Self, GgufError> {
         let file = File::open(path).map_err(|e| read_error(path, e))?;
+        let file_size = file.metadata().map_err(|e| read_error(path, e))?.len();
         let content = Content::read(&mut BufReader::new(file)).map_err(|e| read_error(path, e))?;
         let gguf = GgufFile {
             path: path.to_path_buf(),
@@ -83,7 +84,7 @@ impl GgufFile {
         };
         // Refuse what cannot be served before anything is read or built.
         config::architecture(&gguf)?;
-        tensors::check_names(&gguf)?;
+        tensors::check_tensors(&gguf, file_size)?;
         Ok(gguf)
     }
 

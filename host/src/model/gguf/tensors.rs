@@ -48,15 +48,43 @@ fn hf_name(name: &str) -> Option<String> {
     Some(format!("model.layers.{layer}.{hf}.{kind}"))
 }
 
-/// Refuse a file with a tensor the reader does not know: a part of the model the transformer
-/// would leave out.
-pub(super) fn check_names(gguf: &GgufFile) -> Result<(), GgufError> {
+/// Refuse a file with a tensor the reader does not know (a part of the model the transformer
+/// would leave out), or one whose shape the file cannot hold (a count of elements past what a
+/// number holds, a shape not in whole blocks, bytes past the file's end): checked here, before
+/// any tensor is read, with arithmetic that cannot wrap.
+pub(super) fn check_tensors(gguf: &GgufFile, file_size: u64) -> Result<(), GgufError> {
     let mut names: Vec<&String> = gguf.content.tensor_infos.keys().collect();
     names.sort();
-    match names.into_iter().find(|name| hf_name(name).is_none()) {
-        Some(name) => Err(gguf.unsupported(format!("tensor `{name}`"), &[])),
-        None => Ok(()),
+    for name in names {
+        if hf_name(name).is_none() {
+            return Err(gguf.unsupported(format!("tensor `{name}`"), &[]));
+        }
+        let info = &gguf.content.tensor_infos[name];
+        let damaged = |why: &str| read_error(&gguf.path, format!("tensor `{name}`: {why}"));
+        let elements = info
+            .shape
+            .dims()
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| damaged("its shape has more elements than a file can hold"))?;
+        // candle reads a tensor's blocks in place, which an empty one's buffer cannot hold.
+        if elements == 0 {
+            return Err(damaged("its shape has no elements"));
+        }
+        let block = info.ggml_dtype.block_size();
+        if !elements.is_multiple_of(block) {
+            return Err(damaged("its elements are not whole blocks of its type"));
+        }
+        let end = (elements / block)
+            .checked_mul(info.ggml_dtype.type_size())
+            .and_then(|bytes| u64::try_from(bytes).ok())
+            .and_then(|bytes| bytes.checked_add(info.offset))
+            .and_then(|end| end.checked_add(gguf.content.tensor_data_offset));
+        if end.is_none_or(|end| end > file_size) {
+            return Err(damaged("its data runs past the end of the file"));
+        }
     }
+    Ok(())
 }
 
 /// Every tensor, dequantized, by its Hugging Face name.
