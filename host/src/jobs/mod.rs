@@ -2,7 +2,9 @@
 //! [`PluginStore`]) or name published ones (a [`PackageSource`]) and submit whole job files, which
 //! the [`JobService`] checks, admits under the server's [`MemoryBudget`] (each job's
 //! [`footprint`]), records ([`JobRecord`], [`JobState`]) and runs with the RL driver on its
-//! served bases, as the tenant, reporting [`JobEvent`]s. The server's routes and the CLI are the
+//! served bases, as the tenant, reporting [`JobEvent`]s; their RL groups go to the tenant's
+//! rollout workers where the server has a queue ([`ServerRollouts`]), whose users a
+//! [`RolloutAccess`] signs when the queue has accounts. The server's routes and the CLI are the
 //! clients of this module; it knows nothing of HTTP.
 
 mod admission;

@@ -7,9 +7,10 @@
 //! axum router over that state. Inside, one file per concern: `routes` maps the Tinker paths to
 //! ops ([`FutureRoute`], [`accept`]), `wire` converts their bodies, `futures` holds running and
 //! finished ops, `journal` records them durably, [`Tenants`] keeps the keys; `openai` serves
-//! the OpenAI-compatible routes, `jobs` the jobs API, `plugins` the tenants' uploads, `registry`
-//! the OCI distribution API, `dashboard` the web page; a private access log writes one line per
-//! request, and the training-run routes list, expire and delete checkpoints.
+//! the OpenAI-compatible routes, `jobs` the jobs API, `plugins` the tenants' uploads, `rollouts`
+//! the rollout workers' logins to the queue, `registry` the OCI distribution API, `dashboard` the
+//! web page; a private access log writes one line per request, and the training-run routes list,
+//! expire and delete checkpoints.
 
 mod access_log;
 mod dashboard;
