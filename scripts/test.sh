@@ -137,10 +137,14 @@ js_tests() {
     done
 }
 
-# A one-shot CI build gains nothing from incremental compilation, whose caches are most of the
-# disk a fresh clone's build takes (the CI disk is shared; a full one kills the linker with SIGBUS).
+# The CI disk is shared, and a full one fails the build ("No space left on device", or the
+# linker killed with SIGBUS). A one-shot CI build gains nothing from incremental compilation,
+# whose caches are much of what a fresh clone's build writes; and line tables are half of every
+# test binary (each links the whole engine): CI keeps symbols, so a backtrace still names its
+# functions, and a failed assertion still its file and line (they are in the panic's location).
 if [[ -n "${CI:-}" ]]; then
     export CARGO_INCREMENTAL=0
+    export CARGO_PROFILE_DEV_DEBUG=false CARGO_PROFILE_DEV_STRIP=debuginfo
 fi
 
 # Tests run the engine inside their own processes, whose `main` is not the binary's: fix candle's

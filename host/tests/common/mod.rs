@@ -1,5 +1,10 @@
 //! Helpers shared by the host's integration tests.
 
+// Each test crate that includes this uses part of it.
+#![allow(dead_code)]
+
+pub mod reference;
+
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Tensor};

@@ -9,7 +9,9 @@
 //! [`GgufFile::tensors`] dequantizes every tensor to f32 under its Hugging Face name (llama.cpp's
 //! row order of Llama's query and key projections undone); [`GgufFile::tokenizer`] builds the
 //! tokenizer the metadata describes, as `transformers` builds it from the same file (the
-//! reference the fixtures hold us to); [`GgufFile::chat_template`] compiles the template.
+//! reference the fixtures hold us to); [`GgufFile::chat_template`] compiles the template;
+//! [`GgufFile::hf_files`] writes the same parts as a Hugging Face directory's files (what
+//! `opentinker model export` and a merge or full-parameter save onto a GGUF base write).
 //!
 //! What the reader does not implement is refused by name before anything runs: another
 //! architecture, a tensor it does not know, a tokenizer model other than byte-level BPE, a RoPE
@@ -113,6 +115,42 @@ impl GgufFile {
         ChatTemplate::new(source, &bos, &eos)
             .map(Some)
             .map_err(|e| read_error(&self.path, format!("chat template: {e}")))
+    }
+
+    /// The files of the Hugging Face model directory the metadata describes, but its weights:
+    /// `config.json`, `tokenizer.json`, `tokenizer_config.json` (the special tokens and the
+    /// context length) and `chat_template.jinja` where the file has a template. What
+    /// `transformers` needs to load the directory as it loads the GGUF.
+    pub fn hf_files(&self) -> Result<Vec<(&'static str, Vec<u8>)>, GgufError> {
+        let json = |value: &serde_json::Value| {
+            serde_json::to_vec_pretty(value).map_err(|e| read_error(&self.path, e))
+        };
+        let config = self.config()?;
+        let mut tokenizer_config = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "clean_up_tokenization_spaces": false,
+            "model_max_length": config["max_position_embeddings"],
+        });
+        for (name, key) in [
+            ("bos_token", "tokenizer.ggml.bos_token_id"),
+            ("eos_token", "tokenizer.ggml.eos_token_id"),
+            ("unk_token", "tokenizer.ggml.unknown_token_id"),
+            ("pad_token", "tokenizer.ggml.padding_token_id"),
+        ] {
+            let token = self.special_token(key)?;
+            if !token.is_empty() {
+                tokenizer_config[name] = token.into();
+            }
+        }
+        let mut files = vec![
+            ("config.json", json(&config)?),
+            ("tokenizer.json", json(&tokenizer::tokenizer_json(self)?)?),
+            ("tokenizer_config.json", json(&tokenizer_config)?),
+        ];
+        if let Some(template) = self.string("tokenizer.chat_template") {
+            files.push(("chat_template.jinja", template.as_bytes().to_vec()));
+        }
+        Ok(files)
     }
 
     /// The text of the special token whose id is at metadata `key` (empty where there is none).

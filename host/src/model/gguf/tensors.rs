@@ -89,7 +89,7 @@ pub(super) fn check_tensors(gguf: &GgufFile, file_size: u64) -> Result<(), GgufE
 
 /// Every tensor, dequantized, by its Hugging Face name.
 pub(super) fn read_all(gguf: &GgufFile) -> Result<HashMap<String, Tensor>, GgufError> {
-    let arch = config::architecture(gguf)?;
+    let (arch, _) = config::architecture(gguf)?;
     let llama = arch == "llama";
     let heads = gguf.integer(&format!("{arch}.attention.head_count"));
     let kv_heads = gguf

@@ -31,14 +31,18 @@ fn split_of(pre: &str) -> Option<&'static str> {
 }
 
 pub(super) fn build(gguf: &GgufFile) -> Result<Tokenizer, GgufError> {
+    let inner: tokenizers::Tokenizer = serde_json::from_value(tokenizer_json(gguf)?)
+        .map_err(|e| read_error(&gguf.path, format!("building its tokenizer: {e}")))?;
+    Ok(Tokenizer::from_inner(inner))
+}
+
+/// The `tokenizer.json` (the `tokenizers` library's serialization) of the file's tokenizer.
+pub(super) fn tokenizer_json(gguf: &GgufFile) -> Result<Value, GgufError> {
     let model = gguf.string("tokenizer.ggml.model").unwrap_or_default();
     if !MODELS.contains(&model) {
         return Err(gguf.unsupported(format!("tokenizer model {model:?}"), MODELS));
     }
-    let json = byte_level_bpe(gguf)?;
-    let inner: tokenizers::Tokenizer = serde_json::from_value(json)
-        .map_err(|e| read_error(&gguf.path, format!("building its tokenizer: {e}")))?;
-    Ok(Tokenizer::from_inner(inner))
+    byte_level_bpe(gguf)
 }
 
 /// The `tokenizer.json` of a byte-level BPE vocabulary.
