@@ -1776,3 +1776,69 @@ fn a_job_whose_loss_is_the_ppo_plugin_trains_as_the_built_in_ppo_does() {
     let refused = train_refused(&job, &dir.path().join("bad-key"));
     assert!(refused.contains("clip"), "{refused}");
 }
+
+/// A job on a real pretrained chat model read from its GGUF file: SmolLM2-135M-Instruct (the
+/// test venv's package) warms up in full on the arithmetic demonstrations, which writes the
+/// job's own base as a model directory (its tokenizer and chat template from the GGUF's
+/// metadata), then takes one RL step of a LoRA adapter through the chat template, evaluated
+/// before and after.
+#[test]
+fn train_runs_a_job_on_smollm2_from_its_gguf_file() {
+    let Some(gguf) = opentinker_test_tools::smollm2_gguf() else {
+        return;
+    };
+    let wasm = built_plugin("arithmetic");
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("smollm2.toml");
+    let text = format!(
+        r#"
+[model]
+dir = {gguf:?}
+[lora]
+rank = 4
+[environment]
+plugin = {wasm:?}
+config = {{ max_operand = 9 }}
+[sft]
+source = "demonstrations"
+steps = 1
+batch = 2
+learning_rate = 1e-5
+full_parameters = true
+[rl]
+steps = 1
+groups_per_batch = 1
+group_size = 2
+max_turns = 1
+max_tokens = 8
+skip_equal_groups = false
+[eval]
+episodes = 2
+"#
+    );
+    std::fs::write(&job, text).unwrap();
+    let out = dir.path().join("run");
+    let summary = train_json(&job, &out);
+    assert_eq!(summary["steps"], 1);
+    assert_eq!(summary["initial_eval"]["episodes"], 2);
+    assert!(summary["final_eval"]["reward_mean"].is_number());
+    let base = out.join("base");
+    for name in [
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "chat_template.jinja",
+    ] {
+        assert!(
+            base.join(name).is_file(),
+            "the warmed-up base has no {name}"
+        );
+    }
+    let (_, template) = opentinker::model::load_text(&base).unwrap();
+    assert!(
+        template.is_some(),
+        "the warmed-up base lost its chat template"
+    );
+    let checkpoint = PathBuf::from(summary["checkpoint"].as_str().unwrap());
+    assert!(checkpoint.join("adapter_model.safetensors").is_file());
+}

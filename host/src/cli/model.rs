@@ -71,7 +71,7 @@ pub enum ModelCommand {
         #[arg(long, value_enum, default_value = "tiny")]
         shape: TinyShape,
         #[arg(long, value_enum, default_value = "qwen2")]
-        arch: ArchArg,
+        arch: Architecture,
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
@@ -117,23 +117,6 @@ pub enum ModelCommand {
     },
 }
 
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum ArchArg {
-    Qwen2,
-    Llama,
-    Qwen3,
-}
-
-impl From<ArchArg> for Architecture {
-    fn from(arch: ArchArg) -> Self {
-        match arch {
-            ArchArg::Qwen2 => Architecture::Qwen2,
-            ArchArg::Llama => Architecture::Llama,
-            ArchArg::Qwen3 => Architecture::Qwen3,
-        }
-    }
-}
-
 #[derive(Serialize)]
 struct TokenLogprob {
     token: u32,
@@ -149,7 +132,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
             arch,
             seed,
         } => {
-            init_tiny(&dir, shape, arch.into(), seed)?;
+            init_tiny(&dir, shape, arch, seed)?;
             println!("{}", dir.display());
             Ok(())
         }

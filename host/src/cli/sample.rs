@@ -40,7 +40,8 @@ pub struct SampleArgs {
     top_p: f64,
     #[arg(long)]
     seed: Option<u64>,
-    /// Print JSON: each sample's text, tokens, logprobs and stop reason.
+    /// Print JSON: each sample's text (special tokens left out), tokens (all of them),
+    /// logprobs and stop reason.
     #[arg(long)]
     json: bool,
     /// The device to run on: `cpu`, or `cuda` / `cuda:N` (a build without the `cuda` feature, a
@@ -126,7 +127,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
         .into_iter()
         .map(|s| {
             Ok(SampleJson {
-                text: tokenizer.decode(&s.tokens)?,
+                text: tokenizer.decode_text(&s.tokens)?,
                 tokens: s.tokens,
                 logprobs: s.logprobs,
                 stop_reason: s.stop_reason,

@@ -29,35 +29,24 @@ use crate::service::{
 use crate::text::{ChatTemplate, Tokenizer};
 use crate::train::{FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
 
-/// The size of a generated tiny model, by the name a job file uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
-pub enum TinyShapeName {
-    #[default]
-    #[serde(rename = "tiny")]
-    Tiny,
-    /// Qwen2.5-0.5B's shapes with random weights, for benchmarks.
-    #[serde(rename = "qwen2.5-0.5b")]
-    Qwen25Half,
-}
-
-/// The architecture of a generated tiny model, by the name a job file uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ArchName {
-    #[default]
-    Qwen2,
-    Llama,
-    Qwen3,
-}
-
 /// The settings of a generated tiny model, as a job file's `model.init_tiny` gives them (each
 /// a serde enum: a wrong name is refused with the accepted ones).
-#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TinyModelSpec {
-    pub shape: TinyShapeName,
-    pub arch: ArchName,
+    pub shape: TinyShape,
+    pub arch: Architecture,
     pub seed: u64,
+}
+
+impl Default for TinyModelSpec {
+    fn default() -> Self {
+        TinyModelSpec {
+            shape: TinyShape::Tiny,
+            arch: Architecture::Qwen2,
+            seed: 0,
+        }
+    }
 }
 
 impl TinyModelSpec {
@@ -66,23 +55,9 @@ impl TinyModelSpec {
         TinyModelSpec::default()
     }
 
-    fn parsed(&self) -> (TinyShape, Architecture) {
-        let shape = match self.shape {
-            TinyShapeName::Tiny => TinyShape::Tiny,
-            TinyShapeName::Qwen25Half => TinyShape::Qwen05b,
-        };
-        let arch = match self.arch {
-            ArchName::Qwen2 => Architecture::Qwen2,
-            ArchName::Llama => Architecture::Llama,
-            ArchName::Qwen3 => Architecture::Qwen3,
-        };
-        (shape, arch)
-    }
-
     /// The configuration of the model [`TinyModelSpec::generate`] makes.
     pub fn config(&self) -> Result<ModelConfig, crate::model::ConfigError> {
-        let (shape, arch) = self.parsed();
-        crate::model::tiny::tiny_config(shape, arch)
+        crate::model::tiny::tiny_config(self.shape, self.arch)
     }
 
     /// Generate the model into `dir` unless it is there: whole or absent, so a run killed
@@ -91,9 +66,8 @@ impl TinyModelSpec {
         if dir.is_dir() {
             return Ok(());
         }
-        let (shape, arch) = self.parsed();
         crate::store::write_atomic_dir(dir, |temp| {
-            init_tiny(temp, shape, arch, self.seed).map_err(std::io::Error::other)
+            init_tiny(temp, self.shape, self.arch, self.seed).map_err(std::io::Error::other)
         })
         .with_context(|| format!("generating the tiny model in {}", dir.display()))
     }

@@ -21,10 +21,7 @@ mod served;
 
 /// Where a [`LocalModel`]'s engines run (the device, and the room its sampler makes there).
 pub use crate::service::DeviceOptions;
-pub use local::{
-    ArchName, FullParameterTrainer, LocalModel, LocalService, TinyModelSpec, TinyShapeName,
-    WireSamplers,
-};
+pub use local::{FullParameterTrainer, LocalModel, LocalService, TinyModelSpec, WireSamplers};
 pub use remote::{JobsClient, REMOTE_CHECKPOINT, RemoteCheckpoint, RemoteService};
 pub use served::{RolloutQueue, ServedModel, TenantBases};
 

@@ -1,16 +1,24 @@
 //! A Hugging Face `config.json` of the Llama, Qwen2 and Qwen3 families, read into the one shape
 //! our transformer needs; configurations we do not support are refused by name.
+//!
+//! An architecture is data: [`Architecture`] is the one list of the families' names, and
+//! [`Architecture::features`] the one place that says what sets each family's layers apart
+//! ([`Features`]: biases, query/key norms). Everything after this module (the layers, the weight
+//! readers, the memory counts) reads the [`Features`] of a [`ModelConfig`], never the name; so
+//! a new family is a new variant here, its features, and whatever new feature its layers need.
 
 use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-/// The families we run. They differ in biases and norms, not in structure.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, Deserialize)]
+/// The families we run, by the `model_type` of their `config.json` (also a GGUF's
+/// `general.architecture`, a job file's `init_tiny.arch` and `model init-tiny --arch`). They
+/// differ in their [`Features`], not in structure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Architecture {
-    /// Llama 2/3: no biases.
+    /// Llama 2/3 (and SmolLM2): no biases.
     Llama,
     /// Qwen2 / Qwen2.5: biases on the q, k and v projections.
     Qwen2,
@@ -19,6 +27,13 @@ pub enum Architecture {
 }
 
 impl Architecture {
+    pub const ALL: [Architecture; 3] = [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+    ];
+
+    /// The name of `config.json`'s `model_type`.
     pub fn model_type(self) -> &'static str {
         match self {
             Architecture::Llama => "llama",
@@ -26,6 +41,64 @@ impl Architecture {
             Architecture::Qwen3 => "qwen3",
         }
     }
+
+    /// The `transformers` class a `config.json`'s `architectures` names.
+    pub fn class_name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
+    /// The architecture of a `model_type`, `None` for one we do not run.
+    pub fn from_model_type(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|arch| arch.model_type() == name)
+    }
+
+    /// The `model_type`s we run, for messages that list them.
+    pub fn names() -> String {
+        Self::ALL.map(Architecture::model_type).join(", ")
+    }
+
+    /// The features of this family's layers, where `config.json`'s `attention_bias` and
+    /// `mlp_bias` say whether its projections have biases (Qwen2's q, k and v always do).
+    pub fn features(self, attention_bias: bool, mlp_bias: bool) -> Features {
+        match self {
+            Architecture::Llama => Features {
+                qkv_bias: attention_bias,
+                o_bias: attention_bias,
+                mlp_bias,
+                qk_norm: false,
+            },
+            Architecture::Qwen2 => Features {
+                qkv_bias: true,
+                o_bias: false,
+                mlp_bias,
+                qk_norm: false,
+            },
+            Architecture::Qwen3 => Features {
+                qkv_bias: attention_bias,
+                o_bias: attention_bias,
+                mlp_bias,
+                qk_norm: true,
+            },
+        }
+    }
+}
+
+/// What sets one family's layers apart from another's: the one description that the layer
+/// definition, the weight readers and writers and the memory counts read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// Biases on the q, k and v projections.
+    pub qkv_bias: bool,
+    /// A bias on the attention's output projection.
+    pub o_bias: bool,
+    /// Biases on the MLP's projections.
+    pub mlp_bias: bool,
+    /// RMSNorm of each head's queries and keys, before RoPE.
+    pub qk_norm: bool,
 }
 
 /// How RoPE frequencies are scaled for long contexts.
@@ -61,11 +134,7 @@ pub struct ModelConfig {
     pub rope_scaling: RopeScaling,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
-    /// Biases on the q, k, v projections (Qwen2, or `attention_bias` of Llama and Qwen3).
-    pub qkv_bias: bool,
-    /// A bias on the output projection (`attention_bias` of Llama and Qwen3).
-    pub o_bias: bool,
-    pub mlp_bias: bool,
+    pub features: Features,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -84,7 +153,7 @@ pub enum ConfigError {
     },
     #[error("config.json: missing or invalid `{0}`")]
     Missing(&'static str),
-    #[error("config.json: model type {0:?} is not supported (supported: llama, qwen2, qwen3)")]
+    #[error("config.json: model type {0:?} is not supported (supported: {names})", names = Architecture::names())]
     UnsupportedArchitecture(String),
     #[error("config.json: {0} is not supported")]
     Unsupported(String),
@@ -164,12 +233,8 @@ impl ModelConfig {
             .get("model_type")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let architecture = match model_type {
-            "llama" => Architecture::Llama,
-            "qwen2" => Architecture::Qwen2,
-            "qwen3" => Architecture::Qwen3,
-            other => return Err(ConfigError::UnsupportedArchitecture(other.to_string())),
-        };
+        let architecture = Architecture::from_model_type(model_type)
+            .ok_or_else(|| ConfigError::UnsupportedArchitecture(model_type.to_string()))?;
         refuse_unsupported(config)?;
         let hidden_size = get_usize(config, "hidden_size")?;
         let num_heads = get_usize(config, "num_attention_heads")?;
@@ -215,10 +280,7 @@ impl ModelConfig {
             }
         }
         let (rope_theta, rope_scaling) = rope(config)?;
-        let attention_bias = config
-            .get("attention_bias")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+        let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
         Ok(ModelConfig {
             architecture,
             vocab_size,
@@ -238,16 +300,8 @@ impl ModelConfig {
                 .get("max_position_embeddings")
                 .and_then(Value::as_u64)
                 .map_or(4096, |v| v as usize),
-            tie_word_embeddings: config
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
-            o_bias: architecture != Architecture::Qwen2 && attention_bias,
-            mlp_bias: config
-                .get("mlp_bias")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
+            tie_word_embeddings: flag("tie_word_embeddings"),
+            features: architecture.features(flag("attention_bias"), flag("mlp_bias")),
             bos_token_id: config
                 .get("bos_token_id")
                 .and_then(Value::as_u64)
@@ -365,7 +419,7 @@ mod tests {
         let config = ModelConfig::from_json(&qwen2()).unwrap();
         assert_eq!(config.architecture, Architecture::Qwen2);
         assert_eq!((config.head_dim, config.kv_groups()), (16, 2));
-        assert!(config.qkv_bias && !config.o_bias);
+        assert!(config.features.qkv_bias && !config.features.o_bias);
         assert_eq!(config.eos_token_ids, vec![1, 2]);
         assert_eq!(config.rope_theta, 1e6);
     }

@@ -6,7 +6,7 @@ use candle_core::Tensor;
 use opentinker_kernels::Backend;
 use opentinker_kernels::cuda::{CudaSlice, Gpu, GpuError, GpuMatrix, WeightFormat};
 
-use super::config::{Architecture, ModelConfig};
+use super::config::ModelConfig;
 use super::layers::{AttentionWeights, DecoderWeights, LayerWeights, Linear, MlpWeights};
 use super::site::Target;
 use super::transformer::{self, Transformer};
@@ -142,12 +142,13 @@ impl GpuWeights {
         };
         let ones = |len: usize| gpu.upload(&vec![1.0f32; len]);
         let (h, hd) = (config.hidden_size, config.head_dim);
-        let qwen3 = config.architecture == Architecture::Qwen3;
+        let qk_norm = config.features.qk_norm;
         let mut layers = Vec::with_capacity(config.num_layers);
         for _ in 0..config.num_layers {
             let mut linear = |target: Target| -> Result<GpuLinear, GpuError> {
                 let (out, inp) = target.shape(config);
-                let bias = matches!(target, Target::Q | Target::K | Target::V) && config.qkv_bias;
+                let bias =
+                    matches!(target, Target::Q | Target::K | Target::V) && config.features.qkv_bias;
                 let values = random(out * inp, 1.0 / (inp as f32).sqrt())?;
                 Ok(GpuLinear {
                     weight: GpuMatrix::new(gpu, values, format)?,
@@ -164,8 +165,8 @@ impl GpuWeights {
                 up: linear(Target::Up)?,
                 down: linear(Target::Down)?,
                 input_norm: ones(h)?,
-                q_norm: if qwen3 { Some(ones(hd)?) } else { None },
-                k_norm: if qwen3 { Some(ones(hd)?) } else { None },
+                q_norm: if qk_norm { Some(ones(hd)?) } else { None },
+                k_norm: if qk_norm { Some(ones(hd)?) } else { None },
                 post_attention_norm: ones(h)?,
             });
         }

@@ -18,17 +18,20 @@ use tokenizers::{
     TokenizerImpl,
 };
 
-use super::config::{Architecture, ConfigError, ModelConfig};
+use super::config::{Architecture, ConfigError, Features, ModelConfig};
 use crate::store::{write_atomic, write_atomic_via_path};
 
-/// The sizes of a generated model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// The sizes of a generated model, by the name a job file (`init_tiny.shape`) and
+/// `model init-tiny --shape` give.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum TinyShape {
     /// 4 layers, hidden 128, 4 heads / 2 KV heads, intermediate 512, vocabulary 512.
     Tiny,
     /// The shapes of Qwen2.5-0.5B (24 layers, hidden 896, 14 / 2 heads, intermediate 4864,
     /// vocabulary 151,936) with random weights, for benchmarks.
     #[value(name = "qwen2.5-0.5b")]
+    #[serde(rename = "qwen2.5-0.5b")]
     Qwen05b,
 }
 
@@ -118,7 +121,8 @@ pub fn init_tiny(
             "chat_template": CHATML_TEMPLATE,
         }),
     )?;
-    let tensors = random_weights(&dims, head_dim, arch, seed)?;
+    let features = ModelConfig::from_json(&config)?.features;
+    let tensors = random_weights(&dims, head_dim, features, seed)?;
     write_atomic_via_path(&dir.join("model.safetensors"), |temp| {
         candle_core::safetensors::save(&tensors, temp).map_err(std::io::Error::other)
     })?;
@@ -130,12 +134,8 @@ pub fn init_tiny(
 fn config_json(shape: TinyShape, arch: Architecture, bos: u32, eos: u32) -> serde_json::Value {
     let dims = shape.dims();
     let head_dim = dims.hidden / dims.heads;
-    let mut config = json!({
-        "architectures": [match arch {
-            Architecture::Llama => "LlamaForCausalLM",
-            Architecture::Qwen2 => "Qwen2ForCausalLM",
-            Architecture::Qwen3 => "Qwen3ForCausalLM",
-        }],
+    json!({
+        "architectures": [arch.class_name()],
         "model_type": arch.model_type(),
         "vocab_size": dims.vocab,
         "hidden_size": dims.hidden,
@@ -155,13 +155,7 @@ fn config_json(shape: TinyShape, arch: Architecture, bos: u32, eos: u32) -> serd
         "attention_bias": false,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
-    });
-    if arch != Architecture::Llama {
-        config["use_sliding_window"] = json!(false);
-        config["sliding_window"] = json!(null);
-        config["max_window_layers"] = json!(dims.layers);
-    }
-    config
+    })
 }
 
 /// The configuration of a tiny model of `shape` and `arch`, as [`init_tiny`] writes it (what a
@@ -249,7 +243,7 @@ fn normal(rng: &mut StdRng, count: usize, std: f32) -> Vec<f32> {
 fn random_weights(
     dims: &Dims,
     head_dim: usize,
-    arch: Architecture,
+    features: Features,
     seed: u64,
 ) -> candle_core::Result<HashMap<String, Tensor>> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -295,7 +289,11 @@ fn random_weights(
                 &mut rng,
                 Some(0.02),
             )?;
-            if arch == Architecture::Qwen2 && name != "o_proj" {
+            let bias = match name {
+                "o_proj" => features.o_bias,
+                _ => features.qkv_bias,
+            };
+            if bias {
                 add(
                     format!("{p}.self_attn.{name}.bias"),
                     &[out],
@@ -304,7 +302,7 @@ fn random_weights(
                 )?;
             }
         }
-        if arch == Architecture::Qwen3 {
+        if features.qk_norm {
             add(
                 format!("{p}.self_attn.q_norm.weight"),
                 &[head_dim],

@@ -180,28 +180,63 @@ impl Transformer {
         let mut layers = Vec::new();
         for i in 0..config.num_layers {
             let p = format!("model.layers.{i}");
-            let qwen3 = config.architecture == super::config::Architecture::Qwen3;
+            let qk_norm = config.features.qk_norm;
             layers.push(Layer {
                 input_norm: w.get(&format!("{p}.input_layernorm.weight"), &[h])?,
-                q_proj: w.linear(&format!("{p}.self_attn.q_proj"), q_out, h, config.qkv_bias)?,
-                k_proj: w.linear(&format!("{p}.self_attn.k_proj"), kv_out, h, config.qkv_bias)?,
-                v_proj: w.linear(&format!("{p}.self_attn.v_proj"), kv_out, h, config.qkv_bias)?,
-                o_proj: w.linear(&format!("{p}.self_attn.o_proj"), h, q_out, config.o_bias)?,
-                q_norm: if qwen3 {
+                q_proj: w.linear(
+                    &format!("{p}.self_attn.q_proj"),
+                    q_out,
+                    h,
+                    config.features.qkv_bias,
+                )?,
+                k_proj: w.linear(
+                    &format!("{p}.self_attn.k_proj"),
+                    kv_out,
+                    h,
+                    config.features.qkv_bias,
+                )?,
+                v_proj: w.linear(
+                    &format!("{p}.self_attn.v_proj"),
+                    kv_out,
+                    h,
+                    config.features.qkv_bias,
+                )?,
+                o_proj: w.linear(
+                    &format!("{p}.self_attn.o_proj"),
+                    h,
+                    q_out,
+                    config.features.o_bias,
+                )?,
+                q_norm: if qk_norm {
                     Some(w.get(&format!("{p}.self_attn.q_norm.weight"), &[hd])?)
                 } else {
                     None
                 },
-                k_norm: if qwen3 {
+                k_norm: if qk_norm {
                     Some(w.get(&format!("{p}.self_attn.k_norm.weight"), &[hd])?)
                 } else {
                     None
                 },
                 post_attention_norm: w
                     .get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate_proj: w.linear(&format!("{p}.mlp.gate_proj"), inter, h, config.mlp_bias)?,
-                up_proj: w.linear(&format!("{p}.mlp.up_proj"), inter, h, config.mlp_bias)?,
-                down_proj: w.linear(&format!("{p}.mlp.down_proj"), h, inter, config.mlp_bias)?,
+                gate_proj: w.linear(
+                    &format!("{p}.mlp.gate_proj"),
+                    inter,
+                    h,
+                    config.features.mlp_bias,
+                )?,
+                up_proj: w.linear(
+                    &format!("{p}.mlp.up_proj"),
+                    inter,
+                    h,
+                    config.features.mlp_bias,
+                )?,
+                down_proj: w.linear(
+                    &format!("{p}.mlp.down_proj"),
+                    h,
+                    inter,
+                    config.features.mlp_bias,
+                )?,
             });
         }
         let norm = w.get("model.norm.weight", &[h])?;

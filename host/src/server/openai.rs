@@ -504,9 +504,12 @@ fn finish_reason(reason: StopReason) -> &'static str {
     }
 }
 
+/// The text of sampled tokens as the client sees it: without special tokens (the end of turn
+/// that stopped a chat answer), so each token's text (a special token's is empty) joins into
+/// the completion's.
 fn decode(base: &ServedBase, tokens: &[u32]) -> Result<String, ApiError> {
     base.tokenizer
-        .decode(tokens)
+        .decode_text(tokens)
         .map_err(|e| ApiError::internal(format!("decoding the completion: {e}")))
 }
 
@@ -619,7 +622,7 @@ fn stream(
                 }
                 let (tokens, sent) = &mut r.choices[sample];
                 tokens.push(token);
-                if let Ok(text) = r.base.tokenizer.decode(tokens)
+                if let Ok(text) = r.base.tokenizer.decode_text(tokens)
                     && !text.ends_with('\u{FFFD}')
                     && text.len() > *sent
                     && text.is_char_boundary(*sent)

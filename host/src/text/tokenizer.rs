@@ -68,11 +68,22 @@ impl Tokenizer {
 
     /// The text of a run of tokens (special tokens kept).
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.decode_with(ids, false)
+    }
+
+    /// The text of a run of tokens as a reader sees it: special tokens (an end of turn such
+    /// as `<|im_end|>`, which ends a chat model's answer) left out, as OpenAI's API and vLLM
+    /// show a completion.
+    pub fn decode_text(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.decode_with(ids, true)
+    }
+
+    fn decode_with(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.vocab_size()) {
             self.check(id)?;
         }
         self.inner
-            .decode(ids, false)
+            .decode(ids, skip_special)
             .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
 

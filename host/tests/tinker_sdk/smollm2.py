@@ -1,8 +1,11 @@
 """A real pretrained model through the official SDK: SmolLM2-135M-Instruct, served from the GGUF
 file of its PyPI package (`serve --model smollm2=FILE`). Greedy sampling finishes a fact as the
-model knows it, and a LoRA trained on another answer moves the greedy answer there."""
+model knows it, the `openai` client chats with it through its own chat template, and a LoRA
+trained on another answer moves the greedy answer there."""
 
 import os
+
+import openai
 
 from common import cli_logprobs, loss, service
 from tinker import types
@@ -25,6 +28,22 @@ said = base.sample(types.ModelInput.from_ints(prompt), num_samples=1, sampling_p
 said = said.result().sequences[0].tokens
 print("base model says", said)
 assert said[0] == paris[answer], (said, paris[answer:])
+
+# The OpenAI route renders the conversation with the file's ChatML template: the instruct model
+# answers the question.
+chat = openai.OpenAI(base_url=os.environ["TINKER_BASE_URL"] + "/v1", api_key=os.environ["TINKER_API_KEY"])
+reply = chat.chat.completions.create(
+    model=MODEL,
+    messages=[{"role": "user", "content": "What is the capital of France?"}],
+    max_tokens=24,
+    temperature=0.0,
+)
+content = reply.choices[0].message.content
+print("chat says", repr(content))
+assert "Paris" in content, reply
+# Stopped by the end of turn, which the answer's text leaves out (as OpenAI and vLLM do).
+assert reply.choices[0].finish_reason == "stop", reply
+assert "<|im_end|>" not in content and content == content.strip(), reply
 
 # Train on the other answer only: the prompt's tokens carry no weight.
 datum = types.Datum(

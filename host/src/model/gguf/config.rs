@@ -5,23 +5,17 @@
 use serde_json::{Value, json};
 
 use super::{GgufError, GgufFile};
+use crate::model::Architecture;
 
-/// The architectures whose GGUF files are read, by `general.architecture`, each with the class
-/// that names it in a `config.json`'s `architectures`.
-const ARCHITECTURES: &[(&str, &str)] = &[
-    ("llama", "LlamaForCausalLM"),
-    ("qwen2", "Qwen2ForCausalLM"),
-    ("qwen3", "Qwen3ForCausalLM"),
-];
-
-/// The file's architecture and its class, refused unless it is one of [`ARCHITECTURES`], or if
-/// it asks for a feature the transformer does not implement.
-pub(super) fn architecture(gguf: &GgufFile) -> Result<(&str, &'static str), GgufError> {
+/// The file's architecture (llama.cpp's `general.architecture` names the families as
+/// `config.json`'s `model_type` does), refused unless we run it, or if it asks for a feature
+/// the transformer does not implement.
+pub(super) fn architecture(gguf: &GgufFile) -> Result<(&str, Architecture), GgufError> {
     let name = gguf
         .string("general.architecture")
         .ok_or_else(|| gguf.metadata_error("general.architecture", "a string"))?;
-    let Some(&(_, class)) = ARCHITECTURES.iter().find(|(known, _)| *known == name) else {
-        let known: Vec<&str> = ARCHITECTURES.iter().map(|(known, _)| *known).collect();
+    let Some(architecture) = Architecture::from_model_type(name) else {
+        let known = Architecture::ALL.map(Architecture::model_type);
         return Err(gguf.unsupported(format!("architecture {name:?}"), &known));
     };
     if let Some(scaling) = gguf.string(&format!("{name}.rope.scaling.type"))
@@ -32,12 +26,12 @@ pub(super) fn architecture(gguf: &GgufFile) -> Result<(&str, &'static str), Gguf
     if gguf.content.tensor_infos.contains_key("rope_freqs.weight") {
         return Err(gguf.unsupported("RoPE frequency factors (`rope_freqs.weight`)", &[]));
     }
-    Ok((name, class))
+    Ok((name, architecture))
 }
 
 /// The `config.json` the metadata states.
 pub(super) fn hf_config(gguf: &GgufFile) -> Result<Value, GgufError> {
-    let (arch, class) = architecture(gguf)?;
+    let (arch, architecture) = architecture(gguf)?;
     let key = |name: &str| format!("{arch}.{name}");
     let count = |name: &str| -> Result<i64, GgufError> {
         gguf.integer(&key(name))
@@ -55,7 +49,7 @@ pub(super) fn hf_config(gguf: &GgufFile) -> Result<Value, GgufError> {
         None => gguf.strings("tokenizer.ggml.tokens")?.len() as i64,
     };
     let mut config = json!({
-        "architectures": [class],
+        "architectures": [architecture.class_name()],
         "model_type": arch,
         "hidden_size": count("embedding_length")?,
         "intermediate_size": count("feed_forward_length")?,

@@ -245,9 +245,9 @@ pub fn train_values_per_token(config: &ModelConfig, logits: bool) -> usize {
     let (hidden, inter) = (config.hidden_size, config.intermediate_size);
     let q = config.num_heads * config.head_dim;
     let kv = config.num_kv_heads * config.head_dim;
-    let qk_norms = match config.architecture {
-        crate::model::Architecture::Qwen3 => q + kv,
-        _ => 0,
+    let qk_norms = match config.features.qk_norm {
+        true => q + kv,
+        false => 0,
     };
     let layer = 2 * hidden + 2 * q + 2 * kv + 2 * inter + qk_norms;
     let head = match logits {
@@ -296,24 +296,23 @@ impl<B: Backend> WeightGrads<B> {
         let qk_norm = |present: bool| -> Result<Option<B::Buffer>, B::Error> {
             present.then(|| ops.zeros(head_dim)).transpose()
         };
-        let qwen3 = config.architecture == crate::model::Architecture::Qwen3;
         let layers = (0..config.num_layers)
             .map(|_| {
                 Ok(LayerGrads {
                     input_norm: ops.zeros(hidden)?,
                     attention: AttentionGrads {
-                        q: linear(Target::Q, config.qkv_bias)?,
-                        k: linear(Target::K, config.qkv_bias)?,
-                        v: linear(Target::V, config.qkv_bias)?,
-                        o: linear(Target::O, config.o_bias)?,
-                        q_norm: qk_norm(qwen3)?,
-                        k_norm: qk_norm(qwen3)?,
+                        q: linear(Target::Q, config.features.qkv_bias)?,
+                        k: linear(Target::K, config.features.qkv_bias)?,
+                        v: linear(Target::V, config.features.qkv_bias)?,
+                        o: linear(Target::O, config.features.o_bias)?,
+                        q_norm: qk_norm(config.features.qk_norm)?,
+                        k_norm: qk_norm(config.features.qk_norm)?,
                     },
                     post_attention_norm: ops.zeros(hidden)?,
                     mlp: MlpGrads {
-                        gate: linear(Target::Gate, config.mlp_bias)?,
-                        up: linear(Target::Up, config.mlp_bias)?,
-                        down: linear(Target::Down, config.mlp_bias)?,
+                        gate: linear(Target::Gate, config.features.mlp_bias)?,
+                        up: linear(Target::Up, config.features.mlp_bias)?,
+                        down: linear(Target::Down, config.features.mlp_bias)?,
                     },
                 })
             })
