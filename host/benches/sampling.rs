@@ -7,14 +7,15 @@
 //!   `transformers` `generate` at batch 1 and 16 (`bench/python/sampling.py`, run when `PYTHON`
 //!   has torch and transformers).
 //!
-//! Run:
+//! Run on the tiny preset, on Qwen2.5-0.5B's shapes (random weights), or on a real model's GGUF
+//! file (which `transformers` reads as its `opentinker model export`):
 //!
 //!     RAYON_NUM_THREADS=2 PYTHON=~/.cache/opentinker/bench-venv/bin/python \
-//!         cargo bench -p opentinker --bench sampling [-- qwen2.5-0.5b]
+//!         cargo bench -p opentinker --bench sampling [-- qwen2.5-0.5b | -- FILE.gguf]
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,7 +23,7 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use opentinker::lora::{Adapter, AdapterRegistry, LoraConfig};
 use opentinker::model::tiny::{TinyShape, init_tiny};
-use opentinker::model::{Architecture, Model, Transformer};
+use opentinker::model::{Architecture, Model, Transformer, save_model_dir};
 use opentinker::sample::forward::{SequenceInput, forward};
 use opentinker::sample::{EngineConfig, SampleRequest, SamplingEngine, SamplingParams, Stop};
 use opentinker_kernels::KvCache;
@@ -195,26 +196,40 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: the first thing `main` does; no other thread exists yet.
     unsafe { opentinker::compute_threads::fix_compute_threads() };
     opentinker::allocator::keep_freed_memory();
-    let big = std::env::args().any(|a| a == "qwen2.5-0.5b");
-    let (shape, name) = if big {
-        (TinyShape::Qwen05b, "qwen2.5-0.5b")
-    } else {
-        (TinyShape::Tiny, "tiny")
-    };
     let dir = tempfile::tempdir()?;
-    init_tiny(dir.path(), shape, Architecture::Qwen2, 0)?;
+    let export = dir.path().join("export");
+    let gguf = std::env::args().skip(1).find(|a| a.ends_with(".gguf"));
+    // A real model from its GGUF file: ours reads the file; `transformers` its export (which
+    // it loads with the GGUF's logits: host/tests/model_dirs.rs).
+    let (source, name) = match gguf {
+        Some(file) => {
+            let file = PathBuf::from(file);
+            let model = Model::load(&file)?;
+            save_model_dir(&model.transformer, &file, &export)?;
+            let name = file
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            (file, name)
+        }
+        None => {
+            let big = std::env::args().any(|a| a == "qwen2.5-0.5b");
+            let (shape, name) = match big {
+                true => (TinyShape::Qwen05b, "qwen2.5-0.5b"),
+                false => (TinyShape::Tiny, "tiny"),
+            };
+            init_tiny(&export, shape, Architecture::Qwen2, 0)?;
+            (export.clone(), name.to_string())
+        }
+    };
     // transformers first, so that the two never hold a 0.5B model at the same time.
     let theirs: Vec<(usize, Option<f64>)> = [1, 16]
         .into_iter()
-        .map(|b| {
-            (
-                b,
-                (!support::quick()).then(|| python(dir.path(), b)).flatten(),
-            )
-        })
+        .map(|b| (b, (!support::quick()).then(|| python(&export, b)).flatten()))
         .collect();
 
-    let model = Model::load(dir.path())?;
+    let model = Model::load(&source)?;
     let config = model.config.clone();
     let base = Arc::new(model.transformer);
     let registry = AdapterRegistry::new(Arc::clone(&base));
