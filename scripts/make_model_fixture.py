@@ -1,7 +1,7 @@
 """Make the committed reference fixture of the model tests with Hugging Face `transformers`.
 
 Writes host/tests/fixtures/transformers/:
-- llama/, qwen2/, qwen3/: tiny random models (`save_pretrained`, safetensors, f32) with a small
+- llama/, qwen2/, qwen3/, gemma3/: tiny random models (`save_pretrained`, safetensors, f32) with a small
   byte-level BPE tokenizer, and `reference.safetensors` holding, for a few token sequences,
   `tokens.N` (int64) and `logits.N` (float32, [len, vocab]) computed by transformers;
 - qwen2-peft-lora/: a LoRA adapter written by `peft` (rank 4, alpha 8, attention and MLP
@@ -19,6 +19,7 @@ CI only reads the fixture. Regenerate it (rarely: when transformers' behaviour i
 
 import json
 import pathlib
+import sys
 
 import torch
 import transformers
@@ -94,6 +95,14 @@ FAMILIES = {
                   tie_word_embeddings=True, rope_theta=1000000.0),
     "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"],
                   tie_word_embeddings=True, rope_theta=1000000.0, head_dim=24),
+    # A window of 8 that the 40-token sequence passes in its local layer.
+    "gemma3": dict(
+        model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], tie_word_embeddings=True,
+        head_dim=24, query_pre_attn_scalar=24, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    ),
 }
 
 
@@ -110,7 +119,7 @@ def make_tokenizer():
 
 
 def make_model(name, family, tokenizer):
-    torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3}[name])
+    torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3, "gemma3": 4}[name])
     config = transformers.AutoConfig.for_model(
         family["model_type"],
         vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128,
@@ -206,4 +215,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    # `make_model_fixture.py gemma3` remakes that family alone.
+    if len(sys.argv) > 1:
+        for name in sys.argv[1:]:
+            make_model(name, FAMILIES[name], make_tokenizer())
+    else:
+        main()

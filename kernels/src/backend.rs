@@ -15,6 +15,7 @@
 //! and [`Backend::attend`] read it, [`Backend::advance`] commits the new positions at the end.
 
 use crate::attention::Heads;
+use crate::ops::Activation;
 
 /// A device and its kernels, as the transformer's layers use them.
 pub trait Backend: Sync {
@@ -126,8 +127,19 @@ pub trait Backend: Sync {
         out: &mut Self::Buffer,
     ) -> Result<(), Self::Error>;
 
-    /// `gate = silu(gate) · up`, in place.
-    fn silu_mul(&self, gate: &mut Self::Buffer, up: &Self::Buffer) -> Result<(), Self::Error>;
+    /// `gate = activation(gate) · up`, in place.
+    fn gate_mul(
+        &self,
+        activation: Activation,
+        gate: &mut Self::Buffer,
+        up: &Self::Buffer,
+    ) -> Result<(), Self::Error>;
+
+    /// `x *= factor`, in place (Gemma's embedding scale).
+    fn scale(&self, x: &mut Self::Buffer, factor: f64) -> Result<(), Self::Error>;
+
+    /// `x += y`.
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer) -> Result<(), Self::Error>;
 
     /// Commit the call's positions: every cache in `batch` now holds its new rows.
     fn advance(&self, batch: &mut Self::Batch<'_>);
@@ -139,9 +151,6 @@ pub trait Backend: Sync {
 pub trait Backward: Backend {
     /// A projection's adapters with the gradients their pairs accumulate into.
     type LoraGrads<'a>;
-
-    /// `x += y`.
-    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer) -> Result<(), Self::Error>;
 
     /// The backward of [`Backend::rms_norm_into`]: `dx += ∂x`, `dweight += ∂weight` when given.
     #[allow(clippy::too_many_arguments)]
@@ -207,9 +216,10 @@ pub trait Backward: Backend {
         dv: &mut Self::Buffer,
     ) -> Result<(), Self::Error>;
 
-    /// The backward of [`Backend::silu_mul`] from its inputs: writes `d_gate` and `d_up`.
-    fn silu_mul_backward(
+    /// The backward of [`Backend::gate_mul`] from its inputs: writes `d_gate` and `d_up`.
+    fn gate_mul_backward(
         &self,
+        activation: Activation,
         gate: &Self::Buffer,
         up: &Self::Buffer,
         d_out: &Self::Buffer,

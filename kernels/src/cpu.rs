@@ -12,7 +12,7 @@ use crate::attention::{Heads, causal_attention};
 use crate::backend::Backend;
 use crate::linear::linear;
 use crate::lora::{Segment, lora_apply};
-use crate::ops;
+use crate::ops::{self, Activation};
 
 /// The CPU backend.
 #[derive(Clone, Copy, Debug, Default)]
@@ -256,8 +256,25 @@ impl Backend for Cpu {
         Ok(())
     }
 
-    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>) -> Result<(), Infallible> {
-        ops::silu_mul(gate, up);
+    fn gate_mul(
+        &self,
+        activation: Activation,
+        gate: &mut Vec<f32>,
+        up: &Vec<f32>,
+    ) -> Result<(), Infallible> {
+        ops::gate_mul(activation, gate, up);
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, factor: f64) -> Result<(), Infallible> {
+        ops::scale(x, factor as f32);
+        Ok(())
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<(), Infallible> {
+        for (a, &b) in x.iter_mut().zip(y) {
+            *a += b;
+        }
         Ok(())
     }
 

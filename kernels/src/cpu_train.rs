@@ -14,6 +14,7 @@ use num_traits::Zero;
 use crate::float::Float;
 use crate::gemm::{matmul_nn, matmul_nt, matmul_tn};
 use crate::lora::{LoraGrad, Segment, lora_backward, lora_forward};
+use crate::ops::Activation;
 use crate::{ops, unembed};
 
 /// The CPU training backend in `T`.
@@ -180,8 +181,25 @@ macro_rules! train_backend {
                 Ok(())
             }
 
-            fn silu_mul(&self, gate: &mut Vec<$t>, up: &Vec<$t>) -> Result<(), Infallible> {
-                ops::silu_mul(gate, up);
+            fn gate_mul(
+                &self,
+                activation: Activation,
+                gate: &mut Vec<$t>,
+                up: &Vec<$t>,
+            ) -> Result<(), Infallible> {
+                ops::gate_mul(activation, gate, up);
+                Ok(())
+            }
+
+            fn scale(&self, x: &mut Vec<$t>, factor: f64) -> Result<(), Infallible> {
+                ops::scale(x, <$t>::of(factor));
+                Ok(())
+            }
+
+            fn add(&self, x: &mut Vec<$t>, y: &Vec<$t>) -> Result<(), Infallible> {
+                for (a, &b) in x.iter_mut().zip(y) {
+                    *a += b;
+                }
                 Ok(())
             }
 
@@ -190,13 +208,6 @@ macro_rules! train_backend {
 
         impl Backward for CpuTrain<$t> {
             type LoraGrads<'a> = LoraGrads<'a, $t>;
-
-            fn add(&self, x: &mut Vec<$t>, y: &Vec<$t>) -> Result<(), Infallible> {
-                for (a, &b) in x.iter_mut().zip(y) {
-                    *a += b;
-                }
-                Ok(())
-            }
 
             fn rms_norm_backward(
                 &self,
@@ -288,15 +299,16 @@ macro_rules! train_backend {
                 Ok(())
             }
 
-            fn silu_mul_backward(
+            fn gate_mul_backward(
                 &self,
+                activation: Activation,
                 gate: &Vec<$t>,
                 up: &Vec<$t>,
                 d_out: &Vec<$t>,
                 d_gate: &mut Vec<$t>,
                 d_up: &mut Vec<$t>,
             ) -> Result<(), Infallible> {
-                ops::silu_mul_backward(gate, up, d_out, d_gate, d_up);
+                ops::gate_mul_backward(activation, gate, up, d_out, d_gate, d_up);
                 Ok(())
             }
 

@@ -4,7 +4,7 @@
 //!
 //! Beside them, the training path's kernels, each forward next to its backward and generic over
 //! [`Float`] (f32, and f64 for gradient checks): RMSNorm keeping each row's inverse rms, RoPE
-//! (whose backward is the opposite rotation), the SiLU gate, whole-sequence causal attention that
+//! (whose backward is the opposite rotation), the gate's activation (SiLU or GELU), whole-sequence causal attention that
 //! keeps one log-sum-exp per row and head and recomputes the probabilities in its backward, the
 //! LoRA apply with its `A`, `B` and input gradients, and the matrix products of [`gemm`].
 //! `tests/gradients.rs` checks each backward against central differences in f64.
@@ -37,3 +37,4 @@ pub use cpu_train::{CpuTrain, LoraGrads, TrainBatch};
 pub use float::Float;
 pub use linear::linear;
 pub use lora::{LoraGrad, LoraPair, Segment, lora_apply, lora_backward, lora_forward};
+pub use ops::Activation;

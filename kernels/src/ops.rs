@@ -162,19 +162,59 @@ fn rotate<T: Float, const BACK: bool>(
         });
 }
 
-/// `gate = silu(gate) · up`, in place.
-pub fn silu_mul<T: Float>(gate: &mut [T], up: &[T]) {
+/// The activation of an MLP's gate, each of the form `act(g) = g · σ(z(g))`: SiLU (`z = g`)
+/// and GELU's tanh approximation (Gemma's `gelu_pytorch_tanh`), where
+/// `z = 2·√(2/π)·(g + 0.044715·g³)`, since `(1 + tanh u) / 2 = σ(2u)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    GeluTanh,
+}
+
+impl Activation {
+    /// `z(g)` and `dz/dg`.
+    #[inline(always)]
+    fn argument<T: Float>(self, g: T) -> (T, T) {
+        match self {
+            Activation::Silu => (g, T::one()),
+            Activation::GeluTanh => {
+                let (c, cubic) = (
+                    T::of(2.0 * (2.0 / std::f64::consts::PI).sqrt()),
+                    T::of(0.044715),
+                );
+                let g2 = g * g;
+                (
+                    c * (g + cubic * g2 * g),
+                    c * (T::one() + T::of(3.0) * cubic * g2),
+                )
+            }
+        }
+    }
+
+    /// The number the CUDA kernels know it by.
+    pub fn code(self) -> i32 {
+        match self {
+            Activation::Silu => 0,
+            Activation::GeluTanh => 1,
+        }
+    }
+}
+
+/// `gate = act(gate) · up`, in place.
+pub fn gate_mul<T: Float>(activation: Activation, gate: &mut [T], up: &[T]) {
     gate.par_chunks_mut(TASK_VALUES)
         .zip(up.par_chunks(TASK_VALUES))
         .for_each(|(gate, up)| {
             for (g, &u) in gate.iter_mut().zip(up) {
-                *g = *g / (T::one() + (-*g).fast_exp()) * u;
+                let (z, _) = activation.argument(*g);
+                *g = *g / (T::one() + (-z).fast_exp()) * u;
             }
         });
 }
 
-/// The backward of `out = silu(gate) · up` from the inputs: writes `d_gate` and `d_up`.
-pub fn silu_mul_backward<T: Float>(
+/// The backward of `out = act(gate) · up` from the inputs: writes `d_gate` and `d_up`.
+pub fn gate_mul_backward<T: Float>(
+    activation: Activation,
     gate: &[T],
     up: &[T],
     d_out: &[T],
@@ -191,11 +231,21 @@ pub fn silu_mul_backward<T: Float>(
         .for_each(|(((gate, up), d_out), (d_gate, d_up))| {
             let values = gate.iter().zip(up).zip(d_out);
             for (((&g, &u), &d), (dg, du)) in values.zip(d_gate.iter_mut().zip(d_up.iter_mut())) {
-                let sigmoid = T::one() / (T::one() + (-g).fast_exp());
+                let (z, slope) = activation.argument(g);
+                let sigmoid = T::one() / (T::one() + (-z).fast_exp());
                 *du = d * g * sigmoid;
-                *dg = d * u * sigmoid * (T::one() + g * (T::one() - sigmoid));
+                *dg = d * u * sigmoid * (T::one() + g * (T::one() - sigmoid) * slope);
             }
         });
+}
+
+/// `x *= factor`, in place.
+pub fn scale<T: Float>(x: &mut [T], factor: T) {
+    x.par_chunks_mut(TASK_VALUES).for_each(|x| {
+        for value in x {
+            *value *= factor;
+        }
+    });
 }
 
 /// `log_softmax` of one row, the normaliser summed in f64: the logprobs the sampler returns.

@@ -62,6 +62,7 @@ pub fn causal_attention(
         heads,
         kv_heads,
         head_dim,
+        ..
     } = shape;
     let (row, groups) = (heads * head_dim, heads / kv_heads);
     let mut out = Vec::with_capacity(q.len());
@@ -69,7 +70,8 @@ pub fn causal_attention(
         for h in 0..heads {
             let query = &q_row[h * head_dim..][..head_dim];
             let (key, value) = (keys[h / groups], values[h / groups]);
-            let scores: Vec<f64> = (0..=start + r)
+            let first = shape.first_key(start + r);
+            let scores: Vec<f64> = (first..=start + r)
                 .map(|j| {
                     let k = &key[j * head_dim..][..head_dim];
                     query
@@ -88,7 +90,7 @@ pub fn causal_attention(
                     weights
                         .iter()
                         .enumerate()
-                        .map(|(j, w)| w / total * f64::from(value[j * head_dim + d]))
+                        .map(|(j, w)| w / total * f64::from(value[(first + j) * head_dim + d]))
                         .sum(),
                 );
             }

@@ -85,9 +85,9 @@ proptest! {
     #[test]
     fn attention_matches_the_reference_and_prefill_equals_decoding_one_by_one(
         positions in 1usize..24, kv_heads in 1usize..3, groups in 1usize..3,
-        half_dim in 1usize..9, seed in 0u64..1000,
+        half_dim in 1usize..9, window in proptest::option::of(1usize..8), seed in 0u64..1000,
     ) {
-        let shape = Heads { heads: kv_heads * groups, kv_heads, head_dim: 2 * half_dim };
+        let shape = Heads { heads: kv_heads * groups, kv_heads, head_dim: 2 * half_dim, window };
         let row = shape.heads * shape.head_dim;
         let q = values(positions * row, seed);
         let per_head = |salt: u64| -> Vec<Vec<f32>> {

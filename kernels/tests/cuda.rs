@@ -20,8 +20,8 @@ use opentinker_kernels::cuda::{
 };
 use opentinker_kernels::gemm::{matmul_nn, matmul_tn};
 use opentinker_kernels::{
-    Heads, LoraGrad, LoraPair, Segment, attention_backward, attention_forward, causal_attention,
-    linear, lora_apply, lora_backward, ops, unembed,
+    Activation, Heads, LoraGrad, LoraPair, Segment, attention_backward, attention_forward,
+    causal_attention, linear, lora_apply, lora_backward, ops, unembed,
 };
 
 fn gpu(test: &str) -> Option<Gpu> {
@@ -72,7 +72,9 @@ fn the_kernel_source_compiles_with_nvrtc() {
                 "rms_norm_backward",
                 "rms_norm_weight_grad",
                 "rope_backward",
-                "silu_mul_backward",
+                "gate_mul_backward",
+                "gate_mul",
+                "scale_in_place",
                 "square_sum_partials",
                 "adamw",
                 "linear_backward_input_f32",
@@ -435,11 +437,19 @@ fn row_ops_match_the_cpu() {
     assert_eq!(error.kind(), GpuErrorKind::InvalidArgument);
 
     let (gate, upv) = (values(1000, 43), values(1000, 44));
+    for activation in [Activation::Silu, Activation::GeluTanh] {
+        let mut want = gate.clone();
+        ops::gate_mul(activation, &mut want, &upv);
+        let mut dg = up(&gpu, &gate);
+        gpu.gate_mul(activation, &mut dg, &up(&gpu, &upv))
+            .expect("gate_mul");
+        assert_close("gate_mul", &down(&gpu, &dg), &want, 1e-4);
+    }
     let mut want = gate.clone();
-    ops::silu_mul(&mut want, &upv);
-    let mut dg = up(&gpu, &gate);
-    gpu.silu_mul(&mut dg, &up(&gpu, &upv)).expect("silu_mul");
-    assert_close("silu_mul", &down(&gpu, &dg), &want, 1e-4);
+    ops::scale(&mut want, 25.3);
+    let mut scaled = up(&gpu, &gate);
+    gpu.scale(&mut scaled, 25.3).expect("scale");
+    assert_close("scale", &down(&gpu, &scaled), &want, 1e-4);
 
     let vocabulary = 5000;
     let logits: Vec<f32> = values(3 * vocabulary, 45)
@@ -540,27 +550,37 @@ fn training_row_ops_and_adamw_match_the_cpu() {
     assert_close("rope after its backward", &down(&gpu, &device), &grad, 1e-4);
 
     let (gate, upv, d_out) = (values(1000, 56), values(1000, 57), values(1000, 58));
-    let (mut want_gate, mut want_up) = (vec![0.0; 1000], vec![0.0; 1000]);
-    ops::silu_mul_backward(&gate, &upv, &d_out, &mut want_gate, &mut want_up);
-    let (mut d_gate, mut d_up) = (
-        gpu.zeros(1000).expect("zeros"),
-        gpu.zeros(1000).expect("zeros"),
-    );
-    gpu.silu_mul_backward(
-        &up(&gpu, &gate),
-        &up(&gpu, &upv),
-        &up(&gpu, &d_out),
-        &mut d_gate,
-        &mut d_up,
-    )
-    .expect("silu_mul_backward");
-    assert_close(
-        "silu_mul_backward d_gate",
-        &down(&gpu, &d_gate),
-        &want_gate,
-        1e-4,
-    );
-    assert_close("silu_mul_backward d_up", &down(&gpu, &d_up), &want_up, 1e-4);
+    for activation in [Activation::Silu, Activation::GeluTanh] {
+        let (mut want_gate, mut want_up) = (vec![0.0; 1000], vec![0.0; 1000]);
+        ops::gate_mul_backward(
+            activation,
+            &gate,
+            &upv,
+            &d_out,
+            &mut want_gate,
+            &mut want_up,
+        );
+        let (mut d_gate, mut d_up) = (
+            gpu.zeros(1000).expect("zeros"),
+            gpu.zeros(1000).expect("zeros"),
+        );
+        gpu.gate_mul_backward(
+            activation,
+            &up(&gpu, &gate),
+            &up(&gpu, &upv),
+            &up(&gpu, &d_out),
+            &mut d_gate,
+            &mut d_up,
+        )
+        .expect("gate_mul_backward");
+        assert_close(
+            "gate_mul_backward d_gate",
+            &down(&gpu, &d_gate),
+            &want_gate,
+            1e-4,
+        );
+        assert_close("gate_mul_backward d_up", &down(&gpu, &d_up), &want_up, 1e-4);
+    }
 
     // The norm over several chunks, and AdamW's step 3 from given moments.
     let n = 10_000;
@@ -850,10 +870,17 @@ fn training_attention_matches_the_cpu_forward_and_backward() {
     let Some(gpu) = gpu("training attention") else {
         return;
     };
+    for window in [None, Some(7)] {
+        check_training_attention(&gpu, window);
+    }
+}
+
+fn check_training_attention(gpu: &Gpu, window: Option<usize>) {
     let shape = Heads {
         heads: 4,
         kv_heads: 2,
         head_dim: 32,
+        window,
     };
     let lengths = [5usize, 1, 12];
     let rows: usize = lengths.iter().sum();
@@ -881,9 +908,9 @@ fn training_attention_matches_the_cpu_forward_and_backward() {
     let run = |lengths: &[usize], at: std::ops::Range<usize>| {
         let (q_at, kv_at) = (at.start * 128..at.end * 128, at.start * 64..at.end * 64);
         let (dq_in, dk_in, dv_in) = (
-            up(&gpu, &q[q_at.clone()]),
-            up(&gpu, &k[kv_at.clone()]),
-            up(&gpu, &v[kv_at.clone()]),
+            up(gpu, &q[q_at.clone()]),
+            up(gpu, &k[kv_at.clone()]),
+            up(gpu, &v[kv_at.clone()]),
         );
         let n = at.len();
         let mut out = gpu.zeros(n * 128).expect("zeros");
@@ -901,7 +928,7 @@ fn training_attention_matches_the_cpu_forward_and_backward() {
             &dv_in,
             &out,
             &lse,
-            &up(&gpu, &d_out[q_at]),
+            &up(gpu, &d_out[q_at]),
             shape,
             lengths,
             &mut dq,
@@ -909,7 +936,7 @@ fn training_attention_matches_the_cpu_forward_and_backward() {
             &mut dv,
         )
         .expect("attention_backward");
-        [&out, &lse, &dq, &dk, &dv].map(|buffer| down(&gpu, buffer))
+        [&out, &lse, &dq, &dk, &dv].map(|buffer| down(gpu, buffer))
     };
     let [out, lse, dq, dk, dv] = run(&lengths, 0..rows);
     assert_close("attention out", &out, &want_out, 1e-4);
@@ -927,9 +954,9 @@ fn training_attention_matches_the_cpu_forward_and_backward() {
     let mut lse = gpu.zeros(rows * 4).expect("zeros");
     let error = gpu
         .attention_forward(
-            &up(&gpu, &q),
-            &up(&gpu, &k),
-            &up(&gpu, &v),
+            &up(gpu, &q),
+            &up(gpu, &k),
+            &up(gpu, &v),
             shape,
             &[5, 1, 11],
             &mut out,
@@ -1070,17 +1097,24 @@ fn paged_attention_matches_the_cpu_and_a_prefill_equals_decode_steps() {
     let Some(gpu) = gpu("paged_attention") else {
         return;
     };
+    for window in [None, Some(7)] {
+        check_paged_attention(&gpu, window);
+    }
+}
+
+fn check_paged_attention(gpu: &Gpu, window: Option<usize>) {
     let shape = Heads {
         heads: 6,
         kv_heads: 2,
         head_dim: 64,
+        window,
     };
     let block_size = 16;
     let lengths = [37usize, 5, 16];
     // Blocks handed out out of order, as a pool that has served other sequences would.
     let tables: Vec<Vec<usize>> = vec![vec![7, 2, 9], vec![4], vec![0]];
     let mut cache =
-        PagedKvCache::new(&gpu, 10, shape.kv_heads, shape.head_dim, block_size).expect("cache");
+        PagedKvCache::new(gpu, 10, shape.kv_heads, shape.head_dim, block_size).expect("cache");
     let (q_row, kv_row) = (
         shape.heads * shape.head_dim,
         shape.kv_heads * shape.head_dim,
@@ -1097,12 +1131,12 @@ fn paged_attention_matches_the_cpu_and_a_prefill_equals_decode_steps() {
         values(total * kv_row, 52),
     );
     let batch = gpu.attention_batch(&cache, &rows, &tables).expect("batch");
-    gpu.kv_write(&mut cache, &batch, &up(&gpu, &k), &up(&gpu, &v))
+    gpu.kv_write(&mut cache, &batch, &up(gpu, &k), &up(gpu, &v))
         .expect("kv_write");
     let mut out = gpu.zeros(total * q_row).expect("zeros");
-    gpu.paged_attention(&cache, &batch, &up(&gpu, &q), shape, &mut out)
+    gpu.paged_attention(&cache, &batch, &up(gpu, &q), shape, &mut out)
         .expect("attention");
-    let got = down(&gpu, &out);
+    let got = down(gpu, &out);
     // The CPU kernel per sequence, over per-head caches.
     let mut want = Vec::with_capacity(got.len());
     let mut first = 0;
@@ -1139,10 +1173,10 @@ fn paged_attention_matches_the_cpu_and_a_prefill_equals_decode_steps() {
         }];
         let one = gpu.attention_batch(&cache, &row, &tables).expect("batch");
         let mut alone = gpu.zeros(q_row).expect("zeros");
-        let q_last = up(&gpu, &q[last * q_row..(last + 1) * q_row]);
+        let q_last = up(gpu, &q[last * q_row..(last + 1) * q_row]);
         gpu.paged_attention(&cache, &one, &q_last, shape, &mut alone)
             .expect("attention");
-        assert_eq!(down(&gpu, &alone), got[last * q_row..(last + 1) * q_row]);
+        assert_eq!(down(gpu, &alone), got[last * q_row..(last + 1) * q_row]);
         first += n;
     }
     // A position past the sequence's blocks is refused when the batch is made.

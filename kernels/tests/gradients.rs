@@ -4,11 +4,11 @@
 
 use opentinker_kernels::gemm::{matmul_nn, matmul_nt, matmul_tn};
 use opentinker_kernels::ops::{
-    rms_norm, rms_norm_backward, rms_norm_saving, rope, rope_backward, silu_mul, silu_mul_backward,
+    gate_mul, gate_mul_backward, rms_norm, rms_norm_backward, rms_norm_saving, rope, rope_backward,
 };
 use opentinker_kernels::{
-    Heads, LoraGrad, LoraPair, Segment, attention_backward, attention_forward, lora_backward,
-    lora_forward, reference,
+    Activation, Heads, LoraGrad, LoraPair, Segment, attention_backward, attention_forward,
+    lora_backward, lora_forward, reference,
 };
 use proptest::prelude::*;
 
@@ -132,17 +132,32 @@ proptest! {
     }
 
     #[test]
-    fn silu_mul_backward_matches_finite_differences(n in 1usize..20, seed in 0u64..1000) {
+    fn gate_mul_matches_its_definition_and_its_backward_finite_differences(
+        n in 1usize..20, seed in 0u64..1000,
+    ) {
         let (gate, up, dy) = (values(n, seed), values(n, seed + 1), values(n, seed + 2));
-        let (mut d_gate, mut d_up) = (vec![0.0; n], vec![0.0; n]);
-        silu_mul_backward(&gate, &up, &dy, &mut d_gate, &mut d_up);
-        let loss = |g: &[f64], u: &[f64]| {
-            let mut y = g.to_vec();
-            silu_mul(&mut y, u);
-            dot(&dy, &y)
-        };
-        check_gradient("d_gate", &gate, &d_gate, |g| loss(g, &up));
-        check_gradient("d_up", &up, &d_up, |u| loss(&gate, u));
+        for (activation, definition) in [
+            (Activation::Silu, (|g: f64| g / (1.0 + (-g).exp())) as fn(f64) -> f64),
+            (Activation::GeluTanh, |g: f64| {
+                let u = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+                0.5 * g * (1.0 + u.tanh())
+            }),
+        ] {
+            let mut y = gate.clone();
+            gate_mul(activation, &mut y, &up);
+            for ((y, &g), &u) in y.iter().zip(&gate).zip(&up) {
+                prop_assert!((y - definition(g) * u).abs() < 1e-12, "{activation:?}");
+            }
+            let (mut d_gate, mut d_up) = (vec![0.0; n], vec![0.0; n]);
+            gate_mul_backward(activation, &gate, &up, &dy, &mut d_gate, &mut d_up);
+            let loss = |g: &[f64], u: &[f64]| {
+                let mut y = g.to_vec();
+                gate_mul(activation, &mut y, u);
+                dot(&dy, &y)
+            };
+            check_gradient("d_gate", &gate, &d_gate, |g| loss(g, &up));
+            check_gradient("d_up", &up, &d_up, |u| loss(&gate, u));
+        }
     }
 
     #[test]
@@ -177,9 +192,10 @@ proptest! {
     #[test]
     fn whole_sequence_attention_matches_the_reference_and_its_backward_finite_differences(
         lengths in proptest::collection::vec(1usize..5, 1..3),
-        kv_heads in 1usize..3, groups in 1usize..3, half in 1usize..3, seed in 0u64..1000,
+        kv_heads in 1usize..3, groups in 1usize..3, half in 1usize..3,
+        window in proptest::option::of(1usize..4), seed in 0u64..1000,
     ) {
-        let shape = Heads { heads: kv_heads * groups, kv_heads, head_dim: 2 * half };
+        let shape = Heads { heads: kv_heads * groups, kv_heads, head_dim: 2 * half, window };
         check_attention(&lengths, shape, seed, 1);
     }
 
@@ -264,15 +280,18 @@ proptest! {
 
 /// Sequences longer than the attention's block of query rows (64): the blocks' products and
 /// causal masks against the reference and finite differences (at every 17th entry: all of them
-/// would take minutes).
+/// would take minutes), with all keys and with a sliding window across the blocks.
 #[test]
 fn whole_sequence_attention_over_several_blocks() {
-    let shape = Heads {
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 4,
-    };
-    check_attention(&[130, 70, 1], shape, 1, 17);
+    for window in [None, Some(40)] {
+        let shape = Heads {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 4,
+            window,
+        };
+        check_attention(&[130, 70, 1], shape, 1, 17);
+    }
 }
 
 /// The whole-sequence attention of sequences of `lengths`: its f32 forward against the

@@ -253,7 +253,11 @@ fn parameters(config: &ModelConfig) -> u64 {
     let (q, kv) = attention_widths(config);
     let attention = hidden * q * 2 + hidden * kv * 2 + q + 2 * kv;
     let mlp = 3 * hidden * inter;
-    let layer = attention + mlp + 2 * hidden + 2 * config.head_dim;
+    let norms = match config.features.block_output_norms {
+        true => 4 * hidden,
+        false => 2 * hidden,
+    };
+    let layer = attention + mlp + norms + 2 * config.head_dim;
     let embeddings = config.vocab_size * hidden;
     let head = if config.tie_word_embeddings {
         0

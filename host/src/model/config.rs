@@ -1,16 +1,20 @@
-//! A Hugging Face `config.json` of the Llama, Qwen2 and Qwen3 families, read into the one shape
-//! our transformer needs; configurations we do not support are refused by name.
+//! A Hugging Face `config.json` of the Llama, Qwen2, Qwen3 and Gemma 3 families, read into the
+//! one shape our transformer needs; configurations we do not support are refused by name.
 //!
 //! An architecture is data: [`Architecture`] is the one list of the families' names, and
 //! [`Architecture::features`] the one place that says what sets each family's layers apart
-//! ([`Features`]: biases, query/key norms). Everything after this module (the layers, the weight
-//! readers, the memory counts) reads the [`Features`] of a [`ModelConfig`], never the name; so
-//! a new family is a new variant here, its features, and whatever new feature its layers need.
+//! ([`Features`]: biases, query/key norms, the norms around each block, the activation, the
+//! embedding's scale); a config's [`LocalAttention`] says which layers see a sliding window.
+//! Everything after this module (the layers, the weight readers, the memory counts) reads the
+//! [`Features`] of a [`ModelConfig`], never the name; so a new family is a new variant here,
+//! its features, and whatever new feature its layers need.
 
 use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;
+
+pub use opentinker_kernels::Activation;
 
 /// The families we run, by the `model_type` of their `config.json` (also a GGUF's
 /// `general.architecture`, a job file's `init_tiny.arch` and `model init-tiny --arch`). They
@@ -24,13 +28,19 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3: no biases, RMSNorm of each head's queries and keys.
     Qwen3,
+    /// Gemma 3 (its text model): query/key norms, four norms per layer in the `1 + w` form,
+    /// a GELU (tanh) gate, scaled embeddings, local sliding-window layers between global ones.
+    #[serde(rename = "gemma3_text")]
+    #[value(name = "gemma3_text")]
+    Gemma3,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 3] = [
+    pub const ALL: [Architecture; 4] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
+        Architecture::Gemma3,
     ];
 
     /// The name of `config.json`'s `model_type`.
@@ -39,7 +49,22 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma3 => "gemma3_text",
         }
+    }
+
+    /// The name of a GGUF file's `general.architecture` (llama.cpp's): the `model_type` but for
+    /// Gemma 3, whose files say `gemma3` for the text model.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Architecture::Gemma3 => "gemma3",
+            other => other.model_type(),
+        }
+    }
+
+    /// The architecture of a GGUF's `general.architecture`, `None` for one we do not run.
+    pub fn from_gguf_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|arch| arch.gguf_name() == name)
     }
 
     /// The `transformers` class a `config.json`'s `architectures` names.
@@ -48,6 +73,7 @@ impl Architecture {
             Architecture::Llama => "LlamaForCausalLM",
             Architecture::Qwen2 => "Qwen2ForCausalLM",
             Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 
@@ -64,25 +90,44 @@ impl Architecture {
     /// The features of this family's layers, where `config.json`'s `attention_bias` and
     /// `mlp_bias` say whether its projections have biases (Qwen2's q, k and v always do).
     pub fn features(self, attention_bias: bool, mlp_bias: bool) -> Features {
+        let llama = Features {
+            qkv_bias: attention_bias,
+            o_bias: attention_bias,
+            mlp_bias,
+            qk_norm: false,
+            block_output_norms: false,
+            activation: Activation::Silu,
+            scaled_embeddings: false,
+            unit_offset_norms: false,
+        };
         match self {
-            Architecture::Llama => Features {
-                qkv_bias: attention_bias,
-                o_bias: attention_bias,
-                mlp_bias,
-                qk_norm: false,
-            },
+            Architecture::Llama => llama,
             Architecture::Qwen2 => Features {
                 qkv_bias: true,
                 o_bias: false,
-                mlp_bias,
-                qk_norm: false,
+                ..llama
             },
             Architecture::Qwen3 => Features {
-                qkv_bias: attention_bias,
-                o_bias: attention_bias,
-                mlp_bias,
                 qk_norm: true,
+                ..llama
             },
+            Architecture::Gemma3 => Features {
+                qk_norm: true,
+                block_output_norms: true,
+                activation: Activation::GeluTanh,
+                scaled_embeddings: true,
+                unit_offset_norms: true,
+                ..llama
+            },
+        }
+    }
+
+    /// The activation `config.json` must name (`hidden_act` or `hidden_activation`), as
+    /// `transformers` spells it.
+    pub fn activation_name(self) -> &'static str {
+        match self.features(false, false).activation {
+            Activation::Silu => "silu",
+            Activation::GeluTanh => "gelu_pytorch_tanh",
         }
     }
 }
@@ -99,6 +144,54 @@ pub struct Features {
     pub mlp_bias: bool,
     /// RMSNorm of each head's queries and keys, before RoPE.
     pub qk_norm: bool,
+    /// RMSNorm of each block's output before it joins the residual stream (Gemma's four norms
+    /// per layer; the MLP's input norm is then `pre_feedforward_layernorm`).
+    pub block_output_norms: bool,
+    /// The MLP gate's activation.
+    pub activation: Activation,
+    /// Embeddings multiplied by the square root of the width (the tied unembedding is not).
+    pub scaled_embeddings: bool,
+    /// Norm weights applied as `1 + w` (Gemma). The engine holds the factor `1 + w` itself, as
+    /// llama.cpp's files store it, so its layers run one RMSNorm; Hugging Face files store `w`,
+    /// converted where they are read and written ([`Features::norm_offset`]).
+    pub unit_offset_norms: bool,
+}
+
+impl Features {
+    /// The Hugging Face names of a layer's norms after `model.layers.N.`: the MLP's input norm,
+    /// and the norms of the attention's and the MLP's outputs where the model has them (Gemma
+    /// calls its MLP's input norm `pre_feedforward_layernorm`, and its attention's output norm
+    /// what Llama calls its MLP's input norm).
+    pub fn layer_norm_names(&self) -> (&'static str, Option<[&'static str; 2]>) {
+        match self.block_output_norms {
+            true => (
+                "pre_feedforward_layernorm",
+                Some(["post_attention_layernorm", "post_feedforward_layernorm"]),
+            ),
+            false => ("post_attention_layernorm", None),
+        }
+    }
+
+    /// The offset a Hugging Face file's value of weight `name` takes when read (its opposite when
+    /// written): 1 for Gemma's norms, 0 otherwise.
+    pub fn norm_offset(&self, name: &str) -> f64 {
+        match self.unit_offset_norms && name.ends_with("norm.weight") {
+            true => 1.0,
+            false => 0.0,
+        }
+    }
+}
+
+/// Which layers attend over a sliding window of the latest positions, and their RoPE base
+/// (Gemma 3: five local layers to each global one).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalAttention {
+    /// Positions a local layer's query sees: its own and the `window - 1` before it.
+    pub window: usize,
+    /// RoPE's base in the local layers (the global ones use [`ModelConfig::rope_theta`]).
+    pub rope_theta: f64,
+    /// For each layer, whether it is local.
+    pub layers: Vec<bool>,
 }
 
 /// How RoPE frequencies are scaled for long contexts.
@@ -135,6 +228,8 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     pub features: Features,
+    /// Sliding-window layers, where the model has them.
+    pub local_attention: Option<LocalAttention>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -235,7 +330,7 @@ impl ModelConfig {
             .unwrap_or_default();
         let architecture = Architecture::from_model_type(model_type)
             .ok_or_else(|| ConfigError::UnsupportedArchitecture(model_type.to_string()))?;
-        refuse_unsupported(config)?;
+        refuse_unsupported(architecture, config)?;
         let hidden_size = get_usize(config, "hidden_size")?;
         let num_heads = get_usize(config, "num_attention_heads")?;
         let num_kv_heads = config
@@ -280,13 +375,15 @@ impl ModelConfig {
             }
         }
         let (rope_theta, rope_scaling) = rope(config)?;
+        let num_layers = get_usize(config, "num_hidden_layers")?;
+        let local_attention = local_attention(architecture, config, num_layers, head_dim)?;
         let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
         Ok(ModelConfig {
             architecture,
             vocab_size,
             hidden_size,
             intermediate_size,
-            num_layers: get_usize(config, "num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -302,6 +399,7 @@ impl ModelConfig {
                 .map_or(4096, |v| v as usize),
             tie_word_embeddings: flag("tie_word_embeddings"),
             features: architecture.features(flag("attention_bias"), flag("mlp_bias")),
+            local_attention,
             bos_token_id: config
                 .get("bos_token_id")
                 .and_then(Value::as_u64)
@@ -314,16 +412,107 @@ impl ModelConfig {
     pub fn kv_groups(&self) -> usize {
         self.num_heads / self.num_kv_heads
     }
+
+    /// The window of positions layer `layer` attends over (`None`: all before it).
+    pub fn attention_window(&self, layer: usize) -> Option<usize> {
+        let local = self.local_attention.as_ref()?;
+        let is_local = local.layers.get(layer).copied().unwrap_or(false);
+        is_local.then_some(local.window)
+    }
 }
 
-/// Refuse the features our transformer does not implement, naming them.
-fn refuse_unsupported(config: &Value) -> Result<(), ConfigError> {
+/// Gemma 3's sliding-window layers: `layer_types` (or every layer but each
+/// `sliding_window_pattern`-th, 6 by default, as `transformers` makes them), the window, and the
+/// local layers' RoPE base. Its attention scale must be the head size's, as the kernels' is.
+fn local_attention(
+    architecture: Architecture,
+    config: &Value,
+    num_layers: usize,
+    head_dim: usize,
+) -> Result<Option<LocalAttention>, ConfigError> {
+    if architecture != Architecture::Gemma3 {
+        return Ok(None);
+    }
+    let scalar = config
+        .get("query_pre_attn_scalar")
+        .and_then(Value::as_f64)
+        .unwrap_or(256.0);
+    if scalar != head_dim as f64 {
+        return Err(ConfigError::Unsupported(format!(
+            "an attention scale of query_pre_attn_scalar {scalar} with head_dim {head_dim}"
+        )));
+    }
+    for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
+        if config.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(ConfigError::Unsupported(format!(
+                "logit soft-capping (`{key}`)"
+            )));
+        }
+    }
+    if config
+        .get("use_bidirectional_attention")
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        return Err(ConfigError::Unsupported(
+            "bidirectional attention (`use_bidirectional_attention`)".into(),
+        ));
+    }
+    let layers = match config.get("layer_types").and_then(Value::as_array) {
+        Some(types) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(ConfigError::Unsupported(format!("layer type {t}"))),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => {
+            let pattern = ["sliding_window_pattern", "_sliding_window_pattern"]
+                .iter()
+                .find_map(|key| config.get(*key).and_then(Value::as_u64))
+                .unwrap_or(6)
+                .max(1) as usize;
+            (0..num_layers).map(|i| (i + 1) % pattern != 0).collect()
+        }
+    };
+    if layers.len() != num_layers {
+        return Err(ConfigError::Unsupported(format!(
+            "{} layer types for {num_layers} layers",
+            layers.len()
+        )));
+    }
+    let window = config
+        .get("sliding_window")
+        .and_then(Value::as_u64)
+        .unwrap_or(4096) as usize;
+    if window == 0 {
+        return Err(ConfigError::Missing("sliding_window"));
+    }
+    let rope_theta = config
+        .get("rope_parameters")
+        .and_then(|p| p.get("sliding_attention"))
+        .and_then(|p| p.get("rope_theta"))
+        .or_else(|| config.get("rope_local_base_freq"))
+        .and_then(Value::as_f64)
+        .unwrap_or(10_000.0);
+    Ok(Some(LocalAttention {
+        window,
+        rope_theta,
+        layers,
+    }))
+}
+
+/// Refuse the features our transformer does not implement, naming them (Gemma 3's sliding
+/// windows are read by [`local_attention`]; another family's are not run).
+fn refuse_unsupported(architecture: Architecture, config: &Value) -> Result<(), ConfigError> {
     if config.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
         return Err(ConfigError::Unsupported(
             "sliding-window attention (`use_sliding_window`)".into(),
         ));
     }
     if let Some(layers) = config.get("layer_types").and_then(Value::as_array)
+        && architecture != Architecture::Gemma3
         && layers.iter().any(|l| l.as_str() != Some("full_attention"))
     {
         return Err(ConfigError::Unsupported(
@@ -341,11 +530,12 @@ fn refuse_unsupported(config: &Value) -> Result<(), ConfigError> {
             )));
         }
     }
-    let act = config
-        .get("hidden_act")
-        .and_then(Value::as_str)
-        .unwrap_or("silu");
-    if act != "silu" {
+    let expected = architecture.activation_name();
+    let act = ["hidden_activation", "hidden_act"]
+        .iter()
+        .find_map(|key| config.get(*key).and_then(Value::as_str))
+        .unwrap_or(expected);
+    if act != expected {
         return Err(ConfigError::Unsupported(format!(
             "activation `hidden_act` = {act:?}"
         )));
@@ -354,9 +544,12 @@ fn refuse_unsupported(config: &Value) -> Result<(), ConfigError> {
 }
 
 /// RoPE theta and scaling, from `rope_theta` / `rope_scaling` or (newer transformers)
-/// `rope_parameters`.
+/// `rope_parameters`. Where `rope_parameters` holds one entry per layer type (Gemma 3), the
+/// global layers' is read here (the local layers' by [`local_attention`]).
 fn rope(config: &Value) -> Result<(f64, RopeScaling), ConfigError> {
-    let parameters = config.get("rope_parameters");
+    let parameters = config
+        .get("rope_parameters")
+        .map(|p| p.get("full_attention").unwrap_or(p));
     let theta = config
         .get("rope_theta")
         .or_else(|| parameters.and_then(|p| p.get("rope_theta")))

@@ -5,7 +5,7 @@ use candle_core::{Device, Storage, Tensor, WithDType};
 use opentinker_kernels::{Backend, Cpu, CpuBatch, KvCache};
 
 use super::layers::{
-    Adapters, AttentionWeights, DecoderWeights, LayerWeights, Linear, MlpWeights, NoAdapters,
+    Adapters, AttentionWeights, DecoderWeights, LayerWeights, Linear, MlpWeights, NoAdapters, Rope,
     Sequence, forward,
 };
 use super::transformer::{self, Transformer};
@@ -84,6 +84,8 @@ struct LayerView<'a, T> {
     q_norm: Option<TensorView<'a, T>>,
     k_norm: Option<TensorView<'a, T>>,
     post_attention_norm: TensorView<'a, T>,
+    attention_output_norm: Option<TensorView<'a, T>>,
+    mlp_output_norm: Option<TensorView<'a, T>>,
     gate: LinearView<'a, T>,
     up: LinearView<'a, T>,
     down: LinearView<'a, T>,
@@ -97,6 +99,7 @@ pub struct CpuWeights<'a, T = f32> {
     lm_head: LinearView<'a, T>,
     cos: TensorView<'a, T>,
     sin: TensorView<'a, T>,
+    local_rope: Option<(TensorView<'a, T>, TensorView<'a, T>)>,
     context: usize,
 }
 
@@ -117,6 +120,8 @@ impl<'a, T: WithDType> CpuWeights<'a, T> {
                     q_norm: norm(&l.q_norm)?,
                     k_norm: norm(&l.k_norm)?,
                     post_attention_norm: view(&l.post_attention_norm)?,
+                    attention_output_norm: norm(&l.attention_output_norm)?,
+                    mlp_output_norm: norm(&l.mlp_output_norm)?,
                     gate: LinearView::of(&l.gate_proj)?,
                     up: LinearView::of(&l.up_proj)?,
                     down: LinearView::of(&l.down_proj)?,
@@ -130,6 +135,11 @@ impl<'a, T: WithDType> CpuWeights<'a, T> {
             lm_head: LinearView::of(&model.lm_head)?,
             cos: view(&model.cos)?,
             sin: view(&model.sin)?,
+            local_rope: model
+                .local_rope
+                .as_ref()
+                .map(|(cos, sin)| Ok::<_, candle_core::Error>((view(cos)?, view(sin)?)))
+                .transpose()?,
             context: model.context_length(),
         })
     }
@@ -152,6 +162,8 @@ impl<'a, T: WithDType> CpuWeights<'a, T> {
                         k_norm: l.k_norm.as_ref().map(TensorView::slice),
                     },
                     post_attention_norm: l.post_attention_norm.slice(),
+                    attention_output_norm: l.attention_output_norm.as_ref().map(TensorView::slice),
+                    mlp_output_norm: l.mlp_output_norm.as_ref().map(TensorView::slice),
                     mlp: MlpWeights {
                         gate: l.gate.linear(),
                         up: l.up.linear(),
@@ -161,8 +173,14 @@ impl<'a, T: WithDType> CpuWeights<'a, T> {
                 .collect(),
             norm: self.norm.slice(),
             lm_head: self.lm_head.linear(),
-            cos: self.cos.slice(),
-            sin: self.sin.slice(),
+            rope: Rope {
+                cos: self.cos.slice(),
+                sin: self.sin.slice(),
+            },
+            local_rope: self.local_rope.as_ref().map(|(cos, sin)| Rope {
+                cos: cos.slice(),
+                sin: sin.slice(),
+            }),
             context: self.context,
         }
     }

@@ -7,7 +7,7 @@ use opentinker_kernels::Backend;
 use opentinker_kernels::cuda::{CudaSlice, Gpu, GpuError, GpuMatrix, WeightFormat};
 
 use super::config::ModelConfig;
-use super::layers::{AttentionWeights, DecoderWeights, LayerWeights, Linear, MlpWeights};
+use super::layers::{AttentionWeights, DecoderWeights, LayerWeights, Linear, MlpWeights, Rope};
 use super::site::Target;
 use super::transformer::{self, Transformer};
 
@@ -45,6 +45,8 @@ struct GpuLayer {
     q_norm: Option<CudaSlice<f32>>,
     k_norm: Option<CudaSlice<f32>>,
     post_attention_norm: CudaSlice<f32>,
+    attention_output_norm: Option<CudaSlice<f32>>,
+    mlp_output_norm: Option<CudaSlice<f32>>,
     gate: GpuLinear,
     up: GpuLinear,
     down: GpuLinear,
@@ -60,6 +62,7 @@ pub struct GpuWeights {
     lm_head: Option<GpuLinear>,
     cos: CudaSlice<f32>,
     sin: CudaSlice<f32>,
+    local_rope: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     context: usize,
     hidden: usize,
 }
@@ -103,6 +106,8 @@ impl GpuWeights {
                     q_norm: norm(&layer.q_norm)?,
                     k_norm: norm(&layer.k_norm)?,
                     post_attention_norm: upload(gpu, &layer.post_attention_norm)?,
+                    attention_output_norm: norm(&layer.attention_output_norm)?,
+                    mlp_output_norm: norm(&layer.mlp_output_norm)?,
                     gate: linear(&layer.gate_proj)?,
                     up: linear(&layer.up_proj)?,
                     down: linear(&layer.down_proj)?,
@@ -120,6 +125,11 @@ impl GpuWeights {
             lm_head,
             cos: upload(gpu, &model.cos)?,
             sin: upload(gpu, &model.sin)?,
+            local_rope: model
+                .local_rope
+                .as_ref()
+                .map(|(cos, sin)| Ok::<_, GpuWeightsError>((upload(gpu, cos)?, upload(gpu, sin)?)))
+                .transpose()?,
             context: model.context_length(),
             hidden: model.config.hidden_size,
         })
@@ -143,6 +153,7 @@ impl GpuWeights {
         let ones = |len: usize| gpu.upload(&vec![1.0f32; len]);
         let (h, hd) = (config.hidden_size, config.head_dim);
         let qk_norm = config.features.qk_norm;
+        let output_norms = config.features.block_output_norms;
         let mut layers = Vec::with_capacity(config.num_layers);
         for _ in 0..config.num_layers {
             let mut linear = |target: Target| -> Result<GpuLinear, GpuError> {
@@ -168,6 +179,8 @@ impl GpuWeights {
                 q_norm: if qk_norm { Some(ones(hd)?) } else { None },
                 k_norm: if qk_norm { Some(ones(hd)?) } else { None },
                 post_attention_norm: ones(h)?,
+                attention_output_norm: if output_norms { Some(ones(h)?) } else { None },
+                mlp_output_norm: if output_norms { Some(ones(h)?) } else { None },
             });
         }
         let embed = GpuMatrix::new(gpu, random(config.vocab_size * h, 1.0)?, format)?;
@@ -182,8 +195,15 @@ impl GpuWeights {
                 })
             }
         };
-        let (cos, sin) = transformer::rope_tables(config)?;
+        let (cos, sin) = transformer::rope_tables(config, config.rope_theta)?;
         let context = cos.dims().first().copied().unwrap_or(0);
+        let local_rope = match &config.local_attention {
+            Some(local) => {
+                let (cos, sin) = transformer::rope_tables(config, local.rope_theta)?;
+                Some((upload(gpu, &cos)?, upload(gpu, &sin)?))
+            }
+            None => None,
+        };
         Ok(GpuWeights {
             embed,
             layers,
@@ -191,6 +211,7 @@ impl GpuWeights {
             lm_head,
             cos: upload(gpu, &cos)?,
             sin: upload(gpu, &sin)?,
+            local_rope,
             context,
             hidden: h,
         })
@@ -225,6 +246,8 @@ impl GpuWeights {
                         k_norm: l.k_norm.as_ref(),
                     },
                     post_attention_norm: &l.post_attention_norm,
+                    attention_output_norm: l.attention_output_norm.as_ref(),
+                    mlp_output_norm: l.mlp_output_norm.as_ref(),
                     mlp: MlpWeights {
                         gate: l.gate.linear(),
                         up: l.up.linear(),
@@ -234,8 +257,11 @@ impl GpuWeights {
                 .collect(),
             norm: &self.norm,
             lm_head,
-            cos: &self.cos,
-            sin: &self.sin,
+            rope: Rope {
+                cos: &self.cos,
+                sin: &self.sin,
+            },
+            local_rope: self.local_rope.as_ref().map(|(cos, sin)| Rope { cos, sin }),
             context: self.context,
         }
     }

@@ -18,7 +18,9 @@ pub mod transformer;
 
 use std::path::{Path, PathBuf};
 
-pub use config::{Architecture, ConfigError, ModelConfig, OutOfVocabulary};
+pub use config::{
+    Activation, Architecture, ConfigError, Features, LocalAttention, ModelConfig, OutOfVocabulary,
+};
 pub use cpu_view::{CpuWeights, TensorView, sequence_logits};
 pub use device::{Device, DeviceError, DeviceErrorKind};
 #[cfg(feature = "cuda")]

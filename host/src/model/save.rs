@@ -47,7 +47,11 @@ pub fn write_model_files(
         };
         std::fs::write(into.join(name), bytes)?;
     }
-    let tensors: HashMap<String, Tensor> = transformer.named_weights().into_iter().collect();
+    let tensors: HashMap<String, Tensor> = transformer
+        .hf_weights()
+        .map_err(std::io::Error::other)?
+        .into_iter()
+        .collect();
     candle_core::safetensors::save(&tensors, into.join("model.safetensors"))
         .map_err(std::io::Error::other)
 }

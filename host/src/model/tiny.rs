@@ -134,7 +134,7 @@ pub fn init_tiny(
 fn config_json(shape: TinyShape, arch: Architecture, bos: u32, eos: u32) -> serde_json::Value {
     let dims = shape.dims();
     let head_dim = dims.hidden / dims.heads;
-    json!({
+    let mut config = json!({
         "architectures": [arch.class_name()],
         "model_type": arch.model_type(),
         "vocab_size": dims.vocab,
@@ -144,7 +144,7 @@ fn config_json(shape: TinyShape, arch: Architecture, bos: u32, eos: u32) -> serd
         "num_attention_heads": dims.heads,
         "num_key_value_heads": dims.kv_heads,
         "head_dim": head_dim,
-        "hidden_act": "silu",
+        "hidden_act": arch.activation_name(),
         "max_position_embeddings": 32768,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,
@@ -155,7 +155,30 @@ fn config_json(shape: TinyShape, arch: Architecture, bos: u32, eos: u32) -> serd
         "attention_bias": false,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
-    })
+    });
+    if arch == Architecture::Gemma3 {
+        // Local layers between global ones, the window short enough for the tiny shape's
+        // sequences to pass it.
+        let window = match shape {
+            TinyShape::Tiny => 4,
+            TinyShape::Qwen05b => 512,
+        };
+        let layer_types: Vec<&str> = (0..dims.layers)
+            .map(|i| match i % 2 {
+                0 => "sliding_attention",
+                _ => "full_attention",
+            })
+            .collect();
+        config["hidden_activation"] = json!(arch.activation_name());
+        config["query_pre_attn_scalar"] = json!(head_dim);
+        config["sliding_window"] = json!(window);
+        config["layer_types"] = json!(layer_types);
+        config["rope_parameters"] = json!({
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        });
+    }
+    config
 }
 
 /// The configuration of a tiny model of `shape` and `arch`, as [`init_tiny`] writes it (what a
@@ -254,9 +277,10 @@ fn random_weights(
                    std: Option<f32>|
      -> candle_core::Result<()> {
         let count: usize = shape.iter().product();
+        // A norm multiplies by one (Gemma's files store one less than the factor).
         let values = match std {
             Some(std) => normal(rng, count, std),
-            None => vec![1.0; count],
+            None => vec![1.0 - features.norm_offset(&name) as f32; count],
         };
         tensors.insert(name, Tensor::from_vec(values, shape, &Device::Cpu)?);
         Ok(())
@@ -268,15 +292,13 @@ fn random_weights(
         &mut rng,
         Some(0.02),
     )?;
+    let (mlp_norm, output_norms) = features.layer_norm_names();
     for i in 0..dims.layers {
         let p = format!("model.layers.{i}");
-        add(format!("{p}.input_layernorm.weight"), &[h], &mut rng, None)?;
-        add(
-            format!("{p}.post_attention_layernorm.weight"),
-            &[h],
-            &mut rng,
-            None,
-        )?;
+        let norms = ["input_layernorm", mlp_norm].into_iter();
+        for norm in norms.chain(output_norms.into_iter().flatten()) {
+            add(format!("{p}.{norm}.weight"), &[h], &mut rng, None)?;
+        }
         for (name, out, inp) in [
             ("q_proj", q_out, h),
             ("k_proj", kv_out, h),

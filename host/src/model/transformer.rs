@@ -1,7 +1,11 @@
-//! The weights of the decoder-only transformer of the Llama, Qwen2 and Qwen3 families, as
-//! candle tensors (f32, or f64 for gradient checks): read from a Hugging Face directory with
+//! The weights of the decoder-only transformer of the Llama, Qwen2, Qwen3 and Gemma 3 families,
+//! as candle tensors (f32, or f64 for gradient checks): read from a Hugging Face directory with
 //! every shape checked, named as Hugging Face names them, made trainable for full-parameter
 //! training, and the RoPE tables. The layers that compute with them are `model::layers`.
+//!
+//! Gemma's norms multiply by `1 + w` where its files store `w`: a transformer holds the factor
+//! itself (as llama.cpp's files store it), so a Hugging Face directory's norms gain 1 when read
+//! ([`Transformer::load`]) and lose it when written ([`Transformer::hf_weights`]).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -48,7 +52,11 @@ pub struct Layer {
     /// Qwen3's per-head RMSNorm of queries and keys.
     pub q_norm: Option<Tensor>,
     pub k_norm: Option<Tensor>,
+    /// The MLP's input norm.
     pub post_attention_norm: Tensor,
+    /// The norms of the attention's and the MLP's outputs (Gemma).
+    pub attention_output_norm: Option<Tensor>,
+    pub mlp_output_norm: Option<Tensor>,
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
@@ -82,6 +90,8 @@ pub struct Transformer {
     /// RoPE tables `(context_length, head_dim)`.
     pub(crate) cos: Tensor,
     pub(crate) sin: Tensor,
+    /// The local (sliding-window) layers' tables, where their RoPE base differs.
+    pub(crate) local_rope: Option<(Tensor, Tensor)>,
 }
 
 /// Read every tensor of a model directory: `model.safetensors`, or the shards named by
@@ -176,6 +186,7 @@ impl Transformer {
         let (q_out, kv_out) = (config.num_heads * hd, config.num_kv_heads * hd);
         let inter = config.intermediate_size;
         let embed_tokens = w.get("model.embed_tokens.weight", &[config.vocab_size, h])?;
+        let (mlp_norm, output_norms) = config.features.layer_norm_names();
         // Not sized by the config: a layer count past the tensors is refused at the first missing one.
         let mut layers = Vec::new();
         for i in 0..config.num_layers {
@@ -217,8 +228,13 @@ impl Transformer {
                 } else {
                     None
                 },
-                post_attention_norm: w
-                    .get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                post_attention_norm: w.get(&format!("{p}.{mlp_norm}.weight"), &[h])?,
+                attention_output_norm: output_norms
+                    .map(|[name, _]| w.get(&format!("{p}.{name}.weight"), &[h]))
+                    .transpose()?,
+                mlp_output_norm: output_norms
+                    .map(|[_, name]| w.get(&format!("{p}.{name}.weight"), &[h]))
+                    .transpose()?,
                 gate_proj: w.linear(
                     &format!("{p}.mlp.gate_proj"),
                     inter,
@@ -248,11 +264,17 @@ impl Transformer {
             },
             bias: None,
         };
-        let (cos, sin) = rope_tables(&config)?;
-        let (cos, sin) = (
-            cos.to_dtype(embed_tokens.dtype())?,
-            sin.to_dtype(embed_tokens.dtype())?,
-        );
+        let dtype = embed_tokens.dtype();
+        let tables = |theta: f64| -> candle_core::Result<(Tensor, Tensor)> {
+            let (cos, sin) = rope_tables(&config, theta)?;
+            Ok((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?))
+        };
+        let (cos, sin) = tables(config.rope_theta)?;
+        let local_rope = config
+            .local_attention
+            .as_ref()
+            .map(|local| tables(local.rope_theta))
+            .transpose()?;
         Ok(Transformer {
             config,
             embed_tokens,
@@ -261,6 +283,7 @@ impl Transformer {
             lm_head,
             cos,
             sin,
+            local_rope,
         })
     }
 
@@ -291,6 +314,8 @@ impl Transformer {
                     q_norm: norm(&l.q_norm)?,
                     k_norm: norm(&l.k_norm)?,
                     post_attention_norm: l.post_attention_norm.to_dtype(dtype)?,
+                    attention_output_norm: norm(&l.attention_output_norm)?,
+                    mlp_output_norm: norm(&l.mlp_output_norm)?,
                     gate_proj: linear(&l.gate_proj)?,
                     up_proj: linear(&l.up_proj)?,
                     down_proj: linear(&l.down_proj)?,
@@ -305,6 +330,13 @@ impl Transformer {
             lm_head: linear(&self.lm_head)?,
             cos: self.cos.to_dtype(dtype)?,
             sin: self.sin.to_dtype(dtype)?,
+            local_rope: self
+                .local_rope
+                .as_ref()
+                .map(|(cos, sin)| {
+                    Ok::<_, candle_core::Error>((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?))
+                })
+                .transpose()?,
         })
     }
 
@@ -314,14 +346,18 @@ impl Transformer {
             "model.embed_tokens.weight".to_string(),
             self.embed_tokens.clone(),
         )];
+        let (mlp_norm, output_norms) = self.config.features.layer_norm_names();
         for (i, layer) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
             let mut push = |name: String, t: &Tensor| named.push((name, t.clone()));
             push(format!("{p}.input_layernorm.weight"), &layer.input_norm);
-            push(
-                format!("{p}.post_attention_layernorm.weight"),
-                &layer.post_attention_norm,
-            );
+            push(format!("{p}.{mlp_norm}.weight"), &layer.post_attention_norm);
+            let outputs = [&layer.attention_output_norm, &layer.mlp_output_norm];
+            for (name, norm) in output_norms.into_iter().flatten().zip(outputs) {
+                if let Some(norm) = norm {
+                    push(format!("{p}.{name}.weight"), norm);
+                }
+            }
             if let Some(t) = &layer.q_norm {
                 push(format!("{p}.self_attn.q_norm.weight"), t);
             }
@@ -349,6 +385,22 @@ impl Transformer {
             named.push(("lm_head.weight".to_string(), self.lm_head.weight.clone()));
         }
         named
+    }
+
+    /// Every weight as a Hugging Face file stores it ([`Transformer::named_weights`] with
+    /// Gemma's norms back to `w`).
+    pub fn hf_weights(&self) -> candle_core::Result<Vec<(String, Tensor)>> {
+        self.named_weights()
+            .into_iter()
+            .map(|(name, tensor)| {
+                let offset = self.config.features.norm_offset(&name);
+                let tensor = match offset == 0.0 {
+                    true => tensor,
+                    false => (tensor - offset)?,
+                };
+                Ok((name, tensor))
+            })
+            .collect()
     }
 
     /// The same model with every weight a variable, for full-parameter training (a model that
@@ -389,17 +441,26 @@ impl Transformer {
                     path: dir.display().to_string(),
                     message: e.to_string(),
                 })?,
-            false => read_safetensors(dir)?,
+            false => {
+                let mut tensors = read_safetensors(dir)?;
+                for (name, tensor) in tensors.iter_mut() {
+                    let offset = config.features.norm_offset(name);
+                    if offset != 0.0 {
+                        *tensor = (&*tensor + offset)?;
+                    }
+                }
+                tensors
+            }
         };
         Self::from_tensors(config, &tensors)
     }
 }
 
-/// The inverse frequencies of RoPE, with the configured scaling.
-fn inverse_frequencies(config: &ModelConfig) -> Vec<f64> {
+/// The inverse frequencies of RoPE of base `theta`, with the configured scaling.
+fn inverse_frequencies(config: &ModelConfig, theta: f64) -> Vec<f64> {
     let dim = config.head_dim;
     let base: Vec<f64> = (0..dim / 2)
-        .map(|i| 1.0 / config.rope_theta.powf(2.0 * i as f64 / dim as f64))
+        .map(|i| 1.0 / theta.powf(2.0 * i as f64 / dim as f64))
         .collect();
     match config.rope_scaling {
         RopeScaling::None => base,
@@ -428,9 +489,13 @@ fn inverse_frequencies(config: &ModelConfig) -> Vec<f64> {
     }
 }
 
-/// cos and sin tables `(max_positions, head_dim)`, halves repeated as Hugging Face lays them out.
-pub(crate) fn rope_tables(config: &ModelConfig) -> candle_core::Result<(Tensor, Tensor)> {
-    let inv = inverse_frequencies(config);
+/// cos and sin tables `(max_positions, head_dim)` of RoPE's base `theta`, halves repeated as
+/// Hugging Face lays them out.
+pub(crate) fn rope_tables(
+    config: &ModelConfig,
+    theta: f64,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let inv = inverse_frequencies(config, theta);
     let positions = config.max_position_embeddings.min(1 << 16);
     let mut cos = Vec::with_capacity(positions * config.head_dim);
     let mut sin = Vec::with_capacity(positions * config.head_dim);

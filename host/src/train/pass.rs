@@ -325,7 +325,7 @@ where
     let weights = weight_grads
         .map(|grads| {
             grads
-                .into_named()
+                .into_named(&config.features)
                 .into_iter()
                 .map(|(name, grad)| Ok((name, ops.download(grad)?)))
                 .collect::<Result<Vec<_>, B::Error>>()

@@ -209,7 +209,8 @@ impl Gpu {
     }
 
     /// Causal attention of `q (rows × heads × head_dim)` over the cache: each row attends to
-    /// its sequence's positions `0..=position`. As [`crate::causal_attention`].
+    /// its sequence's positions `0..=position` (the last `window` of them in a sliding-window
+    /// layer). As [`crate::causal_attention`].
     pub fn paged_attention(
         &self,
         cache: &PagedKvCache,
@@ -240,6 +241,7 @@ impl Gpu {
             int(heads.kv_heads, "kv_heads")?,
             int(heads.head_dim, "head_dim")?,
             int(cache.block_size, "block_size")?,
+            int(heads.window.unwrap_or(0), "window")?,
         ];
         let mut launch = self.stream().launch_builder(&self.kernels.paged_attention);
         launch
@@ -255,6 +257,7 @@ impl Gpu {
             .arg(&ints[2])
             .arg(&ints[3])
             .arg(&ints[4])
+            .arg(&ints[5])
             .arg(&scale);
         let config = LaunchConfig {
             grid_dim: (grid(rows)?, grid_y(heads.heads)?, 1),

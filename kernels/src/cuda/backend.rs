@@ -14,6 +14,7 @@ use super::lora::LoraSite;
 use super::{DeviceIndices, Gpu};
 use crate::attention::Heads;
 use crate::backend::Backend;
+use crate::ops::Activation;
 
 /// How a model's matrices (projections, embedding, unembedding) are kept on the device. Norms,
 /// biases and adapters stay f32, and every sum is computed in f32.
@@ -214,8 +215,21 @@ impl Backend for Gpu {
         self.paged_attention(cache, &batch.rows, q, shape, out)
     }
 
-    fn silu_mul(&self, gate: &mut CudaSlice<f32>, up: &CudaSlice<f32>) -> Result<(), GpuError> {
-        Gpu::silu_mul(self, gate, up)
+    fn gate_mul(
+        &self,
+        activation: Activation,
+        gate: &mut CudaSlice<f32>,
+        up: &CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        Gpu::gate_mul(self, activation, gate, up)
+    }
+
+    fn scale(&self, x: &mut CudaSlice<f32>, factor: f64) -> Result<(), GpuError> {
+        Gpu::scale(self, x, factor as f32)
+    }
+
+    fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<(), GpuError> {
+        Gpu::add(self, x, y)
     }
 
     /// The rows' positions were given with the batch: the caller's block tables and starts say

@@ -441,13 +441,35 @@ extern "C" __global__ void rope(float *__restrict__ x, const int *__restrict__ p
     v[i + half] = b * c[i + half] + a * s[i + half];
 }
 
-// gate = silu(gate) · up, elementwise.
-extern "C" __global__ void silu_mul(float *__restrict__ gate, const float *__restrict__ up, size_t n) {
+// The gate's activation is g · sigmoid(z(g)): z = g for SiLU (activation 0), and for GELU's
+// tanh form (activation 1) z = 2·sqrt(2/π)·(g + 0.044715 g³), since (1 + tanh(u)) / 2 is
+// sigmoid(2u). Returns z and writes dz/dg. As the kernels' Activation.
+__device__ float gate_argument(int activation, float g, float *slope) {
+    if (activation == 0) {
+        *slope = 1.0f;
+        return g;
+    }
+    const float c = 1.5957691216057308f, cubic = 0.044715f;  // 2·sqrt(2/π)
+    *slope = c * (1.0f + 3.0f * cubic * g * g);
+    return c * (g + cubic * g * g * g);
+}
+
+// gate = act(gate) · up, elementwise.
+extern "C" __global__ void gate_mul(float *__restrict__ gate, const float *__restrict__ up, size_t n,
+                                   int activation) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         const float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
+        float slope;
+        const float z = gate_argument(activation, g, &slope);
+        gate[i] = g / (1.0f + expf(-z)) * up[i];
     }
+}
+
+// x *= factor, elementwise.
+extern "C" __global__ void scale_in_place(float *__restrict__ x, size_t n, float factor) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= factor;
 }
 
 // log Σ exp of one row (n wide) times `scale` (1, or a sampling temperature's inverse), the sum in
@@ -540,21 +562,23 @@ extern "C" __global__ void paged_attention(const float *__restrict__ q, const fl
                                           const int *__restrict__ row_sequence,
                                           const int *__restrict__ row_position, float *__restrict__ out,
                                           int heads, int kv_heads, int head_dim, int block_size,
-                                          float scale) {
+                                          int window, float scale) {
     extern __shared__ float scores[];
     __shared__ float reduce[ATTENTION_THREADS];
     const int r = blockIdx.x, h = blockIdx.y;
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kv_head = h / (heads / kv_heads);
-    const int n = row_position[r] + 1;
+    // Positions first..=position: all before it, or the last `window` (window > 0).
+    const int first = window > 0 ? max(0, row_position[r] + 1 - window) : 0;
+    const int n = row_position[r] + 1 - first;
     const int *table = block_tables + (size_t)row_sequence[r] * max_blocks;
     const float *query = q + ((size_t)r * heads + h) * head_dim;
-    for (int p = warp; p < n; p += warps) {
-        const float *key = k_cache + cache_offset(table, p, kv_head, kv_heads, block_size, head_dim);
+    for (int i = warp; i < n; i += warps) {
+        const float *key = k_cache + cache_offset(table, first + i, kv_head, kv_heads, block_size, head_dim);
         float s = 0.0f;
         for (int d = lane; d < head_dim; d += 32) s = fmaf(query[d], key[d], s);
         s = warp_sum(s);
-        if (lane == 0) scores[p] = s * scale;
+        if (lane == 0) scores[i] = s * scale;
     }
     __syncthreads();
     const float total = exponentiate_scores(scores, n, reduce, nullptr);
@@ -563,10 +587,11 @@ extern "C" __global__ void paged_attention(const float *__restrict__ q, const fl
         float acc = 0.0f;
         const float *values = v_cache + (size_t)kv_head * block_size * head_dim + d;
 #pragma unroll 8
-        for (int p = 0; p < n; ++p) {
+        for (int i = 0; i < n; ++i) {
+            const int p = first + i;
             const size_t block = table[p / block_size];
             const float value = values[(block * kv_heads * block_size + p % block_size) * head_dim];
-            acc = fmaf(scores[p] / total, value, acc);
+            acc = fmaf(scores[i] / total, value, acc);
         }
         o[d] = acc;
     }
@@ -725,17 +750,19 @@ extern "C" __global__ void rope_backward(float *__restrict__ dx, const int *__re
     v[i + half] = b * c[i + half] - a * s[i];
 }
 
-// The backward of silu_mul from its inputs: writes d_gate and d_up. Elementwise; as
-// ops::silu_mul_backward.
-extern "C" __global__ void silu_mul_backward(const float *__restrict__ gate, const float *__restrict__ up,
+// The backward of gate_mul from its inputs: writes d_gate and d_up. Elementwise; as
+// ops::gate_mul_backward.
+extern "C" __global__ void gate_mul_backward(const float *__restrict__ gate, const float *__restrict__ up,
                                             const float *__restrict__ d_out, float *__restrict__ d_gate,
-                                            float *__restrict__ d_up, size_t n) {
+                                            float *__restrict__ d_up, size_t n, int activation) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float g = gate[i], d = d_out[i];
-    const float sigmoid = 1.0f / (1.0f + expf(-g));
+    float slope;
+    const float z = gate_argument(activation, g, &slope);
+    const float sigmoid = 1.0f / (1.0f + expf(-z));
     d_up[i] = d * g * sigmoid;
-    d_gate[i] = d * up[i] * sigmoid * (1.0f + g * (1.0f - sigmoid));
+    d_gate[i] = d * up[i] * sigmoid * (1.0f + g * (1.0f - sigmoid) * slope);
 }
 
 // Values of x summed per chunk of SQUARE_CHUNK: chunk b's sum of squares (in f64) into
@@ -911,16 +938,22 @@ extern "C" __global__ void small_gemm(const float *__restrict__ a, size_t a_offs
 // ---- Training attention: whole sequences, no cache ----
 // q (rows × heads × head_dim), k and v (rows × kv_heads × head_dim), the rows being sequences
 // one after another; starts[r] is the first row of row r's sequence, so row r attends to keys
-// starts[r]..=r. The forward keeps each (row, head)'s log-sum-exp of its scaled scores; the
+// starts[r]..=r (the last `window` of them where window > 0: see first_key). The forward keeps each (row, head)'s log-sum-exp of its scaled scores; the
 // backward recomputes the probabilities from it, so no positions × positions matrix is kept.
 
-// The scaled scores of query (r, h) against keys starts[r]..=r into scores[], by warps; returns
-// how many. Every thread of the block calls it.
+// The first key row that query row r sees.
+__device__ int first_key(const int *__restrict__ starts, int r, int window) {
+    return window > 0 ? max(starts[r], r + 1 - window) : starts[r];
+}
+
+// The scaled scores of query (r, h) against keys first_key(r)..=r into scores[], by warps;
+// returns how many. Every thread of the block calls it.
 __device__ int train_scores(const float *__restrict__ q, const float *__restrict__ k, const int *__restrict__ starts,
-                            float *scores, int r, int h, int heads, int kv_heads, int head_dim, float scale) {
+                            float *scores, int r, int h, int heads, int kv_heads, int head_dim, int window,
+                            float scale) {
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kv_head = h / (heads / kv_heads);
-    const int first = starts[r], n = r - first + 1;
+    const int first = first_key(starts, r, window), n = r - first + 1;
     const float *query = q + ((size_t)r * heads + h) * head_dim;
     for (int p = warp; p < n; p += warps) {
         const float *key = k + ((size_t)(first + p) * kv_heads + kv_head) * head_dim;
@@ -937,14 +970,14 @@ __device__ int train_scores(const float *__restrict__ q, const float *__restrict
 extern "C" __global__ void attention_train_forward(const float *__restrict__ q, const float *__restrict__ k,
                                                   const float *__restrict__ v, const int *__restrict__ starts,
                                                   float *__restrict__ out, float *__restrict__ lse, int heads,
-                                                  int kv_heads, int head_dim, float scale) {
+                                                  int kv_heads, int head_dim, int window, float scale) {
     extern __shared__ float scores[];
     __shared__ float reduce[ATTENTION_THREADS];
     const int r = blockIdx.x, h = blockIdx.y;
-    const int n = train_scores(q, k, starts, scores, r, h, heads, kv_heads, head_dim, scale);
+    const int n = train_scores(q, k, starts, scores, r, h, heads, kv_heads, head_dim, window, scale);
     float m;
     const float total = exponentiate_scores(scores, n, reduce, &m);
-    const int kv_head = h / (heads / kv_heads), first = starts[r];
+    const int kv_head = h / (heads / kv_heads), first = first_key(starts, r, window);
     float *o = out + ((size_t)r * heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
@@ -963,13 +996,14 @@ extern "C" __global__ void attention_train_backward_q(const float *__restrict__ 
                                                      const float *__restrict__ lse,
                                                      const float *__restrict__ d_out,
                                                      const int *__restrict__ starts, float *__restrict__ dq,
-                                                     int heads, int kv_heads, int head_dim, float scale) {
+                                                     int heads, int kv_heads, int head_dim, int window,
+                                                     float scale) {
     extern __shared__ float scores[];
     __shared__ float reduce[ATTENTION_THREADS];
     const int r = blockIdx.x, h = blockIdx.y;
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n = train_scores(q, k, starts, scores, r, h, heads, kv_heads, head_dim, scale);
-    const int kv_head = h / (heads / kv_heads), first = starts[r];
+    const int n = train_scores(q, k, starts, scores, r, h, heads, kv_heads, head_dim, window, scale);
+    const int kv_head = h / (heads / kv_heads), first = first_key(starts, r, window);
     const size_t at = ((size_t)r * heads + h) * head_dim;
     float partial = 0.0f;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) partial = fmaf(d_out[at + d], out[at + d], partial);
@@ -993,23 +1027,25 @@ extern "C" __global__ void attention_train_backward_q(const float *__restrict__ 
 }
 
 // The key and value side, block per (key row, kv head): over the group's query heads and the
-// query rows that see the key (j..end of its sequence), in order, dv_j = Σ P dO and
-// dk_j = scale · Σ dS q. ends[j] is one past the last row of row j's sequence. Writes dk, dv.
+// query rows that see the key (j..end of its sequence, or of its window), in order,
+// dv_j = Σ P dO and dk_j = scale · Σ dS q. ends[j] is one past the last row of row j's
+// sequence. Writes dk, dv.
 extern "C" __global__ void attention_train_backward_kv(const float *__restrict__ q, const float *__restrict__ k,
                                                       const float *__restrict__ v, const float *__restrict__ out,
                                                       const float *__restrict__ lse,
                                                       const float *__restrict__ d_out,
                                                       const int *__restrict__ ends, float *__restrict__ dk,
                                                       float *__restrict__ dv, int heads, int kv_heads,
-                                                      int head_dim, float scale) {
+                                                      int head_dim, int window, float scale) {
     __shared__ float reduce[ATTENTION_THREADS];
     const int j = blockIdx.x, kv_head = blockIdx.y, group = heads / kv_heads;
+    const int end = window > 0 ? min(ends[j], j + window) : ends[j];
     const size_t kv_at = ((size_t)j * kv_heads + kv_head) * head_dim;
     // Each thread owns dimensions d = threadIdx.x, + blockDim.x, ... (head_dim <= 4 · blockDim).
     float dk_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dv_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int g = 0; g < group; ++g) {
         const int h = kv_head * group + g;
-        for (int i = j; i < ends[j]; ++i) {
+        for (int i = j; i < end; ++i) {
             const size_t at = ((size_t)i * heads + h) * head_dim;
             float s = 0.0f, dp = 0.0f, delta = 0.0f;
             for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {

@@ -24,6 +24,8 @@ pub use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 pub use draw::{Draw, Drawn};
 use error::{DriverContext, ensure};
+
+use crate::ops::Activation;
 pub use error::{GpuError, GpuErrorKind};
 pub use lora::{
     AdapterRef, DeviceSegment, LoraBatch, LoraPool, LoraSite, MAX_LORA_INPUT, MAX_LORA_RANK,
@@ -80,7 +82,8 @@ struct Kernels {
     rms_norm: CudaFunction,
     rms_norm_into: CudaFunction,
     rope: CudaFunction,
-    silu_mul: CudaFunction,
+    gate_mul: CudaFunction,
+    scale_in_place: CudaFunction,
     log_softmax: CudaFunction,
     kv_write: CudaFunction,
     paged_attention: CudaFunction,
@@ -99,7 +102,7 @@ struct Kernels {
     rms_norm_backward: CudaFunction,
     rms_norm_weight_grad: CudaFunction,
     rope_backward: CudaFunction,
-    silu_mul_backward: CudaFunction,
+    gate_mul_backward: CudaFunction,
     square_sum_partials: CudaFunction,
     adamw: CudaFunction,
     linear_backward_input: CudaFunction,
@@ -176,7 +179,8 @@ impl Gpu {
             rms_norm: function("rms_norm")?,
             rms_norm_into: function("rms_norm_into")?,
             rope: function("rope")?,
-            silu_mul: function("silu_mul")?,
+            gate_mul: function("gate_mul")?,
+            scale_in_place: function("scale_in_place")?,
             log_softmax: function("log_softmax")?,
             kv_write: function("kv_write")?,
             paged_attention: function("paged_attention")?,
@@ -195,7 +199,7 @@ impl Gpu {
             rms_norm_backward: function("rms_norm_backward")?,
             rms_norm_weight_grad: function("rms_norm_weight_grad")?,
             rope_backward: function("rope_backward")?,
-            silu_mul_backward: function("silu_mul_backward")?,
+            gate_mul_backward: function("gate_mul_backward")?,
             square_sum_partials: function("square_sum_partials")?,
             adamw: function("adamw")?,
             linear_backward_input: function("linear_backward_input_f32")?,
@@ -533,8 +537,13 @@ impl Gpu {
         Ok(())
     }
 
-    /// `gate = silu(gate) · up`, in place.
-    pub fn silu_mul(&self, gate: &mut CudaSlice<f32>, up: &CudaSlice<f32>) -> Result<(), GpuError> {
+    /// `gate = activation(gate) · up`, in place.
+    pub fn gate_mul(
+        &self,
+        activation: Activation,
+        gate: &mut CudaSlice<f32>,
+        up: &CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
         ensure(gate.len() == up.len(), || {
             format!("gate has {} values, up {}", gate.len(), up.len())
         })?;
@@ -542,10 +551,24 @@ impl Gpu {
         if n == 0 {
             return Ok(());
         }
-        let mut launch = self.stream.launch_builder(&self.kernels.silu_mul);
-        launch.arg(gate).arg(up).arg(&n);
-        // SAFETY: matches `silu_mul`; one thread per element.
-        unsafe { launch.launch(elementwise(n)?) }.doing("launching silu_mul")?;
+        let code = activation.code();
+        let mut launch = self.stream.launch_builder(&self.kernels.gate_mul);
+        launch.arg(gate).arg(up).arg(&n).arg(&code);
+        // SAFETY: matches `gate_mul`; one thread per element.
+        unsafe { launch.launch(elementwise(n)?) }.doing("launching gate_mul")?;
+        Ok(())
+    }
+
+    /// `x *= factor`, in place.
+    pub fn scale(&self, x: &mut CudaSlice<f32>, factor: f32) -> Result<(), GpuError> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut launch = self.stream.launch_builder(&self.kernels.scale_in_place);
+        launch.arg(x).arg(&n).arg(&factor);
+        // SAFETY: matches `scale_in_place`; one thread per element.
+        unsafe { launch.launch(elementwise(n)?) }.doing("launching scale_in_place")?;
         Ok(())
     }
 

@@ -14,6 +14,7 @@ use super::backend::GpuMatrix;
 use super::error::{DriverContext, GpuError, ensure};
 use super::{DeviceIndices, Gpu, elementwise, grid, grid_y, int, row_blocks};
 use crate::Heads;
+use crate::ops::Activation;
 
 /// Threads of the training attention's blocks (`ATTENTION_THREADS` in `kernels.cu`).
 const ATTENTION_THREADS: u32 = 128;
@@ -175,10 +176,11 @@ impl Gpu {
         )
     }
 
-    /// The backward of [`Gpu::silu_mul`] from its inputs: writes `d_gate` and `d_up`. As
-    /// `ops::silu_mul_backward`.
-    pub fn silu_mul_backward(
+    /// The backward of [`Gpu::gate_mul`] from its inputs: writes `d_gate` and `d_up`. As
+    /// `ops::gate_mul_backward`.
+    pub fn gate_mul_backward(
         &self,
+        activation: Activation,
         gate: &CudaSlice<f32>,
         up: &CudaSlice<f32>,
         d_out: &CudaSlice<f32>,
@@ -195,18 +197,20 @@ impl Gpu {
         if n == 0 {
             return Ok(());
         }
+        let code = activation.code();
         let mut launch = self
             .stream()
-            .launch_builder(&self.kernels.silu_mul_backward);
+            .launch_builder(&self.kernels.gate_mul_backward);
         launch
             .arg(gate)
             .arg(up)
             .arg(d_out)
             .arg(d_gate)
             .arg(d_up)
-            .arg(&n);
-        // SAFETY: matches `silu_mul_backward`; one thread per element of five buffers as long.
-        unsafe { launch.launch(elementwise(n)?) }.doing("launching silu_mul_backward")?;
+            .arg(&n)
+            .arg(&code);
+        // SAFETY: matches `gate_mul_backward`; one thread per element of five buffers as long.
+        unsafe { launch.launch(elementwise(n)?) }.doing("launching gate_mul_backward")?;
         Ok(())
     }
 
@@ -904,6 +908,7 @@ fn check_attention(
         heads,
         kv_heads,
         head_dim,
+        ..
     } = shape;
     ensure(
         kv_heads > 0 && head_dim > 0 && heads.is_multiple_of(kv_heads),
@@ -937,11 +942,13 @@ fn row_bounds(lengths: &[usize], end: bool) -> Result<Vec<i32>, GpuError> {
     Ok(bounds)
 }
 
-fn attention_ints(shape: Heads) -> Result<[i32; 3], GpuError> {
+/// The kernels' heads, kv_heads, head_dim and window (0: none).
+fn attention_ints(shape: Heads) -> Result<[i32; 4], GpuError> {
     Ok([
         int(shape.heads, "heads")?,
         int(shape.kv_heads, "kv_heads")?,
         int(shape.head_dim, "head_dim")?,
+        int(shape.window.unwrap_or(0), "window")?,
     ])
 }
 

@@ -11,6 +11,7 @@ use super::train::{GpuLoraGrad, GpuLoraSegment};
 use super::{DeviceIndices, Gpu};
 use crate::attention::Heads;
 use crate::backend::{Backend, Backward};
+use crate::ops::Activation;
 
 /// Training on one device.
 #[derive(Clone, Copy)]
@@ -169,8 +170,21 @@ impl Backend for GpuTrain<'_> {
         Ok(())
     }
 
-    fn silu_mul(&self, gate: &mut CudaSlice<f32>, up: &CudaSlice<f32>) -> Result<(), GpuError> {
-        self.gpu.silu_mul(gate, up)
+    fn gate_mul(
+        &self,
+        activation: Activation,
+        gate: &mut CudaSlice<f32>,
+        up: &CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        self.gpu.gate_mul(activation, gate, up)
+    }
+
+    fn scale(&self, x: &mut CudaSlice<f32>, factor: f64) -> Result<(), GpuError> {
+        self.gpu.scale(x, factor as f32)
+    }
+
+    fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<(), GpuError> {
+        self.gpu.add(x, y)
     }
 
     fn advance(&self, _batch: &mut GpuTrainBatch) {}
@@ -178,10 +192,6 @@ impl Backend for GpuTrain<'_> {
 
 impl Backward for GpuTrain<'_> {
     type LoraGrads<'a> = GpuLoraGrads<'a>;
-
-    fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<(), GpuError> {
-        self.gpu.add(x, y)
-    }
 
     fn rms_norm_backward(
         &self,
@@ -264,15 +274,17 @@ impl Backward for GpuTrain<'_> {
             .attention_backward(q, k, v, out, lse, d_out, shape, &batch.lengths, dq, dk, dv)
     }
 
-    fn silu_mul_backward(
+    fn gate_mul_backward(
         &self,
+        activation: Activation,
         gate: &CudaSlice<f32>,
         up: &CudaSlice<f32>,
         d_out: &CudaSlice<f32>,
         d_gate: &mut CudaSlice<f32>,
         d_up: &mut CudaSlice<f32>,
     ) -> Result<(), GpuError> {
-        self.gpu.silu_mul_backward(gate, up, d_out, d_gate, d_up)
+        self.gpu
+            .gate_mul_backward(activation, gate, up, d_out, d_gate, d_up)
     }
 
     fn embed_backward(

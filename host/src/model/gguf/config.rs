@@ -14,8 +14,8 @@ pub(super) fn architecture(gguf: &GgufFile) -> Result<(&str, Architecture), Gguf
     let name = gguf
         .string("general.architecture")
         .ok_or_else(|| gguf.metadata_error("general.architecture", "a string"))?;
-    let Some(architecture) = Architecture::from_model_type(name) else {
-        let known = Architecture::ALL.map(Architecture::model_type);
+    let Some(architecture) = Architecture::from_gguf_name(name) else {
+        let known = Architecture::ALL.map(Architecture::gguf_name);
         return Err(gguf.unsupported(format!("architecture {name:?}"), &known));
     };
     if let Some(scaling) = gguf.string(&format!("{name}.rope.scaling.type"))
@@ -27,6 +27,42 @@ pub(super) fn architecture(gguf: &GgufFile) -> Result<(&str, Architecture), Gguf
         return Err(gguf.unsupported("RoPE frequency factors (`rope_freqs.weight`)", &[]));
     }
     Ok((name, architecture))
+}
+
+/// What a Gemma 3 file leaves to `transformers`' defaults, written as it writes them: the
+/// sliding window and the local layers (five in six), their RoPE base, the activation and the
+/// attention scale (`query_pre_attn_scalar`, 256 whatever the file).
+fn gemma3_config(gguf: &GgufFile, config: &mut Value) -> Result<(), GgufError> {
+    let window = gguf
+        .integer("gemma3.attention.sliding_window")
+        .filter(|&w| w > 0)
+        .ok_or_else(|| {
+            gguf.metadata_error("gemma3.attention.sliding_window", "a positive integer")
+        })?;
+    let layers = config["num_hidden_layers"].as_u64().unwrap_or(0);
+    let layer_types: Vec<&str> = (0..layers)
+        .map(|i| match (i + 1) % 6 {
+            0 => "full_attention",
+            _ => "sliding_attention",
+        })
+        .collect();
+    let global_theta = config["rope_theta"].take();
+    let object = config
+        .as_object_mut()
+        .ok_or_else(|| gguf.metadata_error("general.architecture", "a model's metadata"))?;
+    object.remove("rope_theta");
+    object.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
+    object.insert("sliding_window".into(), json!(window));
+    object.insert("layer_types".into(), json!(layer_types));
+    object.insert("query_pre_attn_scalar".into(), json!(256));
+    object.insert(
+        "rope_parameters".into(),
+        json!({
+            "full_attention": {"rope_type": "default", "rope_theta": global_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        }),
+    );
+    Ok(())
 }
 
 /// The `config.json` the metadata states.
@@ -50,7 +86,7 @@ pub(super) fn hf_config(gguf: &GgufFile) -> Result<Value, GgufError> {
     };
     let mut config = json!({
         "architectures": [architecture.class_name()],
-        "model_type": arch,
+        "model_type": architecture.model_type(),
         "hidden_size": count("embedding_length")?,
         "intermediate_size": count("feed_forward_length")?,
         "num_hidden_layers": count("block_count")?,
@@ -66,6 +102,9 @@ pub(super) fn hf_config(gguf: &GgufFile) -> Result<Value, GgufError> {
     });
     if let Some(head_dim) = gguf.integer(&key("attention.key_length")) {
         config["head_dim"] = json!(head_dim);
+    }
+    if architecture == Architecture::Gemma3 {
+        gemma3_config(gguf, &mut config)?;
     }
     for (hf, gguf_key) in [
         ("bos_token_id", "tokenizer.ggml.bos_token_id"),

@@ -95,7 +95,8 @@ impl GgufFile {
         config::hf_config(self)
     }
 
-    /// Every tensor, dequantized to f32, by its Hugging Face name.
+    /// Every tensor, dequantized to f32, by its Hugging Face name; Gemma's norms as the factor
+    /// `1 + w` the file stores (as a transformer holds them), not as a Hugging Face file's `w`.
     pub fn tensors(&self) -> Result<HashMap<String, Tensor>, GgufError> {
         tensors::read_all(self)
     }

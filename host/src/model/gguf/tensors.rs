@@ -13,8 +13,10 @@ use candle_core::{Device, Tensor};
 
 use super::{GgufError, GgufFile, config, read_error};
 
-/// The Hugging Face name of the GGUF tensor `name`, `None` for a tensor the reader does not know.
-fn hf_name(name: &str) -> Option<String> {
+/// The Hugging Face name of the GGUF tensor `name` in a file of architecture `arch`, `None` for
+/// a tensor the reader does not know. Gemma has four norms per layer where Llama has two, and
+/// names its MLP's input norm otherwise.
+fn hf_name(arch: &str, name: &str) -> Option<String> {
     let global = match name {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -39,7 +41,10 @@ fn hf_name(name: &str) -> Option<String> {
         "attn_output" => "self_attn.o_proj",
         "attn_q_norm" => "self_attn.q_norm",
         "attn_k_norm" => "self_attn.k_norm",
+        "ffn_norm" if arch == "gemma3" => "pre_feedforward_layernorm",
         "ffn_norm" => "post_attention_layernorm",
+        "post_attention_norm" if arch == "gemma3" => "post_attention_layernorm",
+        "post_ffw_norm" if arch == "gemma3" => "post_feedforward_layernorm",
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
@@ -53,10 +58,11 @@ fn hf_name(name: &str) -> Option<String> {
 /// number holds, a shape not in whole blocks, bytes past the file's end): checked here, before
 /// any tensor is read, with arithmetic that cannot wrap.
 pub(super) fn check_tensors(gguf: &GgufFile, file_size: u64) -> Result<(), GgufError> {
+    let (arch, _) = config::architecture(gguf)?;
     let mut names: Vec<&String> = gguf.content.tensor_infos.keys().collect();
     names.sort();
     for name in names {
-        if hf_name(name).is_none() {
+        if hf_name(arch, name).is_none() {
             return Err(gguf.unsupported(format!("tensor `{name}`"), &[]));
         }
         let info = &gguf.content.tensor_infos[name];
@@ -115,7 +121,8 @@ pub(super) fn read_all(gguf: &GgufFile) -> Result<HashMap<String, Tensor>, GgufE
             Some(heads) => halves_of_heads(&tensor, heads as usize).map_err(failed)?,
             None => tensor,
         };
-        let hf = hf_name(name).ok_or_else(|| gguf.unsupported(format!("tensor `{name}`"), &[]))?;
+        let hf =
+            hf_name(arch, name).ok_or_else(|| gguf.unsupported(format!("tensor `{name}`"), &[]))?;
         tensors.insert(hf, tensor);
     }
     Ok(tensors)
@@ -147,20 +154,32 @@ mod tests {
     #[test]
     fn llama_cpp_names_map_to_hugging_face_names_and_others_are_unknown() {
         assert_eq!(
-            hf_name("blk.12.attn_q.weight").as_deref(),
+            hf_name("llama", "blk.12.attn_q.weight").as_deref(),
             Some("model.layers.12.self_attn.q_proj.weight")
         );
         assert_eq!(
-            hf_name("blk.0.ffn_norm.weight").as_deref(),
+            hf_name("llama", "blk.0.ffn_norm.weight").as_deref(),
             Some("model.layers.0.post_attention_layernorm.weight")
         );
-        assert_eq!(hf_name("output.weight").as_deref(), Some("lm_head.weight"));
+        assert_eq!(
+            hf_name("gemma3", "blk.0.ffn_norm.weight").as_deref(),
+            Some("model.layers.0.pre_feedforward_layernorm.weight")
+        );
+        assert_eq!(
+            hf_name("gemma3", "blk.0.post_ffw_norm.weight").as_deref(),
+            Some("model.layers.0.post_feedforward_layernorm.weight")
+        );
+        assert_eq!(hf_name("llama", "blk.0.post_ffw_norm.weight"), None);
+        assert_eq!(
+            hf_name("llama", "output.weight").as_deref(),
+            Some("lm_head.weight")
+        );
         for unknown in [
             "rope_freqs.weight",
             "blk.x.attn_q.weight",
             "blk.0.attn_qkv.weight",
         ] {
-            assert_eq!(hf_name(unknown), None, "{unknown}");
+            assert_eq!(hf_name("llama", unknown), None, "{unknown}");
         }
     }
 

@@ -1,9 +1,16 @@
 //! The tokenizer a GGUF's metadata describes, built as `transformers` builds it from the same
-//! file, so that both give the same ids: byte-level BPE (`tokenizer.ggml.model = gpt2`) over the
-//! vocabulary and merges, the text split first by the expression that `tokenizer.ggml.pre`
-//! names (GPT-2's byte-level split for a name without one), the tokens the file marks as control
-//! tokens kept whole as special tokens and the user-defined ones as added tokens, and BOS put
-//! first where `tokenizer.ggml.add_bos_token` says so.
+//! file, so that both give the same ids:
+//! - byte-level BPE (`tokenizer.ggml.model = gpt2`) over the vocabulary and merges, the text
+//!   split first by the expression that `tokenizer.ggml.pre` names (GPT-2's byte-level split for
+//!   a name without one);
+//! - SentencePiece's BPE (`llama`) as Gemma files have it: spaces written `▁`, bytes outside the
+//!   vocabulary as its `<0xNN>` tokens, and the merges (which the file does not list) rebuilt from
+//!   the vocabulary, a token's merges ranked by its place in the file;
+//!
+//! the tokens the file marks as control tokens kept whole as special tokens and the user-defined
+//! ones as added tokens, and BOS put first where `tokenizer.ggml.add_bos_token` says so.
+
+use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
@@ -11,7 +18,11 @@ use super::{GgufError, GgufFile, read_error};
 use crate::text::Tokenizer;
 
 /// The tokenizer models the reader builds, by `tokenizer.ggml.model`.
-const MODELS: &[&str] = &["gpt2"];
+const MODELS: &[&str] = &["gpt2", "llama"];
+
+/// The architectures whose SentencePiece (`llama`) vocabularies the reader builds: each family
+/// spells its spaces its own way, and only Gemma's is implemented.
+const SENTENCEPIECE_ARCHITECTURES: &[&str] = &["gemma3"];
 
 /// llama.cpp's token types: a control token (`<|im_end|>`) and a user-defined one (`<think>`).
 const CONTROL: i64 = 3;
@@ -39,10 +50,161 @@ pub(super) fn build(gguf: &GgufFile) -> Result<Tokenizer, GgufError> {
 /// The `tokenizer.json` (the `tokenizers` library's serialization) of the file's tokenizer.
 pub(super) fn tokenizer_json(gguf: &GgufFile) -> Result<Value, GgufError> {
     let model = gguf.string("tokenizer.ggml.model").unwrap_or_default();
-    if !MODELS.contains(&model) {
-        return Err(gguf.unsupported(format!("tokenizer model {model:?}"), MODELS));
+    match model {
+        "gpt2" => byte_level_bpe(gguf),
+        "llama" => {
+            let arch = gguf.string("general.architecture").unwrap_or_default();
+            if !SENTENCEPIECE_ARCHITECTURES.contains(&arch) {
+                let what = format!("a SentencePiece (`llama`) tokenizer of architecture {arch:?}");
+                return Err(gguf.unsupported(what, SENTENCEPIECE_ARCHITECTURES));
+            }
+            gemma_bpe(gguf)
+        }
+        _ => Err(gguf.unsupported(format!("tokenizer model {model:?}"), MODELS)),
     }
-    byte_level_bpe(gguf)
+}
+
+/// The `tokenizer.json` of a Gemma vocabulary, as `transformers`' `GemmaTokenizer` over the
+/// file: a token of spaces alone is stored with real spaces and looked up as `▁`s, so it is
+/// respelled first; the merges are every split of a token into two tokens of the vocabulary,
+/// ranked by the token's place in the file (Gemma's scores do not follow its merge order), then
+/// longer left parts first.
+fn gemma_bpe(gguf: &GgufFile) -> Result<Value, GgufError> {
+    let tokens = gguf.strings("tokenizer.ggml.tokens")?;
+    let types = gguf
+        .integers("tokenizer.ggml.token_type")?
+        .unwrap_or_default();
+    let spelled: Vec<String> = tokens
+        .iter()
+        .map(
+            |token| match token.contains(' ') && token.chars().all(python_space) {
+                true => "\u{2581}".repeat(token.chars().count()),
+                false => token.to_string(),
+            },
+        )
+        .collect();
+    // A token spelled twice keeps its last id, as a Python dict of the vocabulary does.
+    let mut ids: HashMap<&str, usize> = HashMap::with_capacity(spelled.len());
+    for (id, token) in spelled.iter().enumerate() {
+        ids.insert(token, id);
+    }
+    let mut ranked: Vec<(usize, usize, &str, &str)> = Vec::new();
+    for (token, &id) in &ids {
+        for (at, _) in token.char_indices().skip(1) {
+            let (left, right) = token.split_at(at);
+            if ids.contains_key(left) && ids.contains_key(right) {
+                ranked.push((id, at, left, right));
+            }
+        }
+    }
+    // By the merged token's id, then the longer left part first (its byte length orders the
+    // splits of one token as its length in characters does).
+    ranked.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    let merges: Vec<Value> = ranked
+        .iter()
+        .map(|(_, _, left, right)| json!([left, right]))
+        .collect();
+    let vocab = vocabulary(&spelled);
+    // Kept whole under their spelling in the file, where the vocabulary has it.
+    let added = added_tokens(
+        &tokens,
+        &types,
+        |_| true,
+        |_, token| ids.get(token).map(|&id| (id, token.to_string())),
+    );
+    let unk = gguf
+        .integer("tokenizer.ggml.unknown_token_id")
+        .and_then(|id| usize::try_from(id).ok())
+        .and_then(|id| spelled.get(id));
+    Ok(json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+        "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false},
+        "post_processor": bos_first(gguf, &spelled)?,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+        ]},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+            "ignore_merges": false, "vocab": vocab, "merges": merges,
+        },
+    }))
+}
+
+/// The BPE model's vocabulary: each token's id by its spelling (a spelling given twice keeps its
+/// last id).
+fn vocabulary(spelled: &[String]) -> serde_json::Map<String, Value> {
+    spelled
+        .iter()
+        .enumerate()
+        .map(|(id, token)| (token.clone(), json!(id)))
+        .collect()
+}
+
+/// Python's `str.isspace`, which `transformers` tests a token's characters with: Unicode's
+/// white space and the four ASCII separators.
+fn python_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// The tokens kept whole: control tokens as special tokens (where `control` accepts their
+/// spelling), user-defined ones as added tokens, each under the id and text that `entry` gives
+/// its place and spelling in the file (`None`: left out).
+fn added_tokens(
+    tokens: &[&str],
+    types: &[i64],
+    control: impl Fn(&str) -> bool,
+    entry: impl Fn(usize, &str) -> Option<(usize, String)>,
+) -> Vec<Value> {
+    types
+        .iter()
+        .zip(tokens)
+        .enumerate()
+        .filter_map(|(place, (&kind, &token))| {
+            let special = match kind {
+                CONTROL if control(token) => true,
+                USER_DEFINED => false,
+                _ => return None,
+            };
+            let (id, token) = entry(place, token)?;
+            Some(json!({
+                "id": id, "content": token, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": special,
+            }))
+        })
+        .collect()
+}
+
+/// The post-processor that puts BOS first where `tokenizer.ggml.add_bos_token` says so.
+fn bos_first(gguf: &GgufFile, spelled: &[String]) -> Result<Option<Value>, GgufError> {
+    if gguf.boolean("tokenizer.ggml.add_bos_token") != Some(true) {
+        return Ok(None);
+    }
+    let id = gguf
+        .integer("tokenizer.ggml.bos_token_id")
+        .ok_or_else(|| gguf.metadata_error("tokenizer.ggml.bos_token_id", "an integer"))?;
+    let token = usize::try_from(id)
+        .ok()
+        .and_then(|id| spelled.get(id))
+        .ok_or_else(|| {
+            gguf.metadata_error(
+                "tokenizer.ggml.bos_token_id",
+                "a token id of the vocabulary",
+            )
+        })?;
+    Ok(Some(json!({
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": token, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": token, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": token, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {token.clone(): {"id": token, "ids": [id], "tokens": [token]}},
+    })))
 }
 
 /// The `tokenizer.json` of a byte-level BPE vocabulary.
@@ -62,11 +224,7 @@ fn byte_level_bpe(gguf: &GgufFile) -> Result<Value, GgufError> {
             false => token.bytes().map(|b| alphabet[b as usize]).collect(),
         })
         .collect();
-    let vocab: serde_json::Map<String, Value> = spelled
-        .iter()
-        .enumerate()
-        .map(|(id, token)| (token.clone(), json!(id)))
-        .collect();
+    let vocab = vocabulary(&spelled);
     let merges: Vec<Value> = merges
         .iter()
         .map(|merge| {
@@ -76,22 +234,9 @@ fn byte_level_bpe(gguf: &GgufFile) -> Result<Value, GgufError> {
         .collect();
     // Control tokens outside the byte alphabet are llama.cpp's mislabels (`transformers` skips
     // them too); user-defined ones are added as they are.
-    let added: Vec<Value> = types
-        .iter()
-        .enumerate()
-        .filter_map(|(id, &kind)| {
-            let token = tokens.get(id)?;
-            let special = match kind {
-                CONTROL if in_alphabet(token) => true,
-                USER_DEFINED => false,
-                _ => return None,
-            };
-            Some(json!({
-                "id": id, "content": spelled[id], "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": special,
-            }))
-        })
-        .collect();
+    let added = added_tokens(&tokens, &types, in_alphabet, |id, _| {
+        Some((id, spelled[id].clone()))
+    });
     let pre_tokenizer = match gguf.string("tokenizer.ggml.pre").and_then(split_of) {
         Some(split) => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": false},
@@ -101,36 +246,9 @@ fn byte_level_bpe(gguf: &GgufFile) -> Result<Value, GgufError> {
             json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
         }
     };
-    let bos = match gguf.boolean("tokenizer.ggml.add_bos_token") {
-        Some(true) => {
-            let id = gguf
-                .integer("tokenizer.ggml.bos_token_id")
-                .ok_or_else(|| gguf.metadata_error("tokenizer.ggml.bos_token_id", "an integer"))?;
-            let token = usize::try_from(id)
-                .ok()
-                .and_then(|id| spelled.get(id))
-                .ok_or_else(|| {
-                    gguf.metadata_error(
-                        "tokenizer.ggml.bos_token_id",
-                        "a token id of the vocabulary",
-                    )
-                })?;
-            Some((token.clone(), id))
-        }
-        _ => None,
-    };
-    let post_processor = match bos {
-        Some((token, id)) => json!({
-            "type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": token, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": token, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {token.clone(): {"id": token, "ids": [id], "tokens": [token]}},
-        }),
-        None => {
-            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true})
-        }
-    };
+    let post_processor = bos_first(gguf, &spelled)?.unwrap_or_else(|| {
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true})
+    });
     Ok(json!({
         "version": "1.0",
         "truncation": null,

@@ -1,7 +1,8 @@
-//! The attention block: RMSNorm'd input projected to queries, keys and values (Qwen3 norms each
-//! head's queries and keys), rotary positions, causal grouped-query attention (over each
-//! sequence's KV cache when sampling, over whole sequences when training), and the output
-//! projection added into the residual stream. The forward, then its backward.
+//! The attention block: RMSNorm'd input projected to queries, keys and values (Qwen3 and Gemma
+//! norm each head's queries and keys), rotary positions (the layer's tables: Gemma's local
+//! layers have their own base), causal grouped-query attention (over each sequence's KV cache
+//! when sampling, over whole sequences when training; a local layer sees a sliding window), and
+//! the output projection. The forward, then its backward.
 
 use opentinker_kernels::{Backend, Backward, Heads};
 
@@ -18,6 +19,20 @@ pub struct AttentionWeights<'a, B: Backend + ?Sized> {
     pub q_norm: Option<&'a B::Vector>,
     pub k_norm: Option<&'a B::Vector>,
 }
+
+/// RoPE's `(context × head_dim)` cos and sin tables.
+pub struct Rope<'a, B: Backend + ?Sized> {
+    pub cos: &'a B::Vector,
+    pub sin: &'a B::Vector,
+}
+
+impl<B: Backend + ?Sized> Clone for Rope<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend + ?Sized> Copy for Rope<'_, B> {}
 
 /// The gradients of one layer's attention weights (full-parameter training).
 pub struct AttentionGrads<B: Backend> {
@@ -48,34 +63,37 @@ pub(super) struct Context<'c, 'b, B: Backend, H> {
     pub adapters: &'c H,
     pub runs: &'c [Run],
     pub rows: usize,
-    pub cos: &'c B::Vector,
-    pub sin: &'c B::Vector,
     pub batch: &'c mut B::Batch<'b>,
 }
 
 impl<B: Backend, H> Context<'_, '_, B, H> {
-    fn heads(&self) -> Heads {
+    /// The attention's shape at `layer` (its window, where the layer is a local one).
+    fn heads(&self, layer: usize) -> Heads {
         Heads {
             heads: self.config.num_heads,
             kv_heads: self.config.num_kv_heads,
             head_dim: self.config.head_dim,
+            window: self.config.attention_window(layer),
         }
     }
 }
 
-/// `x += attention(h)` at layer `layer`, where `h` is the normed residual stream; with `keep`,
-/// returns what the backward needs.
+/// `out = attention(h)` (`out +=` with `accumulate`) at layer `layer` with its RoPE tables,
+/// where `h` is the normed residual stream; with `keep`, returns what the backward needs.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn attention<B: Backend, H: Adapters<B>>(
     cx: &mut Context<'_, '_, B, H>,
     layer: usize,
     w: &AttentionWeights<'_, B>,
+    rope: Rope<'_, B>,
     h: &B::Buffer,
-    x: &mut B::Buffer,
+    out: &mut B::Buffer,
+    accumulate: bool,
     keep: bool,
 ) -> Result<Option<AttentionTape<B>>, B::Error> {
     let c = cx.config;
     let (ops, runs) = (cx.ops, cx.runs);
-    let shape = cx.heads();
+    let shape = cx.heads(layer);
     let head_dim = shape.head_dim;
     let (q_width, kv_width) = (shape.heads * head_dim, shape.kv_heads * head_dim);
     let site = |target| Site::Layer(layer, target);
@@ -96,12 +114,12 @@ pub(super) fn attention<B: Backend, H: Adapters<B>>(
         ops.rms_norm(&mut q, qn, c.rms_norm_eps)?;
         ops.rms_norm(&mut k, kn, c.rms_norm_eps)?;
     }
-    ops.rope(cx.batch, &mut q, head_dim, cx.cos, cx.sin)?;
-    ops.rope(cx.batch, &mut k, head_dim, cx.cos, cx.sin)?;
+    ops.rope(cx.batch, &mut q, head_dim, rope.cos, rope.sin)?;
+    ops.rope(cx.batch, &mut k, head_dim, rope.cos, rope.sin)?;
     let mut attended = ops.scratch(cx.rows * q_width)?;
     ops.attend(cx.batch, layer, shape, &q, &k, &v, &mut attended)?;
     cx.adapters
-        .project(ops, site(Target::O), runs, &attended, &w.o, x, true)?;
+        .project(ops, site(Target::O), runs, &attended, &w.o, out, accumulate)?;
     Ok(keep.then_some(AttentionTape {
         q_raw,
         k_raw,
@@ -119,6 +137,7 @@ pub(super) fn attention_backward<B: Backward, H: AdapterGrads<B>>(
     cx: &mut Context<'_, '_, B, H>,
     layer: usize,
     w: &AttentionWeights<'_, B>,
+    rope: Rope<'_, B>,
     h: &B::Buffer,
     tape: &AttentionTape<B>,
     dy: &B::Buffer,
@@ -126,7 +145,7 @@ pub(super) fn attention_backward<B: Backward, H: AdapterGrads<B>>(
 ) -> Result<B::Buffer, B::Error> {
     let c = cx.config;
     let (ops, runs) = (cx.ops, cx.runs);
-    let shape = cx.heads();
+    let shape = cx.heads(layer);
     let head_dim = shape.head_dim;
     let (q_width, kv_width) = (shape.heads * head_dim, shape.kv_heads * head_dim);
     let site = |target| Site::Layer(layer, target);
@@ -163,8 +182,8 @@ pub(super) fn attention_backward<B: Backward, H: AdapterGrads<B>>(
         &mut dk,
         &mut dv,
     )?;
-    ops.rope_backward(cx.batch, &mut dq, head_dim, cx.cos, cx.sin)?;
-    ops.rope_backward(cx.batch, &mut dk, head_dim, cx.cos, cx.sin)?;
+    ops.rope_backward(cx.batch, &mut dq, head_dim, rope.cos, rope.sin)?;
+    ops.rope_backward(cx.batch, &mut dk, head_dim, rope.cos, rope.sin)?;
     if let (Some(qn), Some(kn), Some(q_raw), Some(k_raw)) =
         (w.q_norm, w.k_norm, &tape.q_raw, &tape.k_raw)
     {

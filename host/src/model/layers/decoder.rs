@@ -4,18 +4,23 @@
 use opentinker_kernels::{Backend, Backward};
 
 use super::attention::{
-    AttentionGrads, AttentionTape, AttentionWeights, Context, attention, attention_backward,
+    AttentionGrads, AttentionTape, AttentionWeights, Context, Rope, attention, attention_backward,
 };
 use super::mlp::{MlpGrads, MlpTape, MlpWeights, mlp, mlp_backward};
 use super::projection::{AdapterGrads, Adapters, Linear, LinearGrads, Run, runs};
-use crate::model::{ModelConfig, OutOfVocabulary, Site, Target};
+use crate::model::{Features, ModelConfig, OutOfVocabulary, Site, Target};
 
 /// One decoder layer's weights.
 pub struct LayerWeights<'a, B: Backend + ?Sized> {
     pub input_norm: &'a B::Vector,
     pub attention: AttentionWeights<'a, B>,
+    /// The MLP's input norm.
     pub post_attention_norm: &'a B::Vector,
     pub mlp: MlpWeights<'a, B>,
+    /// The norms of the attention's and the MLP's outputs, before they join the residual
+    /// stream (Gemma).
+    pub attention_output_norm: Option<&'a B::Vector>,
+    pub mlp_output_norm: Option<&'a B::Vector>,
 }
 
 /// The whole model's weights in the backend's storage, and its RoPE tables.
@@ -26,11 +31,21 @@ pub struct DecoderWeights<'a, B: Backend + ?Sized> {
     pub norm: &'a B::Vector,
     /// The unembedding (the embedding itself when the model ties them).
     pub lm_head: Linear<'a, B>,
-    /// `(context × head_dim)` tables.
-    pub cos: &'a B::Vector,
-    pub sin: &'a B::Vector,
+    pub rope: Rope<'a, B>,
+    /// The local (sliding-window) layers' tables, where the model has them.
+    pub local_rope: Option<Rope<'a, B>>,
     /// Positions the tables cover.
     pub context: usize,
+}
+
+impl<'a, B: Backend + ?Sized> DecoderWeights<'a, B> {
+    /// The RoPE tables of layer `layer`.
+    fn rope_of(&self, config: &ModelConfig, layer: usize) -> Rope<'a, B> {
+        match (config.attention_window(layer), self.local_rope) {
+            (Some(_), Some(local)) => local,
+            _ => self.rope,
+        }
+    }
 }
 
 /// One sequence's part of a forward call.
@@ -90,12 +105,38 @@ fn check<'t, E>(
 }
 
 /// What a layer's backward needs of its forward: its input and the residual stream between
-/// its two blocks (the norms of both are recomputed), and each block's own.
+/// its two blocks (the norms of both are recomputed), each block's own, and each block's
+/// output before its output norm (where the model has one).
 struct LayerTape<B: Backend> {
     x_in: B::Buffer,
     attention: AttentionTape<B>,
+    attention_out: Option<B::Buffer>,
     x_mid: B::Buffer,
     mlp: MlpTape<B>,
+    mlp_out: Option<B::Buffer>,
+}
+
+/// `x += block(into)`, where `block` writes a block's output (adding it into what it is given
+/// when told to accumulate): straight into the residual stream, or first through the block's
+/// output norm. Returns the block's tape and, with `keep` and a norm, its output before the norm.
+fn add_block<B: Backend, T>(
+    ops: &B,
+    eps: f64,
+    output_norm: Option<&B::Vector>,
+    x: &mut B::Buffer,
+    len: usize,
+    keep: bool,
+    block: impl FnOnce(&mut B::Buffer, bool) -> Result<T, B::Error>,
+) -> Result<(T, Option<B::Buffer>), B::Error> {
+    let Some(norm) = output_norm else {
+        return Ok((block(x, true)?, None));
+    };
+    let mut y = ops.scratch(len)?;
+    let tape = block(&mut y, false)?;
+    let raw = if keep { Some(ops.copy(&y)?) } else { None };
+    ops.rms_norm(&mut y, norm, eps)?;
+    ops.add(x, &y)?;
+    Ok((tape, raw))
 }
 
 /// Every layer over the residual stream `x`; with `keep`, what the backward needs.
@@ -108,25 +149,63 @@ fn stack<B: Backend, H: Adapters<B>>(
     let ops = cx.ops;
     let eps = cx.config.rms_norm_eps;
     let mut tapes = Vec::with_capacity(if keep { weights.layers.len() } else { 0 });
-    let mut h = ops.scratch(cx.rows * cx.config.hidden_size)?;
+    let len = cx.rows * cx.config.hidden_size;
+    let mut h = ops.scratch(len)?;
     for (li, layer) in weights.layers.iter().enumerate() {
+        let rope = weights.rope_of(cx.config, li);
         let x_in = if keep { Some(ops.copy(x)?) } else { None };
         ops.rms_norm_into(x, layer.input_norm, eps, &mut h)?;
-        let attention = attention(cx, li, &layer.attention, &h, x, keep)?;
+        let (attention, attention_out) = add_block(
+            ops,
+            eps,
+            layer.attention_output_norm,
+            x,
+            len,
+            keep,
+            |out, add| attention(cx, li, &layer.attention, rope, &h, out, add, keep),
+        )?;
         let x_mid = if keep { Some(ops.copy(x)?) } else { None };
         ops.rms_norm_into(x, layer.post_attention_norm, eps, &mut h)?;
-        let mlp = mlp(cx, li, &layer.mlp, &h, x, keep)?;
+        let (mlp, mlp_out) =
+            add_block(ops, eps, layer.mlp_output_norm, x, len, keep, |out, add| {
+                mlp(cx, li, &layer.mlp, &h, out, add, keep)
+            })?;
         if let (Some(x_in), Some(attention), Some(x_mid), Some(mlp)) = (x_in, attention, x_mid, mlp)
         {
             tapes.push(LayerTape {
                 x_in,
                 attention,
+                attention_out,
                 x_mid,
                 mlp,
+                mlp_out,
             });
         }
     }
     Ok(tapes)
+}
+
+/// The embeddings of `tokens`, scaled by the square root of the width where the model says so
+/// (in f32, as `transformers` computes Gemma's).
+fn embed<B: Backend>(
+    ops: &B,
+    config: &ModelConfig,
+    weights: &DecoderWeights<'_, B>,
+    tokens: &[usize],
+) -> Result<B::Buffer, B::Error> {
+    let mut x = ops.embed(weights.embed, config.hidden_size, tokens)?;
+    if let Some(scale) = embedding_scale(config) {
+        ops.scale(&mut x, scale)?;
+    }
+    Ok(x)
+}
+
+/// The factor of the embeddings, where the model scales them.
+fn embedding_scale(config: &ModelConfig) -> Option<f64> {
+    config
+        .features
+        .scaled_embeddings
+        .then(|| f64::from((config.hidden_size as f64).sqrt() as f32))
 }
 
 /// Run the new tokens of every sequence through the model, appending their keys and values to
@@ -158,15 +237,13 @@ pub fn forward<B: Backend, H: Adapters<B>>(
         .iter()
         .flat_map(|s| s.tokens.iter().map(|&t| t as usize))
         .collect();
-    let mut x = ops.embed(weights.embed, hidden, &tokens).map_err(backend)?;
+    let mut x = embed(ops, config, weights, &tokens).map_err(backend)?;
     let mut cx = Context {
         ops,
         config,
         adapters,
         runs: &row_runs,
         rows,
-        cos: weights.cos,
-        sin: weights.sin,
         batch,
     };
     stack(&mut cx, weights, &mut x, false).map_err(backend)?;
@@ -235,8 +312,9 @@ pub struct Tape<B: Backend> {
 
 /// The values a training pass holds per token, at most: what its [`Tape`] keeps of every
 /// layer (the input and middle residual streams, the attended queries, keys and values and
-/// the attention's output, the gate and up projections, and the raw queries and keys where
-/// the model norms them) and of the head, with the backward's largest buffers of one layer at
+/// the attention's output, the gate and up projections, the raw queries and keys where the
+/// model norms them, and each block's output before its output norm where it has one) and of
+/// the head, with the backward's largest buffers of one layer at
 /// a time. `logits` says whether the head keeps its logits (the unembedding is trained, by
 /// full-parameter training or an adapter) or only the fused logprob's Jacobian; then the
 /// backward's logit gradient is as large again. Multiply by the element's size for bytes: the
@@ -249,7 +327,11 @@ pub fn train_values_per_token(config: &ModelConfig, logits: bool) -> usize {
         true => q + kv,
         false => 0,
     };
-    let layer = 2 * hidden + 2 * q + 2 * kv + 2 * inter + qk_norms;
+    let output_norms = match config.features.block_output_norms {
+        true => 2 * hidden,
+        false => 0,
+    };
+    let layer = 2 * hidden + 2 * q + 2 * kv + 2 * inter + qk_norms + output_norms;
     let head = match logits {
         true => hidden + 2 * config.vocab_size,
         false => hidden,
@@ -283,6 +365,8 @@ pub struct LayerGrads<B: Backend> {
     pub attention: AttentionGrads<B>,
     pub post_attention_norm: B::Buffer,
     pub mlp: MlpGrads<B>,
+    pub attention_output_norm: Option<B::Buffer>,
+    pub mlp_output_norm: Option<B::Buffer>,
 }
 
 impl<B: Backend> WeightGrads<B> {
@@ -295,6 +379,10 @@ impl<B: Backend> WeightGrads<B> {
         };
         let qk_norm = |present: bool| -> Result<Option<B::Buffer>, B::Error> {
             present.then(|| ops.zeros(head_dim)).transpose()
+        };
+        let output_norm = || -> Result<Option<B::Buffer>, B::Error> {
+            let present = config.features.block_output_norms;
+            present.then(|| ops.zeros(hidden)).transpose()
         };
         let layers = (0..config.num_layers)
             .map(|_| {
@@ -314,6 +402,8 @@ impl<B: Backend> WeightGrads<B> {
                         up: linear(Target::Up, config.features.mlp_bias)?,
                         down: linear(Target::Down, config.features.mlp_bias)?,
                     },
+                    attention_output_norm: output_norm()?,
+                    mlp_output_norm: output_norm()?,
                 })
             })
             .collect::<Result<_, B::Error>>()?;
@@ -333,15 +423,19 @@ impl<B: Backend> WeightGrads<B> {
 impl<B: Backend> WeightGrads<B> {
     /// Every gradient by its weight's Hugging Face name (as `Transformer::named_weights` names
     /// them).
-    pub fn into_named(self) -> Vec<(String, B::Buffer)> {
+    pub fn into_named(self, features: &Features) -> Vec<(String, B::Buffer)> {
+        let (mlp_norm, output_norms) = features.layer_norm_names();
         let mut named = vec![("model.embed_tokens.weight".to_string(), self.embed)];
         for (i, layer) in self.layers.into_iter().enumerate() {
             let p = format!("model.layers.{i}");
             named.push((format!("{p}.input_layernorm.weight"), layer.input_norm));
-            named.push((
-                format!("{p}.post_attention_layernorm.weight"),
-                layer.post_attention_norm,
-            ));
+            named.push((format!("{p}.{mlp_norm}.weight"), layer.post_attention_norm));
+            let outputs = [layer.attention_output_norm, layer.mlp_output_norm];
+            for (name, grad) in output_norms.into_iter().flatten().zip(outputs) {
+                if let Some(grad) = grad {
+                    named.push((format!("{p}.{name}.weight"), grad));
+                }
+            }
             let a = layer.attention;
             let norms = [("q_norm", a.q_norm), ("k_norm", a.k_norm)];
             for (norm, grad) in norms {
@@ -422,15 +516,13 @@ pub fn train_forward<B: Backward, H: Adapters<B>>(
         .iter()
         .flat_map(|s| s.targets.iter().copied())
         .collect();
-    let mut x = ops.embed(weights.embed, hidden, &tokens).map_err(backend)?;
+    let mut x = embed(ops, config, weights, &tokens).map_err(backend)?;
     let mut cx = Context {
         ops,
         config,
         adapters,
         runs: &row_runs,
         rows,
-        cos: weights.cos,
-        sin: weights.sin,
         batch,
     };
     let layers = stack(&mut cx, weights, &mut x, keep).map_err(backend)?;
@@ -551,17 +643,37 @@ pub fn train_backward<B: Backward, H: AdapterGrads<B>>(
         adapters,
         runs: &row_runs,
         rows,
-        cos: weights.cos,
-        sin: weights.sin,
         batch,
     };
     let mut h = ops.zeros(rows * hidden)?;
     for (li, (layer, layer_tape)) in weights.layers.iter().zip(&tape.layers).enumerate().rev() {
+        let rope = weights.rope_of(config, li);
         let mut layer_grads = grads.as_deref_mut().map(|g| &mut g.layers[li]);
         // dx is the gradient of the layer's output; both blocks add into the residual.
         ops.rms_norm_into(&layer_tape.x_mid, layer.post_attention_norm, eps, &mut h)?;
+        let d_norm = layer_grads
+            .as_deref_mut()
+            .and_then(|g| g.mlp_output_norm.as_mut());
+        let d_out = block_output_backward(
+            ops,
+            eps,
+            layer.mlp_output_norm,
+            layer_tape.mlp_out.as_ref(),
+            &dx,
+            rows * hidden,
+            d_norm,
+        )?;
+        let d_out = d_out.as_ref().unwrap_or(&dx);
         let mlp_grads = layer_grads.as_deref_mut().map(|g| &mut g.mlp);
-        let dh = mlp_backward(&mut cx, li, &layer.mlp, &h, &layer_tape.mlp, &dx, mlp_grads)?;
+        let dh = mlp_backward(
+            &mut cx,
+            li,
+            &layer.mlp,
+            &h,
+            &layer_tape.mlp,
+            d_out,
+            mlp_grads,
+        )?;
         let d_post = layer_grads
             .as_deref_mut()
             .map(|g| &mut g.post_attention_norm);
@@ -575,14 +687,28 @@ pub fn train_backward<B: Backward, H: AdapterGrads<B>>(
         )?;
 
         ops.rms_norm_into(&layer_tape.x_in, layer.input_norm, eps, &mut h)?;
+        let d_norm = layer_grads
+            .as_deref_mut()
+            .and_then(|g| g.attention_output_norm.as_mut());
+        let d_out = block_output_backward(
+            ops,
+            eps,
+            layer.attention_output_norm,
+            layer_tape.attention_out.as_ref(),
+            &dx,
+            rows * hidden,
+            d_norm,
+        )?;
+        let d_out = d_out.as_ref().unwrap_or(&dx);
         let attention_grads = layer_grads.as_deref_mut().map(|g| &mut g.attention);
         let dh = attention_backward(
             &mut cx,
             li,
             &layer.attention,
+            rope,
             &h,
             &layer_tape.attention,
-            &dx,
+            d_out,
             attention_grads,
         )?;
         let d_input = layer_grads.map(|g| &mut g.input_norm);
@@ -600,7 +726,29 @@ pub fn train_backward<B: Backward, H: AdapterGrads<B>>(
             .iter()
             .flat_map(|s| s.tokens.iter().map(|&t| t as usize))
             .collect();
+        if let Some(scale) = embedding_scale(config) {
+            ops.scale(&mut dx, scale)?;
+        }
         ops.embed_backward(&tokens, hidden, &dx, &mut g.embed)?;
     }
     Ok(())
+}
+
+/// The gradient of a block's output before its output norm, from `dy` after it (`None` where
+/// the block has no output norm: then it is `dy`); the norm's weight gradient into `d_norm`.
+fn block_output_backward<B: Backward>(
+    ops: &B,
+    eps: f64,
+    norm: Option<&B::Vector>,
+    raw: Option<&B::Buffer>,
+    dy: &B::Buffer,
+    len: usize,
+    d_norm: Option<&mut B::Buffer>,
+) -> Result<Option<B::Buffer>, B::Error> {
+    let (Some(norm), Some(raw)) = (norm, raw) else {
+        return Ok(None);
+    };
+    let mut d_raw = ops.zeros(len)?;
+    ops.rms_norm_backward(raw, norm, eps, dy, &mut d_raw, d_norm)?;
+    Ok(Some(d_raw))
 }

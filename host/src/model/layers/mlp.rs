@@ -1,5 +1,5 @@
-//! The MLP block: `down(silu(gate(h)) · up(h))`, added into the residual stream. The forward,
-//! then its backward.
+//! The MLP block: `down(act(gate(h)) · up(h))`, the activation SiLU or GELU's tanh form as the
+//! model's features say. The forward, then its backward.
 
 use opentinker_kernels::{Backend, Backward};
 
@@ -28,16 +28,19 @@ pub(super) struct MlpTape<B: Backend> {
     up: B::Buffer,
 }
 
-/// `x += mlp(h)` at layer `layer`, where `h` is the normed residual stream; with `keep`,
-/// returns what the backward needs.
+/// `out = mlp(h)` (`out +=` with `accumulate`) at layer `layer`, where `h` is the normed
+/// residual stream; with `keep`, returns what the backward needs.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn mlp<B: Backend, H: Adapters<B>>(
     cx: &mut Context<'_, '_, B, H>,
     layer: usize,
     w: &MlpWeights<'_, B>,
     h: &B::Buffer,
-    x: &mut B::Buffer,
+    out: &mut B::Buffer,
+    accumulate: bool,
     keep: bool,
 ) -> Result<Option<MlpTape<B>>, B::Error> {
+    let activation = cx.config.features.activation;
     let (ops, runs) = (cx.ops, cx.runs);
     let inter = cx.config.intermediate_size;
     let site = |target| Site::Layer(layer, target);
@@ -48,9 +51,16 @@ pub(super) fn mlp<B: Backend, H: Adapters<B>>(
     cx.adapters
         .project(ops, site(Target::Up), runs, h, &w.up, &mut up, false)?;
     let gate_raw = if keep { Some(ops.copy(&gate)?) } else { None };
-    ops.silu_mul(&mut gate, &up)?;
-    cx.adapters
-        .project(ops, site(Target::Down), runs, &gate, &w.down, x, true)?;
+    ops.gate_mul(activation, &mut gate, &up)?;
+    cx.adapters.project(
+        ops,
+        site(Target::Down),
+        runs,
+        &gate,
+        &w.down,
+        out,
+        accumulate,
+    )?;
     Ok(gate_raw.map(|gate| MlpTape { gate, up }))
 }
 
@@ -68,8 +78,9 @@ pub(super) fn mlp_backward<B: Backward, H: AdapterGrads<B>>(
     let (ops, runs) = (cx.ops, cx.runs);
     let (inter, hidden) = (cx.config.intermediate_size, cx.config.hidden_size);
     let site = |target| Site::Layer(layer, target);
+    let activation = cx.config.features.activation;
     let mut activated = ops.copy(&tape.gate)?;
-    ops.silu_mul(&mut activated, &tape.up)?;
+    ops.gate_mul(activation, &mut activated, &tape.up)?;
     let mut d_activated = ops.zeros(cx.rows * inter)?;
     cx.adapters.project_backward(
         ops,
@@ -81,7 +92,14 @@ pub(super) fn mlp_backward<B: Backward, H: AdapterGrads<B>>(
         &mut d_activated,
     )?;
     let (mut d_gate, mut d_up) = (ops.zeros(cx.rows * inter)?, ops.zeros(cx.rows * inter)?);
-    ops.silu_mul_backward(&tape.gate, &tape.up, &d_activated, &mut d_gate, &mut d_up)?;
+    ops.gate_mul_backward(
+        activation,
+        &tape.gate,
+        &tape.up,
+        &d_activated,
+        &mut d_gate,
+        &mut d_up,
+    )?;
     let mut dh = ops.zeros(cx.rows * hidden)?;
     cx.adapters
         .project_backward(ops, site(Target::Gate), runs, h, &w.gate, &d_gate, &mut dh)?;

@@ -8,6 +8,10 @@
 //! embed ─▶ for each layer: x += attention(norm(x)); x += mlp(norm(x)) ─▶ norm ─▶ unembed
 //! ```
 //!
+//! What sets one family apart is the config's [`Features`](super::Features), read here: biases,
+//! query/key norms, a norm of each block's output before the `+=` (Gemma), the gate's
+//! activation, the embedding's scale, and the sliding window and RoPE tables of local layers.
+//!
 //! - [`DecoderWeights`] borrows the weights in the backend's storage (`&B::Matrix`,
 //!   `&B::Vector`): a layer never copies or owns them.
 //! - Every projection goes through an [`Adapters`] hook with its [`Site`](super::Site), so LoRA
@@ -24,7 +28,7 @@ mod decoder;
 mod mlp;
 mod projection;
 
-pub use attention::{AttentionGrads, AttentionWeights};
+pub use attention::{AttentionGrads, AttentionWeights, Rope};
 pub use decoder::{
     DecoderWeights, ForwardError, LayerGrads, LayerWeights, Sequence, Tape, TrainOutput,
     TrainSequence, WeightGrads, forward, train_backward, train_forward, train_values_per_token,
