@@ -4,6 +4,7 @@ cross-entropy, AdamW) with the same shapes, batch and thread count as the Rust s
 
     python bench/python/lora_training.py --shape tiny      # 16 x 128 tokens
     python bench/python/lora_training.py --shape qwen2.5-0.5b   # 4 x 256 tokens
+    python bench/python/lora_training.py --model DIR --batch 4 --length 256   # a real model
 Prints one JSON line: {"shape", "tokens_per_s", "seconds_per_step", "peak_rss_bytes"} (the
 process's peak resident set, model included).
 """
@@ -29,6 +30,9 @@ SHAPES = {
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", choices=SHAPES, default="tiny")
+    parser.add_argument("--model", help="a Hugging Face model directory instead of a shape")
+    parser.add_argument("--batch", type=int)
+    parser.add_argument("--length", type=int)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -36,8 +40,14 @@ def main():
     torch.manual_seed(0)
     shape = dict(SHAPES[args.shape])
     batch, length = shape.pop("batch"), shape.pop("length")
-    config = transformers.Qwen2Config(**shape, tie_word_embeddings=True, max_position_embeddings=4096)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if args.model:
+        model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        batch, length = args.batch or batch, args.length or length
+    else:
+        config = transformers.Qwen2Config(**shape, tie_word_embeddings=True,
+                                          max_position_embeddings=4096)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    vocab = model.config.vocab_size
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                       "up_proj", "down_proj"])
@@ -45,7 +55,7 @@ def main():
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
                                   betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
-    tokens = torch.randint(0, shape["vocab_size"], (batch, length + 1))
+    tokens = torch.randint(0, vocab, (batch, length + 1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
     def step():
@@ -62,7 +72,7 @@ def main():
         step()
     seconds = (time.perf_counter() - started) / args.steps
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    print(json.dumps({"shape": args.shape, "tokens_per_s": batch * length / seconds,
+    print(json.dumps({"shape": args.model or args.shape, "tokens_per_s": batch * length / seconds,
                       "seconds_per_step": seconds, "peak_rss_bytes": peak}))
 
 

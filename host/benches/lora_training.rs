@@ -5,14 +5,15 @@
 //! so that the peaks compare like with like (the model is written beforehand).
 //!
 //!     RAYON_NUM_THREADS=2 PYTHON=~/.cache/opentinker/bench-venv/bin/python \
-//!         cargo bench -p opentinker --bench lora_training [-- qwen2.5-0.5b]
+//!         cargo bench -p opentinker --bench lora_training [-- qwen2.5-0.5b | -- FILE.gguf]
 //!
 //! The tiny shape runs 16 sequences of 128 tokens; `qwen2.5-0.5b` 4 of 256 (it writes a 2 GB
-//! model to a temporary folder first).
+//! model to a temporary folder first); a real model's GGUF file 4 of 256 (ours trains on the
+//! file, PyTorch on its export, which `transformers` loads with the file's logits).
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,7 +21,7 @@ use std::time::Instant;
 use candle_core::DType;
 use opentinker::lora::LoraConfig;
 use opentinker::model::tiny::{TinyShape, init_tiny};
-use opentinker::model::{Architecture, Model};
+use opentinker::model::{Architecture, Model, save_model_dir};
 use opentinker::train::{AdamParams, Loss, TrainingEngine, WorkItem};
 
 /// Training allocates and frees large tensors at a high rate; glibc's malloc maps and unmaps
@@ -62,11 +63,9 @@ fn child(dir: &Path, batch: usize, length: usize, steps: usize) -> anyhow::Resul
     Ok(())
 }
 
-/// Our side of `shape` in a child process: tokens per second and peak bytes.
-fn ours(shape: TinyShape, batch: usize, length: usize, steps: usize) -> anyhow::Result<(f64, f64)> {
-    let dir = tempfile::tempdir()?;
-    init_tiny(dir.path(), shape, Architecture::Qwen2, 0)?;
-    let mut args = vec!["--child".into(), dir.path().as_os_str().to_owned()];
+/// Our side on the model at `model` in a child process: tokens per second and peak bytes.
+fn ours(model: &Path, batch: usize, length: usize, steps: usize) -> anyhow::Result<(f64, f64)> {
+    let mut args = vec!["--child".into(), model.as_os_str().to_owned()];
     args.extend([batch, length, steps].map(|n| n.to_string().into()));
     match support::child_numbers(&args)?[..] {
         [tokens_per_s, peak] => Ok((tokens_per_s, peak)),
@@ -74,25 +73,31 @@ fn ours(shape: TinyShape, batch: usize, length: usize, steps: usize) -> anyhow::
     }
 }
 
+/// What PyTorch + PEFT trains: a shape of random weights, or a model directory.
+enum Peer<'a> {
+    Shape(&'a str),
+    Model(&'a Path, usize, usize),
+}
+
 /// PyTorch + PEFT's side: tokens per second and peak bytes, when its venv is there.
-fn pytorch(shape: &str, steps: usize) -> Option<(f64, f64)> {
+fn pytorch(peer: Peer<'_>, steps: usize) -> Option<(f64, f64)> {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../bench/python/lora_training.py"
     );
-    let output = Command::new(python)
-        .args([
-            script,
-            "--shape",
-            shape,
-            "--steps",
-            &steps.to_string(),
-            "--threads",
-            "2",
-        ])
-        .output()
-        .ok()?;
+    let mut command = Command::new(python);
+    command.args([script, "--steps", &steps.to_string(), "--threads", "2"]);
+    match peer {
+        Peer::Shape(shape) => command.args(["--shape", shape]),
+        Peer::Model(dir, batch, length) => command.arg("--model").arg(dir).args([
+            "--batch",
+            &batch.to_string(),
+            "--length",
+            &length.to_string(),
+        ]),
+    };
+    let output = command.output().ok()?;
     if !output.status.success() {
         eprintln!(
             "PyTorch + PEFT skipped: {}",
@@ -119,20 +124,45 @@ fn main() -> anyhow::Result<()> {
         let number = |i: usize| -> anyhow::Result<usize> { Ok(args[at + i].parse()?) };
         return child(Path::new(&args[at + 1]), number(2)?, number(3)?, number(4)?);
     }
+    let dir = tempfile::tempdir()?;
+    let written = dir.path().join("model");
+    let gguf = args
+        .iter()
+        .skip(1)
+        .find(|a| a.ends_with(".gguf"))
+        .map(PathBuf::from);
     let big = args.iter().any(|a| a == "qwen2.5-0.5b");
-    let (shape, name, batch, length, steps) = if support::quick() {
-        (TinyShape::Tiny, "tiny", 2, 16, 1)
-    } else if big {
-        (TinyShape::Qwen05b, "qwen2.5-0.5b", 4, 256, 2)
-    } else {
-        (TinyShape::Tiny, "tiny", 16, 128, 5)
+    let (name, batch, length, steps) = match (&gguf, big) {
+        _ if support::quick() => ("tiny".to_string(), 2, 16, 1),
+        (Some(file), _) => {
+            let stem = file.file_stem().unwrap_or_default().to_string_lossy();
+            (stem.into_owned(), 4, 256, 3)
+        }
+        (None, true) => ("qwen2.5-0.5b".to_string(), 4, 256, 2),
+        (None, false) => ("tiny".to_string(), 16, 128, 5),
+    };
+    // Ours trains on `model`; PyTorch on the same weights as a directory it loads.
+    let (model, peer) = match &gguf {
+        Some(file) => {
+            let loaded = Model::load(file)?;
+            save_model_dir(&loaded.transformer, file, &written)?;
+            (file.clone(), Peer::Model(&written, batch, length))
+        }
+        None => {
+            let shape = match big {
+                true => TinyShape::Qwen05b,
+                false => TinyShape::Tiny,
+            };
+            init_tiny(&written, shape, Architecture::Qwen2, 0)?;
+            (written.clone(), Peer::Shape(&name))
+        }
     };
     // PyTorch first, so that the two never hold a 0.5B model in memory at the same time.
     let theirs = match support::quick() {
         true => None,
-        false => pytorch(name, steps),
+        false => pytorch(peer, steps),
     };
-    let (ours, our_peak) = ours(shape, batch, length, steps)?;
+    let (ours, our_peak) = ours(&model, batch, length, steps)?;
     let gib = |bytes: f64| bytes / f64::from(1u32 << 30);
     println!(
         "{name:<14} {batch}x{length}  opentinker       {ours:>10.0} tokens/s  peak {:>6.2} GiB",

@@ -96,3 +96,44 @@ fn every_architecture_loads_tokenizes_and_chats() {
         assert!(logprobs[1..].iter().all(|l| l.is_some_and(f32::is_finite)));
     }
 }
+
+/// Gemma's norms multiply by `1 + w` where its files store `w`: a tiny Gemma 3 (norms of factor
+/// one) is held with factors of one, and written back as the file had them, so that a directory
+/// read and written again is the same weights.
+#[test]
+fn gemma_norms_are_held_as_their_factor_and_written_as_the_file_stores_them() {
+    let (dir, again) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    init_tiny(dir.path(), TinyShape::Tiny, Architecture::Gemma3, 3).unwrap();
+    let model = Model::load(dir.path()).unwrap();
+    let held: Vec<f32> = model.transformer.layers[0]
+        .mlp_output_norm
+        .as_ref()
+        .expect("Gemma's MLP output norm")
+        .to_vec1()
+        .unwrap();
+    assert!(held.iter().all(|&v| v == 1.0), "{held:?}");
+    opentinker::model::save_model_dir(&model.transformer, dir.path(), &again.path().join("m"))
+        .unwrap();
+    let read = |path: &std::path::Path| {
+        candle_core::safetensors::load(path.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap()
+    };
+    let (original, written) = (read(dir.path()), read(&again.path().join("m")));
+    assert_eq!(original.len(), written.len());
+    for (name, tensor) in &original {
+        let (a, b) = (
+            tensor.flatten_all().unwrap(),
+            written[name].flatten_all().unwrap(),
+        );
+        assert_eq!(
+            a.to_vec1::<f32>().unwrap(),
+            b.to_vec1::<f32>().unwrap(),
+            "{name}"
+        );
+    }
+    let stored: Vec<f32> = original["model.norm.weight"].to_vec1().unwrap();
+    assert!(
+        stored.iter().all(|&v| v == 0.0),
+        "the file stores w: {stored:?}"
+    );
+}
