@@ -270,11 +270,72 @@ pub struct PromptAltTokens {
     pub logprobs: TensorData,
 }
 
+/// The built-in losses by the name a `forward_backward`'s `loss_fn` and a job's `rl.loss` give
+/// them: the one list of them (the engine's `train::Loss` is made from one and its settings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossName {
+    CrossEntropy,
+    ImportanceSampling,
+    Ppo,
+    Cispo,
+    Dro,
+    StableReinforce,
+    Gspo,
+}
+
+impl LossName {
+    pub const ALL: [LossName; 7] = [
+        LossName::CrossEntropy,
+        LossName::ImportanceSampling,
+        LossName::Ppo,
+        LossName::Cispo,
+        LossName::Dro,
+        LossName::StableReinforce,
+        LossName::Gspo,
+    ];
+
+    /// The name `forward_backward` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            LossName::CrossEntropy => "cross_entropy",
+            LossName::ImportanceSampling => "importance_sampling",
+            LossName::Ppo => "ppo",
+            LossName::Cispo => "cispo",
+            LossName::Dro => "dro",
+            LossName::StableReinforce => "stable_reinforce",
+            LossName::Gspo => "gspo",
+        }
+    }
+
+    /// The loss of `name`, `None` for a name that is not a built-in loss.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|loss| loss.name() == name)
+    }
+
+    /// The names, for messages that list them.
+    pub fn names() -> String {
+        Self::ALL.map(LossName::name).join(", ")
+    }
+
+    /// The `loss_fn_config` keys the loss reads.
+    pub fn config_keys(self) -> &'static [&'static str] {
+        match self {
+            LossName::CrossEntropy | LossName::ImportanceSampling => &[],
+            LossName::Ppo | LossName::Cispo | LossName::Gspo => {
+                &["clip_low_threshold", "clip_high_threshold"]
+            }
+            LossName::Dro => &["beta"],
+            LossName::StableReinforce => &["clip_high_threshold", "kl_coeff"],
+        }
+    }
+}
+
 /// The datums of one `forward` / `forward_backward` call and the loss to take over them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ForwardBackwardInput {
     pub data: Vec<Datum>,
-    /// `cross_entropy`, `importance_sampling`, `ppo`, `cispo` or `dro`.
+    /// A [`LossName`], `custom` (with `custom_loss`) or an objective plugin's name.
     pub loss_fn: String,
     #[serde(default)]
     pub loss_fn_config: BTreeMap<String, f64>,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::advantage::Estimator;
-use crate::api::{AdamParams, LoraConfig};
+use crate::api::{AdamParams, LoraConfig, LossName};
 use crate::client::TinyModelSpec;
 use crate::client::check_loss;
 use crate::plugin::Limits;
@@ -544,7 +544,7 @@ pub enum RlLoss {
 
 impl Default for RlLoss {
     fn default() -> Self {
-        RlLoss::Builtin(LossName::default())
+        RlLoss::Builtin(LossName::ImportanceSampling)
     }
 }
 
@@ -579,31 +579,6 @@ impl Serialize for RlLoss {
             RlLoss::Builtin(name) => name.serialize(serializer),
             RlLoss::Plugin(_) => std::collections::BTreeMap::from([("plugin", "objective plugin")])
                 .serialize(serializer),
-        }
-    }
-}
-
-/// A built-in RL loss.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LossName {
-    CrossEntropy,
-    #[default]
-    ImportanceSampling,
-    Ppo,
-    Cispo,
-    Dro,
-}
-
-impl LossName {
-    /// The name `forward_backward` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            LossName::CrossEntropy => "cross_entropy",
-            LossName::ImportanceSampling => "importance_sampling",
-            LossName::Ppo => "ppo",
-            LossName::Cispo => "cispo",
-            LossName::Dro => "dro",
         }
     }
 }
@@ -967,6 +942,13 @@ impl Job {
         if self.rl.steps > 0
             && let RlLoss::Builtin(loss) = &self.rl.loss
         {
+            if *loss == LossName::StableReinforce {
+                return Err(JobProblem::Settings(
+                    "rl.loss: stable_reinforce takes its sampler logprobs from sequences recorded \
+                     when sampling, which a job's rollouts do not record; use another loss"
+                        .into(),
+                ));
+            }
             check_loss(loss.name(), &self.rl.loss_config)?;
         }
         self.check_settings().map_err(JobProblem::Settings)
@@ -1283,6 +1265,27 @@ mod tests {
             err.contains("rl.loss_config") && err.contains("clip_hihg_threshold"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn every_built_in_loss_but_stable_reinforce_is_a_job_s_loss() {
+        let job = |loss: &str| {
+            parse(&MINIMAL.replace("steps = 3", &format!("steps = 3\nloss = \"{loss}\"")))
+        };
+        for loss in LossName::ALL {
+            match loss {
+                // Dro needs its beta; the others run on their defaults.
+                LossName::Dro => assert!(job(loss.name()).unwrap_err().contains("beta")),
+                LossName::StableReinforce => {
+                    let err = job(loss.name()).unwrap_err();
+                    assert!(
+                        err.contains("stable_reinforce") && err.contains("record"),
+                        "{err}"
+                    );
+                }
+                _ => assert_eq!(job(loss.name()).unwrap().rl.loss, RlLoss::Builtin(loss)),
+            }
+        }
     }
 
     #[test]

@@ -32,6 +32,7 @@ use candle_core::{D, Tensor};
 
 use super::loss_graph::CompiledLoss;
 use super::objective::Objective;
+use crate::api::LossName;
 
 /// A loss function and its settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,9 +67,7 @@ pub enum Loss {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum LossError {
-    #[error(
-        "unknown loss function {0:?} (known: cross_entropy, importance_sampling, ppo, cispo, dro, stable_reinforce, gspo)"
-    )]
+    #[error("unknown loss function {0:?} (known: {names})", names = LossName::names())]
     Unknown(String),
     #[error("loss {loss}: unknown config key {key:?} (known: {known})")]
     UnknownKey {
@@ -97,13 +96,8 @@ impl Loss {
     /// The loss named `name` with the Tinker `loss_fn_config` map; unknown names and keys are
     /// refused by name.
     pub fn from_config(name: &str, config: &BTreeMap<String, f64>) -> Result<Self, LossError> {
-        let known: &[&str] = match name {
-            "cross_entropy" | "importance_sampling" => &[],
-            "ppo" | "cispo" | "gspo" => &["clip_low_threshold", "clip_high_threshold"],
-            "dro" => &["beta"],
-            "stable_reinforce" => &["clip_high_threshold", "kl_coeff"],
-            other => return Err(LossError::Unknown(other.to_string())),
-        };
+        let loss = LossName::from_name(name).ok_or_else(|| LossError::Unknown(name.into()))?;
+        let known = loss.config_keys();
         for (key, value) in config {
             if !known.contains(&key.as_str()) {
                 return Err(LossError::UnknownKey {
@@ -125,22 +119,22 @@ impl Loss {
             }
         }
         let get = |key: &str, default: f64| config.get(key).copied().unwrap_or(default);
-        Ok(match name {
-            "cross_entropy" => Loss::CrossEntropy,
-            "importance_sampling" => Loss::ImportanceSampling,
-            "ppo" => Loss::Ppo {
+        Ok(match loss {
+            LossName::CrossEntropy => Loss::CrossEntropy,
+            LossName::ImportanceSampling => Loss::ImportanceSampling,
+            LossName::Ppo => Loss::Ppo {
                 clip_low: get("clip_low_threshold", 0.8),
                 clip_high: get("clip_high_threshold", 1.2),
             },
-            "cispo" => Loss::Cispo {
+            LossName::Cispo => Loss::Cispo {
                 clip_low: get("clip_low_threshold", 0.0),
                 clip_high: get("clip_high_threshold", 4.0),
             },
-            "gspo" => Loss::Gspo {
+            LossName::Gspo => Loss::Gspo {
                 clip_low: get("clip_low_threshold", 1.0 - 3e-4),
                 clip_high: get("clip_high_threshold", 1.0 + 4e-4),
             },
-            "stable_reinforce" => {
+            LossName::StableReinforce => {
                 let (clip_high, kl_coeff) = (get("clip_high_threshold", 2.0), get("kl_coeff", 0.0));
                 let out_of_range = |key, value, rule| LossError::OutOfRange {
                     loss: name.into(),
@@ -159,7 +153,7 @@ impl Loss {
                     kl_coeff,
                 }
             }
-            _ => Loss::Dro {
+            LossName::Dro => Loss::Dro {
                 beta: *config.get("beta").ok_or(LossError::MissingKey {
                     loss: name.into(),
                     key: "beta",
