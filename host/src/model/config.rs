@@ -182,6 +182,10 @@ impl Features {
     }
 }
 
+/// Gemma 3's layers come in runs of this many, the last of each global and the others local,
+/// where a config does not list its `layer_types` (`transformers`' default).
+pub const SLIDING_WINDOW_PATTERN: usize = 6;
+
 /// Which layers attend over a sliding window of the latest positions, and their RoPE base
 /// (Gemma 3: five local layers to each global one).
 #[derive(Clone, Debug, PartialEq)]
@@ -471,8 +475,7 @@ fn local_attention(
             let pattern = ["sliding_window_pattern", "_sliding_window_pattern"]
                 .iter()
                 .find_map(|key| config.get(*key).and_then(Value::as_u64))
-                .unwrap_or(6)
-                .max(1) as usize;
+                .map_or(SLIDING_WINDOW_PATTERN, |p| p.max(1) as usize);
             (0..num_layers).map(|i| (i + 1) % pattern != 0).collect()
         }
     };

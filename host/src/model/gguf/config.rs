@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::{GgufError, GgufFile};
 use crate::model::Architecture;
+use crate::model::config::SLIDING_WINDOW_PATTERN;
 
 /// The file's architecture (llama.cpp's `general.architecture` names the families as
 /// `config.json`'s `model_type` does), refused unless we run it, or if it asks for a feature
@@ -39,19 +40,19 @@ fn gemma3_config(gguf: &GgufFile, config: &mut Value) -> Result<(), GgufError> {
         .ok_or_else(|| {
             gguf.metadata_error("gemma3.attention.sliding_window", "a positive integer")
         })?;
-    let layers = config["num_hidden_layers"].as_u64().unwrap_or(0);
+    let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
     let layer_types: Vec<&str> = (0..layers)
-        .map(|i| match (i + 1) % 6 {
+        .map(|i| match (i + 1) % SLIDING_WINDOW_PATTERN {
             0 => "full_attention",
             _ => "sliding_attention",
         })
         .collect();
-    let global_theta = config["rope_theta"].take();
     let object = config
         .as_object_mut()
         .ok_or_else(|| gguf.metadata_error("general.architecture", "a model's metadata"))?;
-    object.remove("rope_theta");
-    object.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
+    let global_theta = object.remove("rope_theta");
+    let activation = Architecture::Gemma3.activation_name();
+    object.insert("hidden_activation".into(), json!(activation));
     object.insert("sliding_window".into(), json!(window));
     object.insert("layer_types".into(), json!(layer_types));
     object.insert("query_pre_attn_scalar".into(), json!(256));
