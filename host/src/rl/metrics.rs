@@ -61,6 +61,17 @@ pub struct StepMetrics {
     /// policies trained), when one trained.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub update_ratio: Option<f64>,
+    /// The largest absolute difference between the trainer's logprob of a sampled token trained
+    /// on (before the update) and the sampler's: in sync mode at temperature 1, the numerical
+    /// mismatch of the sampling and training paths (1e-5 or so in f32). The sampler's logprob is
+    /// of the distribution it drew from (`logits / temperature`), so another temperature adds its
+    /// change of the distribution (what importance sampling corrects), and async mode the
+    /// policy's drift since sampling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sampler_logprob_diff_max: Option<f64>,
+    /// The mean of those differences.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sampler_logprob_diff_mean: Option<f64>,
     /// On a step with an evaluation: the fraction of its episodes in which the greedy policy
     /// acted exactly as at the evaluation before (1: the updates changed no greedy choice).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -46,6 +46,50 @@ pub(super) struct StepOutcome {
     /// The largest update norm relative to the adapter's weights among the policies trained
     /// (`None` when nothing trained or the service did not say).
     pub(super) update_ratio: Option<f64>,
+    /// How far the trainer's logprobs of the sampled tokens are from the sampler's (`None`
+    /// without sampler logprobs, as in a warm-up).
+    pub(super) sampler_gap: Option<LogprobGap>,
+}
+
+/// The absolute difference between the trainer's logprob of each counted token and the
+/// sampler's, before the update: the numerical mismatch of the two paths when the batch is on
+/// policy (verl's `rollout_probs_diff`, the cookbook's `kl_sample_train`), the policy's drift
+/// since sampling when it is not.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct LogprobGap {
+    pub(super) max: f64,
+    pub(super) mean: f64,
+}
+
+impl LogprobGap {
+    /// The gap over the counted tokens of `datums` with sampler logprobs, the trainer's
+    /// logprobs being `output`'s per datum.
+    fn of<'a>(
+        batches: impl IntoIterator<Item = (&'a [Datum], &'a ForwardBackwardOutput)>,
+    ) -> Option<Self> {
+        let (mut max, mut sum, mut count) = (0.0f64, 0.0f64, 0usize);
+        for (datums, output) in batches {
+            for (datum, outputs) in datums.iter().zip(&output.loss_fn_outputs) {
+                let (Some(sampled), Some(TensorValues::Float32(trained))) = (
+                    &datum.sampler_logprobs,
+                    outputs.get("logprobs").map(|t| &t.values),
+                ) else {
+                    continue;
+                };
+                let tokens = datum.mask.iter().zip(sampled.iter().zip(trained));
+                for (_, (&sampled, &trained)) in tokens.filter(|&(&mask, _)| mask > 0.0) {
+                    let gap = f64::from((trained - sampled).abs());
+                    max = max.max(gap);
+                    sum += gap;
+                    count += 1;
+                }
+            }
+        }
+        (count > 0).then(|| LogprobGap {
+            max,
+            mean: sum / count as f64,
+        })
+    }
 }
 
 /// RL's Adam: the Tinker SDK's defaults (β2 0.95), the gradient clipped to norm 1.
@@ -89,10 +133,17 @@ pub(super) async fn train_step(
         }
     }
     let (loss, tokens) = loss_per_token(&outputs);
+    let sampler_gap = LogprobGap::of(
+        batches
+            .iter()
+            .map(|(_, datums)| datums.as_slice())
+            .zip(&outputs),
+    );
     Ok(StepOutcome {
         loss,
         tokens,
         update_ratio,
+        sampler_gap,
     })
 }
 
@@ -125,4 +176,48 @@ pub(super) fn loss_per_token(outputs: &[ForwardBackwardOutput]) -> (f64, usize) 
     };
     let tokens = sum("tokens:sum");
     (sum("loss:sum") / tokens.max(1.0), tokens as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::TensorData;
+
+    fn datum(mask: Vec<f32>, sampled: Option<Vec<f32>>) -> Datum {
+        Datum {
+            input_tokens: vec![1; mask.len()],
+            target_tokens: vec![2; mask.len()],
+            mask,
+            weights: None,
+            advantages: None,
+            sampler_logprobs: sampled,
+        }
+    }
+
+    fn output(trained: &[&[f32]]) -> ForwardBackwardOutput {
+        ForwardBackwardOutput {
+            loss_fn_outputs: trained
+                .iter()
+                .map(|l| BTreeMap::from([("logprobs".to_string(), TensorData::f32(l.to_vec()))]))
+                .collect(),
+            loss_fn_output_type: String::new(),
+            metrics: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn the_sampler_gap_counts_only_sampled_tokens_that_train() {
+        let datums = [
+            // The context token's gap (5) does not count.
+            datum(vec![0.0, 1.0, 1.0], Some(vec![0.0, -1.0, -2.0])),
+            datum(vec![1.0], Some(vec![-0.5])),
+            // Without sampler logprobs (a warm-up's datum): not counted.
+            datum(vec![1.0], None),
+        ];
+        let trained = output(&[&[-5.0, -1.25, -2.0], &[-0.25], &[-9.0]]);
+        let gap = LogprobGap::of([(&datums[..], &trained)]).unwrap();
+        assert_eq!(gap.max, 0.25);
+        assert!((gap.mean - 0.5 / 3.0).abs() < 1e-12, "{gap:?}");
+        assert_eq!(LogprobGap::of([(&datums[2..], &output(&[&[-9.0]]))]), None);
+    }
 }

@@ -453,6 +453,8 @@ pub(super) async fn train_job(
             tokens: trained.tokens,
             loss: trained.loss,
             update_ratio: trained.update_ratio,
+            sampler_logprob_diff_max: trained.sampler_gap.map(|gap| gap.max),
+            sampler_logprob_diff_mean: trained.sampler_gap.map(|gap| gap.mean),
             groups_trained,
             policy_lag,
             stale_groups,
