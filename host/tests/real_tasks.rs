@@ -23,11 +23,8 @@ fn one_step_of(name: &str, model: &Path, group_size: i64, dir: &Path) -> PathBuf
             let folder = plugin
                 .as_str()
                 .unwrap()
-                .rsplit('/')
-                .next()
-                .unwrap()
-                .to_string();
-            *plugin = built_plugin(&folder).display().to_string().into();
+                .trim_start_matches("../../plugins/");
+            *plugin = built_plugin(folder).display().to_string().into();
         }
     }
     let rl = job["rl"].as_table_mut().unwrap();
@@ -47,6 +44,21 @@ fn one_step_of(name: &str, model: &Path, group_size: i64, dir: &Path) -> PathBuf
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, toml::to_string(&job).unwrap()).unwrap();
     path
+}
+
+/// The step's line of an RL job's metrics, whose trainer agreed with its sampler within 1e-3.
+fn rl_step_agreeing_with_the_sampler(metrics: &[serde_json::Value]) -> &serde_json::Value {
+    let step = metrics
+        .iter()
+        .find(|line| line["phase"] == "rl")
+        .expect("an RL step's line");
+    assert!(step["tokens"].as_u64().unwrap() > 0, "{step}");
+    let gap = step["sampler_logprob_diff_max"].as_f64().expect("the gap");
+    assert!(
+        gap < 1e-3,
+        "the trainer's logprobs differ from the sampler's by up to {gap}: {step}"
+    );
+    step
 }
 
 /// Run `job` with `train --json`: its summary and its `metrics.jsonl` lines.
@@ -86,22 +98,33 @@ fn word_problems_takes_an_rl_step_on_smollm2_and_the_trainer_agrees_with_the_sam
     let job = one_step_of("word-problems", &model, 4, dir.path());
     let (summary, metrics) = train(&job, &dir.path().join("run"));
     assert_eq!(summary["steps"], 1, "{summary}");
-    let step = metrics
-        .iter()
-        .find(|line| line["phase"] == "rl")
-        .expect("an RL step's line");
-    assert!(step["tokens"].as_u64().unwrap() > 0, "{step}");
+    let step = rl_step_agreeing_with_the_sampler(&metrics);
     assert!(
         step["env_metrics"]["ends_with_number"].is_number(),
         "the environment's metrics: {step}"
     );
-    let gap = step["sampler_logprob_diff_max"].as_f64().expect("the gap");
-    assert!(
-        gap < 1e-3,
-        "the trainer's logprobs differ from the sampler's by up to {gap}: {step}"
-    );
     assert!(
         summary["final_eval"]["success_rate"].is_number(),
+        "{summary}"
+    );
+}
+
+/// One RL step of the calculator job (a Python environment, up to three turns) on SmolLM2: the
+/// turns after a call are trained on as the policy's own tokens beside the results that came
+/// back, and the environment counts the calls.
+#[test]
+fn calculator_takes_a_multi_turn_rl_step_on_smollm2() {
+    let Some(model) = opentinker_test_tools::smollm2_gguf() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let job = one_step_of("calculator", &model, 4, dir.path());
+    let (summary, metrics) = train(&job, &dir.path().join("run"));
+    assert_eq!(summary["steps"], 1, "{summary}");
+    let step = rl_step_agreeing_with_the_sampler(&metrics);
+    assert!(step["env_metrics"]["calls"].is_number(), "{step}");
+    assert!(
+        summary["final_eval"]["metrics"]["calls"].is_number(),
         "{summary}"
     );
 }
