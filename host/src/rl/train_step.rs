@@ -55,7 +55,7 @@ pub(super) struct StepOutcome {
 /// sampler's, before the update: the numerical mismatch of the two paths when the batch is on
 /// policy (verl's `rollout_probs_diff`, the cookbook's `kl_sample_train`), the policy's drift
 /// since sampling when it is not.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct LogprobGap {
     pub(super) max: f64,
     pub(super) mean: f64,

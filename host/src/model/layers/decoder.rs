@@ -314,10 +314,11 @@ pub struct Tape<B: Backend> {
 /// layer (the input and middle residual streams, the attended queries, keys and values and
 /// the attention's output, the gate and up projections, the raw queries and keys where the
 /// model norms them, and each block's output before its output norm where it has one) and of
-/// the head, with the backward's largest buffers of one layer at a time. `logits` says whether the head keeps its logits (the unembedding is trained, by
-/// full-parameter training or an adapter) or only the fused logprob's Jacobian; then the
-/// backward's logit gradient is as large again. Multiply by the element's size for bytes: the
-/// training engine bounds its passes by it, and the jobs' memory budget counts it.
+/// the head, with the backward's largest buffers of one layer at a time. `logits` says whether
+/// the head keeps its logits (the unembedding is trained, by full-parameter training or an
+/// adapter) or only the fused logprob's Jacobian; then the backward's logit gradient is as large
+/// again. Multiply by the element's size for bytes: the training engine bounds its passes by it,
+/// and the jobs' memory budget counts it.
 pub fn train_values_per_token(config: &ModelConfig, logits: bool) -> usize {
     let (hidden, inter) = (config.hidden_size, config.intermediate_size);
     let q = config.num_heads * config.head_dim;
