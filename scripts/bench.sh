@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every benchmark of the README with its peers, in one command:
 #
-#   scripts/bench.sh [plugins|training|sampling|service|rollouts|soak|all] [--quick]
+#   scripts/bench.sh [plugins|training|sampling|service|rollouts|soak|real-rl|all] [--quick]
 #
 # Makes (or reuses) the peers' virtual environment outside the repository from
 # bench/python/requirements.txt (PyTorch, transformers, PEFT, FastAPI, uvicorn; the service
@@ -15,6 +15,13 @@
 # runs short: eight tenants' SDK loops for 180 s instead of 40, and a thousand memory-limit hits
 # instead of 250; it prints their figures (the tests' own assertions still hold).
 #
+# real-rl (not part of `all`: about half an hour): LoRA RL on a real model, SmolLM2-135M-Instruct
+# (scripts/models.sh installs it), on the word problems of examples/real/word-problems.toml, with
+# `opentinker train` and with its peer, TRL's GRPOTrainer + PEFT on the same GGUF file
+# (bench/python/trl_grpo.py), the same problems and settings, one after the other; it prints
+# seconds per step, sampling and training tokens per second, and the held-out greedy success
+# before and after. REAL_RL_STEPS (default 20) sets the steps.
+#
 # --quick (the test script runs `all --quick`): tiny shapes, one iteration, no peers and no
 # venv; it checks that every benchmark builds and runs, and its figures mean nothing. It builds
 # in the dev profile, whose dependencies the test build has already compiled (optimised), so the
@@ -26,7 +33,7 @@ which="all"
 quick=false
 for arg in "$@"; do
     case "$arg" in
-        plugins | training | sampling | service | rollouts | soak | all) which="$arg" ;;
+        plugins | training | sampling | service | rollouts | soak | real-rl | all) which="$arg" ;;
         --quick) quick=true ;;
         *) echo "unknown argument $arg: see the head of $0" >&2; exit 2 ;;
     esac
@@ -163,6 +170,72 @@ if [[ "$which" == rollouts || "$which" == all ]]; then
     # The rollout queue's server: the test venv's nats-server (scripts/test.sh makes the venv).
     export OPENTINKER_NATS_SERVER="${OPENTINKER_NATS_SERVER:-${XDG_CACHE_HOME:-$HOME/.cache}/opentinker/test-venv/bin/nats-server}"
     run rollouts "${cargo_bench[@]}" -p opentinker --bench rollouts
+fi
+# real-rl: the word-problems job with REAL_RL_STEPS steps and one evaluation at the end, trained
+# by opentinker then by TRL; the peer first checks that its generator made opentinker's problems.
+real_rl() {
+    local steps="${REAL_RL_STEPS:-20}" work
+    work="$(mktemp -d)"
+    scripts/models.sh > /dev/null
+    cargo build --release --locked --quiet --bin opentinker
+    sed -e 's|"\.\./\.\./|"'"$PWD"'/|' -e "s/^steps = 20$/steps = $steps/" -e 's/^every = 5$/every = 0/' \
+        examples/real/word-problems.toml > "$work/job.toml"
+    grep -q "^steps = $steps$" "$work/job.toml" && grep -q '^every = 0$' "$work/job.toml" || {
+        echo "examples/real/word-problems.toml no longer has the lines real-rl rewrites" >&2
+        return 1
+    }
+    local start=$SECONDS
+    target/release/opentinker train "$work/job.toml" --out "$work/run" --json \
+        > "$work/opentinker.json" 2> "$work/opentinker.log" || {
+        tail -3 "$work/opentinker.log" >&2
+        return 1
+    }
+    echo "opentinker: $((SECONDS - start)) s" >&2
+    "$PYTHON" bench/python/trl_grpo.py --check-rollouts "$work/run/rollouts" >&2 || return 1
+    start=$SECONDS
+    "$PYTHON" bench/python/trl_grpo.py --gguf models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --steps "$steps" --threads "$RAYON_NUM_THREADS" > "$work/trl.out" 2> "$work/trl.log" || {
+        tail -3 "$work/trl.log" >&2
+        return 1
+    }
+    echo "TRL: $((SECONDS - start)) s" >&2
+    tail -1 "$work/trl.out" > "$work/trl.json"
+    python3 - "$work" "$steps" <<'PY' || return 1
+import json, os, sys
+work, steps = sys.argv[1], int(sys.argv[2])
+lines = [json.loads(l) for l in open(os.path.join(work, "run", "metrics.jsonl"))]
+ours = [l for l in lines if l["phase"] == "rl"]
+summary = json.loads(open(os.path.join(work, "opentinker.json")).read().splitlines()[-1])
+peer = json.load(open(os.path.join(work, "trl.json")))
+def figures(steps, before, after):
+    total = lambda key: sum(s[key] for s in steps)
+    return {
+        "seconds per step (sampling + training)":
+            (total("sample_seconds") + total("train_seconds")) / len(steps),
+        "sampling, tokens/s": total("sampled_tokens") / total("sample_seconds"),
+        "training, tokens/s (prompts included)": total("train_tokens") / total("train_seconds"),
+        "greedy success, held out, before": before,
+        f"greedy success, held out, after {len(steps)} steps": after,
+    }
+a = figures(ours, summary["initial_eval"]["success_rate"], summary["final_eval"]["success_rate"])
+b = figures(peer["steps"], peer["initial_success"], peer["final_success"])
+busy = os.environ.get("OPENTINKER_BENCH_BUSY")
+print(f"SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to f32), word problems difficulty 1, "
+      f"{steps} steps of 4 prompts x 8 completions, 48 tokens, LoRA rank 16; peer: {peer['peer']}")
+print("| | opentinker | TRL + PEFT | opentinker's speed |")
+print("|---|---|---|---|")
+for key in a:
+    ratio = ""
+    if "success" not in key:
+        better = b[key] / a[key] if key.startswith("seconds") else a[key] / b[key]
+        ratio = f"ratio not reported: {busy}" if busy else f"{better:.2f}x"
+    fmt = (lambda v: f"{v:.2f}") if "success" in key or "seconds" in key else (lambda v: f"{v:.0f}")
+    print(f"| {key} | {fmt(a[key])} | {fmt(b[key])} | {ratio} |")
+PY
+    echo "runs and logs: $work" >&2
+}
+if [[ "$which" == real-rl ]]; then
+    run real_rl real_rl
 fi
 if [[ "$which" == soak ]]; then
     # The test venv, with the tinker SDK (scripts/test.sh makes it).

@@ -461,6 +461,23 @@ episodes = 4
     // Each RL step's diagnostics: how far the adapter moved (nothing here: every group tied,
     // so every advantage and gradient was zero), and the group signal.
     for line in &lines[2..] {
+        // Its throughput: every token trained on was sampled in the step, and the sequences
+        // trained hold their prompts too; the step's wall time holds both phases.
+        let counted = line["tokens"].as_u64().unwrap();
+        assert!(
+            line["sampled_tokens"].as_u64().unwrap() >= counted,
+            "{line}"
+        );
+        assert!(line["train_tokens"].as_u64().unwrap() > counted, "{line}");
+        let (sample, train) = (
+            line["sample_seconds"].as_f64().unwrap(),
+            line["train_seconds"].as_f64().unwrap(),
+        );
+        assert!(sample > 0.0 && train > 0.0, "{line}");
+        assert!(
+            sample + train <= line["seconds"].as_f64().unwrap(),
+            "{line}"
+        );
         assert_eq!(line["tied_groups"], 1.0, "{line}");
         assert_eq!(line["advantage_abs_mean"], 0.0, "{line}");
         assert_eq!(line["update_ratio"], 0.0, "{line}");

@@ -102,6 +102,15 @@ pub struct StepMetrics {
     /// On a warm-up's last line, when a plateau stop ended it before its steps: why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warmup_stop: Option<String>,
+    /// RL steps: the wall time of playing the step's episodes (in async mode, of waiting for
+    /// the batch) and the tokens the policies sampled in them: the sampler's throughput.
+    pub sample_seconds: f64,
+    pub sampled_tokens: usize,
+    /// RL steps: the wall time of the training step (forward, backward and optimizer) and the
+    /// tokens of the sequences it trained on, prompts included: the trainer's throughput.
+    pub train_seconds: f64,
+    pub train_tokens: usize,
+    /// The step's whole wall time, evaluation and checkpoint included.
     pub seconds: f64,
 }
 

@@ -162,6 +162,15 @@ impl RolloutRecord {
 }
 
 impl EpisodeOutcome {
+    /// The tokens every player's policy sampled in the episode.
+    pub fn sampled_tokens(&self) -> usize {
+        self.transcripts
+            .iter()
+            .flatten()
+            .map(Transcript::sampled_tokens)
+            .sum()
+    }
+
     /// An episode that failed before it started: its task could not be generated (`error`,
     /// the plugin's failure). It trains nothing and counts as a failure of its kind.
     pub fn failed_to_start(seed: u64, error: &CallError) -> Self {

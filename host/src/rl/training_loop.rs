@@ -341,6 +341,7 @@ pub(super) async fn train_job(
                 )
             }
         };
+        let sample_seconds = started.elapsed().as_secs_f64();
         let all: Vec<&EpisodeOutcome> = played.iter().map(|(_, _, o)| o).collect();
         let stop = failures.record(&all);
         let advantages = step_advantages(&cx, &played, job, estimator).await?;
@@ -398,6 +399,12 @@ pub(super) async fn train_job(
             true => Some(fold_kl_penalty(&references, &mut batches, job.rl.kl_coef).await?),
             false => None,
         };
+        let train_tokens = batches
+            .iter()
+            .flat_map(|(_, datums)| datums)
+            .map(|datum| datum.input_tokens.len())
+            .sum();
+        let training_started = Instant::now();
         let training = train_step(
             with_trainers(&trainers, batches)?,
             &loss,
@@ -412,6 +419,7 @@ pub(super) async fn train_job(
             }
             None => training.await?,
         };
+        let train_seconds = training_started.elapsed().as_secs_f64();
         signals.update(trained.update_ratio);
         versions.publish(&trainers, step + 1).await?;
         folder.write_rollouts(step, &records)?;
@@ -474,6 +482,10 @@ pub(super) async fn train_job(
                 _ => BTreeMap::new(),
             },
             warmup_stop: None,
+            sample_seconds,
+            sampled_tokens: all.iter().map(|o| o.sampled_tokens()).sum(),
+            train_seconds,
+            train_tokens,
             seconds: started.elapsed().as_secs_f64(),
         })?;
         let every = job.checkpoint.every;

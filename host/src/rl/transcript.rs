@@ -145,6 +145,17 @@ impl Transcript {
         });
     }
 
+    /// The tokens the policy sampled, over every sequence.
+    pub fn sampled_tokens(&self) -> usize {
+        self.finished
+            .iter()
+            .chain(&self.current)
+            .flat_map(|sequence| &sequence.spans)
+            .filter(|span| matches!(span.kind, SpanKind::Action { .. }))
+            .map(|span| span.tokens.len())
+            .sum()
+    }
+
     /// Turns the player took.
     pub fn turns(&self) -> usize {
         self.turns
