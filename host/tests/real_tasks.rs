@@ -98,7 +98,7 @@ fn every_real_task_takes_an_rl_step_on_smollm2_and_the_trainer_agrees_with_the_s
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
         .collect();
     assert_eq!(summaries.len(), jobs.len(), "{stdout}");
-    for (name, _) in &jobs {
+    for (name, job) in &jobs {
         let folder = out.join(name);
         let summary = summaries
             .iter()
@@ -127,5 +127,23 @@ fn every_real_task_takes_an_rl_step_on_smollm2_and_the_trainer_agrees_with_the_s
             summary["final_eval"]["success_rate"].is_number(),
             "{name}: {summary}"
         );
+        // A job of several policies evaluates each of them.
+        for policy in policies_of(job) {
+            assert!(
+                summary["policies"][&policy]["final_eval"]["success_rate"].is_number(),
+                "{name}: no evaluation of policy {policy}: {summary}"
+            );
+        }
     }
+}
+
+/// The names of the `[[policies]]` of the job file `job`.
+fn policies_of(job: &Path) -> Vec<String> {
+    let job: toml::Table = toml::from_str(&std::fs::read_to_string(job).unwrap()).unwrap();
+    job.get("policies")
+        .and_then(|p| p.as_array())
+        .into_iter()
+        .flatten()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect()
 }
