@@ -194,6 +194,63 @@ fn block_avx512(
     block::<4, 4>(tile, single, x, w, k, cols, out, n, accumulate)
 }
 
+/// [`dot_tile`] for `XR × WR` rows with AVX2: each product's 16 lanes are two 8-lane registers,
+/// fed the same fused multiply-adds in the same order, so the same bits as every other path.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; every row must have the length of `x[0]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+// Indices, as in the other tiles: the registers of a product are addressed by (row, W row, half).
+#[allow(clippy::needless_range_loop)]
+unsafe fn dot_tile_avx2<const XR: usize, const WR: usize>(
+    x: [&[f32]; XR],
+    w: [&[f32]; WR],
+) -> [[f32; WR]; XR] {
+    use std::arch::x86_64::{
+        __m256, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    };
+    let k = x[0].len();
+    let full = k / LANES * LANES;
+    let mut acc: [[[__m256; 2]; WR]; XR] = [[[_mm256_setzero_ps(); 2]; WR]; XR];
+    let mut c = 0;
+    while c < full {
+        for half in 0..2 {
+            let at = c + half * 8;
+            let mut xs = [_mm256_setzero_ps(); XR];
+            for r in 0..XR {
+                // SAFETY: at + 8 <= full <= k, the length of every row.
+                xs[r] = unsafe { _mm256_loadu_ps(x[r].as_ptr().add(at)) };
+            }
+            for t in 0..WR {
+                // SAFETY: as above.
+                let ws = unsafe { _mm256_loadu_ps(w[t].as_ptr().add(at)) };
+                for r in 0..XR {
+                    acc[r][t][half] = _mm256_fmadd_ps(xs[r], ws, acc[r][t][half]);
+                }
+            }
+        }
+        c += LANES;
+    }
+    let mut dots = [[0.0f32; WR]; XR];
+    for r in 0..XR {
+        for t in 0..WR {
+            let mut lanes = [0.0f32; LANES];
+            // SAFETY: `lanes` holds 16 floats, two registers of 8.
+            unsafe {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][t][0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[r][t][1]);
+            }
+            for i in full..k {
+                lanes[i - full] = x[r][i].mul_add(w[t][i], lanes[i - full]);
+            }
+            dots[r][t] = reduce(lanes);
+        }
+    }
+    dots
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn block_avx2(
@@ -205,8 +262,10 @@ fn block_avx2(
     n: usize,
     accumulate: bool,
 ) {
-    let tile = |x: [&[f32]; 1], w: [&[f32]; 4]| dot_tile::<true, 1, 4>(x, w);
-    block::<1, 4>(tile, tile, x, w, k, cols, out, n, accumulate)
+    // SAFETY (both): this function only runs on CPUs with AVX2 and FMA; rows are `k` long.
+    let tile = |x: [&[f32]; 2], w: [&[f32]; 4]| unsafe { dot_tile_avx2::<2, 4>(x, w) };
+    let single = |x: [&[f32]; 1], w: [&[f32]; 4]| unsafe { dot_tile_avx2::<1, 4>(x, w) };
+    block::<2, 4>(tile, single, x, w, k, cols, out, n, accumulate)
 }
 
 /// The instruction sets this CPU offers the kernels. AVX2 and AVX-512 both use fused
@@ -333,5 +392,42 @@ pub fn linear_serial(x: &[f32], w: &[f32], k: usize, out: &mut [f32], accumulate
     assert_eq!(out.len(), x.len() / k * n, "out must be rows × {n}");
     if n > 0 {
         block_dispatch(x, w, k, 0..n, out, n, accumulate);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every path of this CPU gives each output the bits of a 1 × 1 tile of fused multiply-adds,
+    /// whatever the tile it falls in (full tiles, the last rows alone, a short last column tile)
+    /// and however `k` splits into 16 lanes.
+    #[test]
+    fn this_cpus_tiles_give_the_bits_of_one_product_at_a_time() {
+        let mut state = 0x2545_f491_u32;
+        let mut random = move || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as f32 / u32::MAX as f32 - 0.5
+        };
+        for (m, k, n) in [
+            (1, 1, 1),
+            (3, 17, 5),
+            (2, 16, 4),
+            (5, 40, 9),
+            (7, 576, 6),
+            (4, 33, 8),
+        ] {
+            let x: Vec<f32> = (0..m * k).map(|_| random()).collect();
+            let w: Vec<f32> = (0..n * k).map(|_| random()).collect();
+            let mut fast = vec![0.0; m * n];
+            block_dispatch(&x, &w, k, 0..n, &mut fast, n, false);
+            let mut one = vec![0.0; m * n];
+            let tile = dot_tile::<true, 1, 1>;
+            block::<1, 1>(tile, tile, &x, &w, k, 0..n, &mut one, n, false);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fast), bits(&one), "m {m} k {k} n {n}");
+        }
     }
 }
