@@ -517,7 +517,9 @@ fn metric_lines(out: &Path) -> Vec<serde_json::Value> {
     text.lines()
         .map(|l| {
             let mut line: serde_json::Value = serde_json::from_str(l).unwrap();
-            line.as_object_mut().unwrap().remove("seconds");
+            for timing in ["seconds", "sample_seconds", "train_seconds"] {
+                line.as_object_mut().unwrap().remove(timing);
+            }
             line
         })
         .collect()

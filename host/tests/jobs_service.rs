@@ -75,7 +75,9 @@ fn metrics(file: &Path) -> Vec<serde_json::Value> {
 /// A metrics line without its timings.
 fn untimed(mut line: serde_json::Value) -> serde_json::Value {
     if let Some(fields) = line.as_object_mut() {
-        fields.remove("seconds");
+        for timing in ["seconds", "sample_seconds", "train_seconds"] {
+            fields.remove(timing);
+        }
     }
     line
 }
