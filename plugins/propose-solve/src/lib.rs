@@ -223,16 +223,6 @@ pub struct ProposeSolve {
     problem: Option<Problem>,
 }
 
-impl ProposeSolve {
-    fn solve(&self, reply: &str) -> f64 {
-        let answer = self.problem.map(|p| p.answer() as f64);
-        match answer.is_some() && last_number(reply) == answer {
-            true => 1.0,
-            false => 0.0,
-        }
-    }
-}
-
 impl Environment for ProposeSolve {
     fn config_schema() -> Option<String> {
         Some(CONFIG_SCHEMA.to_string())
@@ -297,8 +287,12 @@ impl Environment for ProposeSolve {
                 Ok(StepResult::next(vec![valid, 0.0], 1).metric("valid", valid))
             }
             // The answer, by player 1 after a proposal or by player 0 alone.
-            (role, Some(_)) => {
-                let correct = self.solve(action);
+            (role, Some(problem)) => {
+                let correct = if last_number(action) == Some(problem.answer() as f64) {
+                    1.0
+                } else {
+                    0.0
+                };
                 let rewards = match role {
                     Role::Solver => vec![correct, 0.0],
                     _ => vec![0.0, correct],
