@@ -54,6 +54,7 @@ fn step(
             tokens: &tokens[..TOKENS],
             targets: &tokens[1..],
             adapter: Some(adapter),
+            temperature: 1.0,
         })
         .collect();
     let decoder = weights.decoder::<GpuTrain<'_>>();

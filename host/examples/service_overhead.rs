@@ -100,6 +100,7 @@ async fn run() -> anyhow::Result<()> {
                 loss_fn: "cross_entropy".into(),
                 loss_fn_config: BTreeMap::new(),
                 custom_loss: None,
+                temperature: 1.0,
             },
             forward_only: false,
         };

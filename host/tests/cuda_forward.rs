@@ -289,6 +289,7 @@ fn training_through_the_layers_on_cuda_matches_the_cpu() {
                 tokens,
                 targets,
                 adapter: None,
+                temperature: 1.0,
             })
             .collect();
         let lengths = vec![6, 9];

@@ -124,6 +124,7 @@ fn gradients_reach_every_layer() {
         tokens: &tokens,
         targets: &targets,
         adapter: None,
+        temperature: 1.0,
     }];
     let ops = CpuTrain::<f32>::new();
     let mut batch = TrainBatch::new(vec![tokens.len()]);

@@ -2,7 +2,8 @@
 //! the CPU training backend): every adapter gradient of a mixed batch (two adapters, one of them
 //! on the unembedding or not, and base rows) and the weight gradients of full-parameter
 //! training against central differences in f64, on every architecture (Gemma 3 with a window
-//! its sequences pass), and the trainer's f32 logprobs against the sampler's.
+//! its sequences pass), each sequence at its own sampling temperature, and the trainer's f32
+//! logprobs against the sampler's at that temperature.
 
 use candle_core::{DType, Device, Tensor, Var};
 use opentinker::lora::{Adapter, CpuAdapters, LoraConfig};
@@ -135,19 +136,22 @@ fn adapter_gradients_of_a_mixed_batch_match_central_differences_in_f64() {
         let a = adapter(&model, 4, false, 1, DType::F64);
         // Llama's batch has no adapter on the unembedding: its head is the fused one.
         let b = adapter(&model, 8, arch != Architecture::Llama, 2, DType::F64);
-        // a, a, b, the base model.
+        // a, a, b, the base model; three of them at a sampling temperature, each its own.
         let data: Vec<Data> = [(7, 1), (5, 2), (9, 3), (6, 4)]
             .iter()
             .map(|&(n, s)| sequence(n, s))
             .collect();
         let sequences: Vec<TrainSequence<'_>> = data
             .iter()
-            .zip([Some(0), Some(0), Some(1), None])
-            .map(|((tokens, targets), adapter)| TrainSequence {
-                tokens,
-                targets,
-                adapter,
-            })
+            .zip([(Some(0), 1.0), (Some(0), 0.7), (Some(1), 1.3), (None, 0.5)])
+            .map(
+                |((tokens, targets), (adapter, temperature))| TrainSequence {
+                    tokens,
+                    targets,
+                    adapter,
+                    temperature,
+                },
+            )
             .collect();
         let g = values(27, 50);
 
@@ -217,10 +221,12 @@ fn full_parameter_gradients_match_central_differences_in_f64() {
         let data: Vec<Data> = vec![sequence(6, 1), sequence(9, 2)];
         let sequences: Vec<TrainSequence<'_>> = data
             .iter()
-            .map(|(tokens, targets)| TrainSequence {
+            .zip([0.8, 1.0])
+            .map(|((tokens, targets), temperature)| TrainSequence {
                 tokens,
                 targets,
                 adapter: None,
+                temperature,
             })
             .collect();
         let g = values(15, 70);
@@ -286,32 +292,12 @@ fn set(var: &Var, values: Vec<f64>) {
 }
 
 #[test]
-fn trainer_logprobs_agree_with_the_sampler_in_f32() {
+fn trainer_logprobs_agree_with_the_sampler_in_f32_at_each_temperature() {
     let model = tiny(Architecture::Qwen3, DType::F32);
     let a = adapter(&model, 8, false, 5, DType::F32);
     let (tokens, targets) = sequence(12, 4);
     let weights = CpuWeights::<f32>::of(&model).unwrap();
     let hook = CpuAdapters::<f32>::of(&[&a]).unwrap();
-    let sequences = [TrainSequence {
-        tokens: &tokens,
-        targets: &targets,
-        adapter: Some(0),
-    }];
-    let ops = CpuTrain::<f32>::new();
-    let mut batch = TrainBatch::new(vec![tokens.len()]);
-    let TrainOutput {
-        logprobs: trainer, ..
-    } = train_forward(
-        &ops,
-        &model.config,
-        &weights.decoder::<CpuTrain<f32>>(),
-        &hook,
-        &sequences,
-        &mut batch,
-        false,
-        false,
-    )
-    .unwrap();
     let mut cache = KvCache::new(model.config.num_layers, model.config.num_kv_heads);
     let mut batch = CpuBatch::new(vec![(&mut cache, tokens.len())]);
     let logits = forward(
@@ -329,12 +315,36 @@ fn trainer_logprobs_agree_with_the_sampler_in_f32() {
     )
     .unwrap();
     let vocab = model.config.vocab_size;
-    for (i, (row, &t)) in logits.chunks_exact(vocab).zip(&targets).enumerate() {
-        let sampler = opentinker_kernels::ops::log_softmax(row)[t as usize];
-        assert!(
-            (sampler - trainer[i]).abs() <= 1e-5,
-            "position {i}: sampler {sampler} vs trainer {}",
-            trainer[i]
-        );
+    for temperature in [1.0, 0.7] {
+        let sequences = [TrainSequence {
+            tokens: &tokens,
+            targets: &targets,
+            adapter: Some(0),
+            temperature,
+        }];
+        let mut batch = TrainBatch::new(vec![tokens.len()]);
+        let TrainOutput {
+            logprobs: trainer, ..
+        } = train_forward(
+            &CpuTrain::<f32>::new(),
+            &model.config,
+            &weights.decoder::<CpuTrain<f32>>(),
+            &hook,
+            &sequences,
+            &mut batch,
+            false,
+            false,
+        )
+        .unwrap();
+        for (i, (row, &t)) in logits.chunks_exact(vocab).zip(&targets).enumerate() {
+            // The sampler's logprob of a draw at `temperature` (`sample::params`).
+            let tempered: Vec<f32> = row.iter().map(|v| v / temperature as f32).collect();
+            let sampler = opentinker_kernels::ops::log_softmax(&tempered)[t as usize];
+            assert!(
+                (sampler - trainer[i]).abs() <= 1e-5,
+                "temperature {temperature}, position {i}: sampler {sampler} vs trainer {}",
+                trainer[i]
+            );
+        }
     }
 }

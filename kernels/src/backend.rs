@@ -152,6 +152,10 @@ pub trait Backward: Backend {
     /// A projection's adapters with the gradients their pairs accumulate into.
     type LoraGrads<'a>;
 
+    /// `x[r, :] *= factors[r]` for each of the `factors.len()` rows of `x`, in place (a
+    /// training pass's hidden states divided by each sequence's sampling temperature).
+    fn scale_rows(&self, x: &mut Self::Buffer, factors: &[f64]) -> Result<(), Self::Error>;
+
     /// The backward of [`Backend::rms_norm_into`]: `dx += ∂x`, `dweight += ∂weight` when given.
     #[allow(clippy::too_many_arguments)]
     fn rms_norm_backward(

@@ -209,6 +209,12 @@ macro_rules! train_backend {
         impl Backward for CpuTrain<$t> {
             type LoraGrads<'a> = LoraGrads<'a, $t>;
 
+            fn scale_rows(&self, x: &mut Vec<$t>, factors: &[f64]) -> Result<(), Infallible> {
+                let factors: Vec<$t> = factors.iter().map(|&f| <$t>::of(f)).collect();
+                ops::scale_rows(x, &factors);
+                Ok(())
+            }
+
             fn rms_norm_backward(
                 &self,
                 x: &Vec<$t>,

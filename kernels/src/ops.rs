@@ -239,6 +239,21 @@ pub fn gate_mul_backward<T: Float>(
         });
 }
 
+/// `x[r, :] *= factors[r]` for each row of `x` (`x.len() / factors.len()` wide), in place.
+pub fn scale_rows<T: Float>(x: &mut [T], factors: &[T]) {
+    debug_assert!(factors.is_empty() || x.len().is_multiple_of(factors.len()));
+    let Some(width) = x.len().checked_div(factors.len()) else {
+        return;
+    };
+    x.par_chunks_mut(width.max(1))
+        .zip(factors)
+        .for_each(|(row, &factor)| {
+            for value in row {
+                *value *= factor;
+            }
+        });
+}
+
 /// `x *= factor`, in place.
 pub fn scale<T: Float>(x: &mut [T], factor: T) {
     x.par_chunks_mut(TASK_VALUES).for_each(|x| {

@@ -343,6 +343,25 @@ pub struct ForwardBackwardInput {
     /// `loss_fn_config["loss_id"]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_loss: Option<LossId>,
+    /// The learner's logprobs are of `logits / temperature`: an RL call trains the
+    /// distribution its samples were drawn from (TRL and verl divide the logits likewise).
+    /// 1 unless set; on the Tinker wire, `loss_fn_config["temperature"]`.
+    #[serde(
+        default = "unit_temperature",
+        skip_serializing_if = "is_unit_temperature"
+    )]
+    pub temperature: f64,
+}
+
+/// The model's own distribution: what a datum trains on unless its call names a temperature.
+pub const UNIT_TEMPERATURE: f64 = 1.0;
+
+fn unit_temperature() -> f64 {
+    UNIT_TEMPERATURE
+}
+
+fn is_unit_temperature(temperature: &f64) -> bool {
+    *temperature == UNIT_TEMPERATURE
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -449,6 +449,9 @@ pub struct RlSection {
     pub loss: RlLoss,
     #[serde(default)]
     pub loss_config: std::collections::BTreeMap<String, f64>,
+    /// The sampling temperature, and the trainer's: the policy trained is the tempered one
+    /// sampled from (`logits / temperature`), so on-policy importance ratios are 1. At 0
+    /// (greedy) the trainer takes the model's own distribution.
     #[serde(default = "default_temperature")]
     pub temperature: f64,
     /// Sample from the smallest set of most likely tokens whose mass reaches this (1: all).

@@ -62,12 +62,11 @@ pub struct StepMetrics {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub update_ratio: Option<f64>,
     /// The largest absolute difference between the trainer's logprob of a sampled token trained
-    /// on (before the update) and the sampler's: in sync mode at temperature 1, the numerical
-    /// mismatch of the sampling and training paths (in f32, 1e-5 on the tiny model, up to 3e-4
-    /// on SmolLM2-135M's 30 layers). The sampler's logprob is
-    /// of the distribution it drew from (`logits / temperature`), so another temperature adds its
-    /// change of the distribution (what importance sampling corrects), and async mode the
-    /// policy's drift since sampling.
+    /// on (before the update) and the sampler's: in sync mode, the numerical mismatch of the
+    /// sampling and training paths (in f32, 1e-5 on the tiny model, up to 3e-4 on
+    /// SmolLM2-135M's 30 layers); both are of the distribution sampled from
+    /// (`logits / temperature`, the trainer's taken at the job's temperature). Async mode adds
+    /// the policy's drift since sampling.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sampler_logprob_diff_max: Option<f64>,
     /// The mean of those differences.

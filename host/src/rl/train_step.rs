@@ -5,17 +5,22 @@
 use std::collections::BTreeMap;
 
 use super::datum::Datum;
-use crate::api::{AdamParams, ForwardBackwardInput, ForwardBackwardOutput, TensorValues};
+use crate::api::{
+    AdamParams, ForwardBackwardInput, ForwardBackwardOutput, TensorValues, UNIT_TEMPERATURE,
+};
 use crate::client::TrainingClient;
 
 /// The datums of one policy in a training step.
 pub(super) type PolicyBatch = (String, Vec<Datum>);
 
-/// A loss by its Tinker name and config.
+/// A loss by its Tinker name and config, over the logprobs at a temperature.
 #[derive(Clone, Debug)]
 pub(super) struct LossFn {
     pub(super) name: String,
     pub(super) config: BTreeMap<String, f64>,
+    /// The RL sampling temperature (the learner's policy is the tempered one sampled from); 1
+    /// for demonstrations and the reference.
+    pub(super) temperature: f64,
 }
 
 impl LossFn {
@@ -23,6 +28,7 @@ impl LossFn {
         LossFn {
             name: "cross_entropy".into(),
             config: BTreeMap::new(),
+            temperature: UNIT_TEMPERATURE,
         }
     }
 
@@ -32,6 +38,7 @@ impl LossFn {
             loss_fn: self.name.clone(),
             loss_fn_config: self.config.clone(),
             custom_loss: None,
+            temperature: self.temperature,
         }
     }
 }

@@ -29,6 +29,7 @@ use super::rollouts::{
 use super::run_folder::{Cursor, RunFolder};
 use super::sft::run_sft;
 use super::train_step::{LossFn, PolicyBatch, forward_cross_entropy, rl_adam, train_step};
+use crate::api::UNIT_TEMPERATURE;
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
 
 /// The training client of each trainable policy of a job, by policy name.
@@ -293,6 +294,11 @@ pub(super) async fn train_job(
             (RlLoss::Plugin(_), None) => anyhow::bail!("the job's loss plugin was not loaded"),
         },
         config: job.rl.loss_config.clone(),
+        // Greedy sampling (temperature 0) has no distribution to match: the model's own.
+        temperature: match job.rl.temperature {
+            t if t > 0.0 => t,
+            _ => UNIT_TEMPERATURE,
+        },
     };
     let estimator = job.rl.estimator();
     let mut versions = Versions::new(policies.clone(), service.base_sampling_client());

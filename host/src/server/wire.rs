@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 use crate::api::{
     AdamParams, ApiError, Chunk, CustomLossInput, Datum, DecodeBudget, ForwardBackwardInput,
     LoraConfig, LossGraph, LossId, ModelId, ModelInput, SamplingParams, TensorData, TensorValues,
-    UserMetadata,
+    UNIT_TEMPERATURE, UserMetadata,
 };
-use crate::wire::codec::{decode_spans, decode_tensor, decode_tokens};
+use crate::wire::codec::{TEMPERATURE_KEY, decode_spans, decode_tensor, decode_tokens};
 use crate::wire::{proto, scan};
 
 #[derive(Deserialize)]
@@ -293,6 +293,7 @@ pub fn forward_backward(body: &[u8]) -> Result<ForwardBackward, ApiError> {
             None => {}
         }
     }
+    let temperature = config.remove(TEMPERATURE_KEY).unwrap_or(UNIT_TEMPERATURE);
     let mut data = Vec::with_capacity(request.data.len());
     for (i, datum) in request.data.into_iter().enumerate() {
         let mut chunks = Vec::with_capacity(datum.model_input.len());
@@ -329,6 +330,7 @@ pub fn forward_backward(body: &[u8]) -> Result<ForwardBackward, ApiError> {
             loss_fn: request.loss_fn,
             loss_fn_config: config,
             custom_loss,
+            temperature,
         },
         forward_only: request.forward_only,
     })

@@ -209,6 +209,12 @@ pub fn work_item(
             "forward_backward needs at least one datum",
         ));
     }
+    if !(input.temperature.is_finite() && input.temperature > 0.0) {
+        return Err(ApiError::invalid(format!(
+            "temperature (loss_fn_config[\"temperature\"]) is {}: it must be a finite number above 0",
+            input.temperature
+        )));
+    }
     let custom = match &loss {
         Loss::Custom(custom) => Some(&**custom),
         _ => None,
@@ -228,7 +234,7 @@ pub fn work_item(
         }
     }
     // Every check the engine would make is made above, in the API's words.
-    Ok(WorkItem::checked(adapter, datums, loss))
+    Ok(WorkItem::checked(adapter, datums, loss).at_temperature(input.temperature))
 }
 
 /// The answer to a `forward` / `forward_backward` of loss `loss_fn` from the engine's output.

@@ -293,6 +293,7 @@ mod tests {
             loss_fn: STABLE_REINFORCE.into(),
             loss_fn_config: BTreeMap::new(),
             custom_loss: None,
+            temperature: 1.0,
         }
     }
 

@@ -61,6 +61,10 @@ pub struct WorkItem {
     pub adapter: AdapterId,
     pub datums: Vec<Datum>,
     pub loss: Loss,
+    /// The learner's logprobs are of `logits / temperature` (1 unless
+    /// [`WorkItem::at_temperature`]): RL datums drawn at a temperature are trained on the
+    /// distribution they were drawn from, as TRL and verl do, so on-policy ratios are 1.
+    pub temperature: f64,
     /// The datums were checked against this engine's model where the request arrived (the
     /// service's conversion checks every datum of the op API, with the API's words): the engine
     /// does not check them again. An item made with [`WorkItem::new`] is checked here.
@@ -75,7 +79,17 @@ impl WorkItem {
             adapter: adapter.into(),
             datums,
             loss,
+            temperature: 1.0,
             checked: false,
+        }
+    }
+
+    /// The item with its logprobs taken at `temperature` (a finite number above 0, else the
+    /// pass refuses it).
+    pub fn at_temperature(self, temperature: f64) -> Self {
+        WorkItem {
+            temperature,
+            ..self
         }
     }
 
@@ -95,6 +109,7 @@ impl WorkItem {
             adapter: self.adapter.clone(),
             datums,
             loss: self.loss.clone(),
+            temperature: self.temperature,
             checked: self.checked,
         }
     }
@@ -1049,6 +1064,7 @@ impl TrainingEngine {
                 tokens: &datum.input_tokens,
                 targets: &datum.target_tokens,
                 adapter: index.get(&items[*i].adapter).copied(),
+                temperature: items[*i].temperature,
             })
             .collect();
         let input = PassInput {

@@ -12,7 +12,7 @@ use super::proto;
 use crate::api::{
     ApiError, Chunk, ForwardBackwardInput, ForwardBackwardOutput, PromptAltTokens, ProvenanceSpan,
     SampleResponse, SampledSequence, SequenceId, SpanSource, StopReason, TensorData, TensorValues,
-    TopLogprobs,
+    TopLogprobs, UNIT_TEMPERATURE,
 };
 
 /// The logprob the SDK reads as "no entry" in a top-k row.
@@ -299,6 +299,10 @@ pub fn decode_spans(
     Ok(Some(decoded))
 }
 
+/// The `loss_fn_config` key that carries [`ForwardBackwardInput::temperature`] on the wire
+/// (the Tinker SDK has no field of its own for it).
+pub const TEMPERATURE_KEY: &str = "temperature";
+
 /// Encode a `forward_backward` (or, with `forward_only`, a `forward`) request.
 pub fn encode_forward_backward_request(
     model_id: &str,
@@ -340,7 +344,13 @@ pub fn encode_forward_backward_request(
         seq_id,
         data,
         loss_fn: input.loss_fn.clone(),
-        loss_fn_config: input.loss_fn_config.clone(),
+        loss_fn_config: {
+            let mut config = input.loss_fn_config.clone();
+            if input.temperature != UNIT_TEMPERATURE {
+                config.insert(TEMPERATURE_KEY.into(), input.temperature);
+            }
+            config
+        },
         forward_only,
         loss_fn_config_v2: input
             .custom_loss
@@ -531,6 +541,7 @@ mod tests {
             loss_fn: "ppo".into(),
             loss_fn_config: BTreeMap::from([("clip_low_threshold".into(), 0.7)]),
             custom_loss: Some("s-1:loss:2".parse().unwrap()),
+            temperature: 0.7,
         };
         let bytes = encode_forward_backward_request("s-1:train:0", 4, &input, true);
         let request = proto::ForwardBackwardRequest::decode(&*bytes).unwrap();
@@ -546,7 +557,9 @@ mod tests {
         }
         let spans = decode_spans(datum.loss_fn_input_spans.clone(), "spans").unwrap();
         assert_eq!(spans, input.data[0].loss_fn_input_spans);
-        assert_eq!(request.loss_fn_config, input.loss_fn_config);
+        let mut config = input.loss_fn_config.clone();
+        config.insert("temperature".into(), 0.7);
+        assert_eq!(request.loss_fn_config, config);
         let loss_id = request.loss_fn_config_v2["loss_id"].value.clone();
         let text = proto::loss_config_value::Value::Text("s-1:loss:2".into());
         assert_eq!(loss_id, Some(text));

@@ -472,6 +472,13 @@ extern "C" __global__ void scale_in_place(float *__restrict__ x, size_t n, float
     if (i < n) x[i] *= factor;
 }
 
+// x[r, :] *= factors[r] for each row (width wide): a training pass's per-sequence inverse temperature.
+extern "C" __global__ void scale_rows(float *__restrict__ x, const float *__restrict__ factors,
+                                      size_t width, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= factors[i / width];
+}
+
 // log Σ exp of one row (n wide) times `scale` (1, or a sampling temperature's inverse), the sum in
 // f64 as on the CPU; every thread of the block gets it.
 __device__ float row_log_sum_exp(const float *row, int n, float scale = 1.0f) {

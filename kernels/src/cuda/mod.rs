@@ -84,6 +84,7 @@ struct Kernels {
     rope: CudaFunction,
     gate_mul: CudaFunction,
     scale_in_place: CudaFunction,
+    scale_rows: CudaFunction,
     log_softmax: CudaFunction,
     kv_write: CudaFunction,
     paged_attention: CudaFunction,
@@ -181,6 +182,7 @@ impl Gpu {
             rope: function("rope")?,
             gate_mul: function("gate_mul")?,
             scale_in_place: function("scale_in_place")?,
+            scale_rows: function("scale_rows")?,
             log_softmax: function("log_softmax")?,
             kv_write: function("kv_write")?,
             paged_attention: function("paged_attention")?,
@@ -569,6 +571,25 @@ impl Gpu {
         launch.arg(x).arg(&n).arg(&factor);
         // SAFETY: matches `scale_in_place`; one thread per element.
         unsafe { launch.launch(elementwise(n)?) }.doing("launching scale_in_place")?;
+        Ok(())
+    }
+
+    /// `x[r, :] *= factors[r]` for each row of `x`, as many rows as `factors`.
+    pub fn scale_rows(&self, x: &mut CudaSlice<f32>, factors: &[f32]) -> Result<(), GpuError> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        ensure(
+            !factors.is_empty() && n.is_multiple_of(factors.len()),
+            || format!("x has {n} values, not {} rows", factors.len()),
+        )?;
+        let width = n / factors.len();
+        let factors = self.upload(factors)?;
+        let mut launch = self.stream.launch_builder(&self.kernels.scale_rows);
+        launch.arg(x).arg(&factors).arg(&width).arg(&n);
+        // SAFETY: matches `scale_rows`; one thread per element, `factors` one per row.
+        unsafe { launch.launch(elementwise(n)?) }.doing("launching scale_rows")?;
         Ok(())
     }
 

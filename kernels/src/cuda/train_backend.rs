@@ -193,6 +193,11 @@ impl Backend for GpuTrain<'_> {
 impl Backward for GpuTrain<'_> {
     type LoraGrads<'a> = GpuLoraGrads<'a>;
 
+    fn scale_rows(&self, x: &mut CudaSlice<f32>, factors: &[f64]) -> Result<(), GpuError> {
+        let factors: Vec<f32> = factors.iter().map(|&f| f as f32).collect();
+        self.gpu.scale_rows(x, &factors)
+    }
+
     fn rms_norm_backward(
         &self,
         x: &CudaSlice<f32>,

@@ -82,6 +82,8 @@ pub enum ForwardError<E> {
     PastContext { context: usize },
     #[error("a sequence has {targets} targets for {tokens} tokens")]
     Targets { tokens: usize, targets: usize },
+    #[error("a sequence's temperature is {0}, not a finite number above 0")]
+    Temperature(f64),
     #[error(transparent)]
     Backend(E),
 }
@@ -289,6 +291,9 @@ pub struct TrainSequence<'a> {
     pub targets: &'a [u32],
     /// Which of the hook's adapters the sequence goes through (`None`: the base model).
     pub adapter: Option<usize>,
+    /// The logprobs are of `logits / temperature` (1: the model's own distribution): an RL
+    /// datum's sampling temperature, so that the learner's policy is the one sampled from.
+    pub temperature: f64,
 }
 
 /// How the head computed the logprobs, and what its backward needs.
@@ -478,6 +483,16 @@ fn train_rows(sequences: &[TrainSequence<'_>]) -> (usize, Vec<Run>) {
     (rows, row_runs)
 }
 
+/// Each row's `1 / temperature` (its sequence's), `None` when every sequence is at 1.
+fn inverse_temperatures(sequences: &[TrainSequence<'_>]) -> Option<Vec<f64>> {
+    sequences.iter().any(|s| s.temperature != 1.0).then(|| {
+        sequences
+            .iter()
+            .flat_map(|s| std::iter::repeat_n(1.0 / s.temperature, s.tokens.len()))
+            .collect()
+    })
+}
+
 /// The logprob of every sequence's targets (`rows`, sequence after sequence), each sequence
 /// whole from position 0. With `keep`, also what [`train_backward`] needs; `trained_head` says
 /// the unembedding's own weight will get a gradient (full-parameter training).
@@ -504,6 +519,12 @@ pub fn train_forward<B: Backward, H: Adapters<B>>(
             tokens: s.tokens.len(),
             targets: s.targets.len(),
         });
+    }
+    if let Some(s) = sequences
+        .iter()
+        .find(|s| !(s.temperature.is_finite() && s.temperature > 0.0))
+    {
+        return Err(ForwardError::Temperature(s.temperature));
     }
     let backend = ForwardError::Backend;
     let (hidden, vocab) = (config.hidden_size, config.vocab_size);
@@ -534,10 +555,15 @@ pub fn train_forward<B: Backward, H: Adapters<B>>(
     let mut normed = x;
     ops.rms_norm(&mut normed, weights.norm, config.rms_norm_eps)
         .map_err(backend)?;
+    let inverse = inverse_temperatures(sequences);
     let fused = !trained_head
         && weights.lm_head.bias.is_none()
         && !adapters.adapts(Site::Unembed, &row_runs);
     let (logprobs, head) = if fused {
+        // Without a bias, `logits / T` is the unembedding of `normed / T`.
+        if let Some(inverse) = &inverse {
+            ops.scale_rows(&mut normed, inverse).map_err(backend)?;
+        }
         let mut jacobian = if keep {
             Some(ops.zeros(rows * hidden).map_err(backend)?)
         } else {
@@ -569,6 +595,9 @@ pub fn train_forward<B: Backward, H: Adapters<B>>(
                 false,
             )
             .map_err(backend)?;
+        if let Some(inverse) = &inverse {
+            ops.scale_rows(&mut logits, inverse).map_err(backend)?;
+        }
         let logprobs = ops
             .target_logprobs(&logits, vocab, &targets)
             .map_err(backend)?;
@@ -610,14 +639,21 @@ pub fn train_backward<B: Backward, H: AdapterGrads<B>>(
         .flat_map(|s| s.targets.iter().copied())
         .collect();
 
-    // The head, then the final norm.
+    // The head (through each row's temperature), then the final norm.
+    let inverse = inverse_temperatures(sequences);
     let mut d_normed = ops.zeros(rows * hidden)?;
     match &tape.head {
         HeadTape::Fused { jacobian } => {
-            ops.unembed_logprobs_backward(jacobian, d_logprobs, &mut d_normed)?
+            ops.unembed_logprobs_backward(jacobian, d_logprobs, &mut d_normed)?;
+            if let Some(inverse) = &inverse {
+                ops.scale_rows(&mut d_normed, inverse)?;
+            }
         }
         HeadTape::Logits { normed, logits } => {
-            let d_logits = ops.target_logprobs_backward(logits, vocab, &targets, d_logprobs)?;
+            let mut d_logits = ops.target_logprobs_backward(logits, vocab, &targets, d_logprobs)?;
+            if let Some(inverse) = &inverse {
+                ops.scale_rows(&mut d_logits, inverse)?;
+            }
             adapters.project_backward(
                 ops,
                 Site::Unembed,
