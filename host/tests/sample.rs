@@ -166,6 +166,32 @@ fn a_request_samples_the_same_bits_whatever_else_is_batched() {
     }
 }
 
+/// Requests that open on one prompt under one policy in the same step (an RL group's first
+/// turns) prefill it once: the first computes it, the others wait a step and take it from the
+/// prefix cache, all together, and sample the bits they sample without the cache.
+#[test]
+fn repeats_of_a_prompt_in_one_step_prefill_it_once() {
+    let setup = setup();
+    let a = publish(&setup, "a");
+    let shared = prompt(3, 20);
+    let requests = vec![
+        request(shared.clone(), Some(&a), 1),
+        request(shared.clone(), Some(&a), 2),
+        request(prompt(4, 20), Some(&a), 3),
+        // The same tokens on the base model are another prefill.
+        request(shared.clone(), None, 4),
+        request(shared.clone(), Some(&a), 5),
+        request(shared.clone(), Some(&a), 6),
+    ];
+    let plain = run(&mut engine(&setup, false), requests.clone());
+    let cached = run(&mut engine(&setup, true), requests);
+    for (i, (plain, cached)) in plain.iter().zip(&cached).enumerate() {
+        assert_eq!(bits(&plain.samples), bits(&cached.samples), "request {i}");
+    }
+    let from_cache: Vec<usize> = cached.iter().map(|o| o.cached_prompt_tokens).collect();
+    assert_eq!(from_cache, vec![0, 19, 0, 0, 19, 19]);
+}
+
 /// What a request asks of its prompt (the last n logprobs, named tokens' logprobs, alternative
 /// draws) comes from the rows of its own prefill: the same bits alone, in a batch, and with
 /// the prefix cache serving the rows no answer needs; and asking leaves the sample as it was.
@@ -323,6 +349,58 @@ fn sampler_logprobs_agree_with_the_trainer_forward() {
             assert!((lp.unwrap() - trainer_logprobs[i - 1]).abs() < 1e-4);
         }
     }
+}
+
+#[test]
+fn tempered_sampler_logprobs_agree_with_the_trainer_at_the_same_temperature() {
+    let setup = setup();
+    let b = publish(&setup, "b");
+    let mut ask = request(prompt(4, 11), Some(&b), 5);
+    ask.params.max_tokens = 20;
+    ask.params.temperature = 0.6;
+    let output = run(&mut engine(&setup, false), vec![ask.clone()]).remove(0);
+    let sample = &output.samples[0];
+    let mut tokens = ask.prompt.clone();
+    tokens.extend(&sample.tokens);
+    let n = tokens.len() - 1;
+    let datum = Datum {
+        input_tokens: tokens[..n].to_vec(),
+        target_tokens: tokens[1..].to_vec(),
+        mask: vec![1.0; n],
+        ..Datum::default()
+    };
+    let trained_at = |temperature: f64| {
+        let item =
+            WorkItem::new("b", vec![datum.clone()], Loss::CrossEntropy).at_temperature(temperature);
+        setup
+            .trainer
+            .forward(&[item])
+            .unwrap()
+            .remove(0)
+            .logprobs
+            .remove(0)
+    };
+    let (tempered, untempered) = (trained_at(0.6), trained_at(1.0));
+    let sampled = &tempered[ask.prompt.len() - 1..];
+    let mut moved = 0.0f32;
+    for (i, (&drawn, (&trained, &plain))) in sample
+        .logprobs
+        .iter()
+        .zip(sampled.iter().zip(&untempered[ask.prompt.len() - 1..]))
+        .enumerate()
+    {
+        assert!(
+            (drawn - trained).abs() < 1e-4,
+            "token {i}: sampler {drawn} vs trainer at 0.6 {trained}"
+        );
+        moved = moved.max((trained - plain).abs());
+    }
+    assert!(moved > 1e-2, "the temperature changed no logprob ({moved})");
+    let refused = setup
+        .trainer
+        .forward(&[WorkItem::new("b", vec![datum], Loss::CrossEntropy).at_temperature(0.0)]);
+    let message = refused.unwrap_err().to_string();
+    assert!(message.contains("temperature"), "{message}");
 }
 
 #[test]

@@ -181,7 +181,9 @@ impl LocalModel {
             self.config.eos_token_ids.clone(),
             EngineConfig {
                 kv_budget_positions,
-                prefix_cache_positions: 0,
+                // The next turn of an episode, and an RL group's repeats of one prompt, start
+                // from the KV computed before.
+                prefix_cache_positions: kv_budget_positions / 2,
             },
         )?;
         let (trainer, tenant, adapter_prefix) = match beside {

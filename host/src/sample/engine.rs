@@ -6,6 +6,11 @@
 //! prompt, whatever `num_samples`; from the prefix cache where it can), and decodes one token of
 //! every running sample, all in one forward pass whatever their adapters, on the engine's
 //! [`SamplerBackend`] (the CPU's unless [`SamplingEngine::with_backend`] names another).
+//!
+//! With a prefix cache, a request whose prompt and policy are those of one admitted in the same
+//! step waits one step and then takes the prompt's KV from the cache: the eight episodes of an
+//! RL group that open on one prompt prefill it once, not eight times. The samples are the same
+//! bits either way (the kernels are batch-invariant), only sooner.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -276,11 +281,22 @@ struct Admitted {
     seed: u64,
     policy: Option<Arc<PolicyVersion>>,
     reserved: usize,
+    /// It waited a step for a request with its prompt to fill the prefix cache: it waits no
+    /// more (the next repeats of that prompt are admitted beside it, all from the cache).
+    waited_for_prefix: bool,
 }
 
 impl Admitted {
     fn key(&self) -> PolicyKey {
         self.policy.as_ref().map(|p| (p.name.clone(), p.version))
+    }
+
+    /// Whether `other`'s prefill is this one's: the same prompt under the same policy version,
+    /// and this one computes it (it did not wait for the cache to hold it).
+    fn prefills_as(&self, other: &Admitted) -> bool {
+        !self.waited_for_prefix
+            && self.request.prompt == other.request.prompt
+            && self.key() == other.key()
     }
 }
 
@@ -400,6 +416,7 @@ impl<B: SamplerBackend> SamplingEngine<B> {
                 seed,
                 policy,
                 reserved,
+                waited_for_prefix: false,
             },
         ));
         Ok(id)
@@ -445,7 +462,20 @@ impl<B: SamplerBackend> SamplingEngine<B> {
             .collect();
         policies.sort();
         policies.dedup();
+        // Requests that prefill a prompt admitted in this step: the next step's, from the cache.
+        let mut repeats: Vec<(RequestId, Admitted)> = Vec::new();
         while let Some((_, next)) = self.waiting.front() {
+            if self.config.prefix_cache_positions > 0
+                && !next.waited_for_prefix
+                && next.request.prompt.len() > 1
+                && admitted.iter().any(|(_, a)| a.prefills_as(next))
+            {
+                if let Some((id, mut repeat)) = self.waiting.pop_front() {
+                    repeat.waited_for_prefix = true;
+                    repeats.push((id, repeat));
+                }
+                continue;
+            }
             if self.reserved + next.reserved > self.config.kv_budget_positions {
                 break;
             }
@@ -466,6 +496,9 @@ impl<B: SamplerBackend> SamplingEngine<B> {
             };
             self.reserved += next.reserved;
             admitted.push((id, next));
+        }
+        for repeat in repeats.into_iter().rev() {
+            self.waiting.push_front(repeat);
         }
         let model = Arc::clone(self.registry.base());
         let config = &model.config;
