@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Every benchmark of the README with its peers, in one command:
+# Every benchmark of docs/benchmarks.md with its peers, in one command:
 #
 #   scripts/bench.sh [plugins|training|sampling|service|rollouts|soak|real-rl|all] [--quick]
 #
 # Makes (or reuses) the peers' virtual environment outside the repository from
 # bench/python/requirements.txt (PyTorch, transformers, PEFT, FastAPI, uvicorn; the service
 # benchmark uses the test script's venv with the `tinker` SDK), runs the chosen benchmarks with
-# the README's thread settings (2 threads), prints their tables under the date, the machine's CPU
+# docs/benchmarks.md's thread settings (2 threads), prints their tables under the date, the machine's CPU
 # and its load, and writes each as JSON into target/bench-results/. A ratio against a peer is not
 # reported when the machine was busy at the start (1-minute load above BENCH_MAX_LOAD, default a
 # quarter of the cores): the benchmarks say so instead.
@@ -141,7 +141,7 @@ if [[ "$which" == plugins || "$which" == all ]]; then
     run plugins_table plugin_table
     run plugin_languages "${cargo_bench[@]}" -p opentinker --bench plugin_languages
 fi
-# The README's shapes: the tiny one, and the Qwen2.5-0.5B one (each of its benchmarks writes a
+# The benchmarks page's shapes: the tiny one, and the Qwen2.5-0.5B one (each of its benchmarks writes a
 # 2 GB model to a temporary folder first); the quick run takes the tiny one only.
 if [[ "$which" == training || "$which" == all ]]; then
     run lora_training "${cargo_bench[@]}" -p opentinker --bench lora_training

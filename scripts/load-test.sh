@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The service's load test with the README's settings: eight tenants run sample + train loops
+# The service's load test with docs/benchmarks.md's settings: eight tenants run sample + train loops
 # through the official `tinker` SDK against a release `opentinker serve` for SECONDS (default
 # 180), then a light tenant's `forward_backward` latency is measured alone and while three heavy
 # tenants flood the server. Prints the script's figures and the server's resident memory.

@@ -1,7 +1,7 @@
 //! Every class of attack on the host, one after another, alone in this test binary so that the
 //! process's peak resident memory is the attack's: each must end in its typed error (or complete,
 //! where the attack is only noise) within its stated time, and raise the host's peak resident
-//! memory by less than 512 MiB. Prints the table the README's sandbox section quotes.
+//! memory by less than 512 MiB. Prints the table docs/sandbox.md quotes.
 
 use std::time::{Duration, Instant};
 

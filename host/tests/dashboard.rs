@@ -1,6 +1,6 @@
 //! The web dashboard in a real headless browser during a running job: Playwright (from the test
 //! venv) drives Debian's Chromium (`scripts/test.sh` installs it) through
-//! `tests/dashboard/dashboard_live.py`. The screenshot it takes is the README's when
+//! `tests/dashboard/dashboard_live.py`. The screenshot it takes is docs/jobs.md's when
 //! `OPENTINKER_SCREENSHOT` names where to keep it.
 
 #[path = "common/arithmetic_job.rs"]

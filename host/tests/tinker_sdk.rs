@@ -197,7 +197,7 @@ fn tenants_cannot_see_each_others_objects() {
 }
 
 /// Every public method of the SDK's four clients is served, done by the SDK alone, or refused
-/// by name, as the README's coverage table says. The cookbook's venv has torch, which the SDK's
+/// by name, as the coverage table of docs/serving.md says. The cookbook's venv has torch, which the SDK's
 /// custom losses need; the script runs where `opentinker/tiny` is a folder holding the tiny
 /// model, so that `get_tokenizer()` finds it by its public name, as a client finds a Hugging
 /// Face id in the hub's cache.
@@ -371,7 +371,7 @@ fn resident_kb(pid: u32) -> Option<u64> {
 }
 
 /// Eight tenants each run a sample + train loop through the SDK for `OPENTINKER_LOAD_SECONDS`
-/// (40 by default; the README's figures are from 180): no request fails, each tenant's share of
+/// (40 by default; docs/benchmarks.md's figures are from 180): no request fails, each tenant's share of
 /// training tokens is within 0.8x-1.25x of an equal share, and the server's resident memory is
 /// flat after warm-up. The light tenant's latency alone and under a flood is printed (a figure,
 /// not a check: this machine is shared).

@@ -1,4 +1,4 @@
-//! GPU kernel figures (feature `cuda`), printed as the README's tables: the projection at decode
+//! GPU kernel figures (feature `cuda`), printed as docs/gpu.md's tables: the projection at decode
 //! and prefill row counts on the Qwen2.5-0.5B and 7B shapes (time and weight bandwidth), and the
 //! mixed-adapter LoRA apply of a decode batch spread over 1, 4, 16 and 64 adapters against the
 //! base projection alone and a per-adapter loop. Run by `scripts/gpu-check.sh`:

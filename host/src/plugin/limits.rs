@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 const MIB: u64 = 1024 * 1024;
 
 /// The default fuel of one call: about a second of guest code on one core of a current machine,
-/// and far above what the project's plugins use per call (see the README's sandbox section).
+/// and far above what the project's plugins use per call (see docs/sandbox.md).
 pub const DEFAULT_CALL_FUEL: u64 = 1_000_000_000;
 
 /// What each list item (a message, an action, a metric, a reward, a recipient) counts in a
@@ -214,7 +214,7 @@ pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
 pub(crate) const MAX_TABLES_PER_COMPONENT: u32 = 8;
 
 /// The most of each thing one component may define. The defaults are far above what the
-/// project's plugins define (see the README's sandbox section for both).
+/// project's plugins define (see docs/sandbox.md for both).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StructureLimits {

@@ -3,7 +3,7 @@
 //! The official SDK calls these paths from public methods of its clients. A bare 404 would read
 //! as a typo in the client's base URL; a 5xx would be retried by the SDK for minutes. Each is
 //! answered at once with [`ApiErrorKind::NotOffered`] (400), naming the SDK method that was
-//! called and why this server does not offer it. The README's coverage table lists them, and
+//! called and why this server does not offer it. The coverage table of docs/serving.md lists them, and
 //! `host/tests/tinker_sdk/coverage.py` keeps that table true.
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 """Every public method of the SDK's four clients (ServiceClient, TrainingClient, SamplingClient,
-RestClient) called against the server, and the README's coverage table kept true.
+RestClient) called against the server, and the serving guide's coverage table kept true.
 
-The table (between the README's `sdk-coverage` markers) has one row per method: `served` (the
+The table (between the serving guide's `sdk-coverage` markers) has one row per method: `served` (the
 server answers it), `client` (the SDK does it alone, with no request of its own) or `refused`
 (the call fails with an error that names the method and why: the server's `not_offered`
 answer, or the SDK's own refusal). A method's `_async` twin is called too and must come out the
@@ -31,12 +31,12 @@ from tinker.lib.api_future_impl import QueueState
 from common import BASE_MODEL, service, sft_datum
 
 CLIENTS = [tinker.ServiceClient, tinker.TrainingClient, tinker.SamplingClient, tinker.RestClient]
-README = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+SERVING = pathlib.Path(__file__).resolve().parents[3] / "docs" / "serving.md"
 
 
 def table():
-    """The README's rows: `Client.method` -> (outcome, note)."""
-    text = README.read_text()
+    """The serving guide's rows: `Client.method` -> (outcome, note)."""
+    text = SERVING.read_text()
     start, end = text.index("<!-- sdk-coverage:start -->"), text.index("<!-- sdk-coverage:end -->")
     rows = {}
     for line in text[start:end].splitlines():
@@ -44,7 +44,7 @@ def table():
         if found:
             client, method, outcome, note = found.groups()
             rows[f"{client}.{method}"] = (outcome, note.strip())
-    assert rows, "the README's coverage table has no rows"
+    assert rows, "the serving guide's coverage table has no rows"
     return rows
 
 
@@ -292,8 +292,8 @@ def main():
     rows = table()
     methods = public_methods()
     missing, extra = sorted(methods - rows.keys()), sorted(rows.keys() - methods)
-    assert not missing, f"SDK methods missing from the README's table: {missing}"
-    assert not extra, f"the README's table names no SDK method: {extra}"
+    assert not missing, f"SDK methods missing from the serving guide's table: {missing}"
+    assert not extra, f"the serving guide's table names no SDK method: {extra}"
     world = World()
     every = calls(world)
     assert every.keys() == methods, f"calls and methods differ: {sorted(every.keys() ^ methods)}"
@@ -317,7 +317,7 @@ def main():
                 wrong.append(f"{client}.{name}: the table says {expected}, the call: {got}")
     assert not wrong, "\n".join(wrong)
     check_answers(world)
-    print(f"{len(every)} methods as the README's table says")
+    print(f"{len(every)} methods as the serving guide's table says")
 
 
 if __name__ == "__main__":
