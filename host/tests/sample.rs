@@ -286,6 +286,18 @@ fn a_version_samples_the_same_after_its_adapter_trains_on() {
     assert!(err.contains("no version 1"), "{err}");
 }
 
+/// The datum that scores every token of `prompt` then `sampled` after the first.
+fn every_token_scored(prompt: &[u32], sampled: &[u32]) -> Datum {
+    let tokens: Vec<u32> = prompt.iter().chain(sampled).copied().collect();
+    let n = tokens.len() - 1;
+    Datum {
+        input_tokens: tokens[..n].to_vec(),
+        target_tokens: tokens[1..].to_vec(),
+        mask: vec![1.0; n],
+        ..Datum::default()
+    }
+}
+
 #[test]
 fn sampler_logprobs_agree_with_the_trainer_forward() {
     let setup = setup();
@@ -296,15 +308,7 @@ fn sampler_logprobs_agree_with_the_trainer_forward() {
         ask.prompt_asks.logprobs = true;
         let output = run(&mut engine(&setup, false), vec![ask.clone()]).remove(0);
         let sample = &output.samples[0];
-        let mut tokens = ask.prompt.clone();
-        tokens.extend(&sample.tokens);
-        let n = tokens.len() - 1;
-        let datum = Datum {
-            input_tokens: tokens[..n].to_vec(),
-            target_tokens: tokens[1..].to_vec(),
-            mask: vec![1.0; n],
-            ..Datum::default()
-        };
+        let datum = every_token_scored(&ask.prompt, &sample.tokens);
         let trainer_logprobs = match policy {
             Some(_) => {
                 let item = WorkItem::new("b", vec![datum], Loss::CrossEntropy);
@@ -318,11 +322,11 @@ fn sampler_logprobs_agree_with_the_trainer_forward() {
             }
             None => {
                 let model = setup.registry.base();
-                let input = Tensor::new(&tokens[..n], &candle_core::Device::Cpu)
+                let input = Tensor::new(&datum.input_tokens[..], &candle_core::Device::Cpu)
                     .unwrap()
                     .unsqueeze(0)
                     .unwrap();
-                let targets = Tensor::new(&tokens[1..], &candle_core::Device::Cpu)
+                let targets = Tensor::new(&datum.target_tokens[..], &candle_core::Device::Cpu)
                     .unwrap()
                     .unsqueeze(0)
                     .unwrap();
@@ -360,15 +364,7 @@ fn tempered_sampler_logprobs_agree_with_the_trainer_at_the_same_temperature() {
     ask.params.temperature = 0.6;
     let output = run(&mut engine(&setup, false), vec![ask.clone()]).remove(0);
     let sample = &output.samples[0];
-    let mut tokens = ask.prompt.clone();
-    tokens.extend(&sample.tokens);
-    let n = tokens.len() - 1;
-    let datum = Datum {
-        input_tokens: tokens[..n].to_vec(),
-        target_tokens: tokens[1..].to_vec(),
-        mask: vec![1.0; n],
-        ..Datum::default()
-    };
+    let datum = every_token_scored(&ask.prompt, &sample.tokens);
     let trained_at = |temperature: f64| {
         let item =
             WorkItem::new("b", vec![datum.clone()], Loss::CrossEntropy).at_temperature(temperature);
