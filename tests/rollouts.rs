@@ -13,7 +13,7 @@ use opentinker::client::{LocalModel, TinyModelSpec};
 use opentinker::plugin::Limits;
 use opentinker::queue_auth::QueueLogin;
 use opentinker::rl::Renderer;
-use opentinker::rl::{Actor, Rollout};
+use opentinker::rl::{Actor, FailureKind, Rollout};
 use opentinker::rl::{GroupTask, PlayedGroup, PluginUse, PolicyRef, RewardUse, TASK_FORMAT};
 use opentinker::rl::{Pool, Queue, QueueRollouts, QueueSettings, Rollouts, Seat, serve_tasks};
 use opentinker::rl::{SpanKind, TaskPlugins, play_task, rl_datum};
@@ -45,7 +45,7 @@ async fn a_five_turn_episode_is_one_datum() {
         failure_reward: -1.0,
     };
     let outcome = rollout.play(r#"{"secret": 777}"#, 11, &table.actors).await;
-    assert_eq!(outcome.error, None);
+    assert_eq!(outcome.failure, None);
     assert_eq!(outcome.steps, 5, "the random policy should not find 777");
     assert_eq!(outcome.turn_rewards, vec![vec![0.0; 5]]);
     let transcript = outcome.transcripts[0].clone().unwrap();
@@ -207,11 +207,7 @@ async fn a_group_task_read_back_from_its_message_plays_to_the_same_bits() {
     assert_eq!(played.episodes.len(), 3);
     for (i, (index, outcome)) in played.episodes.iter().enumerate() {
         assert_eq!(*index, i);
-        assert_eq!(
-            outcome.error, None,
-            "episode {i}: {:?}",
-            outcome.error_message
-        );
+        assert_eq!(outcome.failure, None, "episode {i}");
         assert_eq!(outcome.seed, task.episode_seed(i));
         let transcript = outcome.transcripts[0].as_ref().unwrap();
         assert!(transcript.turns() > 0);
@@ -285,8 +281,9 @@ async fn a_task_that_cannot_be_played_as_written_fails_its_episodes_with_the_rea
         let played = play_task(&task, plugins, renderer, actors).await;
         assert_eq!(played.episodes.len(), 3);
         for (i, (_, outcome)) in played.episodes.iter().enumerate() {
-            assert_eq!(outcome.error.as_deref(), Some(kind));
-            let message = outcome.error_message.as_deref().unwrap();
+            let failure = outcome.failure.as_ref().unwrap();
+            assert_eq!(failure.kind.as_str(), kind);
+            let message = failure.message.as_deref().unwrap();
             assert!(message.contains(&words), "{kind}: {message}");
             assert_eq!(outcome.seed, task.episode_seed(i));
             assert_eq!(outcome.steps, 0);
@@ -353,7 +350,7 @@ async fn plays_on(driver: &QueueRollouts, table: &Table, group: u64) {
         ..table.task()
     };
     let next = driver.start(task).await.unwrap();
-    assert!(next.episodes.iter().all(|(_, o)| o.error.is_none()));
+    assert!(next.episodes.iter().all(|(_, o)| o.failure.is_none()));
 }
 
 /// Groups published by a driver to a real NATS JetStream queue and played by three workers come
@@ -419,8 +416,9 @@ async fn groups_played_by_three_workers_through_a_real_queue_come_back_as_played
     let failed = driver.start(doomed.clone()).await.unwrap();
     assert_eq!(failed.episodes.len(), doomed.group_size);
     for (i, (_, outcome)) in failed.episodes.iter().enumerate() {
-        assert_eq!(outcome.error.as_deref(), Some("rollout_worker"));
-        let message = outcome.error_message.as_deref().unwrap();
+        let failure = outcome.failure.as_ref().unwrap();
+        assert_eq!(failure.kind, FailureKind::RolloutWorker);
+        let message = failure.message.as_deref().unwrap();
         assert!(message.contains("cannot play group 99"), "{message}");
         assert_eq!(outcome.seed, doomed.episode_seed(i));
     }
@@ -490,8 +488,9 @@ async fn a_group_whose_every_worker_stops_before_answering_comes_back_failed() {
         .unwrap();
     assert_eq!(failed.episodes.len(), stuck.group_size);
     for (_, outcome) in &failed.episodes {
-        assert_eq!(outcome.error.as_deref(), Some("rollout_worker"));
-        let message = outcome.error_message.as_deref().unwrap();
+        let failure = outcome.failure.as_ref().unwrap();
+        assert_eq!(failure.kind, FailureKind::RolloutWorker);
+        let message = failure.message.as_deref().unwrap();
         assert!(message.contains("in 2 deliveries"), "{message}");
     }
     // The next group is played, and nothing more of the stuck one comes: no third delivery.
@@ -543,7 +542,7 @@ async fn a_group_goes_to_its_pools_workers_only() {
         .expect("alice's worker played her group")
         .unwrap()
         .unwrap();
-    assert!(played.episodes.iter().all(|(_, o)| o.error.is_none()));
+    assert!(played.episodes.iter().all(|(_, o)| o.failure.is_none()));
     assert_eq!(
         (alices.load(Ordering::SeqCst), bobs.load(Ordering::SeqCst)),
         (1, 0)

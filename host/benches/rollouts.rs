@@ -24,8 +24,8 @@ use opentinker::plugin::builders::build_plugin;
 use opentinker::plugin::{HostConfig, Limits, PluginHost};
 use opentinker::queue_auth::QueueLogin;
 use opentinker::rl::{
-    GroupTask, PlayedGroup, PluginUse, PolicyRef, Queue, QueueRollouts, QueueSettings, Renderer,
-    Rollouts, Seat, TASK_FORMAT, WorkerPlayer, serve_tasks,
+    EpisodeFailure, FailureKind, GroupTask, PlayedGroup, PluginUse, PolicyRef, Queue,
+    QueueRollouts, QueueSettings, Renderer, Rollouts, Seat, TASK_FORMAT, WorkerPlayer, serve_tasks,
 };
 use opentinker::service::TINY_MODEL_NAME;
 use opentinker_test_tools::NatsServer;
@@ -182,13 +182,9 @@ async fn run(load: &Load) -> anyhow::Result<()> {
 fn check(played: &[PlayedGroup]) -> anyhow::Result<()> {
     for group in played {
         for (_, outcome) in &group.episodes {
-            anyhow::ensure!(
-                outcome.error.is_none(),
-                "group {}: {:?} {:?}",
-                group.id,
-                outcome.error,
-                outcome.error_message
-            );
+            if let Some(failure) = &outcome.failure {
+                anyhow::bail!("group {}: {failure:?}", group.id);
+            }
         }
     }
     Ok(())
@@ -210,7 +206,12 @@ struct Nothing;
 
 impl Rollouts for Nothing {
     fn start(&self, task: GroupTask) -> BoxFuture<'static, anyhow::Result<PlayedGroup>> {
-        Box::pin(async move { Ok(PlayedGroup::failed(&task, "none", "not played")) })
+        Box::pin(async move {
+            Ok(PlayedGroup::failed(
+                &task,
+                EpisodeFailure::of(FailureKind::RolloutWorker),
+            ))
+        })
     }
 }
 

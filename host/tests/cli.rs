@@ -402,6 +402,32 @@ fn every_command_that_runs_the_model_refuses_a_device_it_cannot_use_by_name() {
     );
 }
 
+/// A warm-up of the LoRA adapter before RL: RL's first evaluation comes after it, so the
+/// summary also holds the model's own as it came (what the warm-up and RL each added); a job
+/// without a warm-up has none.
+#[test]
+fn a_lora_warm_up_leaves_the_untrained_models_evaluation_in_the_summary() {
+    let wasm = built_plugin("arithmetic");
+    let dir = tempfile::tempdir().unwrap();
+    let rl = "[rl]\nsteps = 1\ngroups_per_batch = 1\ngroup_size = 2\nmax_turns = 1\n\
+              max_tokens = 4\n[eval]\nepisodes = 3\n";
+    let warm_up = "[sft]\nsource = \"demonstrations\"\nsteps = 1\nbatch = 2\n\
+                   full_parameters = false\n";
+    for (name, rest, untrained) in [
+        ("warm", format!("{warm_up}{rl}"), true),
+        ("cold", rl.into(), false),
+    ] {
+        let job = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&job, arithmetic_job(&wasm, 3, &rest)).unwrap();
+        let summary = train_json(&job, &dir.path().join(name));
+        assert_eq!(summary["initial_eval"]["episodes"], 3, "{name}: {summary}");
+        match untrained {
+            true => assert_eq!(summary["untrained_eval"]["episodes"], 3, "{summary}"),
+            false => assert!(summary.get("untrained_eval").is_none(), "{summary}"),
+        }
+    }
+}
+
 #[test]
 fn train_runs_a_short_job_and_writes_its_files() {
     let wasm = built_plugin("arithmetic");

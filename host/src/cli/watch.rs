@@ -79,8 +79,8 @@ pub fn run_play(args: PlayArgs) -> anyhow::Result<()> {
                 "task": outcome.task,
                 "returns": outcome.returns(),
                 "steps": outcome.steps,
-                "error": outcome.error,
-                "error_message": outcome.error_message,
+                "error": outcome.failure.as_ref().map(|f| f.kind),
+                "error_message": outcome.failure.as_ref().and_then(|f| f.message.as_ref()),
                 "messages": outcome.messages,
             });
             println!("{line}");
@@ -148,11 +148,11 @@ pub fn run_play(args: PlayArgs) -> anyhow::Result<()> {
             .map(|&p| format!("player {p} {:.3}", returns.get(p).copied().unwrap_or(0.0)))
             .collect();
         println!("  returns: {}", returns.join(", "));
-        if let Some(error) = &outcome.error {
+        if let Some(failure) = &outcome.failure {
             println!(
                 "  failed: {}: {}",
-                terminal_safe(error),
-                terminal_safe(outcome.error_message.as_deref().unwrap_or("(no message)"))
+                failure.kind,
+                terminal_safe(failure.message.as_deref().unwrap_or("(no message)"))
             );
         }
     }
@@ -167,7 +167,7 @@ fn summary_line(player: usize, summary: &Evaluation) -> String {
         false => summary
             .errors
             .iter()
-            .map(|(kind, count)| format!("{} {count}", terminal_safe(kind)))
+            .map(|(kind, count)| format!("{kind} {count}"))
             .collect::<Vec<_>>()
             .join(", "),
     };

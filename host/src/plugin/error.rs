@@ -32,6 +32,20 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind.
+    pub const ALL: [ErrorKind; 10] = [
+        ErrorKind::Trap,
+        ErrorKind::Timeout,
+        ErrorKind::OutOfFuel,
+        ErrorKind::MemoryLimit,
+        ErrorKind::OutputTooLarge,
+        ErrorKind::InputTooLarge,
+        ErrorKind::InvalidOutput,
+        ErrorKind::PluginError,
+        ErrorKind::InvalidRequest,
+        ErrorKind::EpisodeLimit,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::Trap => "trap",

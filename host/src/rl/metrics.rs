@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::failure::{EpisodeFailure, FailureKind};
 use super::rollout::EpisodeOutcome;
 
 /// What a step trained: the warm-up or RL.
@@ -81,10 +82,10 @@ pub struct StepMetrics {
     /// steps that evaluate.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kl: Option<f64>,
-    pub errors: BTreeMap<String, usize>,
+    pub errors: BTreeMap<FailureKind, usize>,
     /// The first failure's text of each error kind of the step, when it had one.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub error_messages: BTreeMap<String, String>,
+    pub error_messages: BTreeMap<FailureKind, String>,
     pub env_metrics: BTreeMap<String, f64>,
     /// The evaluation of the (first trainable) policy, when one ran.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -134,7 +135,7 @@ pub struct Evaluation {
     pub metrics: BTreeMap<String, f64>,
     /// Failed episodes by error kind (they count as returns of the failure reward).
     #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
-    pub errors: BTreeMap<String, usize>,
+    pub errors: BTreeMap<FailureKind, usize>,
     /// SFT: the loss per token of the held-out conversations (`episodes` of them).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub loss: Option<f64>,
@@ -147,6 +148,10 @@ pub struct Evaluation {
 #[derive(Debug, Serialize)]
 pub struct Summary {
     pub steps: usize,
+    /// A job that warms a LoRA adapter up before RL: the policy's evaluation before the
+    /// warm-up (`initial_eval` is RL's first, after it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub untrained_eval: Option<Evaluation>,
     pub initial_eval: Evaluation,
     pub final_eval: Evaluation,
     pub checkpoint: PathBuf,
@@ -176,7 +181,7 @@ pub(super) fn std(values: &[f64]) -> f64 {
     mean(values.iter().map(|v| (v - m).powi(2))).sqrt()
 }
 
-pub(super) fn errors(outcomes: &[EpisodeOutcome]) -> BTreeMap<String, usize> {
+pub(super) fn errors(outcomes: &[EpisodeOutcome]) -> BTreeMap<FailureKind, usize> {
     errors_of(&outcomes.iter().collect::<Vec<_>>())
 }
 
@@ -192,23 +197,27 @@ pub(super) fn metrics_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, f64> 
 }
 
 /// The first failure's text of each error kind among `outcomes` (with its episode's seed).
-pub(super) fn error_messages_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, String> {
+pub(super) fn error_messages_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<FailureKind, String> {
     let mut messages = BTreeMap::new();
     for outcome in outcomes {
-        if let (Some(kind), Some(message)) = (&outcome.error, &outcome.error_message) {
+        if let Some(EpisodeFailure {
+            kind,
+            message: Some(message),
+        }) = &outcome.failure
+        {
             messages
-                .entry(kind.clone())
+                .entry(*kind)
                 .or_insert_with(|| format!("seed {}: {message}", outcome.seed));
         }
     }
     messages
 }
 
-pub(super) fn errors_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<String, usize> {
+pub(super) fn errors_of(outcomes: &[&EpisodeOutcome]) -> BTreeMap<FailureKind, usize> {
     let mut counts = BTreeMap::new();
     for outcome in outcomes {
-        if let Some(kind) = &outcome.error {
-            *counts.entry(kind.clone()).or_insert(0) += 1;
+        if let Some(failure) = &outcome.failure {
+            *counts.entry(failure.kind).or_insert(0) += 1;
         }
     }
     counts

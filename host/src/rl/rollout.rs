@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::failure::{EpisodeFailure, FailureKind};
 use super::render::Renderer;
 use super::transcript::{SpanKind, TokenSequence, Transcript};
 use crate::api::{ModelInput, SamplingParams};
@@ -63,10 +64,8 @@ pub struct EpisodeOutcome {
     pub task: String,
     pub transcripts: Vec<Option<Transcript>>,
     pub turn_rewards: Vec<Vec<f64>>,
-    /// Why the episode failed (a plugin error kind, `context_exceeded`, `sampler`), if it did.
-    pub error: Option<String>,
-    /// The failure's own words (a plugin's error text, bounded by the sandbox), when it has any.
-    pub error_message: Option<String>,
+    /// Why the episode failed, if it did.
+    pub failure: Option<EpisodeFailure>,
     /// Environment steps taken.
     pub steps: usize,
     /// The environment's metrics, summed over steps.
@@ -87,7 +86,7 @@ pub struct RolloutRecord {
     pub task: String,
     pub returns: Vec<f64>,
     pub turn_rewards: Vec<Vec<f64>>,
-    pub error: Option<String>,
+    pub error: Option<FailureKind>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_message: Option<String>,
     pub messages: Vec<Vec<Message>>,
@@ -153,8 +152,8 @@ impl RolloutRecord {
             task: outcome.task.clone(),
             returns: outcome.returns(),
             turn_rewards: outcome.turn_rewards.clone(),
-            error: outcome.error.clone(),
-            error_message: outcome.error_message.clone(),
+            error: outcome.failure.as_ref().map(|f| f.kind),
+            error_message: outcome.failure.as_ref().and_then(|f| f.message.clone()),
             messages: outcome.messages.clone(),
             sequences: records,
         }
@@ -174,18 +173,17 @@ impl EpisodeOutcome {
     /// An episode that failed before it started: its task could not be generated (`error`,
     /// the plugin's failure). It trains nothing and counts as a failure of its kind.
     pub fn failed_to_start(seed: u64, error: &CallError) -> Self {
-        EpisodeOutcome::not_started(seed, error.kind.as_str(), &error.message)
+        EpisodeOutcome::not_started(seed, EpisodeFailure::from(error.clone()))
     }
 
-    /// An episode that never started: its failure is of `kind`, in `message`'s words.
-    pub fn not_started(seed: u64, kind: &str, message: &str) -> Self {
+    /// An episode that never started, for `failure`.
+    pub fn not_started(seed: u64, failure: EpisodeFailure) -> Self {
         EpisodeOutcome {
             seed,
             task: String::new(),
             transcripts: Vec::new(),
             turn_rewards: Vec::new(),
-            error: Some(kind.to_string()),
-            error_message: Some(message.to_string()),
+            failure: Some(failure),
             steps: 0,
             metrics: BTreeMap::new(),
             messages: Vec::new(),
@@ -205,9 +203,8 @@ impl EpisodeOutcome {
             .collect()
     }
 
-    /// The episode failed (`kind`, with the failure's text when it has one): every player who
-    /// acted gets `failure_reward` as its return.
-    pub fn fail(&mut self, kind: String, message: Option<String>, failure_reward: f64) {
+    /// The episode failed: every player who acted gets `failure_reward` as its return.
+    pub fn fail(&mut self, failure: EpisodeFailure, failure_reward: f64) {
         for (player, rewards) in self.turn_rewards.iter_mut().enumerate() {
             let acted = self.transcripts.get(player).is_some_and(Option::is_some);
             if acted && !rewards.is_empty() {
@@ -217,8 +214,7 @@ impl EpisodeOutcome {
                 }
             }
         }
-        self.error = Some(kind);
-        self.error_message = message;
+        self.failure = Some(failure);
     }
 
     /// Add `scores[p]` to player p's last turn reward (players who never acted get none).
@@ -264,33 +260,6 @@ fn turn_seed(seed: u64, turn: usize) -> u64 {
 }
 
 /// A failure that ends an episode.
-struct Failure {
-    kind: String,
-    message: Option<String>,
-}
-
-impl Failure {
-    fn kind(kind: &str) -> Self {
-        Failure {
-            kind: kind.to_string(),
-            message: None,
-        }
-    }
-
-    fn with(kind: &str, message: impl std::fmt::Display) -> Self {
-        Failure {
-            kind: kind.to_string(),
-            message: Some(message.to_string()),
-        }
-    }
-}
-
-impl From<CallError> for Failure {
-    fn from(error: CallError) -> Self {
-        Failure::with(error.kind.as_str(), error.message)
-    }
-}
-
 impl Rollout<'_> {
     /// Play one episode of `task` with seed `seed`; player `p` acts as `actors[p]` (the last
     /// actor serves any further players).
@@ -300,8 +269,7 @@ impl Rollout<'_> {
             task: task.to_string(),
             transcripts: Vec::new(),
             turn_rewards: Vec::new(),
-            error: None,
-            error_message: None,
+            failure: None,
             steps: 0,
             metrics: BTreeMap::new(),
             messages: Vec::new(),
@@ -313,8 +281,8 @@ impl Rollout<'_> {
         {
             played = self.score(reward, weight, &mut outcome).await;
         }
-        if let Err(Failure { kind, message }) = played {
-            outcome.fail(kind, message, self.failure_reward);
+        if let Err(failure) = played {
+            outcome.fail(failure, self.failure_reward);
         }
         outcome
     }
@@ -325,7 +293,7 @@ impl Rollout<'_> {
         seed: u64,
         actors: &[Actor],
         outcome: &mut EpisodeOutcome,
-    ) -> Result<(), Failure> {
+    ) -> Result<(), EpisodeFailure> {
         let mut episode = self
             .environment
             .start_episode(self.config, task, seed, self.limits)
@@ -352,7 +320,7 @@ impl Rollout<'_> {
             let actor = actors
                 .get(player)
                 .or(actors.last())
-                .ok_or_else(|| Failure::kind("no_policy"))?;
+                .ok_or_else(|| EpisodeFailure::of(FailureKind::NoPolicy))?;
             let new = match outcome.transcripts[player] {
                 Some(_) => std::mem::take(&mut unseen[player]),
                 None => episode.observe(player as u32).await?,
@@ -382,9 +350,11 @@ impl Rollout<'_> {
                         Some(transcript) => {
                             let so_far = transcript.prompt();
                             match prompt.strip_prefix(so_far.as_slice()) {
-                                Some(rest) => transcript
-                                    .push_observation(rest.to_vec())
-                                    .map_err(|e| Failure::with("transcript", e))?,
+                                Some(rest) => {
+                                    transcript.push_observation(rest.to_vec()).map_err(|e| {
+                                        EpisodeFailure::with(FailureKind::Transcript, e)
+                                    })?
+                                }
                                 None => transcript.rewrite(prompt),
                             }
                             transcript
@@ -396,17 +366,17 @@ impl Rollout<'_> {
                     let tokens = self
                         .renderer
                         .continuation(ended_turn[player], &chat(&new))
-                        .map_err(|e| Failure::with("render", e))?;
+                        .map_err(|e| EpisodeFailure::with(FailureKind::Render, e))?;
                     transcript
                         .push_observation(tokens)
-                        .map_err(|e| Failure::with("transcript", e))?;
+                        .map_err(|e| EpisodeFailure::with(FailureKind::Transcript, e))?;
                     transcript
                 }
                 (None, slot @ None) => slot.insert(Transcript::new(self.render_first(&new)?)),
             };
             let prompt = transcript.prompt();
             if prompt.len() + 1 > self.context {
-                return Err(Failure::kind("context_exceeded"));
+                return Err(EpisodeFailure::of(FailureKind::ContextExceeded));
             }
             let (tokens, logprobs, text) = match actor {
                 Actor::Policy(sampler) => {
@@ -417,15 +387,15 @@ impl Rollout<'_> {
                     let mut output = sampler
                         .sample(ModelInput::from_tokens(prompt), 1, params)
                         .await
-                        .map_err(|e| Failure::with("sampler", e))?;
+                        .map_err(|e| EpisodeFailure::with(FailureKind::Sampler, e))?;
                     let sample = output
                         .sequences
                         .pop()
-                        .ok_or_else(|| Failure::kind("sampler"))?;
+                        .ok_or_else(|| EpisodeFailure::of(FailureKind::Sampler))?;
                     let text = self
                         .renderer
                         .action_text(&sample.tokens)
-                        .map_err(|e| Failure::with("render", e))?;
+                        .map_err(|e| EpisodeFailure::with(FailureKind::Render, e))?;
                     ended_turn[player] =
                         self.renderer.end_of_turn_id() == sample.tokens.last().copied();
                     (sample.tokens, sample.logprobs, text)
@@ -434,11 +404,11 @@ impl Rollout<'_> {
                     let text = episode
                         .demonstration()
                         .await?
-                        .ok_or_else(|| Failure::kind("no_demonstration"))?;
+                        .ok_or_else(|| EpisodeFailure::of(FailureKind::NoDemonstration))?;
                     let tokens = self
                         .renderer
                         .action_tokens(&text)
-                        .map_err(|e| Failure::with("render", e))?;
+                        .map_err(|e| EpisodeFailure::with(FailureKind::Render, e))?;
                     ended_turn[player] = true;
                     let logprobs = vec![0.0; tokens.len()];
                     (tokens, logprobs, text)
@@ -446,7 +416,7 @@ impl Rollout<'_> {
             };
             transcript
                 .push_action(tokens, logprobs)
-                .map_err(|e| Failure::with("transcript", e))?;
+                .map_err(|e| EpisodeFailure::with(FailureKind::Transcript, e))?;
             outcome.turn_rewards[player].push(std::mem::take(&mut pending_reward[player]));
             outcome.messages[player].push(Message::new("assistant", text.clone()));
             let action = match (agent, actor) {
@@ -480,7 +450,7 @@ impl Rollout<'_> {
         reward: &Plugin,
         weight: f64,
         outcome: &mut EpisodeOutcome,
-    ) -> Result<(), Failure> {
+    ) -> Result<(), EpisodeFailure> {
         let scores = reward
             .score(
                 self.reward_config,
@@ -495,9 +465,9 @@ impl Rollout<'_> {
         Ok(())
     }
 
-    fn render_first(&self, messages: &[Message]) -> Result<Vec<u32>, Failure> {
+    fn render_first(&self, messages: &[Message]) -> Result<Vec<u32>, EpisodeFailure> {
         self.renderer
             .first_prompt(&chat(messages))
-            .map_err(|e| Failure::with("render", e))
+            .map_err(|e| EpisodeFailure::with(FailureKind::Render, e))
     }
 }

@@ -167,7 +167,7 @@ async fn demonstrations(
     let outcomes = play_batch(cx, job, &cx.config, seeds, &[Actor::Demonstration], None).await?;
     let datums = outcomes
         .iter()
-        .filter(|o| o.error.is_none())
+        .filter(|o| o.failure.is_none())
         .flat_map(|o| {
             o.transcripts
                 .iter()

@@ -57,7 +57,7 @@ impl FailureWatch {
 
     /// Count a step's episodes; why the job must stop, if it must.
     fn record(&mut self, outcomes: &[&EpisodeOutcome]) -> Option<String> {
-        let failed = outcomes.iter().filter(|o| o.error.is_some()).count();
+        let failed = outcomes.iter().filter(|o| o.failure.is_some()).count();
         self.recent.push_back((failed, outcomes.len()));
         if self.recent.len() > FAILURE_WINDOW {
             self.recent.pop_front();
@@ -271,11 +271,19 @@ pub(super) async fn train_job(
         trainers.insert(policy.name.clone(), trainer);
     }
     // A LoRA SFT trains the single policy's adapter (the job check sees to that).
+    let mut untrained_eval = None;
     if let (None, Some(sft), [policy]) = (
         &checkpoint,
         job.sft.as_ref().filter(|w| !w.full_parameters),
         trainable.as_slice(),
     ) {
+        // RL's first evaluation comes after the warm-up; this one is the model as it came, so
+        // the summary tells what the warm-up and RL each added.
+        if job.rl.steps > 0 {
+            let mut untrained = Versions::new(policies.clone(), service.base_sampling_client());
+            untrained.publish(&trainers, 0).await?;
+            untrained_eval = Some(headline(&untrained.evaluate(&cx, job).await?, &policies));
+        }
         let trainer = trainer_of(&trainers, &policy.name)?;
         warmup = Some(run_sft(&cx, job, sft, trainer.as_ref(), &mut reporter).await?);
     }
@@ -378,13 +386,12 @@ pub(super) async fn train_job(
                 .iter()
                 .map(|(kind, count)| format!("{kind}: {count}"))
                 .collect();
-            let first = all.iter().find(|o| o.error.is_some());
-            let example = first.map_or(String::new(), |o| {
+            let first = all.iter().find_map(|o| Some((o.seed, o.failure.as_ref()?)));
+            let example = first.map_or(String::new(), |(seed, failure)| {
                 format!(
-                    "; the first, seed {}: {}: {}",
-                    o.seed,
-                    o.error.as_deref().unwrap_or_default(),
-                    o.error_message.as_deref().unwrap_or("(no message)")
+                    "; the first, seed {seed}: {}: {}",
+                    failure.kind,
+                    failure.message.as_deref().unwrap_or("(no message)")
                 )
             });
             anyhow::bail!(
@@ -395,7 +402,7 @@ pub(super) async fn train_job(
         }
         let entropy = sampled_entropy(&batches);
         let signal = signal_of(&played, job, &policies, &advantages);
-        let failed = all.iter().filter(|o| o.error.is_some()).count();
+        let failed = all.iter().filter(|o| o.failure.is_some()).count();
         signals.step(signal, entropy, failed as f64 / all.len().max(1) as f64);
         // The KL to the reference: every step with a penalty, which folds it into the
         // advantages; on evaluation steps without one, measured only (a zero fold).
@@ -541,6 +548,7 @@ pub(super) async fn train_job(
     let diagnosis = signals.report(job, &initial_eval, &final_eval);
     Ok(Summary {
         steps: job.rl.steps,
+        untrained_eval,
         initial_eval,
         final_eval,
         checkpoint,
@@ -736,6 +744,7 @@ async fn sft_summary(
     let (initial_eval, final_eval) = warmup.and_then(|w| w.evals).unwrap_or_default();
     Ok(Summary {
         steps,
+        untrained_eval: None,
         initial_eval,
         final_eval,
         checkpoint,
@@ -908,7 +917,7 @@ fn datums_of(
                     .unwrap_or_default();
                 // A failed episode is never reinforced: where its failure reward would sit above
                 // the group's baseline (a crash beating the average loss), its advantage is 0.
-                if outcome.error.is_some() {
+                if outcome.failure.is_some() {
                     advantage.iter_mut().for_each(|a| *a = a.min(0.0));
                 }
                 let player_sequences = transcript.clone().into_sequences();
@@ -935,6 +944,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::plugin::ErrorKind;
+    use crate::rl::failure::EpisodeFailure;
     use crate::rl::transcript::Transcript;
 
     fn policy(name: &str, players: Vec<usize>, trainable: bool) -> PolicySection {
@@ -961,8 +972,7 @@ mod tests {
             task: "{}".into(),
             transcripts: vec![seat(10 + i), seat(20 + i)],
             turn_rewards: vec![vec![r0], vec![-r0]],
-            error: None,
-            error_message: None,
+            failure: None,
             steps: 2,
             metrics: BTreeMap::new(),
             messages: vec![Vec::new(), Vec::new()],
@@ -977,7 +987,7 @@ mod tests {
                 .map(|i| {
                     let mut o = episode(i as u32, 0.0);
                     if i < failed {
-                        o.fail("trap".into(), Some("boom".into()), 0.0);
+                        o.fail(EpisodeFailure::with(ErrorKind::Trap.into(), "boom"), 0.0);
                     }
                     o
                 })
@@ -1045,7 +1055,7 @@ mod tests {
         // A failed episode (return 0, the default failure reward) in a group that mostly lost
         // would have a positive advantage; it gets none.
         let mut failed = episode(2, 0.0);
-        failed.error = Some("trap".into());
+        failed.failure = Some(EpisodeFailure::of(ErrorKind::Trap.into()));
         let losing = vec![
             (0, 0, episode(0, -1.0)),
             (0, 1, episode(1, -1.0)),

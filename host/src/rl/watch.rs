@@ -15,6 +15,7 @@ use super::context::{
     sampling_params, summarize,
 };
 use super::driver::model_dir;
+use super::failure::FailureKind;
 use super::job::{Job, PolicySection};
 use super::metrics::Evaluation;
 use super::rollout::{EpisodeOutcome, RolloutRecord};
@@ -385,8 +386,9 @@ fn first_difference(
     }
     if recorded.error != replayed.error {
         return Some(format!(
-            "the failure: recorded {:?}, replayed {:?}",
-            recorded.error, replayed.error
+            "the failure: recorded {}, replayed {}",
+            recorded.error.map_or("none", FailureKind::as_str),
+            replayed.error.map_or("none", FailureKind::as_str)
         ));
     }
     for (player, (a, b)) in recorded.messages.iter().zip(&replayed.messages).enumerate() {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use super::super::context::JobContext;
+use super::super::failure::EpisodeFailure;
 use super::super::rollout::Actor;
 use super::play::play_task;
 use super::players::{Rollouts, Samplers};
@@ -36,7 +37,8 @@ impl Rollouts for InProcess {
             let actors = match actors {
                 Ok(actors) => actors,
                 Err(error) => {
-                    return Ok(PlayedGroup::failed(&task, error.kind(), &error.to_string()));
+                    let failure = EpisodeFailure::with(error.kind(), &error);
+                    return Ok(PlayedGroup::failed(&task, failure));
                 }
             };
             let plugins = TaskPlugins {

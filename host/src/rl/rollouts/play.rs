@@ -3,6 +3,7 @@
 //! in-process player and a rollout worker both play a task here, so a task plays the same
 //! wherever it is played.
 
+use super::super::failure::EpisodeFailure;
 use super::super::render::Renderer;
 use super::super::rollout::{Actor, EpisodeOutcome};
 use super::task::{GroupTask, PlayedGroup, TaskPlugins};
@@ -19,7 +20,7 @@ pub async fn play_task(
     actors: &[Actor],
 ) -> PlayedGroup {
     if let Err(error) = task.check(&plugins) {
-        return PlayedGroup::failed(task, error.kind(), &error.to_string());
+        return PlayedGroup::failed(task, EpisodeFailure::with(error.kind(), &error));
     }
     let generated = plugins
         .environment
@@ -27,10 +28,7 @@ pub async fn play_task(
         .await;
     let environment_task = match generated {
         Ok(environment_task) => environment_task,
-        Err(error) => {
-            let kind = error.kind.as_str();
-            return PlayedGroup::failed(task, kind, &error.message);
-        }
+        Err(error) => return PlayedGroup::failed(task, error.into()),
     };
     let rollout = task.rollout(&plugins, renderer);
     let episodes = (0..task.group_size).map(|i| {
@@ -75,7 +73,7 @@ impl Scoring<'_> {
     ) {
         let mut members: Vec<&mut EpisodeOutcome> = played
             .iter_mut()
-            .filter(|(_, o)| o.error.is_none())
+            .filter(|(_, o)| o.failure.is_none())
             .map(|(_, o)| o)
             .collect();
         let transcripts: Vec<_> = members.iter().map(|o| o.plugin_transcripts()).collect();
@@ -92,11 +90,7 @@ impl Scoring<'_> {
             Ok(None) => {}
             Err(error) => {
                 for outcome in members {
-                    outcome.fail(
-                        error.kind.as_str().to_string(),
-                        Some(error.message.clone()),
-                        self.failure_reward,
-                    );
+                    outcome.fail(error.clone().into(), self.failure_reward);
                 }
             }
         }

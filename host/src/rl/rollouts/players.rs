@@ -93,7 +93,7 @@ mod tests {
         assert!(samplers.resolve(&PolicyRef::Base).is_ok());
         let gone = samplers.resolve(&adapter("x", 0)).err().unwrap();
         assert_eq!(gone, TaskError::UnknownPolicy(adapter("x", 0)));
-        assert_eq!(gone.kind(), "task_policy");
+        assert_eq!(gone.kind(), crate::rl::FailureKind::TaskPolicy);
         assert_eq!(
             gone.to_string(),
             "the task's policy `x` at version 0 is not served here"

@@ -44,6 +44,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::super::failure::{EpisodeFailure, FailureKind};
 use super::players::Rollouts;
 use super::task::{GroupTask, PlayedGroup};
 use crate::queue_auth::{Permissions, QueueLogin};
@@ -457,7 +458,10 @@ async fn dead_letters(mut advisories: async_nats::Subscriber, queue: Queue, pend
             task.group, advisory.deliveries
         );
         tracing::warn!(job = %task.job, group = task.group, "{message}");
-        lock(&pending).answer(PlayedGroup::failed(&task, "rollout_worker", &message));
+        lock(&pending).answer(PlayedGroup::failed(
+            &task,
+            EpisodeFailure::with(FailureKind::RolloutWorker, message),
+        ));
         if let Err(error) = queue.remove_task(advisory.stream_seq).await {
             tracing::warn!(%error, "removing a dead task from the queue");
         }
@@ -624,7 +628,8 @@ async fn serve_task(
         Ok(played) => played,
         Err(error) if delivered >= queue.settings.max_deliver => {
             tracing::warn!(job = %task.job, group = task.group, %error, "a task failed on its last delivery");
-            PlayedGroup::failed(&task, "rollout_worker", &format!("{error:#}"))
+            let failure = EpisodeFailure::with(FailureKind::RolloutWorker, format!("{error:#}"));
+            PlayedGroup::failed(&task, failure)
         }
         Err(error) => {
             tracing::warn!(job = %task.job, group = task.group, delivered, %error, "a task failed; it will be delivered again");

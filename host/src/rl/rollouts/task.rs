@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::super::failure::{EpisodeFailure, FailureKind};
 use super::super::rollout::{EpisodeOutcome, Rollout};
 use crate::api::SamplingParams;
 use crate::plugin::{Limits, Plugin};
@@ -128,14 +129,14 @@ pub enum TaskError {
 }
 
 impl TaskError {
-    /// The kind of the failure, as an episode's error names it.
-    pub fn kind(&self) -> &'static str {
+    /// The kind of the failure, as an episode's failure names it.
+    pub fn kind(&self) -> FailureKind {
         match self {
-            TaskError::Format { .. } => "task_format",
-            TaskError::Digest { .. } | TaskError::MissingPlugin { .. } => "task_plugin",
-            TaskError::ExtraPlugin { .. } => "task_plugin",
-            TaskError::UnknownPolicy(_) => "task_policy",
-            TaskError::NoSeats => "task_seats",
+            TaskError::Format { .. } => FailureKind::TaskFormat,
+            TaskError::Digest { .. } | TaskError::MissingPlugin { .. } => FailureKind::TaskPlugin,
+            TaskError::ExtraPlugin { .. } => FailureKind::TaskPlugin,
+            TaskError::UnknownPolicy(_) => FailureKind::TaskPolicy,
+            TaskError::NoSeats => FailureKind::TaskSeats,
         }
     }
 }
@@ -248,13 +249,13 @@ impl PlayedGroup {
         }
     }
 
-    /// The answer to `task` that could not be played (`error`): each of its episodes failed
-    /// before it started, with that error.
-    pub fn failed(task: &GroupTask, kind: &str, message: &str) -> Self {
+    /// The answer to `task` that could not be played: each of its episodes failed before it
+    /// started, with `failure`.
+    pub fn failed(task: &GroupTask, failure: EpisodeFailure) -> Self {
         let episodes = (0..task.group_size)
             .map(|i| {
                 let seed = task.episode_seed(i);
-                (i, EpisodeOutcome::not_started(seed, kind, message))
+                (i, EpisodeOutcome::not_started(seed, failure.clone()))
             })
             .collect();
         PlayedGroup::of(task, episodes)
