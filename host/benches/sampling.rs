@@ -24,8 +24,8 @@ use candle_core::{DType, Tensor};
 use opentinker::lora::{Adapter, AdapterRegistry, LoraConfig};
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, Transformer, save_model_dir};
-use opentinker::sample::forward::{SequenceInput, forward};
 use opentinker::sample::{EngineConfig, SampleRequest, SamplingEngine, SamplingParams, Stop};
+use opentinker::sample::{SequenceInput, forward};
 use opentinker_kernels::KvCache;
 use rayon::prelude::*;
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use opentinker::model::ModelConfig;
-use opentinker::sample::cuda::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
+use opentinker::sample::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
 use opentinker_kernels::cuda::{AdapterRef, Gpu};
 use serde_json::json;
 

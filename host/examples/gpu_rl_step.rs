@@ -16,7 +16,7 @@ use candle_core::DType;
 use opentinker::lora::{AdapterRegistry, LoraConfig};
 use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Device, Model};
-use opentinker::sample::cuda::{CudaModelOptions, WeightFormat};
+use opentinker::sample::{CudaModelOptions, WeightFormat};
 use opentinker::sample::{
     CudaSampler, EngineConfig, PolicyRef, SampleRequest, SamplingEngine, SamplingParams, Stop,
 };

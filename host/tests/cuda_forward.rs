@@ -22,8 +22,8 @@ use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::transformer::Transformer;
 use opentinker::model::{Architecture, Model};
 use opentinker::model::{CpuWeights, GpuWeights, ModelConfig};
-use opentinker::sample::cuda::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
-use opentinker::sample::forward::{SequenceInput, forward};
+use opentinker::sample::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
+use opentinker::sample::{SequenceInput, forward};
 use opentinker_kernels::cuda::{Gpu, GpuTrain, GpuTrainBatch};
 use opentinker_kernels::{Backward, CpuTrain, KvCache, TrainBatch};
 
@@ -765,7 +765,7 @@ fn the_sampling_engine_on_cuda_matches_the_engine_on_the_cpu() {
 #[test]
 fn tokens_drawn_on_the_device_are_the_hosts_choice() {
     use opentinker::sample::SamplingParams;
-    use opentinker::sample::params::choose;
+    use opentinker::sample::choose;
     use opentinker_kernels::cuda::Draw;
     use rand::{RngExt, SeedableRng};
 

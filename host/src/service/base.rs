@@ -17,10 +17,7 @@ use crate::model::GpuWeights;
 use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Device, Model, ModelConfig};
 #[cfg(feature = "cuda")]
-use crate::sample::{
-    CudaSampler,
-    cuda::{CudaModelOptions, WeightFormat},
-};
+use crate::sample::{CudaModelOptions, CudaSampler, WeightFormat};
 use crate::sample::{EngineConfig, SamplingEngine};
 use crate::text::{ChatTemplate, Tokenizer};
 use crate::train::TrainingEngine;
