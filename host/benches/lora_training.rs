@@ -20,8 +20,8 @@ use std::time::Instant;
 
 use candle_core::DType;
 use opentinker::lora::LoraConfig;
-use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, save_model_dir};
+use opentinker::model::{TinyShape, init_tiny};
 use opentinker::train::{AdamParams, Loss, TrainingEngine, WorkItem};
 
 /// Training allocates and frees large tensors at a high rate; glibc's malloc maps and unmaps

@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use candle_core::DType;
 use opentinker::lora::LoraConfig;
-use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model};
+use opentinker::model::{TinyShape, init_tiny};
 use opentinker::train::{FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
 
 #[global_allocator]

@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use candle_core::DType;
 use opentinker::lora::LoraConfig;
-use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model};
+use opentinker::model::{TinyShape, init_tiny};
 use opentinker::plugin::builders::build_plugin;
 use opentinker::plugin::{HostConfig, Limits, PluginHost};
 use opentinker::service::PluginObjective;

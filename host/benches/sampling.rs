@@ -22,8 +22,8 @@ use std::time::Instant;
 
 use candle_core::{DType, Tensor};
 use opentinker::lora::{Adapter, AdapterRegistry, LoraConfig};
-use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, Transformer, save_model_dir};
+use opentinker::model::{TinyShape, init_tiny};
 use opentinker::sample::{EngineConfig, SampleRequest, SamplingEngine, SamplingParams, Stop};
 use opentinker::sample::{SequenceInput, forward};
 use opentinker_kernels::KvCache;

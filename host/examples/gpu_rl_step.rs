@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use candle_core::DType;
 use opentinker::lora::{AdapterRegistry, LoraConfig};
-use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Device, Model};
+use opentinker::model::{TinyShape, init_tiny};
 use opentinker::sample::{CudaModelOptions, WeightFormat};
 use opentinker::sample::{
     CudaSampler, EngineConfig, PolicyRef, SampleRequest, SamplingEngine, SamplingParams, Stop,

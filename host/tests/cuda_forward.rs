@@ -14,14 +14,14 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use opentinker::lora::{Adapter, LoraConfig};
+use opentinker::model::Transformer;
 use opentinker::model::layers::{
     DecoderWeights, NoAdapters, TrainOutput, TrainSequence, WeightGrads, train_backward,
     train_forward,
 };
-use opentinker::model::tiny::{TinyShape, init_tiny};
-use opentinker::model::transformer::Transformer;
 use opentinker::model::{Architecture, Model};
 use opentinker::model::{CpuWeights, GpuWeights, ModelConfig};
+use opentinker::model::{TinyShape, init_tiny};
 use opentinker::sample::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
 use opentinker::sample::{SequenceInput, forward};
 use opentinker_kernels::cuda::{Gpu, GpuTrain, GpuTrainBatch};

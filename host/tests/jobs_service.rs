@@ -475,7 +475,7 @@ fn each_tenant_quota_is_refused_with_a_clear_error_until_something_ends() {
 fn jobs_wait_for_memory_under_the_budget_and_one_that_never_fits_is_refused() {
     use opentinker::jobs::{footprint, served_base_bytes};
     use opentinker::model::Architecture;
-    use opentinker::model::tiny::{TinyShape, tiny_config};
+    use opentinker::model::{TinyShape, tiny_config};
 
     let dir = tempfile::tempdir().unwrap();
     let first = job(dir.path(), "first", true, 6);

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use candle_core::DType;
 use common::reference::{GgufTexts, compare_logits, gguf_fixture};
 use opentinker::lora::{LoraConfig, token_logprobs};
-use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model};
+use opentinker::model::{TinyShape, init_tiny};
 use opentinker::train::{AdamParams, Datum, Loss, TrainingEngine, WorkItem};
 use opentinker_test_tools::cookbook_python;
 

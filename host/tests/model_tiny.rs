@@ -1,7 +1,7 @@
 //! `opentinker model init-tiny`: deterministic from its seed, complete, and loadable.
 
-use opentinker::model::tiny::{TOKENIZER_VOCAB, TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model};
+use opentinker::model::{TOKENIZER_VOCAB, TinyShape, init_tiny};
 use opentinker::text::ChatMessage;
 
 fn files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 use opentinker::lora::{AdapterRegistry, LoraConfig, PolicyVersion};
-use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, ModelConfig};
+use opentinker::model::{TinyShape, init_tiny};
 use opentinker::sample::{
     BackendError, BackendInput, BackendOutput, CpuSampler, EngineConfig, PolicyRef, PromptAsks,
     PromptTargets, Sample, SampleOutput, SampleRequest, SamplerBackend, SamplingEngine,
@@ -331,7 +331,7 @@ fn sampler_logprobs_agree_with_the_trainer_forward() {
                     .unsqueeze(0)
                     .unwrap();
                 let logits = model.forward(&input).unwrap();
-                opentinker::model::transformer::target_logprobs(&logits, &targets)
+                opentinker::model::target_logprobs(&logits, &targets)
                     .unwrap()
                     .squeeze(0)
                     .unwrap()

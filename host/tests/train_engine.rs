@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 use opentinker::lora::LoraConfig;
-use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, Model, Transformer};
+use opentinker::model::{TinyShape, init_tiny};
 use opentinker::plugin::{CallError, ErrorKind, HostConfig, Limits, Plugin, PluginHost};
 use opentinker::service::{FairShare, PluginObjective, TrainerService};
 use opentinker::train::{

@@ -11,8 +11,8 @@ use opentinker::model::layers::{
     NoAdapters, Sequence, TrainOutput, TrainSequence, WeightGrads, forward, train_backward,
     train_forward,
 };
-use opentinker::model::tiny::{TinyShape, init_tiny};
 use opentinker::model::{Architecture, CpuWeights, Model, Site, Target, Transformer};
+use opentinker::model::{TinyShape, init_tiny};
 use opentinker_kernels::{Cpu, CpuBatch, CpuTrain, KvCache, TrainBatch};
 
 /// A sequence's tokens and targets.

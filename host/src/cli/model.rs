@@ -10,8 +10,8 @@ use serde::Serialize;
 use std::sync::Arc;
 
 use crate::lora::{AdapterRegistry, PolicyVersion};
-use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Device, Model};
+use crate::model::{TinyShape, init_tiny};
 use crate::sample::{EngineConfig, PolicyRef, PromptAsks, SampleRequest, SamplingParams};
 use crate::service::DeviceOptions;
 
@@ -202,7 +202,7 @@ pub fn run(command: ModelCommand) -> anyhow::Result<()> {
         ModelCommand::Export { file, out } => {
             refuse_existing(&out)?;
             anyhow::ensure!(
-                crate::model::gguf::is_gguf(&file),
+                crate::model::is_gguf(&file),
                 "{} is not a GGUF file (a .gguf file to export)",
                 file.display()
             );

@@ -18,8 +18,8 @@ use crate::api::{
 };
 use crate::lora::{AdapterRegistry, PolicyVersion};
 use crate::market::Digest;
-use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Model, ModelConfig, Transformer};
+use crate::model::{TinyShape, init_tiny};
 use crate::plugin::{Limits, Plugin};
 use crate::sample::{EngineConfig, PolicyRef};
 use crate::service::convert::{self, sampler_error, train_error, trainer_error};
@@ -57,7 +57,7 @@ impl TinyModelSpec {
 
     /// The configuration of the model [`TinyModelSpec::generate`] makes.
     pub fn config(&self) -> Result<ModelConfig, crate::model::ConfigError> {
-        crate::model::tiny::tiny_config(self.shape, self.arch)
+        crate::model::tiny_config(self.shape, self.arch)
     }
 
     /// Generate the model into `dir` unless it is there: whole or absent, so a run killed

@@ -137,8 +137,8 @@ mod tests {
 
     use super::*;
     use crate::lora::LoraConfig;
-    use crate::model::tiny::{TinyShape, init_tiny};
     use crate::model::{Architecture, Model};
+    use crate::model::{TinyShape, init_tiny};
 
     fn values(adapter: &Adapter) -> Vec<Vec<f32>> {
         adapter

@@ -4,8 +4,8 @@
 use candle_core::Tensor;
 
 use super::{Adapter, CpuAdapters};
-use crate::model::transformer::{Transformer, target_logprobs};
 use crate::model::{Model, ModelError, sequence_logits};
+use crate::model::{Transformer, target_logprobs};
 
 /// Which adapter serves each run of consecutive batch rows (`None`: the base model).
 #[derive(Clone, Debug, Default)]

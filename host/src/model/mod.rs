@@ -1,20 +1,33 @@
-//! The base model: a Hugging Face model directory (config, safetensors weights, tokenizer, chat
-//! template) or a GGUF file ([`gguf`]: the same parts from one file) loaded as candle tensors,
-//! the generated tiny preset, and [`layers`]: the
-//! transformer's layers written once over the kernels' op boundary, which every forward and
-//! backward (sampling, training, scoring) runs.
+//! The base model: what a model is made of, loaded once and shared by every engine.
+//!
+//! A [`Model`] is loaded from a Hugging Face model directory (`config.json`, safetensors
+//! weights, `tokenizer.json`, a chat template) or from one GGUF file ([`is_gguf`]: the same
+//! parts from the file's metadata and its quantized tensors, dequantized on load), or made by
+//! [`init_tiny`] (the generated tiny preset the tests and examples train). Its parts:
+//!
+//! - [`ModelConfig`]: the shape and the [`Architecture`], whose [`Features`] (biases, norms,
+//!   activation, local attention windows, soft-capping...) are data that the one layer
+//!   definition reads: an architecture is a table entry, not a code path.
+//! - [`Transformer`]: the weights as candle tensors; [`CpuWeights`] views them for the CPU
+//!   kernels, `GpuWeights` uploads them (the `cuda` feature).
+//! - [`layers`]: the transformer's layers written once over the kernels' op boundary
+//!   (`opentinker-kernels`), which every forward and backward (sampling, training, scoring)
+//!   runs, with the LoRA adapters applied at each [`Site`].
+//!
+//! [`save_model_dir`] writes a model (a merged adapter, an exported GGUF file) back as a
+//! directory that `transformers` and PEFT load.
 
-pub mod config;
+mod config;
 mod cpu_view;
 mod device;
-pub mod gguf;
+mod gguf;
 #[cfg(feature = "cuda")]
 mod gpu_weights;
 pub mod layers;
 mod save;
 mod site;
-pub mod tiny;
-pub mod transformer;
+mod tiny;
+mod transformer;
 
 use std::path::{Path, PathBuf};
 
@@ -23,11 +36,13 @@ pub use config::{
 };
 pub use cpu_view::{CpuWeights, TensorView, sequence_logits};
 pub use device::{Device, DeviceError, DeviceErrorKind};
+pub use gguf::{GgufError, is_gguf};
 #[cfg(feature = "cuda")]
 pub use gpu_weights::{GpuWeights, GpuWeightsError};
 pub use save::{save_model_dir, write_model_files};
 pub use site::{Site, Target};
-pub use transformer::Transformer;
+pub use tiny::{CHATML_TEMPLATE, TOKENIZER_VOCAB, TinyShape, init_tiny, tiny_config};
+pub use transformer::{Transformer, WeightsError, target_logprobs};
 
 use crate::text::{ChatTemplate, Tokenizer, TokenizerError, special_token};
 

@@ -27,7 +27,7 @@ pub fn save_model_dir(
 
 /// Write `transformer`'s files into the folder `into` (made if missing): the files of the model
 /// `source` but its weights (a model directory's files but `model.safetensors` or its shards;
-/// a GGUF file's as [`GgufFile::hf_files`] writes them), `config.json` with
+/// a GGUF file's as the GGUF reader writes them), `config.json` with
 /// `tie_word_embeddings` as the transformer has it (merging into the unembedding unties it),
 /// and the weights by their Hugging Face names in one `model.safetensors`.
 pub fn write_model_files(

@@ -14,8 +14,8 @@ use super::{FairShare, SamplerService, TrainerService};
 use crate::lora::AdapterRegistry;
 #[cfg(feature = "cuda")]
 use crate::model::GpuWeights;
-use crate::model::tiny::{TinyShape, init_tiny};
 use crate::model::{Architecture, Device, Model, ModelConfig};
+use crate::model::{TinyShape, init_tiny};
 #[cfg(feature = "cuda")]
 use crate::sample::{CudaModelOptions, CudaSampler, WeightFormat};
 use crate::sample::{EngineConfig, SamplingEngine};

@@ -27,8 +27,8 @@ use super::pass::{
 };
 use super::slot_state::{NamedState, SlotState};
 use crate::lora::{Adapter, AdapterError, LoraConfig};
+use crate::model::WeightsError;
 use crate::model::layers::{TrainSequence, train_values_per_token};
-use crate::model::transformer::WeightsError;
 use crate::model::{DeviceError, Site, Transformer};
 
 /// The name of an adapter in the engine.
