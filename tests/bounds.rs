@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use opentinker::plugin::random_play::{PlayOptions, play_random};
 use opentinker::plugin::{ErrorKind, Limits, LoadError, Plugin, PluginHost};
+use opentinker::plugin::{PlayOptions, play_random};
 use opentinker_tests::hostile::{Patch, patched};
 use opentinker_tests::{children_peak_resident_bytes, load, plugin_wasm, test_host};
 

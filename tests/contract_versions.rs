@@ -5,11 +5,11 @@
 
 use std::path::PathBuf;
 
-use opentinker::plugin::random_play::{PlayOptions, play_random};
 use opentinker::plugin::{
     ContractVersion, EpisodeRecord, ErrorKind, Limits, Message, Plugin, PluginHost, PluginKind,
     Transcript,
 };
+use opentinker::plugin::{PlayOptions, play_random};
 use opentinker_tests::{load, repo_root, test_host};
 
 /// A component of the fixtures of `version` (`tests/fixtures/wit-0.1/FILE.wasm`).

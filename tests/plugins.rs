@@ -1,15 +1,11 @@
 //! The example plugins, run through the host: many episodes without errors, replay from a seed,
 //! thousands of live episodes at once, and the reward plugin's scores.
 
-use opentinker::plugin::random_play::{PlayOptions, play_random};
 use opentinker::plugin::{ErrorKind, Limits, Message, PluginKind, Transcript};
+use opentinker::plugin::{PlayOptions, play_random};
 use opentinker_tests::{load, test_host};
 
-async fn play_many(
-    name: &str,
-    config: &str,
-    episodes: u32,
-) -> opentinker::plugin::random_play::PlaySummary {
+async fn play_many(name: &str, config: &str, episodes: u32) -> opentinker::plugin::PlaySummary {
     let host = test_host();
     let plugin = load(&host, name).await;
     let options = PlayOptions {

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use opentinker::plugin::random_play::{PlayOptions, PlaySummary, play_random};
 use opentinker::plugin::{EpisodeRecord, ErrorKind, HostConfig, Limits, PluginHost};
+use opentinker::plugin::{PlayOptions, PlaySummary, play_random};
 
 use opentinker_tests::hostile::{Patch, patched};
 use opentinker_tests::{assert_all_failed_with, load, play, plugin_wasm, test_host};

@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use opentinker::plugin::random_play::{PlayOptions, PlaySummary, play_random};
 use opentinker::plugin::{
-    EpisodeRecord, ErrorKind, HostConfig, Limits, Plugin, PluginHost, builders::build_plugin,
+    EpisodeRecord, ErrorKind, HostConfig, Limits, Plugin, PluginHost, build_plugin,
 };
+use opentinker::plugin::{PlayOptions, PlaySummary, play_random};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {

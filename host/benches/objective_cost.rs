@@ -18,7 +18,7 @@ use candle_core::DType;
 use opentinker::lora::LoraConfig;
 use opentinker::model::{Architecture, Model};
 use opentinker::model::{TinyShape, init_tiny};
-use opentinker::plugin::builders::build_plugin;
+use opentinker::plugin::build_plugin;
 use opentinker::plugin::{HostConfig, Limits, PluginHost};
 use opentinker::service::PluginObjective;
 use opentinker::train::{AdamParams, Datum, Loss, Objective, TrainingEngine, WorkItem};

@@ -25,7 +25,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use opentinker::plugin::builders::build_plugin;
+use opentinker::plugin::build_plugin;
 use opentinker::plugin::{HostConfig, Limits, Plugin, PluginHost};
 use opentinker_sdk::Environment;
 use serde_json::{Value, json};

@@ -12,7 +12,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use opentinker::plugin::builders::build_plugin;
+use opentinker::plugin::build_plugin;
 use opentinker::plugin::{EnvironmentEpisode, HostConfig, Limits, Plugin, PluginHost};
 
 const MIB: f64 = (1 << 20) as f64;

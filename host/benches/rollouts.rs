@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use opentinker::api::SamplingParams;
 use opentinker::client::{ModelText, RemoteService, ServiceClient, TinyModelSpec};
-use opentinker::plugin::builders::build_plugin;
+use opentinker::plugin::build_plugin;
 use opentinker::plugin::{HostConfig, Limits, PluginHost};
 use opentinker::queue_auth::QueueLogin;
 use opentinker::rl::{

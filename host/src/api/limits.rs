@@ -22,7 +22,7 @@ pub const DECODE_FLOOR_BYTES: usize = 4 << 20;
 pub const MAX_METADATA_BYTES: usize = 64 << 10;
 
 /// A request's `user_metadata` (absent: empty), refused past [`MAX_METADATA_BYTES`].
-pub fn user_metadata(metadata: Option<UserMetadata>) -> Result<UserMetadata, ApiError> {
+pub fn check_user_metadata(metadata: Option<UserMetadata>) -> Result<UserMetadata, ApiError> {
     let metadata = metadata.unwrap_or_default();
     let bytes = metadata
         .iter()
@@ -44,18 +44,6 @@ pub fn check_num_samples(field: &str, n: usize) -> Result<usize, ApiError> {
         )));
     }
     Ok(n)
-}
-
-/// The sum of request values, refused by name when it does not fit (`what` names the sum).
-pub fn checked_sum(what: &str, a: usize, b: usize) -> Result<usize, ApiError> {
-    a.checked_add(b)
-        .ok_or_else(|| ApiError::invalid(format!("{what}: {a} + {b} is too large")))
-}
-
-/// The product of request values, refused by name when it does not fit.
-pub fn checked_product(what: &str, a: usize, b: usize) -> Result<usize, ApiError> {
-    a.checked_mul(b)
-        .ok_or_else(|| ApiError::invalid(format!("{what}: {a} x {b} is too large")))
 }
 
 /// What a decoder may build of one body: [`DECODE_BYTES_PER_BODY_BYTE`] times its bytes, at
@@ -115,18 +103,11 @@ mod tests {
     #[test]
     fn metadata_past_its_size_is_refused_by_name() {
         let small = UserMetadata::from([("run".to_string(), "a".to_string())]);
-        assert_eq!(user_metadata(Some(small.clone())).ok(), Some(small));
-        assert_eq!(user_metadata(None).ok(), Some(UserMetadata::new()));
+        assert_eq!(check_user_metadata(Some(small.clone())).ok(), Some(small));
+        assert_eq!(check_user_metadata(None).ok(), Some(UserMetadata::new()));
         let large = UserMetadata::from([("k".to_string(), "v".repeat(MAX_METADATA_BYTES))]);
-        let error = user_metadata(Some(large)).unwrap_err();
+        let error = check_user_metadata(Some(large)).unwrap_err();
         assert!(error.message.starts_with("user_metadata:"), "{error}");
-    }
-
-    #[test]
-    fn sums_and_products_that_do_not_fit_are_refused() {
-        assert_eq!(checked_sum("x", 2, 3).ok(), Some(5));
-        assert!(checked_sum("prompt + max_tokens", usize::MAX, 1).is_err());
-        assert!(checked_product("cells", usize::MAX, 2).is_err());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use super::market::{PackageArgs, Unpinned};
-use crate::plugin::builders::build_plugin;
+use crate::plugin::build_plugin;
 use crate::rl::Job;
 
 /// Read and check the job file at `path`, and install or build its plugins.

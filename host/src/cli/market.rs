@@ -14,7 +14,7 @@ use crate::market::{Artifact, PublishedMetadata};
 use crate::market::{KeyPair, PublisherKey, public_key_path};
 use crate::market::{LockFile, Locked, lock_path};
 use crate::market::{MarketError, PackageId, PackageRef, Registry, RegistryRef};
-use crate::plugin::builders::build_plugin;
+use crate::plugin::build_plugin;
 use crate::plugin::{Limits, PluginHost, PluginKind};
 use crate::rl::Job;
 

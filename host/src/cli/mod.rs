@@ -148,7 +148,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Submit(args) => submit::run_submit(args),
         Command::Jobs { command } => submit::run_jobs(command),
         Command::CompileWorker { request } => {
-            std::process::exit(crate::plugin::compiler::run_worker(&request))
+            std::process::exit(crate::plugin::run_compile_worker(&request))
         }
     }
 }

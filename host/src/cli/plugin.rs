@@ -8,10 +8,10 @@ use clap::Subcommand;
 
 use super::HostArgs;
 use super::market::Kind;
-use crate::plugin::builders::{build_plugin, component_path};
-use crate::plugin::random_play::{PlayOptions, PlaySummary, play_random};
-use crate::plugin::template::{TemplateLanguage, write_plugin};
 use crate::plugin::{Limits, PluginHost};
+use crate::plugin::{PlayOptions, PlaySummary, play_random};
+use crate::plugin::{TemplateLanguage, write_plugin};
+use crate::plugin::{build_plugin, component_path};
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {

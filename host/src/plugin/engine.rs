@@ -36,8 +36,9 @@ pub struct HostConfig {
     pub max_instances_per_plugin: u32,
     /// What compiling one component may cost (it runs in a bounded worker process).
     pub compile: CompileLimits,
-    /// The program to compile in (`opentinker`, run as its `compile-worker`); `None` finds it
-    /// as [`find_worker`](super::compiler::find_worker) says.
+    /// The program to compile in (`opentinker`, run as its `compile-worker`); `None`: the
+    /// program `OPENTINKER_COMPILE_WORKER` names, else the running executable when it is
+    /// `opentinker`, else an `opentinker` beside it or one folder up.
     pub compile_worker: Option<PathBuf>,
 }
 

@@ -33,7 +33,7 @@ use super::{AppState, HttpError};
 use crate::api::{
     ApiError, ApiErrorKind, JobId, ModelInput, Op, OpOutput, SampleRequest, SampleResponse,
     SampledSequence, SamplerId, SamplerSource, SamplingParams, SessionId, Stop, StopReason,
-    TenantId, limits,
+    TenantId, check_num_samples,
 };
 use crate::sample::TokenSink;
 use crate::service::ServedBase;
@@ -449,7 +449,7 @@ async fn prepare(
         ref params,
         top_logprobs,
     } = *sampling;
-    limits::check_num_samples("n", n)?;
+    check_num_samples("n", n)?;
     let resolved = state.openai.resolve(state, tenant, model).await?;
     let (prompt, base) = (Arc::clone(prompt), Arc::clone(&resolved.base));
     let tokens = off_the_workers(move || prompt(&base)).await?;

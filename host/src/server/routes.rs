@@ -18,7 +18,7 @@ use super::{AppState, HttpError, MAX_BODY_BYTES, category, plugins, wire};
 use crate::api::{
     ApiError, ApiErrorKind, CheckpointPath, DecodeBudget, LossId, ModelId, ModelInput, Op,
     OpOutput, SampleRequest, SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId,
-    TenantId, limits,
+    TenantId, check_num_samples, check_user_metadata,
 };
 use crate::service::Hold;
 use crate::wire::codec;
@@ -272,7 +272,7 @@ pub fn accept(
                     model_seq: request.model_seq_id,
                     base_model: request.base_model,
                     lora,
-                    user_metadata: limits::user_metadata(request.user_metadata)?,
+                    user_metadata: check_user_metadata(request.user_metadata)?,
                 },
                 seq: None,
             }
@@ -316,7 +316,7 @@ pub fn accept(
                     model: request.model_id,
                     options: SaveOptions {
                         ttl_seconds: request.ttl_seconds,
-                        user_metadata: limits::user_metadata(request.user_metadata)?,
+                        user_metadata: check_user_metadata(request.user_metadata)?,
                     },
                 },
             }
@@ -348,7 +348,7 @@ pub fn accept(
                     name,
                     options: SaveOptions {
                         ttl_seconds: request.ttl_seconds,
-                        user_metadata: limits::user_metadata(request.user_metadata)?,
+                        user_metadata: check_user_metadata(request.user_metadata)?,
                     },
                 },
                 (None, Some(sampler_seq)) => Op::SnapshotForSampler { model, sampler_seq },
@@ -398,7 +398,7 @@ pub fn accept(
                             model_seq,
                             path,
                             with_optimizer: request.optimizer,
-                            user_metadata: limits::user_metadata(request.user_metadata)?,
+                            user_metadata: check_user_metadata(request.user_metadata)?,
                         },
                     }
                 }
@@ -440,7 +440,7 @@ pub fn accept(
                 ));
             };
             let sampler = SamplerId::parse(id)?;
-            limits::check_num_samples("num_samples", request.num_samples)?;
+            check_num_samples("num_samples", request.num_samples)?;
             // Named by the request's place in its sampler's order, so that a repeat of it (and
             // its run after a restart) names the same sequences.
             let sequence_ids = request.seq_id.map(|seq| {

@@ -316,7 +316,7 @@ pub fn engine_request(
     config: &ModelConfig,
     context: usize,
 ) -> Result<sample::SampleRequest, ApiError> {
-    crate::api::limits::check_num_samples("num_samples", num_samples)?;
+    crate::api::check_num_samples("num_samples", num_samples)?;
     let top_k = match params.top_k {
         -1 => None,
         k if k >= 1 => Some(k as usize),

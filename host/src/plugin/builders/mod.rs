@@ -12,10 +12,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-pub use javascript::{COMPONENTIZE_JS_VERSION, JS_TOOLCHAIN_ENV};
-pub use python::{COMPONENTIZE_PY_ENV, COMPONENTIZE_PY_VERSION};
-pub use rust::WASM_TARGET;
-
 /// The languages a plugin directory can be written in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Language {
