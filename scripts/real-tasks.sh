@@ -3,8 +3,9 @@
 # a release `opentinker train` once per RL seed (SEEDS, default "0 1 2"; `[rl] seed`, which picks
 # the problems, the samples and the evaluation's opponents; the model is the same pretrained
 # one), one run at a time. Prints one row per run (per policy, in a job with several): the
-# held-out greedy success before RL and after it, the gain, the environment's metrics before and
-# after (the calculator's calls per episode, say), and the run's wall time. The runs' folders
+# held-out greedy success of the model as it came, after the job's warm-up (where it has one),
+# after RL, the gain over the untrained model, the environment's metrics untrained and after RL
+# (the calculator's calls per episode, say), and the run's wall time. The runs' folders
 # and logs stay in WORK (default: a new temporary folder, named at the end); a run over LIMIT
 # seconds (default 1800) is stopped and reported.
 #
@@ -29,8 +30,8 @@ else
     for file in examples/real/*.toml; do names+=("$(basename "$file" .toml)"); done
 fi
 
-echo "| task | seed | policy | before | after | gain | metrics before -> after | wall |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| task | seed | policy | untrained | after warm-up | after RL | gain | metrics untrained -> after RL | wall |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for name in "${names[@]}"; do
     source="examples/real/$name.toml"
     grep -q '^\[rl\]$' "$source" || { echo "$source has no [rl] section" >&2; exit 1; }
@@ -46,17 +47,22 @@ path, name, seed, wall = sys.argv[1:]
 summary = json.loads(open(path).read().splitlines()[-1])
 policies = summary.get("policies") or {"": summary}
 for policy, evals in policies.items():
-    before, after = evals["initial_eval"], evals["final_eval"]
+    # A job with a warm-up evaluates the model as it came before it (`untrained_eval`); RL's
+    # first evaluation (`initial_eval`) is then the warmed-up policy's.
+    warmed = evals["initial_eval"]
+    untrained = evals.get("untrained_eval") or summary.get("untrained_eval") or warmed
+    after = evals["final_eval"]
+    warm_up = f"{warmed['success_rate']:.3f}" if untrained is not warmed else "-"
     metrics = ", ".join(
-        f"{key} {before['metrics'][key]:.2f} -> {after['metrics'].get(key, 0):.2f}"
-        for key in sorted(before["metrics"])
+        f"{key} {untrained['metrics'][key]:.2f} -> {after['metrics'].get(key, 0):.2f}"
+        for key in sorted(untrained["metrics"])
     )
-    gain = after["success_rate"] - before["success_rate"]
-    print(f"| {name} | {seed} | {policy or '-'} | {before['success_rate']:.3f} | "
+    gain = after["success_rate"] - untrained["success_rate"]
+    print(f"| {name} | {seed} | {policy or '-'} | {untrained['success_rate']:.3f} | {warm_up} | "
           f"{after['success_rate']:.3f} | {gain:+.3f} | {metrics or '-'} | {wall} s |")
 PY
         else
-            echo "| $name | $seed | | failed or over ${limit} s: $(tail -1 "$work/$name-$seed.log") | | | | |"
+            echo "| $name | $seed | | failed or over ${limit} s: $(tail -1 "$work/$name-$seed.log") | | | | | |"
         fi
     done
 done

@@ -145,9 +145,7 @@ impl Environment for GuessNumber {
         let guess = last_number(action)
             .filter(|g| g.fract() == 0.0 && *g >= 0.0 && *g <= f64::from(u32::MAX));
         let metrics = |result: StepResult, invalid: bool| {
-            result
-                .metric("invalid_action", if invalid { 1.0 } else { 0.0 })
-                .metric("turn", f64::from(self.turn))
+            result.metric("invalid_action", if invalid { 1.0 } else { 0.0 })
         };
         let Some(guess) = guess.map(|g| g as u32) else {
             let result = self.continue_or_end("That is not a number.", turns_left);

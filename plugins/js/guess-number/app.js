@@ -127,7 +127,7 @@ export class GuessNumber extends Environment {
   }
 
   #metrics(result, invalid) {
-    return result.metric("invalid_action", invalid ? 1 : 0).metric("turn", this.turn);
+    return result.metric("invalid_action", invalid ? 1 : 0);
   }
 
   #continueOrEnd(hint, turnsLeft) {

@@ -5,8 +5,10 @@ a call is the answer: reward 1 when its last number is the problem's answer, els
 turn's reply is the answer whatever it holds. The calculator runs inside the plugin.
 
 Config (JSON): `{"max_operand": 99, "turns": 3}`.
-Task (JSON): `{"question": "...", "answer": 888}`.
-Metrics: `correct`, `calls` (calculator calls made), `bad_calls` (calls that did not evaluate).
+Task (JSON): `{"question": "...", "answer": 888, "expression": "37 * 24"}` (the expression that
+solves it; the demonstration calls the calculator with it, then answers with its result).
+Metrics (reported on the episode's last step): `correct`, `calls` (calculator calls made),
+`bad_calls` (calls that did not evaluate).
 """
 
 import ast
@@ -58,22 +60,22 @@ def generate(config: Config, seed: int) -> dict:
     kind = rng.randint(0, 2)
     if kind == 0:
         question = f"{name} buys {a} bags with {b} {items} in each bag. How many {items} is that?"
-        answer = a * b
+        answer, expression = a * b, f"{a} * {b}"
     elif kind == 1:
         c = rng.randint(2, 9)
         question = (
             f"{name} has {a * c} {items} and shares them equally among {c} friends, then gets "
             f"{b} more. How many {items} does each friend get, plus {b}?"
         )
-        answer = a + b
+        answer, expression = a + b, f"{a * c} / {c} + {b}"
     else:
         c = rng.randint(1, a * b - 1)
         question = (
             f"There are {a} boxes with {b} {items} in each box. {name} takes {c} {items} away. "
             f"How many {items} are left?"
         )
-        answer = a * b - c
-    return {"question": question, "answer": answer}
+        answer, expression = a * b - c, f"{a} * {b} - {c}"
+    return {"question": question, "answer": answer, "expression": expression}
 
 
 _OPERATORS = {
@@ -138,6 +140,7 @@ class Calculator(opentinker.Environment):
         try:
             parsed = json.loads(task)
             self.question, self.answer = str(parsed["question"]), int(parsed["answer"])
+            self.expression = parsed.get("expression")
         except (ValueError, KeyError, TypeError) as error:
             raise PluginError(f"calculator task: {error!r}") from None
         self.turn = 0
@@ -157,15 +160,23 @@ class Calculator(opentinker.Environment):
             except (ValueError, ArithmeticError) as error:
                 self.bad_calls += 1
                 result = f"Result: error ({error})"
-            return self._metrics(StepResult.next([0.0], 0).say(0, Message.user(result)), None)
+            return StepResult.next([0.0], 0).say(0, Message.user(result))
         correct = last_number(action) == self.answer
         return self._metrics(StepResult.end([1.0 if correct else 0.0]), correct)
 
     def demonstration(self) -> Optional[str]:
+        """What a tool user does: the first turn calls the calculator with the problem's
+        expression (where the task has one and the episode has a turn left to answer in), the
+        next one answers with the result."""
+        if self.turn == 0 and self.expression is not None and self.config.turns > 1:
+            return f"<calc>{self.expression}</calc>"
         return f"The answer is {self.answer}."
 
-    def _metrics(self, result: StepResult, correct: Optional[bool]) -> StepResult:
-        result = result.metric("calls", self.calls).metric("bad_calls", self.bad_calls)
-        if correct is not None:
-            result = result.metric("correct", 1.0 if correct else 0.0)
-        return result
+    def _metrics(self, result: StepResult, correct: bool) -> StepResult:
+        """The episode's metrics, on its last step only: the host adds up what each step
+        reports."""
+        return (
+            result.metric("calls", self.calls)
+            .metric("bad_calls", self.bad_calls)
+            .metric("correct", 1.0 if correct else 0.0)
+        )

@@ -112,7 +112,7 @@ class GuessNumber(opentinker.Environment):
         return str(self.rng.randint(self.low, self.high))
 
     def _metrics(self, result: StepResult, invalid: bool) -> StepResult:
-        return result.metric("invalid_action", 1.0 if invalid else 0.0).metric("turn", self.turn)
+        return result.metric("invalid_action", 1.0 if invalid else 0.0)
 
     def _continue_or_end(self, hint: str, turns_left: int) -> StepResult:
         if turns_left == 0:

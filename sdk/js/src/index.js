@@ -111,7 +111,10 @@ export class StepResult {
     return this;
   }
 
-  /** Report a named number for this step. */
+  /**
+   * Report a named number for this step. The host adds up each metric over the episode's steps:
+   * report a count's increments, or a total once, on the last step.
+   */
   metric(name, value) {
     this.metrics.push({ name: String(name), value: Number(value) });
     return this;

@@ -128,7 +128,8 @@ impl StepResult {
         self
     }
 
-    /// Report a named number.
+    /// Report a named number for this step. The host adds up each metric over the episode's
+    /// steps: report a count's increments, or a total once, on the last step.
     pub fn metric(mut self, name: impl Into<String>, value: f64) -> Self {
         self.metrics.push(Metric {
             name: name.into(),

@@ -32,6 +32,7 @@ def test_generated_answers_are_right_and_reproducible():
             expected = a * b - c
         kinds.add(question.split()[1])
         assert answer == expected and answer >= 0, task
+        assert app.calculate(task["expression"]) == answer, task
     assert len(kinds) >= 3
 
 
@@ -40,7 +41,8 @@ def test_a_call_answers_with_its_result_and_the_answer_ends_the_episode():
     result = episode.step("Let me compute. <calc>37 * 24</calc>")
     assert result.next_player == 0
     assert result.messages[0][1][0].content == "Result: 888"
-    assert metrics(result)["calls"] == 1
+    # The host adds up the metrics of every step: they come once, at the end.
+    assert metrics(result) == {}
     result = episode.step("So the answer is 888.")
     assert result.next_player is None
     assert result.rewards == [1.0]
@@ -54,6 +56,22 @@ def test_a_wrong_answer_scores_zero_and_the_last_turn_is_the_answer():
     assert result.next_player is None
     assert result.rewards == [0.0]
     assert metrics(result)["calls"] == 1
+
+
+def test_the_demonstration_calls_the_calculator_then_answers_with_its_result():
+    task = app.Calculator.generate_task("{}", 7)
+    episode = app.Calculator("{}", task, 7)
+    call = episode.demonstration()
+    assert app.CALL.fullmatch(call), call
+    result = episode.step(call)
+    assert result.next_player == 0
+    answer = episode.demonstration()
+    assert "<calc>" not in answer
+    result = episode.step(answer)
+    assert result.rewards == [1.0] and metrics(result)["calls"] == 1
+    # With one turn there is no room to call: the demonstration answers at once.
+    one_turn = app.Calculator('{"turns": 1}', task, 7)
+    assert one_turn.step(one_turn.demonstration()).rewards == [1.0]
 
 
 def test_the_calculator_reads_arithmetic_and_nothing_else():
@@ -70,7 +88,7 @@ def test_a_call_that_does_not_evaluate_says_why_and_counts():
     episode = app.Calculator("{}", '{"question": "q", "answer": 4}', 0)
     result = episode.step("<calc>two plus two</calc>")
     assert result.messages[0][1][0].content.startswith("Result: error")
-    assert metrics(result)["bad_calls"] == 1
+    assert metrics(episode.step("4"))["bad_calls"] == 1
 
 
 def test_bad_config_and_task_are_named():

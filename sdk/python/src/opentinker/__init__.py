@@ -148,7 +148,8 @@ class StepResult:
         return self
 
     def metric(self, name: str, value: float) -> "StepResult":
-        """Report a named number for this step."""
+        """Report a named number for this step. The host adds up each metric over the
+        episode's steps: report a count's increments, or a total once, on the last step."""
         self.metrics.append(Metric(name, float(value)))
         return self
 
