@@ -176,7 +176,7 @@ fn sequences(lengths: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
 /// scaled scores (`rows × heads`), all the backward needs besides the inputs: it recomputes
 /// the probabilities, so no `positions × positions` matrix is ever kept.
 ///
-/// Each sequence and head runs as a task of its own, in blocks of [`BLOCK`] query rows whose
+/// Each sequence and head runs as a task of its own, in blocks of `BLOCK` (64) query rows whose
 /// scores, softmax and weighted sum are matrix products over the keys the block can see.
 pub fn attention_forward<T: Float>(
     q: &[T],
@@ -288,7 +288,7 @@ struct KvHeadGradients<T> {
 /// The backward of [`attention_forward`]: writes `dq`, `dk` and `dv` (the inputs' shapes) from
 /// `d_out`, recomputing each block's probabilities from `lse`. Sequences and KV heads run in
 /// parallel (each one's keys gather the gradient of every query head of their group), in
-/// blocks of [`BLOCK`] query rows whose five products are matrix products.
+/// blocks of `BLOCK` (64) query rows whose five products are matrix products.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward<T: Float>(
     q: &[T],

@@ -13,19 +13,25 @@
 //! on what else is in the batch, how rows are grouped into adapter segments, or how many threads
 //! run. Each output is summed in one fixed order, so a sequence decodes to bit-identical tokens
 //! and logprobs alone or in a batch of 64, and a prompt's KV computed in one prefill equals the
-//! KV computed token by token (which makes a prefix cache invisible). [`reference`] holds the
+//! KV computed token by token (which makes a prefix cache invisible). [`reference`](mod@reference) holds the
 //! same math as plain loops, for the contract tests.
+//!
+//! The engine sees the kernels through two traits: [`Backend`] (the forward ops a model runs,
+//! on [`Cpu`] or, with the `cuda` feature, the GPU) and [`Backward`] (the training ops, on
+//! [`CpuTrain`]). The function families stay namespaced: [`ops`] (the row-wise ops and their
+//! backwards), [`gemm`] (the training path's matrix products), [`unembed`] (the training
+//! head's target logprobs, a block of rows at a time) and `cuda` (the GPU's kernels, compiled through NVRTC).
 
-pub mod attention;
-pub mod backend;
+mod attention;
+mod backend;
 mod cpu;
 mod cpu_train;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod float;
 pub mod gemm;
-pub mod linear;
-pub mod lora;
+mod linear;
+mod lora;
 pub mod ops;
 pub mod reference;
 pub mod unembed;

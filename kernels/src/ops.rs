@@ -3,7 +3,7 @@
 //! batch-invariant by construction. Generic over [`Float`]: f32 for the model, f64 for gradient
 //! checks (the f32 code is the same arithmetic in the same order).
 //!
-//! Rows run in parallel on rayon's pool when there are enough of them ([`min_rows`]); a row's
+//! Rows run in parallel on rayon's pool when there are enough of them (`min_rows`); a row's
 //! arithmetic is the same on any thread, so the results do not depend on the split.
 
 use rayon::prelude::*;

@@ -21,7 +21,7 @@ use crate::api::{
     TenantId, check_num_samples, check_user_metadata,
 };
 use crate::service::Hold;
-use crate::wire::codec;
+use crate::wire::{encode_forward_backward_output, encode_sample_response};
 
 type Shared = Arc<AppState>;
 type Answered = Result<Response, HttpError>;
@@ -497,9 +497,9 @@ fn answer(route: FutureRoute, output: OpOutput) -> Outcome {
         (FutureRoute::CreateModel, OpOutput::Model(id)) => {
             json(json!({"type": "create_model", "model_id": id}))
         }
-        (FutureRoute::ForwardBackward, OpOutput::ForwardBackward(output)) => Ok(Answer::Proto(
-            codec::encode_forward_backward_output(&output),
-        )),
+        (FutureRoute::ForwardBackward, OpOutput::ForwardBackward(output)) => {
+            Ok(Answer::Proto(encode_forward_backward_output(&output)))
+        }
         (FutureRoute::OptimStep, OpOutput::OptimStep(output)) => {
             json(json!({"metrics": output.metrics}))
         }
@@ -522,7 +522,7 @@ fn answer(route: FutureRoute, output: OpOutput) -> Outcome {
             json(json!({"type": "load_weights", "model_id": id}))
         }
         (FutureRoute::Sample, OpOutput::Sample(response)) => {
-            Ok(Answer::Proto(codec::encode_sample_response(&response)))
+            Ok(Answer::Proto(encode_sample_response(&response)))
         }
         (FutureRoute::CreateCustomLoss, OpOutput::CustomLoss(id)) => {
             json(json!({"type": "create_custom_loss", "loss_id": id}))

@@ -13,8 +13,8 @@ use crate::api::{
     LoraConfig, LossGraph, LossId, ModelId, ModelInput, SamplingParams, TensorData, TensorValues,
     UNIT_TEMPERATURE, UserMetadata,
 };
-use crate::wire::codec::{TEMPERATURE_KEY, decode_spans, decode_tensor, decode_tokens};
-use crate::wire::{proto, scan};
+use crate::wire::{FORWARD_BACKWARD_REQUEST, decoded_size};
+use crate::wire::{TEMPERATURE_KEY, decode_spans, decode_tensor, decode_tokens, proto};
 
 #[derive(Deserialize)]
 pub struct CreateSession {}
@@ -263,7 +263,7 @@ pub struct ForwardBackward {
 /// Decode a `forward_backward` request body.
 pub fn forward_backward(body: &[u8]) -> Result<ForwardBackward, ApiError> {
     // Reckoned before anything is built: two bytes of body may make a datum.
-    let reckoned = scan::decoded_size(body, &scan::FORWARD_BACKWARD_REQUEST)?;
+    let reckoned = decoded_size(body, &FORWARD_BACKWARD_REQUEST)?;
     DecodeBudget::for_body(body.len()).charge("forward_backward", reckoned)?;
     let request = proto::ForwardBackwardRequest::decode(body)
         .map_err(|e| ApiError::invalid(format!("forward_backward: malformed protobuf: {e}")))?;

@@ -449,8 +449,8 @@ impl Gpu {
         Ok(out)
     }
 
-    /// The backward of [`Gpu::target_logprobs`]: the logits' gradient, `g[r] · (onehot(target)
-    /// - softmax)` per row.
+    /// The backward of [`Gpu::target_logprobs`]: the logits' gradient per row,
+    /// `g[r] · (onehot(target) - softmax)`.
     pub fn target_logprobs_backward(
         &self,
         logits: &CudaSlice<f32>,

@@ -30,7 +30,7 @@ use crate::api::{
 use crate::market::Digest;
 use crate::plugin::{Limits, Plugin, PluginKind};
 use crate::queue_auth::WorkerAccess;
-use crate::wire::codec;
+use crate::wire;
 
 /// The file a checkpoint folder holds when its adapter was saved on a remote server.
 pub const REMOTE_CHECKPOINT: &str = "remote-checkpoint.json";
@@ -305,7 +305,7 @@ impl RemoteTraining {
         let model_id = self.model_id.clone();
         let reply = self
             .call("forward_backward", |seq| {
-                Body::Proto(codec::encode_forward_backward_request(
+                Body::Proto(wire::encode_forward_backward_request(
                     &model_id,
                     seq,
                     &input,
@@ -313,7 +313,7 @@ impl RemoteTraining {
                 ))
             })
             .await?;
-        codec::decode_forward_backward_output(&reply.proto("forward_backward")?)
+        wire::decode_forward_backward_output(&reply.proto("forward_backward")?)
     }
 }
 
@@ -445,7 +445,7 @@ impl SamplingClient for RemoteSampling {
             .connection
             .call("asample", Body::Json(request))
             .await?;
-        codec::decode_sample_response(&reply.proto("asample")?)
+        wire::decode_sample_response(&reply.proto("asample")?)
     }
 
     async fn address(&self) -> Result<Option<String>, ApiError> {
