@@ -3,18 +3,24 @@
 //! at once with a request id and run as futures the client polls; every request is made by a
 //! tenant whose key is checked before any work.
 //!
-//! [`serve`] runs an [`AppState`] (made by [`AppState::start`] from a [`ServerConfig`]) on one
-//! axum router over that state. Inside, one file per concern: `routes` maps the Tinker paths to
-//! ops ([`FutureRoute`], [`accept`]), `wire` converts their bodies, `futures` holds running and
-//! finished ops, `journal` records them durably, [`Tenants`] keeps the keys; `openai` serves
-//! the OpenAI-compatible routes, `jobs` the jobs API, `plugins` the tenants' uploads, `rollouts`
-//! the rollout workers' logins to the queue, `registry` the OCI distribution API, `dashboard` the
-//! web page; a private access log writes one line per request, and the training-run routes list,
-//! expire and delete checkpoints.
+//! [`serve`] runs an [`AppState`] (made by [`AppState::start`] from a [`ServerConfig`]) on the
+//! one axum [`router`] over that state, composed here from each concern's own
+//! routes, with the layers every answer passes: the body limit, the Tinker error shape
+//! ([`HttpError`], in `error`) and the access log.
+//!
+//! One file per concern: `routes` maps the Tinker SDK's paths to ops ([`FutureRoute`],
+//! [`accept`]), `wire` converts their bodies, `futures` holds running and finished ops,
+//! `journal` records them durably, [`Tenants`] keeps the keys; `openai` serves the
+//! OpenAI-compatible routes, `jobs` the jobs API, `plugins` the tenants' uploads, `rollouts` the
+//! rollout workers' logins to the queue, `registry` the OCI distribution API, `dashboard` the web
+//! page, `training_runs` the checkpoints' listing, expiry and deletion, `sessions` the sessions'
+//! listing, `downloads` signed download URLs, and `not_offered` refuses by name what the SDK has
+//! and this server does not serve.
 
 mod access_log;
 mod dashboard;
 mod downloads;
+mod error;
 mod futures;
 mod handling;
 mod jobs;
@@ -30,6 +36,7 @@ mod tenants;
 mod training_runs;
 mod wire;
 
+pub use error::{HttpError, category};
 pub use routes::{FutureRoute, accept};
 pub use tenants::Tenants;
 
@@ -40,9 +47,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{Method, Uri};
 use sha2::{Digest, Sha256};
 
 use crate::api::{ApiError, ApiErrorKind, TenantId};
@@ -170,7 +177,7 @@ pub struct AppState {
     /// The tenants' jobs.
     pub jobs: Arc<JobService>,
     /// What signs the rollout workers' users, on a queue with accounts.
-    rollout_access: Option<RolloutAccess>,
+    pub(super) rollout_access: Option<RolloutAccess>,
 }
 
 impl AppState {
@@ -356,70 +363,6 @@ impl AppState {
     }
 }
 
-/// An [`ApiError`] as an HTTP answer: the status its kind calls for and a JSON body naming the
-/// problem (never empty: the SDK reads an empty 400 as a proxy's and retries).
-pub struct HttpError(pub ApiError);
-
-impl From<ApiError> for HttpError {
-    fn from(error: ApiError) -> Self {
-        HttpError(error)
-    }
-}
-
-/// The Tinker SDK's error category of a failure.
-pub fn category(kind: ApiErrorKind) -> &'static str {
-    if kind.is_user_error() {
-        "user"
-    } else {
-        "server"
-    }
-}
-
-impl IntoResponse for HttpError {
-    fn into_response(self) -> Response {
-        let status = match self.0.kind {
-            // 409 would be retried by the SDK; a replayed seq_id with another payload cannot
-            // succeed.
-            // Not 501 for what is not offered: the SDK retries every 5xx for minutes.
-            ApiErrorKind::InvalidRequest | ApiErrorKind::Conflict | ApiErrorKind::NotOffered => {
-                StatusCode::BAD_REQUEST
-            }
-            ApiErrorKind::NotFound => StatusCode::NOT_FOUND,
-            // What the SDK's heartbeat reads as "the session has finished".
-            ApiErrorKind::Gone => StatusCode::GONE,
-            ApiErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
-            // Not 429: clients retry that, and a quota does not lift by waiting.
-            ApiErrorKind::QuotaExceeded => StatusCode::FORBIDDEN,
-            ApiErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ApiErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        let body = json!({
-            "error": public_message(&self.0),
-            "category": category(self.0.kind),
-            "kind": self.0.kind,
-        });
-        // The access log reads the kind from here.
-        (status, axum::Extension(self.0.kind), axum::Json(body)).into_response()
-    }
-}
-
-/// What a client is told of `error`: its message, except for an internal failure's, which can
-/// name the server's files and workings: that one goes to the server's log under a reference,
-/// and the client is told the reference.
-pub(crate) fn public_message(error: &ApiError) -> String {
-    if error.kind != ApiErrorKind::Internal {
-        return error.message.clone();
-    }
-    let mut bytes = [0u8; 4];
-    let reference = match getrandom::fill(&mut bytes) {
-        Ok(()) => hex::encode(bytes),
-        Err(_) => "unnumbered".to_string(),
-    };
-    tracing::error!(reference, "internal error: {}", error.message);
-    format!("internal error {reference}: the server's log has its details")
-}
-
 /// Delete the expired checkpoints, finish the sessions idle for `session_idle` and prune the
 /// answers older than `answer_retention` now, and every `checkpoint_sweep` for as long as the
 /// server runs.
@@ -467,13 +410,46 @@ async fn sweep_expired(state: &Arc<AppState>, config: &ServerConfig) {
     });
 }
 
+/// The whole HTTP surface over `state`: the Tinker SDK's routes and each concern's beside them
+/// under `/api/v1`, the dashboard's page, the OCI registry under `/v2`, the OpenAI-compatible
+/// routes under `/v1`; a JSON 404 for any other path; every answer in the Tinker error shape and
+/// one access-log line per request.
+pub fn router(state: Arc<AppState>) -> Router {
+    let api = routes::router()
+        .merge(plugins::router())
+        .merge(rollouts::router())
+        .merge(training_runs::router())
+        .merge(sessions::router())
+        .merge(jobs::router())
+        .merge(registry::api_router())
+        .merge(dashboard::router())
+        .merge(downloads::router())
+        .merge(not_offered::router());
+    Router::new()
+        .nest("/api/v1", api)
+        .merge(dashboard::page_router())
+        .merge(registry::router())
+        .nest("/v1", openai::router())
+        .fallback(|method: Method, uri: Uri| async move {
+            let path = uri.path();
+            HttpError(ApiError::new(
+                ApiErrorKind::NotFound,
+                format!("no such endpoint: {method} {path}"),
+            ))
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::map_response(error::json_errors))
+        .layer(access_log::layer())
+        .with_state(state)
+}
+
 /// Serve on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    axum::serve(listener, routes::router(state))
+    axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
         .context("serving HTTP")

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderMap, Method, Uri, header};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -14,11 +14,11 @@ use serde_json::{Value, json};
 use super::futures::{Finished, Idempotency, Submission};
 use super::handling::{Caller, direct, off_the_workers, parse, pass_refused_turn, record};
 use super::journal::{AcceptedRequest, Answer, Outcome};
-use super::{AppState, HttpError, MAX_BODY_BYTES, category, plugins, wire};
+use super::{AppState, HttpError, category, plugins, wire};
 use crate::api::{
-    ApiError, ApiErrorKind, CheckpointPath, DecodeBudget, LossId, ModelId, ModelInput, Op,
-    OpOutput, SampleRequest, SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId,
-    TenantId, check_num_samples, check_user_metadata,
+    ApiError, CheckpointPath, DecodeBudget, LossId, ModelId, ModelInput, Op, OpOutput,
+    SampleRequest, SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId, TenantId,
+    check_num_samples, check_user_metadata,
 };
 use crate::service::Hold;
 use crate::wire::{encode_forward_backward_output, encode_sample_response};
@@ -26,8 +26,9 @@ use crate::wire::{encode_forward_backward_output, encode_sample_response};
 type Shared = Arc<AppState>;
 type Answered = Result<Response, HttpError>;
 
-/// The whole HTTP surface.
-pub fn router(state: Shared) -> Router {
+/// The Tinker SDK's own routes (under `/api/v1`): the session and info routes, and one route
+/// per op that runs as a future ([`FutureRoute`]).
+pub fn router() -> Router<Shared> {
     let api = Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/client/config", post(client_config))
@@ -41,70 +42,13 @@ pub fn router(state: Shared) -> Router {
         .route("/create_sampling_session", post(create_sampling_session))
         .route("/samplers/{id}", get(get_sampler))
         .route("/retrieve_future", post(retrieve_future));
-    let api = FutureRoute::ALL.into_iter().fold(api, |api, route| {
+    FutureRoute::ALL.into_iter().fold(api, |api, route| {
         let handler =
             move |state: State<Shared>, caller: Caller, headers: HeaderMap, body: Bytes| {
                 submit(route, state, caller, headers, body)
             };
         api.route(&format!("/{}", route.name()), post(handler))
-    });
-    let api = api
-        .merge(super::plugins::router())
-        .merge(super::rollouts::router())
-        .merge(super::training_runs::router())
-        .merge(super::sessions::router())
-        .merge(super::jobs::router())
-        .merge(super::registry::api_router())
-        .merge(super::dashboard::router())
-        .merge(super::downloads::router())
-        .merge(super::not_offered::router());
-    Router::new()
-        .nest("/api/v1", api)
-        .merge(super::dashboard::page_router())
-        .merge(super::registry::router())
-        .nest("/v1", super::openai::router())
-        .fallback(|method: Method, uri: Uri| async move {
-            let path = uri.path();
-            HttpError(ApiError::new(
-                ApiErrorKind::NotFound,
-                format!("no such endpoint: {method} {path}"),
-            ))
-        })
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(axum::middleware::map_response(json_errors))
-        .layer(super::access_log::layer())
-        .with_state(state)
-}
-
-/// Give every error answer the Tinker error shape, also those that axum makes itself (an
-/// oversized body, a wrong method): a JSON body with `error` and `category`, never empty.
-async fn json_errors(response: Response) -> Response {
-    let status = response.status();
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if is_json || !(status.is_client_error() || status.is_server_error()) {
-        return response;
-    }
-    let text = axum::body::to_bytes(response.into_body(), 64 << 10)
-        .await
-        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-        .unwrap_or_default();
-    let message = match text.is_empty() {
-        true => status.canonical_reason().unwrap_or("error").to_string(),
-        false => text,
-    };
-    let category = if status.is_server_error() {
-        "server"
-    } else {
-        "user"
-    };
-    (
-        status,
-        Json(json!({ "error": message, "category": category })),
-    )
-        .into_response()
+    })
 }
 
 async fn empty_object(_: Caller) -> Json<Value> {
@@ -747,7 +691,7 @@ async fn retrieve_future(
         )
             .into_response(),
         Err(error) => Json(json!({
-            "error": super::public_message(error),
+            "error": super::error::public_message(error),
             "category": category(error.kind),
             "kind": error.kind,
         }))
