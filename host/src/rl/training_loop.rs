@@ -247,29 +247,8 @@ pub(super) async fn train_job(
     };
     let policies = job.policies();
     let trainable: Vec<&PolicySection> = policies.iter().filter(|p| p.trainable).collect();
-    // Each policy's adapter lives as long as its client: a job that ends, however it ends,
-    // frees its adapters and the service goes on serving the other jobs.
-    let label = |policy: &str| format!("{}/{policy}", run.name);
-    let mut trainers = Trainers::new();
-    for policy in &trainable {
-        let trainer = match &checkpoint {
-            Some((dir, _)) => {
-                service
-                    .create_training_client_from_state(
-                        &label(&policy.name),
-                        &dir.join(&policy.name),
-                        true,
-                    )
-                    .await?
-            }
-            None => {
-                service
-                    .create_lora_training_client(&label(&policy.name), &job.lora.config())
-                    .await?
-            }
-        };
-        trainers.insert(policy.name.clone(), trainer);
-    }
+    let resume_from = checkpoint.as_ref().map(|(dir, _)| dir.as_path());
+    let trainers = open_trainers(service, &run.name, job, &trainable, resume_from).await?;
     // A LoRA SFT trains the single policy's adapter (the job check sees to that).
     let mut untrained_eval = None;
     if let (None, Some(sft), [policy]) = (
@@ -382,23 +361,7 @@ pub(super) async fn train_job(
                 seconds: started.elapsed().as_secs_f64(),
                 ..StepMetrics::default()
             })?;
-            let kinds: Vec<String> = errors_of(&all)
-                .iter()
-                .map(|(kind, count)| format!("{kind}: {count}"))
-                .collect();
-            let first = all.iter().find_map(|o| Some((o.seed, o.failure.as_ref()?)));
-            let example = first.map_or(String::new(), |(seed, failure)| {
-                format!(
-                    "; the first, seed {seed}: {}: {}",
-                    failure.kind,
-                    failure.message.as_deref().unwrap_or("(no message)")
-                )
-            });
-            anyhow::bail!(
-                "job `{}` stopped at RL step {step}: {why} ({}){example}",
-                run.name,
-                kinds.join(", ")
-            );
+            return Err(stopped(&run.name, step, &why, &all));
         }
         let entropy = sampled_entropy(&batches);
         let signal = signal_of(&played, job, &policies, &advantages);
@@ -451,18 +414,7 @@ pub(super) async fn train_job(
             .map(|o| o.returns().first().copied().unwrap_or(0.0))
             .collect();
         let policy_rewards = match multi_agent {
-            true => policies
-                .iter()
-                .map(|p| {
-                    let returns = all.iter().flat_map(|o| {
-                        let returns = o.returns();
-                        (0..returns.len())
-                            .filter(|&seat| p.controls(seat))
-                            .map(move |seat| returns[seat])
-                    });
-                    (p.name.clone(), mean(returns))
-                })
-                .collect(),
+            true => policy_rewards(&policies, &all),
             false => BTreeMap::new(),
         };
         reporter.line(&StepMetrics {
@@ -517,17 +469,7 @@ pub(super) async fn train_job(
             folder.write_report()?;
         }
     }
-    // The final adapter: the single policy's in `final/`, each of several in `final/<name>/`.
-    let checkpoint = folder.checkpoint_dir("final");
-    for policy in &trainable {
-        let dir = match multi_agent {
-            true => checkpoint.join(&policy.name),
-            false => checkpoint.clone(),
-        };
-        trainer_of(&trainers, &policy.name)?
-            .save_state(&dir, true)
-            .await?;
-    }
+    let checkpoint = save_final(&trainers, &folder, &trainable, multi_agent).await?;
     let per_policy = match multi_agent {
         true => trainable
             .iter()
@@ -556,6 +498,95 @@ pub(super) async fn train_job(
         policies: per_policy,
         diagnosis,
     })
+}
+
+/// Each trainable policy's training client: a new LoRA adapter, or the one saved in
+/// `resume_from/<policy>` by the checkpoint the job resumes from. Each adapter lives as long as
+/// its client: a job that ends, however it ends, frees its adapters and the service goes on
+/// serving the other jobs.
+async fn open_trainers(
+    service: &dyn ServiceClient,
+    job_name: &str,
+    job: &Job,
+    trainable: &[&PolicySection],
+    resume_from: Option<&std::path::Path>,
+) -> anyhow::Result<Trainers> {
+    let mut trainers = Trainers::new();
+    for policy in trainable {
+        let label = format!("{job_name}/{}", policy.name);
+        let trainer = match resume_from {
+            Some(dir) => {
+                service
+                    .create_training_client_from_state(&label, &dir.join(&policy.name), true)
+                    .await?
+            }
+            None => {
+                service
+                    .create_lora_training_client(&label, &job.lora.config())
+                    .await?
+            }
+        };
+        trainers.insert(policy.name.clone(), trainer);
+    }
+    Ok(trainers)
+}
+
+/// Save the final adapters: a single-policy job's in `final/`, each of a job of several
+/// policies in `final/<name>/`. Returns `final/`.
+async fn save_final(
+    trainers: &Trainers,
+    folder: &RunFolder,
+    trainable: &[&PolicySection],
+    multi_agent: bool,
+) -> anyhow::Result<PathBuf> {
+    let checkpoint = folder.checkpoint_dir("final");
+    for policy in trainable {
+        let dir = match multi_agent {
+            true => checkpoint.join(&policy.name),
+            false => checkpoint.clone(),
+        };
+        trainer_of(trainers, &policy.name)?
+            .save_state(&dir, true)
+            .await?;
+    }
+    Ok(checkpoint)
+}
+
+/// Why job `job_name` stopped at `step` (`why`), with the count of each kind of failure among
+/// the step's episodes and the first failure's own words.
+fn stopped(job_name: &str, step: usize, why: &str, all: &[&EpisodeOutcome]) -> anyhow::Error {
+    let kinds: Vec<String> = errors_of(all)
+        .iter()
+        .map(|(kind, count)| format!("{kind}: {count}"))
+        .collect();
+    let first = all.iter().find_map(|o| Some((o.seed, o.failure.as_ref()?)));
+    let example = first.map_or(String::new(), |(seed, failure)| {
+        format!(
+            "; the first, seed {seed}: {}: {}",
+            failure.kind,
+            failure.message.as_deref().unwrap_or("(no message)")
+        )
+    });
+    anyhow::anyhow!(
+        "job `{job_name}` stopped at RL step {step}: {why} ({}){example}",
+        kinds.join(", ")
+    )
+}
+
+/// Each policy's mean return over the seats it controls in the step's episodes.
+fn policy_rewards(policies: &[PolicySection], all: &[&EpisodeOutcome]) -> BTreeMap<String, f64> {
+    policies
+        .iter()
+        .map(|p| {
+            let returns = all.iter().flat_map(|o| {
+                let returns = o.returns();
+                (0..returns.len())
+                    .filter(|&seat| p.controls(seat))
+                    .map(move |seat| returns[seat])
+            });
+            (p.name.clone(), mean(returns))
+        })
+        .collect()
 }
 
 /// Who plays the job's groups: the base's queue, whose workers fetch the job's plugins from
