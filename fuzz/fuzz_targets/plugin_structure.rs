@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use opentinker::plugin::structure::measure;
+use opentinker::plugin::measure_structure;
 
 fuzz_target!(|bytes: &[u8]| {
-    let _ = measure(bytes);
+    let _ = measure_structure(bytes);
 });

@@ -63,7 +63,7 @@ pub use limits::{CompileBudget, CompileLimits, LimitError, Limits};
 pub use loader::{LoadReport, Plugin, PluginHost};
 pub use random_play::{MESSAGES_PER_KIND, PlayOptions, PlaySummary, SampledMessage, play_random};
 pub use sandbox::FuelUse;
-pub use structure::{Structure, StructureError};
+pub use structure::{Structure, StructureError, measure as measure_structure};
 pub use template::{TemplateLanguage, write_plugin};
 pub use types::{
     DatumLoss, EnvInfo, GuestError, Message, Metric, ObjectiveDatum, ObjectiveTensor,
