@@ -29,7 +29,8 @@ fn real_jobs() -> Vec<(String, PathBuf)> {
 }
 
 /// `job` on `model`, cut to one RL step of one group of four at the job's temperature, at most
-/// two turns an episode, and an evaluation of two episodes, its plugins built here: the job file to run, in `dir`.
+/// two turns an episode, a warm-up (where it has one) of one step, and an evaluation of two
+/// episodes, its plugins built here: the job file to run, in `dir`.
 fn one_step_of(name: &str, job: &Path, model: &Path, dir: &Path) -> PathBuf {
     let mut job: toml::Table = toml::from_str(&std::fs::read_to_string(job).unwrap()).unwrap();
     job["model"]["dir"] = model.display().to_string().into();
@@ -56,6 +57,12 @@ fn one_step_of(name: &str, job: &Path, model: &Path, dir: &Path) -> PathBuf {
         "eval".into(),
         toml::Table::from_iter([("episodes".into(), 2.into())]).into(),
     );
+    // A warm-up (the calculator's, guess-number's) of one step of two episodes: the same path
+    // in seconds rather than minutes.
+    if let Some(sft) = job.get_mut("sft").and_then(|s| s.as_table_mut()) {
+        sft.insert("steps".into(), 1.into());
+        sft.insert("batch".into(), 2.into());
+    }
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, toml::to_string(&job).unwrap()).unwrap();
     path
@@ -123,6 +130,13 @@ fn every_real_task_takes_an_rl_step_on_smollm2_and_the_trainer_agrees_with_the_s
             summary["final_eval"]["success_rate"].is_number(),
             "{name}: {summary}"
         );
+        // A job that warms its adapter up first evaluates the model as it came too.
+        if has_warm_up(job) {
+            assert!(
+                summary["untrained_eval"]["success_rate"].is_number(),
+                "{name}: no evaluation before the warm-up: {summary}"
+            );
+        }
         // A job of several policies evaluates each of them.
         for policy in policies_of(job) {
             assert!(
@@ -134,6 +148,12 @@ fn every_real_task_takes_an_rl_step_on_smollm2_and_the_trainer_agrees_with_the_s
 }
 
 /// The names of the `[[policies]]` of the job file `job`.
+/// Whether `job` has an `[sft]` warm-up.
+fn has_warm_up(job: &Path) -> bool {
+    let job: toml::Table = toml::from_str(&std::fs::read_to_string(job).unwrap()).unwrap();
+    job.contains_key("sft")
+}
+
 fn policies_of(job: &Path) -> Vec<String> {
     let job: toml::Table = toml::from_str(&std::fs::read_to_string(job).unwrap()).unwrap();
     job.get("policies")

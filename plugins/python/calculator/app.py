@@ -7,8 +7,7 @@ turn's reply is the answer whatever it holds. The calculator runs inside the plu
 Config (JSON): `{"max_operand": 99, "turns": 3}`.
 Task (JSON): `{"question": "...", "answer": 888, "expression": "37 * 24"}` (the expression that
 solves it; the demonstration calls the calculator with it, then answers with its result).
-Metrics (reported on the episode's last step): `correct`, `calls` (calculator calls made),
-`bad_calls` (calls that did not evaluate).
+Metrics: `correct`, `calls` (calculator calls made), `bad_calls` (calls that did not evaluate).
 """
 
 import ast
@@ -144,8 +143,6 @@ class Calculator(opentinker.Environment):
         except (ValueError, KeyError, TypeError) as error:
             raise PluginError(f"calculator task: {error!r}") from None
         self.turn = 0
-        self.calls = 0
-        self.bad_calls = 0
 
     def observe(self, player: int) -> list[Message]:
         return [Message.system(INSTRUCTIONS), Message.user(self.question)]
@@ -154,15 +151,26 @@ class Calculator(opentinker.Environment):
         self.turn += 1
         call = CALL.search(action)
         if call is not None and self.turn < self.config.turns:
-            self.calls += 1
             try:
-                result = f"Result: {shown(calculate(call.group(1)))}"
+                result, bad = f"Result: {shown(calculate(call.group(1)))}", 0.0
             except (ValueError, ArithmeticError) as error:
-                self.bad_calls += 1
-                result = f"Result: error ({error})"
-            return StepResult.next([0.0], 0).say(0, Message.user(result))
+                result, bad = f"Result: error ({error})", 1.0
+            # The host adds each metric up over the steps: a call counts where it is made, so
+            # an episode cut short by the host's turn limit still counts its calls.
+            return (
+                StepResult.next([0.0], 0)
+                .say(0, Message.user(result))
+                .metric("calls", 1.0)
+                .metric("bad_calls", bad)
+            )
         correct = last_number(action) == self.answer
-        return self._metrics(StepResult.end([1.0 if correct else 0.0]), correct)
+        # Every metric on the last step too, so that an evaluation without a call shows 0 calls.
+        return (
+            StepResult.end([1.0 if correct else 0.0])
+            .metric("correct", float(correct))
+            .metric("calls", 0.0)
+            .metric("bad_calls", 0.0)
+        )
 
     def demonstration(self) -> Optional[str]:
         """What a tool user does: the first turn calls the calculator with the problem's
@@ -171,12 +179,3 @@ class Calculator(opentinker.Environment):
         if self.turn == 0 and self.expression is not None and self.config.turns > 1:
             return f"<calc>{self.expression}</calc>"
         return f"The answer is {self.answer}."
-
-    def _metrics(self, result: StepResult, correct: bool) -> StepResult:
-        """The episode's metrics, on its last step only: the host adds up what each step
-        reports."""
-        return (
-            result.metric("calls", self.calls)
-            .metric("bad_calls", self.bad_calls)
-            .metric("correct", 1.0 if correct else 0.0)
-        )

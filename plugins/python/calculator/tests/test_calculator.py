@@ -41,21 +41,22 @@ def test_a_call_answers_with_its_result_and_the_answer_ends_the_episode():
     result = episode.step("Let me compute. <calc>37 * 24</calc>")
     assert result.next_player == 0
     assert result.messages[0][1][0].content == "Result: 888"
-    # The host adds up the metrics of every step: they come once, at the end.
-    assert metrics(result) == {}
+    # The host adds each metric up over the steps: a call counts on its own step.
+    assert metrics(result) == {"calls": 1, "bad_calls": 0}
     result = episode.step("So the answer is 888.")
     assert result.next_player is None
     assert result.rewards == [1.0]
-    assert metrics(result) == {"calls": 1, "bad_calls": 0, "correct": 1.0}
+    assert metrics(result) == {"calls": 0, "bad_calls": 0, "correct": 1.0}
 
 
 def test_a_wrong_answer_scores_zero_and_the_last_turn_is_the_answer():
     episode = app.Calculator('{"turns": 2}', '{"question": "q", "answer": 888}', 0)
-    episode.step("<calc>37 * 24</calc>")
+    assert metrics(episode.step("<calc>37 * 24</calc>"))["calls"] == 1
     result = episode.step("<calc>1 + 1</calc> it is 887")
     assert result.next_player is None
     assert result.rewards == [0.0]
-    assert metrics(result)["calls"] == 1
+    # The last turn's call is the answer, not a call.
+    assert metrics(result)["calls"] == 0
 
 
 def test_the_demonstration_calls_the_calculator_then_answers_with_its_result():
@@ -68,7 +69,7 @@ def test_the_demonstration_calls_the_calculator_then_answers_with_its_result():
     answer = episode.demonstration()
     assert "<calc>" not in answer
     result = episode.step(answer)
-    assert result.rewards == [1.0] and metrics(result)["calls"] == 1
+    assert result.rewards == [1.0] and metrics(result)["correct"] == 1
     # With one turn there is no room to call: the demonstration answers at once.
     one_turn = app.Calculator('{"turns": 1}', task, 7)
     assert one_turn.step(one_turn.demonstration()).rewards == [1.0]
@@ -88,7 +89,7 @@ def test_a_call_that_does_not_evaluate_says_why_and_counts():
     episode = app.Calculator("{}", '{"question": "q", "answer": 4}', 0)
     result = episode.step("<calc>two plus two</calc>")
     assert result.messages[0][1][0].content.startswith("Result: error")
-    assert metrics(episode.step("4"))["bad_calls"] == 1
+    assert metrics(result) == {"calls": 1, "bad_calls": 1}
 
 
 def test_bad_config_and_task_are_named():
