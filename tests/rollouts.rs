@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use opentinker::api::SamplingParams;
+use opentinker::api::{LossInput, SamplingParams};
 use opentinker::client::ServiceClient;
 use opentinker::client::{LocalModel, TinyModelSpec};
 use opentinker::plugin::Limits;
@@ -72,9 +72,10 @@ async fn a_five_turn_episode_is_one_datum() {
         .filter(|s| matches!(s.kind, SpanKind::Action { .. }))
         .map(|s| s.tokens.len())
         .sum();
-    assert_eq!(datum.mask.iter().sum::<f32>() as usize, action_tokens);
-    assert_eq!(datum.input_tokens.len() + 1, sequence.len());
-    let advantages = datum.advantages.unwrap();
+    let mask = datum.floats(LossInput::Mask).unwrap();
+    assert_eq!(mask.iter().sum::<f32>() as usize, action_tokens);
+    assert_eq!(datum.model_input.len() + 1, sequence.len());
+    let advantages = datum.floats(LossInput::Advantages).unwrap();
     assert_eq!(*advantages.last().unwrap(), 5.0);
     // The last messages the player saw are the environment's, as text.
     assert!(

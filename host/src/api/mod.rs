@@ -24,7 +24,7 @@ pub use limits::{
 };
 pub use types::{
     AdamParams, BaseModelInfo, CheckpointInfo, Chunk, Datum, ForwardBackwardInput,
-    ForwardBackwardOutput, LoraConfig, LossName, ModelInfo, ModelInput, Op, OpOutput,
+    ForwardBackwardOutput, LoraConfig, LossInput, LossName, ModelInfo, ModelInput, Op, OpOutput,
     OptimStepOutput, PromptAltTokens, ProvenanceSpan, SampleRequest, SampleResponse,
     SampledSequence, SamplerInfo, SamplerSource, SamplingParams, SaveOptions, SpanSource, Stop,
     StopReason, TensorData, TensorValues, TopLogprobs, UNIT_TEMPERATURE, UserMetadata,

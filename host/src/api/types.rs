@@ -35,6 +35,18 @@ impl ModelInput {
         }
         all
     }
+
+    /// How many tokens the chunks hold.
+    pub fn len(&self) -> usize {
+        self.chunks
+            .iter()
+            .map(|Chunk::EncodedText { tokens }| tokens.len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A dense tensor of one of the two dtypes the losses take.
@@ -90,6 +102,105 @@ pub struct Datum {
     /// `loss_fn_input_spans`). `stable_reinforce` needs it; other losses ignore it.
     #[serde(default)]
     pub loss_fn_input_spans: Option<Vec<ProvenanceSpan>>,
+}
+
+impl Datum {
+    /// A datum of `input_tokens` whose `target_tokens` follow them one for one; the other loss
+    /// inputs come with [`Datum::with`].
+    pub fn new(input_tokens: Vec<u32>, target_tokens: &[u32]) -> Self {
+        let targets = target_tokens.iter().map(|&t| i64::from(t)).collect();
+        Datum {
+            model_input: ModelInput::from_tokens(input_tokens),
+            loss_fn_inputs: BTreeMap::from([(
+                LossInput::TargetTokens.name().to_string(),
+                TensorData::i64(targets),
+            )]),
+            loss_fn_input_spans: None,
+        }
+    }
+
+    /// The datum with the loss input `input` set to `values`, one per target token.
+    pub fn with(mut self, input: LossInput, values: Vec<f32>) -> Self {
+        self.loss_fn_inputs
+            .insert(input.name().to_string(), TensorData::f32(values));
+        self
+    }
+
+    /// The float values of the loss input `input`, if the datum has them.
+    pub fn floats(&self, input: LossInput) -> Option<&[f32]> {
+        match &self.loss_fn_inputs.get(input.name())?.values {
+            TensorValues::Float32(values) => Some(values),
+            TensorValues::Int64(_) => None,
+        }
+    }
+
+    /// The same, to change in place.
+    pub fn floats_mut(&mut self, input: LossInput) -> Option<&mut Vec<f32>> {
+        match &mut self.loss_fn_inputs.get_mut(input.name())?.values {
+            TensorValues::Float32(values) => Some(values),
+            TensorValues::Int64(_) => None,
+        }
+    }
+
+    /// The target tokens, if the datum has them as integers.
+    pub fn target_tokens(&self) -> Option<&[i64]> {
+        match &self
+            .loss_fn_inputs
+            .get(LossInput::TargetTokens.name())?
+            .values
+        {
+            TensorValues::Int64(values) => Some(values),
+            TensorValues::Float32(_) => None,
+        }
+    }
+}
+
+/// The loss inputs a datum carries by name that the engine reads itself (a custom loss may
+/// declare more of its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossInput {
+    /// The token each position predicts (int64).
+    TargetTokens,
+    /// 1 where a target counts, 0 for context (an opentinker extension; absent: all count).
+    Mask,
+    /// Per target, the weight of its cross-entropy.
+    Weights,
+    /// Per target, the advantage the policy-gradient losses weight it by.
+    Advantages,
+    /// Per target, the sampler's logprob of it.
+    Logprobs,
+    /// Per target, 0 to leave it out of a sequence-level importance ratio (`gspo`).
+    SequenceRatioMask,
+}
+
+impl LossInput {
+    pub const ALL: [LossInput; 6] = [
+        LossInput::TargetTokens,
+        LossInput::Weights,
+        LossInput::Advantages,
+        LossInput::Logprobs,
+        LossInput::SequenceRatioMask,
+        LossInput::Mask,
+    ];
+
+    /// The input of this name, if it is one the engine reads.
+    pub fn from_name(name: &str) -> Option<LossInput> {
+        LossInput::ALL
+            .into_iter()
+            .find(|input| input.name() == name)
+    }
+
+    /// The name in `loss_fn_inputs`, Tinker's.
+    pub fn name(self) -> &'static str {
+        match self {
+            LossInput::TargetTokens => "target_tokens",
+            LossInput::Mask => "mask",
+            LossInput::Weights => "weights",
+            LossInput::Advantages => "advantages",
+            LossInput::Logprobs => "logprobs",
+            LossInput::SequenceRatioMask => "sequence_ratio_mask",
+        }
+    }
 }
 
 /// A run of a datum's tokens and the sampled sequence it came from.

@@ -13,13 +13,14 @@ use anyhow::Context;
 use serde::Deserialize;
 
 use super::context::{JobContext, Reporter, play_batch};
-use super::datum::{Datum, sft_datum};
+use super::datum::sft_datum;
 use super::job::{Job, PLATEAU_MIN_GAIN, PLATEAU_MIN_GAIN_NATS, SftSection, StopRule};
 use super::metrics::{Evaluation, Phase, StepMetrics, Warmup, errors, mean};
 use super::render::Renderer;
 use super::rollout::{Actor, EpisodeOutcome};
 use super::train_step::{LossFn, forward_cross_entropy, loss_per_token, train_step};
 use super::transcript::{TokenSequence, Transcript};
+use crate::api::Datum;
 use crate::client::TrainingClient;
 use crate::text::ChatMessage;
 

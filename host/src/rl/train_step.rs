@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use super::datum::Datum;
 use crate::api::{
-    AdamParams, ForwardBackwardInput, ForwardBackwardOutput, TensorValues, UNIT_TEMPERATURE,
+    AdamParams, Datum, ForwardBackwardInput, ForwardBackwardOutput, LossInput, TensorValues,
+    UNIT_TEMPERATURE,
 };
 use crate::client::TrainingClient;
 
@@ -34,7 +34,7 @@ impl LossFn {
 
     fn input(&self, datums: &[Datum]) -> ForwardBackwardInput {
         ForwardBackwardInput {
-            data: datums.iter().map(Datum::to_api).collect(),
+            data: datums.to_vec(),
             loss_fn: self.name.clone(),
             loss_fn_config: self.config.clone(),
             custom_loss: None,
@@ -77,13 +77,14 @@ impl LogprobGap {
         let (mut max, mut sum, mut count) = (0.0f64, 0.0f64, 0usize);
         for (datums, output) in batches {
             for (datum, outputs) in datums.iter().zip(&output.loss_fn_outputs) {
-                let (Some(sampled), Some(TensorValues::Float32(trained))) = (
-                    &datum.sampler_logprobs,
+                let (Some(sampled), Some(mask), Some(TensorValues::Float32(trained))) = (
+                    datum.floats(LossInput::Logprobs),
+                    datum.floats(LossInput::Mask),
                     outputs.get("logprobs").map(|t| &t.values),
                 ) else {
                     continue;
                 };
-                let tokens = datum.mask.iter().zip(sampled.iter().zip(trained));
+                let tokens = mask.iter().zip(sampled.iter().zip(trained));
                 for (_, (&sampled, &trained)) in tokens.filter(|&(&mask, _)| mask > 0.0) {
                     let gap = f64::from((trained - sampled).abs());
                     max = max.max(gap);
@@ -191,13 +192,11 @@ mod tests {
     use crate::api::TensorData;
 
     fn datum(mask: Vec<f32>, sampled: Option<Vec<f32>>) -> Datum {
-        Datum {
-            input_tokens: vec![1; mask.len()],
-            target_tokens: vec![2; mask.len()],
-            mask,
-            weights: None,
-            advantages: None,
-            sampler_logprobs: sampled,
+        let datum =
+            Datum::new(vec![1; mask.len()], &vec![2; mask.len()]).with(LossInput::Mask, mask);
+        match sampled {
+            Some(sampled) => datum.with(LossInput::Logprobs, sampled),
+            None => datum,
         }
     }
 

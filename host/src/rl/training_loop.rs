@@ -13,7 +13,6 @@ use anyhow::Context;
 
 use super::advantage::{Estimator, GroupReturns, StepAdvantages, advantages, fold_kl};
 use super::context::{JobContext, JobRun, JobStart, Progress, Reporter, SharedBase, evaluate};
-use super::datum::Datum;
 use super::datum::rl_datum;
 use super::diagnosis::{RunSignals, greedy_agreement, signal_of};
 use super::job::{Job, PolicySection, RlLoss};
@@ -29,7 +28,8 @@ use super::rollouts::{
 use super::run_folder::{Cursor, RunFolder};
 use super::sft::run_sft;
 use super::train_step::{LossFn, PolicyBatch, forward_cross_entropy, rl_adam, train_step};
-use crate::api::UNIT_TEMPERATURE;
+use crate::api::LossInput::{Advantages, Logprobs, Mask};
+use crate::api::{Datum, UNIT_TEMPERATURE};
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
 
 /// The training client of each trainable policy of a job, by policy name.
@@ -378,7 +378,7 @@ pub(super) async fn train_job(
         let train_tokens = batches
             .iter()
             .flat_map(|(_, datums)| datums)
-            .map(|datum| datum.input_tokens.len())
+            .map(|datum| datum.model_input.len())
             .sum();
         let training_started = Instant::now();
         let training = train_step(
@@ -715,15 +715,16 @@ async fn fold_kl_penalty(
         }
         let (reference_logprobs, _) = forward_cross_entropy(reference.as_ref(), datums).await?;
         for (datum, reference) in datums.iter_mut().zip(reference_logprobs) {
-            let sampled = datum.sampler_logprobs.clone().unwrap_or_default();
-            for ((m, p), r) in datum.mask.iter().zip(&sampled).zip(&reference) {
+            let sampled = datum.floats(Logprobs).unwrap_or_default().to_vec();
+            let mask = datum.floats(Mask).unwrap_or_default().to_vec();
+            for ((m, p), r) in mask.iter().zip(&sampled).zip(&reference) {
                 if *m > 0.0 {
                     total += f64::from(p - r);
                     count += 1;
                 }
             }
-            if let Some(advantages) = &mut datum.advantages {
-                fold_kl(advantages, &datum.mask, &sampled, &reference, coef);
+            if let Some(advantages) = datum.floats_mut(Advantages) {
+                fold_kl(advantages, &mask, &sampled, &reference, coef);
             }
         }
     }
@@ -734,8 +735,9 @@ async fn fold_kl_penalty(
 fn sampled_entropy(batches: &[(String, Vec<Datum>)]) -> f64 {
     let (mut total, mut count) = (0.0f64, 0usize);
     for datum in batches.iter().flat_map(|(_, d)| d) {
-        let sampled = datum.sampler_logprobs.as_deref().unwrap_or_default();
-        for (m, p) in datum.mask.iter().zip(sampled) {
+        let sampled = datum.floats(Logprobs).unwrap_or_default();
+        let mask = datum.floats(Mask).unwrap_or_default();
+        for (m, p) in mask.iter().zip(sampled) {
             if *m > 0.0 {
                 total -= f64::from(*p);
                 count += 1;
@@ -1073,15 +1075,15 @@ mod tests {
         // Seat 0 won episode 0 and lost episode 1: advantages +1 and -1 on its sampled tokens.
         let x = batch("x");
         assert_eq!(x.len(), 2);
-        assert_eq!(x[0].target_tokens, vec![2, 10, 3]);
-        assert_eq!(x[0].advantages, Some(vec![0.0, 1.0, 1.0]));
-        assert_eq!(x[1].target_tokens, vec![2, 11, 3]);
-        assert_eq!(x[1].advantages, Some(vec![0.0, -1.0, -1.0]));
+        assert_eq!(x[0].target_tokens().unwrap(), [2, 10, 3]);
+        assert_eq!(x[0].floats(Advantages).unwrap(), [0.0, 1.0, 1.0]);
+        assert_eq!(x[1].target_tokens().unwrap(), [2, 11, 3]);
+        assert_eq!(x[1].floats(Advantages).unwrap(), [0.0, -1.0, -1.0]);
         // Seat 1 has the opposite returns, and only its own tokens.
         let o = batch("o");
-        assert_eq!(o[0].target_tokens, vec![2, 20, 3]);
-        assert_eq!(o[0].advantages, Some(vec![0.0, -1.0, -1.0]));
-        assert_eq!(o[1].advantages, Some(vec![0.0, 1.0, 1.0]));
+        assert_eq!(o[0].target_tokens().unwrap(), [2, 20, 3]);
+        assert_eq!(o[0].floats(Advantages).unwrap(), [0.0, -1.0, -1.0]);
+        assert_eq!(o[1].floats(Advantages).unwrap(), [0.0, 1.0, 1.0]);
 
         // A failed episode (return 0, the default failure reward) in a group that mostly lost
         // would have a positive advantage; it gets none.
@@ -1098,12 +1100,12 @@ mod tests {
         .unwrap();
         let (batches, _, _) = datums_of(&losing, &job3, &policies, &group_mean(&losing, &job3));
         let x = &batches.iter().find(|(n, _)| n == "x").unwrap().1;
-        assert!(x[0].advantages.as_ref().unwrap()[1] < 0.0);
-        assert_eq!(x[2].advantages, Some(vec![0.0, 0.0, 0.0]));
+        assert!(x[0].floats(Advantages).unwrap()[1] < 0.0);
+        assert_eq!(x[2].floats(Advantages).unwrap(), [0.0, 0.0, 0.0]);
         // Seat 1 won those games: the failed episode's return sits below the mean, and it
         // keeps its negative advantage.
         let o = &batches.iter().find(|(n, _)| n == "o").unwrap().1;
-        assert!(o[2].advantages.as_ref().unwrap()[1] < 0.0);
+        assert!(o[2].floats(Advantages).unwrap()[1] < 0.0);
 
         // A frozen policy's seat trains nothing.
         let frozen = [policy("x", vec![0], true), policy("o", vec![1], false)];

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use crate::api::{
     AdamParams, ApiError, ApiErrorKind, Datum, ForwardBackwardInput, ForwardBackwardOutput,
-    LoraConfig, ModelInput, OptimStepOutput, PromptAltTokens, SampleResponse, SampledSequence,
-    SamplingParams, StopReason, TensorData, TensorValues,
+    LoraConfig, LossInput, ModelInput, OptimStepOutput, PromptAltTokens, SampleResponse,
+    SampledSequence, SamplingParams, StopReason, TensorData, TensorValues,
 };
 use crate::model::ModelConfig;
 use crate::sample;
@@ -27,18 +27,6 @@ const MAX_LORA_RANK: usize = 256;
 const DEFAULT_MAX_TOKENS: usize = 64;
 /// The `loss_fn` of a call that runs a custom loss (its id in `loss_fn_config["loss_id"]`).
 pub const CUSTOM_LOSS: &str = "custom";
-
-/// The loss inputs a datum may carry: Tinker's (`sequence_ratio_mask` for `gspo`), and `mask`
-/// (an opentinker extension: 1 where a target counts in the loss and in `tokens:sum`, 0 for
-/// context; absent, every target counts).
-const LOSS_INPUTS: [&str; 6] = [
-    "target_tokens",
-    "weights",
-    "advantages",
-    "logprobs",
-    "sequence_ratio_mask",
-    "mask",
-];
 
 /// The engine's adapter config of an API LoRA config, checked.
 pub fn lora_config(lora: &LoraConfig) -> Result<crate::lora::LoraConfig, ApiError> {
@@ -87,11 +75,11 @@ pub fn engine_datum(
     if let Some(key) = datum
         .loss_fn_inputs
         .keys()
-        .find(|k| !LOSS_INPUTS.contains(&k.as_str()) && !declared.contains(&k.as_str()))
+        .find(|k| LossInput::from_name(k).is_none() && !declared.contains(&k.as_str()))
     {
         return Err(bad(format!(
             "unknown loss_fn_inputs key {key:?} (known: {}{})",
-            LOSS_INPUTS.join(", "),
+            LossInput::ALL.map(LossInput::name).join(", "),
             declared
                 .iter()
                 .map(|d| format!(", {d}"))
@@ -143,7 +131,7 @@ pub fn engine_datum(
         }
         Some(Ok(&tensor.values))
     };
-    let targets = match shaped("target_tokens") {
+    let targets = match shaped(LossInput::TargetTokens.name()) {
         None => return Err(bad("loss_fn_inputs has no \"target_tokens\"".into())),
         Some(Err(error)) => return Err(error),
         Some(Ok(TensorValues::Int64(targets))) => targets,
@@ -174,11 +162,11 @@ pub fn engine_datum(
     Ok(train::Datum {
         input_tokens,
         target_tokens,
-        mask: floats("mask")?.unwrap_or_else(|| vec![1.0; n]),
-        weights: floats("weights")?,
-        advantages: floats("advantages")?,
-        sampler_logprobs: floats("logprobs")?,
-        ratio_mask: floats("sequence_ratio_mask")?,
+        mask: floats(LossInput::Mask.name())?.unwrap_or_else(|| vec![1.0; n]),
+        weights: floats(LossInput::Weights.name())?,
+        advantages: floats(LossInput::Advantages.name())?,
+        sampler_logprobs: floats(LossInput::Logprobs.name())?,
+        ratio_mask: floats(LossInput::SequenceRatioMask.name())?,
         inputs,
     })
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use tokio::runtime::Handle;
 
-use crate::api::{ApiError, ForwardBackwardInput};
+use crate::api::{ApiError, ForwardBackwardInput, LossInput};
 use crate::plugin::{Limits, ObjectiveDatum, ObjectiveTensor, Plugin, PluginKind};
 use crate::train::{
     ExternalObjective, Loss, Objective, ObjectiveError, ObjectiveInput, ObjectiveLoss,
@@ -155,15 +155,15 @@ fn plugin_datum(datum: &ObjectiveInput<'_>) -> ObjectiveDatum {
         shape: vec![u32::try_from(values.len()).unwrap_or(u32::MAX)],
         values: values.to_vec(),
     };
-    let mut inputs = vec![vector("mask", datum.mask)];
+    let mut inputs = vec![vector(LossInput::Mask.name(), datum.mask)];
     let named = [
-        ("weights", datum.weights),
-        ("advantages", datum.advantages),
-        ("logprobs", datum.sampler_logprobs),
+        (LossInput::Weights, datum.weights),
+        (LossInput::Advantages, datum.advantages),
+        (LossInput::Logprobs, datum.sampler_logprobs),
     ];
-    for (name, values) in named {
+    for (input, values) in named {
         if let Some(values) = values {
-            inputs.push(vector(name, values));
+            inputs.push(vector(input.name(), values));
         }
     }
     for (name, tensor) in datum.inputs {

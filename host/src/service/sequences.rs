@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::api::{
-    ApiError, Datum, ForwardBackwardInput, SampleResponse, SamplerId, SequenceId, SessionId,
-    SpanSource, TenantId, TensorData, TensorValues,
+    ApiError, Datum, ForwardBackwardInput, LossInput, SampleResponse, SamplerId, SequenceId,
+    SessionId, SpanSource, TenantId,
 };
 use crate::store::unix_now;
 
@@ -169,19 +169,12 @@ impl SequenceRecords {
                  (Datum.with_provenance)",
             )
         })?;
-        let targets: Vec<i64> = match datum.loss_fn_inputs.get("target_tokens") {
-            Some(TensorData {
-                values: TensorValues::Int64(targets),
-                ..
-            }) => targets.clone(),
+        let Some(targets) = datum.target_tokens().map(<[i64]>::to_vec) else {
             // The datum's own check names what is wrong with it.
-            _ => return Ok(()),
+            return Ok(());
         };
-        let mut logprobs = match datum.loss_fn_inputs.get("logprobs") {
-            Some(TensorData {
-                values: TensorValues::Float32(values),
-                ..
-            }) if values.len() == targets.len() => values.clone(),
+        let mut logprobs = match datum.floats(LossInput::Logprobs) {
+            Some(values) if values.len() == targets.len() => values.to_vec(),
             _ => vec![0.0; targets.len()],
         };
         let mut position = 0;
@@ -234,9 +227,7 @@ impl SequenceRecords {
                 targets.len()
             )));
         }
-        datum
-            .loss_fn_inputs
-            .insert("logprobs".into(), TensorData::f32(logprobs));
+        *datum = std::mem::take(datum).with(LossInput::Logprobs, logprobs);
         Ok(())
     }
 }
@@ -246,7 +237,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::api::{ModelInput, ProvenanceSpan, SampledSequence, StopReason};
+    use crate::api::{ModelInput, ProvenanceSpan, SampledSequence, StopReason, TensorData};
 
     fn response(tokens: Vec<u32>, logprobs: Vec<f32>) -> SampleResponse {
         SampleResponse {
