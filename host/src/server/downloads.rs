@@ -6,7 +6,6 @@
 //! encrypted to the client's age keys when it asked for that, so a leaked URL leaks nothing
 //! readable either.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use axum::extract::{Path as UrlPath, Query, State};
@@ -14,24 +13,20 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::json;
-use sha2::Sha256;
 
 use super::HttpError;
 use super::handling::Caller;
 use super::training_runs::time;
 use crate::api::{ApiError, CheckpointKind, CheckpointPath, ModelId, TenantId};
-use crate::store::{unix_now, write_atomic};
+use crate::store::unix_now;
 
 type Shared = Arc<super::AppState>;
 type Answered = Result<Response, HttpError>;
 
 /// How long a signed URL opens its file.
 const URL_LIFETIME_SECS: i64 = 3600;
-/// The signing key's file in the data folder.
-const KEY_FILE: &str = "url-signing.key";
 
 pub fn router() -> Router<Shared> {
     Router::new()
@@ -40,79 +35,6 @@ pub fn router() -> Router<Shared> {
             get(external_weights_urls),
         )
         .route("/downloads/{tenant}/{run}/{name}/{file}", get(download))
-}
-
-/// The server's key for signing download URLs, made at its first start.
-pub struct UrlSigner {
-    key: [u8; 32],
-}
-
-impl UrlSigner {
-    /// The key kept in `data`, made (random, owner-readable only) if there is none.
-    pub fn open(data: &Path) -> std::io::Result<Self> {
-        let path = data.join(KEY_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let key = bytes.try_into().map_err(|_| {
-                    std::io::Error::other(format!("{} is not a 32-byte key", path.display()))
-                })?;
-                Ok(UrlSigner { key })
-            }
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                let mut key = [0u8; 32];
-                getrandom::fill(&mut key).map_err(std::io::Error::other)?;
-                write_atomic(&path, &key)?;
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-                Ok(UrlSigner { key })
-            }
-            Err(error) => Err(error),
-        }
-    }
-
-    fn mac(
-        &self,
-        tenant: &TenantId,
-        path: &CheckpointPath,
-        file: &str,
-        expires: i64,
-    ) -> Hmac<Sha256> {
-        let mut mac =
-            <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("HMAC takes a key of any size");
-        for part in [
-            tenant.as_str(),
-            &path.to_string(),
-            file,
-            &expires.to_string(),
-        ] {
-            mac.update(part.as_bytes());
-            mac.update(b"\n");
-        }
-        mac
-    }
-
-    fn sign(&self, tenant: &TenantId, path: &CheckpointPath, file: &str, expires: i64) -> String {
-        hex::encode(
-            self.mac(tenant, path, file, expires)
-                .finalize()
-                .into_bytes(),
-        )
-    }
-
-    fn verify(
-        &self,
-        tenant: &TenantId,
-        path: &CheckpointPath,
-        file: &str,
-        expires: i64,
-        signature: &str,
-    ) -> bool {
-        hex::decode(signature).is_ok_and(|bytes| {
-            self.mac(tenant, path, file, expires)
-                .verify_slice(&bytes)
-                .is_ok()
-        })
-    }
 }
 
 /// The export `tinker://{id}/external_weights/{name}`: another kind is not downloaded.
@@ -191,28 +113,4 @@ async fn download(
         .await
         .map_err(|e| ApiError::internal(format!("reading {}: {e}", location.display())))?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_signature_opens_its_own_file_until_its_expiry_and_nothing_else() {
-        let dir = tempfile::tempdir().unwrap();
-        let signer = UrlSigner::open(dir.path()).unwrap();
-        let again = UrlSigner::open(dir.path()).unwrap();
-        assert_eq!(signer.key, again.key, "the key is kept");
-        let tenant = TenantId::new("alice").unwrap();
-        let path: CheckpointPath = "tinker://s1:train:0/external_weights/final"
-            .parse()
-            .unwrap();
-        let signature = signer.sign(&tenant, &path, "adapter_model.safetensors", 100);
-        assert!(signer.verify(&tenant, &path, "adapter_model.safetensors", 100, &signature));
-        assert!(!signer.verify(&tenant, &path, "adapter_config.json", 100, &signature));
-        assert!(!signer.verify(&tenant, &path, "adapter_model.safetensors", 101, &signature));
-        let bob = TenantId::new("bob").unwrap();
-        assert!(!signer.verify(&bob, &path, "adapter_model.safetensors", 100, &signature));
-        assert!(!signer.verify(&tenant, &path, "adapter_model.safetensors", 100, "zz"));
-    }
 }

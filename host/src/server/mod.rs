@@ -3,10 +3,10 @@
 //! at once with a request id and run as futures the client polls; every request is made by a
 //! tenant whose key is checked before any work.
 //!
-//! [`serve`] runs an [`AppState`] (made by [`AppState::start`] from a [`ServerConfig`]) on the
-//! one axum [`router`] over that state, composed here from each concern's own
-//! routes, with the layers every answer passes: the body limit, the Tinker error shape
-//! ([`HttpError`], in `error`) and the access log.
+//! [`serve`] runs an [`AppState`] (what every handler reaches, in `state`; assembled here by
+//! [`AppState::start`] from a [`ServerConfig`]) on the one axum [`router`] over that state,
+//! composed here from each concern's own routes, with the layers every answer passes: the body
+//! limit, the Tinker error shape ([`HttpError`], in `error`) and the access log.
 //!
 //! One file per concern: `routes` maps the Tinker SDK's paths to ops ([`FutureRoute`],
 //! [`accept`]), `wire` converts their bodies, `futures` holds running and finished ops,
@@ -14,8 +14,8 @@
 //! OpenAI-compatible routes, `jobs` the jobs API, `plugins` the tenants' uploads, `rollouts` the
 //! rollout workers' logins to the queue, `registry` the OCI distribution API, `dashboard` the web
 //! page, `training_runs` the checkpoints' listing, expiry and deletion, `sessions` the sessions'
-//! listing, `downloads` signed download URLs, and `not_offered` refuses by name what the SDK has
-//! and this server does not serve.
+//! listing, `downloads` signed download URLs (signed by `url_signer`), and `not_offered` refuses
+//! by name what the SDK has and this server does not serve.
 
 mod access_log;
 mod dashboard;
@@ -32,27 +32,28 @@ mod registry;
 mod rollouts;
 mod routes;
 mod sessions;
+mod state;
 mod tenants;
 mod training_runs;
+mod url_signer;
 mod wire;
 
 pub use error::{HttpError, category};
 pub use routes::{FutureRoute, accept};
+pub use state::{AppState, KEY_RECHECK};
 pub use tenants::Tenants;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
-use sha2::{Digest, Sha256};
 
-use crate::api::{ApiError, ApiErrorKind, TenantId};
+use crate::api::{ApiError, ApiErrorKind};
 use crate::jobs::{
     JobQuotas, JobService, MemoryBudget, PluginStore, RolloutAccess, ServerRollouts, human_bytes,
     served_base_bytes,
@@ -66,6 +67,8 @@ use crate::service::{
 use futures::Futures;
 use journal::Journal;
 use registry::HostedRegistry;
+use state::KnownKeys;
+use url_signer::UrlSigner;
 
 /// The largest request body accepted (the SDK sends `forward_backward` in chunks of about
 /// 5 MB); larger ones are answered 413.
@@ -74,11 +77,6 @@ pub const MAX_BODY_BYTES: usize = 64 << 20;
 /// How long a `retrieve_future` poll waits for an unfinished op before answering `try_again`
 /// (the SDK's poll times out at 45 s).
 pub const DEFAULT_POLL_WAIT: Duration = Duration::from_secs(20);
-
-/// How long a key checked against the database is taken as valid before it is checked again:
-/// the most a rotated or revoked key (`opentinker tenant rotate-key`, `revoke`, which write
-/// the database from another process) keeps working on a running server.
-pub const KEY_RECHECK: Duration = Duration::from_secs(1);
 
 /// What `opentinker serve` is told.
 #[derive(Clone, Debug)]
@@ -153,31 +151,6 @@ impl std::fmt::Display for Restored {
             self.sessions, self.models, self.samplers, self.finished, self.unfinished, self.jobs
         )
     }
-}
-
-/// Everything a request handler reaches.
-pub struct AppState {
-    pub service: Arc<Service>,
-    pub tenants: Tenants,
-    pub journal: Arc<Journal>,
-    pub futures: Futures,
-    pub poll_wait: Duration,
-    /// Keys seen valid, by SHA-256, with when they were last checked, so that a request does
-    /// not wait on the database (but a rotated or revoked key stops working within
-    /// [`KEY_RECHECK`]).
-    known_keys: Mutex<HashMap<[u8; 32], (TenantId, Instant)>>,
-    /// The samplers of the OpenAI-compatible routes.
-    pub openai: openai::Samplers,
-    /// The tenants' uploaded plugins.
-    pub plugins: Arc<PluginStore>,
-    /// The tenants' published plugins (the OCI distribution API under `/v2/`).
-    pub registry: Arc<HostedRegistry>,
-    /// The key that signs download URLs of exports.
-    pub downloads: downloads::UrlSigner,
-    /// The tenants' jobs.
-    pub jobs: Arc<JobService>,
-    /// What signs the rollout workers' users, on a queue with accounts.
-    pub(super) rollout_access: Option<RolloutAccess>,
 }
 
 impl AppState {
@@ -279,12 +252,12 @@ impl AppState {
             futures: Futures::new(Arc::clone(&journal), config.max_queued_per_tenant),
             journal,
             poll_wait: config.poll_wait,
-            known_keys: Mutex::new(HashMap::new()),
+            known_keys: KnownKeys::default(),
             openai: openai::Samplers::default(),
             plugins,
             registry,
             jobs: Arc::clone(&jobs),
-            downloads: downloads::UrlSigner::open(&config.data)
+            downloads: UrlSigner::open(&config.data)
                 .context("opening the download URLs' signing key")?,
             rollout_access,
         });
@@ -331,35 +304,6 @@ impl AppState {
                 max_checkpoint_bytes_per_tenant: config.max_checkpoint_bytes_per_tenant,
             },
         ))
-    }
-
-    /// The tenant of `key`; the database is read on a blocking thread, once per key and
-    /// [`KEY_RECHECK`] (which also brings a changed weight in).
-    pub async fn authenticate(self: &Arc<Self>, key: &str) -> Result<TenantId, ApiError> {
-        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        if let Some((tenant, checked)) = self.keys().get(&digest)
-            && checked.elapsed() < KEY_RECHECK
-        {
-            access_log::record_tenant(tenant.as_str());
-            return Ok(tenant.clone());
-        }
-        let (state, key) = (Arc::clone(self), key.to_string());
-        let found = tokio::task::spawn_blocking(move || state.tenants.authenticate(&key))
-            .await
-            .map_err(|e| ApiError::internal(format!("checking the key: {e}")))?
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        let Some((tenant, weight)) = found else {
-            self.keys().remove(&digest);
-            return Err(ApiError::new(ApiErrorKind::Unauthorized, "invalid API key"));
-        };
-        self.service.set_weight(&tenant, weight);
-        self.keys().insert(digest, (tenant.clone(), Instant::now()));
-        access_log::record_tenant(tenant.as_str());
-        Ok(tenant)
-    }
-
-    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], (TenantId, Instant)>> {
-        self.known_keys.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

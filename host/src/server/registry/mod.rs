@@ -16,6 +16,7 @@
 //! index of tags), which `skopeo copy oci:DATA/registry:NS/NAME:VERSION` reads too.
 
 mod errors;
+mod hosted;
 mod owners;
 mod trust;
 mod uploads;
@@ -34,48 +35,18 @@ use base64::Engine as _;
 
 use super::AppState;
 use crate::api::TenantId;
-use crate::market::LayoutRegistry;
 use crate::market::{Digest, PackageId, PackageName, Registry};
 use crate::market::{MANIFEST_MEDIA_TYPE, Manifest, PluginManifest};
 pub use errors::{OciCode, OciError};
-use owners::Owners;
+pub use hosted::HostedRegistry;
 pub use trust::JobPackages;
-use uploads::{Upload, Uploads};
+use uploads::Upload;
 
 type Shared = Arc<AppState>;
 type Answer = Result<Response, OciError>;
 
 /// The largest manifest accepted (the distribution spec's recommended limit).
 const MAX_MANIFEST_BYTES: usize = 4 << 20;
-
-/// The registry's storage, owners, uploads and the tenants' trust policies.
-pub struct HostedRegistry {
-    store: LayoutRegistry,
-    owners: Owners,
-    uploads: Uploads,
-    trust_dir: std::path::PathBuf,
-    /// The registry as clients name it (`oci://ADDR`), for lock files.
-    location: String,
-    /// Manifest pushes one at a time, so that two pushes of one version cannot both find it
-    /// free.
-    publishing: tokio::sync::Mutex<()>,
-}
-
-impl HostedRegistry {
-    /// The registry under `data` of the server at `addr` (blocking: opens the database and
-    /// clears old uploads).
-    pub fn open(data: &std::path::Path, addr: std::net::SocketAddr) -> anyhow::Result<Self> {
-        let dir = data.join("registry");
-        Ok(HostedRegistry {
-            store: LayoutRegistry::new(&dir),
-            owners: Owners::open(data)?,
-            uploads: Uploads::open(&data.join("registry-uploads"))?,
-            trust_dir: data.join("trust"),
-            location: format!("oci://{addr}"),
-            publishing: tokio::sync::Mutex::new(()),
-        })
-    }
-}
 
 /// The tenants' trust routes, nested under `/api/v1`.
 pub fn api_router() -> Router<Shared> {

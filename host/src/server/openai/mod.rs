@@ -14,7 +14,10 @@
 //! token is sampled (the sampler tells a `TokenSink`), its text decoded from the tokens so far
 //! (a token that ends inside a UTF-8 character waits for the next).
 
-use std::collections::HashMap;
+mod samplers;
+
+pub use samplers::Samplers;
+
 use std::sync::{Arc, Mutex};
 
 use axum::Json;
@@ -32,12 +35,12 @@ use super::handling::{Caller, direct, off_the_workers};
 use super::{AppState, HttpError};
 use crate::api::{
     ApiError, ApiErrorKind, JobId, ModelInput, Op, OpOutput, SampleRequest, SampleResponse,
-    SampledSequence, SamplerId, SamplerSource, SamplingParams, SessionId, Stop, StopReason,
-    TenantId, check_num_samples,
+    SampledSequence, SamplerSource, SamplingParams, Stop, StopReason, TenantId, check_num_samples,
 };
 use crate::sample::TokenSink;
 use crate::service::ServedBase;
 use crate::text::ChatMessage;
+use samplers::Resolved;
 
 type Shared = Arc<AppState>;
 
@@ -98,129 +101,74 @@ async fn openai_errors(response: Response) -> Response {
     answer
 }
 
-/// The sampling sessions made for OpenAI requests, by tenant and model name, so that a model is
-/// resolved once (a session evicted since is made again).
-#[derive(Default)]
-pub struct Samplers {
-    inner: Mutex<Known>,
-}
-
-#[derive(Default)]
-struct Known {
-    /// The session each tenant's samplers live in.
-    sessions: HashMap<TenantId, SessionId>,
-    samplers: HashMap<(TenantId, String), Resolved>,
-    next_seq: u64,
-}
-
-#[derive(Clone)]
-struct Resolved {
-    sampler: SamplerId,
-    base: Arc<ServedBase>,
-}
-
-impl Samplers {
-    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
-        // A panic elsewhere while holding it leaves plain maps behind: still usable.
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// The sampler of `model` for `tenant`: the one made before, or one made now (in the
+/// tenant's session for these routes, itself made on first use).
+async fn resolve(state: &Shared, tenant: &TenantId, model: &str) -> Result<Resolved, ApiError> {
+    let samplers = &state.openai;
+    // The tenant's session finished (idle too long): its samplers went with it.
+    if let Some(session) = samplers.session(tenant)
+        && state.service.heartbeat(tenant, &session).is_err()
+    {
+        samplers.forget_tenant(tenant);
     }
-
-    /// The sampler of `model` for `tenant`, made on first use.
-    async fn resolve(
-        &self,
-        state: &Shared,
-        tenant: &TenantId,
-        model: &str,
-    ) -> Result<Resolved, ApiError> {
-        let key = (tenant.clone(), model.to_string());
-        // The tenant's session finished (idle too long): its samplers went with it.
-        let session = self.known().sessions.get(tenant).cloned();
-        if let Some(session) = &session
-            && state.service.heartbeat(tenant, session).is_err()
-        {
-            self.forget_tenant(tenant);
-        }
-        if let Some(known) = self.known().samplers.get(&key) {
-            return Ok(known.clone());
-        }
-        let session = self.known().sessions.get(tenant).cloned();
-        let session = match session {
-            Some(session) => session,
-            None => match direct(state, tenant, Op::CreateSession).await? {
-                OpOutput::Session(session) => {
-                    self.known()
-                        .sessions
-                        .insert(tenant.clone(), session.clone());
-                    session
-                }
-                other => return Err(unexpected(&other)),
-            },
-        };
-        let sampler_seq = {
-            let mut known = self.known();
-            known.next_seq += 1;
-            known.next_seq
-        };
-        let sampler = if model.starts_with("job-") {
-            let (job, which) = model.split_once('/').unwrap_or((model, ""));
-            let dir = state
-                .jobs
-                .adapter_folder(tenant, &JobId::parse(job)?, which)
-                .await?;
-            state
-                .service
-                .open_adapter_folder(tenant, &session, sampler_seq, dir, model)
-                .await?
-        } else {
-            let source = match model.starts_with("tinker://") {
-                true => SamplerSource::Checkpoint(model.parse()?),
-                false => SamplerSource::Base(model.to_string()),
-            };
-            let op = Op::CreateSamplingSession {
-                session,
-                sampler_seq,
-                source,
-            };
-            match direct(state, tenant, op).await? {
-                OpOutput::Sampler(id) => id,
-                other => return Err(unexpected(&other)),
+    if let Some(known) = samplers.get(tenant, model) {
+        return Ok(known);
+    }
+    let session = match samplers.session(tenant) {
+        Some(session) => session,
+        None => match direct(state, tenant, Op::CreateSession).await? {
+            OpOutput::Session(session) => {
+                samplers.set_session(tenant, session.clone());
+                session
             }
-        };
-        let info = match direct(
-            state,
-            tenant,
-            Op::GetSampler {
-                sampler: sampler.clone(),
-            },
-        )
-        .await?
-        {
-            OpOutput::SamplerInfo(info) => info,
             other => return Err(unexpected(&other)),
-        };
-        let base = state
+        },
+    };
+    let sampler_seq = samplers.next_seq();
+    let sampler = if model.starts_with("job-") {
+        let (job, which) = model.split_once('/').unwrap_or((model, ""));
+        let dir = state
+            .jobs
+            .adapter_folder(tenant, &JobId::parse(job)?, which)
+            .await?;
+        state
             .service
-            .served_base(&info.base_model)
-            .ok_or_else(|| ApiError::internal(format!("no base {}", info.base_model)))?;
-        let resolved = Resolved { sampler, base };
-        self.known().samplers.insert(key, resolved.clone());
-        Ok(resolved)
-    }
-
-    fn forget(&self, tenant: &TenantId, model: &str) {
-        self.known()
-            .samplers
-            .remove(&(tenant.clone(), model.to_string()));
-    }
-
-    /// Forget `tenant`'s session and every sampler made in it.
-    fn forget_tenant(&self, tenant: &TenantId) {
-        let mut known = self.known();
-        known.sessions.remove(tenant);
-        known.samplers.retain(|(owner, _), _| owner != tenant);
-    }
+            .open_adapter_folder(tenant, &session, sampler_seq, dir, model)
+            .await?
+    } else {
+        let source = match model.starts_with("tinker://") {
+            true => SamplerSource::Checkpoint(model.parse()?),
+            false => SamplerSource::Base(model.to_string()),
+        };
+        let op = Op::CreateSamplingSession {
+            session,
+            sampler_seq,
+            source,
+        };
+        match direct(state, tenant, op).await? {
+            OpOutput::Sampler(id) => id,
+            other => return Err(unexpected(&other)),
+        }
+    };
+    let info = match direct(
+        state,
+        tenant,
+        Op::GetSampler {
+            sampler: sampler.clone(),
+        },
+    )
+    .await?
+    {
+        OpOutput::SamplerInfo(info) => info,
+        other => return Err(unexpected(&other)),
+    };
+    let base = state
+        .service
+        .served_base(&info.base_model)
+        .ok_or_else(|| ApiError::internal(format!("no base {}", info.base_model)))?;
+    let resolved = Resolved { sampler, base };
+    samplers.insert(tenant, model, resolved.clone());
+    Ok(resolved)
 }
 
 fn unexpected(output: &OpOutput) -> ApiError {
@@ -450,7 +398,7 @@ async fn prepare(
         top_logprobs,
     } = *sampling;
     check_num_samples("n", n)?;
-    let resolved = state.openai.resolve(state, tenant, model).await?;
+    let resolved = resolve(state, tenant, model).await?;
     let (prompt, base) = (Arc::clone(prompt), Arc::clone(&resolved.base));
     let tokens = off_the_workers(move || prompt(&base)).await?;
     let prompt_tokens = tokens.len();
