@@ -17,6 +17,17 @@ use opentinker::service::{
     DeviceOptions, FairShare, ServedBase, Service, ServiceConfig, TINY_MODEL_NAME, tiny_model_dir,
 };
 
+/// `op` as the server runs it: checked when accepted, then run with what the check built.
+async fn run_op(
+    service: &Service,
+    tenant: &TenantId,
+    op: Op,
+    seq: Option<u64>,
+) -> anyhow::Result<OpOutput> {
+    let checked = service.validate(tenant, &op)?;
+    Ok(service.execute(tenant, op, seq, checked).await.outcome?)
+}
+
 /// The benchmark's batch: 8 datums of 128 tokens (the Python side builds the same).
 fn batch() -> Vec<Datum> {
     (0..8u32)
@@ -69,8 +80,8 @@ async fn run() -> anyhow::Result<()> {
     )?;
     let service = Service::new(vec![base], ServiceConfig::new(data));
     let tenant = TenantId::new("bench")?;
-    let run = |op, seq| service.execute(&tenant, op, seq);
-    let OpOutput::Session(session) = run(Op::CreateSession, None).await.outcome? else {
+    let run = |op, seq| run_op(&service, &tenant, op, seq);
+    let OpOutput::Session(session) = run(Op::CreateSession, None).await? else {
         anyhow::bail!("no session");
     };
     let lora = LoraConfig {
@@ -89,7 +100,7 @@ async fn run() -> anyhow::Result<()> {
         lora,
         user_metadata: Default::default(),
     };
-    let OpOutput::Model(model) = run(create, None).await.outcome? else {
+    let OpOutput::Model(model) = run(create, None).await? else {
         anyhow::bail!("no model");
     };
     let step = |model: ModelId, seq: u64| {
@@ -109,8 +120,8 @@ async fn run() -> anyhow::Result<()> {
             params: AdamParams::default(),
         };
         async move {
-            run(forward_backward, Some(seq)).await.outcome?;
-            run(optim, Some(seq + 1)).await.outcome?;
+            run(forward_backward, Some(seq)).await?;
+            run(optim, Some(seq + 1)).await?;
             anyhow::Ok(())
         }
     };

@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 
 use super::{AppState, HttpError};
 use crate::api::{ApiError, ApiErrorKind, ModelId, Op, OpOutput, TenantId};
-use crate::service::Change;
+use crate::service::{Change, Checked};
 
 type Shared = Arc<AppState>;
 
@@ -73,7 +73,10 @@ pub(super) async fn direct(
     tenant: &TenantId,
     op: Op,
 ) -> Result<OpOutput, ApiError> {
-    let executed = state.service.execute(tenant, op, None).await;
+    let executed = state
+        .service
+        .execute(tenant, op, None, Checked::default())
+        .await;
     let output = executed.outcome?;
     record(state, executed.changes).await?;
     Ok(output)

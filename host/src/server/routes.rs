@@ -20,7 +20,7 @@ use crate::api::{
     SampleRequest, SamplerId, SamplerSource, SaveOptions, SequenceId, SessionId, TenantId,
     check_num_samples, check_user_metadata,
 };
-use crate::service::Hold;
+use crate::service::{Checked, Hold};
 use crate::wire::{encode_forward_backward_output, encode_sample_response};
 
 type Shared = Arc<AppState>;
@@ -478,14 +478,15 @@ fn answer(route: FutureRoute, output: OpOutput) -> Outcome {
     }
 }
 
-/// The work of an accepted request: run the op, make its answer, keep the model's turn until
-/// the journal has it.
+/// The work of an accepted request (with what its check built): run the op, make its answer,
+/// keep the model's turn until the journal has it.
 pub fn work(
     state: &Shared,
     tenant: &TenantId,
     route: FutureRoute,
     op: Op,
     seq: Option<u64>,
+    checked: Checked,
 ) -> impl std::future::Future<Output = Finished> + Send + 'static {
     let (state, tenant) = (Arc::clone(state), tenant.clone());
     async move {
@@ -504,7 +505,7 @@ pub fn work(
                 hold,
             };
         }
-        let executed = state.service.execute(&tenant, op, seq).await;
+        let executed = state.service.execute(&tenant, op, seq, checked).await;
         Finished {
             outcome: executed.outcome.and_then(|output| answer(route, output)),
             changes: executed.changes,
@@ -522,7 +523,8 @@ pub fn resume(state: &Shared, pending: Vec<AcceptedRequest>) {
             .and_then(|route| Ok((route, accept(route, &request.body, None)?)));
         match accepted {
             Ok((route, accepted)) => {
-                let work = work(state, &request.tenant, route, accepted.op, accepted.seq);
+                let (op, seq) = (accepted.op, accepted.seq);
+                let work = work(state, &request.tenant, route, op, seq, Checked::default());
                 state.futures.resubmit(&request, work);
             }
             Err(error) => state.futures.resubmit(&request, async move {
@@ -570,19 +572,24 @@ async fn submit(
         state.service.check_seq(&tenant, model, seq)?;
     }
     let prepared = plugins::prepare_objective(&state, &tenant, &accepted.op).await;
-    if let Err(error) = prepared.and_then(|()| state.service.validate(&tenant, &accepted.op)) {
-        if let (Some(model), Some(seq)) = (accepted.op.model(), accepted.seq) {
-            pass_refused_turn(&state, &tenant, model.clone(), seq);
+    let checked = match prepared.and_then(|()| state.service.validate(&tenant, &accepted.op)) {
+        Ok(checked) => checked,
+        Err(error) => {
+            if let (Some(model), Some(seq)) = (accepted.op.model(), accepted.seq) {
+                pass_refused_turn(&state, &tenant, model.clone(), seq);
+            }
+            return Err(error.into());
         }
-        return Err(error.into());
-    }
+    };
+    let mut op = accepted.op;
+    checked.drop_datums_of(&mut op);
     let submission = Submission {
         tenant: tenant.clone(),
         idempotency,
         route: route.name().to_string(),
         body: Vec::from(body),
     };
-    let work = work(&state, &tenant, route, accepted.op, accepted.seq);
+    let work = work(&state, &tenant, route, op, accepted.seq, checked);
     let id = state.futures.submit(submission, work).await?;
     let mut extra = accepted.extra;
     if route == FutureRoute::Sample {

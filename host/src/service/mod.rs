@@ -34,7 +34,7 @@ mod usage;
 
 pub use base::{DeviceOptions, ServedBase, TINY_MODEL_NAME, tiny_model_dir};
 pub use objectives::{ObjectivePlugins, PluginObjective, names_a_plugin, objective_config};
-pub use ops::{Change, Executed, Hold, SamplerRecord, Service, ServiceConfig};
+pub use ops::{Change, Checked, Executed, Hold, SamplerRecord, Service, ServiceConfig};
 pub use sampler::{SamplerService, SamplerServiceError};
 pub use trainer::{FairShare, TrainerService, TrainerServiceError};
 pub use usage::{TenantUsage, Usage};

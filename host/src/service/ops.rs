@@ -319,6 +319,31 @@ struct TrainedModel {
     order: OpOrder,
 }
 
+/// What [`Service::validate`] built in checking an op, handed on to [`Service::execute`] so
+/// that it is not built twice: a `forward_backward`'s work item (its datums checked and
+/// converted for the engine). Empty for the other ops, and for a call run again after a
+/// restart, which is checked when it runs.
+#[derive(Default)]
+pub struct Checked {
+    work: Option<CheckedWork>,
+}
+
+impl Checked {
+    /// Drop `op`'s datums when this holds them converted (as a queued call would otherwise
+    /// hold each of its datums twice).
+    pub fn drop_datums_of(&self, op: &mut Op) {
+        if let (Some(_), Op::ForwardBackward { input, .. }) = (&self.work, op) {
+            input.data = Vec::new();
+        }
+    }
+}
+
+/// A `forward_backward`'s work item and the model it was checked against.
+struct CheckedWork {
+    model: Arc<TrainedModel>,
+    item: WorkItem,
+}
+
 /// A sampling session: a fixed policy on a base.
 struct Sampler {
     tenant: TenantId,
@@ -516,9 +541,17 @@ impl Service {
             .collect()
     }
 
-    /// Run `op` for `tenant`. An op that names a model and carries `seq` waits for its turn in
-    /// that model's order, and holds it until the returned [`Executed`] is dropped.
-    pub async fn execute(&self, tenant: &TenantId, op: Op, seq: Option<u64>) -> Executed {
+    /// Run `op` for `tenant`, with what its [`Service::validate`] built (or
+    /// `Checked::default()`: it is checked now). An op that names a model and carries `seq`
+    /// waits for its turn in that model's order, and holds it until the returned [`Executed`]
+    /// is dropped.
+    pub async fn execute(
+        &self,
+        tenant: &TenantId,
+        op: Op,
+        seq: Option<u64>,
+        checked: Checked,
+    ) -> Executed {
         let model = match op.model().map(|id| self.model(tenant, id)).transpose() {
             Ok(model) => model,
             Err(error) => return Executed::failed(error),
@@ -541,7 +574,8 @@ impl Service {
             } | Op::OptimStep { .. }
                 | Op::LoadState { .. }
         );
-        let (mut outcome, mut changes, captured) = match self.run(tenant, op, model.clone()).await {
+        let ran = self.run(tenant, op, model.clone(), checked).await;
+        let (mut outcome, mut changes, captured) = match ran {
             Ok(ran) => (Ok(ran.output), ran.changes, ran.state),
             Err(error) => (Err(error), Vec::new(), None),
         };
@@ -599,6 +633,7 @@ impl Service {
         tenant: &TenantId,
         op: Op,
         model: Option<Arc<TrainedModel>>,
+        checked: Checked,
     ) -> Result<Ran, ApiError> {
         let model_of = |model: Option<Arc<TrainedModel>>| {
             model.ok_or_else(|| ApiError::internal("the op names no model"))
@@ -661,13 +696,22 @@ impl Service {
                 input,
                 forward_only,
             } => {
-                let input = self
-                    .sequences
-                    .resolve(tenant, &id.session, &input)?
-                    .unwrap_or(input);
-                let loss = self.loss(tenant, &input)?;
+                let model = model_of(model)?;
+                let item = match checked.work {
+                    Some(work) if Arc::ptr_eq(&work.model, &model) => work.item,
+                    Some(_) => {
+                        return Err(ApiError::invalid(format!(
+                            "model {id} was replaced after this call was accepted: send it again"
+                        )));
+                    }
+                    None => {
+                        let resolved = self.sequences.resolve(tenant, &id.session, &input)?;
+                        let input = resolved.as_ref().unwrap_or(&input);
+                        work_item(&model, input, self.loss(tenant, input)?)?
+                    }
+                };
                 let (output, state) =
-                    forward_backward(&*model_of(model)?, input, loss, forward_only).await?;
+                    forward_backward(&model, item, input.loss_fn, forward_only).await?;
                 return Ok(Ran::with_state(OpOutput::ForwardBackward(output), state));
             }
             Op::OptimStep { params, .. } => {
@@ -855,7 +899,24 @@ impl Service {
     /// Check `op` for `tenant` without running it: unknown (or another tenant's) ids, bad
     /// datums and bad parameters are refused here, before a request is accepted. The op is
     /// checked again when it runs (a model may be gone by then).
-    pub fn validate(&self, tenant: &TenantId, op: &Op) -> Result<(), ApiError> {
+    pub fn validate(&self, tenant: &TenantId, op: &Op) -> Result<Checked, ApiError> {
+        if let Op::ForwardBackward { model, input, .. } = op {
+            let trained = self.model(tenant, model)?;
+            let resolved = self.sequences.resolve(tenant, &model.session, input)?;
+            let input = resolved.as_ref().unwrap_or(input);
+            let item = work_item(&trained, input, self.loss(tenant, input)?)?;
+            return Ok(Checked {
+                work: Some(CheckedWork {
+                    model: trained,
+                    item,
+                }),
+            });
+        }
+        self.check(tenant, op).map(|()| Checked::default())
+    }
+
+    /// [`Service::validate`] of the ops whose check builds nothing to hand on.
+    fn check(&self, tenant: &TenantId, op: &Op) -> Result<(), ApiError> {
         match op {
             Op::CreateSession | Op::GetInfo { .. } | Op::GetSampler { .. } => Ok(()),
             Op::CreateModel {
@@ -872,12 +933,8 @@ impl Service {
                 self.session(tenant, session)?;
                 self.checkpoints.loadable(tenant, path).map(|_| ())
             }
-            Op::ForwardBackward { model, input, .. } => {
-                let trained = self.model(tenant, model)?;
-                let resolved = self.sequences.resolve(tenant, &model.session, input)?;
-                let input = resolved.as_ref().unwrap_or(input);
-                work_item(&trained, input, self.loss(tenant, input)?).map(|_| ())
-            }
+            // Checked by `validate` itself.
+            Op::ForwardBackward { .. } => Ok(()),
             Op::OptimStep { model, params } => {
                 self.model(tenant, model)?;
                 convert::check_adam(params)
@@ -1781,17 +1838,16 @@ fn engine_request(
 /// `forward_backward` (taken in the same cycle, so the answer does not wait for another).
 async fn forward_backward(
     model: &TrainedModel,
-    input: ForwardBackwardInput,
-    loss: Loss,
+    item: WorkItem,
+    loss_fn: String,
     forward_only: bool,
 ) -> Result<(ForwardBackwardOutput, Option<Vec<u8>>), ApiError> {
-    let item = work_item(model, &input, loss)?;
     let adapter = model.adapter.clone();
     let (output, state) = convert::run_forward_backward(
         &model.base.trainer,
         model.tenant.as_str(),
         item,
-        input.loss_fn,
+        loss_fn,
         forward_only,
         Some(move |e: &mut TrainingEngine| encoded_state(e, &adapter)),
     )
@@ -1827,6 +1883,83 @@ async fn sample_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{Datum, LoraConfig, LossInput};
+    use crate::service::{DeviceOptions, FairShare, TINY_MODEL_NAME, tiny_model_dir};
+
+    /// What the server does with a `forward_backward`: checked when accepted (its datums
+    /// converted once, then dropped from the queued op), run later on what the check built.
+    #[tokio::test]
+    async fn a_checked_forward_backward_runs_on_what_its_check_built() {
+        let data = tempfile::tempdir().unwrap();
+        let dir = tiny_model_dir(data.path()).unwrap();
+        let base = ServedBase::load(
+            TINY_MODEL_NAME,
+            &dir,
+            4096,
+            FairShare::unlimited(),
+            DeviceOptions::cpu(),
+        )
+        .unwrap();
+        let service = Service::new(vec![base], ServiceConfig::new(data.path().to_path_buf()));
+        let tenant = TenantId::new("alice").unwrap();
+        let run = |op: Op| {
+            let checked = service.validate(&tenant, &op).unwrap();
+            service.execute(&tenant, op, None, checked)
+        };
+        let OpOutput::Session(session) = run(Op::CreateSession).await.outcome.unwrap() else {
+            panic!("no session");
+        };
+        let lora = LoraConfig {
+            rank: 4,
+            seed: None,
+            train_unembed: false,
+            train_mlp: true,
+            train_attn: true,
+            alpha: None,
+            rslora: false,
+        };
+        let create = Op::CreateModel {
+            session,
+            model_seq: 0,
+            base_model: TINY_MODEL_NAME.into(),
+            lora,
+            user_metadata: Default::default(),
+        };
+        let OpOutput::Model(model) = run(create).await.outcome.unwrap() else {
+            panic!("no model");
+        };
+        let datum = |n: u32| {
+            Datum::new((1..=n).collect(), &(2..=n + 1).collect::<Vec<_>>())
+                .with(LossInput::Weights, vec![1.0; n as usize])
+        };
+        let mut op = Op::ForwardBackward {
+            model,
+            input: ForwardBackwardInput {
+                data: vec![datum(5), datum(7)],
+                loss_fn: "cross_entropy".into(),
+                loss_fn_config: BTreeMap::new(),
+                custom_loss: None,
+                temperature: 1.0,
+            },
+            forward_only: false,
+        };
+        let checked = service.validate(&tenant, &op).unwrap();
+        checked.drop_datums_of(&mut op);
+        let Op::ForwardBackward { input, .. } = &op else {
+            unreachable!()
+        };
+        assert!(input.data.is_empty(), "the queued op keeps no datums");
+        let executed = service.execute(&tenant, op.clone(), None, checked).await;
+        let OpOutput::ForwardBackward(output) = executed.outcome.unwrap() else {
+            panic!("not a forward_backward's output");
+        };
+        assert_eq!(output.loss_fn_outputs.len(), 2, "both datums ran");
+        assert_eq!(output.metrics.get("tokens:sum"), Some(&12.0));
+        // Without its check, the op is checked as it runs: here, the empty call it now is.
+        let unchecked = service.execute(&tenant, op, None, Checked::default()).await;
+        let refused = unchecked.outcome.unwrap_err();
+        assert!(refused.message.contains("at least one datum"), "{refused}");
+    }
 
     #[test]
     fn a_tenant_opens_at_most_its_quota_of_sessions_and_finished_ones_leave_memory() {

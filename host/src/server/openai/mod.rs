@@ -38,7 +38,7 @@ use crate::api::{
     SampledSequence, SamplerSource, SamplingParams, Stop, StopReason, TenantId, check_num_samples,
 };
 use crate::sample::TokenSink;
-use crate::service::ServedBase;
+use crate::service::{Checked, ServedBase};
 use crate::text::ChatMessage;
 use samplers::Resolved;
 
@@ -430,7 +430,7 @@ async fn sample(
         let (base, prompt_tokens, request) = prepare(state, tenant, sampling).await?;
         match state
             .service
-            .execute(tenant, Op::Sample(request), None)
+            .execute(tenant, Op::Sample(request), None, Checked::default())
             .await
             .outcome
         {
