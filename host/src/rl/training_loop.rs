@@ -249,44 +249,17 @@ pub(super) async fn train_job(
     let trainable: Vec<&PolicySection> = policies.iter().filter(|p| p.trainable).collect();
     let resume_from = checkpoint.as_ref().map(|(dir, _)| dir.as_path());
     let trainers = open_trainers(service, &run.name, job, &trainable, resume_from).await?;
-    // A LoRA SFT trains the single policy's adapter (the job check sees to that).
     let mut untrained_eval = None;
-    if let (None, Some(sft), [policy]) = (
-        &checkpoint,
-        job.sft.as_ref().filter(|w| !w.full_parameters),
-        trainable.as_slice(),
-    ) {
-        // RL's first evaluation comes after the warm-up; this one is the model as it came, so
-        // the summary tells what the warm-up and RL each added.
-        if job.rl.steps > 0 {
-            let mut untrained = Versions::new(policies.clone(), service.base_sampling_client());
-            untrained.publish(&trainers, 0).await?;
-            untrained_eval = Some(headline(&untrained.evaluate(&cx, job).await?, &policies));
-        }
-        let trainer = trainer_of(&trainers, &policy.name)?;
-        warmup = Some(run_sft(&cx, job, sft, trainer.as_ref(), &mut reporter).await?);
+    if checkpoint.is_none()
+        && let Some((untrained, done)) =
+            warm_up_lora(&cx, job, service, &trainers, &trainable, &mut reporter).await?
+    {
+        (untrained_eval, warmup) = (untrained, Some(done));
     }
     if job.rl.steps == 0 {
         return sft_summary(job, service, &folder, &trainers, &trainable, warmup).await;
     }
-    let loss = LossFn {
-        name: match (&job.rl.loss, &cx.loss) {
-            (RlLoss::Plugin(section), Some(plugin)) => {
-                let limits = &job.limits;
-                service
-                    .objective_loss(plugin, &section.plugin, limits)
-                    .await?
-            }
-            (RlLoss::Builtin(loss), _) => loss.name().to_string(),
-            (RlLoss::Plugin(_), None) => anyhow::bail!("the job's loss plugin was not loaded"),
-        },
-        config: job.rl.loss_config.clone(),
-        // Greedy sampling (temperature 0) has no distribution to match: the model's own.
-        temperature: match job.rl.temperature {
-            t if t > 0.0 => t,
-            _ => UNIT_TEMPERATURE,
-        },
-    };
+    let loss = rl_loss(&cx, job, service).await?;
     let estimator = job.rl.estimator();
     let mut versions = Versions::new(policies.clone(), service.base_sampling_client());
     let first = checkpoint.as_ref().map_or(0, |(_, cursor)| cursor.steps);
@@ -320,18 +293,15 @@ pub(super) async fn train_job(
     let mut signals = RunSignals::default();
     for step in first_step..job.rl.steps {
         let started = Instant::now();
+        let launch = versions.launch(step);
         let (played, policy_lag, stale_groups) = match &mut stream {
             Some(stream) => {
-                let (groups, lag, stale) = stream.next_batch(&versions.launch(step)).await?;
+                let (groups, lag, stale) = stream.next_batch(&launch).await?;
                 (in_batch_order(groups), lag, stale)
             }
             None => {
-                let launch = versions.launch(step);
-                (
-                    play_step(rollouts.as_ref(), &tasks, job, step, &launch).await?,
-                    0,
-                    0,
-                )
+                let played = play_step(rollouts.as_ref(), &tasks, job, step, &launch).await?;
+                (played, 0, 0)
             }
         };
         let sample_seconds = started.elapsed().as_secs_f64();
@@ -354,10 +324,7 @@ pub(super) async fn train_job(
                 errors: errors_of(&all),
                 error_messages: error_messages_of(&all),
                 env_metrics: metrics_of(&all),
-                initial_evals: match step {
-                    0 => initial_evals.clone(),
-                    _ => BTreeMap::new(),
-                },
+                initial_evals: first_only(step, &initial_evals),
                 seconds: started.elapsed().as_secs_f64(),
                 ..StepMetrics::default()
             })?;
@@ -388,11 +355,7 @@ pub(super) async fn train_job(
         );
         let trained = match &mut stream {
             // Async: groups play on with this version while it trains into the next.
-            Some(stream) => {
-                stream
-                    .while_training(training, &versions.launch(step))
-                    .await??
-            }
+            Some(stream) => stream.while_training(training, &launch).await??,
             None => training.await?,
         };
         let train_seconds = training_started.elapsed().as_secs_f64();
@@ -442,10 +405,7 @@ pub(super) async fn train_job(
             eval: evaluations.as_ref().map(|e| headline(e, &policies)),
             policy_rewards,
             policy_evals: evaluations.filter(|_| multi_agent).unwrap_or_default(),
-            initial_evals: match step {
-                0 => initial_evals.clone(),
-                _ => BTreeMap::new(),
-            },
+            initial_evals: first_only(step, &initial_evals),
             warmup_stop: None,
             sample_seconds,
             sampled_tokens: all.iter().map(|o| o.sampled_tokens()).sum(),
@@ -470,34 +430,106 @@ pub(super) async fn train_job(
         }
     }
     let checkpoint = save_final(&trainers, &folder, &trainable, multi_agent).await?;
-    let per_policy = match multi_agent {
-        true => trainable
-            .iter()
-            .map(|p| {
-                let evaluations = PolicyEvaluations {
-                    initial_eval: initial_evals.get(&p.name).cloned().unwrap_or_default(),
-                    final_eval: last_evals.get(&p.name).cloned().unwrap_or_default(),
-                };
-                (p.name.clone(), evaluations)
-            })
-            .collect(),
-        false => BTreeMap::new(),
-    };
     let (initial_eval, final_eval) = (
         headline(&initial_evals, &policies),
         headline(&last_evals, &policies),
     );
-    let diagnosis = signals.report(job, &initial_eval, &final_eval);
     Ok(Summary {
         steps: job.rl.steps,
         untrained_eval,
+        diagnosis: signals.report(job, &initial_eval, &final_eval),
         initial_eval,
         final_eval,
         checkpoint,
         out: folder.root().to_path_buf(),
-        policies: per_policy,
-        diagnosis,
+        policies: match multi_agent {
+            true => per_policy(&trainable, &initial_evals, &last_evals),
+            false => BTreeMap::new(),
+        },
     })
+}
+
+/// The warm-up of a job's single trainable policy's LoRA adapter (the job check sees that a
+/// LoRA warm-up has one), if the job has one: what it did, and, when RL follows, the greedy
+/// evaluation of the model as it came before it (RL's first evaluation comes after the
+/// warm-up, so the summary tells what the warm-up and RL each added).
+async fn warm_up_lora(
+    cx: &JobContext,
+    job: &Job,
+    service: &dyn ServiceClient,
+    trainers: &Trainers,
+    trainable: &[&PolicySection],
+    reporter: &mut Reporter,
+) -> anyhow::Result<Option<(Option<Evaluation>, Warmup)>> {
+    let (Some(sft), [policy]) = (job.sft.as_ref().filter(|w| !w.full_parameters), trainable) else {
+        return Ok(None);
+    };
+    let mut untrained_eval = None;
+    if job.rl.steps > 0 {
+        let policies = job.policies();
+        let mut untrained = Versions::new(policies.clone(), service.base_sampling_client());
+        untrained.publish(trainers, 0).await?;
+        untrained_eval = Some(headline(&untrained.evaluate(cx, job).await?, &policies));
+    }
+    let trainer = trainer_of(trainers, &policy.name)?;
+    let done = run_sft(cx, job, sft, trainer.as_ref(), reporter).await?;
+    Ok(Some((untrained_eval, done)))
+}
+
+/// RL's loss: a built-in one by name, or the job's objective plugin as the service keeps it,
+/// over the policy sampled from (the tempered one).
+async fn rl_loss(
+    cx: &JobContext,
+    job: &Job,
+    service: &dyn ServiceClient,
+) -> anyhow::Result<LossFn> {
+    Ok(LossFn {
+        name: match (&job.rl.loss, &cx.loss) {
+            (RlLoss::Plugin(section), Some(plugin)) => {
+                let limits = &job.limits;
+                service
+                    .objective_loss(plugin, &section.plugin, limits)
+                    .await?
+            }
+            (RlLoss::Builtin(loss), _) => loss.name().to_string(),
+            (RlLoss::Plugin(_), None) => anyhow::bail!("the job's loss plugin was not loaded"),
+        },
+        config: job.rl.loss_config.clone(),
+        // Greedy sampling (temperature 0) has no distribution to match: the model's own.
+        temperature: match job.rl.temperature {
+            t if t > 0.0 => t,
+            _ => UNIT_TEMPERATURE,
+        },
+    })
+}
+
+/// The evaluations before RL, for the first step's metrics line only.
+fn first_only(
+    step: usize,
+    initial_evals: &BTreeMap<String, Evaluation>,
+) -> BTreeMap<String, Evaluation> {
+    match step {
+        0 => initial_evals.clone(),
+        _ => BTreeMap::new(),
+    }
+}
+
+/// Each trainable policy's evaluations before and after RL, for a job of several policies.
+fn per_policy(
+    trainable: &[&PolicySection],
+    initial_evals: &BTreeMap<String, Evaluation>,
+    last_evals: &BTreeMap<String, Evaluation>,
+) -> BTreeMap<String, PolicyEvaluations> {
+    trainable
+        .iter()
+        .map(|p| {
+            let evaluations = PolicyEvaluations {
+                initial_eval: initial_evals.get(&p.name).cloned().unwrap_or_default(),
+                final_eval: last_evals.get(&p.name).cloned().unwrap_or_default(),
+            };
+            (p.name.clone(), evaluations)
+        })
+        .collect()
 }
 
 /// Each trainable policy's training client: a new LoRA adapter, or the one saved in
