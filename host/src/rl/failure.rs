@@ -148,9 +148,15 @@ impl EpisodeFailure {
     }
 }
 
+impl From<&crate::plugin::CallError> for EpisodeFailure {
+    fn from(error: &crate::plugin::CallError) -> Self {
+        EpisodeFailure::with(error.kind.into(), &error.message)
+    }
+}
+
 impl From<crate::plugin::CallError> for EpisodeFailure {
     fn from(error: crate::plugin::CallError) -> Self {
-        EpisodeFailure::with(error.kind.into(), error.message)
+        EpisodeFailure::from(&error)
     }
 }
 

@@ -173,7 +173,7 @@ impl EpisodeOutcome {
     /// An episode that failed before it started: its task could not be generated (`error`,
     /// the plugin's failure). It trains nothing and counts as a failure of its kind.
     pub fn failed_to_start(seed: u64, error: &CallError) -> Self {
-        EpisodeOutcome::not_started(seed, EpisodeFailure::from(error.clone()))
+        EpisodeOutcome::not_started(seed, EpisodeFailure::from(error))
     }
 
     /// An episode that never started, for `failure`.
