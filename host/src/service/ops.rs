@@ -319,6 +319,18 @@ struct TrainedModel {
     order: OpOrder,
 }
 
+impl TrainedModel {
+    /// `get_info`'s answer about this model, `id`.
+    fn info(&self, id: ModelId) -> ModelInfo {
+        ModelInfo {
+            model_id: id,
+            base_model: self.base.name.clone(),
+            arch: self.base.config.architecture.model_type().to_string(),
+            lora_rank: self.lora_rank,
+        }
+    }
+}
+
 /// What [`Service::validate`] built in checking an op, handed on to [`Service::execute`] so
 /// that it is not built twice: a `forward_backward`'s work item (its datums checked and
 /// converted for the engine). Empty for the other ops, and for a call run again after a
@@ -659,10 +671,8 @@ impl Service {
                 let (id, model) = self.new_model(tenant, &session, model_seq, base, lora.rank)?;
                 let adapter = model.adapter.clone();
                 let add = move |e: &mut TrainingEngine| e.add_adapter(&adapter, config);
-                return self
-                    .start_model(tenant, id, model, user_metadata, add)
-                    .await
-                    .map(Into::into);
+                let started = self.start_model(tenant, id, model, user_metadata, add);
+                return started.await.map(Into::into);
             }
             Op::CreateModelFromState {
                 session,
@@ -677,42 +687,18 @@ impl Service {
                 let adapter = model.adapter.clone();
                 let load =
                     move |e: &mut TrainingEngine| e.load_adapter(&adapter, &dir, with_optimizer);
-                return self
-                    .start_model(tenant, id, model, user_metadata, load)
-                    .await
-                    .map(Into::into);
+                let started = self.start_model(tenant, id, model, user_metadata, load);
+                return started.await.map(Into::into);
             }
-            Op::GetInfo { model: id } => {
-                let model = model_of(model)?;
-                OpOutput::Info(ModelInfo {
-                    model_id: id,
-                    base_model: model.base.name.clone(),
-                    arch: model.base.config.architecture.model_type().to_string(),
-                    lora_rank: model.lora_rank,
-                })
-            }
+            Op::GetInfo { model: id } => OpOutput::Info(model_of(model)?.info(id)),
             Op::ForwardBackward {
                 model: id,
                 input,
                 forward_only,
             } => {
                 let model = model_of(model)?;
-                let item = match checked.work {
-                    Some(work) if Arc::ptr_eq(&work.model, &model) => work.item,
-                    Some(_) => {
-                        return Err(ApiError::invalid(format!(
-                            "model {id} was replaced after this call was accepted: send it again"
-                        )));
-                    }
-                    None => {
-                        let resolved = self.sequences.resolve(tenant, &id.session, &input)?;
-                        let input = resolved.as_ref().unwrap_or(&input);
-                        work_item(&model, input, self.loss(tenant, input)?)?
-                    }
-                };
-                let (output, state) =
-                    forward_backward(&model, item, input.loss_fn, forward_only).await?;
-                return Ok(Ran::with_state(OpOutput::ForwardBackward(output), state));
+                let ran = self.forward_backward(tenant, &id, &model, input, forward_only, checked);
+                return ran.await;
             }
             Op::OptimStep { params, .. } => {
                 let (output, state) = optim_step(&*model_of(model)?, params).await?;
@@ -724,7 +710,8 @@ impl Service {
                 options,
             } => {
                 let path = CheckpointPath::new(id, CheckpointKind::Weights, &name)?;
-                self.save(tenant, &*model_of(model)?, &path, SaveAs::State, options)
+                let model = model_of(model)?;
+                self.save(tenant, &model, &path, SaveAs::State, options)
                     .await?;
                 OpOutput::Checkpoint(path)
             }
@@ -734,7 +721,8 @@ impl Service {
                 options,
             } => {
                 let path = CheckpointPath::new(id, CheckpointKind::SamplerWeights, &name)?;
-                self.save(tenant, &*model_of(model)?, &path, SaveAs::Sampler, options)
+                let model = model_of(model)?;
+                self.save(tenant, &model, &path, SaveAs::Sampler, options)
                     .await?;
                 OpOutput::Checkpoint(path)
             }
@@ -746,8 +734,8 @@ impl Service {
             } => {
                 let path = CheckpointPath::new(id, CheckpointKind::External, &name)?;
                 let how = SaveAs::External(export::recipients(&recipients)?);
-                self.save(tenant, &*model_of(model)?, &path, how, options)
-                    .await?;
+                let model = model_of(model)?;
+                self.save(tenant, &model, &path, how, options).await?;
                 OpOutput::Checkpoint(path)
             }
             Op::LoadState {
@@ -756,86 +744,24 @@ impl Service {
                 ..
             } => {
                 let model = model_of(model)?;
-                let dir = self.checkpoints.loadable(tenant, &path)?;
-                let adapter = model.adapter.clone();
-                let state = model
-                    .base
-                    .trainer
-                    .with(move |e| {
-                        e.load_adapter(&adapter, &dir, with_optimizer)
-                            .map_err(train_error)?;
-                        encoded_state(e, &adapter)
-                    })
-                    .await
-                    .map_err(trainer_error)??;
-                return Ok(Ran::with_state(OpOutput::Checkpoint(path), Some(state)));
+                return self.load_state(tenant, &model, path, with_optimizer).await;
             }
             Op::SnapshotForSampler {
                 model: id,
                 sampler_seq,
             } => {
                 let model = model_of(model)?;
-                let state = adapter_values(&model).await?;
-                let sampler = SamplerId::of_session(&id.session, sampler_seq);
-                // One registry name per model: its versions are freed as its samplers are let go.
-                let policy = publish(&model.base, &model.adapter, &state).await?;
-                self.add_sampler(
-                    &sampler,
-                    Sampler {
-                        tenant: tenant.clone(),
-                        base: Arc::clone(&model.base),
-                        policy: Some(policy),
-                        model_path: None,
-                    },
-                )?;
-                let mut changes = vec![Change::Sampler {
-                    id: sampler.clone(),
-                    tenant: tenant.clone(),
-                    base: model.base.name.clone(),
-                    source: SamplerRecord::Snapshot {
-                        model: Some(id.clone()),
-                        state,
-                    },
-                }];
-                let mut objects = self.lock();
-                let Objects {
-                    snapshots,
-                    samplers,
-                    ..
-                } = &mut *objects;
-                let limit = MAX_SNAPSHOTS_PER_MODEL;
-                changes.extend(keep_latest(snapshots, samplers, id, &sampler, limit));
-                return Ok((OpOutput::Sampler(sampler), changes).into());
+                return self
+                    .snapshot_for_sampler(tenant, id, &model, sampler_seq)
+                    .await;
             }
             Op::CreateSamplingSession {
                 session,
                 sampler_seq,
                 source,
             } => {
-                self.session(tenant, &session)?;
-                let id = SamplerId::of_session(&session, sampler_seq);
-                let record = match &source {
-                    SamplerSource::Base(_) => SamplerRecord::Base,
-                    SamplerSource::Checkpoint(path) => SamplerRecord::Checkpoint(path.clone()),
-                };
-                let sampler = self.open_sampler(tenant, source).await?;
-                let change = Change::Sampler {
-                    id: id.clone(),
-                    tenant: tenant.clone(),
-                    base: sampler.base.name.clone(),
-                    source: record,
-                };
-                self.add_sampler(&id, sampler)?;
-                let mut changes = vec![change];
-                let mut objects = self.lock();
-                let Objects {
-                    session_samplers,
-                    samplers,
-                    ..
-                } = &mut *objects;
-                let limit = MAX_SAMPLERS_PER_SESSION;
-                changes.extend(keep_latest(session_samplers, samplers, session, &id, limit));
-                return Ok((OpOutput::Sampler(id), changes).into());
+                let made = self.create_sampling_session(tenant, session, sampler_seq, source);
+                return made.await;
             }
             Op::GetSampler { sampler: id } => {
                 let sampler = self.sampler(tenant, &id)?;
@@ -845,16 +771,7 @@ impl Service {
                     model_path: sampler.model_path.clone(),
                 })
             }
-            Op::Sample(request) => {
-                let sampler = self.sampler(tenant, &request.sampler)?;
-                let (id, record_as) = (request.sampler.clone(), request.record_as.clone());
-                let prompt = request.prompt.tokens();
-                let response = sample_with(&sampler, request, None).await?;
-                if let Some(ids) = record_as {
-                    self.sequences.record(tenant, &id, &prompt, &ids, &response);
-                }
-                OpOutput::Sample(response)
-            }
+            Op::Sample(request) => OpOutput::Sample(self.sample(tenant, request).await?),
             Op::CreateCustomLoss {
                 session,
                 loss_seq,
@@ -862,24 +779,12 @@ impl Service {
                 inputs,
                 graph,
             } => {
-                self.session(tenant, &session)?;
                 let record = LossRecord {
                     name,
                     inputs,
                     graph,
                 };
-                let compiled = custom_losses::compile(&record)?;
-                let id = LossId {
-                    session,
-                    seq: loss_seq,
-                };
-                self.custom_losses.keep(tenant, id.clone(), compiled);
-                let change = Change::CustomLoss {
-                    id: id.clone(),
-                    tenant: tenant.clone(),
-                    loss: record,
-                };
-                return Ok((OpOutput::CustomLoss(id), vec![change]).into());
+                return self.create_custom_loss(tenant, session, loss_seq, record);
             }
         };
         Ok((output, Vec::new()).into())
@@ -894,6 +799,173 @@ impl Service {
     ) -> Result<SampleResponse, ApiError> {
         let sampler = self.sampler(tenant, &request.sampler)?;
         sample_with(&sampler, request, Some(tokens)).await
+    }
+
+    /// A `forward` or `forward_backward` on `model`, on the work its check built (or on the
+    /// work built now, for a call that comes without: run again after a restart).
+    async fn forward_backward(
+        &self,
+        tenant: &TenantId,
+        id: &ModelId,
+        model: &TrainedModel,
+        input: ForwardBackwardInput,
+        forward_only: bool,
+        checked: Checked,
+    ) -> Result<Ran, ApiError> {
+        let item = match checked.work {
+            Some(work) if std::ptr::eq(Arc::as_ptr(&work.model), model) => work.item,
+            Some(_) => {
+                return Err(ApiError::invalid(format!(
+                    "model {id} was replaced after this call was accepted: send it again"
+                )));
+            }
+            None => {
+                let resolved = self.sequences.resolve(tenant, &id.session, &input)?;
+                let input = resolved.as_ref().unwrap_or(&input);
+                work_item(model, input, self.loss(tenant, input)?)?
+            }
+        };
+        let (output, state) = forward_backward(model, item, input.loss_fn, forward_only).await?;
+        Ok(Ran::with_state(OpOutput::ForwardBackward(output), state))
+    }
+
+    /// `load_state`: the adapter's weights (and optimizer state) from `tenant`'s checkpoint.
+    async fn load_state(
+        &self,
+        tenant: &TenantId,
+        model: &TrainedModel,
+        path: CheckpointPath,
+        with_optimizer: bool,
+    ) -> Result<Ran, ApiError> {
+        let dir = self.checkpoints.loadable(tenant, &path)?;
+        let adapter = model.adapter.clone();
+        let state = model
+            .base
+            .trainer
+            .with(move |e| {
+                e.load_adapter(&adapter, &dir, with_optimizer)
+                    .map_err(train_error)?;
+                encoded_state(e, &adapter)
+            })
+            .await
+            .map_err(trainer_error)??;
+        Ok(Ran::with_state(OpOutput::Checkpoint(path), Some(state)))
+    }
+
+    /// `save_weights_and_get_sampling_client`'s sampler: the adapter as it is now, published
+    /// as a policy version; the model keeps its latest few.
+    async fn snapshot_for_sampler(
+        &self,
+        tenant: &TenantId,
+        id: ModelId,
+        model: &TrainedModel,
+        sampler_seq: u64,
+    ) -> Result<Ran, ApiError> {
+        let state = adapter_values(model).await?;
+        let sampler = SamplerId::of_session(&id.session, sampler_seq);
+        // One registry name per model: its versions are freed as its samplers are let go.
+        let policy = publish(&model.base, &model.adapter, &state).await?;
+        self.add_sampler(
+            &sampler,
+            Sampler {
+                tenant: tenant.clone(),
+                base: Arc::clone(&model.base),
+                policy: Some(policy),
+                model_path: None,
+            },
+        )?;
+        let mut changes = vec![Change::Sampler {
+            id: sampler.clone(),
+            tenant: tenant.clone(),
+            base: model.base.name.clone(),
+            source: SamplerRecord::Snapshot {
+                model: Some(id.clone()),
+                state,
+            },
+        }];
+        let mut objects = self.lock();
+        let Objects {
+            snapshots,
+            samplers,
+            ..
+        } = &mut *objects;
+        let limit = MAX_SNAPSHOTS_PER_MODEL;
+        changes.extend(keep_latest(snapshots, samplers, id, &sampler, limit));
+        Ok((OpOutput::Sampler(sampler), changes).into())
+    }
+
+    /// A sampling session of a base model or a checkpoint, in `session`; the session keeps
+    /// its latest few.
+    async fn create_sampling_session(
+        &self,
+        tenant: &TenantId,
+        session: SessionId,
+        sampler_seq: u64,
+        source: SamplerSource,
+    ) -> Result<Ran, ApiError> {
+        self.session(tenant, &session)?;
+        let id = SamplerId::of_session(&session, sampler_seq);
+        let record = match &source {
+            SamplerSource::Base(_) => SamplerRecord::Base,
+            SamplerSource::Checkpoint(path) => SamplerRecord::Checkpoint(path.clone()),
+        };
+        let sampler = self.open_sampler(tenant, source).await?;
+        let change = Change::Sampler {
+            id: id.clone(),
+            tenant: tenant.clone(),
+            base: sampler.base.name.clone(),
+            source: record,
+        };
+        self.add_sampler(&id, sampler)?;
+        let mut changes = vec![change];
+        let mut objects = self.lock();
+        let Objects {
+            session_samplers,
+            samplers,
+            ..
+        } = &mut *objects;
+        let limit = MAX_SAMPLERS_PER_SESSION;
+        changes.extend(keep_latest(session_samplers, samplers, session, &id, limit));
+        Ok((OpOutput::Sampler(id), changes).into())
+    }
+
+    /// A sample of `request`, its sequences recorded when it asks (`record_as`).
+    async fn sample(
+        &self,
+        tenant: &TenantId,
+        request: SampleRequest,
+    ) -> Result<SampleResponse, ApiError> {
+        let sampler = self.sampler(tenant, &request.sampler)?;
+        let (id, record_as) = (request.sampler.clone(), request.record_as.clone());
+        let prompt = request.prompt.tokens();
+        let response = sample_with(&sampler, request, None).await?;
+        if let Some(ids) = record_as {
+            self.sequences.record(tenant, &id, &prompt, &ids, &response);
+        }
+        Ok(response)
+    }
+
+    /// `create_custom_loss`: the loss compiled and kept for `session`'s calls.
+    fn create_custom_loss(
+        &self,
+        tenant: &TenantId,
+        session: SessionId,
+        loss_seq: u64,
+        record: LossRecord,
+    ) -> Result<Ran, ApiError> {
+        self.session(tenant, &session)?;
+        let compiled = custom_losses::compile(&record)?;
+        let id = LossId {
+            session,
+            seq: loss_seq,
+        };
+        self.custom_losses.keep(tenant, id.clone(), compiled);
+        let change = Change::CustomLoss {
+            id: id.clone(),
+            tenant: tenant.clone(),
+            loss: record,
+        };
+        Ok((OpOutput::CustomLoss(id), vec![change]).into())
     }
 
     /// Check `op` for `tenant` without running it: unknown (or another tenant's) ids, bad
