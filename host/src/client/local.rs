@@ -274,7 +274,8 @@ impl FullParameterTrainer {
         })
     }
 
-    fn work_item(&self, input: &ForwardBackwardInput) -> Result<WorkItem, ApiError> {
+    /// The engine's work item of a call on the whole model, every datum checked.
+    fn work(&self, input: &ForwardBackwardInput) -> Result<WorkItem, ApiError> {
         let loss = convert::builtin_loss(input)?;
         convert::work_item(FULL_PARAMETERS, input, loss, &self.config, self.context)
     }
@@ -286,7 +287,7 @@ impl TrainingClient for FullParameterTrainer {
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        let item = self.work_item(&input)?;
+        let item = self.work(&input)?;
         train_call(&self.trainer, &self.tenant, item, input.loss_fn, true).await
     }
 
@@ -294,7 +295,7 @@ impl TrainingClient for FullParameterTrainer {
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        let item = self.work_item(&input)?;
+        let item = self.work(&input)?;
         train_call(&self.trainer, &self.tenant, item, input.loss_fn, false).await
     }
 
@@ -491,7 +492,8 @@ struct LocalTraining {
 }
 
 impl LocalTraining {
-    fn work_item(&self, input: &ForwardBackwardInput) -> Result<WorkItem, ApiError> {
+    /// The engine's work item of a call on this adapter, every datum checked.
+    fn work(&self, input: &ForwardBackwardInput) -> Result<WorkItem, ApiError> {
         convert::work_item(
             &self.adapter,
             input,
@@ -520,7 +522,7 @@ impl TrainingClient for LocalTraining {
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        let item = self.work_item(&input)?;
+        let item = self.work(&input)?;
         let (trainer, tenant) = (&self.served.trainer, &self.served.tenant);
         train_call(trainer, tenant, item, input.loss_fn, true).await
     }
@@ -529,7 +531,7 @@ impl TrainingClient for LocalTraining {
         &self,
         input: ForwardBackwardInput,
     ) -> Result<ForwardBackwardOutput, ApiError> {
-        let item = self.work_item(&input)?;
+        let item = self.work(&input)?;
         let (trainer, tenant) = (&self.served.trainer, &self.served.tenant);
         train_call(trainer, tenant, item, input.loss_fn, false).await
     }

@@ -320,6 +320,13 @@ struct TrainedModel {
 }
 
 impl TrainedModel {
+    /// The engine's work item of a `forward` / `forward_backward` call on this model, every
+    /// datum checked.
+    fn work(&self, input: &ForwardBackwardInput, loss: Loss) -> Result<WorkItem, ApiError> {
+        let (config, context) = (&self.base.config, self.base.context);
+        convert::work_item(&self.adapter, input, loss, config, context)
+    }
+
     /// `get_info`'s answer about this model, `id`.
     fn info(&self, id: ModelId) -> ModelInfo {
         ModelInfo {
@@ -822,7 +829,7 @@ impl Service {
             None => {
                 let resolved = self.sequences.resolve(tenant, &id.session, &input)?;
                 let input = resolved.as_ref().unwrap_or(&input);
-                work_item(model, input, self.loss(tenant, input)?)?
+                model.work(input, self.loss(tenant, input)?)?
             }
         };
         let (output, state) = forward_backward(model, item, input.loss_fn, forward_only).await?;
@@ -976,7 +983,7 @@ impl Service {
             let trained = self.model(tenant, model)?;
             let resolved = self.sequences.resolve(tenant, &model.session, input)?;
             let input = resolved.as_ref().unwrap_or(input);
-            let item = work_item(&trained, input, self.loss(tenant, input)?)?;
+            let item = trained.work(input, self.loss(tenant, input)?)?;
             return Ok(Checked {
                 work: Some(CheckedWork {
                     model: trained,
@@ -1855,22 +1862,6 @@ async fn publish(
     })
     .await
     .map_err(|e| ApiError::internal(format!("publishing an adapter: {e}")))?
-}
-
-/// The engine's work item of a `forward` / `forward_backward` call on `model`, every datum
-/// checked.
-fn work_item(
-    model: &TrainedModel,
-    input: &ForwardBackwardInput,
-    loss: Loss,
-) -> Result<WorkItem, ApiError> {
-    convert::work_item(
-        &model.adapter,
-        input,
-        loss,
-        &model.base.config,
-        model.base.context,
-    )
 }
 
 /// The engine's request of a sample request on `sampler`, checked.
