@@ -372,154 +372,174 @@ impl Journal {
     pub fn load(&self, recent: std::time::Duration) -> Result<Recorded, JournalError> {
         let since = unix_now() - recent.as_secs() as i64;
         let db = self.lock();
-        let tenant =
-            |name: String| TenantId::new(&name).map_err(|e| JournalError::Damaged(e.to_string()));
-        let mut objects = Vec::new();
-        let mut query = db.prepare("SELECT id, tenant, finished_at IS NOT NULL FROM sessions")?;
-        let rows = query.query_map([], |r| {
-            Ok((r.get::<_, String>(0)?, r.get(1)?, r.get::<_, bool>(2)?))
-        })?;
-        for row in rows {
-            let (id, owner, finished) = row?;
-            let id = SessionId::new(&id).map_err(|e| JournalError::Damaged(e.to_string()))?;
-            objects.push(Change::Session {
-                id: id.clone(),
-                tenant: tenant(owner)?,
-            });
-            if finished {
-                objects.push(Change::SessionFinished { id });
-            }
-        }
-        // A finished session's models keep their rows (the training runs list them) without
-        // their state.
-        let mut query = db.prepare(
-            "SELECT id, tenant, base, lora_rank, applied_seq, state FROM models
-             WHERE length(state) > 0",
-        )?;
-        let rows = query.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, i64>(3)?,
-                r.get::<_, i64>(4)?,
-                r.get::<_, Vec<u8>>(5)?,
-            ))
-        })?;
-        for row in rows {
-            let (id, owner, base, rank, applied, state) = row?;
-            objects.push(Change::Model {
-                id: id
-                    .parse::<ModelId>()
-                    .map_err(|e| JournalError::Damaged(e.to_string()))?,
-                tenant: tenant(owner)?,
-                base,
-                lora_rank: rank as usize,
-                applied_seq: applied as u64,
-                state: Some(state),
-                user_metadata: None,
-            });
-        }
-        let mut query =
-            db.prepare("SELECT id, tenant, base, checkpoint, snapshot, model FROM samplers")?;
-        let rows = query.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, Option<String>>(3)?,
-                r.get::<_, Option<Vec<u8>>>(4)?,
-                r.get::<_, Option<String>>(5)?,
-            ))
-        })?;
-        for row in rows {
-            let (id, owner, base, checkpoint, snapshot, model) = row?;
-            let damaged = |e: ApiError| JournalError::Damaged(e.to_string());
-            let source = match (checkpoint, snapshot) {
-                (Some(path), _) => SamplerRecord::Checkpoint(path.parse().map_err(damaged)?),
-                (None, Some(state)) => SamplerRecord::Snapshot {
-                    model: model
-                        .map(|m| m.parse::<ModelId>())
-                        .transpose()
-                        .map_err(damaged)?,
-                    state,
-                },
-                (None, None) => SamplerRecord::Base,
-            };
-            objects.push(Change::Sampler {
-                id: SamplerId::parse(&id).map_err(damaged)?,
-                tenant: tenant(owner)?,
-                base,
-                source,
-            });
-        }
-        let mut query = db.prepare("SELECT id, tenant, loss FROM custom_losses")?;
-        let rows = query.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, Vec<u8>>(2)?,
-            ))
-        })?;
-        for row in rows {
-            let (id, owner, loss) = row?;
-            objects.push(Change::CustomLoss {
-                id: id
-                    .parse::<LossId>()
-                    .map_err(|e| JournalError::Damaged(e.to_string()))?,
-                tenant: tenant(owner)?,
-                loss: serde_json::from_slice(&loss)
-                    .map_err(|e| JournalError::Damaged(format!("custom loss {id}: {e}")))?,
-            });
-        }
-        let mut finished = Vec::new();
-        let mut pending = Vec::new();
-        let mut query = db.prepare(
-            "SELECT id, tenant, idempotency_key, payload, route, body, finished, answer_kind, answer
-             FROM requests WHERE finished = 0 OR finished_at >= ?1 ORDER BY seq",
-        )?;
-        let rows = query.query_map(params![since], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, Option<String>>(2)?,
-                r.get::<_, Vec<u8>>(3)?,
-                r.get::<_, String>(4)?,
-                r.get::<_, Vec<u8>>(5)?,
-                r.get::<_, bool>(6)?,
-                r.get::<_, Option<String>>(7)?,
-                r.get::<_, Option<Vec<u8>>>(8)?,
-            ))
-        })?;
-        for row in rows {
-            let (id, owner, key, payload, route, body, done, kind, answer) = row?;
-            let (tenant, payload) = (tenant(owner)?, digest(payload)?);
-            if !done {
-                pending.push(AcceptedRequest {
-                    id,
-                    tenant,
-                    idempotency_key: key,
-                    payload,
-                    route,
-                    body,
-                });
-                continue;
-            }
-            let outcome = outcome(kind.as_deref(), answer.unwrap_or_default())?;
-            finished.push(FinishedRequest {
-                id,
-                tenant,
-                idempotency_key: key,
-                payload,
-                outcome,
-            });
-        }
+        let objects = load_objects(&db)?;
+        let (finished, pending) = load_requests(&db, since)?;
         Ok(Recorded {
             objects,
             finished,
             pending,
         })
     }
+}
+
+/// A tenant's id as the journal recorded it.
+fn recorded_tenant(name: String) -> Result<TenantId, JournalError> {
+    TenantId::new(&name).map_err(|e| JournalError::Damaged(e.to_string()))
+}
+
+/// The sessions, models, samplers and custom losses the journal records, as the changes that
+/// made them.
+fn load_objects(db: &Connection) -> Result<Vec<Change>, JournalError> {
+    let mut objects = Vec::new();
+    let mut query = db.prepare("SELECT id, tenant, finished_at IS NOT NULL FROM sessions")?;
+    let rows = query.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get(1)?, r.get::<_, bool>(2)?))
+    })?;
+    for row in rows {
+        let (id, owner, finished) = row?;
+        let id = SessionId::new(&id).map_err(|e| JournalError::Damaged(e.to_string()))?;
+        objects.push(Change::Session {
+            id: id.clone(),
+            tenant: recorded_tenant(owner)?,
+        });
+        if finished {
+            objects.push(Change::SessionFinished { id });
+        }
+    }
+    // A finished session's models keep their rows (the training runs list them) without
+    // their state.
+    let mut query = db.prepare(
+        "SELECT id, tenant, base, lora_rank, applied_seq, state FROM models
+         WHERE length(state) > 0",
+    )?;
+    let rows = query.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, i64>(3)?,
+            r.get::<_, i64>(4)?,
+            r.get::<_, Vec<u8>>(5)?,
+        ))
+    })?;
+    for row in rows {
+        let (id, owner, base, rank, applied, state) = row?;
+        objects.push(Change::Model {
+            id: id
+                .parse::<ModelId>()
+                .map_err(|e| JournalError::Damaged(e.to_string()))?,
+            tenant: recorded_tenant(owner)?,
+            base,
+            lora_rank: rank as usize,
+            applied_seq: applied as u64,
+            state: Some(state),
+            user_metadata: None,
+        });
+    }
+    let mut query =
+        db.prepare("SELECT id, tenant, base, checkpoint, snapshot, model FROM samplers")?;
+    let rows = query.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, Option<String>>(3)?,
+            r.get::<_, Option<Vec<u8>>>(4)?,
+            r.get::<_, Option<String>>(5)?,
+        ))
+    })?;
+    for row in rows {
+        let (id, owner, base, checkpoint, snapshot, model) = row?;
+        let damaged = |e: ApiError| JournalError::Damaged(e.to_string());
+        let source = match (checkpoint, snapshot) {
+            (Some(path), _) => SamplerRecord::Checkpoint(path.parse().map_err(damaged)?),
+            (None, Some(state)) => SamplerRecord::Snapshot {
+                model: model
+                    .map(|m| m.parse::<ModelId>())
+                    .transpose()
+                    .map_err(damaged)?,
+                state,
+            },
+            (None, None) => SamplerRecord::Base,
+        };
+        objects.push(Change::Sampler {
+            id: SamplerId::parse(&id).map_err(damaged)?,
+            tenant: recorded_tenant(owner)?,
+            base,
+            source,
+        });
+    }
+    let mut query = db.prepare("SELECT id, tenant, loss FROM custom_losses")?;
+    let rows = query.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, Vec<u8>>(2)?,
+        ))
+    })?;
+    for row in rows {
+        let (id, owner, loss) = row?;
+        objects.push(Change::CustomLoss {
+            id: id
+                .parse::<LossId>()
+                .map_err(|e| JournalError::Damaged(e.to_string()))?,
+            tenant: recorded_tenant(owner)?,
+            loss: serde_json::from_slice(&loss)
+                .map_err(|e| JournalError::Damaged(format!("custom loss {id}: {e}")))?,
+        });
+    }
+    Ok(objects)
+}
+
+/// The requests not finished, and those finished since `since` (their answers kept for the
+/// SDK's polls).
+type Requests = (Vec<FinishedRequest>, Vec<AcceptedRequest>);
+
+/// The requests the journal holds: those finished since `since`, and those not finished.
+fn load_requests(db: &Connection, since: i64) -> Result<Requests, JournalError> {
+    let mut finished = Vec::new();
+    let mut pending = Vec::new();
+    let mut query = db.prepare(
+        "SELECT id, tenant, idempotency_key, payload, route, body, finished, answer_kind, answer
+         FROM requests WHERE finished = 0 OR finished_at >= ?1 ORDER BY seq",
+    )?;
+    let rows = query.query_map(params![since], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, Option<String>>(2)?,
+            r.get::<_, Vec<u8>>(3)?,
+            r.get::<_, String>(4)?,
+            r.get::<_, Vec<u8>>(5)?,
+            r.get::<_, bool>(6)?,
+            r.get::<_, Option<String>>(7)?,
+            r.get::<_, Option<Vec<u8>>>(8)?,
+        ))
+    })?;
+    for row in rows {
+        let (id, owner, key, payload, route, body, done, kind, answer) = row?;
+        let (tenant, payload) = (recorded_tenant(owner)?, digest(payload)?);
+        if !done {
+            pending.push(AcceptedRequest {
+                id,
+                tenant,
+                idempotency_key: key,
+                payload,
+                route,
+                body,
+            });
+            continue;
+        }
+        let outcome = outcome(kind.as_deref(), answer.unwrap_or_default())?;
+        finished.push(FinishedRequest {
+            id,
+            tenant,
+            idempotency_key: key,
+            payload,
+            outcome,
+        });
+    }
+    Ok((finished, pending))
 }
 
 /// A session as recorded: what it made that is still there.
