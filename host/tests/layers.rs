@@ -528,13 +528,8 @@ fn the_circle_finder_sees_a_circle_through_a_re_export_and_none_through_a_face()
 /// `CallError` is.
 #[test]
 fn no_public_function_returns_a_string_error() {
-    let mut files = Vec::new();
-    rust_files(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut files,
-    );
     let mut offences = Vec::new();
-    for file in files {
+    for file in host_sources() {
         let code = code_of(&std::fs::read_to_string(&file).unwrap());
         offences.extend(
             string_errors(&code)
@@ -574,4 +569,158 @@ fn the_string_error_scan_sees_a_public_one_and_not_a_private_one() {
         found[0].starts_with("fn a") && found[1].starts_with("fn c"),
         "{found:?}"
     );
+}
+
+/// Every Rust file of the host's `src`.
+fn host_sources() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    files
+}
+
+/// The most lines a function of the host may take: a longer one does several things, and each
+/// of them wants a name of its own.
+const LONGEST_FUNCTION: usize = 150;
+
+#[test]
+fn no_function_is_longer_than_150_lines() {
+    let mut offences = Vec::new();
+    for file in host_sources() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (name, line, lines) in long_functions(&text, LONGEST_FUNCTION) {
+            offences.push(format!(
+                "{}:{line}: fn {name} has {lines} lines",
+                file.display()
+            ));
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "functions over {LONGEST_FUNCTION} lines (split them into steps a reader can name):\n{}",
+        offences.join("\n")
+    );
+}
+
+/// The functions of `code` longer than `limit` lines: (name, first line, lines).
+fn long_functions(code: &str, limit: usize) -> Vec<(String, usize, usize)> {
+    let lines: Vec<String> = blank_literals(code).lines().map(str::to_string).collect();
+    let mut found = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let Some(name) = function_name(line) else {
+            continue;
+        };
+        // A `;` before the first `{` ends a declaration without a body (a trait's).
+        let (mut depth, mut opened, mut declared) = (0i64, false, false);
+        for (at, body_line) in lines.iter().enumerate().skip(start) {
+            for c in body_line.chars() {
+                match c {
+                    '{' => (depth, opened) = (depth + 1, true),
+                    '}' => depth -= 1,
+                    ';' if !opened => declared = true,
+                    _ => {}
+                }
+                if declared {
+                    break;
+                }
+            }
+            if declared {
+                break;
+            }
+            if opened && depth <= 0 {
+                let length = at - start + 1;
+                if length > limit {
+                    found.push((name.to_string(), start + 1, length));
+                }
+                break;
+            }
+        }
+    }
+    found
+}
+
+/// The name of the function whose signature starts on `line`, if one does.
+fn function_name(line: &str) -> Option<&str> {
+    let mut rest = line.trim_start();
+    for qualifier in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "const ",
+        "async ",
+        "unsafe ",
+    ] {
+        rest = rest.strip_prefix(qualifier).unwrap_or(rest);
+    }
+    let name = rest.strip_prefix("fn ")?;
+    let end = name
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(name.len());
+    (end > 0).then(|| &name[..end])
+}
+
+/// `code` with its comments, strings and character literals blanked (their line breaks kept), so
+/// that the braces left are the code's own.
+fn blank_literals(code: &str) -> String {
+    let chars: Vec<char> = code.chars().collect();
+    let mut out = String::with_capacity(code.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let rest = &chars[i..];
+        let after_identifier = i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_');
+        let raw_hashes = (rest[0] == 'r' && !after_identifier)
+            .then(|| rest[1..].iter().take_while(|&&c| c == '#').count())
+            .filter(|&hashes| rest.get(1 + hashes) == Some(&'"'));
+        let skipped = if rest.starts_with(&['/', '/']) {
+            rest.iter().position(|&c| c == '\n').unwrap_or(rest.len())
+        } else if rest.starts_with(&['/', '*']) {
+            (2..rest.len())
+                .find(|&j| rest[j - 1] == '*' && rest[j] == '/')
+                .map_or(rest.len(), |j| j + 1)
+        } else if let Some(hashes) = raw_hashes {
+            let open = 2 + hashes;
+            (open..rest.len())
+                .find(|&j| rest[j] == '"' && rest[j + 1..].iter().take(hashes).all(|&c| c == '#'))
+                .map_or(rest.len(), |j| j + 1 + hashes)
+        } else if rest[0] == '"' {
+            let mut j = 1;
+            while j < rest.len() && rest[j] != '"' {
+                j += if rest[j] == '\\' { 2 } else { 1 };
+            }
+            j + 1
+        } else if rest[0] == '\'' && rest.get(1) == Some(&'\\') {
+            (2..rest.len())
+                .find(|&j| rest[j] == '\'')
+                .map_or(rest.len(), |j| j + 1)
+        } else if rest[0] == '\'' && rest.get(2) == Some(&'\'') {
+            3
+        } else {
+            out.push(rest[0]);
+            i += 1;
+            continue;
+        };
+        let skipped = skipped.min(rest.len());
+        out.extend(rest[..skipped].iter().filter(|&&c| c == '\n'));
+        i += skipped;
+    }
+    out
+}
+
+#[test]
+fn the_length_scan_counts_a_function_and_not_the_braces_of_its_literals() {
+    let body = "    let x = 1;\n".repeat(150);
+    let code = format!(
+        "pub(crate) async fn long(\n    a: u8,\n) {{\n{body}}}\n\
+         fn short() {{\n    let s = \"}}}}\"; let c = '}}'; let r = r#\"{{\"#; // }}\n}}\n\
+         trait T {{\n    fn declared(&self); }}\n{{\n{body}}}\nfn lifetimes<'a>(x: &'a str) {{ let c = '\\n'; }}\n"
+    );
+    assert_eq!(
+        long_functions(&code, 150),
+        vec![("long".to_string(), 1, 154)]
+    );
+    assert!(long_functions(&code, 160).is_empty());
+    let blanked = blank_literals("fn f() { \"{\" }\n/* { */ '{' r\"}\"");
+    assert_eq!(blanked.matches('{').count(), 1, "{blanked}");
 }

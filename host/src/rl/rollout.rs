@@ -20,7 +20,8 @@ use super::transcript::{SpanKind, TokenSequence, Transcript};
 use crate::api::{ModelInput, SamplingParams};
 use crate::client::SamplingClient;
 use crate::plugin::{
-    AgentSession, CallError, Limits, Message, Plugin, Transcript as PluginTranscript,
+    AgentSession, CallError, EnvironmentEpisode, Limits, Message, Plugin,
+    Transcript as PluginTranscript,
 };
 use crate::text::ChatMessage;
 
@@ -259,7 +260,6 @@ fn turn_seed(seed: u64, turn: usize) -> u64 {
         .rotate_left(17)
 }
 
-/// A failure that ends an episode.
 impl Rollout<'_> {
     /// Play one episode of `task` with seed `seed`; player `p` acts as `actors[p]` (the last
     /// actor serves any further players).
@@ -378,42 +378,10 @@ impl Rollout<'_> {
             if prompt.len() + 1 > self.context {
                 return Err(EpisodeFailure::of(FailureKind::ContextExceeded));
             }
-            let (tokens, logprobs, text) = match actor {
-                Actor::Policy(sampler) => {
-                    let mut params = self.params.clone();
-                    params.seed = Some(turn_seed(seed, turns));
-                    let room = self.context - prompt.len();
-                    params.max_tokens = Some(params.max_tokens.map_or(room, |m| m.min(room)));
-                    let mut output = sampler
-                        .sample(ModelInput::from_tokens(prompt), 1, params)
-                        .await
-                        .map_err(|e| EpisodeFailure::with(FailureKind::Sampler, e))?;
-                    let sample = output
-                        .sequences
-                        .pop()
-                        .ok_or_else(|| EpisodeFailure::of(FailureKind::Sampler))?;
-                    let text = self
-                        .renderer
-                        .action_text(&sample.tokens)
-                        .map_err(|e| EpisodeFailure::with(FailureKind::Render, e))?;
-                    ended_turn[player] =
-                        self.renderer.end_of_turn_id() == sample.tokens.last().copied();
-                    (sample.tokens, sample.logprobs, text)
-                }
-                Actor::Demonstration => {
-                    let text = episode
-                        .demonstration()
-                        .await?
-                        .ok_or_else(|| EpisodeFailure::of(FailureKind::NoDemonstration))?;
-                    let tokens = self
-                        .renderer
-                        .action_tokens(&text)
-                        .map_err(|e| EpisodeFailure::with(FailureKind::Render, e))?;
-                    ended_turn[player] = true;
-                    let logprobs = vec![0.0; tokens.len()];
-                    (tokens, logprobs, text)
-                }
-            };
+            let (tokens, logprobs, text, ends_turn) = self
+                .act(actor, &mut episode, prompt, turn_seed(seed, turns))
+                .await?;
+            ended_turn[player] = ends_turn;
             transcript
                 .push_action(tokens, logprobs)
                 .map_err(|e| EpisodeFailure::with(FailureKind::Transcript, e))?;
@@ -444,6 +412,51 @@ impl Rollout<'_> {
 }
 
 impl Rollout<'_> {
+    /// The actor's action on `prompt`: its tokens, their logprobs, its text, and whether it
+    /// ended its turn (a sample cut by `max_tokens` did not, so the next observation closes it).
+    async fn act(
+        &self,
+        actor: &Actor,
+        episode: &mut EnvironmentEpisode,
+        prompt: Vec<u32>,
+        seed: u64,
+    ) -> Result<(Vec<u32>, Vec<f32>, String, bool), EpisodeFailure> {
+        match actor {
+            Actor::Policy(sampler) => {
+                let mut params = self.params.clone();
+                params.seed = Some(seed);
+                let room = self.context - prompt.len();
+                params.max_tokens = Some(params.max_tokens.map_or(room, |m| m.min(room)));
+                let mut output = sampler
+                    .sample(ModelInput::from_tokens(prompt), 1, params)
+                    .await
+                    .map_err(|e| EpisodeFailure::with(FailureKind::Sampler, e))?;
+                let sample = output
+                    .sequences
+                    .pop()
+                    .ok_or_else(|| EpisodeFailure::of(FailureKind::Sampler))?;
+                let text = self
+                    .renderer
+                    .action_text(&sample.tokens)
+                    .map_err(|e| EpisodeFailure::with(FailureKind::Render, e))?;
+                let ends_turn = self.renderer.end_of_turn_id() == sample.tokens.last().copied();
+                Ok((sample.tokens, sample.logprobs, text, ends_turn))
+            }
+            Actor::Demonstration => {
+                let text = episode
+                    .demonstration()
+                    .await?
+                    .ok_or_else(|| EpisodeFailure::of(FailureKind::NoDemonstration))?;
+                let tokens = self
+                    .renderer
+                    .action_tokens(&text)
+                    .map_err(|e| EpisodeFailure::with(FailureKind::Render, e))?;
+                let logprobs = vec![0.0; tokens.len()];
+                Ok((tokens, logprobs, text, true))
+            }
+        }
+    }
+
     /// Add the reward plugin's score of each player who acted to its last turn's reward.
     async fn score(
         &self,

@@ -27,7 +27,9 @@ use super::rollouts::{
 };
 use super::run_folder::{Cursor, RunFolder};
 use super::sft::run_sft;
-use super::train_step::{LossFn, PolicyBatch, forward_cross_entropy, rl_adam, train_step};
+use super::train_step::{
+    LossFn, PolicyBatch, StepOutcome, forward_cross_entropy, rl_adam, train_step,
+};
 use crate::api::LossInput::{Advantages, Logprobs, Mask};
 use crate::api::{Datum, UNIT_TEMPERATURE};
 use crate::client::{SamplingClient, ServiceClient, TrainingClient};
@@ -268,7 +270,7 @@ pub(super) async fn train_job(
     // the evaluation steps measure the policy's drift from.
     let references = load_references(job, &folder, service, &trainers, &run.name).await?;
 
-    let (first_step, initial_evals, mut last_evals) = match checkpoint {
+    let (first_step, initial_evals, last_evals) = match checkpoint {
         Some((_, cursor)) => {
             let mut last_evals = cursor.last_evals;
             for (name, actions) in cursor.last_actions {
@@ -284,62 +286,108 @@ pub(super) async fn train_job(
         }
     };
     let multi_agent = policies.len() > 1;
-    let asynchronous = job.rl.asynchronous();
     let rollouts = job_rollouts(base, &run, &cx, &versions).await?;
     let tasks = Arc::new(JobTasks::new(&run.name, &cx, job)?);
-    let mut stream = asynchronous
+    let stream = job
+        .rl
+        .asynchronous()
         .then(|| GroupStream::new(Arc::clone(&rollouts), Arc::clone(&tasks), job, first_step));
-    let mut failures = FailureWatch::new(job.rl.max_failure_rate);
-    let mut signals = RunSignals::default();
+    let mut steps = RlSteps {
+        name: &run.name,
+        job,
+        cx: &cx,
+        folder: &folder,
+        trainers: &trainers,
+        policies: &policies,
+        loss,
+        estimator,
+        references,
+        rollouts,
+        tasks,
+        stream,
+        versions,
+        reporter,
+        failures: FailureWatch::new(job.rl.max_failure_rate),
+        signals: RunSignals::default(),
+        initial_evals,
+        last_evals,
+    };
     for step in first_step..job.rl.steps {
+        steps.step(step).await?;
+    }
+    let checkpoint = save_final(&trainers, &folder, &trainable, multi_agent).await?;
+    let (initial_eval, final_eval) = (
+        headline(&steps.initial_evals, &policies),
+        headline(&steps.last_evals, &policies),
+    );
+    Ok(Summary {
+        steps: job.rl.steps,
+        untrained_eval,
+        diagnosis: steps.signals.report(job, &initial_eval, &final_eval),
+        initial_eval,
+        final_eval,
+        checkpoint,
+        out: folder.root().to_path_buf(),
+        policies: match multi_agent {
+            true => per_policy(&trainable, &steps.initial_evals, &steps.last_evals),
+            false => BTreeMap::new(),
+        },
+    })
+}
+
+/// A job's RL steps: what each step reads, and what it carries to the next (the policies'
+/// versions, the failure and signal watches, the latest evaluations).
+struct RlSteps<'a> {
+    name: &'a str,
+    job: &'a Job,
+    cx: &'a Arc<JobContext>,
+    folder: &'a RunFolder,
+    trainers: &'a Trainers,
+    policies: &'a [PolicySection],
+    loss: LossFn,
+    estimator: Estimator,
+    /// Each policy's KL reference.
+    references: Vec<(String, Arc<dyn TrainingClient>)>,
+    rollouts: Arc<dyn Rollouts>,
+    tasks: Arc<JobTasks>,
+    /// Groups played ahead, in an asynchronous job.
+    stream: Option<GroupStream>,
+    versions: Versions,
+    reporter: Reporter,
+    failures: FailureWatch,
+    signals: RunSignals,
+    initial_evals: BTreeMap<String, Evaluation>,
+    last_evals: BTreeMap<String, Evaluation>,
+}
+
+impl RlSteps<'_> {
+    /// One RL step: play a batch of groups, turn them into datums with their advantages, train
+    /// every policy once, publish the next versions; evaluate, report and checkpoint as the job
+    /// says.
+    async fn step(&mut self, step: usize) -> anyhow::Result<()> {
+        let (job, policies) = (self.job, self.policies);
         let started = Instant::now();
-        let launch = versions.launch(step);
-        let (played, policy_lag, stale_groups) = match &mut stream {
-            Some(stream) => {
-                let (groups, lag, stale) = stream.next_batch(&launch).await?;
-                (in_batch_order(groups), lag, stale)
-            }
-            None => {
-                let played = play_step(rollouts.as_ref(), &tasks, job, step, &launch).await?;
-                (played, 0, 0)
-            }
-        };
+        let launch = self.versions.launch(step);
+        let (played, policy_lag, stale_groups) = self.play(step, &launch).await?;
         let sample_seconds = started.elapsed().as_secs_f64();
         let all: Vec<&EpisodeOutcome> = played.iter().map(|(_, _, o)| o).collect();
-        let stop = failures.record(&all);
-        let advantages = step_advantages(&cx, &played, job, estimator).await?;
-        let (mut batches, records, groups_trained) =
-            datums_of(&played, job, &policies, &advantages);
+        let stop = self.failures.record(&all);
+        let advantages = step_advantages(self.cx, &played, job, self.estimator).await?;
+        let (mut batches, records, groups_trained) = datums_of(&played, job, policies, &advantages);
         if let Some(why) = stop {
-            // The step's rollouts and metrics line carry the failures' own words; nothing trains.
-            folder.write_rollouts(step, &records)?;
-            reporter.line(&StepMetrics {
-                step,
-                phase: Phase::Rl,
-                reward_mean: mean(
-                    all.iter()
-                        .map(|o| o.returns().first().copied().unwrap_or(0.0)),
-                ),
-                episode_steps: mean(all.iter().map(|o| o.steps as f64)),
-                errors: errors_of(&all),
-                error_messages: error_messages_of(&all),
-                env_metrics: metrics_of(&all),
-                initial_evals: first_only(step, &initial_evals),
-                seconds: started.elapsed().as_secs_f64(),
-                ..StepMetrics::default()
-            })?;
-            return Err(stopped(&run.name, step, &why, &all));
+            return Err(self.stop(step, started, &records, &all, &why));
         }
         let entropy = sampled_entropy(&batches);
-        let signal = signal_of(&played, job, &policies, &advantages);
+        let signal = signal_of(&played, job, policies, &advantages);
         let failed = all.iter().filter(|o| o.failure.is_some()).count();
-        signals.step(signal, entropy, failed as f64 / all.len().max(1) as f64);
+        self.signals
+            .step(signal, entropy, failed as f64 / all.len().max(1) as f64);
         // The KL to the reference: every step with a penalty, which folds it into the
         // advantages; on evaluation steps without one, measured only (a zero fold).
         let last = step + 1 == job.rl.steps;
-        let evaluates = last || (job.eval.every > 0 && (step + 1) % job.eval.every == 0);
+        let evaluates = last || (job.eval.every > 0 && (step + 1).is_multiple_of(job.eval.every));
         let kl = match job.rl.kl_coef > 0.0 || evaluates {
-            true => Some(fold_kl_penalty(&references, &mut batches, job.rl.kl_coef).await?),
+            true => Some(fold_kl_penalty(&self.references, &mut batches, job.rl.kl_coef).await?),
             false => None,
         };
         let train_tokens = batches
@@ -348,27 +396,18 @@ pub(super) async fn train_job(
             .map(|datum| datum.model_input.len())
             .sum();
         let training_started = Instant::now();
-        let training = train_step(
-            with_trainers(&trainers, batches)?,
-            &loss,
-            rl_adam(job.rl.learning_rate),
-        );
-        let trained = match &mut stream {
-            // Async: groups play on with this version while it trains into the next.
-            Some(stream) => stream.while_training(training, &launch).await??,
-            None => training.await?,
-        };
+        let trained = self.train(batches, &launch).await?;
         let train_seconds = training_started.elapsed().as_secs_f64();
-        signals.update(trained.update_ratio);
-        versions.publish(&trainers, step + 1).await?;
-        folder.write_rollouts(step, &records)?;
+        self.signals.update(trained.update_ratio);
+        self.versions.publish(self.trainers, step + 1).await?;
+        self.folder.write_rollouts(step, &records)?;
         let mut agreement = None;
         let evaluations = if evaluates {
-            let previous = headline(&last_evals, &policies);
-            last_evals = versions.evaluate(&cx, job).await?;
-            agreement = greedy_agreement(&previous, &headline(&last_evals, &policies));
-            signals.evaluation(agreement);
-            Some(last_evals.clone())
+            let previous = headline(&self.last_evals, policies);
+            self.last_evals = self.versions.evaluate(self.cx, job).await?;
+            agreement = greedy_agreement(&previous, &headline(&self.last_evals, policies));
+            self.signals.evaluation(agreement);
+            Some(self.last_evals.clone())
         } else {
             None
         };
@@ -376,11 +415,8 @@ pub(super) async fn train_job(
             .iter()
             .map(|o| o.returns().first().copied().unwrap_or(0.0))
             .collect();
-        let policy_rewards = match multi_agent {
-            true => policy_rewards(&policies, &all),
-            false => BTreeMap::new(),
-        };
-        reporter.line(&StepMetrics {
+        let multi_agent = policies.len() > 1;
+        self.reporter.line(&StepMetrics {
             step,
             phase: Phase::Rl,
             reward_mean: mean(rewards.iter().copied()),
@@ -402,10 +438,13 @@ pub(super) async fn train_job(
             errors: errors_of(&all),
             error_messages: error_messages_of(&all),
             env_metrics: metrics_of(&all),
-            eval: evaluations.as_ref().map(|e| headline(e, &policies)),
-            policy_rewards,
+            eval: evaluations.as_ref().map(|e| headline(e, policies)),
+            policy_rewards: match multi_agent {
+                true => policy_rewards(policies, &all),
+                false => BTreeMap::new(),
+            },
             policy_evals: evaluations.filter(|_| multi_agent).unwrap_or_default(),
-            initial_evals: first_only(step, &initial_evals),
+            initial_evals: first_only(step, &self.initial_evals),
             warmup_stop: None,
             sample_seconds,
             sampled_tokens: all.iter().map(|o| o.sampled_tokens()).sum(),
@@ -414,39 +453,99 @@ pub(super) async fn train_job(
             seconds: started.elapsed().as_secs_f64(),
         })?;
         let every = job.checkpoint.every;
-        if last || (every > 0 && (step + 1) % every == 0) {
-            let cursor = Cursor {
-                steps: step + 1,
-                metric_lines: reporter.lines(),
-                initial_evals: initial_evals.clone(),
-                last_evals: last_evals.clone(),
-                last_actions: last_evals
-                    .iter()
-                    .map(|(name, e)| (name.clone(), e.actions.clone()))
-                    .collect(),
-            };
-            save_checkpoint(&trainers, &folder, cursor).await?;
-            folder.write_report()?;
+        if last || (every > 0 && (step + 1).is_multiple_of(every)) {
+            self.checkpoint(step + 1).await?;
+        }
+        Ok(())
+    }
+
+    /// The step's episodes, in batch order, with the policy lag and the stale groups dropped
+    /// (both 0 in a synchronous job).
+    async fn play(
+        &mut self,
+        step: usize,
+        launch: &Launch,
+    ) -> anyhow::Result<(Vec<(usize, usize, EpisodeOutcome)>, usize, usize)> {
+        Ok(match &mut self.stream {
+            Some(stream) => {
+                let (groups, lag, stale) = stream.next_batch(launch).await?;
+                (in_batch_order(groups), lag, stale)
+            }
+            None => {
+                let played =
+                    play_step(self.rollouts.as_ref(), &self.tasks, self.job, step, launch).await?;
+                (played, 0, 0)
+            }
+        })
+    }
+
+    /// One training step of every policy on its datums (all in one fused pass). In an
+    /// asynchronous job, groups play on with the current versions meanwhile.
+    async fn train(
+        &mut self,
+        batches: Vec<PolicyBatch>,
+        launch: &Launch,
+    ) -> anyhow::Result<StepOutcome> {
+        let training = train_step(
+            with_trainers(self.trainers, batches)?,
+            &self.loss,
+            rl_adam(self.job.rl.learning_rate),
+        );
+        match &mut self.stream {
+            Some(stream) => stream.while_training(training, launch).await?,
+            None => training.await,
         }
     }
-    let checkpoint = save_final(&trainers, &folder, &trainable, multi_agent).await?;
-    let (initial_eval, final_eval) = (
-        headline(&initial_evals, &policies),
-        headline(&last_evals, &policies),
-    );
-    Ok(Summary {
-        steps: job.rl.steps,
-        untrained_eval,
-        diagnosis: signals.report(job, &initial_eval, &final_eval),
-        initial_eval,
-        final_eval,
-        checkpoint,
-        out: folder.root().to_path_buf(),
-        policies: match multi_agent {
-            true => per_policy(&trainable, &initial_evals, &last_evals),
-            false => BTreeMap::new(),
-        },
-    })
+
+    /// The job stops at `step` since its episodes fail too often: the step's rollouts and
+    /// metrics line carry the failures' own words, and nothing trains.
+    fn stop(
+        &mut self,
+        step: usize,
+        started: Instant,
+        records: &[RolloutRecord],
+        all: &[&EpisodeOutcome],
+        why: &str,
+    ) -> anyhow::Error {
+        let reported = self.folder.write_rollouts(step, records).and_then(|()| {
+            self.reporter.line(&StepMetrics {
+                step,
+                phase: Phase::Rl,
+                reward_mean: mean(
+                    all.iter()
+                        .map(|o| o.returns().first().copied().unwrap_or(0.0)),
+                ),
+                episode_steps: mean(all.iter().map(|o| o.steps as f64)),
+                errors: errors_of(all),
+                error_messages: error_messages_of(all),
+                env_metrics: metrics_of(all),
+                initial_evals: first_only(step, &self.initial_evals),
+                seconds: started.elapsed().as_secs_f64(),
+                ..StepMetrics::default()
+            })
+        });
+        match reported {
+            Ok(()) => stopped(self.name, step, why, all),
+            Err(error) => error,
+        }
+    }
+
+    /// A checkpoint after `steps` steps: the adapters, and the cursor a resumed run starts from.
+    async fn checkpoint(&mut self, steps: usize) -> anyhow::Result<()> {
+        let cursor = Cursor {
+            steps,
+            metric_lines: self.reporter.lines(),
+            initial_evals: self.initial_evals.clone(),
+            last_evals: self.last_evals.clone(),
+            last_actions: self
+                .last_evals
+                .iter()
+                .map(|(name, e)| (name.clone(), e.actions.clone()))
+                .collect(),
+        };
+        save_checkpoint(self.trainers, self.folder, cursor).await?;
+        self.folder.write_report()
+    }
 }
 
 /// The warm-up of a job's single trainable policy's LoRA adapter (the job check sees that a

@@ -21,12 +21,12 @@ use rayon::prelude::*;
 
 use opentinker_kernels::KvCache;
 
-use super::backend::{BackendError, BackendInput, CpuSampler, Pick, SamplerBackend};
+use super::backend::{BackendError, BackendInput, BackendOutput, CpuSampler, Pick, SamplerBackend};
 use super::params::{ParamsError, SamplingParams, Stop, TopLogprobs, sample_rng};
 use super::prefix::{PolicyKey, PrefixCache};
 use super::prompt::{self, PromptAnswers, PromptAsks};
 use crate::lora::{AdapterRegistry, PolicyVersion, RegistryError};
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, Transformer};
 use crate::text::Tokenizer;
 
 pub type RequestId = u64;
@@ -317,6 +317,16 @@ struct Running<C> {
     cached_prompt_tokens: usize,
 }
 
+/// A prompt admitted in this step: the cache it starts from (its longest cached prefix, holding
+/// `cached` positions) and its samples' random streams.
+struct Prefill<C> {
+    id: RequestId,
+    admitted: Admitted,
+    cache: C,
+    cached: usize,
+    streams: Vec<StdRng>,
+}
+
 pub struct SamplingEngine<B: SamplerBackend = CpuSampler> {
     backend: B,
     registry: Arc<AdapterRegistry>,
@@ -452,6 +462,84 @@ impl<B: SamplerBackend> SamplingEngine<B> {
     /// One step: admit, prefill the admitted, decode one token of every running sample. Returns
     /// the requests that finished.
     pub fn decode_step(&mut self) -> Result<Vec<SampleOutput>, SampleError> {
+        let admitted = self.admit();
+        let mut prefills = self.start_prefills(admitted)?;
+        let model = Arc::clone(self.registry.base());
+
+        // Each sample draws from its own stream: one number per token, taken here, before the
+        // forward, so that the backend draws where the logits are.
+        let mut inputs = Vec::new();
+        for running in &mut self.running {
+            let Running {
+                admitted, samples, ..
+            } = running;
+            let policy = admitted.policy.as_deref();
+            let request = &admitted.request;
+            for sample in samples.iter_mut().filter(|s| s.stop.is_none()) {
+                let SampleState {
+                    cache, tokens, rng, ..
+                } = sample;
+                inputs.push(BackendInput {
+                    tokens: std::slice::from_ref(
+                        tokens.last().expect("a running sample has a token"),
+                    ),
+                    policy,
+                    cache,
+                    all_logits: false,
+                    picks: vec![Pick {
+                        params: &request.params,
+                        uniform: rng.random::<f64>(),
+                        top: request.topk_sample_logprobs,
+                    }],
+                });
+            }
+        }
+        let decoding = inputs.len();
+        for prefill in &mut prefills {
+            let Prefill {
+                admitted,
+                cache,
+                cached,
+                streams,
+                ..
+            } = prefill;
+            let request = &admitted.request;
+            let picks = streams
+                .iter_mut()
+                .map(|rng| Pick {
+                    params: &request.params,
+                    uniform: rng.random::<f64>(),
+                    top: request.topk_sample_logprobs,
+                })
+                .collect();
+            inputs.push(BackendInput {
+                tokens: &request.prompt[*cached..],
+                policy: admitted.policy.as_deref(),
+                cache,
+                all_logits: request.prompt_asks.any(),
+                picks,
+            });
+        }
+        if inputs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut outputs = self.backend.forward(&model, &mut inputs)?.into_iter();
+        drop(inputs);
+
+        self.record_decoded(&mut outputs, decoding, model.context_length());
+        for prefill in prefills {
+            let output = outputs
+                .next()
+                .expect("an output for every prefilled prompt");
+            self.start_running(prefill, output, &model)?;
+        }
+        Ok(self.retire_finished())
+    }
+
+    /// Takes waiting requests while the KV budget and the backend's adapter slots allow. A
+    /// request whose prompt prefills as one admitted in this step waits a step, to start from
+    /// the cache that one leaves.
+    fn admit(&mut self) -> Vec<(RequestId, Admitted)> {
         let mut admitted: Vec<(RequestId, Admitted)> = Vec::new();
         // The adapter versions running (the base model takes no adapter slot).
         let mut policies: Vec<PolicyKey> = self
@@ -500,93 +588,53 @@ impl<B: SamplerBackend> SamplingEngine<B> {
         for repeat in repeats.into_iter().rev() {
             self.waiting.push_front(repeat);
         }
-        let model = Arc::clone(self.registry.base());
-        let config = &model.config;
+        admitted
+    }
 
-        // New prompts: their caches start from the longest cached prefix.
-        let mut prefills: Vec<(RequestId, Admitted, B::Cache)> = Vec::new();
-        for (id, a) in admitted {
+    /// New prompts' caches, each started from the longest cached prefix of its prompt.
+    fn start_prefills(
+        &mut self,
+        admitted: Vec<(RequestId, Admitted)>,
+    ) -> Result<Vec<Prefill<B::Cache>>, SampleError> {
+        let mut prefills = Vec::with_capacity(admitted.len());
+        for (id, admitted) in admitted {
             // The positions whose rows no answer needs may come from the prefix cache.
-            let asks = &a.request.prompt_asks;
-            let limit = match asks.any() {
-                true => asks.first_row(a.request.prompt.len()),
-                false => a.request.prompt.len() - 1,
+            let request = &admitted.request;
+            let limit = match request.prompt_asks.any() {
+                true => request.prompt_asks.first_row(request.prompt.len()),
+                false => request.prompt.len() - 1,
             };
-            let cached = match limit {
+            let found = match limit {
                 0 => None,
-                limit => self.prefix.lookup(&a.key(), &a.request.prompt, limit),
+                limit => self.prefix.lookup(&admitted.key(), &request.prompt, limit),
             };
-            let cache = match cached {
+            let cache = match found {
                 Some((cache, len)) => self.backend.fork(cache, len)?,
                 None => self.backend.empty_cache(),
             };
-            prefills.push((id, a, cache));
-        }
-
-        // Each sample draws from its own stream: one number per token, taken here, before the
-        // forward, so that the backend draws where the logits are.
-        let mut inputs = Vec::new();
-        for running in &mut self.running {
-            let Running {
-                admitted, samples, ..
-            } = running;
-            let policy = admitted.policy.as_deref();
-            let request = &admitted.request;
-            for sample in samples.iter_mut().filter(|s| s.stop.is_none()) {
-                let SampleState {
-                    cache, tokens, rng, ..
-                } = sample;
-                inputs.push(BackendInput {
-                    tokens: std::slice::from_ref(
-                        tokens.last().expect("a running sample has a token"),
-                    ),
-                    policy,
-                    cache,
-                    all_logits: false,
-                    picks: vec![Pick {
-                        params: &request.params,
-                        uniform: rng.random::<f64>(),
-                        top: request.topk_sample_logprobs,
-                    }],
-                });
-            }
-        }
-        let decoding = inputs.len();
-        let cached: Vec<usize> = prefills.iter().map(|(_, _, c)| B::cache_len(c)).collect();
-        // A prompt's samples' streams, each of which draws its first token from the prefill.
-        let mut streams: Vec<Vec<StdRng>> = prefills
-            .iter()
-            .map(|(_, a, _)| {
-                (0..a.request.params.num_samples)
-                    .map(|i| sample_rng(a.seed, i))
-                    .collect()
-            })
-            .collect();
-        for (((_, a, cache), &start), rngs) in prefills.iter_mut().zip(&cached).zip(&mut streams) {
-            let picks = rngs
-                .iter_mut()
-                .map(|rng| Pick {
-                    params: &a.request.params,
-                    uniform: rng.random::<f64>(),
-                    top: a.request.topk_sample_logprobs,
-                })
+            // A prompt's samples' streams, each of which draws its first token from the prefill.
+            let streams = (0..request.params.num_samples)
+                .map(|i| sample_rng(admitted.seed, i))
                 .collect();
-            inputs.push(BackendInput {
-                tokens: &a.request.prompt[start..],
-                policy: a.policy.as_deref(),
+            prefills.push(Prefill {
+                id,
+                cached: B::cache_len(&cache),
+                admitted,
                 cache,
-                all_logits: a.request.prompt_asks.any(),
-                picks,
+                streams,
             });
         }
-        if inputs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut outputs = self.backend.forward(&model, &mut inputs)?.into_iter();
-        drop(inputs);
-        let vocab = config.vocab_size;
-        let context = model.context_length();
+        Ok(prefills)
+    }
 
+    /// Appends each running sample's new token (the forward's first `decoding` outputs) and
+    /// sees whether it stops.
+    fn record_decoded(
+        &mut self,
+        outputs: &mut impl Iterator<Item = BackendOutput>,
+        decoding: usize,
+        context: usize,
+    ) {
         let mut picks = Vec::with_capacity(decoding);
         for running in &mut self.running {
             let request = &running.admitted.request;
@@ -597,6 +645,7 @@ impl<B: SamplerBackend> SamplingEngine<B> {
                 picks.push((sample, request, choice, index));
             }
         }
+        debug_assert_eq!(picks.len(), decoding);
         let (eos, tokenizer) = (&self.eos, self.tokenizer.as_deref());
         picks
             .into_par_iter()
@@ -613,73 +662,90 @@ impl<B: SamplerBackend> SamplingEngine<B> {
                 sample.stop =
                     stop_reason(&sample.tokens, params, eos, tokenizer, prompt_len, context);
             });
-        debug_assert!(decoding <= self.running.iter().map(|r| r.samples.len()).sum());
+    }
 
-        for (((id, a, cache), cached), rngs) in prefills.into_iter().zip(cached).zip(streams) {
-            let output = outputs
-                .next()
-                .expect("an output for every prefilled prompt");
-            let prompt = &a.request.prompt;
-            let answers = match a.request.prompt_asks.any() {
-                true => prompt::answer(
-                    &a.request.prompt_asks,
-                    prompt,
-                    &output.logits,
-                    cached,
-                    vocab,
-                    &a.request.params,
-                    a.seed,
-                ),
-                false => PromptAnswers::default(),
-            };
-            if self.config.prefix_cache_positions > 0 {
-                let copy = self.backend.fork(&cache, prompt.len())?;
-                for dropped in self.prefix.insert(a.key(), prompt, copy) {
-                    self.backend.release(dropped);
-                }
+    /// A prefilled prompt's answers and first tokens: it runs from the next step, each sample
+    /// with a cache of its own. Its prompt's KV goes to the prefix cache.
+    fn start_running(
+        &mut self,
+        prefill: Prefill<B::Cache>,
+        output: BackendOutput,
+        model: &Transformer,
+    ) -> Result<(), SampleError> {
+        let Prefill {
+            id,
+            admitted: a,
+            cache,
+            cached,
+            streams,
+        } = prefill;
+        let prompt = &a.request.prompt;
+        let answers = match a.request.prompt_asks.any() {
+            true => prompt::answer(
+                &a.request.prompt_asks,
+                prompt,
+                &output.logits,
+                cached,
+                model.config.vocab_size,
+                &a.request.params,
+                a.seed,
+            ),
+            false => PromptAnswers::default(),
+        };
+        if self.config.prefix_cache_positions > 0 {
+            let copy = self.backend.fork(&cache, prompt.len())?;
+            for dropped in self.prefix.insert(a.key(), prompt, copy) {
+                self.backend.release(dropped);
             }
-            // Each sample a cache of its own; the last takes the prompt's.
-            let n = a.request.params.num_samples;
-            let mut caches = Vec::with_capacity(n);
-            for _ in 1..n {
-                caches.push(self.backend.fork(&cache, prompt.len())?);
+        }
+        // Each sample a cache of its own; the last takes the prompt's.
+        let n = a.request.params.num_samples;
+        let mut caches = Vec::with_capacity(n);
+        for _ in 1..n {
+            caches.push(self.backend.fork(&cache, prompt.len())?);
+        }
+        caches.push(cache);
+        let mut samples = Vec::with_capacity(n);
+        let k = a.request.topk_sample_logprobs;
+        for (i, ((cache, rng), choice)) in caches
+            .into_iter()
+            .zip(streams)
+            .zip(output.choices)
+            .enumerate()
+        {
+            if let Some(sink) = &a.request.tokens {
+                sink.send(i, choice.token, choice.logprob);
             }
-            caches.push(cache);
-            let mut samples = Vec::with_capacity(n);
-            let k = a.request.topk_sample_logprobs;
-            for (i, ((cache, rng), choice)) in
-                caches.into_iter().zip(rngs).zip(output.choices).enumerate()
-            {
-                if let Some(sink) = &a.request.tokens {
-                    sink.send(i, choice.token, choice.logprob);
-                }
-                let tokens = vec![choice.token];
-                let stop = stop_reason(
-                    &tokens,
-                    &a.request.params,
-                    &self.eos,
-                    self.tokenizer.as_deref(),
-                    prompt.len(),
-                    context,
-                );
-                samples.push(SampleState {
-                    cache,
-                    tokens,
-                    logprobs: vec![choice.logprob],
-                    top_logprobs: (k > 0).then(|| vec![choice.top]),
-                    rng,
-                    stop,
-                });
-            }
-            self.running.push(Running {
-                id,
-                admitted: a,
-                samples,
-                prompt: answers,
-                cached_prompt_tokens: cached,
+            let tokens = vec![choice.token];
+            let stop = stop_reason(
+                &tokens,
+                &a.request.params,
+                &self.eos,
+                self.tokenizer.as_deref(),
+                prompt.len(),
+                model.context_length(),
+            );
+            samples.push(SampleState {
+                cache,
+                tokens,
+                logprobs: vec![choice.logprob],
+                top_logprobs: (k > 0).then(|| vec![choice.top]),
+                rng,
+                stop,
             });
         }
+        self.running.push(Running {
+            id,
+            admitted: a,
+            samples,
+            prompt: answers,
+            cached_prompt_tokens: cached,
+        });
+        Ok(())
+    }
 
+    /// The requests whose every sample has stopped, finished; their KV reservation freed.
+    fn retire_finished(&mut self) -> Vec<SampleOutput> {
         let mut finished = Vec::new();
         let mut still = Vec::with_capacity(self.running.len());
         for running in std::mem::take(&mut self.running) {
@@ -691,7 +757,7 @@ impl<B: SamplerBackend> SamplingEngine<B> {
             finished.push(self.finish(running));
         }
         self.running = still;
-        Ok(finished)
+        finished
     }
 
     /// The output of a finished request; its samples' KV goes to the prefix cache.

@@ -190,6 +190,30 @@ fn checkpoint_name(path: Option<String>, seq: Option<u64>) -> String {
     path.unwrap_or_else(|| format!("seq-{}", seq.unwrap_or(0)))
 }
 
+impl Accepted {
+    /// A call on a training model, keyed by its place in the model's order.
+    fn on_model(model: &ModelId, seq: Option<u64>, header_key: Option<&str>, op: Op) -> Self {
+        Accepted {
+            varying: &[],
+            key: seq_key(model, seq, header_key),
+            extra: json!({ "model_id": model }),
+            seq,
+            op,
+        }
+    }
+
+    /// A call that creates the model `model`: a repeat of it is the same model.
+    fn creating(model: &ModelId, op: Op) -> Self {
+        Accepted {
+            varying: &[],
+            key: Some(format!("create {model}")),
+            extra: json!({ "model_id": model }),
+            seq: None,
+            op,
+        }
+    }
+}
+
 /// Read a request of `route` into its op (also when it is run again after a restart).
 pub fn accept(
     route: FutureRoute,
@@ -207,152 +231,59 @@ pub fn accept(
                 session: session.clone(),
                 seq: request.model_seq_id,
             };
-            Accepted {
-                varying: &[],
-                key: Some(format!("create {model}")),
-                extra: json!({ "model_id": model }),
-                op: Op::CreateModel {
-                    session,
-                    model_seq: request.model_seq_id,
-                    base_model: request.base_model,
-                    lora,
-                    user_metadata: check_user_metadata(request.user_metadata)?,
-                },
-                seq: None,
-            }
+            let op = Op::CreateModel {
+                session,
+                model_seq: request.model_seq_id,
+                base_model: request.base_model,
+                lora,
+                user_metadata: check_user_metadata(request.user_metadata)?,
+            };
+            Accepted::creating(&model, op)
         }
         FutureRoute::ForwardBackward => {
             let request = wire::forward_backward(body)?;
-            Accepted {
-                varying: &[],
-                key: seq_key(&request.model_id, request.seq_id, header_key),
-                extra: json!({ "model_id": request.model_id }),
-                seq: request.seq_id,
-                op: Op::ForwardBackward {
-                    model: request.model_id,
-                    input: request.input,
-                    forward_only: request.forward_only,
-                },
-            }
+            let op = Op::ForwardBackward {
+                model: request.model_id.clone(),
+                input: request.input,
+                forward_only: request.forward_only,
+            };
+            Accepted::on_model(&request.model_id, request.seq_id, header_key, op)
         }
         FutureRoute::OptimStep => {
             let request: wire::OptimStep = parse(body)?;
-            Accepted {
-                varying: &[],
-                key: seq_key(&request.model_id, request.seq_id, header_key),
-                extra: json!({ "model_id": request.model_id }),
-                seq: request.seq_id,
-                op: Op::OptimStep {
-                    model: request.model_id,
-                    params: request.adam_params,
-                },
-            }
+            let op = Op::OptimStep {
+                model: request.model_id.clone(),
+                params: request.adam_params,
+            };
+            Accepted::on_model(&request.model_id, request.seq_id, header_key, op)
         }
         FutureRoute::SaveWeights => {
             let request: wire::SaveWeights = parse(body)?;
-            Accepted {
-                varying: &[],
-                key: seq_key(&request.model_id, request.seq_id, header_key),
-                extra: json!({ "model_id": request.model_id }),
-                seq: request.seq_id,
-                op: Op::SaveState {
-                    name: checkpoint_name(request.path, request.seq_id),
-                    model: request.model_id,
-                    options: SaveOptions {
-                        ttl_seconds: request.ttl_seconds,
-                        user_metadata: check_user_metadata(request.user_metadata)?,
-                    },
+            let op = Op::SaveState {
+                name: checkpoint_name(request.path, request.seq_id),
+                model: request.model_id.clone(),
+                options: SaveOptions {
+                    ttl_seconds: request.ttl_seconds,
+                    user_metadata: check_user_metadata(request.user_metadata)?,
                 },
-            }
+            };
+            Accepted::on_model(&request.model_id, request.seq_id, header_key, op)
         }
         FutureRoute::SaveWeightsExternal => {
             let request: wire::SaveWeightsExternal = parse(body)?;
-            Accepted {
-                varying: &[],
-                key: seq_key(&request.model_id, request.seq_id, header_key),
-                extra: json!({ "model_id": request.model_id }),
-                seq: request.seq_id,
-                op: Op::SaveWeightsExternal {
-                    name: request.path,
-                    model: request.model_id,
-                    options: SaveOptions {
-                        ttl_seconds: request.ttl_seconds,
-                        user_metadata: Default::default(),
-                    },
-                    recipients: request.age_encryption_recipients.unwrap_or_default(),
+            let op = Op::SaveWeightsExternal {
+                name: request.path,
+                model: request.model_id.clone(),
+                options: SaveOptions {
+                    ttl_seconds: request.ttl_seconds,
+                    user_metadata: Default::default(),
                 },
-            }
-        }
-        FutureRoute::SaveWeightsForSampler => {
-            let request: wire::SaveWeightsForSampler = parse(body)?;
-            let model = request.model_id.clone();
-            let op = match (request.path, request.sampling_session_seq_id) {
-                (Some(name), _) => Op::SaveWeightsForSampler {
-                    model,
-                    name,
-                    options: SaveOptions {
-                        ttl_seconds: request.ttl_seconds,
-                        user_metadata: check_user_metadata(request.user_metadata)?,
-                    },
-                },
-                (None, Some(sampler_seq)) => Op::SnapshotForSampler { model, sampler_seq },
-                (None, None) => {
-                    return Err(ApiError::invalid(
-                        "save_weights_for_sampler needs `path` or `sampling_session_seq_id`",
-                    ));
-                }
+                recipients: request.age_encryption_recipients.unwrap_or_default(),
             };
-            Accepted {
-                // The SDK draws a new sampler number on each try of the same seq_id.
-                varying: &["sampling_session_seq_id"],
-                key: seq_key(&request.model_id, request.seq_id, header_key),
-                extra: json!({ "model_id": request.model_id }),
-                seq: request.seq_id,
-                op,
-            }
+            Accepted::on_model(&request.model_id, request.seq_id, header_key, op)
         }
-        FutureRoute::LoadWeights => {
-            let request: wire::LoadWeights = parse(body)?;
-            let path: CheckpointPath = request.path.parse()?;
-            match (request.model_id, request.session_id, request.model_seq_id) {
-                (Some(model), None, _) => Accepted {
-                    varying: &[],
-                    key: seq_key(&model, request.seq_id, header_key),
-                    extra: json!({ "model_id": model }),
-                    seq: request.seq_id,
-                    op: Op::LoadState {
-                        model,
-                        path,
-                        with_optimizer: request.optimizer,
-                    },
-                },
-                (None, Some(session), Some(model_seq)) => {
-                    let session = SessionId::new(&session)?;
-                    let model = ModelId {
-                        session: session.clone(),
-                        seq: model_seq,
-                    };
-                    Accepted {
-                        varying: &[],
-                        key: Some(format!("create {model}")),
-                        extra: json!({ "model_id": model }),
-                        seq: None,
-                        op: Op::CreateModelFromState {
-                            session,
-                            model_seq,
-                            path,
-                            with_optimizer: request.optimizer,
-                            user_metadata: check_user_metadata(request.user_metadata)?,
-                        },
-                    }
-                }
-                _ => {
-                    return Err(ApiError::invalid(
-                        "load_weights needs `model_id`, or `session_id` with `model_seq_id`",
-                    ));
-                }
-            }
-        }
+        FutureRoute::SaveWeightsForSampler => accept_save_for_sampler(parse(body)?, header_key)?,
+        FutureRoute::LoadWeights => accept_load_weights(parse(body)?, header_key)?,
         FutureRoute::CreateCustomLoss => {
             let request: wire::CreateCustomLoss = parse(body)?;
             let session = SessionId::new(&request.session_id)?;
@@ -375,62 +306,132 @@ pub fn accept(
                 },
             }
         }
-        FutureRoute::Sample => {
-            let request: wire::Sample = parse(body)?;
-            let mut budget = DecodeBudget::for_body(body.len());
-            let Some(id) = &request.sampling_session_id else {
-                return Err(ApiError::invalid(
-                    "asample needs a `sampling_session_id` (create one with create_sampling_session)",
-                ));
-            };
-            let sampler = SamplerId::parse(id)?;
-            check_num_samples("num_samples", request.num_samples)?;
-            // Named by the request's place in its sampler's order, so that a repeat of it (and
-            // its run after a restart) names the same sequences.
-            let sequence_ids = request.seq_id.map(|seq| {
-                (0..request.num_samples)
-                    .map(|i| SequenceId::of_sample(&sampler, seq, i))
-                    .collect::<Vec<_>>()
-            });
-            // A sparse tensor's unlisted cells ask nothing, as a dense one's `-1` cells.
-            let target_prompt_logprobs = request
-                .target_prompt_logprobs
-                .map(|t| t.dense_i64("target_prompt_logprobs", -1, &mut budget))
-                .transpose()?;
-            let record_as = match (request.record_stability_info, &sequence_ids) {
-                (Some(true), None) => {
-                    return Err(ApiError::invalid(
-                        "asample: `record_stability_info` needs the request's `seq_id`, which names its sequences",
-                    ));
-                }
-                (Some(true), Some(ids)) => Some(ids.clone()),
-                _ => None,
-            };
-            Accepted {
-                varying: &[],
-                key: seq_key(&sampler, request.seq_id, header_key),
-                extra: json!({
-                    "num_samples": request.num_samples,
-                    "sample_sequence_ids": sequence_ids,
-                }),
-                seq: None,
-                op: Op::Sample(SampleRequest {
-                    sampler,
-                    prompt: ModelInput {
-                        chunks: request.prompt.chunks,
-                    },
-                    num_samples: request.num_samples,
-                    params: request.sampling_params,
-                    prompt_logprobs: request.prompt_logprobs.unwrap_or(false),
-                    topk_prompt_logprobs: request.topk_prompt_logprobs,
-                    topk_sample_logprobs: request.topk_sample_logprobs,
-                    prompt_logprobs_last_n: request.prompt_logprobs_last_n,
-                    target_prompt_logprobs,
-                    prompt_alt_tokens_k: request.prompt_alt_tokens_k,
-                    record_as,
-                }),
-            }
+        FutureRoute::Sample => accept_sample(body, header_key)?,
+    })
+}
+
+/// `save_weights_for_sampler`: a named checkpoint, or (with a sampler number and no path) a
+/// snapshot that a sampling session reads.
+fn accept_save_for_sampler(
+    request: wire::SaveWeightsForSampler,
+    header_key: Option<&str>,
+) -> Result<Accepted, ApiError> {
+    let model = request.model_id.clone();
+    let op = match (request.path, request.sampling_session_seq_id) {
+        (Some(name), _) => Op::SaveWeightsForSampler {
+            model,
+            name,
+            options: SaveOptions {
+                ttl_seconds: request.ttl_seconds,
+                user_metadata: check_user_metadata(request.user_metadata)?,
+            },
+        },
+        (None, Some(sampler_seq)) => Op::SnapshotForSampler { model, sampler_seq },
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "save_weights_for_sampler needs `path` or `sampling_session_seq_id`",
+            ));
         }
+    };
+    Ok(Accepted {
+        // The SDK draws a new sampler number on each try of the same seq_id.
+        varying: &["sampling_session_seq_id"],
+        ..Accepted::on_model(&request.model_id, request.seq_id, header_key, op)
+    })
+}
+
+/// `load_weights`: into a model that exists, or (with a session and a model number) into a new
+/// one.
+fn accept_load_weights(
+    request: wire::LoadWeights,
+    header_key: Option<&str>,
+) -> Result<Accepted, ApiError> {
+    let path: CheckpointPath = request.path.parse()?;
+    match (request.model_id, request.session_id, request.model_seq_id) {
+        (Some(model), None, _) => {
+            let op = Op::LoadState {
+                model: model.clone(),
+                path,
+                with_optimizer: request.optimizer,
+            };
+            Ok(Accepted::on_model(&model, request.seq_id, header_key, op))
+        }
+        (None, Some(session), Some(model_seq)) => {
+            let session = SessionId::new(&session)?;
+            let model = ModelId {
+                session: session.clone(),
+                seq: model_seq,
+            };
+            let op = Op::CreateModelFromState {
+                session,
+                model_seq,
+                path,
+                with_optimizer: request.optimizer,
+                user_metadata: check_user_metadata(request.user_metadata)?,
+            };
+            Ok(Accepted::creating(&model, op))
+        }
+        _ => Err(ApiError::invalid(
+            "load_weights needs `model_id`, or `session_id` with `model_seq_id`",
+        )),
+    }
+}
+
+/// `asample`, on a sampling session.
+fn accept_sample(body: &[u8], header_key: Option<&str>) -> Result<Accepted, ApiError> {
+    let request: wire::Sample = parse(body)?;
+    let mut budget = DecodeBudget::for_body(body.len());
+    let Some(id) = &request.sampling_session_id else {
+        return Err(ApiError::invalid(
+            "asample needs a `sampling_session_id` (create one with create_sampling_session)",
+        ));
+    };
+    let sampler = SamplerId::parse(id)?;
+    check_num_samples("num_samples", request.num_samples)?;
+    // Named by the request's place in its sampler's order, so that a repeat of it (and
+    // its run after a restart) names the same sequences.
+    let sequence_ids = request.seq_id.map(|seq| {
+        (0..request.num_samples)
+            .map(|i| SequenceId::of_sample(&sampler, seq, i))
+            .collect::<Vec<_>>()
+    });
+    // A sparse tensor's unlisted cells ask nothing, as a dense one's `-1` cells.
+    let target_prompt_logprobs = request
+        .target_prompt_logprobs
+        .map(|t| t.dense_i64("target_prompt_logprobs", -1, &mut budget))
+        .transpose()?;
+    let record_as = match (request.record_stability_info, &sequence_ids) {
+        (Some(true), None) => {
+            return Err(ApiError::invalid(
+                "asample: `record_stability_info` needs the request's `seq_id`, which names its sequences",
+            ));
+        }
+        (Some(true), Some(ids)) => Some(ids.clone()),
+        _ => None,
+    };
+    Ok(Accepted {
+        varying: &[],
+        key: seq_key(&sampler, request.seq_id, header_key),
+        extra: json!({
+            "num_samples": request.num_samples,
+            "sample_sequence_ids": sequence_ids,
+        }),
+        seq: None,
+        op: Op::Sample(SampleRequest {
+            sampler,
+            prompt: ModelInput {
+                chunks: request.prompt.chunks,
+            },
+            num_samples: request.num_samples,
+            params: request.sampling_params,
+            prompt_logprobs: request.prompt_logprobs.unwrap_or(false),
+            topk_prompt_logprobs: request.topk_prompt_logprobs,
+            topk_sample_logprobs: request.topk_sample_logprobs,
+            prompt_logprobs_last_n: request.prompt_logprobs_last_n,
+            target_prompt_logprobs,
+            prompt_alt_tokens_k: request.prompt_alt_tokens_k,
+            record_as,
+        }),
     })
 }
 
