@@ -119,7 +119,7 @@ async fn run(load: &Load) -> anyhow::Result<()> {
     // In process: the driver's own way, every group at once on this process's two threads.
     let host = PluginHost::new(HostConfig::default())?;
     let player = WorkerPlayer::new(
-        service.clone(),
+        Arc::new(service.clone()),
         host,
         Renderer::new(template, text.tokenizer)?,
     );

@@ -236,6 +236,34 @@ fn the_rl_driver_never_builds_plugins() {
     assert!(offences.is_empty(), "{}", offences.join("\n"));
 }
 
+/// The RL loop is a client of the engine, as the tinker-cookbook's loop is of Tinker: it is handed
+/// an `Engine` and opens its base there, and names none of the services that implement the
+/// client traits (its unit tests may build one).
+#[test]
+fn the_rl_loop_names_no_concrete_client() {
+    let concrete = [
+        "LocalModel",
+        "LocalService",
+        "RemoteService",
+        "ServedModel",
+        "TenantBases",
+        "FullParameterTrainer",
+    ];
+    let mut files = Vec::new();
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src/rl"),
+        &mut files,
+    );
+    let mut offences = Vec::new();
+    for file in files {
+        let code = code_of(&std::fs::read_to_string(&file).unwrap());
+        for name in concrete.iter().filter(|name| code.contains(*name)) {
+            offences.push(format!("{}: {name}", file.display()));
+        }
+    }
+    assert!(offences.is_empty(), "{}", offences.join("\n"));
+}
+
 /// A module of `host/src` by its path (`["service", "trainer"]`; the crate root is `[]`).
 type ModPath = Vec<String>;
 

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::progress::TrainProgress;
-use crate::client::{RolloutQueue, TinyModelSpec};
+use crate::client::{Engine, RemoteEngine, RolloutQueue, TinyModelSpec};
 use crate::model::Device;
 use crate::queue_auth::QueueLogin;
 use crate::rl::Job;
 use crate::rl::SETTINGS;
-use crate::rl::{self, Engine, JobRun, Progress, RemoteEngine, StepMetrics};
+use crate::rl::{self, JobRun, Progress, StepMetrics};
 use crate::service::{DeviceOptions, TINY_MODEL_NAME};
 
 #[derive(Debug, clap::Args)]

@@ -94,7 +94,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             .with_context(|| format!("asking {} how to log in to the queue", args.server))?;
         let (settings, login) = queue_access(&args, access)?;
         let pool = settings.pool.clone();
-        let player = Arc::new(WorkerPlayer::new(service, host, renderer));
+        let player = Arc::new(WorkerPlayer::new(Arc::new(service), host, renderer));
         let queue = Queue::connect(&args.queue, settings, &login).await?;
         eprintln!(
             "worker: playing pool {pool:?}'s tasks from {} on {} ({} at a time)",

@@ -14,13 +14,23 @@
 //!   jobs API.
 //! - [`TenantBases`] gives the jobs a server runs the bases it serves, each a [`ServedModel`]
 //!   whose work shares the loops fairly with every other tenant's.
+//!
+//! A driver (`opentinker train`, the server's jobs) is handed an [`Engine`] and opens the base
+//! its jobs name on it ([`Engine::open`]): a [`ReadyBase`] whose service trains adapters, or a
+//! [`LocalBase`] loaded here that a full-parameter warm-up trains first ([`LocalBase::warm_up`])
+//! and that is then served. It never builds one of the services above itself.
 
+mod engine;
 mod local;
 mod remote;
 mod served;
 
 /// Where a [`LocalModel`]'s engines run (the device, and the room its sampler makes there).
 pub use crate::service::DeviceOptions;
+/// The name under which a server serves the built-in tiny model (a job on its settings trains
+/// there).
+pub use crate::service::TINY_MODEL_NAME;
+pub use engine::{BaseModel, BaseRequest, BaseWarmUp, Engine, LocalBase, ReadyBase, RemoteEngine};
 pub use local::{FullParameterTrainer, LocalModel, LocalService, TinyModelSpec, WireSamplers};
 pub use remote::{JobsClient, REMOTE_CHECKPOINT, RemoteCheckpoint, RemoteService};
 pub use served::{RolloutQueue, ServedModel, TenantBases};
@@ -114,6 +124,24 @@ pub trait ServiceClient: Send + Sync {
             component.display()
         )))
     }
+
+    /// The version of a policy that sampling session `address` serves (another client of the
+    /// same tenant made it: [`SamplingClient::address`]): on a server. An in-process service
+    /// has no such sessions and refuses.
+    fn sampling_client_at(&self, address: &str) -> Result<Arc<dyn SamplingClient>, ApiError> {
+        Err(ApiError::invalid(format!(
+            "sampling session {address}: sessions live on a server; this service runs in process"
+        )))
+    }
+
+    /// The bytes of plugin `digest` (`sha256:HEX`) that [`ServiceClient::share_plugin`] stored,
+    /// checked against the digest: from the server. An in-process service refuses.
+    async fn download_plugin(&self, digest: &str) -> Result<Vec<u8>, ApiError> {
+        Err(ApiError::invalid(format!(
+            "plugin {digest}: rollout workers fetch plugins from a server; this service runs in \
+             process"
+        )))
+    }
 }
 
 /// One trainable adapter and its optimizer. Dropping the last handle frees it on the service.
@@ -155,7 +183,7 @@ pub trait SamplingClient: Send + Sync {
     ) -> Result<SampleResponse, ApiError>;
 
     /// Where another process of the same tenant can sample this version: its sampling
-    /// session on the server ([`RemoteService::sampling_client`] opens it). `None` for a version
+    /// session on the server ([`ServiceClient::sampling_client_at`] opens it). `None` for a version
     /// that lives in this process only.
     async fn address(&self) -> Result<Option<String>, ApiError> {
         Ok(None)

@@ -18,12 +18,12 @@ use super::packages::PackageSource;
 use super::plugin_store::PluginStore;
 use super::records::{JobRecord, JobRecords, JobState, RecordError};
 use crate::api::{ApiError, ApiErrorKind, JobId, SessionId, TenantId};
-use crate::client::{TenantBases, WireSamplers};
+use crate::client::{Engine, TenantBases, WireSamplers};
 use crate::market::PackageRef;
 use crate::market::{LockFile, Locked};
 use crate::queue_auth::QueueLogin;
 use crate::rl::METRICS;
-use crate::rl::{self, Engine, JobRun, Phase, Progress, StepMetrics, check_job_plugins};
+use crate::rl::{self, JobRun, Phase, Progress, StepMetrics, check_job_plugins};
 use crate::rl::{Job, SftSource, is_digest, is_package};
 use crate::service::{ServedBase, Service};
 

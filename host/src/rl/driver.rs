@@ -15,39 +15,10 @@ use super::rollouts::{Pool, Queue, QueueSettings};
 use super::run_folder::{Cursor, MetricsLog, RunFolder};
 use super::sft::run_sft;
 use super::training_loop::train_job;
-use crate::client::{DeviceOptions, LocalModel};
-use crate::client::{ModelText, ServiceClient, TrainingClient};
-use crate::client::{RemoteService, RolloutQueue};
-use crate::client::{ServedModel, TenantBases};
+use crate::client::{BaseModel, BaseRequest, Engine, ReadyBase, RolloutQueue, TINY_MODEL_NAME};
 use crate::plugin::{HostConfig, PluginHost};
 
 use super::context::{JobRun, Progress};
-
-/// Where the jobs' adapters are trained and sampled.
-pub enum Engine {
-    /// On this process's engines, one per base model, on this device.
-    InProcess(DeviceOptions),
-    /// On a server of the Tinker wire (`opentinker serve`), through one tenant's key.
-    Remote(RemoteEngine),
-    /// Inside a server, on the bases it serves, for one tenant: a job on a served base (`model.base`,
-    /// or the built-in tiny model) shares the base's loops with every other client; a job
-    /// whose full-parameter warm-up makes a base of its own trains it (and then its adapters on
-    /// it) in the served base's training loop too, as a guest engine in the same fair queue.
-    Served(TenantBases),
-}
-
-/// A server to train on, and the name under which it serves the jobs' base model.
-pub struct RemoteEngine {
-    /// `http://host:port`.
-    pub url: String,
-    pub api_key: String,
-    /// The served model the jobs train on; their own `[model]` gives the tokenizer and chat
-    /// template (the same model's files, on this machine).
-    pub base_model: String,
-    /// The rollout queue whose workers play the jobs' RL groups on the server's samplers;
-    /// `None`: this process plays them.
-    pub rollouts: Option<RolloutQueue>,
-}
 
 /// Run `runs` in one process: jobs with the same base model (the same model and warm-up) share
 /// one loaded base, warmed up once, and one sampling service; each job trains its own adapter
@@ -158,9 +129,9 @@ fn check_plugin_paths(run: &JobRun) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Load the base model of a group of jobs, warm it up once (a full-parameter warm-up trains
-/// the model itself, saved as `base/` in every job's folder so a resumed run does not warm up
-/// again), and start its sampling service.
+/// Open the base model of a group of jobs on `engine`, warm it up once (a full-parameter
+/// warm-up trains the model itself, saved as `base/` in every job's folder so a resumed run does
+/// not warm up again), and start its sampling service.
 async fn prepare_base(
     group: Vec<(usize, JobRun, JobPlugins)>,
     resume: bool,
@@ -168,48 +139,21 @@ async fn prepare_base(
     progress: &Progress,
 ) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
     let (_, first, first_plugins) = &group[0];
-    if let Engine::Remote(remote) = engine {
-        anyhow::ensure!(
-            !first.job.sft.as_ref().is_some_and(|w| w.full_parameters),
-            "job `{}`: its warm-up trains every weight of the base model (`sft.full_parameters`), \
-             which {} cannot do: a server trains adapters only. Warm up with LoRA \
-             (`full_parameters = false`) or train this job in process",
-            first.name,
-            remote.url
-        );
-        return prepare_remote_base(group, resume, remote).await;
-    }
     let full_warmup = first.job.sft.as_ref().filter(|w| w.full_parameters);
-    let served = match engine {
-        Engine::Served(bases) => served_base(bases, &first.job)?,
-        _ => None,
+    let request = BaseRequest {
+        served: served_base_name(&first.job),
+        full_parameters: full_warmup.is_some(),
+        model_dir: &|| model_dir(&first.job, &first.out),
     };
-    // On a server, a model of the job's own (a warm-up's copy of a served base, or a tiny model
-    // of its own settings) trains as a guest of a served base's training loop, in its fair
-    // queue as the job's tenant: the base it came from, or the built-in tiny model.
-    let beside = match (engine, &served) {
-        (_, Some(served)) => Some(served.service.clone()),
-        (Engine::Served(bases), None) => bases
-            .base(TenantBases::built_in_tiny())
-            .map(|tiny| tiny.service),
-        _ => None,
-    };
-    // A model of the job's own runs where the base it is a guest of runs, or where the
-    // process was told to.
-    let device = match (engine, &beside) {
-        (_, Some(beside)) => beside.device(),
-        (Engine::InProcess(device), None) => *device,
-        _ => DeviceOptions::cpu(),
-    };
-    let model_dir = match served {
-        Some(served) if full_warmup.is_none() => {
-            return prepare_served_base(group, resume, served).await;
-        }
-        Some(served) => served.dir,
-        None => model_dir(&first.job, &first.out)?,
+    let mut model = match engine
+        .open(request)
+        .await
+        .with_context(|| format!("job `{}`", first.name))?
+    {
+        BaseModel::Ready(ready) => return prepare_ready_base(group, resume, *ready).await,
+        BaseModel::Local(model) => *model,
     };
     let folders = run_folders(&group, resume)?;
-    let mut model = LocalModel::load(&model_dir)?;
     let info = Arc::new(ModelInfo::of(model.text(), model.context_length())?);
     let saved_base = match (resume, full_warmup) {
         (true, Some(_)) => folders[0].saved_base()?,
@@ -244,15 +188,16 @@ async fn prepare_base(
                 progress: progress.clone(),
             };
             let cx = JobContext::new(first_plugins.clone(), &first.job, Arc::clone(&info));
-            let trainer = model.full_parameter_trainer(beside.as_ref(), device.device)?;
-            warmup_done = Some(run_sft(&cx, &first.job, warmup, &trainer, &mut reporter).await?);
+            let warm_up = model.warm_up()?;
+            let trainer = warm_up.trainer();
+            warmup_done = Some(run_sft(&cx, &first.job, warmup, trainer, &mut reporter).await?);
             for folder in &folders {
                 let staged = folder.stage_base()?;
                 trainer.save_state(staged.path(), false).await?;
                 folder.commit_base(staged, reporter.lines())?;
             }
             (
-                trainer.finish().await?,
+                warm_up.finish().await?,
                 folders[0].base_dir(),
                 reporter.logs,
             )
@@ -261,7 +206,8 @@ async fn prepare_base(
             let logs = (0..folders.len())
                 .map(|i| folders[i].metrics(covered(i).unwrap_or(0)))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            (model, model_dir, logs)
+            let dir = model.dir().to_path_buf();
+            (model, dir, logs)
         }
     };
     let kv_budget_positions = group
@@ -273,15 +219,9 @@ async fn prepare_base(
             concurrency * per_episode.min(info.context)
         })
         .sum();
-    let service = model.serve(
-        base_dir.display().to_string(),
-        kv_budget_positions,
-        beside.as_ref(),
-        device,
-    )?;
     let base = Arc::new(SharedBase {
         info,
-        service: Arc::new(service),
+        service: model.serve(base_dir.display().to_string(), kv_budget_positions)?,
         queue: None,
     });
     Ok((
@@ -290,25 +230,19 @@ async fn prepare_base(
     ))
 }
 
-/// `prepare_base` on a server: only the model's tokenizer and chat template are read here (its
-/// weights are the server's), and a run resumes from its checkpoints' `tinker://` records.
-async fn prepare_remote_base(
+/// `prepare_base` on a base ready for adapters (a server's, or one a server serves): nothing is
+/// loaded here, the jobs' adapters join its loops, and a run resumes from its checkpoints.
+async fn prepare_ready_base(
     group: Vec<(usize, JobRun, JobPlugins)>,
     resume: bool,
-    remote: &RemoteEngine,
+    ready: ReadyBase,
 ) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
-    let (_, first, _) = &group[0];
     let folders = run_folders(&group, resume)?;
-    let text = ModelText::load(&model_dir(&first.job, &first.out)?)?;
-    let service = RemoteService::connect(&remote.url, &remote.api_key, &remote.base_model)
-        .await
-        .with_context(|| format!("connecting to {}", remote.url))?;
-    let info = Arc::new(ModelInfo::of(text, service.context_length())?);
-    let queue = rollout_queue(remote.rollouts.as_ref()).await?;
+    let context = ready.service.context_length();
     let base = SharedBase {
-        info,
-        service: Arc::new(service),
-        queue,
+        info: Arc::new(ModelInfo::of(ready.text, context)?),
+        service: ready.service,
+        queue: rollout_queue(ready.rollouts.as_ref()).await?,
     };
     adapter_starts(group, folders, resume, base)
 }
@@ -326,24 +260,6 @@ async fn rollout_queue(queue: Option<&RolloutQueue>) -> anyhow::Result<Option<Qu
         .await
         .with_context(|| format!("the rollout queue {url}"))?;
     Ok(Some(queue))
-}
-
-/// `prepare_base` on a base the server serves: nothing is loaded, the job's adapters join the
-/// base's loops.
-async fn prepare_served_base(
-    group: Vec<(usize, JobRun, JobPlugins)>,
-    resume: bool,
-    served: ServedModel,
-) -> anyhow::Result<(Arc<SharedBase>, Vec<JobStart>)> {
-    let folders = run_folders(&group, resume)?;
-    let context = served.service.context_length();
-    let queue = rollout_queue(served.rollouts.as_ref()).await?;
-    let base = SharedBase {
-        info: Arc::new(ModelInfo::of(served.text, context)?),
-        service: Arc::new(served.service),
-        queue,
-    };
-    adapter_starts(group, folders, resume, base)
 }
 
 /// The starts of a group of jobs that train adapters of an unchanged base (no full-parameter
@@ -372,29 +288,13 @@ fn adapter_starts(
     Ok((Arc::new(base), starts))
 }
 
-/// The served base a job on a server trains on: the one its `model.base` names, or the built-in
-/// tiny model for a job on that model's settings; `None` for a model of its own (generated
-/// from other tiny settings).
-fn served_base(bases: &TenantBases, job: &Job) -> anyhow::Result<Option<ServedModel>> {
-    let Some(name) = served_base_name(job) else {
-        return Ok(None);
-    };
-    match bases.base(name) {
-        Some(served) => Ok(Some(served)),
-        None => anyhow::bail!(
-            "model.base: the server serves no model {name:?} (it serves: {})",
-            bases.names().join(", ")
-        ),
-    }
-}
-
 /// The name of the served base `job` trains on: its `model.base`, or the built-in tiny model's
 /// for a job on that model's settings; `None` for a model of its own.
 pub fn served_base_name(job: &Job) -> Option<&str> {
     let built_in = crate::client::TinyModelSpec::built_in();
     match (&job.model.base, &job.model.init_tiny) {
         (Some(name), _) => Some(name.as_str()),
-        (None, Some(tiny)) if *tiny == built_in => Some(TenantBases::built_in_tiny()),
+        (None, Some(tiny)) if *tiny == built_in => Some(TINY_MODEL_NAME),
         _ => None,
     }
 }

@@ -36,7 +36,7 @@ pub mod watch;
 pub use advantage::{Estimator, GroupReturns, advantages, fold_kl};
 pub use context::{JobRun, Progress};
 pub use datum::{rl_datum, sft_datum};
-pub use driver::{Engine, RemoteEngine, check_job_plugins, run_job, run_jobs, served_base_name};
+pub use driver::{check_job_plugins, run_job, run_jobs, served_base_name};
 pub use failure::{EpisodeFailure, FailureKind, UnknownFailureKind};
 pub use job::{Job, SftSource, is_digest, is_package};
 pub use metrics::{Evaluation, Phase, StepMetrics};

@@ -154,15 +154,14 @@ fn render(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::client::{LocalModel, TinyModelSpec};
+    use crate::client::{ModelText, TinyModelSpec};
 
     /// The tokenizer and chat template of a generated tiny model in `dir`.
     pub(in crate::rl) fn tiny_text(dir: &std::path::Path) -> (Arc<Tokenizer>, ChatTemplate) {
         let model = dir.join("model");
         TinyModelSpec::built_in().generate(&model).unwrap();
-        let model = LocalModel::load(&model).unwrap();
-        let template = model.chat_template().unwrap().clone();
-        (Arc::clone(model.tokenizer()), template)
+        let text = ModelText::load(&model).unwrap();
+        (text.tokenizer, text.chat_template.unwrap())
     }
 
     /// Appending turn by turn gives exactly the tokens of rendering the whole conversation at

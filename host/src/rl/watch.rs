@@ -21,8 +21,7 @@ use super::metrics::Evaluation;
 use super::rollout::{EpisodeOutcome, RolloutRecord};
 use super::run_folder::RunFolder;
 use super::training_loop::Versions;
-use crate::client::{DeviceOptions, LocalModel};
-use crate::client::{SamplingClient, ServiceClient, TrainingClient};
+use crate::client::{DeviceOptions, LocalBase, SamplingClient, TrainingClient};
 use crate::plugin::{HostConfig, PluginHost};
 
 /// Which adapters play.
@@ -100,7 +99,7 @@ impl Stage {
                 dir
             }
         };
-        let mut model = LocalModel::load(&dir)?;
+        let mut model = LocalBase::load(&dir, DeviceOptions::cpu())?;
         if let Some(run) = run
             && run.saved_base()?.is_some()
         {
@@ -112,12 +111,7 @@ impl Stage {
             .episodes
             .max(job.rl.group_size * job.rl.groups_per_batch);
         let kv_budget = episodes.max(1) * (256 + job.rl.max_tokens) * job.rl.max_turns.max(1);
-        let service: Arc<dyn ServiceClient> = Arc::new(model.serve(
-            dir.display().to_string(),
-            kv_budget,
-            None,
-            DeviceOptions::cpu(),
-        )?);
+        let service = model.serve(dir.display().to_string(), kv_budget)?;
         let cx = JobContext::new(plugins, job, info);
 
         let policies = job.policies();

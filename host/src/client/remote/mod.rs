@@ -225,35 +225,15 @@ impl ServiceClient for RemoteService {
         let (digest, _) = self.0.connection.upload_plugin(bytes).await?;
         Ok(digest)
     }
-}
 
-impl RemoteService {
-    /// The version of a policy that sampling session `address` serves on the server (another
-    /// session of the same tenant made it: [`SamplingClient::address`]).
-    pub fn sampling_client(&self, address: &str) -> Arc<dyn SamplingClient> {
-        Arc::new(RemoteSampling {
+    fn sampling_client_at(&self, address: &str) -> Result<Arc<dyn SamplingClient>, ApiError> {
+        Ok(Arc::new(RemoteSampling {
             remote: Arc::clone(&self.0),
             session: OnceCell::new_with(Some(address.to_string())),
-        })
+        }))
     }
 
-    /// How a rollout worker of this tenant logs in to the server's queue (`POST
-    /// /api/v1/rollout_access`): `None` where the server signs no workers (its queue is open).
-    pub async fn worker_access(&self) -> Result<Option<WorkerAccess>, ApiError> {
-        let path = "rollout_access";
-        let answer = match self.0.connection.post(path, Body::Json(json!({}))).await {
-            Ok(answer) => answer.json(path)?,
-            Err(error) if error.kind == ApiErrorKind::NotOffered => return Ok(None),
-            Err(error) => return Err(error),
-        };
-        serde_json::from_value(answer)
-            .map(Some)
-            .map_err(|e| ApiError::internal(format!("the server's rollout access: {e}")))
-    }
-
-    /// The bytes of the tenant's plugin `digest` (`sha256:HEX`) as the server stores them,
-    /// checked against the digest.
-    pub async fn download_plugin(&self, digest: &str) -> Result<Vec<u8>, ApiError> {
+    async fn download_plugin(&self, digest: &str) -> Result<Vec<u8>, ApiError> {
         let bytes = self
             .0
             .connection
@@ -266,6 +246,22 @@ impl RemoteService {
             )));
         }
         Ok(bytes.to_vec())
+    }
+}
+
+impl RemoteService {
+    /// How a rollout worker of this tenant logs in to the server's queue (`POST
+    /// /api/v1/rollout_access`): `None` where the server signs no workers (its queue is open).
+    pub async fn worker_access(&self) -> Result<Option<WorkerAccess>, ApiError> {
+        let path = "rollout_access";
+        let answer = match self.0.connection.post(path, Body::Json(json!({}))).await {
+            Ok(answer) => answer.json(path)?,
+            Err(error) if error.kind == ApiErrorKind::NotOffered => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        serde_json::from_value(answer)
+            .map(Some)
+            .map_err(|e| ApiError::internal(format!("the server's rollout access: {e}")))
     }
 }
 

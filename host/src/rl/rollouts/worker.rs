@@ -14,7 +14,7 @@ use super::super::rollout::Actor;
 use super::play::play_task;
 use super::players::Rollouts;
 use super::task::{GroupTask, PlayedGroup, TaskPlugins};
-use crate::client::RemoteService;
+use crate::client::ServiceClient;
 use crate::plugin::{Plugin, PluginHost};
 
 /// Plays tasks on a server's samplers with its tenant's plugins: a worker's [`Rollouts`].
@@ -22,7 +22,7 @@ use crate::plugin::{Plugin, PluginHost};
 pub struct WorkerPlayer(Arc<Worker>);
 
 struct Worker {
-    service: RemoteService,
+    service: Arc<dyn ServiceClient>,
     host: PluginHost,
     renderer: Renderer,
     /// The plugins loaded so far, by digest (hex).
@@ -32,7 +32,7 @@ struct Worker {
 impl WorkerPlayer {
     /// A player that samples and fetches plugins through `service` (a session of the tenant
     /// whose jobs it plays), loads them into `host`, and renders with `renderer`.
-    pub fn new(service: RemoteService, host: PluginHost, renderer: Renderer) -> Self {
+    pub fn new(service: Arc<dyn ServiceClient>, host: PluginHost, renderer: Renderer) -> Self {
         WorkerPlayer(Arc::new(Worker {
             service,
             host,
@@ -78,7 +78,7 @@ impl Worker {
             .iter()
             .enumerate()
             .map(|(i, seat)| match &seat.sampler {
-                Some(address) => Ok(Actor::Policy(self.service.sampling_client(address))),
+                Some(address) => Ok(Actor::Policy(self.service.sampling_client_at(address)?)),
                 None => Err(anyhow::anyhow!(
                     "seat {i} ({}) has no sampling session on the server: a worker plays only \
                      the tasks of a driver that trains on a server (`train --server`)",
