@@ -7,7 +7,10 @@
 # after RL, the gain over the untrained model, the environment's metrics untrained and after RL
 # (the calculator's calls per episode, say), and the run's wall time. The runs' folders
 # and logs stay in WORK (default: a new temporary folder, named at the end); a run over LIMIT
-# seconds (default 1800) is stopped and reported.
+# seconds (default 1800) is stopped and reported. BIN runs a given copy of the `opentinker` binary
+# instead of building this checkout's (to go on measuring one build while the source changes); the
+# copy keeps the name `opentinker`, since it compiles plugins in a worker of the program of that
+# name beside it.
 #
 #   scripts/models.sh                              # the model file, once
 #   scripts/real-tasks.sh                          # every task, seeds 0 1 2 (about 2 hours on 2 cores)
@@ -18,8 +21,12 @@ seeds="${SEEDS:-0 1 2}"
 limit="${LIMIT:-1800}"
 
 scripts/models.sh > /dev/null
-cargo build --release --locked --quiet --bin opentinker
-bin="$PWD/target/release/opentinker"
+if [ -n "${BIN:-}" ]; then
+    bin="$(realpath "$BIN")"
+else
+    cargo build --release --locked --quiet --bin opentinker
+    bin="$PWD/target/release/opentinker"
+fi
 work="${WORK:-$(mktemp -d)}"
 mkdir -p "$work"
 
