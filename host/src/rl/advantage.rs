@@ -1,16 +1,21 @@
 //! Advantages from the returns of a group of episodes of one task (GRPO-style): each episode is
 //! compared with its group, so no value model is needed.
 
-/// How a group's returns become advantages.
-#[derive(Clone, Copy, Debug, PartialEq)]
+use serde::{Deserialize, Serialize};
+
+/// How a group's returns become advantages (`rl.estimator`, by these names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Estimator {
     /// `R_i - mean(R)`, the same for every turn of episode `i` (the default).
+    #[default]
     GroupMean,
     /// `(R_i - mean(R)) / (std(R) + 1e-6)`.
     GroupMeanStd,
-    /// Per turn `t`, the discounted return from `t` on, `G_t = Σ_{t' >= t} γ^(t'-t) r_t'`,
-    /// normalised by the mean and std of every `G` of the group: credit to each turn.
-    PerTurnDiscounted { gamma: f64 },
+    /// Per turn `t`, the discounted return from `t` on, `G_t = Σ_{t' >= t} γ^(t'-t) r_t'`
+    /// (`rl.gamma`), normalised by the mean and std of every `G` of the group: credit to each
+    /// turn.
+    PerTurn,
 }
 
 /// One group: per episode, the reward each of the player's turns earned (the reward plugin's
@@ -46,11 +51,13 @@ fn mean_std(values: &[f64]) -> (f64, f64) {
     (mean, variance.sqrt())
 }
 
-/// Per episode, per turn, the advantage; `None` when `skip_equal` and every return of the group
-/// is the same (nothing to learn from the group).
+/// Per episode, per turn, the advantage (`gamma` discounts [`Estimator::PerTurn`]'s returns);
+/// `None` when `skip_equal` and every return of the group is the same (nothing to learn from the
+/// group).
 pub fn advantages(
     group: &GroupReturns,
     estimator: Estimator,
+    gamma: f64,
     skip_equal: bool,
 ) -> Option<Vec<Vec<f64>>> {
     if skip_equal && group.ties() {
@@ -69,7 +76,7 @@ pub fn advantages(
     Some(match estimator {
         Estimator::GroupMean => per_episode(1.0),
         Estimator::GroupMeanStd => per_episode(std + STD_EPS),
-        Estimator::PerTurnDiscounted { gamma } => {
+        Estimator::PerTurn => {
             let discounted: Vec<Vec<f64>> = group
                 .turn_rewards
                 .iter()
@@ -121,12 +128,12 @@ mod tests {
     fn group_mean_and_std_centre_each_episode_on_its_group() {
         let g = group(&[&[1.0], &[0.0, 0.0], &[0.0, 1.0, 1.0], &[0.0]]);
         // Returns 1, 0, 2, 0: mean 0.75, std sqrt(0.6875).
-        let a = advantages(&g, Estimator::GroupMean, true).unwrap();
+        let a = advantages(&g, Estimator::GroupMean, 1.0, true).unwrap();
         assert_eq!(
             a,
             vec![vec![0.25], vec![-0.75; 2], vec![1.25; 3], vec![-0.75]]
         );
-        let s = advantages(&g, Estimator::GroupMeanStd, true).unwrap();
+        let s = advantages(&g, Estimator::GroupMeanStd, 1.0, true).unwrap();
         let std = 0.6875f64.sqrt() + STD_EPS;
         assert!((s[2][0] - 1.25 / std).abs() < 1e-12);
         assert!((s[0][0] - 0.25 / std).abs() < 1e-12);
@@ -135,9 +142,9 @@ mod tests {
     #[test]
     fn equal_returns_skip_the_group_when_asked() {
         let g = group(&[&[1.0], &[0.5, 0.5]]);
-        assert_eq!(advantages(&g, Estimator::GroupMean, true), None);
+        assert_eq!(advantages(&g, Estimator::GroupMean, 1.0, true), None);
         assert_eq!(
-            advantages(&g, Estimator::GroupMean, false),
+            advantages(&g, Estimator::GroupMean, 1.0, false),
             Some(vec![vec![0.0], vec![0.0, 0.0]])
         );
     }
@@ -145,7 +152,7 @@ mod tests {
     #[test]
     fn per_turn_returns_credit_each_turn_and_are_normalised_by_the_group() {
         let g = group(&[&[0.0, 1.0], &[0.0, 0.0]]);
-        let a = advantages(&g, Estimator::PerTurnDiscounted { gamma: 0.5 }, true).unwrap();
+        let a = advantages(&g, Estimator::PerTurn, 0.5, true).unwrap();
         // G = [0.5, 1.0] and [0, 0]: mean 0.375, std sqrt(((0.125)^2 + (0.625)^2 + 2 (0.375)^2)/4).
         let (mean, std) = mean_std(&[0.5, 1.0, 0.0, 0.0]);
         let want = |g: f64| (g - mean) / (std + STD_EPS);

@@ -464,7 +464,7 @@ pub struct RlSection {
     #[serde(default = "default_max_tokens")]
     pub max_tokens: usize,
     #[serde(default)]
-    pub estimator: EstimatorName,
+    pub estimator: Estimator,
     /// An advantage estimator plugin, in place of `estimator`. Not among the settings a run
     /// writes: a path of the machine that runs it.
     #[serde(default, skip_serializing)]
@@ -522,19 +522,6 @@ pub enum Mode {
     /// Groups play on while a step trains, so a batch is sampled by policies up to
     /// `max_policy_lag` versions old, which the importance-sampling losses correct for.
     Async,
-}
-
-/// How returns become advantages (`rl.estimator`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EstimatorName {
-    /// The return minus its group's mean.
-    #[default]
-    GroupMean,
-    /// The same, divided by the group's standard deviation.
-    GroupMeanStd,
-    /// Per turn, the discounted return (`rl.gamma`) minus the group's mean at that turn.
-    PerTurn,
 }
 
 /// The RL loss (`rl.loss`): a built-in one by name, or an objective plugin
@@ -645,7 +632,7 @@ impl Default for RlSection {
             top_p: default_top_p(),
             max_turns: default_max_turns(),
             max_tokens: default_max_tokens(),
-            estimator: EstimatorName::default(),
+            estimator: Estimator::default(),
             advantage: None,
             gamma: default_gamma(),
             skip_equal_groups: true,
@@ -665,14 +652,6 @@ impl RlSection {
     /// Whether the job runs in async mode.
     pub fn asynchronous(&self) -> bool {
         self.mode == Mode::Async
-    }
-
-    pub fn estimator(&self) -> Estimator {
-        match self.estimator {
-            EstimatorName::GroupMean => Estimator::GroupMean,
-            EstimatorName::GroupMeanStd => Estimator::GroupMeanStd,
-            EstimatorName::PerTurn => Estimator::PerTurnDiscounted { gamma: self.gamma },
-        }
     }
 }
 

@@ -262,7 +262,6 @@ pub(super) async fn train_job(
         return sft_summary(job, service, &folder, &trainers, &trainable, warmup).await;
     }
     let loss = rl_loss(&cx, job, service).await?;
-    let estimator = job.rl.estimator();
     let mut versions = Versions::new(policies.clone(), service.base_sampling_client());
     let first = checkpoint.as_ref().map_or(0, |(_, cursor)| cursor.steps);
     versions.publish(&trainers, first).await?;
@@ -300,7 +299,6 @@ pub(super) async fn train_job(
         trainers: &trainers,
         policies: &policies,
         loss,
-        estimator,
         references,
         rollouts,
         tasks,
@@ -345,7 +343,6 @@ struct RlSteps<'a> {
     trainers: &'a Trainers,
     policies: &'a [PolicySection],
     loss: LossFn,
-    estimator: Estimator,
     /// Each policy's KL reference.
     references: Vec<(String, Arc<dyn TrainingClient>)>,
     rollouts: Arc<dyn Rollouts>,
@@ -372,7 +369,7 @@ impl RlSteps<'_> {
         let sample_seconds = started.elapsed().as_secs_f64();
         let all: Vec<&EpisodeOutcome> = played.iter().map(|(_, _, o)| o).collect();
         let stop = self.failures.record(&all);
-        let advantages = step_advantages(self.cx, &played, job, self.estimator).await?;
+        let advantages = step_advantages(self.cx, &played, job, job.rl.estimator).await?;
         let (mut batches, records, groups_trained) = datums_of(&played, job, policies, &advantages);
         if let Some(why) = stop {
             return Err(self.stop(step, started, &records, &all, &why));
@@ -1031,7 +1028,8 @@ fn estimated(
             let group = group_of(played, g);
             (0..seats)
                 .map(|seat| {
-                    advantages(&seat_returns(&group, seat), estimator, false).unwrap_or_default()
+                    advantages(&seat_returns(&group, seat), estimator, job.rl.gamma, false)
+                        .unwrap_or_default()
                 })
                 .collect()
         })
