@@ -264,6 +264,55 @@ fn the_rl_loop_names_no_concrete_client() {
     assert!(offences.is_empty(), "{}", offences.join("\n"));
 }
 
+/// The submodules a module of the host may show as namespaces of functions (`checkpoint::load`,
+/// `packages::install`) or of generated types (`wire::proto`), each for its reason; every other
+/// submodule is private behind its module's `pub use` list, the module's face.
+const NAMESPACES: [&str; 6] = [
+    // The one layer definition that the model, LoRA, training and sampling build on.
+    "model::layers",
+    // The engine's API-to-engine conversions, which the in-process client reuses.
+    "service::convert",
+    // Checkpoint files: load, save, and what a folder holds.
+    "train::checkpoint",
+    // Watching a trained policy play (`opentinker watch`).
+    "rl::watch",
+    // Installing, publishing and resolving marketplace packages.
+    "market::packages",
+    // The Tinker wire's protobuf messages, as prost generates them.
+    "wire::proto",
+];
+
+#[test]
+fn every_module_keeps_its_submodules_behind_its_face() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut offences = Vec::new();
+    for (module, file) in module_files(&src) {
+        if module.is_empty() {
+            continue;
+        }
+        let code = code_of(&std::fs::read_to_string(&file).unwrap());
+        for line in code.lines() {
+            // A submodule in a file of its own (an inline one belongs to its file's face).
+            let Some(name) = line
+                .trim()
+                .strip_prefix("pub mod ")
+                .and_then(|rest| rest.strip_suffix(';'))
+            else {
+                continue;
+            };
+            let path = format!("{}::{name}", module.join("::"));
+            if !NAMESPACES.contains(&path.as_str()) {
+                offences.push(format!("{}: pub mod {name}", file.display()));
+            }
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "public submodules (make them private and list what they offer in the module's `pub use`):\n{}",
+        offences.join("\n")
+    );
+}
+
 /// A module of `host/src` by its path (`["service", "trainer"]`; the crate root is `[]`).
 type ModPath = Vec<String>;
 

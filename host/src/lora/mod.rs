@@ -4,14 +4,14 @@
 //! device (feature `cuda`: `GpuAdapterPools` for sampling, `GpuTrainAdapters` for training),
 //! scoring sequences through adapters, and merging an adapter into its base ([`merge`]).
 
-pub mod adapter;
+mod adapter;
 mod apply;
 #[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_train;
 mod merge;
-pub mod registry;
+mod registry;
 mod score;
 
 pub use adapter::{Adapter, AdapterError, AdapterMismatch, LoraConfig, LoraError, LowRank};
