@@ -706,7 +706,7 @@ impl<B: SamplerBackend> SamplingEngine<B> {
         }
         caches.push(cache);
         let mut samples = Vec::with_capacity(n);
-        let k = a.request.topk_sample_logprobs;
+        let (k, context) = (a.request.topk_sample_logprobs, model.context_length());
         for (i, ((cache, rng), choice)) in caches
             .into_iter()
             .zip(streams)
@@ -723,7 +723,7 @@ impl<B: SamplerBackend> SamplingEngine<B> {
                 &self.eos,
                 self.tokenizer.as_deref(),
                 prompt.len(),
-                model.context_length(),
+                context,
             );
             samples.push(SampleState {
                 cache,
