@@ -252,9 +252,9 @@ impl Default for StructureLimits {
 }
 
 /// What compiling one component may cost: a base, plus a share per MiB of component, because a
-/// large component is costly to compile by right (an 18 MB componentize-py plugin takes 18 s of
-/// CPU and 640 MB here, a 12 MB componentize-js one, mostly SpiderMonkey, 26 s) while a small one
-/// that is costly is an attack.
+/// large component is costly to compile by right (on 2 cores, an 18 MB componentize-py plugin
+/// takes 25-30 s of CPU and 610 MB, a 12 MB componentize-js one, mostly SpiderMonkey, 32-37 s;
+/// a busy host adds to both) while a small one that is costly is an attack.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CompileLimits {
@@ -281,7 +281,7 @@ impl Default for CompileLimits {
             memory_bytes: 768 << 20,
             memory_bytes_per_mib: 48 << 20,
             cpu_time_ms: 8_000,
-            cpu_time_ms_per_mib: 4_000,
+            cpu_time_ms_per_mib: 6_000,
             wall_time_ms: 30_000,
             artifact_bytes: 256 << 20,
             structure: StructureLimits::default(),
