@@ -118,7 +118,7 @@ fn pytorch(peer: Peer<'_>, steps: usize) -> Option<(f64, f64)> {
 fn main() -> anyhow::Result<()> {
     // SAFETY: the first thing `main` does; no other thread exists yet.
     unsafe { opentinker::compute_threads::fix_compute_threads() };
-    opentinker::allocator::keep_freed_memory();
+    opentinker::allocator::configure_memory();
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--child") {
         let number = |i: usize| -> anyhow::Result<usize> { Ok(args[at + i].parse()?) };

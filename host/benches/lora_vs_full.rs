@@ -74,7 +74,7 @@ fn run_child(
 fn main() -> anyhow::Result<()> {
     // SAFETY: the first thing `main` does; no other thread exists yet.
     unsafe { opentinker::compute_threads::fix_compute_threads() };
-    opentinker::allocator::keep_freed_memory();
+    opentinker::allocator::configure_memory();
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--child") {
         let (mode, dir) = (&args[at + 1], Path::new(&args[at + 2]));

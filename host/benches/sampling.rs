@@ -195,7 +195,7 @@ fn python(model: &Path, batch: usize) -> Option<f64> {
 fn main() -> anyhow::Result<()> {
     // SAFETY: the first thing `main` does; no other thread exists yet.
     unsafe { opentinker::compute_threads::fix_compute_threads() };
-    opentinker::allocator::keep_freed_memory();
+    opentinker::allocator::configure_memory();
     let dir = tempfile::tempdir()?;
     let export = dir.path().join("export");
     let gguf = std::env::args().skip(1).find(|a| a.ends_with(".gguf"));

@@ -55,7 +55,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> anyhow::Result<()> {
     // SAFETY: the first thing `main` does; no other thread exists yet (the runtime's start after).
     unsafe { opentinker::compute_threads::fix_compute_threads() };
-    opentinker::allocator::keep_freed_memory();
+    opentinker::allocator::configure_memory();
     tokio::runtime::Runtime::new()?.block_on(run())
 }
 

@@ -10,7 +10,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     // SAFETY: the first thing `main` does; no other thread exists yet.
     unsafe { opentinker::compute_threads::fix_compute_threads() };
-    opentinker::allocator::keep_freed_memory();
+    opentinker::allocator::configure_memory();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("OPENTINKER_LOG")

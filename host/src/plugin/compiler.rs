@@ -118,15 +118,12 @@ pub(crate) async fn compile_in_worker(
     let budget = limits.budget(bytes.len());
     let memory = budget.memory_bytes;
     let cpu_seconds = budget.cpu_time_ms.div_ceil(1000).max(1);
-    // SAFETY: only `setrlimit` and `prctl`, which are async-signal-safe, run between fork and
-    // exec.
+    // SAFETY: only `setrlimit`, which is async-signal-safe, runs between fork and exec.
     unsafe {
         command.pre_exec(move || {
             set_limit(libc::RLIMIT_AS, memory)?;
             set_limit(libc::RLIMIT_CPU, cpu_seconds)?;
-            set_limit(libc::RLIMIT_CORE, 0)?;
-            without_huge_pages();
-            Ok(())
+            set_limit(libc::RLIMIT_CORE, 0)
         });
     }
     let mut child = tokio::process::Command::from(command)
@@ -244,18 +241,6 @@ fn set_limit(resource: libc::__rlimit_resource_t, value: u64) -> std::io::Result
     } else {
         Err(std::io::Error::last_os_error())
     }
-}
-
-/// Turns transparent huge pages off for the worker (the setting survives `exec`). Cranelift
-/// allocates and frees many small blocks; with huge pages on, the allocator's returned memory
-/// comes back as 2 MiB pages that the kernel zeroes (and compacts memory for) on each fault:
-/// measured compiling a 12 MB componentize-js plugin on 2 cores, 39-51 s of CPU with them (8-15 s
-/// of it in the kernel) against 32 s without, and the most on a busy host, where the CPU limit
-/// then fails a plugin that compiles in time on an idle one. Best effort: a kernel without the
-/// setting compiles as before.
-fn without_huge_pages() {
-    // SAFETY: a plain system call with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
 }
 
 /// Whether a failure's text is an allocation refused by the address-space limit: Rust's
