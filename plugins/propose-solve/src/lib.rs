@@ -5,17 +5,23 @@
 //! solver gets one generated from the seed instead, so that it always plays.
 //!
 //! The task (generated from the seed) states the operation and the bounds:
-//! `{"op": "+", "low": 4, "high": 12}`.
+//! `{"op": "+", "low": 4, "high": 12}`, and with `stated_answer` the problem's answer too
+//! (`"answer": 13`): a proposer paid for any valid problem settles on the easiest one (`4 + 4`),
+//! one asked for a given answer has no trivial problem to settle on.
 //!
-//! Config (JSON): `{"role": "both"}` (default; two players), `"proposer"` (player 0 proposes,
+//! Config (JSON): `role`: `"both"` (default; two players), `"proposer"` (player 0 proposes,
 //! and the episode ends: how a proposer is evaluated on its own) or `"solver"` (player 0 answers
-//! a problem generated from the seed: how a solver is evaluated on its own).
+//! a problem generated from the seed: how a solver is evaluated on its own); `stated_answer`
+//! (false: whether the task names the answer the problem must have).
 //! Metrics: `valid` (the proposal was a problem within the bounds), `correct` (the solver's
 //! answer was right).
 
 use opentinker_sdk::text::last_number;
 use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, SeededRng, StepResult};
 use serde::{Deserialize, Serialize};
+
+/// The largest upper bound of a task with an answer (such a task lists its problems).
+const MAX_BOUND: i64 = 1000;
 
 /// The solver's answer format, as `plugins/word-problems` states it.
 const FORMAT: &str = "End your reply with the answer as a number.";
@@ -34,6 +40,7 @@ enum Role {
 #[serde(default, deny_unknown_fields)]
 struct Config {
     role: Role,
+    stated_answer: bool,
 }
 
 fn parse_config(config: &str) -> Result<Config, PluginError> {
@@ -49,7 +56,8 @@ const CONFIG_SCHEMA: &str = r#"{
   "type": "object",
   "additionalProperties": false,
   "properties": {
-    "role": {"enum": ["both", "proposer", "solver"], "default": "both"}
+    "role": {"enum": ["both", "proposer", "solver"], "default": "both"},
+    "stated_answer": {"type": "boolean", "default": false}
   }
 }"#;
 
@@ -91,10 +99,13 @@ pub struct Task {
     pub op: Op,
     pub low: i64,
     pub high: i64,
+    /// The answer the problem must have, when the task states one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<i64>,
 }
 
 impl Task {
-    fn generate(seed: u64) -> Task {
+    fn generate(seed: u64, stated_answer: bool) -> Task {
         let mut rng = SeededRng::new(seed);
         let op = if rng.chance(0.5) {
             Op::Add
@@ -102,11 +113,14 @@ impl Task {
             Op::Subtract
         };
         let low = rng.range(1, 10);
-        Task {
+        let task = Task {
             op,
             low,
             high: low + rng.range(3, 10),
-        }
+            answer: None,
+        };
+        let answer = stated_answer.then(|| task.example(seed).answer());
+        Task { answer, ..task }
     }
 
     /// The proposer's instruction.
@@ -116,9 +130,13 @@ impl Task {
             Op::Add => "",
             Op::Subtract => ", the larger number first",
         };
+        let answer = match self.answer {
+            Some(answer) => format!(" whose answer is {answer},"),
+            None => String::new(),
+        };
         format!(
-            "Write {} problem for a student with two whole numbers from {low} to {high}{order}. \
-             Reply with the problem only, written as: number {} number",
+            "Write {} problem for a student{answer} with two whole numbers from {low} to \
+             {high}{order}. Reply with the problem only, written as: number {} number",
             op.name(),
             op.symbol()
         )
@@ -131,11 +149,27 @@ impl Task {
             && bounds.contains(&problem.a)
             && bounds.contains(&problem.b)
             && (problem.op == Op::Add || problem.a >= problem.b)
+            && self.answer.is_none_or(|answer| problem.answer() == answer)
     }
 
-    /// A valid problem of this task drawn from `seed`.
+    /// The problems this task accepts, in order.
+    fn problems(&self) -> Vec<Problem> {
+        let numbers = || self.low..=self.high;
+        numbers()
+            .flat_map(|a| numbers().map(move |b| (a, b)))
+            .map(|(a, b)| Problem { a, op: self.op, b })
+            .filter(|problem| self.accepts(problem))
+            .collect()
+    }
+
+    /// A valid problem of this task drawn from `seed` (`None` when a stated answer has none).
     fn example(&self, seed: u64) -> Problem {
         let mut rng = SeededRng::new(seed ^ 0x5eed_5017);
+        if self.answer.is_some() {
+            let problems = self.problems();
+            let index = rng.range(0, problems.len().saturating_sub(1) as i64) as usize;
+            return problems[index];
+        }
         let (x, y) = (
             rng.range(self.low, self.high),
             rng.range(self.low, self.high),
@@ -237,8 +271,8 @@ impl Environment for ProposeSolve {
     }
 
     fn generate_task(config: &str, seed: u64) -> Result<String, PluginError> {
-        parse_config(config)?;
-        serde_json::to_string(&Task::generate(seed)).map_err(PluginError::new)
+        let config = parse_config(config)?;
+        serde_json::to_string(&Task::generate(seed, config.stated_answer)).map_err(PluginError::new)
     }
 
     fn new(config: &str, task: &str, seed: u64) -> Result<Self, PluginError> {
@@ -249,6 +283,18 @@ impl Environment for ProposeSolve {
             return Err(PluginError::new(
                 "propose-solve task: the bounds must satisfy 0 <= low <= high",
             ));
+        }
+        if task.answer.is_some() && task.high > MAX_BOUND {
+            return Err(PluginError::new(format!(
+                "propose-solve task: with an answer, the bounds must be at most {MAX_BOUND}"
+            )));
+        }
+        if let Some(answer) = task.answer
+            && task.problems().is_empty()
+        {
+            return Err(PluginError::new(format!(
+                "propose-solve task: no problem within the bounds has the answer {answer}"
+            )));
         }
         // A solver on its own answers a problem of the task from the seed.
         let problem = (role == Role::Solver).then(|| task.example(seed));
@@ -423,6 +469,42 @@ mod tests {
     }
 
     #[test]
+    fn a_stated_answer_is_part_of_the_task() {
+        let config = r#"{"stated_answer": true}"#;
+        for seed in 0..200 {
+            let text = ProposeSolve::generate_task(config, seed).unwrap();
+            let task: Task = serde_json::from_str(&text).unwrap();
+            let answer = task.answer.unwrap();
+            let example = task.example(seed);
+            assert!(task.accepts(&example), "{task:?} {example:?}");
+            assert_eq!(example.answer(), answer);
+            // Without the setting the task is the one it always was.
+            let plain: Task =
+                serde_json::from_str(&ProposeSolve::generate_task("{}", seed).unwrap()).unwrap();
+            assert_eq!(
+                Task {
+                    answer: None,
+                    ..task
+                },
+                plain
+            );
+        }
+        let task = r#"{"op": "-", "low": 4, "high": 12, "answer": 5}"#;
+        let mut game = ProposeSolve::new("{}", task, 3).unwrap();
+        let instruction = game.observe(0).unwrap().remove(0).content;
+        assert!(instruction.contains("whose answer is 5,"), "{instruction}");
+        let reward = |reply: &str| {
+            let mut game = ProposeSolve::new("{}", task, 3).unwrap();
+            game.step(reply).unwrap().rewards[0]
+        };
+        assert_eq!(reward("11 - 6"), 1.0);
+        assert_eq!(reward("12 - 4"), 0.0, "the wrong answer");
+        assert_eq!(reward("5 - 0"), 0.0, "below the bounds");
+        let proposal = game.demonstration().unwrap();
+        assert_eq!(game.step(&proposal).unwrap().rewards[0], 1.0, "{proposal}");
+    }
+
+    #[test]
     fn bad_config_and_task_are_named() {
         let err = ProposeSolve::generate_task(r#"{"role": "judge"}"#, 1).unwrap_err();
         assert!(err.message.contains("judge"), "{err}");
@@ -434,5 +516,9 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.message.contains("bounds"), "{err}");
+        let err = ProposeSolve::new("{}", r#"{"op": "+", "low": 5, "high": 9, "answer": 3}"#, 1)
+            .err()
+            .unwrap();
+        assert!(err.message.contains("the answer 3"), "{err}");
     }
 }
