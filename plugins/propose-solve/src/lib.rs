@@ -6,13 +6,15 @@
 //!
 //! The task (generated from the seed) states the operation and the bounds:
 //! `{"op": "+", "low": 4, "high": 12}`, and with `stated_answer` the problem's answer too
-//! (`"answer": 13`): a proposer paid for any valid problem settles on the easiest one (`4 + 4`),
-//! one asked for a given answer has no trivial problem to settle on.
+//! (`"answer": 13`), and with `stated_first` the first number, the second to differ from it
+//! (`"first": 9`): a proposer paid for any valid problem settles on the easiest one (`4 + 4`),
+//! one given the answer or the first number has no trivial problem to settle on.
 //!
 //! Config (JSON): `role`: `"both"` (default; two players), `"proposer"` (player 0 proposes,
 //! and the episode ends: how a proposer is evaluated on its own) or `"solver"` (player 0 answers
 //! a problem generated from the seed: how a solver is evaluated on its own); `stated_answer`
-//! (false: whether the task names the answer the problem must have).
+//! (false: whether the task names the answer the problem must have); `stated_first` (false:
+//! whether it names the problem's first number).
 //! Metrics: `valid` (the proposal was a problem within the bounds), `correct` (the solver's
 //! answer was right).
 
@@ -20,7 +22,15 @@ use opentinker_sdk::text::last_number;
 use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, SeededRng, StepResult};
 use serde::{Deserialize, Serialize};
 
-/// The largest upper bound of a task with an answer (such a task lists its problems).
+/// What a generated task states besides its operation and bounds.
+#[derive(Clone, Copy, Debug, Default)]
+struct Stated {
+    answer: bool,
+    first: bool,
+}
+
+/// The largest upper bound of a task with an answer or a first number (such a task lists its
+/// problems).
 const MAX_BOUND: i64 = 1000;
 
 /// The solver's answer format, as `plugins/word-problems` states it.
@@ -41,6 +51,7 @@ enum Role {
 struct Config {
     role: Role,
     stated_answer: bool,
+    stated_first: bool,
 }
 
 fn parse_config(config: &str) -> Result<Config, PluginError> {
@@ -57,7 +68,8 @@ const CONFIG_SCHEMA: &str = r#"{
   "additionalProperties": false,
   "properties": {
     "role": {"enum": ["both", "proposer", "solver"], "default": "both"},
-    "stated_answer": {"type": "boolean", "default": false}
+    "stated_answer": {"type": "boolean", "default": false},
+    "stated_first": {"type": "boolean", "default": false}
   }
 }"#;
 
@@ -102,10 +114,13 @@ pub struct Task {
     /// The answer the problem must have, when the task states one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<i64>,
+    /// The problem's first number, when the task states it (the second must then differ).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first: Option<i64>,
 }
 
 impl Task {
-    fn generate(seed: u64, stated_answer: bool) -> Task {
+    fn generate(seed: u64, stated: Stated) -> Task {
         let mut rng = SeededRng::new(seed);
         let op = if rng.chance(0.5) {
             Op::Add
@@ -118,9 +133,21 @@ impl Task {
             low,
             high: low + rng.range(3, 10),
             answer: None,
+            first: None,
         };
-        let answer = stated_answer.then(|| task.example(seed).answer());
-        Task { answer, ..task }
+        let answer = stated.answer.then(|| task.example(seed).answer());
+        // A subtraction's stated first number leaves a smaller, different second one.
+        let lowest_first = match op {
+            Op::Add => task.low,
+            Op::Subtract => task.low + 1,
+        };
+        let mut rng = SeededRng::new(seed ^ 0xf125_7000);
+        let first = stated.first.then(|| rng.range(lowest_first, task.high));
+        Task {
+            answer,
+            first,
+            ..task
+        }
     }
 
     /// The proposer's instruction.
@@ -134,9 +161,20 @@ impl Task {
             Some(answer) => format!(" whose answer is {answer},"),
             None => String::new(),
         };
+        let numbers = match (self.first, op) {
+            (Some(first), Op::Add) => format!(
+                "whose first number is {first} and whose second is a different whole number \
+                 from {low} to {high}"
+            ),
+            (Some(first), Op::Subtract) => format!(
+                "whose first number is {first} and whose second is a smaller whole number from \
+                 {low} to {high}"
+            ),
+            (None, _) => format!("with two whole numbers from {low} to {high}{order}"),
+        };
         format!(
-            "Write {} problem for a student{answer} with two whole numbers from {low} to \
-             {high}{order}. Reply with the problem only, written as: number {} number",
+            "Write {} problem for a student{answer} {numbers}. Reply with the problem only, \
+             written as: number {} number",
             op.name(),
             op.symbol()
         )
@@ -150,6 +188,14 @@ impl Task {
             && bounds.contains(&problem.b)
             && (problem.op == Op::Add || problem.a >= problem.b)
             && self.answer.is_none_or(|answer| problem.answer() == answer)
+            && self
+                .first
+                .is_none_or(|first| problem.a == first && problem.b != first)
+    }
+
+    /// Whether the task states more than its operation and bounds.
+    fn states_more(&self) -> bool {
+        self.answer.is_some() || self.first.is_some()
     }
 
     /// The problems this task accepts, in order.
@@ -165,7 +211,7 @@ impl Task {
     /// A valid problem of this task drawn from `seed` (`None` when a stated answer has none).
     fn example(&self, seed: u64) -> Problem {
         let mut rng = SeededRng::new(seed ^ 0x5eed_5017);
-        if self.answer.is_some() {
+        if self.states_more() {
             let problems = self.problems();
             let index = rng.range(0, problems.len().saturating_sub(1) as i64) as usize;
             return problems[index];
@@ -272,7 +318,11 @@ impl Environment for ProposeSolve {
 
     fn generate_task(config: &str, seed: u64) -> Result<String, PluginError> {
         let config = parse_config(config)?;
-        serde_json::to_string(&Task::generate(seed, config.stated_answer)).map_err(PluginError::new)
+        let stated = Stated {
+            answer: config.stated_answer,
+            first: config.stated_first,
+        };
+        serde_json::to_string(&Task::generate(seed, stated)).map_err(PluginError::new)
     }
 
     fn new(config: &str, task: &str, seed: u64) -> Result<Self, PluginError> {
@@ -284,16 +334,20 @@ impl Environment for ProposeSolve {
                 "propose-solve task: the bounds must satisfy 0 <= low <= high",
             ));
         }
-        if task.answer.is_some() && task.high > MAX_BOUND {
+        if task.states_more() && task.high > MAX_BOUND {
             return Err(PluginError::new(format!(
-                "propose-solve task: with an answer, the bounds must be at most {MAX_BOUND}"
+                "propose-solve task: with an answer or a first number, the bounds must be at \
+                 most {MAX_BOUND}"
             )));
         }
-        if let Some(answer) = task.answer
-            && task.problems().is_empty()
-        {
+        if task.states_more() && task.problems().is_empty() {
             return Err(PluginError::new(format!(
-                "propose-solve task: no problem within the bounds has the answer {answer}"
+                "propose-solve task: no problem within the bounds has {}",
+                match (task.answer, task.first) {
+                    (Some(answer), None) => format!("the answer {answer}"),
+                    (None, Some(first)) => format!("the first number {first}"),
+                    (answer, first) => format!("the answer {answer:?} and first number {first:?}"),
+                }
             )));
         }
         // A solver on its own answers a problem of the task from the seed.
@@ -488,6 +542,18 @@ mod tests {
                 },
                 plain
             );
+            let text = ProposeSolve::generate_task(r#"{"stated_first": true}"#, seed).unwrap();
+            let task: Task = serde_json::from_str(&text).unwrap();
+            let example = task.example(seed);
+            assert!(task.accepts(&example), "{task:?} {example:?}");
+            assert_eq!(Some(example.a), task.first);
+            assert_eq!(
+                Task {
+                    first: None,
+                    ..task
+                },
+                plain
+            );
         }
         let task = r#"{"op": "-", "low": 4, "high": 12, "answer": 5}"#;
         let mut game = ProposeSolve::new("{}", task, 3).unwrap();
@@ -502,6 +568,28 @@ mod tests {
         assert_eq!(reward("5 - 0"), 0.0, "below the bounds");
         let proposal = game.demonstration().unwrap();
         assert_eq!(game.step(&proposal).unwrap().rewards[0], 1.0, "{proposal}");
+    }
+
+    #[test]
+    fn a_stated_first_number_leaves_the_second_to_the_proposer() {
+        let task = r#"{"op": "-", "low": 4, "high": 12, "first": 9}"#;
+        let mut game = ProposeSolve::new("{}", task, 3).unwrap();
+        let instruction = game.observe(0).unwrap().remove(0).content;
+        assert!(instruction.contains("first number is 9"), "{instruction}");
+        let reward = |reply: &str| {
+            let mut game = ProposeSolve::new("{}", task, 3).unwrap();
+            game.step(reply).unwrap().rewards[0]
+        };
+        assert_eq!(reward("9 - 4"), 1.0);
+        assert_eq!(reward("9 - 9"), 0.0, "the same number twice");
+        assert_eq!(reward("10 - 4"), 0.0, "another first number");
+        assert_eq!(reward("9 - 3"), 0.0, "below the bounds");
+        let proposal = game.demonstration().unwrap();
+        assert_eq!(game.step(&proposal).unwrap().rewards[0], 1.0, "{proposal}");
+        let err = ProposeSolve::new("{}", r#"{"op": "-", "low": 4, "high": 12, "first": 4}"#, 1)
+            .err()
+            .unwrap();
+        assert!(err.message.contains("the first number 4"), "{err}");
     }
 
     #[test]
