@@ -14,6 +14,8 @@
 //! the same problem: a policy cannot look distinct by what it writes around it; a reply without
 //! one repeats no other).
 
+use std::collections::HashMap;
+
 use opentinker_sdk::{PluginError, Reward, Transcript};
 use serde::Deserialize;
 
@@ -149,32 +151,36 @@ impl Reward for DistinctReplies {
     ) -> Result<Option<Vec<Vec<f64>>>, PluginError> {
         let config = parse_config(config)?;
         let others = episodes.len().saturating_sub(1);
-        let reply_of = |episode: &[Transcript], player: u32| {
-            episode
-                .iter()
-                .find(|t| t.player == player)
-                .map(|t| config.compare.read(t))
-        };
-        let scores = episodes
+        // Each compared reply read once, as (player, reply); then how often each was given.
+        let replies: Vec<Vec<Option<(u32, String)>>> = episodes
             .iter()
             .map(|episode| {
                 episode
                     .iter()
-                    .map(|transcript| {
-                        if others == 0 || !config.players.contains(&transcript.player) {
-                            return 0.0;
+                    .map(|t| {
+                        let compared = config.players.contains(&t.player);
+                        compared
+                            .then(|| config.compare.read(t).map(|reply| (t.player, reply)))
+                            .flatten()
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut given: HashMap<&(u32, String), usize> = HashMap::new();
+        for reply in replies.iter().flatten().flatten() {
+            *given.entry(reply).or_default() += 1;
+        }
+        let scores = replies
+            .iter()
+            .map(|episode| {
+                episode
+                    .iter()
+                    .map(|reply| match reply {
+                        Some(reply) if others > 0 => {
+                            let repeats = given[reply] - 1;
+                            -config.penalty * repeats as f64 / others as f64
                         }
-                        let Some(mine) = config.compare.read(transcript) else {
-                            return 0.0;
-                        };
-                        let repeats = episodes
-                            .iter()
-                            .filter(|other| !std::ptr::eq(*other, episode))
-                            .filter(|other| {
-                                reply_of(other, transcript.player).flatten().as_ref() == Some(&mine)
-                            })
-                            .count();
-                        -config.penalty * repeats as f64 / others as f64
+                        _ => 0.0,
                     })
                     .collect()
             })

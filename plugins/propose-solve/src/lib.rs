@@ -23,7 +23,7 @@ use opentinker_sdk::{EnvInfo, Environment, Message, PluginError, SeededRng, Step
 use serde::{Deserialize, Serialize};
 
 /// What a generated task states besides its operation and bounds.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 struct Stated {
     answer: bool,
     first: bool,
@@ -341,13 +341,16 @@ impl Environment for ProposeSolve {
             )));
         }
         if task.states_more() && task.problems().is_empty() {
+            let stated: Vec<String> = [
+                task.answer.map(|answer| format!("the answer {answer}")),
+                task.first.map(|first| format!("the first number {first}")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
             return Err(PluginError::new(format!(
                 "propose-solve task: no problem within the bounds has {}",
-                match (task.answer, task.first) {
-                    (Some(answer), None) => format!("the answer {answer}"),
-                    (None, Some(first)) => format!("the first number {first}"),
-                    (answer, first) => format!("the answer {answer:?} and first number {first:?}"),
-                }
+                stated.join(" and ")
             )));
         }
         // A solver on its own answers a problem of the task from the seed.
@@ -522,6 +525,12 @@ mod tests {
         assert_eq!(game.step(&answer).unwrap().rewards[1], 1.0);
     }
 
+    /// The proposer's reward for `reply` to `task` (JSON).
+    fn proposal_reward(task: &str, reply: &str) -> f64 {
+        let mut game = ProposeSolve::new("{}", task, 3).unwrap();
+        game.step(reply).unwrap().rewards[0]
+    }
+
     #[test]
     fn a_stated_answer_is_part_of_the_task() {
         let config = r#"{"stated_answer": true}"#;
@@ -559,10 +568,7 @@ mod tests {
         let mut game = ProposeSolve::new("{}", task, 3).unwrap();
         let instruction = game.observe(0).unwrap().remove(0).content;
         assert!(instruction.contains("whose answer is 5,"), "{instruction}");
-        let reward = |reply: &str| {
-            let mut game = ProposeSolve::new("{}", task, 3).unwrap();
-            game.step(reply).unwrap().rewards[0]
-        };
+        let reward = |reply: &str| proposal_reward(task, reply);
         assert_eq!(reward("11 - 6"), 1.0);
         assert_eq!(reward("12 - 4"), 0.0, "the wrong answer");
         assert_eq!(reward("5 - 0"), 0.0, "below the bounds");
@@ -576,10 +582,7 @@ mod tests {
         let mut game = ProposeSolve::new("{}", task, 3).unwrap();
         let instruction = game.observe(0).unwrap().remove(0).content;
         assert!(instruction.contains("first number is 9"), "{instruction}");
-        let reward = |reply: &str| {
-            let mut game = ProposeSolve::new("{}", task, 3).unwrap();
-            game.step(reply).unwrap().rewards[0]
-        };
+        let reward = |reply: &str| proposal_reward(task, reply);
         assert_eq!(reward("9 - 4"), 1.0);
         assert_eq!(reward("9 - 9"), 0.0, "the same number twice");
         assert_eq!(reward("10 - 4"), 0.0, "another first number");
