@@ -480,6 +480,123 @@ fn a_call_larger_than_a_pass_runs_in_passes_with_the_outputs_and_gradients_of_on
     }
 }
 
+/// An RL group: `replies` datums that repeat one prompt (mask 0 but in the second) and differ
+/// after it.
+fn group(prompt: usize, replies: &[usize]) -> Vec<Datum> {
+    replies
+        .iter()
+        .enumerate()
+        .map(|(r, &len)| {
+            let mut d = datum(7, prompt + len, true);
+            for (i, token) in d.input_tokens.iter_mut().enumerate().skip(prompt) {
+                *token = (i as u32 * 13 + r as u32 * 29) % 500 + 3;
+            }
+            let next = d.input_tokens[1..].to_vec();
+            d.target_tokens[..next.len()].copy_from_slice(&next);
+            *d.target_tokens.last_mut().unwrap() = 5 + r as u32;
+            // The second reply trains on its prompt too: the shared rows get its gradient.
+            for (i, m) in d.mask.iter_mut().enumerate() {
+                *m = if i + 1 < prompt && r != 1 { 0.0 } else { 1.0 };
+            }
+            d
+        })
+        .collect()
+}
+
+/// The datums of an RL group share their prompt: a pass computes its rows once. The outputs
+/// and the gradients are those of each datum trained on its own (where nothing is shared), for
+/// the built-in losses, on the model kinds with and without per-head norms and sliding windows,
+/// and in full-parameter training.
+#[test]
+fn a_groups_shared_prompt_trains_once_with_the_results_of_its_datums_one_by_one() {
+    let close = |x: f64, y: f64| (x - y).abs() <= 2e-5 * (1.0 + x.abs());
+    let datums = group(21, &[1, 6, 9, 3]);
+    let losses = [
+        Loss::CrossEntropy,
+        Loss::ImportanceSampling,
+        Loss::from_config("ppo", &config(&[])).unwrap(),
+    ];
+    for arch in [
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Gemma3,
+    ] {
+        let model = Arc::new(tiny_transformer(arch));
+        for loss in &losses {
+            let engine = || {
+                let mut engine = TrainingEngine::new(Arc::clone(&model), DType::F32);
+                engine.add_adapter("a", lora(4, 1)).unwrap();
+                warm_up(&mut engine, &["a"]);
+                engine
+            };
+            let (mut together, mut alone) = (engine(), engine());
+            let grouped = together
+                .forward_backward(&[WorkItem::new("a", datums.clone(), loss.clone())])
+                .unwrap();
+            let mut loss_alone = 0.0;
+            for (datum, logprobs) in datums.iter().zip(&grouped[0].logprobs) {
+                let one = alone
+                    .forward_backward(&[WorkItem::new("a", vec![datum.clone()], loss.clone())])
+                    .unwrap();
+                loss_alone += one[0].loss;
+                for (x, y) in logprobs.iter().zip(&one[0].logprobs[0]) {
+                    assert!(close(f64::from(*x), f64::from(*y)), "{arch:?}: {x} vs {y}");
+                }
+            }
+            assert!(
+                close(grouped[0].loss, loss_alone),
+                "{arch:?} {loss:?}: {} vs {loss_alone}",
+                grouped[0].loss
+            );
+            let (one, each) = (
+                together.gradients("a").unwrap().unwrap(),
+                alone.gradients("a").unwrap().unwrap(),
+            );
+            for (name, g) in &one {
+                let (difference, norm) = (l2(&(g - &each[name]).unwrap()), l2(g));
+                assert!(norm > 0.0, "{arch:?} {name} has a zero gradient");
+                assert!(
+                    difference <= 2e-5 * norm,
+                    "{arch:?} {loss:?} {name}: {difference} of {norm}"
+                );
+            }
+        }
+    }
+
+    let full = opentinker::train::FULL_PARAMETERS;
+    let engine = || {
+        TrainingEngine::full_parameters(tiny_transformer(Architecture::Qwen3), DType::F32).unwrap()
+    };
+    let (mut together, mut alone) = (engine(), engine());
+    together
+        .forward_backward(&[WorkItem::new(
+            full,
+            datums.clone(),
+            Loss::ImportanceSampling,
+        )])
+        .unwrap();
+    for datum in &datums {
+        alone
+            .forward_backward(&[WorkItem::new(
+                full,
+                vec![datum.clone()],
+                Loss::ImportanceSampling,
+            )])
+            .unwrap();
+    }
+    let (one, each) = (
+        together.gradients(full).unwrap().unwrap(),
+        alone.gradients(full).unwrap().unwrap(),
+    );
+    for (name, g) in &one {
+        let (difference, norm) = (l2(&(g - &each[name]).unwrap()), l2(g));
+        assert!(
+            difference <= 2e-5 * norm.max(1e-12),
+            "{name}: {difference} of {norm}"
+        );
+    }
+}
+
 /// Full-parameter training: every weight (embeddings, norms, projections) gets a gradient that
 /// matches central differences in f64, the loss falls over a few steps, a snapshot of the model
 /// does not move when training goes on, and the engine holds no adapters.

@@ -4,6 +4,8 @@
 //! row comes out the same whether it is computed in a prefill of the whole prompt or alone in a
 //! decode step.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use crate::float::Float;
@@ -161,29 +163,122 @@ fn scatter<T: Float>(
     }
 }
 
-/// The sequences of `lengths` (rows one after another) as `(first row, length)`.
-fn sequences(lengths: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
-    lengths.iter().scan(0, |start, &n| {
-        let first = *start;
-        *start += n;
-        Some((first, n))
-    })
+/// A run of rows that training attends as one sequence: `len` rows of its own, one after
+/// another in the call, and, for a branch of a shared prefix, the rows of that `prefix` (a range
+/// of the call's rows), which its rows see before their own. A branch's first row is at position
+/// `prefix.len()`: its rows attend as the same sequence written out whole would, and the
+/// prefix's rows are computed once for every branch that continues them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub len: usize,
+    pub prefix: Option<Range<usize>>,
+}
+
+impl Span {
+    /// A whole sequence of `len` rows, from position 0.
+    pub fn whole(len: usize) -> Span {
+        Span { len, prefix: None }
+    }
+
+    /// `len` rows that continue the rows `prefix`.
+    pub fn branch(len: usize, prefix: Range<usize>) -> Span {
+        Span {
+            len,
+            prefix: Some(prefix),
+        }
+    }
+
+    /// The position of the span's first row.
+    pub fn first_position(&self) -> usize {
+        self.prefix.as_ref().map_or(0, Range::len)
+    }
+
+    /// Each row's position, span after span.
+    pub fn positions(spans: &[Span]) -> Vec<usize> {
+        spans
+            .iter()
+            .flat_map(|span| {
+                let first = span.first_position();
+                first..first + span.len
+            })
+            .collect()
+    }
+}
+
+/// The non-empty spans with their first rows (rows one after another), checked against the
+/// call's `rows`.
+fn placed(spans: &[Span], rows: usize) -> Vec<(usize, &Span)> {
+    let mut start = 0;
+    let mut placed = Vec::with_capacity(spans.len());
+    for span in spans {
+        if let Some(prefix) = &span.prefix {
+            assert!(
+                prefix.end <= rows && prefix.start <= prefix.end,
+                "a span's prefix {prefix:?} lies outside the call's {rows} rows"
+            );
+        }
+        if span.len > 0 {
+            placed.push((start, span));
+        }
+        start += span.len;
+    }
+    assert_eq!(start, rows, "the spans cover {start} rows of {rows}");
+    placed
+}
+
+/// One head's rows as `span` sees them: its prefix's, then its own from `start`.
+fn context<T: Float>(
+    x: &[T],
+    row: usize,
+    offset: usize,
+    start: usize,
+    span: &Span,
+    head_dim: usize,
+) -> Vec<T> {
+    match &span.prefix {
+        Some(prefix) => {
+            let mut out = gather(x, row, offset, prefix.start, prefix.len(), head_dim);
+            out.extend(gather(x, row, offset, start, span.len, head_dim));
+            out
+        }
+        None => gather(x, row, offset, start, span.len, head_dim),
+    }
+}
+
+/// Adds `part (n × head_dim)` into the head's slots of rows `start..` of `x`.
+fn add_scatter<T: Float>(
+    part: &[T],
+    x: &mut [T],
+    row: usize,
+    offset: usize,
+    start: usize,
+    head_dim: usize,
+) {
+    for (i, values) in part.chunks_exact(head_dim).enumerate() {
+        for (slot, &value) in x[(start + i) * row + offset..][..head_dim]
+            .iter_mut()
+            .zip(values)
+        {
+            *slot += value;
+        }
+    }
 }
 
 /// Causal attention of whole sequences, as training computes it (no cache): `q (rows × heads ×
-/// head_dim)`, `k` and `v (rows × kv_heads × head_dim)`, the rows being sequences of `lengths`
-/// one after another. Writes `out` (`q`'s shape) and, per row and head, the log-sum-exp of its
-/// scaled scores (`rows × heads`), all the backward needs besides the inputs: it recomputes
-/// the probabilities, so no `positions × positions` matrix is ever kept.
+/// head_dim)`, `k` and `v (rows × kv_heads × head_dim)`, the rows being the `spans` one after
+/// another (each a whole sequence, or a branch that continues a shared prefix). Writes `out`
+/// (`q`'s shape) and, per row and head, the log-sum-exp of its scaled scores (`rows × heads`),
+/// all the backward needs besides the inputs: it recomputes the probabilities, so no
+/// `positions × positions` matrix is ever kept.
 ///
-/// Each sequence and head runs as a task of its own, in blocks of `BLOCK` (64) query rows whose
+/// Each span and head runs as a task of its own, in blocks of `BLOCK` (64) query rows whose
 /// scores, softmax and weighted sum are matrix products over the keys the block can see.
 pub fn attention_forward<T: Float>(
     q: &[T],
     k: &[T],
     v: &[T],
     shape: Heads,
-    lengths: &[usize],
+    spans: &[Span],
     out: &mut [T],
     lse: &mut [T],
 ) {
@@ -193,7 +288,7 @@ pub fn attention_forward<T: Float>(
         head_dim,
         ..
     } = shape;
-    let rows: usize = lengths.iter().sum();
+    let rows: usize = spans.iter().map(|s| s.len).sum();
     let (row, kv_row, groups) = (heads * head_dim, kv_heads * head_dim, heads / kv_heads);
     assert!(
         heads.is_multiple_of(kv_heads),
@@ -213,37 +308,42 @@ pub fn attention_forward<T: Float>(
     assert_eq!(out.len(), q.len(), "out must have q's shape");
     assert_eq!(lse.len(), rows * heads, "one log-sum-exp per row and head");
     let scale = T::one() / T::of(head_dim as f64).sqrt();
-    let units: Vec<(usize, usize, usize)> = sequences(lengths)
-        .filter(|&(_, n)| n > 0)
-        .flat_map(|(start, n)| (0..heads).map(move |h| (start, n, h)))
+    let units: Vec<(usize, &Span, usize)> = placed(spans, rows)
+        .into_iter()
+        .flat_map(|(start, span)| (0..heads).map(move |h| (start, span, h)))
         .collect();
     let parts: Vec<(Vec<T>, Vec<T>)> = units
         .par_iter()
-        .map(|&(start, n, h)| {
+        .map(|&(start, span, h)| {
+            let (n, first) = (span.len, span.first_position());
             let kv = (h / groups) * head_dim;
             let query = gather(q, row, h * head_dim, start, n, head_dim);
-            let keys = gather(k, kv_row, kv, start, n, head_dim);
-            let values = gather(v, kv_row, kv, start, n, head_dim);
+            let keys = context(k, kv_row, kv, start, span, head_dim);
+            let values = context(v, kv_row, kv, start, span, head_dim);
             let mut out_h = vec![T::zero(); n * head_dim];
             let mut lse_h = vec![T::zero(); n];
             let mut scores = Vec::new();
             for a in (0..n).step_by(BLOCK) {
                 let b = (a + BLOCK).min(n);
+                let seen = first + b;
                 scores.clear();
-                scores.resize((b - a) * b, T::zero());
+                scores.resize((b - a) * seen, T::zero());
                 let block = a * head_dim..b * head_dim;
                 matmul_nt(
                     &query[block.clone()],
-                    &keys[..b * head_dim],
+                    &keys[..seen * head_dim],
                     head_dim,
                     &mut scores,
                     false,
                 );
-                for (i, (scores, lse)) in
-                    scores.chunks_exact_mut(b).zip(&mut lse_h[a..b]).enumerate()
+                for (i, (scores, lse)) in scores
+                    .chunks_exact_mut(seen)
+                    .zip(&mut lse_h[a..b])
+                    .enumerate()
                 {
-                    let (scores, unseen) = scores.split_at_mut(a + i + 1);
-                    let (outside, seen) = scores.split_at_mut(shape.first_key(a + i));
+                    let position = first + a + i;
+                    let (scores, unseen) = scores.split_at_mut(position + 1);
+                    let (outside, seen) = scores.split_at_mut(shape.first_key(position));
                     outside.fill(T::zero());
                     let max = seen
                         .iter()
@@ -260,7 +360,7 @@ pub fn attention_forward<T: Float>(
                 }
                 matmul_nn(
                     &scores,
-                    &values[..b * head_dim],
+                    &values[..seen * head_dim],
                     head_dim,
                     &mut out_h[block],
                     false,
@@ -277,8 +377,8 @@ pub fn attention_forward<T: Float>(
     }
 }
 
-/// The gradients one sequence's KV head gathers: `dq` of each query head of its group, and its
-/// `dk` and `dv`, each `n × head_dim`.
+/// The gradients one span's KV head gathers: `dq` of each query head of its group (its own
+/// rows), and `dk` and `dv` of every row it sees (its prefix's, then its own).
 struct KvHeadGradients<T> {
     dq: Vec<Vec<T>>,
     dk: Vec<T>,
@@ -286,9 +386,11 @@ struct KvHeadGradients<T> {
 }
 
 /// The backward of [`attention_forward`]: writes `dq`, `dk` and `dv` (the inputs' shapes) from
-/// `d_out`, recomputing each block's probabilities from `lse`. Sequences and KV heads run in
+/// `d_out`, recomputing each block's probabilities from `lse`. Spans and KV heads run in
 /// parallel (each one's keys gather the gradient of every query head of their group), in
-/// blocks of `BLOCK` (64) query rows whose five products are matrix products.
+/// blocks of `BLOCK` (64) query rows whose five products are matrix products. A shared prefix's
+/// keys and values get the sum of what its own rows and every branch's give them, added in the
+/// spans' order.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward<T: Float>(
     q: &[T],
@@ -298,7 +400,7 @@ pub fn attention_backward<T: Float>(
     lse: &[T],
     d_out: &[T],
     shape: Heads,
-    lengths: &[usize],
+    spans: &[Span],
     dq: &mut [T],
     dk: &mut [T],
     dv: &mut [T],
@@ -313,19 +415,21 @@ pub fn attention_backward<T: Float>(
     assert_eq!(dq.len(), q.len(), "dq must have q's shape");
     assert_eq!(dk.len(), k.len(), "dk must have k's shape");
     assert_eq!(dv.len(), v.len(), "dv must have v's shape");
+    let rows = q.len() / row;
     let scale = T::one() / T::of(head_dim as f64).sqrt();
-    let units: Vec<(usize, usize, usize)> = sequences(lengths)
-        .filter(|&(_, n)| n > 0)
-        .flat_map(|(start, n)| (0..kv_heads).map(move |kvh| (start, n, kvh)))
+    let units: Vec<(usize, &Span, usize)> = placed(spans, rows)
+        .into_iter()
+        .flat_map(|(start, span)| (0..kv_heads).map(move |kvh| (start, span, kvh)))
         .collect();
     let parts: Vec<KvHeadGradients<T>> = units
         .par_iter()
-        .map(|&(start, n, kvh)| {
+        .map(|&(start, span, kvh)| {
+            let (n, first) = (span.len, span.first_position());
             let kv = kvh * head_dim;
-            let keys = gather(k, kv_row, kv, start, n, head_dim);
-            let values = gather(v, kv_row, kv, start, n, head_dim);
-            let mut dk_part = vec![T::zero(); n * head_dim];
-            let mut dv_part = vec![T::zero(); n * head_dim];
+            let keys = context(k, kv_row, kv, start, span, head_dim);
+            let values = context(v, kv_row, kv, start, span, head_dim);
+            let mut dk_part = vec![T::zero(); (first + n) * head_dim];
+            let mut dv_part = vec![T::zero(); (first + n) * head_dim];
             let (mut p, mut ds) = (Vec::new(), Vec::new());
             let dq_parts = (0..groups)
                 .map(|g| {
@@ -336,18 +440,20 @@ pub fn attention_backward<T: Float>(
                     let mut dq_part = vec![T::zero(); n * head_dim];
                     for a in (0..n).step_by(BLOCK) {
                         let b = (a + BLOCK).min(n);
+                        let seen = first + b;
                         let block = a * head_dim..b * head_dim;
                         let (seen_keys, seen_values) =
-                            (&keys[..b * head_dim], &values[..b * head_dim]);
+                            (&keys[..seen * head_dim], &values[..seen * head_dim]);
                         p.clear();
-                        p.resize((b - a) * b, T::zero());
+                        p.resize((b - a) * seen, T::zero());
                         ds.clear();
-                        ds.resize((b - a) * b, T::zero());
+                        ds.resize((b - a) * seen, T::zero());
                         matmul_nt(&query[block.clone()], seen_keys, head_dim, &mut p, false);
-                        for (i, p) in p.chunks_exact_mut(b).enumerate() {
+                        for (i, p) in p.chunks_exact_mut(seen).enumerate() {
                             let l = lse[(start + a + i) * heads + h];
-                            let (p, unseen) = p.split_at_mut(a + i + 1);
-                            let (outside, seen) = p.split_at_mut(shape.first_key(a + i));
+                            let position = first + a + i;
+                            let (p, unseen) = p.split_at_mut(position + 1);
+                            let (outside, seen) = p.split_at_mut(shape.first_key(position));
                             outside.fill(T::zero());
                             seen.iter_mut()
                                 .for_each(|s| *s = (*s * scale - l).fast_exp());
@@ -358,13 +464,15 @@ pub fn attention_backward<T: Float>(
                             &p,
                             &d_o[block.clone()],
                             head_dim,
-                            &mut dv_part[..b * head_dim],
+                            &mut dv_part[..seen * head_dim],
                             true,
                         );
                         matmul_nt(&d_o[block.clone()], seen_values, head_dim, &mut ds, false);
                         // dS = P ⊙ (dP - rowsum(dO ⊙ O)) · scale, then dQ = dS·K, dK += dSᵀ·Q.
-                        for (i, (ds, p)) in
-                            ds.chunks_exact_mut(b).zip(p.chunks_exact(b)).enumerate()
+                        for (i, (ds, p)) in ds
+                            .chunks_exact_mut(seen)
+                            .zip(p.chunks_exact(seen))
+                            .enumerate()
                         {
                             let r = (a + i) * head_dim..(a + i + 1) * head_dim;
                             let delta = dot(&d_o[r.clone()], &o[r]);
@@ -377,7 +485,7 @@ pub fn attention_backward<T: Float>(
                             &ds,
                             &query[block],
                             head_dim,
-                            &mut dk_part[..b * head_dim],
+                            &mut dk_part[..seen * head_dim],
                             true,
                         );
                     }
@@ -391,12 +499,29 @@ pub fn attention_backward<T: Float>(
             }
         })
         .collect();
-    for (&(start, _, kvh), part) in units.iter().zip(parts) {
+    // Every row's own gradients first, then what the branches add to their prefixes.
+    for (&(start, span, kvh), part) in units.iter().zip(&parts) {
         for (g, dq_part) in part.dq.iter().enumerate() {
             let h = kvh * groups + g;
             scatter(dq_part, dq, row, h * head_dim, start, head_dim);
         }
-        scatter(&part.dk, dk, kv_row, kvh * head_dim, start, head_dim);
-        scatter(&part.dv, dv, kv_row, kvh * head_dim, start, head_dim);
+        let own = span.first_position() * head_dim..;
+        scatter(
+            &part.dk[own.clone()],
+            dk,
+            kv_row,
+            kvh * head_dim,
+            start,
+            head_dim,
+        );
+        scatter(&part.dv[own], dv, kv_row, kvh * head_dim, start, head_dim);
+    }
+    for (&(_, span, kvh), part) in units.iter().zip(&parts) {
+        if let Some(prefix) = &span.prefix {
+            let seen = ..prefix.len() * head_dim;
+            let kv = kvh * head_dim;
+            add_scatter(&part.dk[seen], dk, kv_row, kv, prefix.start, head_dim);
+            add_scatter(&part.dv[seen], dv, kv_row, kv, prefix.start, head_dim);
+        }
     }
 }

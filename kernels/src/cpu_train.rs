@@ -1,13 +1,14 @@
 //! The CPU backend of training: whole sequences (no KV cache), projections through the blocked
 //! `gemm` products, and the backward ops, generic over [`Float`] (f32; f64 for gradient checks).
 //!
-//! A call's [`TrainBatch`] names the sequences' lengths; its attention keeps each layer's
-//! log-sum-exp there for the backward, which recomputes the probabilities from it.
+//! A call's [`TrainBatch`] names its sequences ([`Span`]s: whole sequences, or branches that
+//! continue a shared prefix); its attention keeps each layer's log-sum-exp there for the
+//! backward, which recomputes the probabilities from it.
 
 use std::convert::Infallible;
 use std::marker::PhantomData;
 
-use crate::attention::{Heads, attention_backward, attention_forward};
+use crate::attention::{Heads, Span, attention_backward, attention_forward};
 use crate::backend::{Backend, Backward};
 use num_traits::Zero;
 
@@ -29,7 +30,7 @@ impl<T> CpuTrain<T> {
 
 /// A training call's sequences, one after another, and what its attention keeps.
 pub struct TrainBatch<T> {
-    lengths: Vec<usize>,
+    spans: Vec<Span>,
     positions: Vec<usize>,
     /// Per layer, the log-sum-exp of each row and head.
     lse: Vec<Vec<T>>,
@@ -38,10 +39,14 @@ pub struct TrainBatch<T> {
 impl<T> TrainBatch<T> {
     /// Sequences of `lengths` tokens, each from position 0.
     pub fn new(lengths: Vec<usize>) -> Self {
-        let positions = lengths.iter().flat_map(|&n| 0..n).collect();
+        Self::of_spans(lengths.into_iter().map(Span::whole).collect())
+    }
+
+    /// The rows of `spans`, one after another: whole sequences, or branches of a shared prefix.
+    pub fn of_spans(spans: Vec<Span>) -> Self {
         TrainBatch {
-            lengths,
-            positions,
+            positions: Span::positions(&spans),
+            spans,
             lse: Vec::new(),
         }
     }
@@ -177,7 +182,7 @@ macro_rules! train_backend {
                 let lse = &mut batch.lse[layer];
                 lse.clear();
                 lse.resize(q.len() / shape.head_dim, <$t>::zero());
-                attention_forward(q, k, v, shape, &batch.lengths, out, lse);
+                attention_forward(q, k, v, shape, &batch.spans, out, lse);
                 Ok(())
             }
 
@@ -301,7 +306,7 @@ macro_rules! train_backend {
                 dv: &mut Vec<$t>,
             ) -> Result<(), Infallible> {
                 let lse = &batch.lse[layer];
-                attention_backward(q, k, v, out, lse, d_out, shape, &batch.lengths, dq, dk, dv);
+                attention_backward(q, k, v, out, lse, d_out, shape, &batch.spans, dq, dk, dv);
                 Ok(())
             }
 

@@ -36,7 +36,7 @@ pub mod ops;
 pub mod reference;
 pub mod unembed;
 
-pub use attention::{Heads, attention_backward, attention_forward, causal_attention};
+pub use attention::{Heads, Span, attention_backward, attention_forward, causal_attention};
 pub use backend::{Backend, Backward};
 pub use cpu::{Cpu, CpuBatch, KvCache};
 pub use cpu_train::{CpuTrain, LoraGrads, TrainBatch};

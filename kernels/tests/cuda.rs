@@ -20,7 +20,7 @@ use opentinker_kernels::cuda::{
 };
 use opentinker_kernels::gemm::{matmul_nn, matmul_tn};
 use opentinker_kernels::{
-    Activation, Heads, LoraGrad, LoraPair, Segment, attention_backward, attention_forward,
+    Activation, Heads, LoraGrad, LoraPair, Segment, Span, attention_backward, attention_forward,
     causal_attention, linear, lora_apply, lora_backward, ops, unembed,
 };
 
@@ -883,12 +883,13 @@ fn check_training_attention(gpu: &Gpu, window: Option<usize>) {
         window,
     };
     let lengths = [5usize, 1, 12];
+    let spans: Vec<Span> = lengths.iter().copied().map(Span::whole).collect();
     let rows: usize = lengths.iter().sum();
     let (q_len, kv_len) = (rows * 4 * 32, rows * 2 * 32);
     let (q, k, v) = (values(q_len, 120), values(kv_len, 121), values(kv_len, 122));
     let d_out = values(q_len, 123);
     let (mut want_out, mut want_lse) = (vec![0.0; q_len], vec![0.0; rows * 4]);
-    attention_forward(&q, &k, &v, shape, &lengths, &mut want_out, &mut want_lse);
+    attention_forward(&q, &k, &v, shape, &spans, &mut want_out, &mut want_lse);
     let (mut want_dq, mut want_dk, mut want_dv) =
         (vec![0.0; q_len], vec![0.0; kv_len], vec![0.0; kv_len]);
     attention_backward(
@@ -899,7 +900,7 @@ fn check_training_attention(gpu: &Gpu, window: Option<usize>) {
         &want_lse,
         &d_out,
         shape,
-        &lengths,
+        &spans,
         &mut want_dq,
         &mut want_dk,
         &mut want_dv,

@@ -7,7 +7,7 @@ use opentinker_kernels::ops::{
     gate_mul, gate_mul_backward, rms_norm, rms_norm_backward, rms_norm_saving, rope, rope_backward,
 };
 use opentinker_kernels::{
-    Activation, Heads, LoraGrad, LoraPair, Segment, attention_backward, attention_forward,
+    Activation, Heads, LoraGrad, LoraPair, Segment, Span, attention_backward, attention_forward,
     lora_backward, lora_forward, reference,
 };
 use proptest::prelude::*;
@@ -299,6 +299,7 @@ fn whole_sequence_attention_over_several_blocks() {
 /// in f64 at every `every`-th entry of `dq`, `dk` and `dv`.
 fn check_attention(lengths: &[usize], shape: Heads, seed: u64, every: usize) {
     let rows: usize = lengths.iter().sum();
+    let spans: Vec<Span> = lengths.iter().copied().map(Span::whole).collect();
     let (q_len, kv_len) = (
         rows * shape.heads * shape.head_dim,
         rows * shape.kv_heads * shape.head_dim,
@@ -311,7 +312,7 @@ fn check_attention(lengths: &[usize], shape: Heads, seed: u64, every: usize) {
     let forward = |q: &[f64], k: &[f64], v: &[f64]| {
         let mut out = vec![0.0; q.len()];
         let mut lse = vec![0.0; rows * shape.heads];
-        attention_forward(q, k, v, shape, lengths, &mut out, &mut lse);
+        attention_forward(q, k, v, shape, &spans, &mut out, &mut lse);
         (out, lse)
     };
     let (out, lse) = forward(&q, &k, &v);
@@ -319,7 +320,7 @@ fn check_attention(lengths: &[usize], shape: Heads, seed: u64, every: usize) {
     let (q32, k32, v32) = (f32s(&q), f32s(&k), f32s(&v));
     let mut out32 = vec![0.0f32; q_len];
     let mut lse32 = vec![0.0f32; rows * shape.heads];
-    attention_forward(&q32, &k32, &v32, shape, lengths, &mut out32, &mut lse32);
+    attention_forward(&q32, &k32, &v32, shape, &spans, &mut out32, &mut lse32);
     let (mut start, hd) = (0, shape.head_dim);
     let mut want = Vec::new();
     for &n in lengths {
@@ -345,7 +346,7 @@ fn check_attention(lengths: &[usize], shape: Heads, seed: u64, every: usize) {
     let d_out = values(q_len, seed + 3);
     let (mut dq, mut dk, mut dv) = (vec![0.0; q_len], vec![0.0; kv_len], vec![0.0; kv_len]);
     attention_backward(
-        &q, &k, &v, &out, &lse, &d_out, shape, lengths, &mut dq, &mut dk, &mut dv,
+        &q, &k, &v, &out, &lse, &d_out, shape, &spans, &mut dq, &mut dk, &mut dv,
     );
     let at = |n: usize| (0..n).step_by(every);
     check_gradient_at("dq", &q, &dq, at(q_len), |q| {
@@ -357,4 +358,126 @@ fn check_attention(lengths: &[usize], shape: Heads, seed: u64, every: usize) {
     check_gradient_at("dv", &v, &dv, at(kv_len), |v| {
         dot(&d_out, &forward(&q, &k, v).0)
     });
+}
+
+/// Branches of a shared prefix (their rows after the prefix's, each seeing the prefix's keys
+/// first) attend as the same sequences written out whole: the same outputs and log-sum-exps
+/// row for row, and, from the same output gradients, the same `dq` and the branches' `dk` and
+/// `dv`, while the prefix's keys and values get the sum of what each written-out copy of them
+/// gets. Across the 64-row blocks, with all keys and with a sliding window.
+#[test]
+fn branches_of_a_shared_prefix_attend_as_their_sequences_written_out() {
+    let (prefix, branches) = (70usize, [1usize, 65, 3]);
+    for window in [None, Some(40)] {
+        let shape = Heads {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 4,
+            window,
+        };
+        let (row, kv_row) = (
+            shape.heads * shape.head_dim,
+            shape.kv_heads * shape.head_dim,
+        );
+        // The shared layout: the prefix's rows, then each branch's, then a whole sequence of 5.
+        let rows = prefix + branches.iter().sum::<usize>() + 5;
+        let (q, k, v, d_out) = (
+            values(rows * row, 31),
+            values(rows * kv_row, 32),
+            values(rows * kv_row, 33),
+            values(rows * row, 34),
+        );
+        let mut spans = vec![Span::whole(prefix)];
+        spans.extend(branches.iter().map(|&n| Span::branch(n, 0..prefix)));
+        spans.push(Span::whole(5));
+        // Written out: each branch after its own copy of the prefix (only the first copy's rows
+        // carry the prefix's output gradient, so the sums compare), then the whole sequence.
+        let mut written = Vec::new(); // (shared row, is a copy past the first)
+        let mut start = prefix;
+        for (b, &n) in branches.iter().enumerate() {
+            written.extend((0..prefix).map(|r| (r, b > 0)));
+            written.extend((start..start + n).map(|r| (r, false)));
+            start += n;
+        }
+        written.extend((start..start + 5).map(|r| (r, false)));
+        let pick = |x: &[f64], width: usize, zero_copies: bool| -> Vec<f64> {
+            written
+                .iter()
+                .flat_map(|&(r, copy)| {
+                    let values = &x[r * width..(r + 1) * width];
+                    match zero_copies && copy {
+                        true => vec![0.0; width],
+                        false => values.to_vec(),
+                    }
+                })
+                .collect()
+        };
+        let mut written_lengths: Vec<usize> = branches.iter().map(|n| prefix + n).collect();
+        written_lengths.push(5);
+        let written_spans: Vec<Span> = written_lengths.into_iter().map(Span::whole).collect();
+
+        let run = |spans: &[Span], q: &[f64], k: &[f64], v: &[f64], d_out: &[f64]| {
+            let n = q.len() / row;
+            let (mut out, mut lse) = (vec![0.0; n * row], vec![0.0; n * shape.heads]);
+            attention_forward(q, k, v, shape, spans, &mut out, &mut lse);
+            let (mut dq, mut dk, mut dv) =
+                (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+            attention_backward(
+                q, k, v, &out, &lse, d_out, shape, spans, &mut dq, &mut dk, &mut dv,
+            );
+            (out, lse, dq, dk, dv)
+        };
+        let shared = run(&spans, &q, &k, &v, &d_out);
+        let whole = run(
+            &written_spans,
+            &pick(&q, row, false),
+            &pick(&k, kv_row, false),
+            &pick(&v, kv_row, false),
+            &pick(&d_out, row, true),
+        );
+        // Each written-out row against its shared row; the prefix's dk and dv summed.
+        let mut dk_sum = vec![0.0; rows * kv_row];
+        let mut dv_sum = vec![0.0; rows * kv_row];
+        for (i, &(r, copy)) in written.iter().enumerate() {
+            let (at, kv_at) = (i * row..(i + 1) * row, i * kv_row..(i + 1) * kv_row);
+            let (shared_at, shared_kv) = (r * row..(r + 1) * row, r * kv_row..(r + 1) * kv_row);
+            assert_near(
+                "out",
+                &whole.0[at.clone()],
+                &shared.0[shared_at.clone()],
+                1e-12,
+            );
+            let heads = shape.heads;
+            assert_near(
+                "lse",
+                &whole.1[i * heads..(i + 1) * heads],
+                &shared.1[r * heads..(r + 1) * heads],
+                1e-12,
+            );
+            if !copy {
+                assert_near("dq", &whole.2[at], &shared.2[shared_at], 1e-12);
+            }
+            for (sum, x) in dk_sum[shared_kv.clone()]
+                .iter_mut()
+                .zip(&whole.3[kv_at.clone()])
+            {
+                *sum += x;
+            }
+            for (sum, x) in dv_sum[shared_kv].iter_mut().zip(&whole.4[kv_at]) {
+                *sum += x;
+            }
+        }
+        assert_near("dk", &shared.3, &dk_sum, 1e-12);
+        assert_near("dv", &shared.4, &dv_sum, 1e-12);
+    }
+}
+
+fn assert_near(name: &str, got: &[f64], want: &[f64], tolerance: f64) {
+    assert_eq!(got.len(), want.len(), "{name}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tolerance * (1.0 + w.abs()),
+            "{name}[{i}]: {g} vs {w}"
+        );
+    }
 }

@@ -16,6 +16,7 @@ mod loss;
 mod loss_graph;
 mod objective;
 mod pass;
+mod shared_prefix;
 mod slot_state;
 
 pub use engine::{

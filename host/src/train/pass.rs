@@ -17,6 +17,7 @@ use std::sync::Arc;
 use candle_core::{Tensor, WithDType};
 use opentinker_kernels::{Backward, CpuTrain, Float, LoraGrads, Segment, TrainBatch};
 
+use super::shared_prefix::SharedPrefixes;
 use crate::lora::{Adapter, CpuAdapters, PairGradients};
 use crate::model::layers::{
     AdapterGrads, DecoderWeights, ForwardError, TrainSequence, WeightGrads, train_backward,
@@ -254,9 +255,24 @@ where
         .map_err(PassError::from)?;
         let weights = CpuWeights::<T>::of(input.model).map_err(PassError::from)?;
         let ops = CpuTrain::<T>::new();
-        let batch = TrainBatch::new(lengths(input));
-        let (made, backward) =
-            through_layers(&ops, &weights.decoder(), &hook, batch, input, losses)?;
+        let decoder = weights.decoder();
+        // The sequences' shared beginnings run once; the losses still see every sequence whole.
+        let plan = SharedPrefixes::plan(input.sequences, decoder.context);
+        let (made, backward) = if plan.shares() {
+            let batch = TrainBatch::of_spans(plan.spans.clone());
+            let computed = PassInput {
+                sequences: &plan.sequences,
+                ..*input
+            };
+            let losses = |logprobs: &[T]| -> Result<(R, Option<Vec<T>>), E> {
+                let (made, gradient) = losses(&plan.expand(logprobs))?;
+                Ok((made, gradient.map(|given| plan.fold(&given))))
+            };
+            through_layers(&ops, &decoder, &hook, batch, &computed, losses)?
+        } else {
+            let batch = TrainBatch::new(lengths(input));
+            through_layers(&ops, &decoder, &hook, batch, input, losses)?
+        };
         let gradients = backward.map(|weights| PassGradients {
             adapters: hook.into_gradients(),
             weights,
