@@ -178,7 +178,7 @@ real_rl() {
     work="$(mktemp -d)"
     scripts/models.sh > /dev/null
     cargo build --release --locked --quiet --bin opentinker
-    sed -e 's|"\.\./\.\./|"'"$PWD"'/|' -e "s/^steps = 20$/steps = $steps/" -e 's/^every = 5$/every = 0/' \
+    sed -E -e 's|"\.\./\.\./|"'"$PWD"'/|' -e "s/^steps = [0-9]+$/steps = $steps/" -e 's/^every = [0-9]+$/every = 0/' \
         examples/real/word-problems.toml > "$work/job.toml"
     grep -q "^steps = $steps$" "$work/job.toml" && grep -q '^every = 0$' "$work/job.toml" || {
         echo "examples/real/word-problems.toml no longer has the lines real-rl rewrites" >&2

@@ -10,6 +10,10 @@
 //! The tiny shape runs 16 sequences of 128 tokens; `qwen2.5-0.5b` 4 of 256 (it writes a 2 GB
 //! model to a temporary folder first); a real model's GGUF file 4 of 256 (ours trains on the
 //! file, PyTorch on its export, which `transformers` loads with the file's logits).
+//!
+//! Then ours alone on an RL step's shape: 4 groups of 8 sequences of 80 tokens whose first 48
+//! (the prompt) a group shares, which a pass computes once, against the same sequences
+//! interleaved so that no neighbours share (tokens per second count every sequence's tokens).
 
 mod support;
 
@@ -29,8 +33,56 @@ use opentinker::train::{AdamParams, Loss, TrainingEngine, WorkItem};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// What a child trains: `groups` groups of `group` sequences of `length` tokens whose first
+/// `prompt` a group shares, in order or `interleaved` (the groups' first sequences, then their
+/// second...).
+#[derive(Clone, Copy)]
+struct Layout {
+    groups: usize,
+    group: usize,
+    prompt: usize,
+    length: usize,
+    interleaved: bool,
+}
+
+impl Layout {
+    /// `batch` sequences of `length` tokens, none alike.
+    fn distinct(batch: usize, length: usize) -> Layout {
+        Layout {
+            groups: batch,
+            group: 1,
+            prompt: 0,
+            length,
+            interleaved: false,
+        }
+    }
+
+    fn args(self) -> [usize; 5] {
+        let interleaved = usize::from(self.interleaved);
+        [
+            self.groups,
+            self.group,
+            self.prompt,
+            self.length,
+            interleaved,
+        ]
+    }
+
+    fn datums(self, vocab: u32) -> Vec<opentinker::train::Datum> {
+        let datums =
+            support::group_datums(self.groups, self.group, self.prompt, self.length, vocab);
+        if !self.interleaved {
+            return datums;
+        }
+        let (groups, group) = (self.groups, self.group);
+        (0..groups * group)
+            .map(|i| datums[(i % groups) * group + i / groups].clone())
+            .collect()
+    }
+}
+
 /// Our side, in this (child) process: prints `tokens_per_s peak_bytes`.
-fn child(dir: &Path, batch: usize, length: usize, steps: usize) -> anyhow::Result<()> {
+fn child(dir: &Path, layout: Layout, steps: usize) -> anyhow::Result<()> {
     let model = Model::load(dir)?;
     let vocab = model.config.vocab_size as u32;
     let mut engine = TrainingEngine::new(Arc::new(model.transformer), DType::F32);
@@ -42,7 +94,8 @@ fn child(dir: &Path, batch: usize, length: usize, steps: usize) -> anyhow::Resul
             ..LoraConfig::default()
         },
     )?;
-    let datums = support::datums(batch, length, vocab);
+    let datums = layout.datums(vocab);
+    let tokens: usize = datums.iter().map(|d| d.input_tokens.len()).sum();
     let item = WorkItem::new("bench", datums, Loss::CrossEntropy);
     let mut step = || -> anyhow::Result<()> {
         engine.forward_backward(std::slice::from_ref(&item))?;
@@ -55,18 +108,15 @@ fn child(dir: &Path, batch: usize, length: usize, steps: usize) -> anyhow::Resul
         step()?;
     }
     let seconds = started.elapsed().as_secs_f64() / steps as f64;
-    println!(
-        "{} {}",
-        (batch * length) as f64 / seconds,
-        support::peak_rss()?
-    );
+    println!("{} {}", tokens as f64 / seconds, support::peak_rss()?);
     Ok(())
 }
 
 /// Our side on the model at `model` in a child process: tokens per second and peak bytes.
-fn ours(model: &Path, batch: usize, length: usize, steps: usize) -> anyhow::Result<(f64, f64)> {
+fn ours(model: &Path, layout: Layout, steps: usize) -> anyhow::Result<(f64, f64)> {
     let mut args = vec!["--child".into(), model.as_os_str().to_owned()];
-    args.extend([batch, length, steps].map(|n| n.to_string().into()));
+    args.extend(layout.args().map(|n| n.to_string().into()));
+    args.push(steps.to_string().into());
     match support::child_numbers(&args)?[..] {
         [tokens_per_s, peak] => Ok((tokens_per_s, peak)),
         ref other => anyhow::bail!("unexpected child output {other:?}"),
@@ -122,7 +172,14 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--child") {
         let number = |i: usize| -> anyhow::Result<usize> { Ok(args[at + i].parse()?) };
-        return child(Path::new(&args[at + 1]), number(2)?, number(3)?, number(4)?);
+        let layout = Layout {
+            groups: number(2)?,
+            group: number(3)?,
+            prompt: number(4)?,
+            length: number(5)?,
+            interleaved: number(6)? == 1,
+        };
+        return child(Path::new(&args[at + 1]), layout, number(7)?);
     }
     let dir = tempfile::tempdir()?;
     let written = dir.path().join("model");
@@ -162,10 +219,10 @@ fn main() -> anyhow::Result<()> {
         true => None,
         false => pytorch(peer, steps),
     };
-    let (ours, our_peak) = ours(&model, batch, length, steps)?;
+    let (ours_tps, our_peak) = ours(&model, Layout::distinct(batch, length), steps)?;
     let gib = |bytes: f64| bytes / f64::from(1u32 << 30);
     println!(
-        "{name:<14} {batch}x{length}  opentinker       {ours:>10.0} tokens/s  peak {:>6.2} GiB",
+        "{name:<14} {batch}x{length}  opentinker       {ours_tps:>10.0} tokens/s  peak {:>6.2} GiB",
         gib(our_peak)
     );
     if let Some((theirs, their_peak)) = theirs {
@@ -175,9 +232,32 @@ fn main() -> anyhow::Result<()> {
         );
         println!(
             "{name:<14} ours / PyTorch + PEFT: {} tokens/s, {} peak memory",
-            support::ratio(ours, theirs),
+            support::ratio(ours_tps, theirs),
             support::ratio(our_peak, their_peak)
         );
     }
+    // An RL step's shape: a group's shared prompt trained once, against nothing shared.
+    let (groups, group, prompt, length) = match support::quick() {
+        true => (2, 2, 8, 16),
+        false => (4, 8, 48, 80),
+    };
+    let grouped = Layout {
+        groups,
+        group,
+        prompt,
+        length,
+        interleaved: false,
+    };
+    let (shared, _) = ours(&model, grouped, steps)?;
+    let interleaved = Layout {
+        interleaved: true,
+        ..grouped
+    };
+    let (unshared, _) = ours(&model, interleaved, steps)?;
+    println!(
+        "{name:<14} RL groups {groups}x{group} of {length} tokens, {prompt} shared: \
+         {shared:.0} tokens/s; interleaved, nothing shared: {unshared:.0} tokens/s; {}",
+        support::ratio(shared, unshared)
+    );
     Ok(())
 }

@@ -58,15 +58,37 @@ pub fn ratio(ours: f64, theirs: f64) -> String {
 /// `batch` training sequences of `length` tokens of a model of `vocab` tokens, every target
 /// counted: the same tokens in every benchmark, so that their figures compare.
 pub fn datums(batch: usize, length: usize, vocab: u32) -> Vec<opentinker::train::Datum> {
-    (0..batch)
+    group_datums(batch, 1, 0, length, vocab)
+}
+
+/// `groups` RL groups of `group` datums of `length` tokens: a prompt of `prompt` tokens that the
+/// group's datums share (not trained on: mask 0), then a reply of each datum's own.
+pub fn group_datums(
+    groups: usize,
+    group: usize,
+    prompt: usize,
+    length: usize,
+    vocab: u32,
+) -> Vec<opentinker::train::Datum> {
+    (0..groups * group)
         .map(|row| {
+            let first_of_group = row - row % group;
             let tokens: Vec<u32> = (0..=length as u32)
-                .map(|i| (i * 7919 + row as u32 * 104_729) % vocab)
+                .map(|i| {
+                    let seed = if (i as usize) < prompt {
+                        first_of_group
+                    } else {
+                        row
+                    };
+                    (i * 7919 + seed as u32 * 104_729) % vocab
+                })
                 .collect();
             opentinker::train::Datum {
                 input_tokens: tokens[..length].to_vec(),
                 target_tokens: tokens[1..].to_vec(),
-                mask: vec![1.0; length],
+                mask: (0..length)
+                    .map(|i| if i + 1 < prompt { 0.0 } else { 1.0 })
+                    .collect(),
                 ..Default::default()
             }
         })
