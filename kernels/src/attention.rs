@@ -149,7 +149,8 @@ fn gather<T: Float>(
     out
 }
 
-/// The inverse of [`gather`]: writes `part (n × head_dim)` into the head's slots of `x`.
+/// The inverse of [`gather`]: writes `part (n × head_dim)` into the head's slots of rows
+/// `start..` of `x`, or adds it there with `accumulate`.
 fn scatter<T: Float>(
     part: &[T],
     x: &mut [T],
@@ -157,9 +158,14 @@ fn scatter<T: Float>(
     offset: usize,
     start: usize,
     head_dim: usize,
+    accumulate: bool,
 ) {
     for (i, values) in part.chunks_exact(head_dim).enumerate() {
-        x[(start + i) * row + offset..][..head_dim].copy_from_slice(values);
+        let slots = &mut x[(start + i) * row + offset..][..head_dim];
+        match accumulate {
+            true => slots.iter_mut().zip(values).for_each(|(s, &v)| *s += v),
+            false => slots.copy_from_slice(values),
+        }
     }
 }
 
@@ -242,25 +248,6 @@ fn context<T: Float>(
             out
         }
         None => gather(x, row, offset, start, span.len, head_dim),
-    }
-}
-
-/// Adds `part (n × head_dim)` into the head's slots of rows `start..` of `x`.
-fn add_scatter<T: Float>(
-    part: &[T],
-    x: &mut [T],
-    row: usize,
-    offset: usize,
-    start: usize,
-    head_dim: usize,
-) {
-    for (i, values) in part.chunks_exact(head_dim).enumerate() {
-        for (slot, &value) in x[(start + i) * row + offset..][..head_dim]
-            .iter_mut()
-            .zip(values)
-        {
-            *slot += value;
-        }
     }
 }
 
@@ -370,7 +357,7 @@ pub fn attention_forward<T: Float>(
         })
         .collect();
     for (&(start, _, h), (out_h, lse_h)) in units.iter().zip(parts) {
-        scatter(&out_h, out, row, h * head_dim, start, head_dim);
+        scatter(&out_h, out, row, h * head_dim, start, head_dim, false);
         for (i, value) in lse_h.into_iter().enumerate() {
             lse[(start + i) * heads + h] = value;
         }
@@ -503,7 +490,7 @@ pub fn attention_backward<T: Float>(
     for (&(start, span, kvh), part) in units.iter().zip(&parts) {
         for (g, dq_part) in part.dq.iter().enumerate() {
             let h = kvh * groups + g;
-            scatter(dq_part, dq, row, h * head_dim, start, head_dim);
+            scatter(dq_part, dq, row, h * head_dim, start, head_dim, false);
         }
         let own = span.first_position() * head_dim..;
         scatter(
@@ -513,15 +500,24 @@ pub fn attention_backward<T: Float>(
             kvh * head_dim,
             start,
             head_dim,
+            false,
         );
-        scatter(&part.dv[own], dv, kv_row, kvh * head_dim, start, head_dim);
+        scatter(
+            &part.dv[own],
+            dv,
+            kv_row,
+            kvh * head_dim,
+            start,
+            head_dim,
+            false,
+        );
     }
     for (&(_, span, kvh), part) in units.iter().zip(&parts) {
         if let Some(prefix) = &span.prefix {
             let seen = ..prefix.len() * head_dim;
             let kv = kvh * head_dim;
-            add_scatter(&part.dk[seen], dk, kv_row, kv, prefix.start, head_dim);
-            add_scatter(&part.dv[seen], dv, kv_row, kv, prefix.start, head_dim);
+            scatter(&part.dk[seen], dk, kv_row, kv, prefix.start, head_dim, true);
+            scatter(&part.dv[seen], dv, kv_row, kv, prefix.start, head_dim, true);
         }
     }
 }

@@ -63,11 +63,17 @@ fn check_gradient_at(
     }
 }
 
-fn assert_close(name: &str, got: &[f32], want: &[f64], tolerance: f64) {
+/// `got` (f32 from a kernel, or f64) against `want`, entry by entry.
+fn assert_close<G: Copy + Into<f64> + std::fmt::Display>(
+    name: &str,
+    got: &[G],
+    want: &[f64],
+    tolerance: f64,
+) {
     assert_eq!(got.len(), want.len(), "{name}: lengths");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert!(
-            (f64::from(*g) - w).abs() <= tolerance * (1.0 + w.abs()),
+            ((*g).into() - w).abs() <= tolerance * (1.0 + w.abs()),
             "{name}[{i}]: {g} vs {w}"
         );
     }
@@ -441,21 +447,21 @@ fn branches_of_a_shared_prefix_attend_as_their_sequences_written_out() {
         for (i, &(r, copy)) in written.iter().enumerate() {
             let (at, kv_at) = (i * row..(i + 1) * row, i * kv_row..(i + 1) * kv_row);
             let (shared_at, shared_kv) = (r * row..(r + 1) * row, r * kv_row..(r + 1) * kv_row);
-            assert_near(
+            assert_close(
                 "out",
                 &whole.0[at.clone()],
                 &shared.0[shared_at.clone()],
                 1e-12,
             );
             let heads = shape.heads;
-            assert_near(
+            assert_close(
                 "lse",
                 &whole.1[i * heads..(i + 1) * heads],
                 &shared.1[r * heads..(r + 1) * heads],
                 1e-12,
             );
             if !copy {
-                assert_near("dq", &whole.2[at], &shared.2[shared_at], 1e-12);
+                assert_close("dq", &whole.2[at], &shared.2[shared_at], 1e-12);
             }
             for (sum, x) in dk_sum[shared_kv.clone()]
                 .iter_mut()
@@ -467,17 +473,7 @@ fn branches_of_a_shared_prefix_attend_as_their_sequences_written_out() {
                 *sum += x;
             }
         }
-        assert_near("dk", &shared.3, &dk_sum, 1e-12);
-        assert_near("dv", &shared.4, &dv_sum, 1e-12);
-    }
-}
-
-fn assert_near(name: &str, got: &[f64], want: &[f64], tolerance: f64) {
-    assert_eq!(got.len(), want.len(), "{name}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= tolerance * (1.0 + w.abs()),
-            "{name}[{i}]: {g} vs {w}"
-        );
+        assert_close("dk", &shared.3, &dk_sum, 1e-12);
+        assert_close("dv", &shared.4, &dv_sum, 1e-12);
     }
 }
