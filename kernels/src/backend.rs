@@ -3,7 +3,7 @@
 //! The model's layers (in the host's `model` module) are written once against [`Backend`]; a
 //! backend owns the memory and the kernels. [`crate::Cpu`] runs the batch-invariant kernels of
 //! this crate on host slices; the CUDA backend (feature `cuda`) runs `cuda`'s kernels on device
-//! buffers. A layer never names a device: it holds weights as `&B::Matrix` and `&B::Vector`,
+//! buffers. A layer never names a device: it holds weights as `B::Matrix<'_>` and `&B::Vector`,
 //! activations as `B::Buffer`, and asks the backend for each op.
 //!
 //! Every op keeps the crate's contract: a row's result depends only on that row's inputs, so
@@ -25,8 +25,9 @@ pub trait Backend: Sync {
     type Elem: Copy;
     /// An owned row-major activation (`rows × width`; the caller knows the shape).
     type Buffer;
-    /// A weight matrix `out × in`, row-major, in the backend's storage format.
-    type Matrix: ?Sized;
+    /// A weight matrix `out × in`, row-major, in the backend's storage format, as the ops
+    /// borrow it (on the CPU: f32 rows, or blocks of a quantized frozen base).
+    type Matrix<'a>: Copy;
     /// A weight vector: norm weights, biases, RoPE tables.
     type Vector: ?Sized;
     /// The adapters of one projection over a call's rows (mixed LoRA: a run of rows per
@@ -57,7 +58,7 @@ pub trait Backend: Sync {
     /// Rows `indices` of `table` (`width` columns): the embedding lookup.
     fn embed(
         &self,
-        table: &Self::Matrix,
+        table: Self::Matrix<'_>,
         width: usize,
         indices: &[usize],
     ) -> Result<Self::Buffer, Self::Error>;
@@ -93,7 +94,7 @@ pub trait Backend: Sync {
     fn project(
         &self,
         x: &Self::Buffer,
-        weight: &Self::Matrix,
+        weight: Self::Matrix<'_>,
         inp: usize,
         bias: Option<&Self::Vector>,
         lora: Option<Self::Lora<'_>>,
@@ -174,7 +175,7 @@ pub trait Backward: Backend {
     fn project_backward(
         &self,
         x: &Self::Buffer,
-        weight: &Self::Matrix,
+        weight: Self::Matrix<'_>,
         inp: usize,
         lora: Option<Self::LoraGrads<'_>>,
         dy: &Self::Buffer,
@@ -245,7 +246,7 @@ pub trait Backward: Backend {
     fn unembed_logprobs(
         &self,
         x: &Self::Buffer,
-        table: &Self::Matrix,
+        table: Self::Matrix<'_>,
         hidden: usize,
         targets: &[u32],
         jacobian: Option<&mut Self::Buffer>,

@@ -1,6 +1,7 @@
 //! The CPU backend: this crate's batch-invariant kernels on host slices, threaded with rayon.
 //!
-//! Weights are plain `[f32]` slices (read in place, wherever the caller keeps them), activations
+//! Weights are [`Weight`]s: plain `[f32]` slices (read in place, wherever the caller keeps them)
+//! or the blocks of a quantized frozen base; activations
 //! `Vec<f32>`, and each sequence keeps its own [`KvCache`]. A call's [`CpuBatch`] borrows the
 //! caches of its sequences; attention runs the sequences in parallel.
 
@@ -10,9 +11,9 @@ use rayon::prelude::*;
 
 use crate::attention::{Heads, causal_attention};
 use crate::backend::Backend;
-use crate::linear::linear;
 use crate::lora::{Segment, lora_apply};
 use crate::ops::{self, Activation};
+use crate::quant::Weight;
 
 /// The CPU backend.
 #[derive(Clone, Copy, Debug, Default)]
@@ -100,14 +101,14 @@ impl<'a> CpuBatch<'a> {
 /// `y = x · Wᵀ + bias` plus each segment's LoRA delta.
 fn project_into(
     x: &[f32],
-    weight: &[f32],
+    weight: Weight<'_, f32>,
     inp: usize,
     bias: Option<&[f32]>,
     lora: Option<&[Segment<'_>]>,
     y: &mut [f32],
 ) {
     let out = weight.len() / inp;
-    linear(x, weight, inp, y, false);
+    weight.linear(x, inp, y, false);
     if let Some(bias) = bias {
         for row in y.chunks_exact_mut(out) {
             for (v, b) in row.iter_mut().zip(bias) {
@@ -124,7 +125,7 @@ impl Backend for Cpu {
     type Error = Infallible;
     type Elem = f32;
     type Buffer = Vec<f32>;
-    type Matrix = [f32];
+    type Matrix<'a> = Weight<'a, f32>;
     type Vector = [f32];
     type Lora<'a> = &'a [Segment<'a>];
     type Batch<'a> = CpuBatch<'a>;
@@ -147,15 +148,11 @@ impl Backend for Cpu {
 
     fn embed(
         &self,
-        table: &[f32],
+        table: Weight<'_, f32>,
         width: usize,
         indices: &[usize],
     ) -> Result<Vec<f32>, Infallible> {
-        let mut out = vec![0.0; indices.len() * width];
-        for (row, &i) in out.chunks_exact_mut(width).zip(indices) {
-            row.copy_from_slice(&table[i * width..][..width]);
-        }
-        Ok(out)
+        Ok(table.gather(width, indices))
     }
 
     fn select_rows(
@@ -164,7 +161,7 @@ impl Backend for Cpu {
         width: usize,
         indices: &[usize],
     ) -> Result<Vec<f32>, Infallible> {
-        self.embed(x, width, indices)
+        self.embed(Weight::Dense(x), width, indices)
     }
 
     fn rms_norm(&self, x: &mut Vec<f32>, weight: &[f32], eps: f64) -> Result<(), Infallible> {
@@ -187,7 +184,7 @@ impl Backend for Cpu {
     fn project(
         &self,
         x: &Vec<f32>,
-        weight: &[f32],
+        weight: Weight<'_, f32>,
         inp: usize,
         bias: Option<&[f32]>,
         lora: Option<&[Segment<'_>]>,

@@ -13,9 +13,10 @@ use crate::backend::{Backend, Backward};
 use num_traits::Zero;
 
 use crate::float::Float;
-use crate::gemm::{matmul_nn, matmul_nt, matmul_tn};
+use crate::gemm::matmul_tn;
 use crate::lora::{LoraGrad, Segment, lora_backward, lora_forward};
 use crate::ops::Activation;
+use crate::quant::Weight;
 use crate::{ops, unembed};
 
 /// The CPU training backend in `T`.
@@ -75,7 +76,7 @@ macro_rules! train_backend {
             type Error = Infallible;
             type Elem = $t;
             type Buffer = Vec<$t>;
-            type Matrix = [$t];
+            type Matrix<'a> = Weight<'a, $t>;
             type Vector = [$t];
             type Lora<'a> = &'a [Segment<'a, $t>];
             type Batch<'a> = TrainBatch<$t>;
@@ -98,14 +99,11 @@ macro_rules! train_backend {
 
             fn embed(
                 &self,
-                table: &[$t],
+                table: Weight<'_, $t>,
                 width: usize,
                 indices: &[usize],
             ) -> Result<Vec<$t>, Infallible> {
-                Ok(indices
-                    .iter()
-                    .flat_map(|&i| table[i * width..][..width].iter().copied())
-                    .collect())
+                Ok(table.gather(width, indices))
             }
 
             fn select_rows(
@@ -114,7 +112,7 @@ macro_rules! train_backend {
                 width: usize,
                 indices: &[usize],
             ) -> Result<Vec<$t>, Infallible> {
-                self.embed(x, width, indices)
+                self.embed(Weight::Dense(x), width, indices)
             }
 
             fn rms_norm(&self, x: &mut Vec<$t>, weight: &[$t], eps: f64) -> Result<(), Infallible> {
@@ -137,14 +135,14 @@ macro_rules! train_backend {
             fn project(
                 &self,
                 x: &Vec<$t>,
-                weight: &[$t],
+                weight: Weight<'_, $t>,
                 inp: usize,
                 bias: Option<&[$t]>,
                 lora: Option<&[Segment<'_, $t>]>,
                 y: &mut Vec<$t>,
                 accumulate: bool,
             ) -> Result<(), Infallible> {
-                matmul_nt(x, weight, inp, y, accumulate);
+                weight.matmul_nt(x, inp, y, accumulate);
                 if let Some(bias) = bias {
                     add_rows(y, bias);
                 }
@@ -246,13 +244,13 @@ macro_rules! train_backend {
             fn project_backward(
                 &self,
                 x: &Vec<$t>,
-                weight: &[$t],
+                weight: Weight<'_, $t>,
                 inp: usize,
                 lora: Option<LoraGrads<'_, $t>>,
                 dy: &Vec<$t>,
                 dx: &mut Vec<$t>,
             ) -> Result<(), Infallible> {
-                matmul_nn(dy, weight, inp, dx, true);
+                weight.matmul_nn(dy, inp, dx, true);
                 if let Some(mut lora) = lora {
                     let out = weight.len() / inp;
                     lora_backward(x, inp, dy, out, lora.segments, &mut lora.grads, dx);
@@ -341,7 +339,7 @@ macro_rules! train_backend {
             fn unembed_logprobs(
                 &self,
                 x: &Vec<$t>,
-                table: &[$t],
+                table: Weight<'_, $t>,
                 hidden: usize,
                 targets: &[u32],
                 jacobian: Option<&mut Vec<$t>>,

@@ -33,6 +33,7 @@ pub mod gemm;
 mod linear;
 mod lora;
 pub mod ops;
+mod quant;
 pub mod reference;
 pub mod unembed;
 
@@ -44,3 +45,4 @@ pub use float::Float;
 pub use linear::linear;
 pub use lora::{LoraGrad, LoraPair, Segment, lora_apply, lora_backward, lora_forward};
 pub use ops::Activation;
+pub use quant::{BLOCK_LEN, BlockFormat, QuantMatrix, QuantizeError, Weight};

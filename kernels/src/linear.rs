@@ -292,7 +292,7 @@ static ISA: LazyLock<Isa> = LazyLock::new(|| {
 });
 
 /// One block on this CPU's best path.
-fn block_dispatch(
+pub(crate) fn block_dispatch(
     x: &[f32],
     w: &[f32],
     k: usize,

@@ -9,7 +9,7 @@
 use rayon::prelude::*;
 
 use crate::float::Float;
-use crate::gemm::{matmul_nn, matmul_nt};
+use crate::quant::Weight;
 
 /// Rows per block: the block's logits are `BLOCK × vocabulary`.
 const BLOCK: usize = 64;
@@ -25,7 +25,7 @@ fn log_sum_exp<T: Float>(row: &[T]) -> T {
 /// hidden)`; with `jacobian (rows × hidden)`, each row's `W[target] - softmaxᵀ W` too.
 pub fn unembed_logprobs<T: Float>(
     x: &[T],
-    w: &[T],
+    w: Weight<'_, T>,
     hidden: usize,
     targets: &[u32],
     logprobs: &mut [T],
@@ -44,7 +44,7 @@ pub fn unembed_logprobs<T: Float>(
         let n = x_block.len() / hidden;
         let first = block * BLOCK;
         let logits = &mut logits[..n * vocab];
-        matmul_nt(x_block, w, hidden, logits, false);
+        w.matmul_nt(x_block, hidden, logits, false);
         let block_targets = &targets[first..first + n];
         let keep_probabilities = jacobian.is_some();
         logits
@@ -60,10 +60,11 @@ pub fn unembed_logprobs<T: Float>(
             });
         if let Some(jacobian) = jacobian.as_deref_mut() {
             let j = &mut jacobian[first * hidden..(first + n) * hidden];
-            matmul_nn(logits, w, hidden, j, false);
+            w.matmul_nn(logits, hidden, j, false);
+            let mut target_row = vec![T::zero(); hidden];
             for (j_row, &t) in j.chunks_exact_mut(hidden).zip(block_targets) {
-                let target_row = &w[t as usize * hidden..][..hidden];
-                for (v, &wt) in j_row.iter_mut().zip(target_row) {
+                w.read_rows(t as usize, hidden, &mut target_row);
+                for (v, &wt) in j_row.iter_mut().zip(&target_row) {
                     *v = wt - *v;
                 }
             }

@@ -997,7 +997,7 @@ fn unembed_logprobs_and_their_backward_match_the_cpu() {
         let (mut want, mut want_jacobian) = (vec![0.0; rows], vec![0.0; rows * hidden]);
         unembed::unembed_logprobs(
             &x,
-            host,
+            host.into(),
             hidden,
             &targets,
             &mut want,

@@ -7,7 +7,9 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use candle_core::WithDType;
-use opentinker_kernels::{Backend, Backward, Float, LoraGrad, LoraGrads, LoraPair, Segment};
+use opentinker_kernels::{
+    Backend, Backward, Float, LoraGrad, LoraGrads, LoraPair, Segment, Weight,
+};
 
 use super::Adapter;
 use crate::model::layers::{AdapterGrads, Adapters, Linear, Run};
@@ -112,7 +114,7 @@ where
     T: WithDType + Float,
     B: for<'a> Backend<
             Buffer = Vec<T>,
-            Matrix = [T],
+            Matrix<'a> = Weight<'a, T>,
             Vector = [T],
             Lora<'a> = &'a [Segment<'a, T>],
         >,
@@ -150,7 +152,7 @@ where
     T: WithDType + Float,
     B: for<'a> Backward<
             Buffer = Vec<T>,
-            Matrix = [T],
+            Matrix<'a> = Weight<'a, T>,
             Vector = [T],
             Lora<'a> = &'a [Segment<'a, T>],
             LoraGrads<'a> = LoraGrads<'a, T>,

@@ -2,7 +2,7 @@
 //! place under its storage lock, never copied.
 
 use candle_core::{Device, Storage, Tensor, WithDType};
-use opentinker_kernels::{Backend, Cpu, CpuBatch, KvCache};
+use opentinker_kernels::{Backend, Cpu, CpuBatch, KvCache, Weight};
 
 use super::layers::{
     Adapters, AttentionWeights, DecoderWeights, LayerWeights, Linear, MlpWeights, NoAdapters, Rope,
@@ -66,9 +66,11 @@ impl<'a, T: WithDType> LinearView<'a, T> {
         })
     }
 
-    fn linear<B: Backend<Matrix = [T], Vector = [T]>>(&self) -> Linear<'_, B> {
+    fn linear<B: for<'m> Backend<Matrix<'m> = Weight<'m, T>, Vector = [T]>>(
+        &self,
+    ) -> Linear<'_, B> {
         Linear {
-            weight: self.weight.slice(),
+            weight: Weight::Dense(self.weight.slice()),
             bias: self.bias.as_ref().map(TensorView::slice),
             inp: self.inp,
         }
@@ -145,9 +147,11 @@ impl<'a, T: WithDType> CpuWeights<'a, T> {
     }
 
     /// The weights as the layers take them.
-    pub fn decoder<B: Backend<Matrix = [T], Vector = [T]>>(&self) -> DecoderWeights<'_, B> {
+    pub fn decoder<B: for<'m> Backend<Matrix<'m> = Weight<'m, T>, Vector = [T]>>(
+        &self,
+    ) -> DecoderWeights<'_, B> {
         DecoderWeights {
-            embed: self.embed.slice(),
+            embed: Weight::Dense(self.embed.slice()),
             layers: self
                 .layers
                 .iter()

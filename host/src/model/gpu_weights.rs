@@ -27,7 +27,9 @@ struct GpuLinear {
 }
 
 impl GpuLinear {
-    fn linear<B: Backend<Matrix = GpuMatrix, Vector = CudaSlice<f32>>>(&self) -> Linear<'_, B> {
+    fn linear<B: for<'m> Backend<Matrix<'m> = &'m GpuMatrix, Vector = CudaSlice<f32>>>(
+        &self,
+    ) -> Linear<'_, B> {
         Linear {
             weight: &self.weight,
             bias: self.bias.as_ref(),
@@ -219,7 +221,7 @@ impl GpuWeights {
 
     /// The weights as the layers take them, on the sampling backend (`Gpu`) or the training
     /// one (`GpuTrain`).
-    pub fn decoder<B: Backend<Matrix = GpuMatrix, Vector = CudaSlice<f32>>>(
+    pub fn decoder<B: for<'m> Backend<Matrix<'m> = &'m GpuMatrix, Vector = CudaSlice<f32>>>(
         &self,
     ) -> DecoderWeights<'_, B> {
         let lm_head = match &self.lm_head {

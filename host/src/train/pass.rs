@@ -15,7 +15,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use candle_core::{Tensor, WithDType};
-use opentinker_kernels::{Backward, CpuTrain, Float, LoraGrads, Segment, TrainBatch};
+use opentinker_kernels::{Backward, CpuTrain, Float, LoraGrads, Segment, TrainBatch, Weight};
 
 use super::shared_prefix::SharedPrefixes;
 use crate::lora::{Adapter, CpuAdapters, PairGradients};
@@ -232,7 +232,7 @@ where
             Error = Infallible,
             Elem = T,
             Buffer = Vec<T>,
-            Matrix = [T],
+            Matrix<'a> = Weight<'a, T>,
             Vector = [T],
             Lora<'a> = &'a [Segment<'a, T>],
             LoraGrads<'a> = LoraGrads<'a, T>,

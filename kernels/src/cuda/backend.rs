@@ -97,7 +97,7 @@ impl Backend for Gpu {
     type Error = GpuError;
     type Elem = f32;
     type Buffer = CudaSlice<f32>;
-    type Matrix = GpuMatrix;
+    type Matrix<'a> = &'a GpuMatrix;
     type Vector = CudaSlice<f32>;
     type Lora<'a> = LoraSite<'a>;
     type Batch<'a> = GpuBatch<'a>;

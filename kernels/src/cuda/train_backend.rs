@@ -57,7 +57,7 @@ impl Backend for GpuTrain<'_> {
     type Error = GpuError;
     type Elem = f32;
     type Buffer = CudaSlice<f32>;
-    type Matrix = GpuMatrix;
+    type Matrix<'a> = &'a GpuMatrix;
     type Vector = CudaSlice<f32>;
     type Lora<'a> = &'a [GpuLoraSegment<'a>];
     type Batch<'a> = GpuTrainBatch;

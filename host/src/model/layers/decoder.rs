@@ -26,7 +26,7 @@ pub struct LayerWeights<'a, B: Backend + ?Sized> {
 /// The whole model's weights in the backend's storage, and its RoPE tables.
 pub struct DecoderWeights<'a, B: Backend + ?Sized> {
     /// `vocab × hidden`.
-    pub embed: &'a B::Matrix,
+    pub embed: B::Matrix<'a>,
     pub layers: Vec<LayerWeights<'a, B>>,
     pub norm: &'a B::Vector,
     /// The unembedding (the embedding itself when the model ties them).

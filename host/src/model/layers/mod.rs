@@ -12,7 +12,7 @@
 //! query/key norms, a norm of each block's output before the `+=` (Gemma), the gate's
 //! activation, the embedding's scale, and the sliding window and RoPE tables of local layers.
 //!
-//! - [`DecoderWeights`] borrows the weights in the backend's storage (`&B::Matrix`,
+//! - [`DecoderWeights`] borrows the weights in the backend's storage (`B::Matrix<'_>`,
 //!   `&B::Vector`): a layer never copies or owns them.
 //! - Every projection goes through an [`Adapters`] hook with its [`Site`](super::Site), so LoRA
 //!   (in the `lora` module, a layer above) adds its deltas without the model knowing adapters;

@@ -6,7 +6,7 @@ use crate::model::Site;
 
 /// A projection's weights in the backend's storage: `weight (out × inp)` and an optional bias.
 pub struct Linear<'a, B: Backend + ?Sized> {
-    pub weight: &'a B::Matrix,
+    pub weight: B::Matrix<'a>,
     pub bias: Option<&'a B::Vector>,
     pub inp: usize,
 }
