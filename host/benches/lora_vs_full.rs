@@ -27,12 +27,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn child(mode: &str, dir: &Path, batch: usize, length: usize) -> anyhow::Result<()> {
     let model = Model::load(dir)?;
     let vocab = model.config.vocab_size as u32;
-    let weight_bytes: usize = model
-        .transformer
-        .named_weights()
-        .iter()
-        .map(|(_, t)| t.elem_count() * 4)
-        .sum();
+    let weight_bytes = model.transformer.weight_bytes();
     let (mut engine, id) = if mode == "full" {
         let engine = TrainingEngine::full_parameters(model.transformer, DType::F32)?;
         (engine, FULL_PARAMETERS.to_string())

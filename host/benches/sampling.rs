@@ -73,9 +73,9 @@ fn bytes_per_token(model: &Transformer) -> f64 {
                 &l.down_proj,
             ]
         })
-        .map(|p| p.weight.elem_count())
+        .map(|p| p.weight.bytes())
         .sum();
-    ((projections + model.lm_head.weight.elem_count()) * 4) as f64
+    (projections + model.lm_head.weight.bytes()) as f64
 }
 
 /// Seconds per step of greedy decoding `new` tokens after a prompt of `prompt` tokens, for

@@ -14,13 +14,13 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use opentinker::lora::{Adapter, LoraConfig};
-use opentinker::model::Transformer;
 use opentinker::model::layers::{
     DecoderWeights, NoAdapters, TrainOutput, TrainSequence, WeightGrads, train_backward,
     train_forward,
 };
 use opentinker::model::{Architecture, Model};
 use opentinker::model::{CpuWeights, GpuWeights, ModelConfig};
+use opentinker::model::{Matrix, Transformer};
 use opentinker::model::{TinyShape, init_tiny};
 use opentinker::sample::{CudaModel, CudaModelOptions, CudaSequence, WeightFormat};
 use opentinker::sample::{SequenceInput, forward};
@@ -68,11 +68,14 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
 /// `model` with its matrices (projections, embedding, unembedding) rounded to bf16 and back, as
 /// the CUDA forward keeps them in `WeightFormat::Bf16`.
 fn rounded_matrices(model: &Transformer) -> Transformer {
-    let round = |t: &Tensor| {
-        t.to_dtype(DType::BF16)
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
+    let round = |m: &Matrix| {
+        let t = m.dense().unwrap();
+        Matrix::Dense(
+            t.to_dtype(DType::BF16)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap(),
+        )
     };
     let mut rounded = model.clone();
     for layer in &mut rounded.layers {

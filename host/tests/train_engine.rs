@@ -605,7 +605,7 @@ fn full_parameter_training_trains_every_weight_with_the_right_gradient() {
     let model = tiny_transformer(Architecture::Qwen3)
         .to_dtype(DType::F64)
         .unwrap();
-    let weights = model.named_weights().len();
+    let weights = model.named_weights().unwrap().len();
     let mut engine = TrainingEngine::full_parameters(model, DType::F64).unwrap();
     let full = opentinker::train::FULL_PARAMETERS;
     let work = [item(full, Loss::CrossEntropy, &[1, 2], 10)];
@@ -674,15 +674,30 @@ fn full_parameter_training_trains_every_weight_with_the_right_gradient() {
     assert!(trained < first * 0.9, "loss {first} -> {trained}");
 
     let snapshot = engine.model_snapshot().unwrap();
-    let before = snapshot.embed_tokens.to_vec2::<f64>().unwrap();
+    let before = snapshot
+        .embed_tokens
+        .dense()
+        .unwrap()
+        .to_vec2::<f64>()
+        .unwrap();
     engine.forward_backward(&work).unwrap();
     engine.optim_step(full, &params).unwrap();
-    assert_eq!(snapshot.embed_tokens.to_vec2::<f64>().unwrap(), before);
+    assert_eq!(
+        snapshot
+            .embed_tokens
+            .dense()
+            .unwrap()
+            .to_vec2::<f64>()
+            .unwrap(),
+        before
+    );
     assert_ne!(
         engine
             .model_snapshot()
             .unwrap()
             .embed_tokens
+            .dense()
+            .unwrap()
             .to_vec2::<f64>()
             .unwrap(),
         before
@@ -1225,4 +1240,65 @@ fn an_engine_on_a_device_it_cannot_use_says_which() {
         .on_device(Device::Cpu)
         .unwrap();
     assert_eq!(engine.device(), Device::Cpu);
+}
+
+/// LoRA on a base kept in blocks trains as on the f32 base of the blocks' values: the same
+/// logprobs, loss and adapter gradients up to the products' summation order, for both
+/// formats and a model with and without Gemma's features. Full-parameter training, which
+/// would update the blocks, is refused by name.
+#[test]
+fn lora_on_a_base_kept_in_blocks_trains_as_on_its_values_in_f32() {
+    use opentinker::model::BlockFormat;
+    let close = |x: f64, y: f64| (x - y).abs() <= 2e-5 * (1.0 + x.abs());
+    let loss = Loss::from_config("ppo", &config(&[])).unwrap();
+    for format in [BlockFormat::Q8_0, BlockFormat::Q4_0] {
+        for arch in [Architecture::Qwen2, Architecture::Gemma3] {
+            let blocks = tiny_transformer(arch).keep_base_in(format).unwrap();
+            let values = blocks.named_weights().unwrap().into_iter().collect();
+            let dense = Transformer::from_tensors(blocks.config.clone(), &values).unwrap();
+            let engine = |model: Transformer| {
+                let mut engine = TrainingEngine::new(Arc::new(model), DType::F32);
+                engine.add_adapter("a", lora(4, 1)).unwrap();
+                warm_up(&mut engine, &["a"]);
+                engine
+            };
+            let (mut on_blocks, mut on_dense) = (engine(blocks), engine(dense));
+            let work = [item("a", loss.clone(), &[1, 2, 3], 14)];
+            let (got, want) = (
+                on_blocks.forward_backward(&work).unwrap(),
+                on_dense.forward_backward(&work).unwrap(),
+            );
+            assert!(close(got[0].loss, want[0].loss), "{arch:?} {format:?}");
+            for (x, y) in got[0]
+                .logprobs
+                .iter()
+                .flatten()
+                .zip(want[0].logprobs.iter().flatten())
+            {
+                assert!(
+                    close(f64::from(*x), f64::from(*y)),
+                    "{arch:?} {format:?}: {x} vs {y}"
+                );
+            }
+            let (got, want) = (
+                on_blocks.gradients("a").unwrap().unwrap(),
+                on_dense.gradients("a").unwrap().unwrap(),
+            );
+            for (name, g) in &got {
+                let (difference, norm) = (l2(&(g - &want[name]).unwrap()), l2(g));
+                assert!(norm > 0.0, "{arch:?} {name} has a zero gradient");
+                assert!(
+                    difference <= 2e-5 * norm,
+                    "{arch:?} {format:?} {name}: {difference} of {norm}"
+                );
+            }
+        }
+    }
+    let blocks = tiny_transformer(Architecture::Qwen2)
+        .keep_base_in(BlockFormat::Q8_0)
+        .unwrap();
+    let refused = TrainingEngine::full_parameters(blocks, DType::F32)
+        .err()
+        .expect("full-parameter training of blocks is refused");
+    assert!(refused.to_string().contains("kept in blocks"), "{refused}");
 }

@@ -2,7 +2,7 @@
 //! the merged model alone computes what the base computes with the adapter (up to float
 //! rounding) and can be served, shared or loaded wherever a Hugging Face model can.
 
-use crate::model::{Site, Transformer};
+use crate::model::{Matrix, Site, Transformer};
 
 use super::adapter::{Adapter, AdapterError};
 
@@ -20,8 +20,10 @@ pub fn merge(base: &Transformer, adapter: &Adapter) -> Result<Transformer, Adapt
                 &mut merged.lm_head
             }
         };
-        let delta = delta.to_dtype(linear.weight.dtype())?;
-        linear.weight = (&linear.weight + delta)?;
+        // A base kept in blocks merges into f32: the sum is not in the blocks' grid.
+        let weight = linear.weight.dense()?;
+        let delta = delta.to_dtype(weight.dtype())?;
+        linear.weight = Matrix::Dense((&weight + delta)?);
     }
     Ok(merged)
 }

@@ -1,8 +1,8 @@
 //! The candle model's weights as the CPU backend reads them: each tensor's f32 data borrowed in
-//! place under its storage lock, never copied.
+//! place under its storage lock, never copied, and a base's blocks by reference.
 
 use candle_core::{Device, Storage, Tensor, WithDType};
-use opentinker_kernels::{Backend, Cpu, CpuBatch, KvCache, Weight};
+use opentinker_kernels::{Backend, Cpu, CpuBatch, KvCache, QuantMatrix, Weight};
 
 use super::layers::{
     Adapters, AttentionWeights, DecoderWeights, LayerWeights, Linear, MlpWeights, NoAdapters, Rope,
@@ -51,8 +51,30 @@ impl<'a, T: WithDType> TensorView<'a, T> {
     }
 }
 
+/// A [`transformer::Matrix`] as the kernels read it.
+enum MatrixView<'a, T> {
+    Dense(TensorView<'a, T>),
+    Blocks(&'a QuantMatrix),
+}
+
+impl<'a, T: WithDType> MatrixView<'a, T> {
+    fn of(matrix: &'a transformer::Matrix) -> candle_core::Result<Self> {
+        Ok(match matrix {
+            transformer::Matrix::Dense(t) => MatrixView::Dense(TensorView::of(t)?),
+            transformer::Matrix::Blocks(m) => MatrixView::Blocks(m),
+        })
+    }
+
+    fn weight(&self) -> Weight<'_, T> {
+        match self {
+            MatrixView::Dense(t) => Weight::Dense(t.slice()),
+            MatrixView::Blocks(m) => Weight::Blocks(m),
+        }
+    }
+}
+
 struct LinearView<'a, T> {
-    weight: TensorView<'a, T>,
+    weight: MatrixView<'a, T>,
     bias: Option<TensorView<'a, T>>,
     inp: usize,
 }
@@ -60,7 +82,7 @@ struct LinearView<'a, T> {
 impl<'a, T: WithDType> LinearView<'a, T> {
     fn of(linear: &'a transformer::Linear) -> candle_core::Result<Self> {
         Ok(LinearView {
-            weight: TensorView::of(&linear.weight)?,
+            weight: MatrixView::of(&linear.weight)?,
             bias: linear.bias.as_ref().map(TensorView::of).transpose()?,
             inp: linear.weight.dims2()?.1,
         })
@@ -70,7 +92,7 @@ impl<'a, T: WithDType> LinearView<'a, T> {
         &self,
     ) -> Linear<'_, B> {
         Linear {
-            weight: Weight::Dense(self.weight.slice()),
+            weight: self.weight.weight(),
             bias: self.bias.as_ref().map(TensorView::slice),
             inp: self.inp,
         }
@@ -95,7 +117,7 @@ struct LayerView<'a, T> {
 
 /// Every weight of a [`Transformer`] (computing in `T`), borrowed for the CPU backends.
 pub struct CpuWeights<'a, T = f32> {
-    embed: TensorView<'a, T>,
+    embed: MatrixView<'a, T>,
     layers: Vec<LayerView<'a, T>>,
     norm: TensorView<'a, T>,
     lm_head: LinearView<'a, T>,
@@ -131,7 +153,7 @@ impl<'a, T: WithDType> CpuWeights<'a, T> {
             })
             .collect::<candle_core::Result<_>>()?;
         Ok(CpuWeights {
-            embed: view(&model.embed_tokens)?,
+            embed: MatrixView::of(&model.embed_tokens)?,
             layers,
             norm: view(&model.norm)?,
             lm_head: LinearView::of(&model.lm_head)?,
@@ -151,7 +173,7 @@ impl<'a, T: WithDType> CpuWeights<'a, T> {
         &self,
     ) -> DecoderWeights<'_, B> {
         DecoderWeights {
-            embed: Weight::Dense(self.embed.slice()),
+            embed: self.embed.weight(),
             layers: self
                 .layers
                 .iter()

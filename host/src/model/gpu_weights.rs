@@ -9,7 +9,7 @@ use opentinker_kernels::cuda::{CudaSlice, Gpu, GpuError, GpuMatrix, WeightFormat
 use super::config::ModelConfig;
 use super::layers::{AttentionWeights, DecoderWeights, LayerWeights, Linear, MlpWeights, Rope};
 use super::site::Target;
-use super::transformer::{self, Transformer};
+use super::transformer::{self, Matrix, Transformer};
 
 /// Why the weights could not be put on the device.
 #[derive(Debug, thiserror::Error)]
@@ -84,8 +84,9 @@ impl GpuWeights {
         model: &Transformer,
         format: WeightFormat,
     ) -> Result<GpuWeights, GpuWeightsError> {
-        let matrix = |t: &Tensor| -> Result<GpuMatrix, GpuWeightsError> {
-            Ok(GpuMatrix::new(gpu, upload(gpu, t)?, format)?)
+        // A base kept in blocks on the host goes up dequantized, as `format`.
+        let matrix = |m: &Matrix| -> Result<GpuMatrix, GpuWeightsError> {
+            Ok(GpuMatrix::new(gpu, upload(gpu, &m.dense()?)?, format)?)
         };
         let linear = |l: &transformer::Linear| -> Result<GpuLinear, GpuWeightsError> {
             Ok(GpuLinear {

@@ -39,10 +39,11 @@ pub use device::{Device, DeviceError, DeviceErrorKind};
 pub use gguf::{GgufError, is_gguf};
 #[cfg(feature = "cuda")]
 pub use gpu_weights::{GpuWeights, GpuWeightsError};
+pub use opentinker_kernels::BlockFormat;
 pub use save::{save_model_dir, write_model_files};
 pub use site::{Site, Target};
 pub use tiny::{CHATML_TEMPLATE, TOKENIZER_VOCAB, TinyShape, init_tiny, tiny_config};
-pub use transformer::{Transformer, WeightsError, target_logprobs};
+pub use transformer::{Matrix, Transformer, WeightsError, target_logprobs};
 
 use crate::text::{ChatTemplate, Tokenizer, TokenizerError, special_token};
 

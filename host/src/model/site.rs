@@ -18,6 +18,15 @@ pub enum Target {
 impl Target {
     pub const ATTENTION: [Target; 4] = [Target::Q, Target::K, Target::V, Target::O];
     pub const MLP: [Target; 3] = [Target::Gate, Target::Up, Target::Down];
+    pub const ALL: [Target; 7] = [
+        Target::Q,
+        Target::K,
+        Target::V,
+        Target::O,
+        Target::Gate,
+        Target::Up,
+        Target::Down,
+    ];
 
     /// The module name in Hugging Face (and PEFT) tensor names.
     pub fn module(self) -> &'static str {

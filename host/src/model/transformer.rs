@@ -3,16 +3,24 @@
 //! every shape checked, named as Hugging Face names them, made trainable for full-parameter
 //! training, and the RoPE tables. The layers that compute with them are `model::layers`.
 //!
+//! A frozen base can keep its matrices in blocks ([`Transformer::keep_base_in`], QLoRA's idea on
+//! the kernels' [`QuantMatrix`]): the projections and the embedding become [`Matrix::Blocks`]
+//! (a quarter of the f32 bytes for Q8_0), which the CPU kernels dequantize a panel at a time.
+//! LoRA trains on top as on an f32 base; full-parameter training needs the f32 base.
+//!
 //! Gemma's norms multiply by `1 + w` where its files store `w`: a transformer holds the factor
 //! itself (as llama.cpp's files store it), so a Hugging Face directory's norms gain 1 when read
 //! ([`Transformer::load`]) and lose it when written ([`Transformer::hf_weights`]).
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
+use opentinker_kernels::{BlockFormat, QuantMatrix, QuantizeError};
 
 use super::config::{ModelConfig, RopeScaling};
+use super::site::Target;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -31,14 +39,89 @@ pub enum WeightsError {
         found: Vec<usize>,
         expected: Vec<usize>,
     },
+    #[error("keeping `{name}` in blocks: {source}")]
+    Quantize { name: String, source: QuantizeError },
+    #[error(
+        "full-parameter training updates the base, and this base is kept in blocks \
+         ({0:?}): load it in f32 to train it whole (LoRA trains on a base in blocks)"
+    )]
+    BaseInBlocks(BlockFormat),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+}
+
+/// A weight matrix `out × in`: a tensor, or (a frozen base's) blocks.
+#[derive(Clone, Debug)]
+pub enum Matrix {
+    Dense(Tensor),
+    /// Shared: a tied unembedding is the embedding's blocks.
+    Blocks(Arc<QuantMatrix>),
+}
+
+impl Matrix {
+    /// `(out, in)`.
+    pub fn dims2(&self) -> candle_core::Result<(usize, usize)> {
+        match self {
+            Matrix::Dense(t) => t.dims2(),
+            Matrix::Blocks(m) => Ok((m.rows(), m.cols())),
+        }
+    }
+
+    /// The values as a tensor: the tensor itself, or the blocks dequantized (a new f32 tensor,
+    /// for what needs every value at once: saving, merging, uploading to a GPU).
+    pub fn dense(&self) -> candle_core::Result<Tensor> {
+        match self {
+            Matrix::Dense(t) => Ok(t.clone()),
+            Matrix::Blocks(m) => {
+                Tensor::from_vec(m.dequantize::<f32>(), (m.rows(), m.cols()), &Device::Cpu)
+            }
+        }
+    }
+
+    /// The tensor, where the matrix is one.
+    pub fn as_tensor(&self) -> Option<&Tensor> {
+        match self {
+            Matrix::Dense(t) => Some(t),
+            Matrix::Blocks(_) => None,
+        }
+    }
+
+    /// Bytes the values take.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Matrix::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            Matrix::Blocks(m) => m.bytes(),
+        }
+    }
+
+    fn to_dtype(&self, dtype: DType) -> candle_core::Result<Matrix> {
+        Ok(match self {
+            Matrix::Dense(t) => Matrix::Dense(t.to_dtype(dtype)?),
+            Matrix::Blocks(m) => Matrix::Blocks(Arc::clone(m)),
+        })
+    }
+
+    /// This matrix in `format` (blocks stay as they are).
+    fn in_blocks(&self, name: &str, format: BlockFormat) -> Result<Matrix, WeightsError> {
+        let Matrix::Dense(t) = self else {
+            return Ok(self.clone());
+        };
+        let cols = t.dims2()?.1;
+        let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let blocks = QuantMatrix::quantize(&values, cols, format).map_err(|source| {
+            WeightsError::Quantize {
+                name: name.to_string(),
+                source,
+            }
+        })?;
+        Ok(Matrix::Blocks(Arc::new(blocks)))
+    }
 }
 
 /// A projection `y = x Wᵀ + b`.
 #[derive(Clone, Debug)]
 pub struct Linear {
-    pub weight: Tensor,
+    pub weight: Matrix,
     pub bias: Option<Tensor>,
 }
 
@@ -64,8 +147,20 @@ pub struct Layer {
 
 impl Layer {
     /// The projection `target` names.
-    pub fn linear_mut(&mut self, target: super::site::Target) -> &mut Linear {
-        use super::site::Target;
+    pub fn linear(&self, target: Target) -> &Linear {
+        match target {
+            Target::Q => &self.q_proj,
+            Target::K => &self.k_proj,
+            Target::V => &self.v_proj,
+            Target::O => &self.o_proj,
+            Target::Gate => &self.gate_proj,
+            Target::Up => &self.up_proj,
+            Target::Down => &self.down_proj,
+        }
+    }
+
+    /// The projection `target` names.
+    pub fn linear_mut(&mut self, target: Target) -> &mut Linear {
         match target {
             Target::Q => &mut self.q_proj,
             Target::K => &mut self.k_proj,
@@ -82,7 +177,7 @@ impl Layer {
 #[derive(Clone, Debug)]
 pub struct Transformer {
     pub config: ModelConfig,
-    pub embed_tokens: Tensor,
+    pub embed_tokens: Matrix,
     pub layers: Vec<Layer>,
     pub norm: Tensor,
     /// The unembedding; the embedding matrix itself when the model ties them.
@@ -165,7 +260,7 @@ impl WeightReader<'_> {
         bias: bool,
     ) -> Result<Linear, WeightsError> {
         Ok(Linear {
-            weight: self.get(&format!("{prefix}.weight"), &[out, inp])?,
+            weight: Matrix::Dense(self.get(&format!("{prefix}.weight"), &[out, inp])?),
             bias: if bias {
                 Some(self.get(&format!("{prefix}.bias"), &[out])?)
             } else {
@@ -186,6 +281,7 @@ impl Transformer {
         let (q_out, kv_out) = (config.num_heads * hd, config.num_kv_heads * hd);
         let inter = config.intermediate_size;
         let embed_tokens = w.get("model.embed_tokens.weight", &[config.vocab_size, h])?;
+        let dtype = embed_tokens.dtype();
         let (mlp_norm, output_norms) = config.features.layer_norm_names();
         // Not sized by the config: a layer count past the tensors is refused at the first missing one.
         let mut layers = Vec::new();
@@ -257,14 +353,13 @@ impl Transformer {
         }
         let norm = w.get("model.norm.weight", &[h])?;
         let lm_head = Linear {
-            weight: if config.tie_word_embeddings {
+            weight: Matrix::Dense(if config.tie_word_embeddings {
                 embed_tokens.clone()
             } else {
                 w.get("lm_head.weight", &[config.vocab_size, h])?
-            },
+            }),
             bias: None,
         };
-        let dtype = embed_tokens.dtype();
         let tables = |theta: f64| -> candle_core::Result<(Tensor, Tensor)> {
             let (cos, sin) = rope_tables(&config, theta)?;
             Ok((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?))
@@ -277,7 +372,7 @@ impl Transformer {
             .transpose()?;
         Ok(Transformer {
             config,
-            embed_tokens,
+            embed_tokens: Matrix::Dense(embed_tokens),
             layers,
             norm,
             lm_head,
@@ -290,6 +385,65 @@ impl Transformer {
     /// Positions the model can attend over: its `max_position_embeddings` (capped at 65,536).
     pub fn context_length(&self) -> usize {
         self.cos.dims().first().copied().unwrap_or(0)
+    }
+
+    /// The same model with its projections, embedding and unembedding kept in `format`'s blocks
+    /// (norms and biases stay tensors). Each matrix's tensor is dropped as its blocks are made,
+    /// unless something else holds it.
+    pub fn keep_base_in(mut self, format: BlockFormat) -> Result<Self, WeightsError> {
+        self.embed_tokens = self
+            .embed_tokens
+            .in_blocks("model.embed_tokens.weight", format)?;
+        self.lm_head.weight = match self.config.tie_word_embeddings {
+            true => self.embed_tokens.clone(),
+            false => self.lm_head.weight.in_blocks("lm_head.weight", format)?,
+        };
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            for target in Target::ALL {
+                let name = format!("model.layers.{i}.{}.weight", target.module());
+                let linear = layer.linear_mut(target);
+                linear.weight = linear.weight.in_blocks(&name, format)?;
+            }
+        }
+        Ok(self)
+    }
+
+    /// The format of the base's blocks, where it is kept in blocks.
+    pub fn base_format(&self) -> Option<BlockFormat> {
+        match &self.embed_tokens {
+            Matrix::Blocks(m) => Some(m.format()),
+            Matrix::Dense(_) => None,
+        }
+    }
+
+    /// Bytes of every weight: matrices in their storage, norms and biases (not the RoPE tables).
+    pub fn weight_bytes(&self) -> usize {
+        let tensor = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        let linear = |l: &Linear| l.weight.bytes() + l.bias.as_ref().map_or(0, tensor);
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let norms = [
+                    &l.q_norm,
+                    &l.k_norm,
+                    &l.attention_output_norm,
+                    &l.mlp_output_norm,
+                ];
+                tensor(&l.input_norm)
+                    + tensor(&l.post_attention_norm)
+                    + norms.into_iter().flatten().map(tensor).sum::<usize>()
+                    + Target::ALL
+                        .map(|t| linear(l.linear(t)))
+                        .iter()
+                        .sum::<usize>()
+            })
+            .sum();
+        let head = match self.config.tie_word_embeddings {
+            true => 0,
+            false => linear(&self.lm_head),
+        };
+        self.embed_tokens.bytes() + layers + tensor(&self.norm) + head
     }
 
     /// The same model computing in `dtype` (f64 for gradient checks).
@@ -340,11 +494,12 @@ impl Transformer {
         })
     }
 
-    /// Every weight with its Hugging Face name (the unembedding only when it is not tied).
-    pub fn named_weights(&self) -> Vec<(String, Tensor)> {
+    /// Every weight with its Hugging Face name (the unembedding only when it is not tied); a
+    /// base kept in blocks gives its matrices dequantized.
+    pub fn named_weights(&self) -> candle_core::Result<Vec<(String, Tensor)>> {
         let mut named = vec![(
             "model.embed_tokens.weight".to_string(),
-            self.embed_tokens.clone(),
+            self.embed_tokens.dense()?,
         )];
         let (mlp_norm, output_norms) = self.config.features.layer_norm_names();
         for (i, layer) in self.layers.iter().enumerate() {
@@ -374,7 +529,7 @@ impl Transformer {
                 ("mlp.down_proj", &layer.down_proj),
             ];
             for (module, linear) in linears {
-                push(format!("{p}.{module}.weight"), &linear.weight);
+                push(format!("{p}.{module}.weight"), &linear.weight.dense()?);
                 if let Some(bias) = &linear.bias {
                     push(format!("{p}.{module}.bias"), bias);
                 }
@@ -382,15 +537,15 @@ impl Transformer {
         }
         named.push(("model.norm.weight".to_string(), self.norm.clone()));
         if !self.config.tie_word_embeddings {
-            named.push(("lm_head.weight".to_string(), self.lm_head.weight.clone()));
+            named.push(("lm_head.weight".to_string(), self.lm_head.weight.dense()?));
         }
-        named
+        Ok(named)
     }
 
     /// Every weight as a Hugging Face file stores it ([`Transformer::named_weights`] with
     /// Gemma's norms back to `w`).
     pub fn hf_weights(&self) -> candle_core::Result<Vec<(String, Tensor)>> {
-        self.named_weights()
+        self.named_weights()?
             .into_iter()
             .map(|(name, tensor)| {
                 let offset = self.config.features.norm_offset(&name);
@@ -407,8 +562,11 @@ impl Transformer {
     /// is not shared). Returns the variables by Hugging Face name; tied embeddings stay one
     /// variable. Each weight is copied once and its original dropped as it goes.
     pub fn into_trainable(self) -> Result<(Self, Vec<(String, Var)>), WeightsError> {
+        if let Some(format) = self.base_format() {
+            return Err(WeightsError::BaseInBlocks(format));
+        }
         let config = self.config.clone();
-        let named = self.named_weights();
+        let named = self.named_weights()?;
         drop(self);
         let mut tensors = HashMap::with_capacity(named.len());
         let mut vars = Vec::with_capacity(named.len());
@@ -425,7 +583,7 @@ impl Transformer {
     /// A copy whose weights are plain tensors again (detached from any training graph).
     pub fn detached(&self) -> Result<Self, WeightsError> {
         let tensors = self
-            .named_weights()
+            .named_weights()?
             .into_iter()
             .map(|(name, t)| Ok((name, t.detach().copy()?)))
             .collect::<candle_core::Result<HashMap<_, _>>>()?;
