@@ -166,6 +166,21 @@ fn the_sdk_samples_and_trains_a_lora_on_smollm2_served_from_its_gguf_file() {
     });
 }
 
+/// The same with the base held in Q8_0 blocks (`serve --base-format q8_0`, QLoRA's frozen
+/// base): the model still knows the fact, and a LoRA trained on top moves the answer.
+#[test]
+fn the_sdk_trains_a_lora_on_smollm2_held_in_q8_0_blocks() {
+    let Some(python) = python() else { return };
+    let Some(gguf) = opentinker_test_tools::smollm2_gguf() else {
+        return;
+    };
+    let model = format!("smollm2={}", gguf.display());
+    let server = server::start_server_with(&["--model", &model, "--base-format", "q8_0"]);
+    run_script_on(&server, &python, "smollm2.py", |command, _| {
+        command.env("OPENTINKER_SMOLLM2_GGUF", &gguf);
+    });
+}
+
 #[test]
 fn forward_and_compute_logprobs_agree_with_the_cli() {
     run_script("logprobs_agree.py");

@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::lora::AdapterRegistry;
-use crate::model::{Device, Model};
+use crate::model::{BaseFormat, Device, Model};
 use crate::sample::{EngineConfig, PolicyRef, SampleRequest, SamplingParams, StopReason};
 use crate::service::DeviceOptions;
 use crate::text::ChatMessage;
@@ -48,6 +48,10 @@ pub struct SampleArgs {
     /// machine without a driver or without that device each says so).
     #[arg(long, default_value = "cpu")]
     device: Device,
+    /// How the base's matrices are held in memory (LoRA trains on each; full-parameter
+    /// training needs `f32`).
+    #[arg(long, value_enum, default_value = "f32")]
+    base_format: BaseFormat,
 }
 
 #[derive(Serialize)]
@@ -81,7 +85,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
     } else {
         tokenizer.encode(&args.prompt)?
     };
-    let registry = AdapterRegistry::new(Arc::new(transformer));
+    let registry = AdapterRegistry::new(Arc::new(transformer.held_as(args.base_format)?));
     let version = args
         .adapter
         .as_ref()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::jobs::JobQuotas;
-use crate::model::Device;
+use crate::model::{BaseFormat, Device};
 use crate::server::Tenants;
 use crate::server::{AppState, DEFAULT_POLL_WAIT, ServerConfig, serve};
 use crate::service::{DeviceOptions, FairShare, TINY_MODEL_NAME};
@@ -119,6 +119,10 @@ pub struct ServeArgs {
     /// it is refused (quota_exceeded). Default: what the device has.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     trainer_device_memory: Option<u64>,
+    /// How the base's matrices are held in memory (LoRA trains on each; full-parameter
+    /// training needs `f32`).
+    #[arg(long, value_enum, default_value = "f32")]
+    base_format: BaseFormat,
 }
 
 /// A `--memory-budget` that is not a size.
@@ -220,6 +224,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             adapter_slots: args.adapter_slots.max(1),
             max_adapter_rank: args.max_adapter_rank.max(1),
             trainer_memory: args.trainer_device_memory,
+            base_format: args.base_format,
         },
         share: FairShare {
             pass_tokens: args.pass_tokens.max(1),

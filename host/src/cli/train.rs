@@ -9,7 +9,7 @@ use anyhow::Context;
 
 use super::progress::TrainProgress;
 use crate::client::{Engine, RemoteEngine, RolloutQueue, TinyModelSpec};
-use crate::model::Device;
+use crate::model::{BaseFormat, Device};
 use crate::queue_auth::QueueLogin;
 use crate::rl::Job;
 use crate::rl::SETTINGS;
@@ -64,6 +64,10 @@ pub struct TrainArgs {
     /// so). With `--server`, the server's own `--device` decides.
     #[arg(long, default_value = "cpu", conflicts_with = "server")]
     device: Device,
+    /// How the base's matrices are held in memory (LoRA trains on each; full-parameter
+    /// training needs `f32`).
+    #[arg(long, value_enum, default_value = "f32", conflicts_with = "server")]
+    base_format: BaseFormat,
     #[command(flatten)]
     packages: super::market::PackageArgs,
 }
@@ -74,6 +78,7 @@ fn engine(args: &TrainArgs, jobs: &[(PathBuf, Job)]) -> anyhow::Result<Engine> {
         args.device.check()?;
         return Ok(Engine::InProcess(DeviceOptions {
             device: args.device,
+            base_format: args.base_format,
             ..DeviceOptions::cpu()
         }));
     };

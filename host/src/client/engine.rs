@@ -165,7 +165,7 @@ impl LocalBase {
     /// The model in folder (or GGUF file) `dir`, to run on `device`.
     pub fn load(dir: &Path, device: DeviceOptions) -> anyhow::Result<Self> {
         Ok(LocalBase {
-            model: LocalModel::load(dir)?,
+            model: LocalModel::load(dir, device.base_format)?,
             dir: dir.to_path_buf(),
             beside: None,
             device,

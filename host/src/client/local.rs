@@ -18,7 +18,7 @@ use crate::api::{
 };
 use crate::lora::{AdapterRegistry, PolicyVersion};
 use crate::market::Digest;
-use crate::model::{Architecture, Model, ModelConfig, Transformer};
+use crate::model::{Architecture, BaseFormat, Model, ModelConfig, Transformer};
 use crate::model::{TinyShape, init_tiny};
 use crate::plugin::{Limits, Plugin};
 use crate::sample::{EngineConfig, PolicyRef};
@@ -83,7 +83,8 @@ pub struct LocalModel {
 }
 
 impl LocalModel {
-    pub fn load(dir: &Path) -> anyhow::Result<Self> {
+    /// The model in `dir`, its base held as `format`.
+    pub fn load(dir: &Path, format: BaseFormat) -> anyhow::Result<Self> {
         let Model {
             config,
             transformer,
@@ -94,7 +95,7 @@ impl LocalModel {
         Ok(LocalModel {
             dir: dir.to_path_buf(),
             config,
-            transformer,
+            transformer: transformer.held_as(format)?,
             tokenizer: Arc::new(tokenizer),
             chat_template,
         })

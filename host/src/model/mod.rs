@@ -43,7 +43,7 @@ pub use opentinker_kernels::BlockFormat;
 pub use save::{save_model_dir, write_model_files};
 pub use site::{Site, Target};
 pub use tiny::{CHATML_TEMPLATE, TOKENIZER_VOCAB, TinyShape, init_tiny, tiny_config};
-pub use transformer::{Matrix, Transformer, WeightsError, target_logprobs};
+pub use transformer::{BaseFormat, Matrix, Transformer, WeightsError, target_logprobs};
 
 use crate::text::{ChatTemplate, Tokenizer, TokenizerError, special_token};
 

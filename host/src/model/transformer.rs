@@ -50,6 +50,32 @@ pub enum WeightsError {
     Candle(#[from] candle_core::Error),
 }
 
+/// How a loaded model holds its base's matrices (`--base-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BaseFormat {
+    /// f32 tensors.
+    #[default]
+    #[value(name = "f32")]
+    F32,
+    /// Blocks of 32 8-bit values and a scale: 0.28x of the f32 bytes.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// Blocks of 32 4-bit values and a scale: 0.16x of the f32 bytes.
+    #[value(name = "q4_0")]
+    Q4_0,
+}
+
+impl BaseFormat {
+    /// The blocks this format keeps, `None` for f32.
+    pub fn blocks(self) -> Option<BlockFormat> {
+        match self {
+            BaseFormat::F32 => None,
+            BaseFormat::Q8_0 => Some(BlockFormat::Q8_0),
+            BaseFormat::Q4_0 => Some(BlockFormat::Q4_0),
+        }
+    }
+}
+
 /// A weight matrix `out × in`: a tensor, or (a frozen base's) blocks.
 #[derive(Clone, Debug)]
 pub enum Matrix {
@@ -406,6 +432,14 @@ impl Transformer {
             }
         }
         Ok(self)
+    }
+
+    /// The same model holding its base as `format` says (f32 leaves it as it is).
+    pub fn held_as(self, format: BaseFormat) -> Result<Self, WeightsError> {
+        match format.blocks() {
+            Some(blocks) => self.keep_base_in(blocks),
+            None => Ok(self),
+        }
     }
 
     /// The format of the base's blocks, where it is kept in blocks.

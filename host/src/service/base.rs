@@ -14,7 +14,7 @@ use super::{FairShare, SamplerService, TrainerService};
 use crate::lora::AdapterRegistry;
 #[cfg(feature = "cuda")]
 use crate::model::GpuWeights;
-use crate::model::{Architecture, Device, Model, ModelConfig};
+use crate::model::{Architecture, BaseFormat, Device, Model, ModelConfig};
 use crate::model::{TinyShape, init_tiny};
 #[cfg(feature = "cuda")]
 use crate::sample::{CudaModelOptions, CudaSampler, WeightFormat};
@@ -37,6 +37,9 @@ pub struct DeviceOptions {
     /// The most device memory a CUDA trainer's adapters take there (weights, moments and
     /// gradients; `None`: what the device has): one more adapter is refused by name.
     pub trainer_memory: Option<u64>,
+    /// How the base's matrices are held on the host: f32, or a frozen base's blocks (LoRA
+    /// trains on them; a CUDA device gets them dequantized).
+    pub base_format: BaseFormat,
 }
 
 impl DeviceOptions {
@@ -47,6 +50,7 @@ impl DeviceOptions {
             adapter_slots: 16,
             max_adapter_rank: 64,
             trainer_memory: None,
+            base_format: BaseFormat::F32,
         }
     }
 
@@ -180,6 +184,9 @@ impl ServedBase {
             ..
         } = Model::load(dir)
             .with_context(|| format!("loading model {name} from {}", dir.display()))?;
+        let transformer = transformer
+            .held_as(device.base_format)
+            .with_context(|| format!("holding model {name} as {:?}", device.base_format))?;
         let context = transformer.context_length();
         let registry = AdapterRegistry::new(Arc::new(transformer));
         let tokenizer = Arc::new(tokenizer);
