@@ -10,6 +10,7 @@ use futures::future::BoxFuture;
 use opentinker::api::{LossInput, SamplingParams};
 use opentinker::client::ServiceClient;
 use opentinker::client::{LocalModel, TinyModelSpec};
+use opentinker::model::BaseFormat;
 use opentinker::plugin::Limits;
 use opentinker::queue_auth::QueueLogin;
 use opentinker::rl::Renderer;
@@ -107,7 +108,7 @@ impl Table {
         }
         .generate(&model_dir)
         .unwrap();
-        let model = LocalModel::load(&model_dir).unwrap();
+        let model = LocalModel::load(&model_dir, BaseFormat::F32).unwrap();
         let renderer = Renderer::new(
             model.chat_template().unwrap().clone(),
             Arc::clone(model.tokenizer()),
