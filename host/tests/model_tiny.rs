@@ -1,6 +1,6 @@
 //! `opentinker model init-tiny`: deterministic from its seed, complete, and loadable.
 
-use opentinker::model::{Architecture, Model};
+use opentinker::model::{Architecture, BaseFormat, Model};
 use opentinker::model::{TOKENIZER_VOCAB, TinyShape, init_tiny};
 use opentinker::text::ChatMessage;
 
@@ -142,34 +142,29 @@ fn gemma_norms_are_held_as_their_factor_and_written_as_the_file_stores_them() {
 /// blocks' values in f32 tensors.
 fn in_blocks_and_dense(
     arch: Architecture,
-    format: opentinker::model::BlockFormat,
+    format: BaseFormat,
 ) -> (
     opentinker::model::Transformer,
     opentinker::model::Transformer,
 ) {
     let dir = tempfile::tempdir().unwrap();
     init_tiny(dir.path(), TinyShape::Tiny, arch, 3).unwrap();
-    let blocks = Model::load(dir.path())
-        .unwrap()
-        .transformer
-        .keep_base_in(format)
-        .unwrap();
+    let blocks = Model::load_as(dir.path(), format).unwrap().transformer;
     let values = blocks.named_weights().unwrap().into_iter().collect();
     let dense =
         opentinker::model::Transformer::from_tensors(blocks.config.clone(), &values).unwrap();
     (blocks, dense)
 }
 
-/// A base kept in blocks computes, bit for bit, what the f32 model of the blocks' values
+/// A base loaded into blocks computes, bit for bit, what the f32 model of the blocks' values
 /// computes (the sampler's kernels dequantize a panel at a time and keep every row's sum in
 /// the same order), in a quarter of the bytes for Q8_0.
 #[test]
 fn a_base_kept_in_blocks_computes_the_bits_of_its_values_in_f32() {
-    use opentinker::model::BlockFormat;
-    for (format, most) in [(BlockFormat::Q8_0, 0.30), (BlockFormat::Q4_0, 0.18)] {
+    for (format, most) in [(BaseFormat::Q8_0, 0.30), (BaseFormat::Q4_0, 0.18)] {
         for arch in [Architecture::Qwen2, Architecture::Gemma3] {
             let (blocks, dense) = in_blocks_and_dense(arch, format);
-            assert_eq!(blocks.base_format(), Some(format));
+            assert_eq!(blocks.base_format(), format.blocks());
             assert_eq!(dense.base_format(), None);
             let ratio = blocks.weight_bytes() as f64 / dense.weight_bytes() as f64;
             assert!(
@@ -192,5 +187,23 @@ fn a_base_kept_in_blocks_computes_the_bits_of_its_values_in_f32() {
                 "{arch:?} {format:?}: the logits differ"
             );
         }
+    }
+}
+
+/// A directory whose weights file is cut short is refused naming the folder, in f32 and in
+/// blocks (the tensors are read one at a time from the mapped files).
+#[test]
+fn a_truncated_weights_file_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    init_tiny(dir.path(), TinyShape::Tiny, Architecture::Qwen2, 3).unwrap();
+    let weights = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    for format in [BaseFormat::F32, BaseFormat::Q8_0] {
+        let error = Model::load_as(dir.path(), format).unwrap_err().to_string();
+        assert!(
+            error.contains("reading weights") && error.contains(&dir.path().display().to_string()),
+            "{error}"
+        );
     }
 }

@@ -70,7 +70,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
         tokenizer,
         chat_template,
         ..
-    } = Model::load(&args.model)?;
+    } = Model::load_as(&args.model, args.base_format)?;
     let prompt = if args.chat {
         let template = chat_template
             .with_context(|| format!("{} has no chat template", args.model.display()))?;
@@ -85,7 +85,7 @@ pub fn run(args: SampleArgs) -> anyhow::Result<()> {
     } else {
         tokenizer.encode(&args.prompt)?
     };
-    let registry = AdapterRegistry::new(Arc::new(transformer.held_as(args.base_format)?));
+    let registry = AdapterRegistry::new(Arc::new(transformer));
     let version = args
         .adapter
         .as_ref()

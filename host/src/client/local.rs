@@ -91,11 +91,11 @@ impl LocalModel {
             tokenizer,
             chat_template,
             ..
-        } = Model::load(dir)?;
+        } = Model::load_as(dir, format)?;
         Ok(LocalModel {
             dir: dir.to_path_buf(),
             config,
-            transformer: transformer.held_as(format)?,
+            transformer,
             tokenizer: Arc::new(tokenizer),
             chat_template,
         })
@@ -124,7 +124,7 @@ impl LocalModel {
 
     /// Take the weights of a model folder that [`FullParameterTrainer::save_state`] wrote.
     pub fn load_weights(&mut self, dir: &Path) -> anyhow::Result<()> {
-        self.transformer = Transformer::load(self.config.clone(), dir)
+        self.transformer = Transformer::load(self.config.clone(), dir, BaseFormat::F32)
             .with_context(|| format!("loading the weights of {}", dir.display()))?;
         Ok(())
     }

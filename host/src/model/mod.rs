@@ -80,10 +80,17 @@ impl Model {
     /// Load `config.json`, the weights, `tokenizer.json` and the chat template of `dir`, or the
     /// same parts of a GGUF file.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        Self::load_as(dir, BaseFormat::F32)
+    }
+
+    /// [`Model::load`] with the base held as `format`: each matrix is converted as it is read.
+    pub fn load_as(dir: &Path, format: BaseFormat) -> Result<Self, ModelError> {
         if gguf::is_gguf(dir) {
             let file = gguf::GgufFile::open(dir)?;
             let config = ModelConfig::from_json(&file.config()?)?;
-            let transformer = Transformer::from_tensors(config.clone(), &file.tensors()?)?;
+            let mut tensors = file.tensors()?;
+            let transformer =
+                Transformer::from_source(config.clone(), format, |name| Ok(tensors.remove(name)))?;
             return Ok(Model {
                 dir: dir.to_path_buf(),
                 config,
@@ -93,7 +100,7 @@ impl Model {
             });
         }
         let config = ModelConfig::from_dir(dir)?;
-        let transformer = Transformer::load(config.clone(), dir)?;
+        let transformer = Transformer::load(config.clone(), dir, format)?;
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
         let chat_template = load_chat_template(dir)?;
         Ok(Model {

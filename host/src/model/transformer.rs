@@ -3,10 +3,11 @@
 //! every shape checked, named as Hugging Face names them, made trainable for full-parameter
 //! training, and the RoPE tables. The layers that compute with them are `model::layers`.
 //!
-//! A frozen base can keep its matrices in blocks ([`Transformer::keep_base_in`], QLoRA's idea on
-//! the kernels' [`QuantMatrix`]): the projections and the embedding become [`Matrix::Blocks`]
-//! (a quarter of the f32 bytes for Q8_0), which the CPU kernels dequantize a panel at a time.
-//! LoRA trains on top as on an f32 base; full-parameter training needs the f32 base.
+//! A frozen base can keep its matrices in blocks ([`BaseFormat`], QLoRA's idea on the kernels'
+//! [`QuantMatrix`]): the projections and the embedding become [`Matrix::Blocks`] (a quarter of
+//! the f32 bytes for Q8_0), which the CPU kernels dequantize a panel at a time. Loading converts
+//! each matrix as it is read ([`Transformer::from_source`]), so the base never exists whole in
+//! f32. LoRA trains on top as on an f32 base; full-parameter training needs the f32 base.
 //!
 //! Gemma's norms multiply by `1 + w` where its files store `w`: a transformer holds the factor
 //! itself (as llama.cpp's files store it), so a Hugging Face directory's norms gain 1 when read
@@ -215,9 +216,9 @@ pub struct Transformer {
     pub(crate) local_rope: Option<(Tensor, Tensor)>,
 }
 
-/// Read every tensor of a model directory: `model.safetensors`, or the shards named by
-/// `model.safetensors.index.json`; converted to f32.
-pub fn read_safetensors(dir: &Path) -> Result<HashMap<String, Tensor>, WeightsError> {
+/// The safetensors files of a model directory: `model.safetensors`, or the shards named by
+/// `model.safetensors.index.json`.
+fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>, WeightsError> {
     let index = dir.join("model.safetensors.index.json");
     let files: Vec<std::path::PathBuf> = if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|e| WeightsError::Read {
@@ -243,31 +244,63 @@ pub fn read_safetensors(dir: &Path) -> Result<HashMap<String, Tensor>, WeightsEr
     } else {
         vec![dir.join("model.safetensors")]
     };
-    let mut tensors = HashMap::new();
-    for file in files {
-        let loaded = candle_core::safetensors::load(&file, &Device::Cpu).map_err(|e| {
-            WeightsError::Read {
-                path: file.display().to_string(),
-                message: e.to_string(),
-            }
-        })?;
-        for (name, tensor) in loaded {
-            tensors.insert(name, tensor.to_dtype(DType::F32)?);
-        }
+    Ok(files)
+}
+
+/// The tensors of a model directory's safetensors files, each read when asked for (in f32), so
+/// that a model is never held whole twice.
+struct SafetensorsReader {
+    files: candle_core::safetensors::MmapedSafetensors,
+    names: std::collections::HashSet<String>,
+    dir: String,
+}
+
+impl SafetensorsReader {
+    fn open(dir: &Path) -> Result<Self, WeightsError> {
+        let files = safetensors_files(dir)?;
+        let read_error = |e: candle_core::Error| WeightsError::Read {
+            path: dir.display().to_string(),
+            message: e.to_string(),
+        };
+        // SAFETY: the files are mapped read-only for the load and each tensor is copied out of
+        // the map; a model directory is not written while it is being loaded (the assumption of
+        // every loader that maps its files, as transformers' and candle's do).
+        let files = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
+            .map_err(read_error)?;
+        let names = files.tensors().into_iter().map(|(name, _)| name).collect();
+        Ok(SafetensorsReader {
+            files,
+            names,
+            dir: dir.display().to_string(),
+        })
     }
-    Ok(tensors)
-}
 
-struct WeightReader<'a> {
-    tensors: &'a HashMap<String, Tensor>,
-}
-
-impl WeightReader<'_> {
-    fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, WeightsError> {
+    /// The tensor `name` in f32; `None` when no file has it.
+    fn read(&self, name: &str) -> Result<Option<Tensor>, WeightsError> {
+        if !self.names.contains(name) {
+            return Ok(None);
+        }
         let tensor = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| WeightsError::Missing(name.to_string()))?;
+            .files
+            .load(name, &Device::Cpu)
+            .map_err(|e| WeightsError::Read {
+                path: self.dir.clone(),
+                message: format!("tensor `{name}`: {e}"),
+            })?;
+        Ok(Some(tensor.to_dtype(DType::F32)?))
+    }
+}
+
+/// Hands out each tensor of a model by name, checking its shape; the matrices come out in the
+/// base's format, each converted as it is read.
+struct WeightReader<F> {
+    source: F,
+    format: BaseFormat,
+}
+
+impl<F: FnMut(&str) -> Result<Option<Tensor>, WeightsError>> WeightReader<F> {
+    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, WeightsError> {
+        let tensor = (self.source)(name)?.ok_or_else(|| WeightsError::Missing(name.to_string()))?;
         if tensor.dims() != shape {
             return Err(WeightsError::Shape {
                 name: name.to_string(),
@@ -275,18 +308,27 @@ impl WeightReader<'_> {
                 expected: shape.to_vec(),
             });
         }
-        Ok(tensor.clone())
+        Ok(tensor)
+    }
+
+    /// A matrix, in the base's format.
+    fn matrix(&mut self, name: &str, shape: [usize; 2]) -> Result<Matrix, WeightsError> {
+        let dense = Matrix::Dense(self.get(name, &shape)?);
+        match self.format.blocks() {
+            Some(format) => dense.in_blocks(name, format),
+            None => Ok(dense),
+        }
     }
 
     fn linear(
-        &self,
+        &mut self,
         prefix: &str,
         out: usize,
         inp: usize,
         bias: bool,
     ) -> Result<Linear, WeightsError> {
         Ok(Linear {
-            weight: Matrix::Dense(self.get(&format!("{prefix}.weight"), &[out, inp])?),
+            weight: self.matrix(&format!("{prefix}.weight"), [out, inp])?,
             bias: if bias {
                 Some(self.get(&format!("{prefix}.bias"), &[out])?)
             } else {
@@ -302,12 +344,29 @@ impl Transformer {
         config: ModelConfig,
         tensors: &HashMap<String, Tensor>,
     ) -> Result<Self, WeightsError> {
-        let w = WeightReader { tensors };
+        Self::from_source(config, BaseFormat::F32, |name| {
+            Ok(tensors.get(name).cloned())
+        })
+    }
+
+    /// Build the transformer from `source`, which gives each tensor by its Hugging Face name
+    /// (`None`: the model has no such tensor) and is asked for each once, checking every shape;
+    /// the matrices are held as `format` says, each converted as it arrives, so that a base in
+    /// blocks never exists whole in f32.
+    pub fn from_source(
+        config: ModelConfig,
+        format: BaseFormat,
+        source: impl FnMut(&str) -> Result<Option<Tensor>, WeightsError>,
+    ) -> Result<Self, WeightsError> {
+        let mut w = WeightReader { source, format };
         let (h, hd) = (config.hidden_size, config.head_dim);
         let (q_out, kv_out) = (config.num_heads * hd, config.num_kv_heads * hd);
         let inter = config.intermediate_size;
-        let embed_tokens = w.get("model.embed_tokens.weight", &[config.vocab_size, h])?;
-        let dtype = embed_tokens.dtype();
+        let embed_tokens = w.matrix("model.embed_tokens.weight", [config.vocab_size, h])?;
+        let dtype = match &embed_tokens {
+            Matrix::Dense(t) => t.dtype(),
+            Matrix::Blocks(_) => DType::F32,
+        };
         let (mlp_norm, output_norms) = config.features.layer_norm_names();
         // Not sized by the config: a layer count past the tensors is refused at the first missing one.
         let mut layers = Vec::new();
@@ -379,11 +438,11 @@ impl Transformer {
         }
         let norm = w.get("model.norm.weight", &[h])?;
         let lm_head = Linear {
-            weight: Matrix::Dense(if config.tie_word_embeddings {
+            weight: if config.tie_word_embeddings {
                 embed_tokens.clone()
             } else {
-                w.get("lm_head.weight", &[config.vocab_size, h])?
-            }),
+                w.matrix("lm_head.weight", [config.vocab_size, h])?
+            },
             bias: None,
         };
         let tables = |theta: f64| -> candle_core::Result<(Tensor, Tensor)> {
@@ -398,7 +457,7 @@ impl Transformer {
             .transpose()?;
         Ok(Transformer {
             config,
-            embed_tokens: Matrix::Dense(embed_tokens),
+            embed_tokens,
             layers,
             norm,
             lm_head,
@@ -432,14 +491,6 @@ impl Transformer {
             }
         }
         Ok(self)
-    }
-
-    /// The same model holding its base as `format` says (f32 leaves it as it is).
-    pub fn held_as(self, format: BaseFormat) -> Result<Self, WeightsError> {
-        match format.blocks() {
-            Some(blocks) => self.keep_base_in(blocks),
-            None => Ok(self),
-        }
     }
 
     /// The format of the base's blocks, where it is kept in blocks.
@@ -624,27 +675,27 @@ impl Transformer {
         Self::from_tensors(self.config.clone(), &tensors)
     }
 
-    /// Load the weights of a model directory (or GGUF file).
-    pub fn load(config: ModelConfig, dir: &Path) -> Result<Self, WeightsError> {
-        let tensors = match super::gguf::is_gguf(dir) {
-            true => super::gguf::GgufFile::open(dir)
+    /// Load the weights of a model directory (or GGUF file), the base held as `format`. A
+    /// directory's tensors are read one at a time, each matrix converted as it is read.
+    pub fn load(config: ModelConfig, dir: &Path, format: BaseFormat) -> Result<Self, WeightsError> {
+        if super::gguf::is_gguf(dir) {
+            let mut tensors = super::gguf::GgufFile::open(dir)
                 .and_then(|file| file.tensors())
                 .map_err(|e| WeightsError::Read {
                     path: dir.display().to_string(),
                     message: e.to_string(),
-                })?,
-            false => {
-                let mut tensors = read_safetensors(dir)?;
-                for (name, tensor) in tensors.iter_mut() {
-                    let offset = config.features.norm_offset(name);
-                    if offset != 0.0 {
-                        *tensor = (&*tensor + offset)?;
-                    }
-                }
-                tensors
+                })?;
+            return Self::from_source(config, format, |name| Ok(tensors.remove(name)));
+        }
+        let reader = SafetensorsReader::open(dir)?;
+        let offsets = config.features;
+        Self::from_source(config, format, |name| {
+            let offset = offsets.norm_offset(name);
+            match reader.read(name)? {
+                Some(tensor) if offset != 0.0 => Ok(Some((tensor + offset)?)),
+                read => Ok(read),
             }
-        };
-        Self::from_tensors(config, &tensors)
+        })
     }
 }
 

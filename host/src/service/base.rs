@@ -182,11 +182,8 @@ impl ServedBase {
             tokenizer,
             chat_template,
             ..
-        } = Model::load(dir)
+        } = Model::load_as(dir, device.base_format)
             .with_context(|| format!("loading model {name} from {}", dir.display()))?;
-        let transformer = transformer
-            .held_as(device.base_format)
-            .with_context(|| format!("holding model {name} as {:?}", device.base_format))?;
         let context = transformer.context_length();
         let registry = AdapterRegistry::new(Arc::new(transformer));
         let tokenizer = Arc::new(tokenizer);
