@@ -146,6 +146,8 @@ fi
 if [[ "$which" == training || "$which" == all ]]; then
     run lora_training "${cargo_bench[@]}" -p opentinker --bench lora_training
     run objective_cost "${cargo_bench[@]}" -p opentinker --bench objective_cost
+    # A base kept in blocks: the 0.5B and 7B shapes' memory, the LoRA step against f32's.
+    run base_formats "${cargo_bench[@]}" -p opentinker --bench base_formats
     if ! $quick; then
         run lora_training_0.5b "${cargo_bench[@]}" -p opentinker --bench lora_training -- qwen2.5-0.5b
         run lora_vs_full "${cargo_bench[@]}" -p opentinker --bench lora_vs_full -- qwen2.5-0.5b

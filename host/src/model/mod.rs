@@ -89,8 +89,9 @@ impl Model {
             let file = gguf::GgufFile::open(dir)?;
             let config = ModelConfig::from_json(&file.config()?)?;
             let mut tensors = file.tensors()?;
-            let transformer =
-                Transformer::from_source(config.clone(), format, |name| Ok(tensors.remove(name)))?;
+            let transformer = Transformer::from_source(config.clone(), format, |name, _| {
+                Ok(tensors.remove(name))
+            })?;
             return Ok(Model {
                 dir: dir.to_path_buf(),
                 config,

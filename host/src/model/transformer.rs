@@ -298,9 +298,10 @@ struct WeightReader<F> {
     format: BaseFormat,
 }
 
-impl<F: FnMut(&str) -> Result<Option<Tensor>, WeightsError>> WeightReader<F> {
+impl<F: FnMut(&str, &[usize]) -> Result<Option<Tensor>, WeightsError>> WeightReader<F> {
     fn get(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, WeightsError> {
-        let tensor = (self.source)(name)?.ok_or_else(|| WeightsError::Missing(name.to_string()))?;
+        let tensor =
+            (self.source)(name, shape)?.ok_or_else(|| WeightsError::Missing(name.to_string()))?;
         if tensor.dims() != shape {
             return Err(WeightsError::Shape {
                 name: name.to_string(),
@@ -344,19 +345,20 @@ impl Transformer {
         config: ModelConfig,
         tensors: &HashMap<String, Tensor>,
     ) -> Result<Self, WeightsError> {
-        Self::from_source(config, BaseFormat::F32, |name| {
+        Self::from_source(config, BaseFormat::F32, |name, _| {
             Ok(tensors.get(name).cloned())
         })
     }
 
-    /// Build the transformer from `source`, which gives each tensor by its Hugging Face name
-    /// (`None`: the model has no such tensor) and is asked for each once, checking every shape;
+    /// Build the transformer from `source`, which gives each tensor by its Hugging Face name and
+    /// the shape the config gives it (`None`: the model has no such tensor) and is asked for
+    /// each once, checking every shape;
     /// the matrices are held as `format` says, each converted as it arrives, so that a base in
     /// blocks never exists whole in f32.
     pub fn from_source(
         config: ModelConfig,
         format: BaseFormat,
-        source: impl FnMut(&str) -> Result<Option<Tensor>, WeightsError>,
+        source: impl FnMut(&str, &[usize]) -> Result<Option<Tensor>, WeightsError>,
     ) -> Result<Self, WeightsError> {
         let mut w = WeightReader { source, format };
         let (h, hd) = (config.hidden_size, config.head_dim);
@@ -685,11 +687,11 @@ impl Transformer {
                     path: dir.display().to_string(),
                     message: e.to_string(),
                 })?;
-            return Self::from_source(config, format, |name| Ok(tensors.remove(name)));
+            return Self::from_source(config, format, |name, _| Ok(tensors.remove(name)));
         }
         let reader = SafetensorsReader::open(dir)?;
         let offsets = config.features;
-        Self::from_source(config, format, |name| {
+        Self::from_source(config, format, |name, _| {
             let offset = offsets.norm_offset(name);
             match reader.read(name)? {
                 Some(tensor) if offset != 0.0 => Ok(Some((tensor + offset)?)),
