@@ -175,8 +175,7 @@ fn main() -> anyhow::Result<()> {
                     config.num_heads * config.head_dim,
                     config.num_kv_heads * config.head_dim,
                 );
-                let per_layer =
-                    h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size + 2 * h;
+                let per_layer = h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size + 2 * h;
                 let bytes = ((2 * v * h + config.num_layers * per_layer + h) * 4) as f64;
                 f32_base = Some((bytes, bytes));
                 println!(
