@@ -26,7 +26,7 @@ fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
 
 /// The fixed reduction of the 16 lanes.
 #[inline(always)]
-fn reduce(lanes: [f32; LANES]) -> f32 {
+pub(crate) fn reduce(lanes: [f32; LANES]) -> f32 {
     let mut v = lanes;
     let mut width = LANES / 2;
     while width > 0 {
@@ -290,6 +290,12 @@ static ISA: LazyLock<Isa> = LazyLock::new(|| {
     }
     Isa::Portable
 });
+
+/// Whether this CPU's path uses fused multiply-adds (every path but the portable one): a kernel
+/// that keeps the same bits must then use them too.
+pub(crate) fn fused() -> bool {
+    *ISA != Isa::Portable
+}
 
 /// One block on this CPU's best path.
 pub(crate) fn block_dispatch(

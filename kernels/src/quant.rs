@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use crate::float::Float;
 use crate::gemm::{matmul_nn, matmul_nn_from, matmul_nt, matmul_nt_into};
-use crate::linear::{SERIAL_BELOW, block_dispatch, linear};
+use crate::linear::{SERIAL_BELOW, block_dispatch, fused, linear, reduce};
 
 /// Values per block.
 pub const BLOCK_LEN: usize = 32;
@@ -28,6 +28,9 @@ pub const BLOCK_LEN: usize = 32;
 const PANEL_VALUES: usize = 1 << 18;
 /// Rows of `W` per panel in the sampler's product.
 const LINEAR_PANEL_ROWS: usize = 64;
+/// Rows of `x` up to which the sampler's product of Q8_0 blocks converts them in registers
+/// rather than dequantizing a panel (decoding a few sequences: the bytes of `W` are the cost).
+const IN_REGISTERS_UP_TO: usize = 4;
 
 /// How a [`QuantMatrix`] stores its values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -325,7 +328,14 @@ fn linear_blocks(x: &[f32], matrix: &QuantMatrix, out: &mut [f32], accumulate: b
     if m == 0 || n == 0 {
         return;
     }
+    let in_registers = cfg!(target_arch = "x86_64")
+        && matrix.format == BlockFormat::Q8_0
+        && m <= IN_REGISTERS_UP_TO
+        && fused();
     let panel_product = |first: usize, rows: usize| {
+        if in_registers {
+            return q8_0_in_registers(x, matrix, first..first + rows);
+        }
         let mut panel = vec![0.0f32; rows * k];
         matrix.dequantize_rows(first, &mut panel);
         let mut part = vec![0.0f32; m * rows];
@@ -362,6 +372,65 @@ fn linear_blocks(x: &[f32], matrix: &QuantMatrix, out: &mut [f32], accumulate: b
             }
         }
     }
+}
+
+/// Rows `rows` of Q8_0 `matrix` against every row of `x` (`m × rows`), each value converted
+/// and scaled in registers as it is used: the same values and fused multiply-adds in the same
+/// lanes and order as [`linear`]'s tiles on the dequantized matrix, so the same bits.
+fn q8_0_in_registers(x: &[f32], matrix: &QuantMatrix, rows: std::ops::Range<usize>) -> Vec<f32> {
+    let k = matrix.cols;
+    let blocks_per_row = k / BLOCK_LEN;
+    let mut part = Vec::with_capacity(x.len() / k * rows.len());
+    for x_row in x.chunks_exact(k) {
+        for row in rows.clone() {
+            let scales = &matrix.scales[row * blocks_per_row..][..blocks_per_row];
+            let quants = &matrix.quants[row * k..][..k];
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: only called where the CPU has AVX2 and FMA (`fused`); `x_row` and `quants`
+            // hold `k` values, `scales` one per block of them.
+            part.push(unsafe { dot_q8_0_avx2(x_row, scales, quants) });
+        }
+    }
+    part
+}
+
+/// `x · w` for a row `w` of Q8_0 blocks, 16 lanes as two 8-lane registers (see `linear.rs`).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `quants` must hold `x.len()` values, a multiple of 32, and
+/// `scales` one per 32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_q8_0_avx2(x: &[f32], scales: &[f32], quants: &[u8]) -> f32 {
+    use std::arch::x86_64::{
+        __m128i, _mm_loadl_epi64, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps, _mm256_fmadd_ps,
+        _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    };
+    debug_assert!(quants.len() == x.len() && scales.len() * BLOCK_LEN == x.len());
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (block, &d) in scales.iter().enumerate() {
+        let d = _mm256_set1_ps(d);
+        // A block is two steps of 16 lanes, each two halves of 8.
+        for eighth in 0..4 {
+            let at = block * BLOCK_LEN + eighth * 8;
+            // SAFETY: at + 8 <= the length of `x` and `quants` (checked by the caller).
+            let (q, xs) = unsafe {
+                (
+                    _mm_loadl_epi64(quants.as_ptr().add(at).cast::<__m128i>()),
+                    _mm256_loadu_ps(x.as_ptr().add(at)),
+                )
+            };
+            let w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+            acc[eighth % 2] = _mm256_fmadd_ps(xs, w, acc[eighth % 2]);
+        }
+    }
+    let mut lanes = [0.0f32; 16];
+    // SAFETY: `lanes` holds 16 floats, two registers of 8.
+    unsafe {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
+    }
+    reduce(lanes)
 }
 
 #[cfg(test)]
@@ -429,11 +498,13 @@ mod tests {
     }
 
     /// The sampler's product of blocks is, bit for bit, the dense product of their values,
-    /// whatever the batch (so a sequence samples the same tokens alone or in a batch).
+    /// whatever the batch (so a sequence samples the same tokens alone or in a batch): Q8_0
+    /// converted in registers for a few rows, panels dequantized for more and for Q4_0.
     #[test]
     fn the_samplers_product_of_blocks_has_the_bits_of_the_dense_product() {
         for (m, k, n, format) in [
             (1, 64, 7, BlockFormat::Q8_0),
+            (4, 576, 70, BlockFormat::Q8_0),
             (3, 96, 130, BlockFormat::Q4_0),
             (33, 128, 200, BlockFormat::Q8_0),
         ] {
