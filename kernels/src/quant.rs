@@ -29,8 +29,8 @@ const PANEL_VALUES: usize = 1 << 18;
 /// Rows of `W` per panel in the sampler's product.
 const LINEAR_PANEL_ROWS: usize = 64;
 /// Rows of `x` up to which the sampler's product of Q8_0 blocks converts them in registers
-/// rather than dequantizing a panel (decoding a few sequences: the bytes of `W` are the cost).
-const IN_REGISTERS_UP_TO: usize = 4;
+/// rather than dequantizing a panel (decoding a batch: the bytes of `W` are the cost).
+const IN_REGISTERS_UP_TO: usize = 16;
 
 /// How a [`QuantMatrix`] stores its values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -379,58 +379,81 @@ fn linear_blocks(x: &[f32], matrix: &QuantMatrix, out: &mut [f32], accumulate: b
 /// lanes and order as [`linear`]'s tiles on the dequantized matrix, so the same bits.
 fn q8_0_in_registers(x: &[f32], matrix: &QuantMatrix, rows: std::ops::Range<usize>) -> Vec<f32> {
     let k = matrix.cols;
+    let (m, width) = (x.len() / k, rows.len());
     let blocks_per_row = k / BLOCK_LEN;
-    let mut part = Vec::with_capacity(x.len() / k * rows.len());
-    for x_row in x.chunks_exact(k) {
-        for row in rows.clone() {
-            let scales = &matrix.scales[row * blocks_per_row..][..blocks_per_row];
-            let quants = &matrix.quants[row * k..][..k];
+    let mut part = vec![0.0f32; m * width];
+    for (t, row) in rows.enumerate() {
+        let scales = &matrix.scales[row * blocks_per_row..][..blocks_per_row];
+        let quants = &matrix.quants[row * k..][..k];
+        let mut store = |first: usize, dots: &[f32]| {
+            for (r, &dot) in dots.iter().enumerate() {
+                part[(first + r) * width + t] = dot;
+            }
+        };
+        // Four rows of `x` share each converted vector of `W`; the rest go one at a time.
+        let tiled = m / 4 * 4;
+        for first in (0..tiled).step_by(4) {
+            let xs = std::array::from_fn(|r| &x[(first + r) * k..][..k]);
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: only called where the CPU has AVX2 and FMA (`fused`); `x_row` and `quants`
-            // hold `k` values, `scales` one per block of them.
-            part.push(unsafe { dot_q8_0_avx2(x_row, scales, quants) });
+            // SAFETY: only called where the CPU has AVX2 and FMA (`fused`); every row of `x`
+            // and `quants` hold `k` values, `scales` one per block of them.
+            store(first, &unsafe { dot_q8_0_avx2::<4>(xs, scales, quants) });
+        }
+        for first in tiled..m {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            store(first, &unsafe {
+                dot_q8_0_avx2::<1>([&x[first * k..][..k]], scales, quants)
+            });
         }
     }
     part
 }
 
-/// `x · w` for a row `w` of Q8_0 blocks, 16 lanes as two 8-lane registers (see `linear.rs`).
+/// `x[r] · w` of `XR` rows of `x` and a row `w` of Q8_0 blocks, each product's 16 lanes two
+/// 8-lane registers (see `linear.rs`).
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA; `quants` must hold `x.len()` values, a multiple of 32, and
-/// `scales` one per 32.
+/// The CPU must have AVX2 and FMA; `quants` and every row of `x` must hold the same number of
+/// values, a multiple of 32, and `scales` one per 32.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q8_0_avx2(x: &[f32], scales: &[f32], quants: &[u8]) -> f32 {
+unsafe fn dot_q8_0_avx2<const XR: usize>(
+    x: [&[f32]; XR],
+    scales: &[f32],
+    quants: &[u8],
+) -> [f32; XR] {
     use std::arch::x86_64::{
         __m128i, _mm_loadl_epi64, _mm256_cvtepi8_epi32, _mm256_cvtepi32_ps, _mm256_fmadd_ps,
         _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
     };
-    debug_assert!(quants.len() == x.len() && scales.len() * BLOCK_LEN == x.len());
-    let mut acc = [_mm256_setzero_ps(); 2];
+    debug_assert!(x.iter().all(|r| r.len() == quants.len()));
+    debug_assert!(scales.len() * BLOCK_LEN == quants.len());
+    let mut acc = [[_mm256_setzero_ps(); 2]; XR];
     for (block, &d) in scales.iter().enumerate() {
         let d = _mm256_set1_ps(d);
         // A block is two steps of 16 lanes, each two halves of 8.
         for eighth in 0..4 {
             let at = block * BLOCK_LEN + eighth * 8;
-            // SAFETY: at + 8 <= the length of `x` and `quants` (checked by the caller).
-            let (q, xs) = unsafe {
-                (
-                    _mm_loadl_epi64(quants.as_ptr().add(at).cast::<__m128i>()),
-                    _mm256_loadu_ps(x.as_ptr().add(at)),
-                )
-            };
+            // SAFETY: at + 8 <= the length of `quants` (checked by the caller).
+            let q = unsafe { _mm_loadl_epi64(quants.as_ptr().add(at).cast::<__m128i>()) };
             let w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
-            acc[eighth % 2] = _mm256_fmadd_ps(xs, w, acc[eighth % 2]);
+            for (row, acc) in x.iter().zip(acc.iter_mut()) {
+                // SAFETY: as above: every row of `x` is as long as `quants`.
+                let xs = unsafe { _mm256_loadu_ps(row.as_ptr().add(at)) };
+                acc[eighth % 2] = _mm256_fmadd_ps(xs, w, acc[eighth % 2]);
+            }
         }
     }
-    let mut lanes = [0.0f32; 16];
-    // SAFETY: `lanes` holds 16 floats, two registers of 8.
-    unsafe {
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
-        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
-    }
-    reduce(lanes)
+    acc.map(|[low, high]| {
+        let mut lanes = [0.0f32; 16];
+        // SAFETY: `lanes` holds 16 floats, two registers of 8.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), low);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), high);
+        }
+        reduce(lanes)
+    })
 }
 
 #[cfg(test)]
@@ -505,6 +528,7 @@ mod tests {
         for (m, k, n, format) in [
             (1, 64, 7, BlockFormat::Q8_0),
             (4, 576, 70, BlockFormat::Q8_0),
+            (11, 96, 66, BlockFormat::Q8_0),
             (3, 96, 130, BlockFormat::Q4_0),
             (33, 128, 200, BlockFormat::Q8_0),
         ] {
