@@ -76,17 +76,6 @@ fn random_tensor(shape: &[usize], seed: u64) -> candle_core::Result<Tensor> {
     Tensor::from_vec(values, shape, &Device::Cpu)
 }
 
-/// The resident set of this process now, in bytes (`VmRSS`).
-fn resident() -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/self/status"))?;
-    Ok(kib * 1024)
-}
-
 /// Child: build `shape` in `format` from random weights; prints `resident_bytes weight_bytes`.
 fn build_child(shape: &str, format: BaseFormat) -> anyhow::Result<()> {
     let config = shape_config(shape)?;
@@ -98,7 +87,7 @@ fn build_child(shape: &str, format: BaseFormat) -> anyhow::Result<()> {
             false => random_tensor(shape, seed)?,
         }))
     })?;
-    println!("{} {}", resident()?, model.weight_bytes());
+    println!("{} {}", support::rss()?, model.weight_bytes());
     Ok(())
 }
 

@@ -208,6 +208,17 @@ impl QuantMatrix {
     fn panel_rows(&self) -> usize {
         (PANEL_VALUES / self.cols).clamp(16, self.rows().max(16))
     }
+
+    /// `visit(first, panel)` for each panel of rows in order, dequantized into one buffer.
+    fn for_each_panel<T: Float>(&self, mut visit: impl FnMut(usize, &[T])) {
+        let (n, k, panel_rows) = (self.rows(), self.cols, self.panel_rows());
+        let mut buffer = vec![T::zero(); panel_rows.min(n) * k];
+        for first in (0..n).step_by(panel_rows) {
+            let panel = &mut buffer[..panel_rows.min(n - first) * k];
+            self.dequantize_panel(first, panel);
+            visit(first, panel);
+        }
+    }
 }
 
 /// A weight matrix `out × in` as the CPU backends read it.
@@ -272,14 +283,9 @@ impl<T: Float> Weight<'_, T> {
             Weight::Blocks(matrix) => {
                 assert_eq!(matrix.cols(), k, "W must be rows of {k}");
                 let n = matrix.rows();
-                let panel_rows = matrix.panel_rows();
-                let mut panel = vec![T::zero(); panel_rows * k];
-                for first in (0..n).step_by(panel_rows) {
-                    let rows = panel_rows.min(n - first);
-                    let panel = &mut panel[..rows * k];
-                    matrix.dequantize_panel(first, panel);
+                matrix.for_each_panel(|first, panel| {
                     matmul_nt_into(x, panel, k, (&mut out[first..], n), accumulate);
-                }
+                });
             }
         }
     }
@@ -292,15 +298,10 @@ impl<T: Float> Weight<'_, T> {
             Weight::Blocks(matrix) => {
                 assert_eq!(matrix.cols(), k, "W must be rows of {k}");
                 let n = matrix.rows();
-                let panel_rows = matrix.panel_rows();
-                let mut panel = vec![T::zero(); panel_rows * k];
-                for first in (0..n).step_by(panel_rows) {
-                    let rows = panel_rows.min(n - first);
-                    let panel = &mut panel[..rows * k];
-                    matrix.dequantize_panel(first, panel);
+                matrix.for_each_panel(|first, panel| {
                     let keep = accumulate || first > 0;
                     matmul_nn_from((&a[first..], n), panel, k, out, keep);
-                }
+                });
             }
         }
     }

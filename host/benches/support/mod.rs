@@ -18,12 +18,22 @@ pub fn busy() -> Option<String> {
 
 /// The peak resident set of this process so far, in bytes (`VmHWM`).
 pub fn peak_rss() -> anyhow::Result<u64> {
+    process_status_bytes("VmHWM")
+}
+
+/// The resident set of this process now, in bytes (`VmRSS`).
+pub fn rss() -> anyhow::Result<u64> {
+    process_status_bytes("VmRSS")
+}
+
+/// A size line of `/proc/self/status`, in bytes.
+fn process_status_bytes(field: &str) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     let kib: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no VmHWM in /proc/self/status"))?;
+        .ok_or_else(|| anyhow::anyhow!("no {field} in /proc/self/status"))?;
     Ok(kib * 1024)
 }
 
