@@ -19,14 +19,12 @@ mod support;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use opentinker::lora::LoraConfig;
 use opentinker::model::{
     Architecture, BaseFormat, Model, ModelConfig, TinyShape, Transformer, init_tiny,
 };
-use opentinker::train::{AdamParams, Loss, TrainingEngine, WorkItem};
+use opentinker::train::{Loss, TrainingEngine, WorkItem};
 use rayon::prelude::*;
 
 /// Each format, f32 first (the others are measured against it).
@@ -96,31 +94,18 @@ fn train_child(model: &Path, format: BaseFormat, steps: usize) -> anyhow::Result
     let model = Model::load_as(model, format)?;
     let vocab = model.config.vocab_size as u32;
     let mut engine = TrainingEngine::new(Arc::new(model.transformer), DType::F32);
-    let lora = LoraConfig {
-        rank: 16,
-        alpha: 32.0,
-        ..LoraConfig::default()
-    };
-    engine.add_adapter("bench", lora)?;
+    engine.add_adapter("bench", support::bench_lora())?;
     let (batch, length) = match support::quick() {
         true => (2, 16),
         false => (4, 256),
     };
-    let datums = support::datums(batch, length, vocab);
-    let tokens: usize = datums.iter().map(|d| d.input_tokens.len()).sum();
-    let item = WorkItem::new("bench", datums, Loss::CrossEntropy);
-    let mut step = || -> anyhow::Result<()> {
-        engine.forward_backward(std::slice::from_ref(&item))?;
-        engine.optim_step("bench", &AdamParams::default())?;
-        Ok(())
-    };
-    step()?;
-    let started = Instant::now();
-    for _ in 0..steps {
-        step()?;
-    }
-    let seconds = started.elapsed().as_secs_f64() / steps as f64;
-    println!("{} {}", tokens as f64 / seconds, support::peak_rss()?);
+    let item = WorkItem::new(
+        "bench",
+        support::datums(batch, length, vocab),
+        Loss::CrossEntropy,
+    );
+    let tokens_per_s = support::steps_tokens_per_s(&mut engine, &item, steps)?;
+    println!("{tokens_per_s} {}", support::peak_rss()?);
     Ok(())
 }
 

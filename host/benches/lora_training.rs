@@ -20,13 +20,11 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Instant;
 
 use candle_core::DType;
-use opentinker::lora::LoraConfig;
 use opentinker::model::{Architecture, Model, save_model_dir};
 use opentinker::model::{TinyShape, init_tiny};
-use opentinker::train::{AdamParams, Loss, TrainingEngine, WorkItem};
+use opentinker::train::{Loss, TrainingEngine, WorkItem};
 
 /// Training allocates and frees large tensors at a high rate; glibc's malloc maps and unmaps
 /// each one (page faults, zeroing), mimalloc reuses them.
@@ -86,29 +84,10 @@ fn child(dir: &Path, layout: Layout, steps: usize) -> anyhow::Result<()> {
     let model = Model::load(dir)?;
     let vocab = model.config.vocab_size as u32;
     let mut engine = TrainingEngine::new(Arc::new(model.transformer), DType::F32);
-    engine.add_adapter(
-        "bench",
-        LoraConfig {
-            rank: 16,
-            alpha: 32.0,
-            ..LoraConfig::default()
-        },
-    )?;
-    let datums = layout.datums(vocab);
-    let tokens: usize = datums.iter().map(|d| d.input_tokens.len()).sum();
-    let item = WorkItem::new("bench", datums, Loss::CrossEntropy);
-    let mut step = || -> anyhow::Result<()> {
-        engine.forward_backward(std::slice::from_ref(&item))?;
-        engine.optim_step("bench", &AdamParams::default())?;
-        Ok(())
-    };
-    step()?;
-    let started = Instant::now();
-    for _ in 0..steps {
-        step()?;
-    }
-    let seconds = started.elapsed().as_secs_f64() / steps as f64;
-    println!("{} {}", tokens as f64 / seconds, support::peak_rss()?);
+    engine.add_adapter("bench", support::bench_lora())?;
+    let item = WorkItem::new("bench", layout.datums(vocab), Loss::CrossEntropy);
+    let tokens_per_s = support::steps_tokens_per_s(&mut engine, &item, steps)?;
+    println!("{tokens_per_s} {}", support::peak_rss()?);
     Ok(())
 }
 

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::DType;
-use opentinker::lora::LoraConfig;
 use opentinker::model::{Architecture, Model};
 use opentinker::model::{TinyShape, init_tiny};
 use opentinker::train::{FULL_PARAMETERS, Loss, TrainingEngine, WorkItem};
@@ -33,12 +32,7 @@ fn child(mode: &str, dir: &Path, batch: usize, length: usize) -> anyhow::Result<
         (engine, FULL_PARAMETERS.to_string())
     } else {
         let mut engine = TrainingEngine::new(Arc::new(model.transformer), DType::F32);
-        let config = LoraConfig {
-            rank: 16,
-            alpha: 32.0,
-            ..LoraConfig::default()
-        };
-        engine.add_adapter("bench", config)?;
+        engine.add_adapter("bench", support::bench_lora())?;
         (engine, "bench".to_string())
     };
     let datums = support::datums(batch, length, vocab);

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::DType;
-use opentinker::lora::LoraConfig;
 use opentinker::model::{Architecture, Model};
 use opentinker::model::{TinyShape, init_tiny};
 use opentinker::plugin::build_plugin;
@@ -53,12 +52,7 @@ fn main() -> anyhow::Result<()> {
     let model = Model::load(dir.path())?;
     let vocab = model.config.vocab_size as u32;
     let mut engine = TrainingEngine::new(Arc::new(model.transformer), DType::F32);
-    let lora = LoraConfig {
-        rank: 16,
-        alpha: 32.0,
-        ..LoraConfig::default()
-    };
-    engine.add_adapter("bench", lora)?;
+    engine.add_adapter("bench", support::bench_lora())?;
     // RL datums: each token with an advantage and the sampler's logprob.
     let datums: Vec<Datum> = support::datums(batch, length, vocab)
         .into_iter()

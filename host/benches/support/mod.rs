@@ -104,3 +104,33 @@ pub fn group_datums(
         })
         .collect()
 }
+
+/// The benchmarks' adapter: rank 16, alpha 32, on every attention and MLP projection.
+pub fn bench_lora() -> opentinker::lora::LoraConfig {
+    opentinker::lora::LoraConfig {
+        rank: 16,
+        alpha: 32.0,
+        ..Default::default()
+    }
+}
+
+/// Tokens per second of `steps` steps (`forward_backward` of `item`, then `optim_step` of its
+/// adapter), after one untimed step.
+pub fn steps_tokens_per_s(
+    engine: &mut opentinker::train::TrainingEngine,
+    item: &opentinker::train::WorkItem,
+    steps: usize,
+) -> anyhow::Result<f64> {
+    let tokens: usize = item.datums.iter().map(|d| d.input_tokens.len()).sum();
+    let mut step = || -> anyhow::Result<()> {
+        engine.forward_backward(std::slice::from_ref(item))?;
+        engine.optim_step(&item.adapter, &opentinker::train::AdamParams::default())?;
+        Ok(())
+    };
+    step()?;
+    let started = std::time::Instant::now();
+    for _ in 0..steps {
+        step()?;
+    }
+    Ok(tokens as f64 * steps as f64 / started.elapsed().as_secs_f64())
+}
