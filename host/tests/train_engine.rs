@@ -109,6 +109,22 @@ fn warm_up(engine: &mut TrainingEngine, ids: &[&str]) {
     }
 }
 
+/// Every gradient of `id` in `got` is non-zero and within 2e-5 (relative, L2) of `want`'s.
+fn assert_same_gradients(got: &TrainingEngine, want: &TrainingEngine, id: &str, what: &str) {
+    let (got, want) = (
+        got.gradients(id).unwrap().unwrap(),
+        want.gradients(id).unwrap().unwrap(),
+    );
+    for (name, g) in &got {
+        let (difference, norm) = (l2(&(g - &want[name]).unwrap()), l2(g));
+        assert!(norm > 0.0, "{what}: {name} has a zero gradient");
+        assert!(
+            difference <= 2e-5 * norm,
+            "{what} {name}: {difference} of {norm}"
+        );
+    }
+}
+
 fn l2(t: &Tensor) -> f64 {
     t.to_dtype(DType::F64)
         .unwrap()
@@ -548,18 +564,7 @@ fn a_groups_shared_prompt_trains_once_with_the_results_of_its_datums_one_by_one(
                 "{arch:?} {loss:?}: {} vs {loss_alone}",
                 grouped[0].loss
             );
-            let (one, each) = (
-                together.gradients("a").unwrap().unwrap(),
-                alone.gradients("a").unwrap().unwrap(),
-            );
-            for (name, g) in &one {
-                let (difference, norm) = (l2(&(g - &each[name]).unwrap()), l2(g));
-                assert!(norm > 0.0, "{arch:?} {name} has a zero gradient");
-                assert!(
-                    difference <= 2e-5 * norm,
-                    "{arch:?} {loss:?} {name}: {difference} of {norm}"
-                );
-            }
+            assert_same_gradients(&together, &alone, "a", &format!("{arch:?} {loss:?}"));
         }
     }
 
@@ -1280,18 +1285,7 @@ fn lora_on_a_base_kept_in_blocks_trains_as_on_its_values_in_f32() {
                     "{arch:?} {format:?}: {x} vs {y}"
                 );
             }
-            let (got, want) = (
-                on_blocks.gradients("a").unwrap().unwrap(),
-                on_dense.gradients("a").unwrap().unwrap(),
-            );
-            for (name, g) in &got {
-                let (difference, norm) = (l2(&(g - &want[name]).unwrap()), l2(g));
-                assert!(norm > 0.0, "{arch:?} {name} has a zero gradient");
-                assert!(
-                    difference <= 2e-5 * norm,
-                    "{arch:?} {format:?} {name}: {difference} of {norm}"
-                );
-            }
+            assert_same_gradients(&on_blocks, &on_dense, "a", &format!("{arch:?} {format:?}"));
         }
     }
     let blocks = tiny_transformer(Architecture::Qwen2)
