@@ -155,12 +155,19 @@ fn the_sdk_flows_run_against_a_base_served_on_cuda() {
 /// another answer, saved and sampled, gives that one.
 #[test]
 fn the_sdk_samples_and_trains_a_lora_on_smollm2_served_from_its_gguf_file() {
+    smollm2_through_the_sdk(&[]);
+}
+
+/// `smollm2.py` against a server of SmolLM2's GGUF file started with `serve_args` besides.
+fn smollm2_through_the_sdk(serve_args: &[&str]) {
     let Some(python) = python() else { return };
     let Some(gguf) = opentinker_test_tools::smollm2_gguf() else {
         return;
     };
     let model = format!("smollm2={}", gguf.display());
-    let server = server::start_server_with(&["--model", &model]);
+    let mut args = vec!["--model", &model];
+    args.extend_from_slice(serve_args);
+    let server = server::start_server_with(&args);
     run_script_on(&server, &python, "smollm2.py", |command, _| {
         command.env("OPENTINKER_SMOLLM2_GGUF", &gguf);
     });
@@ -170,15 +177,7 @@ fn the_sdk_samples_and_trains_a_lora_on_smollm2_served_from_its_gguf_file() {
 /// base): the model still knows the fact, and a LoRA trained on top moves the answer.
 #[test]
 fn the_sdk_trains_a_lora_on_smollm2_held_in_q8_0_blocks() {
-    let Some(python) = python() else { return };
-    let Some(gguf) = opentinker_test_tools::smollm2_gguf() else {
-        return;
-    };
-    let model = format!("smollm2={}", gguf.display());
-    let server = server::start_server_with(&["--model", &model, "--base-format", "q8_0"]);
-    run_script_on(&server, &python, "smollm2.py", |command, _| {
-        command.env("OPENTINKER_SMOLLM2_GGUF", &gguf);
-    });
+    smollm2_through_the_sdk(&["--base-format", "q8_0"]);
 }
 
 #[test]
